@@ -1,0 +1,46 @@
+"""The ``servelab`` command line. Subcommands live next to the part they drive; this module only
+wires them together and turns :class:`~servelab.wire.ConfigError` into one line + exit code 2."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from servelab import __version__
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="servelab: choose an LLM inference engine by honest measurement.")
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.")) -> None:
+    if version:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+def _register() -> None:
+    from servelab.bench.cli import bench_command
+    from servelab.engines.cli import engine_app
+    from servelab.engines.mock import mock_engine_command
+
+    app.command("bench")(bench_command)
+    app.command("mock-engine")(mock_engine_command)
+    app.add_typer(engine_app, name="engine")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``servelab`` console script."""
+    from servelab.wire.client import ConfigError
+
+    _register()
+    try:
+        app(args=argv, standalone_mode=True)
+    except ConfigError as e:
+        print(f"servelab: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

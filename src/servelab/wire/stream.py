@@ -1,0 +1,220 @@
+"""Incremental SSE parsing and OpenAI stream accumulation, tolerant of every dialect in ENGINE_WIRE.md.
+
+This is the per-chunk hot path of every measurement: it does one ``bytes.split`` per read, one
+``orjson.loads`` per event and a few dict lookups. It never indexes ``choices[0]`` unchecked, treats
+``usage: null`` like a missing ``usage`` and keeps reading after the finish reason until ``[DONE]``
+or the end of the body (cases 6-8).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from servelab.wire.errors import error_from_event
+from servelab.wire.types import FailureClass, RequestRecord, ToolCall, normalize_finish
+
+_DONE = b"[DONE]"
+
+
+class StreamParser:
+    """Feeds raw body bytes into a :class:`RequestRecord`.
+
+    Usage: ``feed(data, t_ns)`` for every read (``t_ns`` = ``time.monotonic_ns()`` when the read
+    returned; every event completed by that read gets that arrival time), then ``close(t_ns)`` at the
+    end of the body. After ``close`` the record's ``failure`` is set if the stream carried an error,
+    was not valid SSE/JSON, or was cut off (no ``[DONE]`` and no finish reason, case 16).
+    """
+
+    __slots__ = ("rec", "_buf", "_data", "_prev_completion_tokens", "_bad_events")
+
+    def __init__(self, rec: RequestRecord) -> None:
+        self.rec = rec
+        self._buf = b""
+        self._data: list[bytes] = []
+        self._prev_completion_tokens = 0
+        self._bad_events = 0
+
+    def feed(self, data: bytes, t_ns: int) -> None:
+        """Consume ``data`` (any split of the body: partial lines are buffered)."""
+        rec = self.rec
+        if rec.first_byte_ns is None:
+            rec.first_byte_ns = t_ns
+        buf = self._buf + data if self._buf else data
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()
+        for line in lines:
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if self._data:
+                    payload = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
+                    self._data = []
+                    self._event(payload, t_ns)
+                continue
+            if line.startswith(b"data:"):
+                d = line[5:]
+                if d.startswith(b" "):
+                    d = d[1:]
+                self._data.append(d)
+            # other fields (event:, id:, retry:) and comments (":") carry nothing we use
+
+    def close(self, t_ns: int) -> None:
+        """End of body: flush a last event without its blank line, then decide cut-off/protocol."""
+        rec = self.rec
+        if self._buf:
+            line = self._buf.rstrip(b"\r")
+            self._buf = b""
+            if line.startswith(b"data:"):
+                d = line[5:]
+                self._data.append(d[1:] if d.startswith(b" ") else d)
+        if self._data:
+            payload = b"\n".join(self._data)
+            self._data = []
+            self._event(payload, t_ns)
+        rec.end_ns = t_ns
+        if rec.failure is not None:
+            return
+        if rec.events == 0:
+            rec.failure = FailureClass.PROTOCOL if rec.first_byte_ns is not None else FailureClass.CUT_OFF
+            return
+        if not rec.saw_done and rec.finish_reason_raw is None:
+            rec.failure = FailureClass.CUT_OFF
+            return
+        if self._bad_events and rec.first_token_ns is None:
+            rec.failure = FailureClass.PROTOCOL
+
+    def _event(self, payload: bytes, t_ns: int) -> None:
+        rec = self.rec
+        if rec.first_event_ns is None:
+            rec.first_event_ns = t_ns
+        if payload == _DONE:
+            rec.saw_done = True
+            rec.done_ns = t_ns
+            return
+        try:
+            ev = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            self._bad_events += 1
+            return
+        if not isinstance(ev, dict):
+            self._bad_events += 1
+            return
+        rec.events += 1
+        apply_event(rec, ev, t_ns, self)
+
+
+def apply_event(rec: RequestRecord, ev: dict[str, Any], t_ns: int, state: StreamParser | None = None) -> None:
+    """Apply one decoded stream event (chat chunk or completions chunk) to ``rec``.
+
+    Errors inside a 200 stream (case 15) set ``failure=stream_error``. Token-carrying events append
+    their arrival time to ``rec.chunk_ns``; when the event also carries cumulative ``usage`` (vLLM's
+    continuous usage stats), the increase in ``completion_tokens`` is recorded as that chunk's token
+    count so inter-token latency can be spread per token.
+    """
+    if "error" in ev or ev.get("object") == "error":
+        err = error_from_event(ev, rec.status)
+        if err is not None:
+            rec.failure = FailureClass.STREAM_ERROR
+            rec.error = err
+            return
+    if rec.response_model is None:
+        m = ev.get("model")
+        if m:
+            rec.response_model = m
+    usage = ev.get("usage")
+    choices = ev.get("choices")
+    carried = False
+    if choices:
+        for ch in choices:
+            if not isinstance(ch, dict):
+                continue
+            delta = ch.get("delta")
+            if delta:
+                content = delta.get("content")
+                if content:
+                    rec.content.append(content)
+                    if rec.first_answer_ns is None:
+                        rec.first_answer_ns = t_ns
+                    carried = True
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                if reasoning:
+                    rec.reasoning.append(reasoning)
+                    carried = True
+                tcs = delta.get("tool_calls")
+                if tcs:
+                    _join_tool_calls(rec, tcs)
+                    carried = True
+            else:
+                text = ch.get("text")
+                if text:
+                    rec.content.append(text)
+                    if rec.first_answer_ns is None:
+                        rec.first_answer_ns = t_ns
+                    carried = True
+                msg = ch.get("message")  # a non-streamed body parsed through the same path
+                if isinstance(msg, dict):
+                    if msg.get("content"):
+                        rec.content.append(msg["content"])
+                        rec.first_answer_ns = rec.first_answer_ns or t_ns
+                        carried = True
+                    r = msg.get("reasoning_content") or msg.get("reasoning")
+                    if r:
+                        rec.reasoning.append(r)
+                        carried = True
+                    if msg.get("tool_calls"):
+                        _join_tool_calls(rec, msg["tool_calls"])
+                        carried = True
+            fr = ch.get("finish_reason")
+            if fr:
+                rec.finish_reason_raw = fr
+                rec.finish_reason = normalize_finish(fr)
+    if carried:
+        if rec.first_token_ns is None:
+            rec.first_token_ns = t_ns
+        rec.last_token_ns = t_ns
+        rec.chunk_ns.append(t_ns)
+        k = 0
+        if usage and state is not None:
+            ct = usage.get("completion_tokens")
+            if isinstance(ct, int):
+                k = ct - state._prev_completion_tokens
+                state._prev_completion_tokens = ct
+        rec.chunk_tokens.append(k if k > 0 else 0)
+    if usage:
+        rec.usage = usage
+
+
+def _join_tool_calls(rec: RequestRecord, tcs: list[Any]) -> None:
+    """Join tool-call fragments per ``index`` (cases 13-14): id/name come on the first fragment only;
+    Ollama sends each call whole; TGI always uses index 0."""
+    for tc in tcs:
+        if not isinstance(tc, dict):
+            continue
+        idx = tc.get("index")
+        if not isinstance(idx, int):
+            idx = len(rec.tool_calls)
+        acc = rec.tool_calls.get(idx)
+        if acc is None:
+            acc = rec.tool_calls[idx] = ToolCall(index=idx)
+        if tc.get("id"):
+            acc.id = tc["id"]
+        fn = tc.get("function") or {}
+        if fn.get("name"):
+            acc.name = fn["name"]
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            acc.arguments += args
+        elif isinstance(args, dict):  # Ollama may send arguments as an object
+            acc.arguments += orjson.dumps(args).decode()
+
+
+def finalize_tool_calls(rec: RequestRecord) -> None:
+    """Parse each joined tool call's arguments once, at the end; invalid JSON marks the call invalid."""
+    for tc in rec.tool_calls.values():
+        try:
+            orjson.loads(tc.arguments or "{}")
+            tc.arguments_valid = True
+        except orjson.JSONDecodeError:
+            tc.arguments_valid = False
