@@ -1,0 +1,264 @@
+"""``servelab bench``: load-test any OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from servelab.wire.client import ConfigError, normalize_base_url
+
+_err = Console(stderr=True)
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{what} {text!r} must be comma-separated integers, e.g. 1,2,4,8") from None
+    if not vals or any(v < 1 for v in vals):
+        raise ConfigError(f"{what} {text!r} must list integers >= 1, e.g. 1,2,4,8")
+    return vals
+
+
+def _float_list(text: str, what: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{what} {text!r} must be comma-separated numbers, e.g. 0.5,1,2") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise ConfigError(f"{what} {text!r} must list numbers > 0, e.g. 0.5,1,2")
+    return vals
+
+
+def _overrides(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for it in items:
+        if "=" not in it:
+            raise ConfigError(f"--set {it!r} must be KEY=VALUE, e.g. --set input_tokens=128")
+        k, v = it.split("=", 1)
+        try:
+            out[k.strip()] = int(v)
+        except ValueError:
+            try:
+                out[k.strip()] = float(v)
+            except ValueError:
+                out[k.strip()] = v
+    return out
+
+
+def _fmt(v: Any, scale: float = 1.0, digits: int = 1) -> str:
+    return "-" if v is None else f"{v * scale:.{digits}f}"
+
+
+def print_summary(summary: dict[str, Any], console: Console) -> None:
+    """The terminal table: one row per workload × load step (latencies in ms, throughput in tok/s)."""
+    t = Table(title=f"servelab bench — {summary.get('model')} @ {summary.get('base_url')}", show_lines=False)
+    for col in ("workload", "step", "ok/sent", "failed", "trunc", "TTFT p50", "TTFT p95", "ITL p50", "ITL p95",
+                "TPOT p50", "E2E p95", "out tok/s", "good tok/s", "req/s", "SLO"):
+        t.add_column(col, justify="right" if col not in ("workload", "step") else "left")
+    for s in summary.get("steps", []):
+        if s.get("skipped"):
+            t.add_row(s["workload"], s["step"], *["-"] * 12, "skipped")
+            continue
+        c = s["counts"]
+        fails = ",".join(f"{k}:{v}" for k, v in c["failed"].items() if v) or "0"
+        slo = "-" if not s["slo"] else ("met" if s["slo_met"] else "BROKEN")
+        t.add_row(s["workload"], s["step"], f"{c['succeeded']}/{c['submitted']}", fails, str(c["truncated"]),
+                  _fmt(s["ttft_s"]["p50"], 1e3), _fmt(s["ttft_s"]["p95"], 1e3),
+                  _fmt(s["itl_s"]["p50"], 1e3), _fmt(s["itl_s"]["p95"], 1e3), _fmt(s["tpot_s"]["p50"], 1e3),
+                  _fmt(s["e2e_s"]["p95"], 1e3), _fmt(s["throughput"]["output_tokens_per_s"]),
+                  _fmt(s["goodput"]["output_tokens_per_s"]), _fmt(s["throughput"]["requests_per_s"], digits=2), slo)
+    console.print(t)
+    console.print("latencies in ms; tok/s over each step's window (warmup excluded); tokens from server usage")
+
+
+def bench_command(
+    url: str = typer.Option(None, "--url", help="OpenAI API root of the server under test, e.g. "
+                            "http://127.0.0.1:8080/v1. Omit with --engine to start one."),
+    engine: str = typer.Option(None, "--engine", help="Start this embedded engine for the run and stop it after "
+                               "(only 'llamacpp': llama-server with Gemma 3 270M Q4_K_M unless --engine-model)."),
+    engine_model: str = typer.Option(None, "--engine-model", help="GGUF file for --engine llamacpp."),
+    engine_parallel: int = typer.Option(4, "--engine-parallel", help="Slots (-np) for --engine llamacpp: requests "
+                                        "decoded together by continuous batching."),
+    engine_ctx: int = typer.Option(8192, "--engine-ctx", help="Total context size in tokens (-c) for --engine "
+                                   "llamacpp, shared by all slots."),
+    model: str = typer.Option(None, "--model", help="Model name sent in each request (default: the first id "
+                              "listed by GET /v1/models)."),
+    workload: str = typer.Option("short-qa", "--workload", "-w", help="Comma-separated built-in sets: short-qa, "
+                                 "rag, long-gen, structured, mix, shared-prefix. Each runs its own sweep."),
+    dataset: str = typer.Option(None, "--dataset", help="Use prompts from a file instead: JSONL "
+                                "({\"prompt\"|\"messages\", \"max_tokens\"}) or ShareGPT JSON."),
+    concurrency: str = typer.Option("1,2,4,8", "--concurrency", "-c", help="Closed-loop sweep: comma-separated "
+                                    "numbers of requests kept in flight."),
+    rate: str = typer.Option(None, "--rate", help="Open-loop sweep instead: comma-separated arrival rates in "
+                             "requests/s."),
+    arrival: str = typer.Option("poisson", "--arrival", help="Open-loop arrival process: constant, poisson, "
+                                "gamma (bursty)."),
+    burstiness: float = typer.Option(0.5, "--burstiness", help="Gamma shape k for --arrival gamma (CV = "
+                                     "1/sqrt(k); k<1 burstier than Poisson)."),
+    max_concurrency: int = typer.Option(None, "--max-concurrency", help="Open loop: cap on requests in flight; "
+                                        "waiting shows up as schedule lag."),
+    requests: int = typer.Option(None, "--requests", "-n", help="Measured requests per step (default 32 "
+                                 "unless --duration is given)."),
+    duration: float = typer.Option(None, "--duration", help="Seconds per step: stop starting requests after "
+                                   "this, let in-flight ones finish (max 30 s more), cancel the rest."),
+    warmup: int = typer.Option(2, "--warmup", help="Requests sent before each step at its load, excluded from "
+                               "its statistics."),
+    slo: str = typer.Option(None, "--slo", help="Objectives, e.g. 'ttft_p95<=500ms,itl_p95<=50ms,"
+                            "e2e_p99<=10s,error_rate<=1%'. The sweep stops raising load after a step breaks one."),
+    slo_file: str = typer.Option(None, "--slo-file", help="YAML/JSON file with objectives ({ttft_p95: 500ms})."),
+    no_stop_on_slo: bool = typer.Option(False, "--no-stop-on-slo", help="Run every step even after an SLO broke."),
+    endpoint: str = typer.Option("chat", "--endpoint", help="chat (/v1/chat/completions) or completions "
+                                 "(/v1/completions)."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Send ignore_eos=true (llama-server, vLLM, "
+                                    "SGLang) so outputs have exactly the sampled length."),
+    tokenizer: str = typer.Option(None, "--tokenizer", help="Tokenizer for exact prompt lengths and the client "
+                                  "token-count cross-check: a GGUF file or tokenizer.json (default: the "
+                                  "engine's GGUF when known)."),
+    sets: list[str] = typer.Option([], "--set", help="Workload parameter KEY=VALUE, repeatable (e.g. "
+                                   "input_tokens=128, output_tokens=64, ratio=short-qa:5,rag:1)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed: same seed, same requests and arrival times."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Per-request limit in seconds (whole request)."),
+    api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="Bearer token, if the server "
+                                "needs one (env OPENAI_API_KEY)."),
+    out: str = typer.Option(None, "--out", "-o", help="Run directory (default runs/bench-YYYYmmdd-HHMMSS)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Load-test an OpenAI-compatible server: TTFT, ITL, TPOT, E2E latency, throughput and goodput
+    per load step. Writes OUT/summary.json and OUT/requests.jsonl."""
+    import time as _time
+
+    from servelab.bench.runner import Bench, BenchConfig
+    from servelab.bench.slo import load_slo_file, parse_slo
+
+    objectives = parse_slo(slo)
+    if slo_file:
+        objectives += load_slo_file(slo_file)
+    if endpoint not in ("chat", "completions"):
+        raise ConfigError(f"--endpoint {endpoint!r}: use chat or completions")
+    if arrival not in ("constant", "poisson", "gamma"):
+        raise ConfigError(f"--arrival {arrival!r}: use constant, poisson or gamma")
+    if (url is None) == (engine is None):
+        raise ConfigError("give exactly one of --url (an existing server) or --engine llamacpp (start one)")
+    if requests is not None and requests < 1:
+        raise ConfigError("--requests must be >= 1")
+    if duration is not None and duration <= 0:
+        raise ConfigError("--duration must be > 0 seconds")
+    conc = _int_list(concurrency, "--concurrency")
+    rates = _float_list(rate, "--rate") if rate else None
+    wl_names = [w.strip() for w in workload.split(",") if w.strip()]
+    overrides = _overrides(sets)
+    out = out or f"runs/bench-{_time.strftime('%Y%m%d-%H%M%S')}"
+
+    from servelab.bench import workloads as W
+
+    if dataset is None:
+        for w in wl_names:
+            if w not in W.WORKLOADS:
+                raise ConfigError(f"unknown workload {w!r}: choose from {', '.join(W.WORKLOADS)} or pass --dataset FILE")
+    else:
+        if not Path(dataset).exists():
+            raise ConfigError(f"dataset {dataset} does not exist; pass a JSONL or ShareGPT JSON file")
+        wl_names = ["dataset"]
+
+    running = None
+    engine_identity = None
+    if engine is not None:
+        from servelab.engines import start_engine
+
+        running = start_engine(engine, model=engine_model, parallel=engine_parallel, ctx_size=engine_ctx,
+                               log_dir=str(Path(out) / "engine"))
+        url = running.base_url
+        engine_identity = running.identity
+        tokenizer = tokenizer or running.identity.get("model_path")
+        _err.print(f"engine {engine} up at {url} (cold start {running.cold_start.get('health_s', 0):.1f} s), "
+                   f"log {running.log_path}")
+    try:
+        base_url = normalize_base_url(url)
+        counter = None
+        if tokenizer is None:
+            tokenizer = _tokenizer_from_server(base_url)
+        if tokenizer:
+            from servelab.modelfile.tokenizer import load_tokenizer
+
+            counter = load_tokenizer(tokenizer)
+        else:
+            _err.print("note: no tokenizer known for this model (pass --tokenizer GGUF|tokenizer.json): prompt "
+                       "lengths are approximate and the client token-count cross-check is off")
+
+        def factory(name: str, seed: int) -> Any:
+            if name == "dataset":
+                return W.load_dataset(dataset, counter, seed=seed, endpoint=endpoint)
+            return W.make_workload(name, counter, seed=seed, endpoint=endpoint, ignore_eos=ignore_eos, **overrides)
+
+        factory("dataset" if dataset else wl_names[0], seed)  # validate workload params/dataset before any load
+        cfg = BenchConfig(base_url=base_url, model=model, workloads=wl_names, concurrency=conc, rates_rps=rates,
+                          arrival=arrival, gamma_shape=burstiness, max_concurrency=max_concurrency,
+                          requests=requests if requests is not None else (None if duration else 32),
+                          duration_s=duration, warmup=warmup, seed=seed, slo=slo, stop_on_slo=not no_stop_on_slo,
+                          timeout_s=timeout, endpoint=endpoint, ignore_eos=ignore_eos, dataset=dataset,
+                          tokenizer=tokenizer, workload_overrides=overrides, api_key=api_key, out=out)
+        summary = _run_with_progress(cfg, objectives, factory, counter, engine_identity, quiet)
+    finally:
+        if running is not None:
+            running.stop()
+    print_summary(summary, Console())
+    print(f"results: {Path(out) / 'summary.json'} and {Path(out) / 'requests.jsonl'}")
+    if not summary.get("complete"):
+        sys.exit(130)
+
+
+def _tokenizer_from_server(base_url: str) -> str | None:
+    """llama-server reports its GGUF path at /props; use it when that file is on this machine."""
+    import json
+    import urllib.request
+
+    root = base_url[:-3] if base_url.endswith("/v1") else base_url
+    try:
+        with urllib.request.urlopen(root + "/props", timeout=5) as r:
+            path = json.loads(r.read()).get("model_path")
+    except Exception:  # noqa: BLE001 — any failure just means "unknown"
+        return None
+    return path if path and os.path.isfile(path) else None
+
+
+def _run_with_progress(cfg: Any, objectives: Any, factory: Any, counter: Any, engine_identity: Any,
+                       quiet: bool) -> dict[str, Any]:
+    from servelab.bench.runner import Bench
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.fields[info]}"), console=_err, disable=quiet, transient=False)
+    state: dict[str, Any] = {"task": None, "fail": 0}
+
+    def on_progress(event: str, **kw: Any) -> None:
+        if event == "step":
+            desc = f"{kw['workload']} {kw['step']}" + (" warmup" if kw["warmup"] else "")
+            state["fail"] = 0
+            state["task"] = progress.add_task(desc, total=kw["total"], info="")
+        elif event == "request" and state["task"] is not None:
+            rec = kw["rec"]
+            if rec.failure is not None:
+                state["fail"] += 1
+            progress.update(state["task"], advance=1, info=f"failed {state['fail']}" if state["fail"] else "")
+
+    bench = Bench(cfg, objectives, factory, counter=counter, engine_identity=engine_identity, progress=on_progress)
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    with progress:
+        try:
+            runner(bench.run())
+        except KeyboardInterrupt:
+            _err.print(f"interrupted: every finished request is in {cfg.out}/requests.jsonl; partial summary written")
+    return bench.summary

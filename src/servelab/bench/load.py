@@ -1,0 +1,160 @@
+"""Load models: closed loop at a fixed concurrency, open loop at a constant / Poisson / gamma rate.
+
+A load step sends the given request specs (in order) and returns one :class:`RequestRecord` per
+submitted request. Stopping by count sends them all; stopping by duration stops *starting* requests
+when the duration has passed, lets in-flight ones finish for at most ``drain_s`` and then cancels the
+rest (counted as ``cancelled``). Every request that was started is returned, so totals add up.
+
+Open-loop arrivals are drawn once, up front, from ``numpy.random.default_rng(seed)`` so the request
+sequence and its timing are reproducible. Gamma arrivals with shape ``k`` have the same mean rate and
+a coefficient of variation ``1/sqrt(k)`` (k < 1 is burstier than Poisson, k = 1 is Poisson) — the
+model guidellm and vLLM's ``benchmark_serving --burstiness`` use (read 2026-11-30).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+import numpy as np
+
+from servelab.wire.client import send
+from servelab.wire.types import RequestRecord, RequestSpec
+
+_now = time.monotonic_ns
+
+
+@dataclass
+class LoadModel:
+    """What load to apply in one step.
+
+    ``kind``: ``"closed"`` (``concurrency`` workers, each sends its next request as soon as its
+    previous one ended) or ``"open"`` (requests arrive at ``rate_rps`` requests/s regardless of
+    completions; ``arrival`` = ``constant`` | ``poisson`` | ``gamma`` with ``gamma_shape``; optional
+    ``max_concurrency`` caps requests in flight — arrivals that wait for a slot show up as schedule
+    lag). ``duration_s`` (optional) stops starting new requests after that many seconds.
+    """
+
+    kind: str = "closed"
+    concurrency: int = 1
+    rate_rps: float | None = None
+    arrival: str = "poisson"
+    gamma_shape: float = 0.5
+    max_concurrency: int | None = None
+    duration_s: float | None = None
+
+    @property
+    def label(self) -> str:
+        """Short name of the step, e.g. ``c4`` or ``r2.5``."""
+        return f"c{self.concurrency}" if self.kind == "closed" else f"r{self.rate_rps:g}"
+
+
+def arrival_offsets_s(n: int, rate_rps: float, arrival: str, seed: int, gamma_shape: float = 0.5) -> np.ndarray:
+    """Send offsets (seconds from the step start) of ``n`` open-loop arrivals at ``rate_rps``.
+
+    ``constant``: evenly spaced ``1/rate``; ``poisson``: exponential gaps with mean ``1/rate``;
+    ``gamma``: gamma gaps with shape ``k`` and scale ``1/(rate*k)`` (same mean, CV ``1/sqrt(k)``).
+    The first request goes at offset 0.
+    """
+    if rate_rps <= 0:
+        raise ValueError("rate_rps must be > 0")
+    rng = np.random.default_rng(seed)
+    if arrival == "constant":
+        gaps = np.full(n, 1.0 / rate_rps)
+    elif arrival == "poisson":
+        gaps = rng.exponential(1.0 / rate_rps, n)
+    elif arrival == "gamma":
+        gaps = rng.gamma(gamma_shape, 1.0 / (rate_rps * gamma_shape), n)
+    else:
+        raise ValueError(f"unknown arrival process {arrival!r}")
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
+async def run_step(session: aiohttp.ClientSession, base_url: str, model: str, specs: Sequence[RequestSpec],
+                   load: LoadModel, *, step: str = "", seed: int = 0, warmup: bool = False,
+                   first_id: int = 0, timeout_s: float = 600.0, drain_s: float = 30.0,
+                   headers: dict[str, str] | None = None,
+                   on_done: Callable[[RequestRecord, RequestSpec], None] | None = None) -> list[RequestRecord]:
+    """Run one load step and return every started request's record (in id order).
+
+    ``on_done(rec, spec)`` is called as each request ends (used to append to requests.jsonl at once,
+    so a crash or Ctrl-C keeps every finished request). Records get ids ``first_id, first_id+1, …``.
+    Cancellation of this coroutine cancels all in-flight requests (they are returned as
+    ``cancelled`` through ``on_done`` before the cancellation propagates).
+    """
+    records: list[RequestRecord] = []
+    inflight: set[asyncio.Task[None]] = set()
+    t0 = _now()
+    deadline = t0 + int(load.duration_s * 1e9) if load.duration_s else None
+
+    async def one(i: int, spec: RequestSpec, scheduled_ns: int, sem: asyncio.Semaphore | None) -> None:
+        rec = RequestRecord(request_id=first_id + i, workload=spec.workload, step=step, warmup=warmup,
+                            scheduled_ns=scheduled_ns)
+        records.append(rec)
+        try:
+            if sem is not None:
+                async with sem:
+                    await send(session, base_url, model, spec, rec, timeout_s=timeout_s, headers=headers)
+            else:
+                await send(session, base_url, model, spec, rec, timeout_s=timeout_s, headers=headers)
+        finally:
+            if on_done is not None:
+                on_done(rec, spec)
+
+    try:
+        if load.kind == "closed":
+            it = iter(enumerate(specs))
+
+            async def worker() -> None:
+                for i, spec in it:
+                    now = _now()
+                    if deadline is not None and now >= deadline:
+                        return
+                    await one(i, spec, now, None)
+
+            workers = [asyncio.ensure_future(worker()) for _ in range(max(1, load.concurrency))]
+            inflight.update(workers)
+            await _wait_with_drain(workers, deadline, drain_s)
+        elif load.kind == "open":
+            if not load.rate_rps:
+                raise ValueError("open loop needs rate_rps")
+            offs = arrival_offsets_s(len(specs), load.rate_rps, load.arrival, seed, load.gamma_shape)
+            sem = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
+            for i, spec in enumerate(specs):
+                sched = t0 + int(offs[i] * 1e9)
+                if deadline is not None and sched >= deadline:
+                    break
+                delay = (sched - _now()) / 1e9
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                task = asyncio.ensure_future(one(i, spec, sched, sem))
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
+            await _wait_with_drain(list(inflight), deadline, drain_s)
+        else:
+            raise ValueError(f"unknown load kind {load.kind!r}")
+    except asyncio.CancelledError:
+        for t in list(inflight):
+            t.cancel()
+        await asyncio.gather(*inflight, return_exceptions=True)
+        raise
+    records.sort(key=lambda r: r.request_id)
+    return records
+
+
+async def _wait_with_drain(tasks: list[asyncio.Task[None]], deadline: int | None, drain_s: float) -> None:
+    """Wait for ``tasks``; with a deadline, give in-flight work ``drain_s`` after it, then cancel."""
+    if not tasks:
+        return
+    if deadline is None:
+        await asyncio.gather(*tasks)
+        return
+    remaining = max(0.0, (deadline - _now()) / 1e9) + drain_s
+    done, pending = await asyncio.wait(tasks, timeout=remaining)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

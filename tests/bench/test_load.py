@@ -1,0 +1,32 @@
+"""Arrival processes: reproducible, right mean rate, right burstiness."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servelab.bench.load import arrival_offsets_s
+
+
+def test_constant_rate():
+    offs = arrival_offsets_s(5, 4.0, "constant", seed=1)
+    assert offs == pytest.approx([0, 0.25, 0.5, 0.75, 1.0])
+
+
+@pytest.mark.parametrize("arrival,cv", [("poisson", 1.0), ("gamma", 1 / np.sqrt(0.25))])
+def test_mean_rate_and_cv(arrival, cv):
+    offs = arrival_offsets_s(20001, 10.0, arrival, seed=3, gamma_shape=0.25)
+    gaps = np.diff(offs)
+    assert gaps.mean() == pytest.approx(0.1, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.08)
+
+
+def test_reproducible_by_seed():
+    a = arrival_offsets_s(100, 3.0, "poisson", seed=7)
+    assert np.array_equal(a, arrival_offsets_s(100, 3.0, "poisson", seed=7))
+    assert not np.array_equal(a, arrival_offsets_s(100, 3.0, "poisson", seed=8))
+
+
+def test_bad_arrival():
+    with pytest.raises(ValueError):
+        arrival_offsets_s(3, 1.0, "weibull", seed=0)
