@@ -1,0 +1,551 @@
+"""The engine launcher interface: start an inference server as a child process, wait until it is
+ready, measure its cold start, read its memory and Prometheus metrics, and stop it without leaving
+orphans.
+
+An :class:`EngineLauncher` knows how to build one engine's command line; :meth:`EngineLauncher.start`
+returns a :class:`RunningEngine`, which is also a context manager::
+
+    with SomeLauncher(...).start() as eng:
+        eng.base_url          # "http://127.0.0.1:41234/v1"
+        eng.measure_first_token()
+        eng.read_metrics()
+
+No orphans: the server runs in its own session / process group (``start_new_session=True``);
+:meth:`RunningEngine.stop` sends SIGTERM to the group, waits, then SIGKILLs the group and any
+descendant that escaped it. Every live engine is also stopped by an :mod:`atexit` hook, and on Linux
+a child started from the main thread gets ``PR_SET_PDEATHSIG=SIGKILL`` so it dies even when Python is
+killed with SIGKILL (the kernel fires that signal when the *thread* that forked exits, so it is only
+set for starts from the main thread).
+
+Readiness follows ENGINE_WIRE.md case 21 (/work/shared/ENGINE_WIRE.md, read 2026-11-30): connection
+refused during start is normal, llama-server answers 503 ``Loading model`` on ``/health`` while it
+loads, ready means ``/health`` answers 200.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import atexit
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+__all__ = [
+    "EngineLauncher", "EngineStartError", "RunningEngine", "free_port", "parse_prometheus_text",
+    "spawn_engine", "tail_lines",
+]
+
+
+class EngineStartError(RuntimeError):
+    """The engine process exited, or did not become ready in time, during start.
+
+    The message names the engine, the reason, the log path and quotes the last ~20 log lines.
+    ``log_tail`` holds those lines; ``returncode`` the exit status (``None`` if it was still running
+    when the wait gave up; it is then killed).
+    """
+
+    def __init__(self, message: str, log_tail: list[str] | None = None, returncode: int | None = None):
+        super().__init__(message)
+        self.log_tail = log_tail or []
+        self.returncode = returncode
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago (bind to port 0, read it, close).
+
+    There is an unavoidable race between this and the server binding it; :func:`spawn_engine`
+    retries with a new port when the server then fails to bind.
+    """
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def tail_lines(path: str | os.PathLike[str], n: int = 20) -> list[str]:
+    """The last ``n`` lines of a text file (decoded leniently); ``[]`` if it does not exist."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 256 * 1024))
+            data = f.read()
+    except OSError:
+        return []
+    return [ln.rstrip("\r") for ln in data.decode("utf-8", "replace").splitlines()][-n:]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prometheus text format
+# ---------------------------------------------------------------------------------------------------
+
+_SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?\s*$")
+_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+def parse_prometheus_text(text: str) -> dict[str, float]:
+    """Parse the Prometheus text exposition format (version 0.0.4) into ``{series: value}``.
+
+    The key is the metric name, plus the labels sorted by name in ``{a="x",b="y"}`` form when
+    there are any (``llamacpp:prompt_tokens_total``, ``vllm:num_requests_running{model_name="m"}``).
+    Comment/``# HELP``/``# TYPE`` lines are skipped, an optional timestamp is dropped, ``NaN``,
+    ``+Inf`` and ``-Inf`` become floats. Lines that do not parse are skipped (never raises).
+    Format: https://prometheus.io/docs/instrumenting/exposition_formats/ (read 2026-11-30).
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE_RE.match(line)
+        if not m:
+            continue
+        name, labels, raw = m.group(1), m.group(2), m.group(3)
+        try:
+            value = float(raw)  # float() accepts NaN, +Inf, -Inf
+        except ValueError:
+            continue
+        key = name
+        if labels and labels != "{}":
+            pairs = _LABEL_RE.findall(labels[1:-1])
+            if pairs:
+                key += "{" + ",".join(f'{k}="{v}"' for k, v in sorted(pairs)) + "}"
+        out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Running engine
+# ---------------------------------------------------------------------------------------------------
+
+_LIVE: set[RunningEngine] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def _stop_all_at_exit() -> None:
+    with _LIVE_LOCK:
+        engines = list(_LIVE)
+    for eng in engines:
+        try:
+            eng.stop(timeout_s=5)
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
+
+
+atexit.register(_stop_all_at_exit)
+
+
+def _http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
+    """GET ``url``; return (status, body). Raises OSError/URLError when no HTTP response came."""
+    req = urllib.request.Request(url, headers={"Accept": "*/*"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - local engine URL
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        try:
+            body = e.read()
+        except Exception:  # noqa: BLE001
+            body = b""
+        return e.code, body
+
+
+class RunningEngine:
+    """A started engine process.
+
+    Attributes:
+        name: engine name, e.g. ``"llama.cpp"``.
+        base_url: OpenAI API root, ending in ``/v1`` (``http://127.0.0.1:PORT/v1``).
+        root_url: server root without ``/v1`` (for ``/health``, ``/metrics``, ``/props``).
+        host, port, pid: where it listens and its process id (leader of its own process group).
+        log_path: file holding the server's stdout+stderr.
+        argv: the full command line.
+        identity: JSON-serialisable dict describing exactly what runs (filled by the launcher).
+        cold_start: seconds since just before ``Popen``: ``port_open_s`` (TCP connect succeeded),
+            ``health_s`` (``/health`` answered 200) and, after :meth:`measure_first_token`,
+            ``first_token_s`` (first streamed token of the first successful request) plus
+            ``first_request_ttft_s`` (that request's own time to first token).
+        started_monotonic: ``time.monotonic()`` just before ``Popen``.
+    """
+
+    def __init__(self, *, name: str, process: subprocess.Popen[bytes], host: str, port: int, log_path: Path,
+                 argv: Sequence[str], started_monotonic: float, metrics_path: str = "/metrics",
+                 health_path: str = "/health", model_name: str = "default"):
+        self.name = name
+        self.process = process
+        self.pid = process.pid
+        self.host = host
+        self.port = port
+        url_host = f"[{host}]" if ":" in host else host
+        self.root_url = f"http://{url_host}:{port}"
+        self.base_url = self.root_url + "/v1"
+        self.log_path = Path(log_path)
+        self.argv = list(argv)
+        self.started_monotonic = started_monotonic
+        self.metrics_path = metrics_path
+        self.health_path = health_path
+        self.model_name = model_name
+        self.identity: dict[str, Any] = {}
+        self.cold_start: dict[str, float] = {}
+        self.returncode: int | None = None
+        self._peak_seen = 0
+        self._peak_final: int | None = None
+        self._stopped = False
+        self._lock = threading.Lock()
+        try:
+            self._ps: psutil.Process | None = psutil.Process(self.pid)
+        except psutil.Error:
+            self._ps = None
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> RunningEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else "running"
+        return f"<RunningEngine {self.name} pid={self.pid} {self.base_url} {state}>"
+
+    @property
+    def alive(self) -> bool:
+        """True while the server process has not exited."""
+        return not self._stopped and self.process.poll() is None
+
+    def _tree(self) -> list[psutil.Process]:
+        procs: list[psutil.Process] = []
+        if self._ps is None:
+            return procs
+        try:
+            if self._ps.is_running():
+                procs.append(self._ps)
+                procs.extend(self._ps.children(recursive=True))
+        except psutil.Error:
+            pass
+        return procs
+
+    def stop(self, timeout_s: float = 10) -> int | None:
+        """Stop the server: SIGTERM to its process group, wait up to ``timeout_s`` seconds, then
+        SIGKILL the group and every descendant still alive. Idempotent; safe from atexit.
+
+        Returns the exit status (negative = killed by that signal), ``None`` if it could not be reaped.
+        """
+        with self._lock:
+            if self._stopped:
+                return self.returncode
+            try:
+                self._peak_final = self.peak_rss_bytes()
+            except Exception:  # noqa: BLE001
+                self._peak_final = self._peak_seen
+            tree = self._tree()  # remember descendants before the leader goes away
+            pgid = self.pid  # start_new_session: the child leads its own group
+
+            def group_is_ours() -> bool:
+                # never signal a group id that a reaped leader left behind and the OS may reuse
+                if self.process.returncode is None:
+                    return True
+                for p in tree:
+                    try:
+                        if p.is_running() and os.getpgid(p.pid) == pgid:
+                            return True
+                    except (psutil.Error, OSError):
+                        pass
+                return False
+
+            if self.process.poll() is None or group_is_ours():
+                try:
+                    os.killpg(pgid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:
+                self.returncode = self.process.wait(timeout=max(0.0, timeout_s))
+            except subprocess.TimeoutExpired:
+                pass
+            # whatever is left of the group, and descendants that made their own session, get SIGKILL
+            if group_is_ours():
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            for p in tree:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            try:
+                self.returncode = self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            psutil.wait_procs([p for p in tree if p.pid != self.pid], timeout=2)
+            self._stopped = True
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+            return self.returncode
+
+    # -- memory ---------------------------------------------------------------------------------
+
+    def rss_bytes(self) -> int:
+        """Resident set size now, in bytes, summed over the server and its descendants (psutil).
+
+        0 once stopped. Each call also updates the sampled peak used by :meth:`peak_rss_bytes`.
+        """
+        total = 0
+        for p in self._tree():
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        self._peak_seen = max(self._peak_seen, total)
+        return total
+
+    def peak_rss_bytes(self) -> int:
+        """Peak resident set size in bytes since start.
+
+        On Linux the kernel's high-water mark (``VmHWM`` in ``/proc/PID/status``) summed over the
+        server and its descendants; elsewhere, and as a floor, the largest :meth:`rss_bytes` sample.
+        After :meth:`stop` returns the value measured just before stopping.
+        """
+        if self._stopped and self._peak_final is not None:
+            return self._peak_final
+        hwm = 0
+        for p in self._tree():
+            try:
+                with open(f"/proc/{p.pid}/status", encoding="ascii", errors="replace") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            hwm += int(line.split()[1]) * 1024
+                            break
+            except (OSError, ValueError):
+                pass
+        current = self.rss_bytes()
+        return max(hwm, current, self._peak_seen)
+
+    # -- HTTP -----------------------------------------------------------------------------------
+
+    def get(self, path: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
+        """GET ``root_url + path``; returns (HTTP status, body bytes). Raises OSError when no response."""
+        return _http_get(self.root_url + path, timeout_s)
+
+    def read_metrics(self, timeout_s: float = 10.0) -> dict[str, float]:
+        """Scrape the Prometheus endpoint (``/metrics``) and parse it with :func:`parse_prometheus_text`.
+
+        Returns ``{series: value}``. Raises :class:`RuntimeError` on a non-200 answer (llama-server
+        answers 501 when started without ``--metrics``) and OSError when the server does not answer.
+        """
+        status, body = self.get(self.metrics_path, timeout_s)
+        if status != 200:
+            raise RuntimeError(f"{self.name} {self.metrics_path} answered HTTP {status}: "
+                               f"{body[:200].decode('utf-8', 'replace')}")
+        return parse_prometheus_text(body.decode("utf-8", "replace"))
+
+    async def ameasure_first_token(self, timeout_s: float = 120.0, endpoint: str = "chat",
+                                   max_tokens: int = 8, retry_interval_s: float = 0.2) -> float:
+        """Async form of :meth:`measure_first_token`."""
+        from servelab.wire import RequestRecord, RequestSpec, make_session, send
+
+        if endpoint == "chat":
+            spec = RequestSpec(endpoint="chat", max_tokens=max_tokens,
+                               messages=[{"role": "user", "content": "Say hello."}])
+        else:
+            spec = RequestSpec(endpoint="completions", max_tokens=max_tokens, prompt="Hello")
+        deadline = time.monotonic() + timeout_s
+        last: RequestRecord | None = None
+        async with make_session() as session:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                rec = RequestRecord(request_id=0, workload="cold_start")
+                await send(session, self.base_url, self.model_name, spec, rec, timeout_s=remaining)
+                last = rec
+                if rec.ok and rec.first_token_ns is not None and rec.sent_ns is not None:
+                    t_first = rec.first_token_ns / 1e9
+                    self.cold_start["first_token_s"] = t_first - self.started_monotonic
+                    self.cold_start["first_request_ttft_s"] = (rec.first_token_ns - rec.sent_ns) / 1e9
+                    return self.cold_start["first_token_s"]
+                if not self.alive:
+                    break
+                await asyncio.sleep(retry_interval_s)
+        why = "process exited" if not self.alive else f"no streamed token within {timeout_s:g} s"
+        err = last.error.message if last is not None and last.error is not None else "no error text"
+        raise EngineStartError(f"{self.name}: first-token probe failed ({why}; last error: {err}); "
+                               f"log {self.log_path}:\n" + "\n".join(tail_lines(self.log_path)),
+                               tail_lines(self.log_path), self.process.poll())
+
+    def measure_first_token(self, timeout_s: float = 120.0, endpoint: str = "chat", max_tokens: int = 8) -> float:
+        """Send small streamed requests until one yields a token; record and return seconds from
+        process start to that first token (``cold_start["first_token_s"]``; also sets
+        ``cold_start["first_request_ttft_s"]``). Uses :func:`servelab.wire.send`.
+
+        Works from sync code and from inside a running event loop (then it runs in a helper thread;
+        prefer :meth:`ameasure_first_token` there). Raises :class:`EngineStartError` when no token
+        arrives within ``timeout_s`` seconds or the process exits.
+        """
+        coro_fn = lambda: self.ameasure_first_token(timeout_s=timeout_s, endpoint=endpoint,  # noqa: E731
+                                                    max_tokens=max_tokens)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(coro_fn())
+        box: dict[str, Any] = {}
+
+        def runner() -> None:
+            try:
+                box["v"] = asyncio.run(coro_fn())
+            except BaseException as e:  # noqa: BLE001
+                box["e"] = e
+
+        t = threading.Thread(target=runner, daemon=True)
+        t.start()
+        t.join()
+        if "e" in box:
+            raise box["e"]
+        return float(box["v"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Spawning
+# ---------------------------------------------------------------------------------------------------
+
+_BIND_FAILURE = re.compile(r"address already in use|couldn't bind|could not bind|failed to bind|bind failed",
+                           re.IGNORECASE)
+
+
+def _preexec_die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def spawn_engine(name: str, argv: Sequence[str], *, host: str, port: int, log_path: str | os.PathLike[str],
+                 env: Mapping[str, str] | None = None, ready_timeout_s: float = 300.0,
+                 health_path: str = "/health", poll_interval_s: float = 0.05, model_name: str = "default",
+                 cwd: str | os.PathLike[str] | None = None) -> RunningEngine:
+    """Start ``argv`` in its own session, stdout+stderr appended to ``log_path``, and wait until
+    ``GET http://host:port{health_path}`` answers 200.
+
+    Times in the returned engine's ``cold_start`` are seconds since just before ``Popen``.
+    Connection refused, timeouts and non-200 answers (llama-server: 503 ``Loading model``) while
+    starting are waited out. Raises :class:`EngineStartError` (with the last 20 log lines) when the
+    process exits before it is ready or ``ready_timeout_s`` seconds pass (the process is then stopped).
+    ``EngineStartError.bind_failed`` is True when the log says the port could not be bound.
+    """
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = dict(os.environ if env is None else env)
+    preexec = (_preexec_die_with_parent if sys.platform.startswith("linux")
+               and threading.current_thread() is threading.main_thread() else None)
+    with open(log_path, "ab", buffering=0) as log:
+        log.write(f"# servelab: starting {name}: {' '.join(map(str, argv))}\n".encode())
+        t0 = time.monotonic()
+        proc = subprocess.Popen(list(map(str, argv)), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=full_env, cwd=cwd, start_new_session=True, preexec_fn=preexec,
+                                close_fds=True)
+    eng = RunningEngine(name=name, process=proc, host=host, port=port, log_path=log_path, argv=argv,
+                        started_monotonic=t0, health_path=health_path, model_name=model_name)
+    connect_host = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    deadline = t0 + ready_timeout_s
+    last_status: str = "no answer yet"
+    try:
+        while True:
+            rc = proc.poll()
+            if rc is not None:
+                tail = tail_lines(log_path)
+                err = EngineStartError(
+                    f"{name} exited with status {rc} during start ({time.monotonic() - t0:.1f} s after launch); "
+                    f"log {log_path}, last lines:\n" + "\n".join(tail), tail, rc)
+                err.bind_failed = any(_BIND_FAILURE.search(ln) for ln in tail)  # type: ignore[attr-defined]
+                raise err
+            now = time.monotonic()
+            if now > deadline:
+                tail = tail_lines(log_path)
+                raise EngineStartError(
+                    f"{name} not ready after {ready_timeout_s:g} s (last {health_path}: {last_status}); "
+                    f"log {log_path}, last lines:\n" + "\n".join(tail), tail, None)
+            if "port_open_s" not in eng.cold_start:
+                if _port_open(connect_host, port):
+                    eng.cold_start["port_open_s"] = time.monotonic() - t0
+                else:
+                    time.sleep(poll_interval_s)
+                    continue
+            try:
+                status, body = _http_get(f"http://{connect_host}:{port}{health_path}"
+                                         if ":" not in connect_host else
+                                         f"http://[{connect_host}]:{port}{health_path}",
+                                         timeout_s=max(0.5, min(5.0, deadline - now)))
+            except (OSError, urllib.error.URLError) as e:
+                last_status = f"{type(e).__name__}: {e}"
+            else:
+                if status == 200:
+                    eng.cold_start["health_s"] = time.monotonic() - t0
+                    return eng
+                last_status = f"HTTP {status} {body[:80].decode('utf-8', 'replace').strip()}"
+            time.sleep(poll_interval_s)
+    except BaseException:
+        eng.stop(timeout_s=5)
+        raise
+
+
+class EngineLauncher(abc.ABC):
+    """Knows how to start one engine; :meth:`start` returns a ready :class:`RunningEngine`.
+
+    Subclasses set :attr:`name` and implement :meth:`start` (typically: resolve binary and model,
+    build argv, call :func:`spawn_engine`, fill ``identity``). A launcher is reusable: each
+    :meth:`start` call starts a new process.
+    """
+
+    #: engine name used in identities and messages, e.g. ``"llama.cpp"``, ``"vllm"``
+    name: str = "engine"
+
+    @abc.abstractmethod
+    def start(self) -> RunningEngine:
+        """Start the engine and return it once ``/health`` answers 200.
+
+        Raises :class:`EngineStartError` when it exits or does not get ready in time and
+        :class:`servelab.wire.ConfigError` for bad user input (model file, options).
+        """
+
+    def up(self) -> RunningEngine:
+        """Alias of :meth:`start` (``with launcher.up() as eng: ...``)."""
+        return self.start()
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes as a short human string (``"241.3 MiB"``)."""
+    if n is None or not math.isfinite(n):
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+

