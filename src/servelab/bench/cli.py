@@ -178,9 +178,9 @@ def bench_command(
                                log_dir=str(Path(out) / "engine"))
         url = running.base_url
         engine_identity = running.identity
-        tokenizer = tokenizer or running.identity.get("model_path")
+        tokenizer = tokenizer or running.identity["model"]["path"]
         _err.print(f"engine {engine} up at {url} (cold start {running.cold_start.get('health_s', 0):.1f} s), "
-                   f"log {running.log_path}")
+                   f"log {running.log_path}", soft_wrap=True)
     try:
         base_url = normalize_base_url(url)
         counter = None
@@ -190,9 +190,6 @@ def bench_command(
             from servelab.modelfile.tokenizer import load_tokenizer
 
             counter = load_tokenizer(tokenizer)
-        else:
-            _err.print("note: no tokenizer known for this model (pass --tokenizer GGUF|tokenizer.json): prompt "
-                       "lengths are approximate and the client token-count cross-check is off")
 
         def factory(name: str, seed: int) -> Any:
             if name == "dataset":
@@ -210,7 +207,7 @@ def bench_command(
     finally:
         if running is not None:
             running.stop()
-    print_summary(summary, Console())
+    print_summary(summary, Console() if sys.stdout.isatty() else Console(width=200))
     print(f"results: {Path(out) / 'summary.json'} and {Path(out) / 'requests.jsonl'}")
     if not summary.get("complete"):
         sys.exit(130)
@@ -239,7 +236,10 @@ def _run_with_progress(cfg: Any, objectives: Any, factory: Any, counter: Any, en
     state: dict[str, Any] = {"task": None, "fail": 0}
 
     def on_progress(event: str, **kw: Any) -> None:
-        if event == "step":
+        if event == "ready" and counter is None:  # after preflight, so bad-input errors stay one line
+            _err.print("note: no tokenizer known for this model (pass --tokenizer GGUF|tokenizer.json): prompt "
+                       "lengths are approximate and the client token-count cross-check is off", soft_wrap=True)
+        elif event == "step":
             desc = f"{kw['workload']} {kw['step']}" + (" warmup" if kw["warmup"] else "")
             state["fail"] = 0
             state["task"] = progress.add_task(desc, total=kw["total"], info="")
@@ -260,5 +260,6 @@ def _run_with_progress(cfg: Any, objectives: Any, factory: Any, counter: Any, en
         try:
             runner(bench.run())
         except KeyboardInterrupt:
-            _err.print(f"interrupted: every finished request is in {cfg.out}/requests.jsonl; partial summary written")
+            _err.print(f"interrupted: every finished request is in {cfg.out}/requests.jsonl; partial summary written",
+                       soft_wrap=True)
     return bench.summary

@@ -124,6 +124,7 @@ def record_to_json(r: RequestRecord) -> dict[str, Any]:
         "ttft_s": M.ttft_s(r), "ttfat_s": M.ttfat_s(r), "e2e_s": M.e2e_s(r), "tpot_s": M.tpot_s(r),
         "schedule_lag_s": M.schedule_lag_s(r), "gate_failures": r.gate_failures,
         "events": r.events, "saw_done": r.saw_done, "response_model": r.response_model,
+        "conn_retries": r.conn_retries,
         "t_ns": {k: getattr(r, f"{k}_ns") for k in ("scheduled", "sent", "headers", "first_byte", "first_event",
                                                      "first_token", "first_answer", "last_token", "done", "end")},
         "chunk_offsets_ms": [round((t - sent) / 1e6, 3) for t in r.chunk_ns],
@@ -258,6 +259,7 @@ class Bench:
         max_conc = max([ld.concurrency for ld in loads] + [c.max_concurrency or 0])
         async with make_session(max_connections=0) as session:
             model, server = await preflight(session, c.base_url, c.model, headers)
+            self.progress("ready", model=model)
             identity = {"servelab_version": __version__, "host": host_identity(), "server": server,
                         "engine": self.engine_identity, "model": model,
                         "tokenizer": getattr(self.counter, "name", None),

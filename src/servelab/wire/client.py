@@ -84,11 +84,33 @@ async def send(session: aiohttp.ClientSession, base_url: str, model: str, spec: 
         hdrs.update(headers)
     rec.max_tokens = spec.max_tokens
     rec.prompt_tokens_target = spec.prompt_tokens_target
+    for attempt in range(_MAX_STALE_RETRIES + 1):
+        stale = await _attempt(session, base_url + path, body, hdrs, rec, timeout_s, on_chunk,
+                               retry_ok=attempt < _MAX_STALE_RETRIES)
+        if not stale:
+            break
+        # the pooled keep-alive connection had been closed by the server (llama-server closes after
+        # each stream, as curl also sees: "Connection died, retrying a fresh connect"): nothing was
+        # answered, so send again; each try drops one dead pooled connection, and a dead server ends
+        # the loop with a refused fresh connect (ClientConnectorError, never retried)
+        rec.conn_retries += 1
+    finalize(rec)
+    return rec
+
+
+_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+_MAX_STALE_RETRIES = 16
+
+
+async def _attempt(session: aiohttp.ClientSession, url: str, body: bytes, hdrs: dict[str, str], rec: RequestRecord,
+                   timeout_s: float, on_chunk: Callable[[RequestRecord], None] | None, retry_ok: bool) -> bool:
+    """One try of :func:`send`. Returns True (and leaves ``rec`` clean) when the request failed on a
+    reused connection before any response byte and may be retried; otherwise fills ``rec``."""
     parser = StreamParser(rec)
     try:
         async with asyncio.timeout(timeout_s):
             rec.sent_ns = _now()
-            async with session.post(base_url + path, data=body, headers=hdrs) as resp:
+            async with session.post(url, data=body, headers=hdrs) as resp:
                 rec.headers_ns = _now()
                 rec.status = resp.status
                 if resp.status >= 300:
@@ -96,7 +118,7 @@ async def send(session: aiohttp.ClientSession, base_url: str, model: str, spec: 
                     rec.end_ns = _now()
                     rec.failure = FailureClass.HTTP_STATUS
                     rec.error = error_from_body(raw, resp.status)
-                    return rec
+                    return False
                 ctype = resp.headers.get("Content-Type", "")
                 if "text/event-stream" not in ctype:
                     await _non_stream(resp, rec, parser)
@@ -118,6 +140,10 @@ async def send(session: aiohttp.ClientSession, base_url: str, model: str, spec: 
     except (aiohttp.ClientConnectorError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError,
             aiohttp.ClientPayloadError, aiohttp.ClientResponseError, ConnectionError) as e:
         rec.end_ns = _now()
+        if (retry_ok and rec.headers_ns is None and isinstance(e, _STALE)
+                and not isinstance(e, aiohttp.ClientConnectorError)):
+            rec.sent_ns = rec.end_ns = None
+            return True
         if rec.headers_ns is None:
             rec.failure = FailureClass.CONNECT
         else:
@@ -130,8 +156,7 @@ async def send(session: aiohttp.ClientSession, base_url: str, model: str, spec: 
         rec.end_ns = _now()
         rec.failure = FailureClass.CONNECT if rec.headers_ns is None else FailureClass.CUT_OFF
         rec.error = WireError(status=rec.status, message=f"{type(e).__name__}: {e}")
-    finalize(rec)
-    return rec
+    return False
 
 
 async def _non_stream(resp: aiohttp.ClientResponse, rec: RequestRecord, parser: StreamParser) -> None:

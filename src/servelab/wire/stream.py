@@ -179,7 +179,11 @@ def apply_event(rec: RequestRecord, ev: dict[str, Any], t_ns: int, state: Stream
         if usage and state is not None:
             ct = usage.get("completion_tokens")
             if isinstance(ct, int):
-                k = ct - state._prev_completion_tokens
+                # only continuous usage (on every token chunk from the first) says what one chunk carried;
+                # a total that first appears on the last chunk (TGI/llama-server /v1/completions, case 24)
+                # covers the whole stream, not that chunk
+                if state._prev_completion_tokens or len(rec.chunk_ns) == 1:
+                    k = ct - state._prev_completion_tokens
                 state._prev_completion_tokens = ct
         rec.chunk_tokens.append(k if k > 0 else 0)
     if usage:

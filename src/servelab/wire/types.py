@@ -112,6 +112,8 @@ class RequestRecord:
 
     ``chunk_ns`` holds the arrival time of every token-carrying event; ``chunk_tokens`` the number of
     tokens each carried when per-chunk usage showed it (``0`` = unknown for that chunk).
+    ``conn_retries`` counts re-sends after a pooled keep-alive connection turned out to be closed by
+    the server before anything was read (the request never reached it; ``sent_ns`` is the re-send).
     """
 
     request_id: int
@@ -151,6 +153,7 @@ class RequestRecord:
     cached_tokens: int | None = None
     gate_failures: list[str] = field(default_factory=list)
     response_model: str | None = None
+    conn_retries: int = 0
 
     @property
     def ok(self) -> bool:

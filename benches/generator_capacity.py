@@ -1,0 +1,782 @@
+#!/usr/bin/env python3
+"""How much load can servelab generate on ONE core, compared with guidellm and AIPerf?
+
+Run by hand (not a test), from the repository root, with the project venv:
+
+    .venv/bin/python benches/generator_capacity.py            # ~8-10 minutes
+    .venv/bin/python benches/generator_capacity.py --tools servelab --step-s 4   # servelab only
+
+Set-up: ``servelab mock-engine --ttft-ms 0 --itl-ms 0`` pinned to CPU 1 (``taskset -c 1``); every load
+generator pinned to CPU 0 (``taskset -c 0``, inherited by all its worker processes). The mock streams
+``--output-tokens`` token chunks per request in the vLLM dialect, so one response is
+``role + N token chunks + usage + [DONE]`` = N+3 SSE events (all three tools ask for usage).
+
+Per tool it reports:
+
+* the highest constant (open-loop) arrival rate the tool sustained with schedule-lag P99 <= 1 ms and
+  >= 95 % of the offered rate achieved, found by a geometric then binary search (servelab: ``schedule_lag_s.p99``
+  of summary.json; guidellm: its per-request scheduling delay (``request_start - targeted start``);
+  AIPerf: whatever it reports about credit/scheduling delay; if a tool exposes no scheduling delay,
+  a closed-loop concurrency sweep instead and the table says so);
+* requests/s and SSE events/s at that rate, counted on the mock's side (``GET /mock/records``) so all
+  tools are measured with the same yardstick; the generator's CPU use (all its processes) is shown;
+* the TTFT the tool adds: tool-reported TTFT minus the mock's own ``first token write - recv`` per
+  request, median and P99 (servelab: requests matched exactly through the shared monotonic clock;
+  peers: matched in send order);
+* ratios servelab / peer.
+
+The mock's own CPU use during each step is printed too: a step where the mock is near 100 % of its core
+measures the mock, not the generator, and is flagged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_PY = ROOT / ".venv" / "bin" / "python"
+CACHE = Path(os.environ.get("SERVELAB_CACHE", Path.home() / ".cache" / "servelab"))
+PEERS = CACHE / "peers"
+LAG_LIMIT_S = 1e-3
+ACHIEVED_MIN = 0.95
+GEN_CPU = "0"
+MOCK_CPU = "1"
+NICE: list[str] = []  # e.g. ["nice", "-n", "-10"]: set by --nice
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# small helpers
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method: str, url: str, timeout: float = 30.0) -> Any:
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        body = r.read()
+    return json.loads(body) if body else None
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    k = (len(v) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def proc_cpu_s(pid: int) -> float:
+    """user+system CPU seconds of one live process (from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ----------------------------------------------------------------------------------------------
+# the mock engine
+
+class Mock:
+    def __init__(self, output_tokens: int, workdir: Path) -> None:
+        self.port = free_port()
+        self.output_tokens = output_tokens
+        self.log = workdir / "mock.log"
+        cmd = [str(VENV_PY), "-m", "servelab.engines.mock"]
+        if _servelab_cli_ok():
+            cmd = [str(ROOT / ".venv" / "bin" / "servelab"), "mock-engine"]
+        cmd += ["--port", str(self.port), "--ttft-ms", "0", "--itl-ms", "0", "--output-tokens", str(output_tokens),
+                "--dialect", "vllm", "--model", "m"]
+        self.proc = subprocess.Popen([*NICE, "taskset", "-c", MOCK_CPU, *cmd], stdout=open(self.log, "wb"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.root = f"http://127.0.0.1:{self.port}"
+        self.base_url = self.root + "/v1"
+        t0 = time.monotonic()
+        while True:
+            try:
+                http("GET", self.root + "/health", timeout=2)
+                break
+            except Exception:  # noqa: BLE001
+                if self.proc.poll() is not None or time.monotonic() - t0 > 30:
+                    raise RuntimeError(f"mock engine did not start; see {self.log}") from None
+                time.sleep(0.1)
+
+    def reset(self) -> None:
+        http("POST", self.root + "/mock/reset")
+
+    def records(self) -> list[dict[str, Any]]:
+        return http("GET", self.root + "/mock/records", timeout=120)
+
+    def cpu_s(self) -> float:
+        return proc_cpu_s(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+_CLI_OK: bool | None = None
+
+
+def _servelab_cli_ok() -> bool:
+    """True when ``servelab bench`` works here (the CLI imports, workloads exist)."""
+    global _CLI_OK
+    if _CLI_OK is None:
+        exe = ROOT / ".venv" / "bin" / "servelab"
+        r = subprocess.run([str(exe), "bench", "--help"], capture_output=True, timeout=60)
+        w = subprocess.run([str(VENV_PY), "-c", "import servelab.bench.workloads"], capture_output=True, timeout=60)
+        _CLI_OK = r.returncode == 0 and w.returncode == 0
+    return _CLI_OK
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU sampler: mock process, generator process tree, and whole-core busy time of CPU 0 and CPU 1
+
+class Sampler(threading.Thread):
+    """Samples every 0.2 s: (t_mono_ns, mock CPU s, generator-tree CPU s, generator pid, per-core busy/total
+    jiffies). Lets any window report the mock's and the generator's CPU share and how busy each core was
+    in total (a busy core 0 beyond the generator's share means someone else was using it)."""
+
+    def __init__(self, mock_pid: int) -> None:
+        super().__init__(daemon=True)
+        self.mock_pid = mock_pid
+        self.gen_pid: int | None = None
+        self.samples: list[tuple[int, float, float, int | None, list[tuple[int, int]]]] = []
+        self._stop = threading.Event()
+
+    @staticmethod
+    def _cores() -> list[tuple[int, int]]:
+        out = []
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("cpu") and line[3].isdigit():
+                    v = [int(x) for x in line.split()[1:]]
+                    idle = v[3] + v[4]
+                    out.append((sum(v) - idle, sum(v)))
+        return out
+
+    def _gen_cpu(self) -> float:
+        pid = self.gen_pid
+        if pid is None:
+            return 0.0
+        try:
+            p = psutil.Process(pid)
+            tot = 0.0
+            for q in [p, *p.children(recursive=True)]:
+                try:
+                    ct = q.cpu_times()
+                    tot += ct.user + ct.system
+                except psutil.Error:
+                    pass
+            return tot
+        except psutil.Error:
+            return 0.0
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.monotonic_ns(), proc_cpu_s(self.mock_pid), self._gen_cpu(), self.gen_pid,
+                                     self._cores()))
+            except OSError:
+                pass
+            self._stop.wait(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def window(self, t0: int, t1: int) -> dict[str, float | None]:
+        s = [x for x in list(self.samples) if t0 <= x[0] <= t1]
+        if len(s) < 2:
+            return {"mock": None, "gen": None, "core0": None, "core1": None}
+        a, b = s[0], s[-1]
+        dt = (b[0] - a[0]) / 1e9
+        gen = (b[2] - a[2]) / dt if a[3] == b[3] and a[3] is not None else None
+        cores = []
+        for i in (int(GEN_CPU), int(MOCK_CPU)):
+            busy = b[4][i][0] - a[4][i][0]
+            tot = b[4][i][1] - a[4][i][1]
+            cores.append(busy / tot if tot else None)
+        return {"mock": (b[1] - a[1]) / dt, "gen": gen, "core0": cores[0], "core1": cores[1]}
+
+
+def run_pinned(cmd: list[str], cwd: Path, log_path: Path, timeout: float, sampler: Sampler) -> tuple[int, float]:
+    """Run ``cmd`` on the generator core (all its processes inherit the pinning); returns (rc, wall_s)."""
+    t0 = time.monotonic()
+    env = dict(os.environ)
+    env.pop("HF_HUB_OFFLINE", None)  # AIPerf rejects local tokenizer paths with it set
+    with open(log_path, "wb") as lf:
+        p = subprocess.Popen([*NICE, "taskset", "-c", GEN_CPU, *cmd], cwd=cwd, stdout=lf, stderr=subprocess.STDOUT,
+                             env=env, start_new_session=True)
+        sampler.gen_pid = p.pid
+        try:
+            rc = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                rc = p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                rc = p.wait()
+            rc = rc if rc else -1
+        finally:
+            sampler.gen_pid = None
+    return rc, time.monotonic() - t0
+
+
+# ----------------------------------------------------------------------------------------------
+# one measured step (any tool)
+
+@dataclass
+class Step:
+    tool: str
+    offered_rps: float
+    lag_p99_s: float | None = None      # the tool's own figure (see lag_source)
+    lag_source: str = ""
+    failed: int = 0                     # failures the tool reported
+    tool_rps: float | None = None       # requests/s the tool itself reported
+    reqs: list[tuple[int, float]] = field(default_factory=list)  # (send time, monotonic ns; tool TTFT s)
+    # filled from the mock's records
+    requests: int = 0
+    window_s: float = 0.0
+    rps: float = 0.0
+    events_per_s: float = 0.0
+    ttft_added_ms: list[float] = field(default_factory=list)
+    unmatched: int = 0
+    cpu: dict[str, float | None] = field(default_factory=dict)
+    strict_ok: bool = False
+    sustained_ok: bool = False
+    why: str = ""
+
+    @property
+    def load(self) -> str:
+        return f"r{self.offered_rps:g}"
+
+
+def mock_ttft_s(r: dict[str, Any]) -> float:
+    return (r["token_write_ns"][0] - r["recv_ns"]) / 1e9
+
+
+def attach_mock(steps: list[Step], recs: list[dict[str, Any]], sampler: Sampler) -> None:
+    """Match each tool request to the mock record received first after its send time (one-to-one),
+    then compute the mock-side rates, the TTFT added and the CPU shares of each step."""
+    done = sorted((r for r in recs if r.get("status") == 200 and r.get("done_ns") and r.get("token_write_ns")),
+                  key=lambda r: r["recv_ns"])
+    recv = [r["recv_ns"] for r in done]
+    used: set[int] = set()
+    for st in steps:
+        matched = []
+        for sent, ttft in sorted(st.reqs):
+            i = bisect.bisect_left(recv, sent - 200_000)  # 0.2 ms slack for wall->monotonic conversion
+            while i < len(done) and i in used:
+                i += 1
+            if i >= len(done) or recv[i] - sent > 1_000_000_000:
+                st.unmatched += 1
+                continue
+            used.add(i)
+            matched.append(done[i])
+            if ttft is not None:
+                st.ttft_added_ms.append((ttft - mock_ttft_s(done[i])) * 1e3)
+        st.requests = len(matched)
+        if len(matched) >= 2:
+            t0 = min(r["recv_ns"] for r in matched)
+            t1 = max(r["done_ns"] for r in matched)
+            st.window_s = (t1 - t0) / 1e9
+            st.rps = len(matched) / st.window_s
+            # SSE events per response: role chunk + token chunks + usage chunk + [DONE]
+            st.events_per_s = sum(len(r["token_write_ns"]) + 3 for r in matched) / st.window_s
+            st.cpu = sampler.window(t0, t1)
+
+
+def judge(st: Step, lag_limit_s: float, sustain_lag_s: float) -> None:
+    why = []
+    if st.failed or st.unmatched:
+        why.append(f"{st.failed} failed/{st.unmatched} unmatched")
+    if st.rps < ACHIEVED_MIN * st.offered_rps:
+        why.append(f"achieved {st.rps:.1f} < {ACHIEVED_MIN:.0%} of offered")
+    base_ok = not why
+    lag = st.lag_p99_s
+    st.strict_ok = base_ok and lag is not None and lag <= lag_limit_s
+    st.sustained_ok = base_ok and lag is not None and lag <= sustain_lag_s
+    if lag is None:
+        why.append("no lag figure")
+    elif lag > lag_limit_s:
+        why.append(f"lag p99 {lag * 1e3:.2f} ms > {lag_limit_s * 1e3:g} ms")
+    st.why = "; ".join(why)
+
+
+def log_step(st: Step) -> None:
+    lag = f"{st.lag_p99_s * 1e3:.2f} ms" if st.lag_p99_s is not None else "n/a"
+    c = st.cpu
+    f = lambda v: f"{v:.0%}" if v is not None else "?"  # noqa: E731
+    log(f"{st.tool:8s} {st.load:>7s}: strict {'PASS' if st.strict_ok else 'fail'} / sustained "
+        f"{'PASS' if st.sustained_ok else 'fail'} | {st.rps:7.1f} req/s {st.events_per_s:8.0f} ev/s | lag p99 {lag}"
+        f" | CPU gen {f(c.get('gen'))} mock {f(c.get('mock'))} core0 {f(c.get('core0'))} core1 {f(c.get('core1'))}"
+        f"{' | ' + st.why if st.why else ''}")
+
+
+# ----------------------------------------------------------------------------------------------
+# servelab
+
+SERVELAB_DRIVER = r"""
+import sys, json
+cfg = json.loads(sys.argv[1])
+from servelab.bench.runner import Bench, BenchConfig
+from servelab.wire.types import RequestSpec
+counter = None
+if cfg.get("tokenizer"):
+    from servelab.modelfile.tokenizer import load_tokenizer
+    counter = load_tokenizer(cfg["tokenizer"])
+words = " ".join(f"w{i}" for i in range(cfg["input_tokens"]))
+class WL:
+    def __init__(self, seed): self.seed = seed
+    def requests(self, n):
+        return [RequestSpec(endpoint="chat", max_tokens=cfg["output_tokens"], workload="short-qa",
+                            messages=[{"role": "user", "content": f"q{self.seed}-{i} " + words}]) for i in range(n)]
+def factory(name, seed): return WL(seed)
+bc = BenchConfig(base_url=cfg["url"], model="m", workloads=["short-qa"], rates_rps=[cfg["rate"]],
+                 arrival="constant", requests=None, duration_s=cfg["duration"], warmup=0, out=cfg["out"],
+                 tokenizer=cfg.get("tokenizer"))
+bench = Bench(bc, [], factory, counter=counter)
+try:
+    import uvloop; run = uvloop.run
+except ImportError:
+    import asyncio; run = asyncio.run
+run(bench.run())
+"""
+
+
+def servelab_cmd(mock: Mock, rate: float, a: argparse.Namespace, out: Path, tok: str | None) -> list[str]:
+    if _servelab_cli_ok():
+        cmd = [str(ROOT / ".venv" / "bin" / "servelab"), "bench", "--url", mock.base_url, "--model", "m",
+               "--rate", f"{rate:g}", "--arrival", "constant", "--duration", str(a.step_s), "--warmup", "0",
+               "--quiet", "--out", str(out), "--workload", "short-qa", "--set", f"input_tokens={a.input_tokens}",
+               "--set", f"output_tokens={a.output_tokens}"]
+        return cmd + (["--tokenizer", tok] if tok else [])
+    cfg = {"url": mock.base_url, "rate": rate, "duration": a.step_s, "out": str(out),
+           "input_tokens": a.input_tokens, "output_tokens": a.output_tokens, "tokenizer": tok}
+    return [str(VENV_PY), "-c", SERVELAB_DRIVER, json.dumps(cfg)]
+
+
+def servelab_steps(mock: Mock, rate: float, a: argparse.Namespace, work: Path, tok: str | None,
+                   sampler: Sampler) -> list[Step]:
+    out = work / "servelab" / f"r{rate:g}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    mock.reset()
+    rc, _ = run_pinned(servelab_cmd(mock, rate, a, out, tok), ROOT, out.with_suffix(".log"), a.step_s + 90, sampler)
+    st = Step(tool="servelab", offered_rps=rate, lag_source="servelab summary.json schedule_lag_s.p99")
+    try:
+        s = json.loads((out / "summary.json").read_text())["steps"][0]
+        st.lag_p99_s = s["schedule_lag_s"]["p99"]
+        st.tool_rps = s["throughput"]["requests_per_s"]
+        st.failed = s["counts"]["failed_total"]
+        for line in (out / "requests.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if not r["warmup"] and r["t_ns"]["sent"] is not None:
+                st.reqs.append((r["t_ns"]["sent"], r["ttft_s"]))
+    except (OSError, KeyError, IndexError, ValueError) as e:
+        st.why = f"no usable summary (rc {rc}: {e}); see {out.with_suffix('.log')}"
+    attach_mock([st], mock.records(), sampler)
+    return [st]
+
+
+# ----------------------------------------------------------------------------------------------
+# peers: one invocation runs several constant rates; wall-clock stamps are mapped onto the monotonic clock
+
+def wall_to_mono_ns(t_wall_s: float, offset_ns: int) -> int:
+    return int(t_wall_s * 1e9) - offset_ns
+
+
+def guidellm_steps(mock: Mock, rates: list[float], a: argparse.Namespace, work: Path, tok_dir: str,
+                   sampler: Sampler, offset_ns: int) -> list[Step]:
+    exe = PEERS / "guidellm" / "bin" / "guidellm"
+    tag = "_".join(f"{r:g}" for r in rates)
+    out = work / "guidellm" / f"r{tag}"
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [str(exe), "run", "--backend", f"kind=openai_http,target={mock.base_url},model=m",
+           "--profile", "kind=constant", "--override", "profile.rate", ",".join(f"{r:g}" for r in rates),
+           "--constraint", f"kind=max_duration,seconds={a.step_s:g}",
+           "--data", f"kind=synthetic_text,prompt_tokens={a.input_tokens},output_tokens={a.output_tokens}",
+           "--tokenizer", f"kind=huggingface_auto,model={tok_dir}",
+           "--output", f"kind=json,path={out / 'out.json'}", "--disable-console-interactive"]
+    mock.reset()
+    budget = 90 + len(rates) * (a.step_s + 40)
+    rc, wall = run_pinned(cmd, out, out / "log.txt", budget, sampler)
+    log(f"guidellm invocation for rates {rates}: rc {rc}, {wall:.0f} s wall")
+    steps: list[Step] = []
+    try:
+        d = json.loads((out / "out.json").read_text())
+    except (OSError, ValueError) as e:
+        log(f"guidellm: no output ({e}); see {out / 'log.txt'}")
+        return steps
+    for b in d["benchmarks"]:
+        strat = b["config"].get("strategy", {})
+        rate = float(strat.get("rate") or 0)
+        st = Step(tool="guidellm", offered_rps=rate,
+                  lag_source="guidellm request_dispatch_delay p99 (targeted start -> dispatch)")
+        m = b["metrics"]
+        dd = (m.get("request_dispatch_delay") or {}).get("total") or (m.get("request_dispatch_delay") or {}).get("successful")
+        st.lag_p99_s = dd["percentiles"]["p99"] if dd else None
+        tot = m["request_totals"]
+        st.failed = int(tot.get("errored", 0))  # "incomplete" = cut by the duration limit
+        st.tool_rps = tot.get("successful", 0) / b["duration"] if b.get("duration") else None
+        for r in b["requests"]["successful"]:
+            t = r["info"]["timings"]
+            if t.get("request_start") is None:
+                continue
+            ttft = (t["first_token_iteration"] - t["request_start"]) if t.get("first_token_iteration") else None
+            st.reqs.append((wall_to_mono_ns(t["request_start"], offset_ns), ttft))
+        steps.append(st)
+    attach_mock(steps, mock.records(), sampler)
+    return steps
+
+
+def aiperf_steps(mock: Mock, rates: list[float], a: argparse.Namespace, work: Path, tok_dir: str,
+                 sampler: Sampler, offset_ns: int) -> list[Step]:
+    exe = PEERS / "aiperf" / "bin" / "aiperf"
+    tag = "_".join(f"{r:g}" for r in rates)
+    out = work / "aiperf" / f"r{tag}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [str(exe), "profile", "--model", "m", "--url", mock.root, "--endpoint-type", "chat", "--streaming",
+           "--tokenizer", tok_dir, "--use-server-token-count", "--request-rate", ",".join(f"{r:g}" for r in rates),
+           "--arrival-pattern", "constant", "--benchmark-duration", f"{a.step_s:g}", "--benchmark-grace-period", "10",
+           "--isl", str(a.input_tokens), "--osl", str(a.output_tokens), "--ui", "none", "--export-level", "records",
+           "--artifact-dir", str(out / "art")]
+    mock.reset()
+    budget = 90 + len(rates) * (a.step_s + 40)
+    rc, wall = run_pinned(cmd, out, out / "log.txt", budget, sampler)
+    log(f"aiperf invocation for rates {rates}: rc {rc}, {wall:.0f} s wall")
+    steps: list[Step] = []
+    for rate in rates:
+        d = out / "art" / f"rate_{float(rate)}" if len(rates) > 1 else out / "art"
+        st = Step(tool="aiperf", offered_rps=rate,
+                  lag_source="derived from AIPerf request_start_ns vs the ideal constant-rate slots (AIPerf itself "
+                             "reports only credit_to_start_latency, which excludes its timing manager)")
+        try:
+            summ = json.loads((d / "profile_export_aiperf.json").read_text())
+            lines = (d / "profile_export.jsonl").read_text().splitlines()
+        except (OSError, ValueError) as e:
+            log(f"aiperf rate {rate:g}: no output ({e}); see {out / 'log.txt'}")
+            continue
+        starts = []
+        for line in lines:
+            r = json.loads(line)
+            md = r.get("metadata", {})
+            if md.get("benchmark_phase") not in (None, "profiling"):
+                continue
+            if r.get("error"):
+                st.failed += 1
+            ttft = ((r.get("metrics") or {}).get("time_to_first_token") or {}).get("value")
+            start = md.get("request_start_ns")
+            if start is None:
+                continue
+            starts.append(start)
+            st.reqs.append((start - offset_ns, ttft / 1e3 if ttft is not None else None))
+        starts.sort()
+        if starts:
+            gap = 1e9 / rate
+            raw = [s - i * gap for i, s in enumerate(starts)]
+            base = min(raw)
+            lags = [(x - base) / 1e9 for x in raw]
+            st.lag_p99_s = pct(lags, 99)
+        ctsl = summ.get("credit_to_start_latency") or {}
+        st.lag_source += f"; AIPerf credit_to_start_latency p99 {ctsl.get('p99', float('nan')):.2f} ms"
+        st.tool_rps = (summ.get("request_throughput") or {}).get("avg")
+        steps.append(st)
+    attach_mock(steps, mock.records(), sampler)
+    return steps
+
+
+# ----------------------------------------------------------------------------------------------
+# search and report
+
+def servelab_search(mock: Mock, a: argparse.Namespace, work: Path, tok: str | None, sampler: Sampler,
+                    deadline: float) -> list[Step]:
+    """Geometric (x2) growth from --start-rate until the sustained criterion fails, then bisection on a
+    geometric scale until the bracket is within 12 %; then, if no rate met the strict lag limit, one
+    lower rate (start/4) to see whether any does."""
+    steps: list[Step] = []
+    lo, hi = 0.0, None
+    rate = a.start_rate
+    while time.monotonic() < deadline and len(steps) < a.max_trials:
+        st = servelab_steps(mock, rate, a, work, tok, sampler)[0]
+        judge(st, a.lag_ms / 1e3, a.sustain_lag_ms / 1e3)
+        log_step(st)
+        steps.append(st)
+        if st.sustained_ok:
+            lo = max(lo, rate)
+        else:
+            hi = rate if hi is None else min(hi, rate)
+        if hi is None:
+            rate *= 2
+        elif lo == 0.0:
+            rate = hi / 2
+            if rate < 1:
+                break
+        elif hi / lo < 1.12:
+            break
+        else:
+            rate = round(math.sqrt(lo * hi), 1)
+    if not any(s.strict_ok for s in steps) and time.monotonic() < deadline:
+        low = min(s.offered_rps for s in steps) / 4 if steps else a.start_rate / 4
+        st = servelab_steps(mock, low, a, work, tok, sampler)[0]
+        judge(st, a.lag_ms / 1e3, a.sustain_lag_ms / 1e3)
+        log_step(st)
+        steps.append(st)
+    return steps
+
+
+def peer_search(fn: Any, tool: str, a: argparse.Namespace, deadline: float) -> list[Step]:
+    """A coarse sweep of constant rates in one invocation (the peers start slowly), then one refining
+    invocation with two rates inside the bracket of the sustained criterion."""
+    steps: list[Step] = []
+    coarse = [r for r in a.peer_rates]
+    for st in fn(coarse):
+        judge(st, a.lag_ms / 1e3, a.sustain_lag_ms / 1e3)
+        log_step(st)
+        steps.append(st)
+    ok = [s.offered_rps for s in steps if s.sustained_ok]
+    bad = [s.offered_rps for s in steps if not s.sustained_ok and (not ok or s.offered_rps > max(ok))]
+    if ok and bad and time.monotonic() < deadline:
+        lo, hi = max(ok), min(bad)
+        refine = [round(lo * (hi / lo) ** (1 / 3), 1), round(lo * (hi / lo) ** (2 / 3), 1)]
+        for st in fn(refine):
+            judge(st, a.lag_ms / 1e3, a.sustain_lag_ms / 1e3)
+            log_step(st)
+            steps.append(st)
+    elif time.monotonic() >= deadline:
+        log(f"{tool}: time budget reached, no refining pass")
+    return steps
+
+
+def best(steps: list[Step], strict: bool) -> Step | None:
+    ok = [s for s in steps if (s.strict_ok if strict else s.sustained_ok)]
+    return max(ok, key=lambda s: s.events_per_s) if ok else None
+
+
+def fmt(v: float | None, spec: str = ".0f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_report(results: dict[str, list[Step]], a: argparse.Namespace, info: dict[str, Any]) -> None:
+    print()
+    print(f"servelab generator capacity vs peers — {time.strftime('%Y-%m-%d %H:%M')} — mock-engine "
+          f"(vllm dialect, ttft 0, itl 0, {a.output_tokens} tokens => {a.output_tokens + 3} SSE events/response) "
+          f"on CPU {MOCK_CPU}, each generator on CPU {GEN_CPU}; {a.step_s:g} s per step")
+    print(f"host: {info['cpu']}; load average before the run {info['loadavg']}; mock and generators at niceness "
+          f"{a.nice if NICE else 0}")
+    for strict in (True, False):
+        crit = (f"A. schedule-lag P99 <= {a.lag_ms:g} ms (the issue's criterion), >= {ACHIEVED_MIN:.0%} of offered "
+                f"rate achieved, no failures" if strict else
+                f"B. sustained: >= {ACHIEVED_MIN:.0%} of offered rate achieved, no failures, lag P99 <= "
+                f"{a.sustain_lag_ms:g} ms (bounded, not growing)")
+        print()
+        print(crit)
+        hdr = (f"{'tool':9s} {'rate':>7s} {'events/s/core':>13s} {'req/s/core':>10s} {'lag P99 ms':>10s} "
+               f"{'TTFT+ p50 ms':>12s} {'TTFT+ p99 ms':>12s} {'gen CPU':>7s} {'mock CPU':>8s} "
+               f"{'core0':>5s}  {'ev/s ratio servelab/tool':>24s}")
+        print(hdr)
+        print("-" * len(hdr))
+        sl = best(results.get("servelab", []), strict)
+        for tool, steps in results.items():
+            b = best(steps, strict)
+            if b is None:
+                tried = sorted(steps, key=lambda s: s.offered_rps)
+                low = tried[0] if tried else None
+                note = (f"none passed (lowest rate tried {low.offered_rps:g}/s: lag P99 "
+                        f"{fmt(low.lag_p99_s and low.lag_p99_s * 1e3, '.2f')} ms, {low.why or 'ok'})") if low else "not run"
+                print(f"{tool:9s} {note}")
+                continue
+            ratio = "-" if tool == "servelab" or sl is None else f"{sl.events_per_s / b.events_per_s:.2f}x"
+            c = b.cpu
+            pc = lambda v: "?" if v is None else f"{v:.0%}"  # noqa: E731
+            print(f"{tool:9s} {b.offered_rps:7g} {b.events_per_s:13.0f} {b.rps:10.1f} "
+                  f"{fmt(b.lag_p99_s and b.lag_p99_s * 1e3, '.2f'):>10s} "
+                  f"{fmt(pct(b.ttft_added_ms, 50), '.3f'):>12s} {fmt(pct(b.ttft_added_ms, 99), '.3f'):>12s} "
+                  f"{pc(c.get('gen')):>7s} {pc(c.get('mock')):>8s} {pc(c.get('core0')):>5s}  {ratio:>24s}")
+            if c.get("mock") is not None and c["mock"] > 0.9:
+                print(f"{'':9s} ^ the mock used {c['mock']:.0%} of its core here: this figure may be mock-bound")
+    print()
+    print("lag sources:")
+    seen = set()
+    for tool, steps in results.items():
+        for s in steps[:1]:
+            src = s.lag_source.split("; AIPerf credit")[0]
+            if (tool, src) not in seen:
+                seen.add((tool, src))
+                print(f"  {tool}: {src}")
+    ap = [s for s in results.get("aiperf", [])]
+    if ap:
+        print("  aiperf's own credit_to_start_latency p99 per rate: "
+              + ", ".join(f"{s.offered_rps:g}/s {s.lag_source.split('p99 ')[-1]}" for s in
+                          sorted(ap, key=lambda s: s.offered_rps)))
+    print("TTFT+ = tool TTFT - (mock first token write - mock recv), per request; requests matched to mock records "
+          "by send time on the shared monotonic clock (peers' wall-clock stamps mapped onto it)")
+    print("events/s and req/s are counted on the mock (completed responses / first recv..last done); 'per core' = "
+          "the generator was pinned to one core; gen CPU = CPU share of the generator's process tree during that "
+          "window; core0 = total busy share of the generator's core (other processes included)")
+    print()
+    print("all steps (tool, offered rate, mock-side req/s, events/s, lag P99 ms, strict/sustained):")
+    for tool, steps in results.items():
+        print(f"  {tool}: " + "; ".join(
+            f"{s.offered_rps:g}->{s.rps:.0f} req/s {s.events_per_s:.0f} ev/s lag {fmt(s.lag_p99_s and s.lag_p99_s * 1e3, '.2f')}"
+            f" {'A' if s.strict_ok else '-'}{'B' if s.sustained_ok else '-'}"
+            for s in sorted(steps, key=lambda s: s.offered_rps)))
+
+
+def make_tokenizer(dst: Path) -> tuple[str, str, str]:
+    """An HF tokenizer folder for the peers: Gemma 3's, written by servelab; else a tiny BPE made with
+    `tokenizers` (the mock does not care). Returns (folder, tokenizer.json, how it was made)."""
+    tj = dst / "tokenizer.json"
+    if tj.is_file():
+        return str(dst), str(tj), "cached"
+    code = ("import sys\nfrom servelab.modelfile.tokenizer import load_tokenizer\n"
+            "load_tokenizer(None).save_hf_folder(sys.argv[1])\n")
+    r = subprocess.run([str(VENV_PY), "-c", code, str(dst)], capture_output=True, text=True, timeout=300)
+    if r.returncode == 0 and tj.is_file():
+        return str(dst), str(tj), "servelab load_tokenizer(gemma3 GGUF).save_hf_folder"
+    log(f"servelab tokenizer export failed ({r.stderr.strip()[-200:]}); training a tiny BPE instead")
+    code = ("import sys, json, os\nfrom tokenizers import Tokenizer, models, trainers, pre_tokenizers\n"
+            "t = Tokenizer(models.BPE(unk_token='<unk>')); t.pre_tokenizer = pre_tokenizers.Whitespace()\n"
+            "tr = trainers.BpeTrainer(vocab_size=2000, special_tokens=['<unk>', '<s>', '</s>'])\n"
+            "t.train_from_iterator([open(__file__ if False else sys.argv[2]).read()] * 3, tr)\n"
+            "os.makedirs(sys.argv[1], exist_ok=True); t.save(os.path.join(sys.argv[1], 'tokenizer.json'))\n"
+            "json.dump({'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': '<s>', 'eos_token': '</s>', "
+            "'unk_token': '<unk>'}, open(os.path.join(sys.argv[1], 'tokenizer_config.json'), 'w'))\n")
+    subprocess.run([str(VENV_PY), "-c", code, str(dst), __file__], check=True, timeout=120)
+    return str(dst), str(tj), "tiny BPE trained with tokenizers (fallback)"
+
+
+def profile_servelab(mock: Mock, rate: float, a: argparse.Namespace, work: Path, tok: str | None) -> None:
+    """One servelab step at ``rate`` under cProfile; prints the top functions by own time."""
+    import pstats
+
+    out = work / "servelab-profile"
+    shutil.rmtree(out, ignore_errors=True)
+    prof = work / "servelab.prof"
+    cmd = servelab_cmd(mock, rate, a, out, tok)
+    drv = work / "driver.py"
+    if _servelab_cli_ok():
+        drv.write_text("import sys\nfrom servelab.cli import main\nmain(sys.argv[1:])\n")
+        args = cmd[1:]
+    else:
+        drv.write_text(SERVELAB_DRIVER)
+        args = [cmd[-1]]
+    mock.reset()
+    subprocess.run([*NICE, "taskset", "-c", GEN_CPU, str(VENV_PY), "-m", "cProfile", "-o", str(prof), str(drv), *args],
+                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=a.step_s + 120)
+    print()
+    print(f"cProfile of servelab at {rate:g} req/s (constant), top 25 by own time (whole process incl. start-up):")
+    st = pstats.Stats(str(prof))
+    st.sort_stats("tottime").print_stats(25)
+    print("servelab's own functions, by cumulative time:")
+    st.sort_stats("cumulative").print_stats(r"servelab/(wire|bench)/", 20)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tools", default="servelab,guidellm,aiperf", help="comma-separated: servelab, guidellm, aiperf")
+    ap.add_argument("--output-tokens", type=int, default=64, help="tokens (= token chunks) per response")
+    ap.add_argument("--input-tokens", type=int, default=32)
+    ap.add_argument("--step-s", type=float, default=5.0, help="seconds per load step")
+    ap.add_argument("--start-rate", type=float, default=50.0, help="servelab search: first rate (req/s)")
+    ap.add_argument("--max-trials", type=int, default=9, help="servelab search: most steps")
+    ap.add_argument("--peer-rates", default="12.5,25,50,100,200,400,800",
+                    help="peers: constant rates of the coarse sweep (one invocation each tool)")
+    ap.add_argument("--lag-ms", type=float, default=1.0, help="strict schedule-lag P99 limit (ms)")
+    ap.add_argument("--sustain-lag-ms", type=float, default=50.0, help="lag P99 limit of the sustained criterion (ms)")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="stop searching after this many seconds")
+    ap.add_argument("--servelab-tokenizer", action=argparse.BooleanOptionalAction, default=True,
+                    help="pass --tokenizer to servelab (per-request client token count, as the peers do)")
+    ap.add_argument("--nice", type=int, default=-10,
+                    help="niceness of the mock and the generators (default -10: less disturbed by other work on a "
+                         "shared machine; needs root, else 0 is used); the same for every tool")
+    ap.add_argument("--profile", action="store_true", help="also run servelab once under cProfile at its best rate")
+    ap.add_argument("--workdir", default=None, help="where run artefacts go (default: a temp dir, kept)")
+    a = ap.parse_args()
+    a.peer_rates = [float(x) for x in a.peer_rates.split(",") if x.strip()]
+    tools = [t.strip() for t in a.tools.split(",") if t.strip()]
+    for t in tools:
+        if t not in ("servelab", "guidellm", "aiperf"):
+            ap.error(f"unknown tool {t}")
+        if t != "servelab" and not (PEERS / t / "bin" / t).exists():
+            ap.error(f"{t} is not installed in {PEERS / t}: run benches/peers_setup.sh first")
+    if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
+        ap.error("needs taskset and at least 2 CPUs")
+    if a.nice:
+        if a.nice < 0 and os.geteuid() != 0:
+            log("not root: running at niceness 0")
+        else:
+            NICE[:] = ["nice", "-n", str(a.nice)]
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="servelab-gencap-"))
+    work.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    deadline = t_start + a.budget_s
+    tok_dir, tok_json, tok_how = make_tokenizer(PEERS / "tokenizer-gemma3")
+    log(f"tokenizer: {tok_dir} ({tok_how}); work dir {work}; servelab via "
+        f"{'servelab bench CLI' if _servelab_cli_ok() else 'Bench API driver (CLI not usable)'}")
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    info = {"cpu": cpu, "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])}
+    mock = Mock(a.output_tokens, work)
+    sampler = Sampler(mock.proc.pid)
+    sampler.start()
+    offset_ns = ((time.time_ns() - time.monotonic_ns()) + (time.time_ns() - time.monotonic_ns())) // 2
+    results: dict[str, list[Step]] = {}
+    try:
+        # give each tool a share of the budget: peers start slowly
+        share = {"servelab": 0.3, "guidellm": 0.4, "aiperf": 0.3}
+        for tool in tools:
+            t_deadline = min(deadline, time.monotonic() + a.budget_s * share[tool])
+            log(f"--- {tool}")
+            if tool == "servelab":
+                results[tool] = servelab_search(mock, a, work, tok_json if a.servelab_tokenizer else None, sampler,
+                                                t_deadline)
+            elif tool == "guidellm":
+                results[tool] = peer_search(lambda rs: guidellm_steps(mock, rs, a, work, tok_dir, sampler, offset_ns),
+                                            tool, a, t_deadline)
+            else:
+                results[tool] = peer_search(lambda rs: aiperf_steps(mock, rs, a, work, tok_dir, sampler, offset_ns),
+                                            tool, a, t_deadline)
+        print_report(results, a, info)
+        if a.profile and "servelab" in results:
+            b = best(results["servelab"], False) or best(results["servelab"], True)
+            if b is not None:
+                profile_servelab(mock, b.offered_rps, a, work, tok_json if a.servelab_tokenizer else None)
+    finally:
+        sampler.stop()
+        mock.stop()
+        log(f"done in {time.monotonic() - t_start:.0f} s; artefacts in {work}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,860 @@
+"""``servelab mock-engine``: a small, fast OpenAI-compatible streaming server for tests and calibration.
+
+It speaks the wire dialect of one real engine (vLLM, SGLang, TGI, llama-server or Ollama, see
+ENGINE_WIRE.md), streams deterministic tokens (`` tok0``, `` tok1`` ...) on an absolute time schedule
+(first token at ``recv + ttft_ms``, then one chunk every ``itl_ms``), injects failures reproducibly
+(one ``random.Random(seed)`` draw per completion request, in arrival order) and records, per request,
+the ``time.monotonic_ns()`` at which it wrote every token-carrying chunk, so a client's measurements can
+be checked against what the server really did (``GET /mock/records``).
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` true or false),
+``GET /v1/models``, ``GET /health`` (and ``GET /``), ``GET /metrics`` (Prometheus text), and the
+mock-only ``GET /mock/records``, ``GET /mock/stats``, ``POST /mock/reset``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import typer
+from aiohttp import web
+
+_now = time.monotonic_ns
+
+#: Wire dialects the mock can speak.
+DIALECTS = ("vllm", "sglang", "tgi", "llamacpp", "ollama")
+#: Dialects that hold the HTTP headers until the first token (ENGINE_WIRE.md case 20).
+HOLD_HEADERS = frozenset({"sglang", "llamacpp", "ollama"})
+#: Name of the reasoning field in a delta (case 10).
+REASONING_FIELD = {"vllm": "reasoning", "ollama": "reasoning", "sglang": "reasoning_content",
+                   "llamacpp": "reasoning_content", "tgi": "reasoning_content"}
+#: Injected failure kinds, as counted in ``/mock/stats``.
+INJECTED_KINDS = ("http_status", "stream_error", "cut_off", "hang", "overload")
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class MockConfig:
+    """Configuration of the mock engine. Units are in the field names; rates are probabilities in [0, 1].
+
+    ``port=0`` picks a free port. ``ttft_ms``/``itl_ms`` are the time to the first token chunk and between
+    token chunks (0 and 0 = never sleep). ``output_tokens`` tokens are generated (fewer if the request's
+    ``max_tokens`` is smaller), ``tokens_per_chunk`` per chunk, after ``reasoning_tokens`` reasoning tokens.
+    The failure rates are exclusive bands of one uniform draw per request (http, stream error, cut, hang);
+    ``hang_s`` is how long a hung request stalls before its connection is closed. ``max_inflight`` > 0
+    caps running requests: beyond it the mock answers ``overload_status`` (default by dialect: 429 on TGI,
+    503 elsewhere), except llama-server which defers (queues) requests unless ``overload_status`` is set.
+    Raises nothing itself; :func:`validate_config` checks the values.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    ttft_ms: float = 0.0
+    itl_ms: float = 0.0
+    output_tokens: int = 16
+    tokens_per_chunk: int = 1
+    dialect: str = "vllm"
+    reasoning_tokens: int = 0
+    seed: int = 0
+    fail_http_rate: float = 0.0
+    fail_http_status: int = 500
+    stream_error_rate: float = 0.0
+    cut_rate: float = 0.0
+    hang_rate: float = 0.0
+    hang_s: float = 30.0
+    max_inflight: int = 0
+    overload_status: int | None = None
+    model: str = "mock"
+
+
+def validate_config(cfg: MockConfig) -> None:
+    """Raise :class:`ValueError` with a one-line message if ``cfg`` holds an impossible value."""
+    if cfg.dialect not in DIALECTS:
+        raise ValueError(f"--dialect {cfg.dialect!r} is not one of {', '.join(DIALECTS)}")
+    for name in ("fail_http_rate", "stream_error_rate", "cut_rate", "hang_rate"):
+        v = getattr(cfg, name)
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"--{name.replace('_', '-')} {v} is not a probability in [0, 1]")
+    if cfg.fail_http_rate + cfg.stream_error_rate + cfg.cut_rate + cfg.hang_rate > 1.0 + 1e-9:
+        raise ValueError("the failure rates add up to more than 1")
+    if cfg.ttft_ms < 0 or cfg.itl_ms < 0 or cfg.hang_s < 0:
+        raise ValueError("--ttft-ms, --itl-ms and --hang-s must be >= 0")
+    if cfg.output_tokens < 0 or cfg.reasoning_tokens < 0 or cfg.tokens_per_chunk < 1:
+        raise ValueError("--output-tokens and --reasoning-tokens must be >= 0, --tokens-per-chunk >= 1")
+    if not 100 <= cfg.fail_http_status <= 599:
+        raise ValueError(f"--fail-http-status {cfg.fail_http_status} is not an HTTP status")
+    if not 0 <= cfg.port <= 65535:
+        raise ValueError(f"--port {cfg.port} is out of range")
+
+
+class MockRecord:
+    """What the mock did for one request; all times are ``time.monotonic_ns()`` values.
+
+    ``token_write_ns[i]`` is taken right before the write of the i-th token-carrying chunk, which carried
+    ``token_counts[i]`` tokens. ``headers_ns`` is when the status line and headers were handed to the
+    transport (with held headers, together with the first token). ``injected`` is ``None`` or one of
+    :data:`INJECTED_KINDS`.
+    """
+
+    __slots__ = ("request_id", "endpoint", "stream", "model", "recv_ns", "headers_ns", "token_write_ns",
+                 "token_counts", "done_ns", "injected", "status", "output_tokens", "prompt_tokens",
+                 "finish_reason")
+
+    def __init__(self, request_id: str, recv_ns: int) -> None:
+        self.request_id = request_id
+        self.recv_ns = recv_ns
+        self.endpoint = ""
+        self.stream = True
+        self.model: str | None = None
+        self.headers_ns: int | None = None
+        self.token_write_ns: list[int] = []
+        self.token_counts: list[int] = []
+        self.done_ns: int | None = None
+        self.injected: str | None = None
+        self.status: int | None = None
+        self.output_tokens = 0
+        self.prompt_tokens = 0
+        self.finish_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as a JSON-ready dict (the shape of one ``/mock/records`` item)."""
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+# --------------------------------------------------------------------------------------------------
+# request content: pieces of generated text
+
+def _count_words(body: dict[str, Any]) -> int:
+    """Prompt size: whitespace-separated words of all message texts (chat) or of the prompt(s)."""
+    n = 0
+    msgs = body.get("messages")
+    if isinstance(msgs, list):
+        for m in msgs:
+            if not isinstance(m, dict):
+                continue
+            c = m.get("content")
+            if isinstance(c, str):
+                n += len(c.split())
+            elif isinstance(c, list):
+                for part in c:
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        n += len(part["text"].split())
+        return n
+    p = body.get("prompt")
+    if isinstance(p, str):
+        return len(p.split())
+    if isinstance(p, list):
+        return sum(len(x.split()) for x in p if isinstance(x, str))
+    return 0
+
+
+def _object_from_schema(schema: Any) -> dict[str, Any]:
+    """A small JSON object satisfying the required string/number/integer/boolean fields of ``schema``."""
+    out: dict[str, Any] = {}
+    if not isinstance(schema, dict):
+        return {"answer": "mock"}
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    required = schema.get("required") if isinstance(schema.get("required"), list) else list(props)
+    for i, name in enumerate(required):
+        p = props.get(name, {}) if isinstance(props.get(name), dict) else {}
+        t = p.get("type")
+        if isinstance(t, list):
+            t = next((x for x in t if x != "null"), "string")
+        if "enum" in p and p["enum"]:
+            out[name] = p["enum"][0]
+        elif t == "integer":
+            out[name] = i
+        elif t == "number":
+            out[name] = i + 0.5
+        elif t == "boolean":
+            out[name] = True
+        elif t == "array":
+            out[name] = []
+        elif t == "object":
+            out[name] = _object_from_schema(p)
+        else:
+            out[name] = f"tok{i}"
+    return out or {"answer": "mock"}
+
+
+def _split(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+
+
+class _Plan:
+    """What one request will generate: token chunks as (kind, text, ntokens) plus the finish reason.
+    kind: ``r`` reasoning, ``c`` content, ``t`` tool-call arguments fragment."""
+
+    __slots__ = ("chunks", "finish", "generated", "tool_name", "tool_id", "named_tool")
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[str, str, int]] = []
+        self.finish = "stop"
+        self.generated = 0
+        self.tool_name: str | None = None
+        self.tool_id = "call_mock0"
+        self.named_tool = False
+
+
+def _plan(cfg: MockConfig, body: dict[str, Any], chat: bool) -> _Plan:
+    plan = _Plan()
+    mt = body.get("max_completion_tokens", body.get("max_tokens"))
+    limit = mt if isinstance(mt, int) and mt >= 0 else None
+    k = cfg.tokens_per_chunk
+    tools = body.get("tools") if chat else None
+    tool_choice = body.get("tool_choice", "auto")
+    rf = body.get("response_format")
+    pieces: list[tuple[str, str]] = []  # (kind, text) one token each
+    if chat:
+        pieces += [("r", f" think{i}") for i in range(cfg.reasoning_tokens)]
+    if tools and isinstance(tools, list) and tool_choice != "none" and isinstance(tools[0], dict):
+        fn = tools[0].get("function") or {}
+        if isinstance(tool_choice, dict):
+            fn_named = (tool_choice.get("function") or {}).get("name")
+            fn = next((t.get("function") or {} for t in tools if isinstance(t, dict)
+                       and (t.get("function") or {}).get("name") == fn_named), fn)
+            plan.named_tool = True
+        plan.tool_name = str(fn.get("name") or "tool")
+        args = orjson.dumps(_object_from_schema(fn.get("parameters"))).decode()
+        # fragments on vLLM/SGLang/llama-server/TGI, one whole call on Ollama (cases 13-14)
+        pieces += [("t", p) for p in ([args] if cfg.dialect == "ollama" else _split(args, 6))]
+    elif isinstance(rf, dict) and rf.get("type") in ("json_schema", "json_object"):
+        schema = (rf.get("json_schema") or {}).get("schema") if rf.get("type") == "json_schema" else None
+        text = orjson.dumps(_object_from_schema(schema) if schema is not None else {"answer": "mock"}).decode()
+        pieces += [("c", p) for p in _split(text, 4)]
+    else:
+        pieces += [("c", f" tok{i}") for i in range(cfg.output_tokens)]
+    if limit is not None and len(pieces) > limit:
+        pieces = pieces[:limit]
+        plan.finish = "length"
+    elif plan.tool_name is not None:
+        plan.finish = "stop" if plan.named_tool else "tool_calls"  # vLLM named tool_choice: case 12
+    plan.generated = len(pieces)
+    # group into chunks of k tokens of the same kind
+    i = 0
+    while i < len(pieces):
+        kind = pieces[i][0]
+        j = i
+        while j < len(pieces) and j - i < k and pieces[j][0] == kind:
+            j += 1
+        plan.chunks.append((kind, "".join(p[1] for p in pieces[i:j]), j - i))
+        i = j
+    return plan
+
+
+# --------------------------------------------------------------------------------------------------
+# dialect encoding
+
+def _dumps(o: Any) -> bytes:
+    return orjson.dumps(o)
+
+
+class _Encoder:
+    """Pre-encoded byte pieces of one response in one dialect; each method returns one SSE event (bytes)."""
+
+    def __init__(self, cfg: MockConfig, dialect: str, chat: bool, model: str, rid: int,
+                 prompt_tokens: int, plan: _Plan) -> None:
+        self.d = dialect
+        self.chat = chat
+        self.plan = plan
+        self.prompt_tokens = prompt_tokens
+        self.cfg = cfg
+        created = int(time.time())
+        mdl = _dumps(model)
+        if chat:
+            cid = f"chatcmpl-mock{rid:x}"
+            self.head = (b'data: {"id":"' + cid.encode() + b'","object":"chat.completion.chunk","created":'
+                         + str(created).encode() + b',"model":' + mdl + b',"choices":[{"index":0,"delta":')
+            self.usage_head = (b'data: {"id":"' + (b"" if dialect == "tgi" else cid.encode())
+                               + b'","object":"chat.completion.chunk","created":' + str(created).encode()
+                               + b',"model":' + mdl + b',"choices":[],"usage":')
+        else:
+            cid = f"cmpl-mock{rid:x}"
+            self.head = (b'data: {"id":"' + cid.encode() + b'","object":"text_completion","created":'
+                         + str(created).encode() + b',"model":' + mdl + b',"choices":[{"index":0,"text":')
+            self.usage_head = (b'data: {"id":"' + cid.encode() + b'","object":"text_completion","created":'
+                               + str(created).encode() + b',"model":' + mdl + b',"choices":[],"usage":')
+        # tail after finish_reason: vLLM/TGI omit usage on ordinary chunks; others send usage: null (case 8)
+        self.tail = b"}]}\n\n" if dialect in ("vllm", "tgi") else b'}],"usage":null}\n\n'
+        self.mid = b',"logprobs":null,"finish_reason":'
+        self.role_prefix = b'{"role":"assistant",' if dialect in ("tgi", "ollama") else b"{"
+        self.rfield = REASONING_FIELD[dialect].encode()
+
+    # -- chat deltas
+    def role_chunk(self) -> bytes:
+        """First chunk: ``role`` with ``content: ""`` (vLLM/SGLang) or ``content: null`` (llama-server)."""
+        if not self.chat or self.d in ("tgi", "ollama"):
+            return b""
+        content = b"null" if self.d == "llamacpp" else b'""'
+        return self.head + b'{"role":"assistant","content":' + content + b"}" + self.mid + b"null" + self.tail
+
+    def token(self, kind: str, text: str, first_tool: bool, finish: str | None, usage: bytes | None = None,
+              extra: bytes = b"") -> bytes:
+        """One token-carrying chunk (with ``finish`` on vLLM's last chunk and on /v1/completions)."""
+        fr = b"null" if finish is None else b'"' + finish.encode() + b'"'
+        tail = self.tail
+        if usage is not None:
+            tail = b'}],"usage":' + usage + extra + b"}\n\n"
+        if not self.chat:
+            return self.head + _dumps(text) + self.mid + fr + tail
+        if kind == "c":
+            delta = self.role_prefix + b'"content":' + _dumps(text) + b"}"
+        elif kind == "r":
+            delta = self.role_prefix + b'"' + self.rfield + b'":' + _dumps(text) + b"}"
+        else:
+            if self.d == "ollama" or first_tool:
+                fn = b'{"name":' + _dumps(self.plan.tool_name) + b',"arguments":' + _dumps(text) + b"}"
+                call = (b'{"index":0,"id":"' + self.plan.tool_id.encode() + b'","type":"function","function":'
+                        + fn + b"}")
+            else:
+                call = b'{"index":0,"function":{"arguments":' + _dumps(text) + b"}}"
+            delta = self.role_prefix + b'"tool_calls":[' + call + b"]}"
+        return self.head + delta + self.mid + fr + tail
+
+    def finish_chunk(self, finish: str) -> bytes:
+        """The finish on its own chunk: ``delta: {}`` (SGLang, llama-server), TGI's ``content: ""``."""
+        if self.d == "tgi":
+            wire = "length" if finish == "length" else ("stop_sequence" if finish == "stop" else finish)
+            delta = b'{"role":"assistant","content":""}'
+            usage = self.usage_bytes()  # TGI: usage on every stream's end, unasked
+            return (self.head + delta + self.mid + b'"' + wire.encode() + b'"' + self.tail
+                    + self.usage_head + usage + b"}\n\n")
+        delta = b'{"role":"assistant","content":""}' if self.d == "ollama" else b"{}"
+        return self.head + delta + self.mid + b'"' + finish.encode() + b'"' + self.tail
+
+    def usage_bytes(self, generated: int | None = None) -> bytes:
+        g = self.plan.generated if generated is None else generated
+        return _dumps({"prompt_tokens": self.prompt_tokens, "completion_tokens": g,
+                       "total_tokens": self.prompt_tokens + g})
+
+    def usage_chunk(self) -> bytes:
+        """Usage after the finish with ``choices: []`` (``id: ""`` on TGI)."""
+        return self.usage_head + self.usage_bytes() + b"}\n\n"
+
+    def timings(self) -> bytes:
+        """llama-server's ``timings`` object (per-response prompt/predicted counts and times)."""
+        c = self.cfg
+        n = self.plan.generated
+        pred_ms = c.itl_ms * max(0, len(self.plan.chunks) - 1)
+        return _dumps({"cache_n": 0, "prompt_n": self.prompt_tokens, "prompt_ms": c.ttft_ms,
+                       "predicted_n": n, "predicted_ms": pred_ms,
+                       "predicted_per_second": (n / pred_ms * 1000.0) if pred_ms else 0.0})
+
+    def error_event(self, message: str) -> bytes:
+        """An error inside a 200 stream in this dialect's shape (case 15)."""
+        if self.d == "tgi":
+            ev: dict[str, Any] = {"error": message, "error_type": "generation"}
+        elif self.d == "sglang":
+            ev = {"error": {"object": "error", "message": message, "type": "InternalServerError",
+                            "param": None, "code": 500}}
+        elif self.d == "llamacpp":
+            ev = {"error": {"code": 500, "message": message, "type": "server_error"}}
+        else:
+            ev = {"error": {"message": message, "type": "InternalServerError", "param": None, "code": 500}}
+        return b"data: " + _dumps(ev) + b"\n\n"
+
+    @property
+    def done_after_error(self) -> bool:
+        """vLLM, SGLang and TGI send ``[DONE]`` after an in-stream error; llama-server and Ollama close (case 16)."""
+        return self.d in ("vllm", "sglang", "tgi")
+
+
+def error_body(dialect: str, status: int, message: str) -> bytes:
+    """A non-2xx body in the dialect's error shape (ENGINE_WIRE.md case 17)."""
+    if dialect == "tgi":
+        etype = "overloaded" if status == 429 else ("validation" if status in (400, 422) else "generation")
+        return _dumps({"error": message, "error_type": etype})
+    if dialect == "sglang":
+        return _dumps({"object": "error", "message": message, "type": _status_type(status), "param": None,
+                       "code": status})
+    if dialect == "llamacpp":
+        return _dumps({"error": {"code": status, "message": message, "type": "server_error"
+                                 if status >= 500 else "invalid_request_error"}})
+    if dialect == "ollama":
+        return _dumps({"error": {"message": message, "type": "api_error", "param": None, "code": None}})
+    return _dumps({"error": {"message": message, "type": _status_type(status), "param": None, "code": status}})
+
+
+def _status_type(status: int) -> str:
+    return {400: "BadRequestError", 404: "NotFoundError", 429: "TooManyRequests",
+            503: "ServiceUnavailableError"}.get(status, "InternalServerError")
+
+
+# --------------------------------------------------------------------------------------------------
+# the server
+
+class MockServer:
+    """A running mock engine. ``port`` is the bound port, ``base_url`` the API root (``http://h:p/v1``).
+
+    ``records`` (list of :class:`MockRecord`) and ``stats`` are the live data behind ``/mock/records`` and
+    ``/mock/stats``. Call :meth:`close` to stop (in-flight requests are cancelled after 1 s).
+    """
+
+    def __init__(self, config: MockConfig) -> None:
+        validate_config(config)
+        self.config = config
+        self.records: list[MockRecord] = []
+        self.port = 0
+        self.host = config.host
+        self._runner: web.AppRunner | None = None
+        self._rng = random.Random(config.seed)
+        self._ids = itertools.count()
+        self.requests = 0
+        self.completed = 0
+        self.running = 0
+        self.injected = dict.fromkeys(INJECTED_KINDS, 0)
+        self._queue: asyncio.Semaphore | None = None
+        self._delays_ns = int(config.ttft_ms * 1e6), int(config.itl_ms * 1e6)
+
+    @property
+    def base_url(self) -> str:
+        """``http://HOST:PORT/v1`` (IPv6 hosts in brackets)."""
+        h = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{h}:{self.port}/v1"
+
+    # -- lifecycle
+    async def start(self) -> None:
+        """Bind and start serving; raises :class:`OSError` if the address is taken."""
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        r = app.router
+        r.add_post("/v1/chat/completions", self._chat)
+        r.add_post("/v1/completions", self._completions)
+        r.add_post("/chat/completions", self._chat)
+        r.add_post("/completions", self._completions)
+        r.add_get("/v1/models", self._models)
+        r.add_get("/health", self._health)
+        r.add_get("/", self._root)
+        r.add_get("/metrics", self._metrics)
+        r.add_get("/mock/records", self._records)
+        r.add_get("/mock/stats", self._stats)
+        r.add_post("/mock/reset", self._reset)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
+        await self._runner.setup()
+        fam = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(fam, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.config.port))
+        except OSError:
+            sock.close()
+            await self._runner.cleanup()
+            raise
+        self.port = sock.getsockname()[1]
+        site = web.SockSite(self._runner, sock, backlog=1024)
+        await site.start()
+        if self.config.max_inflight > 0 and self.config.dialect == "llamacpp" and self.config.overload_status is None:
+            self._queue = asyncio.Semaphore(self.config.max_inflight)
+
+    async def close(self) -> None:
+        """Stop serving; idempotent."""
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    def reset(self) -> None:
+        """Clear records and counters and re-seed the failure RNG (a run after a reset is reproducible)."""
+        self.records.clear()
+        self.requests = 0
+        self.completed = 0
+        self.injected = dict.fromkeys(INJECTED_KINDS, 0)
+        self._rng = random.Random(self.config.seed)
+        self._ids = itertools.count()
+
+    def stats(self) -> dict[str, Any]:
+        """Counts: completion requests received, completed normally, running now, injected failures by kind."""
+        return {"requests": self.requests, "completed": self.completed, "running": self.running,
+                "injected": dict(self.injected), "dialect": self.config.dialect}
+
+    # -- small endpoints
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.config.model, "object": "model", "created": 0, "owned_by": "servelab-mock"}]},
+            dumps=lambda o: orjson.dumps(o).decode())
+
+    async def _health(self, request: web.Request) -> web.Response:
+        if self.config.dialect == "llamacpp":
+            return web.json_response({"status": "ok"})
+        return web.Response(status=200)
+
+    async def _root(self, request: web.Request) -> web.Response:
+        return web.Response(text="Ollama is running" if self.config.dialect == "ollama" else "servelab mock-engine")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        d = self.config.dialect
+        lines = [
+            "# HELP mock_requests_total Completion requests received.", "# TYPE mock_requests_total counter",
+            f"mock_requests_total {self.requests}",
+            "# HELP mock_requests_running Completion requests in flight.", "# TYPE mock_requests_running gauge",
+            f"mock_requests_running {self.running}",
+            "# TYPE mock_requests_completed_total counter", f"mock_requests_completed_total {self.completed}",
+        ]
+        for kind, n in self.injected.items():
+            lines.append(f'mock_injected_failures_total{{kind="{kind}"}} {n}')
+        names = {"vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+                 "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+                 "tgi": ("tgi_batch_current_size", "tgi_queue_size"),
+                 "llamacpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred")}.get(d)
+        if names:
+            lines += [f"# TYPE {names[0]} gauge", f"{names[0]} {self.running}",
+                      f"# TYPE {names[1]} gauge", f"{names[1]} 0"]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def _records(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps([r.to_dict() for r in self.records]),
+                            content_type="application/json")
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(self.stats()), content_type="application/json")
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        self.reset()
+        return web.Response(body=b'{"ok":true}', content_type="application/json")
+
+    # -- generation
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, True)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, False)
+
+    def _error(self, status: int, message: str) -> web.Response:
+        return web.Response(status=status, body=error_body(self.config.dialect, status, message),
+                            content_type="application/json")
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        recv = _now()
+        cfg = self.config
+        seq = next(self._ids)
+        rec = MockRecord(request.headers.get("X-Request-Id") or str(seq), recv)
+        rec.endpoint = "chat" if chat else "completions"
+        self.records.append(rec)
+        self.requests += 1
+        try:
+            body = orjson.loads(await request.read())
+            if not isinstance(body, dict):
+                raise ValueError("body is not a JSON object")
+        except ValueError as e:  # orjson.JSONDecodeError is a ValueError
+            rec.status = 400
+            rec.done_ns = _now()
+            return self._error(400, f"invalid JSON body: {e}")
+        model = body.get("model")
+        rec.model = model if isinstance(model, str) else None
+        stream = bool(body.get("stream", False))
+        rec.stream = stream
+        rec.prompt_tokens = _count_words(body)
+        if cfg.max_inflight > 0 and self._queue is None and self.running >= cfg.max_inflight:
+            status = cfg.overload_status or (429 if cfg.dialect == "tgi" else 503)
+            rec.injected = "overload"
+            rec.status = status
+            self.injected["overload"] += 1
+            rec.done_ns = _now()
+            return self._error(status, "Too many requests in flight; try again later" if status == 429
+                               else "Service Unavailable: the request queue is full")
+        # one draw per request, in arrival order: bands http | stream_error | cut | hang | none
+        u = self._rng.random()
+        kind = None
+        edge = cfg.fail_http_rate
+        if u < edge:
+            kind = "http_status"
+        elif u < (edge := edge + cfg.stream_error_rate):
+            kind = "stream_error"
+        elif u < (edge := edge + cfg.cut_rate):
+            kind = "cut_off"
+        elif u < edge + cfg.hang_rate:
+            kind = "hang"
+        if kind is not None:
+            rec.injected = kind
+            self.injected[kind] += 1
+        if kind == "http_status":
+            rec.status = cfg.fail_http_status
+            rec.done_ns = _now()
+            return self._error(cfg.fail_http_status, "mock-engine injected failure")
+        plan = _plan(cfg, body, chat)
+        rec.output_tokens = plan.generated
+        rec.finish_reason = plan.finish
+        self.running += 1
+        try:
+            if self._queue is not None:  # llama-server defers: the schedule starts when a slot frees
+                async with self._queue:
+                    return await self._respond(request, rec, body, chat, plan, kind, seq, stream, _now())
+            return await self._respond(request, rec, body, chat, plan, kind, seq, stream, recv)
+        finally:
+            self.running -= 1
+
+    async def _respond(self, request: web.Request, rec: MockRecord, body: dict[str, Any], chat: bool,
+                       plan: _Plan, kind: str | None, seq: int, stream: bool, origin: int) -> web.StreamResponse:
+        model = rec.model or self.config.model
+        enc = _Encoder(self.config, self.config.dialect, chat, model, seq, rec.prompt_tokens, plan)
+        if stream:
+            so = body.get("stream_options")
+            include_usage = isinstance(so, dict) and bool(so.get("include_usage"))
+            return await self._stream(request, rec, enc, plan, kind, include_usage, origin)
+        return await self._whole(request, rec, enc, plan, kind, chat, model, origin)
+
+    async def _stream(self, request: web.Request, rec: MockRecord, enc: _Encoder, plan: _Plan,
+                      kind: str | None, include_usage: bool, origin: int) -> web.StreamResponse:
+        d = self.config.dialect
+        ttft_ns, itl_ns = self._delays_ns
+        delay = ttft_ns > 0 or itl_ns > 0
+        sleep = asyncio.sleep
+        hold = d in HOLD_HEADERS
+        resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
+        resp.enable_chunked_encoding()
+        rec.status = 200
+        role = enc.role_chunk()
+        if not hold:
+            writer = await resp.prepare(request)
+            rec.headers_ns = _now()
+            if role:  # vLLM: headers and role chunk go out at once (case 20)
+                await resp.write(role)
+                role = b""
+            elif callable(getattr(writer, "send_headers", None)):
+                writer.send_headers()  # TGI, /v1/completions: headers at once, no body yet
+            else:  # pragma: no cover - older aiohttp buffers headers until the first body bytes
+                await resp.write(b": mock\n\n")
+        chunks = plan.chunks
+        n = len(chunks)
+        cut_at = max(1, n // 2) if kind in ("stream_error", "cut_off") else (1 if kind == "hang" else -1)
+        chat = enc.chat
+        # the trailer after the last token chunk: finish, usage, [DONE] (one write with the last token)
+        last_finish = plan.finish if (not chat or d == "vllm") else None
+        if chat:
+            trailer = b"" if d == "vllm" else enc.finish_chunk(plan.finish)
+            if include_usage and d != "tgi":
+                trailer += enc.usage_chunk()
+            last_usage = None
+            last_extra = b""
+        else:
+            trailer = b""
+            if d in ("tgi", "llamacpp"):  # usage always rides on the last chunk (case 24)
+                last_usage = enc.usage_bytes()
+                last_extra = b',"timings":' + enc.timings() if d == "llamacpp" else b""
+            else:
+                last_usage = None
+                last_extra = b""
+                if include_usage:
+                    trailer = enc.usage_chunk()
+        trailer += _DONE
+        write = resp.write
+        token_write_ns = rec.token_write_ns
+        token_counts = rec.token_counts
+        first_tool = True
+        try:
+            for i in range(n):
+                if i == cut_at:
+                    return await self._fail_stream(request, resp, rec, enc, kind)
+                ck, text, ntok = chunks[i]
+                if i == n - 1:
+                    data = enc.token(ck, text, first_tool and ck == "t", last_finish, last_usage, last_extra) + trailer
+                else:
+                    data = enc.token(ck, text, first_tool and ck == "t", None)
+                if ck == "t":
+                    first_tool = False
+                if delay:
+                    target = origin + ttft_ns + i * itl_ns
+                    rem = target - _now()
+                    if rem > 0:
+                        await sleep(rem / 1e9)
+                if role or i == 0 and hold:
+                    data = role + data
+                    role = b""
+                    await resp.prepare(request)  # buffers the held headers; they leave with this write
+                    rec.headers_ns = _now()
+                t = _now()
+                token_write_ns.append(t)
+                await write(data)
+                token_counts.append(ntok)
+            if n == 0:
+                if hold:
+                    await resp.prepare(request)
+                    rec.headers_ns = _now()
+                await write(role + (enc.finish_chunk(plan.finish) if chat and d != "vllm" else
+                                    enc.head + (b'{"content":""}' if chat else b'""') + enc.mid
+                                    + b'"' + plan.finish.encode() + b'"' + enc.tail) + trailer)
+            if n == cut_at:  # one-chunk streams: fail after the only token
+                return await self._fail_stream(request, resp, rec, enc, kind)
+            await resp.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            rec.done_ns = _now()
+            raise
+        rec.done_ns = _now()
+        self.completed += 1
+        return resp
+
+    async def _fail_stream(self, request: web.Request, resp: web.StreamResponse, rec: MockRecord,
+                           enc: _Encoder, kind: str | None) -> web.StreamResponse:
+        """Inject ``kind`` into a started stream: error event, cut connection, or stall then cut."""
+        if not resp.prepared:
+            await resp.prepare(request)
+            rec.headers_ns = _now()
+        if kind == "stream_error":
+            data = enc.error_event("mock-engine injected error during generation")
+            if enc.done_after_error:
+                data += _DONE
+            await resp.write(data)
+            if enc.done_after_error:
+                await resp.write_eof()
+            else:
+                _abort(request)
+        elif kind == "hang":
+            await asyncio.sleep(self.config.hang_s)
+            _abort(request)
+        else:
+            _abort(request)
+        rec.done_ns = _now()
+        return resp
+
+    async def _whole(self, request: web.Request, rec: MockRecord, enc: _Encoder, plan: _Plan,
+                     kind: str | None, chat: bool, model: str, origin: int) -> web.StreamResponse:
+        ttft_ns, itl_ns = self._delays_ns
+        n = len(plan.chunks)
+        if ttft_ns or itl_ns:
+            rem = origin + ttft_ns + max(0, n - 1) * itl_ns - _now()
+            if rem > 0:
+                await asyncio.sleep(rem / 1e9)
+        if kind == "hang":
+            await asyncio.sleep(self.config.hang_s)
+            _abort(request)
+            rec.done_ns = _now()
+            return web.Response(status=200)
+        if kind == "cut_off":
+            _abort(request)
+            rec.done_ns = _now()
+            return web.Response(status=200)
+        if kind == "stream_error":
+            rec.status = 500
+            rec.done_ns = _now()
+            return self._error(500, "mock-engine injected error during generation")
+        content = "".join(t for k, t, _ in plan.chunks if k == "c")
+        reasoning = "".join(t for k, t, _ in plan.chunks if k == "r")
+        args = "".join(t for k, t, _ in plan.chunks if k == "t")
+        usage = {"prompt_tokens": rec.prompt_tokens, "completion_tokens": plan.generated,
+                 "total_tokens": rec.prompt_tokens + plan.generated}
+        fr = plan.finish
+        if self.config.dialect == "tgi" and fr == "stop":
+            fr = "stop_sequence"
+        if chat:
+            msg: dict[str, Any] = {"role": "assistant", "content": content if not args else None}
+            if reasoning:
+                msg[REASONING_FIELD[self.config.dialect]] = reasoning
+            if plan.tool_name is not None:
+                msg["tool_calls"] = [{"id": plan.tool_id, "type": "function",
+                                      "function": {"name": plan.tool_name, "arguments": args}}]
+            out: dict[str, Any] = {"id": f"chatcmpl-mock{rec.request_id}", "object": "chat.completion",
+                                   "created": int(time.time()), "model": model,
+                                   "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": fr}],
+                                   "usage": usage}
+        else:
+            out = {"id": f"cmpl-mock{rec.request_id}", "object": "text_completion", "created": int(time.time()),
+                   "model": model, "choices": [{"index": 0, "text": content, "logprobs": None, "finish_reason": fr}],
+                   "usage": usage}
+        payload = orjson.dumps(out)
+        rec.status = 200
+        rec.headers_ns = t = _now()
+        rec.token_write_ns.append(t)
+        rec.token_counts.append(plan.generated)
+        resp = web.Response(status=200, body=payload, content_type="application/json")
+        rec.done_ns = _now()
+        self.completed += 1
+        return resp
+
+
+def _abort(request: web.Request) -> None:
+    """Close the connection now (buffered bytes still go out): the body ends without its last chunk."""
+    tr = request.transport
+    if tr is not None:
+        tr.close()
+
+
+async def start_mock(config: MockConfig) -> MockServer:
+    """Start a mock engine in the running event loop and return it (``.port``, ``.base_url``, ``close()``).
+
+    Raises :class:`ValueError` for a bad config and :class:`OSError` if the address cannot be bound.
+    """
+    server = MockServer(config)
+    await server.start()
+    return server
+
+
+def _install_uvloop() -> bool:
+    try:
+        import uvloop  # type: ignore[import-not-found]
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
+def serve(config: MockConfig, announce: bool = True) -> None:
+    """Run the mock until SIGINT/SIGTERM (uvloop if importable); blocking. Prints
+    ``mock-engine (<dialect>) listening on http://HOST:PORT/v1`` once bound when ``announce``.
+    Raises :class:`ValueError` for a bad config and :class:`OSError` if the address cannot be bound."""
+    validate_config(config)
+    _install_uvloop()
+
+    async def main() -> None:
+        server = await start_mock(config)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
+                pass
+        if announce:
+            print(f"mock-engine ({config.dialect}) listening on {server.base_url}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await server.close()
+
+    asyncio.run(main())
+
+
+def mock_engine_command(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (IP or host name)."),
+    port: int = typer.Option(0, "--port", help="TCP port to bind; 0 picks a free port."),
+    ttft_ms: float = typer.Option(0.0, "--ttft-ms", help="Time to first token, in milliseconds after the request arrives."),
+    itl_ms: float = typer.Option(0.0, "--itl-ms", help="Time between token chunks, in milliseconds."),
+    output_tokens: int = typer.Option(16, "--output-tokens", help="Answer tokens per request (count; capped by max_tokens)."),
+    tokens_per_chunk: int = typer.Option(1, "--tokens-per-chunk", help="Tokens per streamed chunk (count)."),
+    dialect: str = typer.Option("vllm", "--dialect", help="Wire dialect: vllm, sglang, tgi, llamacpp or ollama."),
+    reasoning_tokens: int = typer.Option(0, "--reasoning-tokens", help="Reasoning tokens streamed before the answer (count)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the failure-injection RNG (integer)."),
+    fail_http_rate: float = typer.Option(0.0, "--fail-http-rate", help="Probability (0-1) of answering with --fail-http-status."),
+    fail_http_status: int = typer.Option(500, "--fail-http-status", help="HTTP status code of injected HTTP failures."),
+    stream_error_rate: float = typer.Option(0.0, "--stream-error-rate", help="Probability (0-1) of an error event inside a 200 stream."),
+    cut_rate: float = typer.Option(0.0, "--cut-rate", help="Probability (0-1) of closing the connection mid-stream."),
+    hang_rate: float = typer.Option(0.0, "--hang-rate", help="Probability (0-1) of stalling after the first chunk."),
+    hang_s: float = typer.Option(30.0, "--hang-s", help="How long a hung request stalls, in seconds."),
+    max_inflight: int = typer.Option(0, "--max-inflight", help="Running-request cap (count); 0 = no cap."),
+    overload_status: int | None = typer.Option(None, "--overload-status", help="HTTP status beyond --max-inflight (default: 429 on tgi, 503 elsewhere, queueing on llamacpp)."),
+    model: str = typer.Option("mock", "--model", help="Model name listed by /v1/models (any requested name is echoed)."),
+) -> None:
+    """Run a mock OpenAI-compatible engine that streams deterministic tokens on a fixed schedule."""
+    cfg = MockConfig(host=host, port=port, ttft_ms=ttft_ms, itl_ms=itl_ms, output_tokens=output_tokens,
+                     tokens_per_chunk=tokens_per_chunk, dialect=dialect, reasoning_tokens=reasoning_tokens,
+                     seed=seed, fail_http_rate=fail_http_rate, fail_http_status=fail_http_status,
+                     stream_error_rate=stream_error_rate, cut_rate=cut_rate, hang_rate=hang_rate, hang_s=hang_s,
+                     max_inflight=max_inflight, overload_status=overload_status, model=model)
+    try:
+        validate_config(cfg)
+        serve(cfg)
+    except (ValueError, OSError) as e:
+        print(f"servelab mock-engine: error: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+
+
+if __name__ == "__main__":
+    typer.run(mock_engine_command)

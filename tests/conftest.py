@@ -1,0 +1,80 @@
+"""Shared fixtures. ``mock_engine``: start ``servelab mock-engine`` as a subprocess on a free port."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+_LISTEN = re.compile(rb"listening on (http://\S+/v1)")
+
+
+@dataclass
+class MockProcess:
+    """A running mock-engine subprocess: ``base_url`` ends in ``/v1``; ``root`` is without it."""
+
+    proc: subprocess.Popen[bytes]
+    base_url: str
+
+    @property
+    def root(self) -> str:
+        return self.base_url[: -len("/v1")]
+
+
+def start_mock_process(*args: str, timeout_s: float = 20.0) -> MockProcess:
+    """Start ``python -m servelab.engines.mock --port 0 ARGS`` and wait for its listening line.
+
+    Raises :class:`RuntimeError` (with the process's stderr) if it exits or does not announce itself.
+    """
+    cmd = [sys.executable, "-m", "servelab.engines.mock", "--port", "0", *args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    line = b""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        m = _LISTEN.search(line)
+        if m:
+            return MockProcess(proc, m.group(1).decode())
+        if not line and proc.poll() is not None:
+            break
+    stop_mock_process(proc)
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    raise RuntimeError(f"mock-engine did not start: {line!r} {err[-2000:]}")
+
+
+def stop_mock_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 5 s; always reaps the process."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    for f in (proc.stdout, proc.stderr):
+        if f is not None:
+            f.close()
+
+
+@pytest.fixture
+def mock_engine() -> Iterator:
+    """Factory: ``mock_engine("--dialect", "sglang", "--ttft-ms", "20")`` -> :class:`MockProcess`.
+    Every process it started is stopped at teardown."""
+    started: list[MockProcess] = []
+
+    def factory(*args: str) -> MockProcess:
+        mp = start_mock_process(*args)
+        started.append(mp)
+        return mp
+
+    yield factory
+    for mp in started:
+        stop_mock_process(mp.proc)
