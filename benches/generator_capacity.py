@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -604,7 +604,7 @@ def print_report(results: dict[str, list[Step]], a: argparse.Namespace, info: di
         print(crit)
         hdr = (f"{'tool':9s} {'rate':>7s} {'events/s/core':>13s} {'req/s/core':>10s} {'lag P99 ms':>10s} "
                f"{'TTFT+ p50 ms':>12s} {'TTFT+ p99 ms':>12s} {'gen CPU':>7s} {'mock CPU':>8s} "
-               f"{'core0':>5s}  {'ev/s ratio servelab/tool':>24s}")
+               f"{'core0':>5s} {'ev/CPU-s':>8s}  {'ev/s ratio servelab/tool':>24s}")
         print(hdr)
         print("-" * len(hdr))
         sl = best(results.get("servelab", []), strict)
@@ -623,9 +623,27 @@ def print_report(results: dict[str, list[Step]], a: argparse.Namespace, info: di
             print(f"{tool:9s} {b.offered_rps:7g} {b.events_per_s:13.0f} {b.rps:10.1f} "
                   f"{fmt(b.lag_p99_s and b.lag_p99_s * 1e3, '.2f'):>10s} "
                   f"{fmt(pct(b.ttft_added_ms, 50), '.3f'):>12s} {fmt(pct(b.ttft_added_ms, 99), '.3f'):>12s} "
-                  f"{pc(c.get('gen')):>7s} {pc(c.get('mock')):>8s} {pc(c.get('core0')):>5s}  {ratio:>24s}")
+                  f"{pc(c.get('gen')):>7s} {pc(c.get('mock')):>8s} {pc(c.get('core0')):>5s} "
+                  f"{fmt(b.events_per_s / c['gen'] if c.get('gen') else None):>8s}  {ratio:>24s}")
             if c.get("mock") is not None and c["mock"] > 0.9:
                 print(f"{'':9s} ^ the mock used {c['mock']:.0%} of its core here: this figure may be mock-bound")
+    common = set.intersection(*[{s.offered_rps for s in st} for st in results.values()]) if results else set()
+    if common:
+        r = min(common, key=lambda x: abs(x - 50))
+        print()
+        print(f"C. every tool at the same constant rate, {r:g} req/s (TTFT added and CPU cost at equal load)")
+        hdr = (f"{'tool':9s} {'req/s':>7s} {'lag P99 ms':>10s} {'TTFT+ p50 ms':>12s} {'TTFT+ p99 ms':>12s} "
+               f"{'gen CPU':>7s} {'core0':>5s} {'CPU ms/request':>14s}")
+        print(hdr)
+        print("-" * len(hdr))
+        for tool, steps in results.items():
+            s = next(x for x in steps if x.offered_rps == r)
+            g = s.cpu.get("gen")
+            print(f"{tool:9s} {s.rps:7.1f} {fmt(s.lag_p99_s and s.lag_p99_s * 1e3, '.2f'):>10s} "
+                  f"{fmt(pct(s.ttft_added_ms, 50), '.3f'):>12s} {fmt(pct(s.ttft_added_ms, 99), '.3f'):>12s} "
+                  f"{'?' if g is None else f'{g:.0%}':>7s} "
+                  f"{'?' if s.cpu.get('core0') is None else format(s.cpu['core0'], '.0%'):>5s} "
+                  f"{fmt(g * 1e3 / s.rps if g and s.rps else None, '.3f'):>14s}")
     print()
     print("lag sources:")
     seen = set()
@@ -644,7 +662,8 @@ def print_report(results: dict[str, list[Step]], a: argparse.Namespace, info: di
           "by send time on the shared monotonic clock (peers' wall-clock stamps mapped onto it)")
     print("events/s and req/s are counted on the mock (completed responses / first recv..last done); 'per core' = "
           "the generator was pinned to one core; gen CPU = CPU share of the generator's process tree during that "
-          "window; core0 = total busy share of the generator's core (other processes included)")
+          "window; core0 = total busy share of the generator's core (other processes included); ev/CPU-s = events/s "
+          "divided by gen CPU (events per second of generator CPU time)")
     print()
     print("all steps (tool, offered rate, mock-side req/s, events/s, lag P99 ms, strict/sustained):")
     for tool, steps in results.items():
@@ -723,7 +742,19 @@ def main() -> None:
                          "shared machine; needs root, else 0 is used); the same for every tool")
     ap.add_argument("--profile", action="store_true", help="also run servelab once under cProfile at its best rate")
     ap.add_argument("--workdir", default=None, help="where run artefacts go (default: a temp dir, kept)")
+    ap.add_argument("--reprint", metavar="WORKDIR", help="print the table of an earlier run (its results.json)")
     a = ap.parse_args()
+    if a.reprint:
+        d = json.loads((Path(a.reprint) / "results.json").read_text())
+        old = argparse.Namespace(**d["args"])
+        res = {t: [Step(**x) for x in st] for t, st in d["results"].items()}
+        for st in res.values():
+            for x in st:
+                x.reqs = [tuple(r) for r in x.reqs]
+        if old.nice:
+            NICE[:] = ["nice", "-n", str(old.nice)]
+        print_report(res, old, d["info"])
+        return
     a.peer_rates = [float(x) for x in a.peer_rates.split(",") if x.strip()]
     tools = [t.strip() for t in a.tools.split(",") if t.strip()]
     for t in tools:
@@ -755,6 +786,8 @@ def main() -> None:
     try:
         # give each tool a share of the budget: peers start slowly
         share = {"servelab": 0.3, "guidellm": 0.4, "aiperf": 0.3}
+        total = sum(share[t] for t in tools)
+        share = {t: share[t] / total for t in tools}
         for tool in tools:
             t_deadline = min(deadline, time.monotonic() + a.budget_s * share[tool])
             log(f"--- {tool}")
@@ -767,6 +800,9 @@ def main() -> None:
             else:
                 results[tool] = peer_search(lambda rs: aiperf_steps(mock, rs, a, work, tok_dir, sampler, offset_ns),
                                             tool, a, t_deadline)
+        (work / "results.json").write_text(json.dumps(
+            {"args": {k: v for k, v in vars(a).items()}, "info": info,
+             "results": {t: [asdict(x) for x in st] for t, st in results.items()}}, default=str))
         print_report(results, a, info)
         if a.profile and "servelab" in results:
             b = best(results["servelab"], False) or best(results["servelab"], True)

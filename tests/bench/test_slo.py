@@ -56,3 +56,11 @@ def test_gates_structured_truncation_latency():
     failed = RequestRecord(request_id=4, failure=FailureClass.TIMEOUT)
     apply_gates(failed, spec, [])
     assert failed.gate_failures == []
+
+
+def test_gate_accepts_rfc8259_numbers_out_of_float_range():
+    # produced by real llama-server + Gemma under a JSON-schema grammar: valid JSON, huge exponent
+    schema = {"type": "object", "properties": {"confidence": {"type": "number"}}}
+    r = RequestRecord(request_id=0, content=['{"confidence": 0.0156e4407400000000000 }'], finish_reason="stop")
+    apply_gates(r, RequestSpec(endpoint="chat", json_schema=schema), [])
+    assert r.gate_failures == []

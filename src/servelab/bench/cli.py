@@ -54,6 +54,18 @@ def _overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def scoped_overrides(overrides: dict[str, Any], workload: str) -> dict[str, Any]:
+    """The ``--set`` parameters for one workload: ``KEY`` applies to every set, ``SET.KEY`` (e.g.
+    ``short-qa.output_tokens``) only to that set and wins over a plain ``KEY``."""
+    out = {k: v for k, v in overrides.items() if "." not in k}
+    for k, v in overrides.items():
+        if "." in k:
+            name, key = k.split(".", 1)
+            if name == workload:
+                out[key] = v
+    return out
+
+
 def _fmt(v: Any, scale: float = 1.0, digits: int = 1) -> str:
     return "-" if v is None else f"{v * scale:.{digits}f}"
 
@@ -123,8 +135,9 @@ def bench_command(
     tokenizer: str = typer.Option(None, "--tokenizer", help="Tokenizer for exact prompt lengths and the client "
                                   "token-count cross-check: a GGUF file or tokenizer.json (default: the "
                                   "engine's GGUF when known)."),
-    sets: list[str] = typer.Option([], "--set", help="Workload parameter KEY=VALUE, repeatable (e.g. "
-                                   "input_tokens=128, output_tokens=64, ratio=short-qa:5,rag:1)."),
+    sets: list[str] = typer.Option([], "--set", help="Workload parameter KEY=VALUE (tokens for lengths), "
+                                   "repeatable: input_tokens=128, output_tokens=64, ratio=short-qa:5,rag:1; "
+                                   "SET.KEY=VALUE applies to one set only (short-qa.output_tokens=64)."),
     seed: int = typer.Option(0, "--seed", help="Random seed: same seed, same requests and arrival times."),
     timeout: float = typer.Option(600.0, "--timeout", help="Per-request limit in seconds (whole request)."),
     api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="Bearer token, if the server "
@@ -194,9 +207,11 @@ def bench_command(
         def factory(name: str, seed: int) -> Any:
             if name == "dataset":
                 return W.load_dataset(dataset, counter, seed=seed, endpoint=endpoint)
-            return W.make_workload(name, counter, seed=seed, endpoint=endpoint, ignore_eos=ignore_eos, **overrides)
+            return W.make_workload(name, counter, seed=seed, endpoint=endpoint, ignore_eos=ignore_eos,
+                                   **scoped_overrides(overrides, name))
 
-        factory("dataset" if dataset else wl_names[0], seed)  # validate workload params/dataset before any load
+        for name in (["dataset"] if dataset else wl_names):  # validate params/dataset before any load
+            factory(name, seed)
         cfg = BenchConfig(base_url=base_url, model=model, workloads=wl_names, concurrency=conc, rates_rps=rates,
                           arrival=arrival, gamma_shape=burstiness, max_concurrency=max_concurrency,
                           requests=requests if requests is not None else (None if duration else 32),
