@@ -3,7 +3,7 @@
 
 Run by hand (not a test), from the repository root, with the project venv:
 
-    .venv/bin/python benches/generator_capacity.py            # ~8-10 minutes
+    .venv/bin/python benches/generator_capacity.py --profile  # ~9 minutes (510 s + 10 s profile)
     .venv/bin/python benches/generator_capacity.py --tools servelab --step-s 4   # servelab only
 
 Set-up: ``servelab mock-engine --ttft-ms 0 --itl-ms 0`` pinned to CPU 1 (``taskset -c 1``); every load
@@ -13,16 +13,21 @@ generator pinned to CPU 0 (``taskset -c 0``, inherited by all its worker process
 
 Per tool it reports:
 
-* the highest constant (open-loop) arrival rate the tool sustained with schedule-lag P99 <= 1 ms and
-  >= 95 % of the offered rate achieved, found by a geometric then binary search (servelab: ``schedule_lag_s.p99``
-  of summary.json; guidellm: its per-request scheduling delay (``request_start - targeted start``);
-  AIPerf: whatever it reports about credit/scheduling delay; if a tool exposes no scheduling delay,
-  a closed-loop concurrency sweep instead and the table says so);
+* the highest constant (open-loop) arrival rate the tool sustained, under two criteria: A (the issue's):
+  schedule-lag P99 <= 1 ms, >= 95 % of the offered rate achieved, no failures; B (sustained): the same
+  with lag P99 <= 50 ms (bounded, not growing). servelab: geometric (x2) then binary search, one
+  ``servelab bench --rate R --arrival constant`` per step, lag = ``schedule_lag_s.p99`` of summary.json.
+  guidellm: ``--profile kind=constant`` over a coarse list of rates in one process, then two rates inside
+  the bracket; lag = its ``request_dispatch_delay`` p99. AIPerf: ``--request-rate LIST --arrival-pattern
+  constant``, same two passes; AIPerf reports no schedule lag for request-rate mode (only
+  ``credit_to_start_latency``, which leaves out its timing manager), so the lag is derived from its
+  per-request ``request_start_ns`` against the ideal constant-rate slots (both are printed). Both peers
+  expose or allow a schedule-lag figure, so no closed-loop fallback is needed;
 * requests/s and SSE events/s at that rate, counted on the mock's side (``GET /mock/records``) so all
   tools are measured with the same yardstick; the generator's CPU use (all its processes) is shown;
 * the TTFT the tool adds: tool-reported TTFT minus the mock's own ``first token write - recv`` per
-  request, median and P99 (servelab: requests matched exactly through the shared monotonic clock;
-  peers: matched in send order);
+  request, median and P99 (each tool request is matched one-to-one to the first mock record received
+  after its send time, on the shared monotonic clock; the peers' wall-clock stamps are mapped onto it);
 * ratios servelab / peer.
 
 The mock's own CPU use during each step is printed too: a step where the mock is near 100 % of its core

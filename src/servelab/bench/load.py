@@ -88,7 +88,14 @@ async def run_step(session: aiohttp.ClientSession, base_url: str, model: str, sp
     """
     records: list[RequestRecord] = []
     inflight: set[asyncio.Task[None]] = set()
-    t0 = _now()
+    offs_ns: list[int] = []
+    if load.kind == "open":
+        if not load.rate_rps:
+            raise ValueError("open loop needs rate_rps")
+        # drawn before the clock starts, so the draw itself cannot delay the first arrivals
+        offs_ns = (arrival_offsets_s(len(specs), load.rate_rps, load.arrival, seed, load.gamma_shape)
+                   * 1e9).astype(np.int64).tolist()
+    t0 = _now() + (_START_LEAD_NS if offs_ns else 0)
     deadline = t0 + int(load.duration_s * 1e9) if load.duration_s else None
 
     async def one(i: int, spec: RequestSpec, scheduled_ns: int, sem: asyncio.Semaphore | None) -> None:
@@ -120,17 +127,12 @@ async def run_step(session: aiohttp.ClientSession, base_url: str, model: str, sp
             inflight.update(workers)
             await _wait_with_drain(workers, deadline, drain_s)
         elif load.kind == "open":
-            if not load.rate_rps:
-                raise ValueError("open loop needs rate_rps")
-            offs = arrival_offsets_s(len(specs), load.rate_rps, load.arrival, seed, load.gamma_shape)
             sem = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
             for i, spec in enumerate(specs):
-                sched = t0 + int(offs[i] * 1e9)
+                sched = t0 + offs_ns[i]
                 if deadline is not None and sched >= deadline:
                     break
-                delay = (sched - _now()) / 1e9
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                await sleep_until_ns(sched)
                 task = asyncio.ensure_future(one(i, spec, sched, sem))
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
@@ -144,6 +146,22 @@ async def run_step(session: aiohttp.ClientSession, base_url: str, model: str, sp
         raise
     records.sort(key=lambda r: r.request_id)
     return records
+
+
+_START_LEAD_NS = 2_000_000  # open loop: the first arrival is 2 ms after the step's setup, not during it
+_SPIN_NS = 1_500_000  # event loops wake timers on a 1 ms grid: yield-spin through the last 1.5 ms
+
+
+async def sleep_until_ns(t_ns: int) -> None:
+    """Wait until ``time.monotonic_ns() >= t_ns`` with sub-millisecond precision: an ordinary sleep
+    until 1.5 ms before, then yielding to the event loop (``sleep(0)``, so I/O keeps flowing) until due.
+    asyncio and uvloop round timer waits to whole milliseconds, which alone puts ~1 ms of lag on
+    every open-loop arrival otherwise."""
+    delay = t_ns - _now()
+    if delay > _SPIN_NS:
+        await asyncio.sleep((delay - _SPIN_NS) / 1e9)
+    while _now() < t_ns:
+        await asyncio.sleep(0)
 
 
 async def _wait_with_drain(tasks: list[asyncio.Task[None]], deadline: int | None, drain_s: float) -> None:
