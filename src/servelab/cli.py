@@ -28,6 +28,14 @@ def _register() -> None:
     app.command("bench")(bench_command)
     app.command("mock-engine")(mock_engine_command)
     app.add_typer(engine_app, name="engine")
+    from servelab.trial.cli import compare_command, report_command, trial_command
+
+    app.command("trial")(trial_command)
+    app.command("report")(report_command)
+    app.command("compare")(compare_command)
+    from servelab.trial.records import records_app
+
+    app.add_typer(records_app, name="records")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import random
 import signal
 import socket
@@ -55,6 +56,12 @@ class MockConfig:
     ``hang_s`` is how long a hung request stalls before its connection is closed. ``max_inflight`` > 0
     caps running requests: beyond it the mock answers ``overload_status`` (default by dialect: 429 on TGI,
     503 elsewhere), except llama-server which defers (queues) requests unless ``overload_status`` is set.
+    ``invalid_json`` makes answers to ``response_format`` ``json_schema``/``json_object`` requests broken
+    JSON (the object cut after a comma, e.g. ``{"name":"tok0",``). ``crash_after_requests`` = N makes the
+    process exit with ``os._exit(3)`` in the middle of answering completion request N+1 (counted from
+    start, like ``/mock/stats`` ``requests``; a reset does not re-arm it): a streamed answer stops after
+    about half its token chunks (before any token when it has only one), a non-streamed one after its
+    delay, before any body; run in-process (:func:`start_mock`) it ends the host process. ``None`` never crashes.
     Raises nothing itself; :func:`validate_config` checks the values.
     """
 
@@ -76,6 +83,8 @@ class MockConfig:
     max_inflight: int = 0
     overload_status: int | None = None
     model: str = "mock"
+    invalid_json: bool = False
+    crash_after_requests: int | None = None
 
 
 def validate_config(cfg: MockConfig) -> None:
@@ -96,6 +105,8 @@ def validate_config(cfg: MockConfig) -> None:
         raise ValueError(f"--fail-http-status {cfg.fail_http_status} is not an HTTP status")
     if not 0 <= cfg.port <= 65535:
         raise ValueError(f"--port {cfg.port} is out of range")
+    if cfg.crash_after_requests is not None and cfg.crash_after_requests < 0:
+        raise ValueError(f"--crash-after-requests {cfg.crash_after_requests} must be >= 0 requests")
 
 
 class MockRecord:
@@ -188,6 +199,13 @@ def _object_from_schema(schema: Any) -> dict[str, Any]:
     return out or {"answer": "mock"}
 
 
+def _break_json(text: str) -> str:
+    """``text`` (a JSON object) cut so that it no longer parses: after its last top-level-ish comma
+    (``{"name":"tok0",``), else without its closing brace (``{"answer":"mock"``)."""
+    cut = text.rfind(",")
+    return text[:cut + 1] if cut > 0 else text[:-1]
+
+
 def _split(text: str, size: int) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
 
@@ -205,6 +223,29 @@ class _Plan:
         self.tool_name: str | None = None
         self.tool_id = "call_mock0"
         self.named_tool = False
+
+
+def _apply_stop(pieces: list[tuple[str, str]], stops: list[str]) -> tuple[list[tuple[str, str]], bool]:
+    """Cut the answer (content pieces) right before the first stop string, as engines do: the text
+    before it is kept (a token may be cut part-way), the stop string itself is never sent.
+    Returns (pieces, whether a stop string was hit)."""
+    text = "".join(p for kind, p in pieces if kind == "c")
+    cut = min((i for i in (text.find(x) for x in stops) if i >= 0), default=-1)
+    if cut < 0:
+        return pieces, False
+    out: list[tuple[str, str]] = []
+    pos = 0
+    for kind, p in pieces:
+        if kind != "c":
+            out.append((kind, p))
+            continue
+        if pos + len(p) > cut:
+            if cut > pos:
+                out.append((kind, p[: cut - pos]))
+            break
+        out.append((kind, p))
+        pos += len(p)
+    return out, True
 
 
 def _plan(cfg: MockConfig, body: dict[str, Any], chat: bool) -> _Plan:
@@ -232,13 +273,22 @@ def _plan(cfg: MockConfig, body: dict[str, Any], chat: bool) -> _Plan:
     elif isinstance(rf, dict) and rf.get("type") in ("json_schema", "json_object"):
         schema = (rf.get("json_schema") or {}).get("schema") if rf.get("type") == "json_schema" else None
         text = orjson.dumps(_object_from_schema(schema) if schema is not None else {"answer": "mock"}).decode()
+        if cfg.invalid_json:
+            text = _break_json(text)
         pieces += [("c", p) for p in _split(text, 4)]
     else:
         pieces += [("c", f" tok{i}") for i in range(cfg.output_tokens)]
     if limit is not None and len(pieces) > limit:
         pieces = pieces[:limit]
         plan.finish = "length"
-    elif plan.tool_name is not None:
+    stops = body.get("stop")
+    if isinstance(stops, str):
+        stops = [stops]
+    if isinstance(stops, list) and plan.tool_name is None:
+        pieces, hit = _apply_stop(pieces, [x for x in stops if isinstance(x, str) and x])
+        if hit:
+            plan.finish = "stop"
+    if plan.tool_name is not None and plan.finish != "length":
         plan.finish = "stop" if plan.named_tool else "tool_calls"  # vLLM named tool_choice: case 12
     plan.generated = len(pieces)
     # group into chunks of k tokens of the same kind
@@ -416,6 +466,7 @@ class MockServer:
         self.injected = dict.fromkeys(INJECTED_KINDS, 0)
         self._queue: asyncio.Semaphore | None = None
         self._delays_ns = int(config.ttft_ms * 1e6), int(config.itl_ms * 1e6)
+        self._received = 0  # completion requests since start (not reset): arms crash_after_requests
 
     @property
     def base_url(self) -> str:
@@ -540,11 +591,15 @@ class MockServer:
         rec.endpoint = "chat" if chat else "completions"
         self.records.append(rec)
         self.requests += 1
+        self._received += 1
+        crash = cfg.crash_after_requests is not None and self._received > cfg.crash_after_requests
         try:
             body = orjson.loads(await request.read())
             if not isinstance(body, dict):
                 raise ValueError("body is not a JSON object")
         except ValueError as e:  # orjson.JSONDecodeError is a ValueError
+            if crash:
+                _crash(self._received)
             rec.status = 400
             rec.done_ns = _now()
             return self._error(400, f"invalid JSON body: {e}")
@@ -553,6 +608,15 @@ class MockServer:
         stream = bool(body.get("stream", False))
         rec.stream = stream
         rec.prompt_tokens = _count_words(body)
+        if crash:  # no overload answer and no failure draw: this one is answered until the crash
+            plan = _plan(cfg, body, chat)
+            rec.output_tokens = plan.generated
+            rec.finish_reason = plan.finish
+            self.running += 1
+            try:
+                return await self._respond(request, rec, body, chat, plan, "crash", seq, stream, recv)
+            finally:
+                self.running -= 1
         if cfg.max_inflight > 0 and self._queue is None and self.running >= cfg.max_inflight:
             status = cfg.overload_status or (429 if cfg.dialect == "tgi" else 503)
             rec.injected = "overload"
@@ -626,6 +690,8 @@ class MockServer:
         chunks = plan.chunks
         n = len(chunks)
         cut_at = max(1, n // 2) if kind in ("stream_error", "cut_off") else (1 if kind == "hang" else -1)
+        if kind == "crash":
+            cut_at = n // 2  # 0 (before any token) when there are fewer than two chunks
         chat = enc.chat
         # the trailer after the last token chunk: finish, usage, [DONE] (one write with the last token)
         last_finish = plan.finish if (not chat or d == "vllm") else None
@@ -675,6 +741,8 @@ class MockServer:
                 token_write_ns.append(t)
                 await write(data)
                 token_counts.append(ntok)
+            if n == 0 and kind == "crash":
+                return await self._fail_stream(request, resp, rec, enc, kind)
             if n == 0:
                 if hold:
                     await resp.prepare(request)
@@ -698,6 +766,11 @@ class MockServer:
         if not resp.prepared:
             await resp.prepare(request)
             rec.headers_ns = _now()
+        if kind == "crash":
+            writer = await resp.prepare(request)  # the prepared writer; held headers still buffered
+            if callable(getattr(writer, "send_headers", None)):
+                writer.send_headers()  # so the crash is mid-response: status line and headers went out
+            _crash(self._received)
         if kind == "stream_error":
             data = enc.error_event("mock-engine injected error during generation")
             if enc.done_after_error:
@@ -723,6 +796,8 @@ class MockServer:
             rem = origin + ttft_ns + max(0, n - 1) * itl_ns - _now()
             if rem > 0:
                 await asyncio.sleep(rem / 1e9)
+        if kind == "crash":
+            _crash(self._received)
         if kind == "hang":
             await asyncio.sleep(self.config.hang_s)
             _abort(request)
@@ -768,6 +843,17 @@ class MockServer:
         rec.done_ns = _now()
         self.completed += 1
         return resp
+
+
+def _crash(received: int) -> None:
+    """Exit the process at once with status 3 (no cleanup, no flushing of Python buffers): the injected
+    crash of ``crash_after_requests``. Bytes already handed to the kernel still reach the client."""
+    try:
+        os.write(2, f"servelab mock-engine: injected crash at completion request {received}; "
+                    "exiting with status 3\n".encode())
+    except OSError:
+        pass
+    os._exit(3)
 
 
 def _abort(request: web.Request) -> None:
@@ -841,13 +927,16 @@ def mock_engine_command(
     max_inflight: int = typer.Option(0, "--max-inflight", help="Running-request cap (count); 0 = no cap."),
     overload_status: int | None = typer.Option(None, "--overload-status", help="HTTP status beyond --max-inflight (default: 429 on tgi, 503 elsewhere, queueing on llamacpp)."),
     model: str = typer.Option("mock", "--model", help="Model name listed by /v1/models (any requested name is echoed)."),
+    invalid_json: bool = typer.Option(False, "--invalid-json", help="Answer response_format json_schema/json_object requests with JSON cut short (not parseable)."),
+    crash_after_requests: int | None = typer.Option(None, "--crash-after-requests", help="After this many completion requests (count), exit with status 3 in the middle of answering the next one; unset = never."),
 ) -> None:
     """Run a mock OpenAI-compatible engine that streams deterministic tokens on a fixed schedule."""
     cfg = MockConfig(host=host, port=port, ttft_ms=ttft_ms, itl_ms=itl_ms, output_tokens=output_tokens,
                      tokens_per_chunk=tokens_per_chunk, dialect=dialect, reasoning_tokens=reasoning_tokens,
                      seed=seed, fail_http_rate=fail_http_rate, fail_http_status=fail_http_status,
                      stream_error_rate=stream_error_rate, cut_rate=cut_rate, hang_rate=hang_rate, hang_s=hang_s,
-                     max_inflight=max_inflight, overload_status=overload_status, model=model)
+                     max_inflight=max_inflight, overload_status=overload_status, model=model,
+                     invalid_json=invalid_json, crash_after_requests=crash_after_requests)
     try:
         validate_config(cfg)
         serve(cfg)

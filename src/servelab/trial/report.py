@@ -1,0 +1,893 @@
+"""The trial's HTML report: one self-contained file that opens offline.
+
+:func:`write_report` turns a trial run folder (docs/record-schema.md) into ``RUN/report.html``;
+:func:`write_compare` sets two run folders side by side. Both embed plotly's JavaScript once, inline, and
+every chart as a ``<div>`` + inline script, so the file needs no network (no CDN, no web font). Links to
+evidence files are relative to the run folder, so the folder can be moved or archived as a whole.
+
+The report reads only ``record.json`` and the per-request JSONL files that ``record["evidence"]["files"]``
+names; missing or malformed pieces (a skipped step, an excluded candidate without steps, a lost JSONL
+file, an engine without ``/metrics``) are shown as such, never raised.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+from servelab.bench.slo import parse_slo
+from servelab.wire import ConfigError
+
+__all__ = ["load_record", "write_report", "write_compare", "render_report", "render_compare"]
+
+FAIL_CLASSES = ("connect", "http_status", "stream_error", "cut_off", "protocol", "timeout", "cancelled")
+PCTS = (("p50", "dot"), ("p95", "solid"), ("p99", "dash"))
+LATENCIES = (("ttft_s", "ttft", "TTFT"), ("itl_s", "itl", "ITL (per token)"), ("e2e_s", "e2e", "E2E"))
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+VERDICT_COLOR = {"adopt": "#1a7f37", "backup": "#9a6700", "exclude": "#b42318"}
+_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendDataToCloud"]}
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;margin:0;
+ color:#1f2328;background:#fff;line-height:1.45}
+main{max-width:1200px;margin:0 auto;padding:1rem 1.5rem 3rem}
+h1{font-size:1.6rem;margin:.6rem 0}h2{font-size:1.3rem;margin-top:2rem;border-bottom:1px solid #d0d7de}
+h3{font-size:1.08rem;margin-top:1.4rem}
+table{border-collapse:collapse;margin:.5rem 0 1rem;font-size:.88rem}
+th,td{border:1px solid #d0d7de;padding:.25rem .5rem;text-align:left;vertical-align:top}
+th{background:#f6f8fa;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.verdict{display:inline-block;padding:.05rem .5rem;border-radius:.7rem;color:#fff;font-weight:600;
+ font-size:.85rem}
+.muted{color:#656d76}.bad{color:#b42318}.ok{color:#1a7f37}
+.cards{display:flex;flex-wrap:wrap;gap:1rem}
+.card{border:1px solid #d0d7de;border-radius:6px;padding:.6rem .9rem;flex:1 1 320px}
+.chart{margin:.5rem 0 1.2rem}
+.cols{display:grid;grid-template-columns:1fr 1fr;gap:1.5rem}
+code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.85em}
+#js-errors:empty{display:none}#js-errors{color:#b42318;border:1px solid #b42318;padding:.5rem}
+nav a{margin-right:.8rem}
+"""
+
+# window.onerror writes into #js-errors so a broken chart is visible (and testable via --dump-dom).
+_ERR_HOOK = """<script>window.addEventListener('error',function(e){var d=document.getElementById('js-errors');
+if(d){d.textContent+='Chart script error: '+(e.message||e)+'\\n';}});</script>"""
+
+
+# ----------------------------------------------------------------------------------------- public API
+
+def load_record(run_dir: str | Path) -> dict[str, Any]:
+    """Read ``run_dir/record.json`` (docs/record-schema.md) and return it as a dict.
+
+    Raises :class:`servelab.wire.ConfigError` when ``run_dir`` is not a folder, has no ``record.json``
+    or the file is not a JSON object.
+    """
+    run = Path(run_dir)
+    path = run / "record.json"
+    if not path.is_file():
+        raise ConfigError(f"{run} has no record.json: is it a trial run folder? "
+                          "Give the folder that `servelab trial` printed (it holds record.json).")
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} is not readable JSON ({e}); rerun the trial or restore the file") from None
+    if not isinstance(rec, dict):
+        raise ConfigError(f"{path} is not a JSON object; rerun the trial or restore the file")
+    return rec
+
+
+def render_report(run_dir: str | Path) -> str:
+    """Return the report of ``run_dir`` as one HTML string (what :func:`write_report` writes).
+
+    Raises :class:`servelab.wire.ConfigError` as :func:`load_record` does.
+    """
+    run = Path(run_dir)
+    rec = load_record(run)
+    return _page(f"servelab trial {rec.get('trial_id') or run.name}", _report_body(run, rec))
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write ``run_dir/report.html`` from ``run_dir/record.json`` and return its path.
+
+    ``run_dir`` is a trial run folder (docs/record-schema.md). The page holds, in order: the decision
+    (verdict and reasons per candidate, ranking, scope, re-check conditions, the factor that differs
+    between compared candidates); charts per candidate and step (TTFT/ITL/E2E P50/P95/P99 vs load with
+    the SLO limits as horizontal lines, throughput and goodput vs load, TTFT CDF from the steps'
+    ``requests.jsonl``, failures by class, cold start); client vs engine ``/metrics`` figures; and the
+    §12 rows as tables. It is a single file with plotly's JS inline (no external URL), ~5 MB.
+
+    Raises :class:`servelab.wire.ConfigError` when ``run_dir`` has no (readable) ``record.json``;
+    ``OSError`` if the file cannot be written.
+    """
+    run = Path(run_dir)
+    text = render_report(run)
+    out = run / "report.html"
+    out.write_text(text, encoding="utf-8")
+    return out
+
+
+def render_compare(run_a: str | Path, run_b: str | Path) -> str:
+    """Return the side-by-side page of two run folders as one HTML string (see :func:`write_compare`)."""
+    ra, rb = Path(run_a), Path(run_b)
+    a, b = load_record(ra), load_record(rb)
+    return _page(f"servelab compare {a.get('trial_id') or ra.name} vs {b.get('trial_id') or rb.name}",
+                 _compare_body(ra, a, rb, b))
+
+
+def write_compare(run_a: str | Path, run_b: str | Path, out_path: str | Path) -> Path:
+    """Write a page that sets two trials side by side to ``out_path`` and return its path.
+
+    The page shows each trial's decision (A left, B right) and, overlaid, every candidate's latency
+    (TTFT P95, ITL P95, E2E P99) and throughput/goodput vs load, labelled ``A:<name>`` / ``B:<name>``,
+    with a table of what differs in identity and environment. Same self-contained rules as
+    :func:`write_report`. Parent folders of ``out_path`` are created.
+
+    Raises :class:`servelab.wire.ConfigError` when either folder has no (readable) ``record.json``.
+    """
+    text = render_compare(run_a, run_b)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    return out
+
+
+# ----------------------------------------------------------------------------------------- small helpers
+
+def _e(x: Any) -> str:
+    return html.escape("" if x is None else str(x), quote=True)
+
+
+def _d(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def _l(x: Any) -> list[Any]:
+    return x if isinstance(x, list) else []
+
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    v = _num(x)
+    if v is None:
+        return "—" if x is None else _e(x)
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}" if abs(v) < 1 else f"{v:.{max(digits - 1, 1)}f}".rstrip("0").rstrip(".")
+
+
+def _pct(x: Any) -> str:
+    v = _num(x)
+    return "—" if v is None else f"{v * 100:.2g} %"
+
+
+def _bytes(x: Any) -> str:
+    v = _num(x)
+    if v is None:
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if v < 1024 or unit == "TiB":
+            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024
+    return "—"
+
+
+def _when(x: Any) -> str:
+    v = _num(x)
+    return "—" if v is None or v <= 0 else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(v))
+
+
+def _table(headers: Iterable[str], rows: Iterable[Iterable[Any]], num_cols: Iterable[int] = ()) -> str:
+    """HTML table; cells are escaped unless wrapped in :class:`_Raw`."""
+    nc = set(num_cols)
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = []
+    for r in rows:
+        cells = []
+        for i, c in enumerate(r):
+            cls = ' class="num"' if i in nc else ""
+            cells.append(f"<td{cls}>{c if isinstance(c, _Raw) else _e(c)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+class _Raw(str):
+    """Already-escaped HTML for :func:`_table`."""
+
+
+def _kv(d: dict[str, Any], label: str = "field", value: str = "value") -> str:
+    rows = []
+    for k, v in d.items():
+        if isinstance(v, (dict, list)):
+            v = _Raw(f"<code>{_e(json.dumps(v, ensure_ascii=False, default=str))}</code>")
+        rows.append((k, v))
+    return _table((label, value), rows)
+
+
+def _verdict_badge(v: str | None) -> _Raw:
+    v = v or "—"
+    return _Raw(f'<span class="verdict" style="background:{VERDICT_COLOR.get(v, "#57606a")}">{_e(v)}</span>')
+
+
+def _step_x(step: dict[str, Any]) -> float | None:
+    """The load value of a step: concurrency (closed loop) or rate in req/s (open loop)."""
+    load = _d(step.get("load"))
+    v = _num(load.get("concurrency")) if load.get("kind") != "open" else _num(load.get("rate_rps"))
+    if v is None:
+        m = re.fullmatch(r"[cr]([0-9.]+)", str(step.get("step", "")))
+        v = float(m.group(1)) if m else None
+    return v
+
+
+def _axis_title(steps: list[dict[str, Any]]) -> str:
+    kinds = {_d(s.get("load")).get("kind") or ("open" if str(s.get("step", "")).startswith("r") else "closed")
+             for s in steps}
+    if kinds == {"open"}:
+        return "arrival rate (req/s)"
+    if kinds == {"closed"} or not kinds:
+        return "concurrency (requests in flight)"
+    return "concurrency or rate (req/s)"
+
+
+def _slo_limits(rec: dict[str, Any]) -> tuple[dict[tuple[str, str], float], float | None, list[str]]:
+    """``({(metric, stat): limit_s}, error_rate_limit, objective names)`` from ``goal.slo`` (a list of
+    strings or one comma-joined string); unparsable parts are skipped (the report never raises)."""
+    raw = _d(rec.get("goal")).get("slo")
+    parts = raw.split(",") if isinstance(raw, str) else [str(p) for p in _l(raw)]
+    lat: dict[tuple[str, str], float] = {}
+    err = None
+    names = []
+    for p in parts:
+        try:
+            objs = parse_slo(p)
+        except ConfigError:
+            continue
+        for o in objs:
+            names.append(o.name)
+            if o.metric == "error_rate":
+                err = o.limit
+            else:
+                lat[(o.metric, o.stat)] = o.limit
+    return lat, err, names
+
+
+def _candidates(rec: dict[str, Any]) -> list[str]:
+    """Candidate names: ranking order first, then the rest as the record lists them."""
+    res = _d(_d(rec.get("results")).get("candidates"))
+    ident = _d(_d(rec.get("identity")).get("candidates"))
+    ranking = [str(n) for n in _l(_d(rec.get("decision")).get("ranking"))]
+    names = list(dict.fromkeys(ranking + list(res) + list(ident)))
+    return names
+
+
+def _ran_steps(cand: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in _l(cand.get("steps")) if isinstance(s, dict) and not s.get("skipped")]
+
+
+def _workloads(steps: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(str(s.get("workload", "?")) for s in steps))
+
+
+def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """Rows of a JSONL file and a note (missing file, bad lines) or None."""
+    if not path.is_file():
+        return [], f"{path.name} not found"
+    rows, bad = [], 0
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError:
+                    bad += 1
+                    continue
+                if isinstance(obj, dict):
+                    rows.append(obj)
+    except OSError as e:
+        return [], f"cannot read {path.name}: {e}"
+    return rows, (f"{bad} unreadable line(s) skipped" if bad else None)
+
+
+def _safe_rel(run: Path, rel: Any) -> Path | None:
+    """``run/rel`` when ``rel`` is a relative path inside the run folder, else None."""
+    if not isinstance(rel, str) or not rel:
+        return None
+    p = Path(rel)
+    if p.is_absolute() or ".." in p.parts:
+        return None
+    return run / p
+
+
+# ----------------------------------------------------------------------------------------- figures
+
+class _Charts:
+    """Collects figures; each becomes a ``<div class="chart">`` (plotly JS is embedded once per page)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def html(self, fig: go.Figure, height: int = 380) -> str:
+        self.count += 1
+        fig.update_layout(template="plotly_white", height=height, margin={"l": 60, "r": 20, "t": 60, "b": 50},
+                          font={"family": "system-ui, -apple-system, Segoe UI, Roboto, Arial, sans-serif",
+                                "size": 12},
+                          legend={"orientation": "h", "yanchor": "bottom", "y": -0.35, "x": 0})
+        div = fig.to_html(full_html=False, include_plotlyjs=False, config=_CONFIG,
+                          div_id=f"chart-{self.count}", default_height=f"{height}px", default_width="100%")
+        return f'<div class="chart">{div}</div>'
+
+
+def _colors(names: list[str]) -> dict[str, str]:
+    return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
+
+
+def _latency_fig(series: list[tuple[str, str, list[dict[str, Any]]]], key: str, metric: str, title: str,
+                 limits: dict[tuple[str, str], float], workloads: list[str], pcts=PCTS) -> go.Figure:
+    """Subplot per workload; one line per (label, percentile). ``series`` = [(label, color, steps)]."""
+    fig = make_subplots(rows=1, cols=max(len(workloads), 1), subplot_titles=workloads or [""],
+                        shared_yaxes=True)
+    all_steps = []
+    for label, color, steps in series:
+        all_steps += steps
+        for ci, wl in enumerate(workloads, start=1):
+            pts = sorted(((x, s) for s in steps if str(s.get("workload", "?")) == wl
+                          and (x := _step_x(s)) is not None), key=lambda t: t[0])
+            for p, dash in pcts:
+                ys = [_num(_d(s.get(key)).get(p)) for _, s in pts]
+                if not any(y is not None for y in ys):
+                    continue
+                fig.add_trace(go.Scatter(
+                    x=[x for x, _ in pts], y=ys, mode="lines+markers", name=f"{label} {p}",
+                    legendgroup=f"{label} {p}", showlegend=ci == 1,
+                    line={"color": color, "dash": dash}, text=[s.get("step") for _, s in pts],
+                    hovertemplate=f"{_e(label)} {p}<br>%{{text}}: %{{y:.3f}} s<extra>{_e(wl)}</extra>"),
+                    row=1, col=ci)
+    for (m, stat), lim in limits.items():
+        if m == metric:
+            for ci in range(1, max(len(workloads), 1) + 1):
+                fig.add_hline(y=lim, line={"color": "#b42318", "dash": "dashdot", "width": 1.5}, row=1, col=ci,
+                              annotation_text=f"SLO {m}_{stat} ≤ {lim:g} s", annotation_position="top left",
+                              annotation_font={"color": "#b42318", "size": 11})
+    fig.update_layout(title=f"{title} percentiles vs load (s)")
+    fig.update_xaxes(title_text=_axis_title(all_steps), type="log", dtick=math.log10(2))
+    fig.update_yaxes(title_text=f"{title} (s)", rangemode="tozero", col=1)
+    return fig
+
+
+def _throughput_fig(series: list[tuple[str, str, list[dict[str, Any]]]], workloads: list[str]) -> go.Figure:
+    fig = make_subplots(rows=1, cols=max(len(workloads), 1), subplot_titles=workloads or [""],
+                        shared_yaxes=True)
+    all_steps = []
+    for label, color, steps in series:
+        all_steps += steps
+        for ci, wl in enumerate(workloads, start=1):
+            pts = sorted(((x, s) for s in steps if str(s.get("workload", "?")) == wl
+                          and (x := _step_x(s)) is not None), key=lambda t: t[0])
+            for what, dash in (("throughput", "solid"), ("goodput", "dot")):
+                ys = [_num(_d(s.get(what)).get("output_tokens_per_s")) for _, s in pts]
+                if not any(y is not None for y in ys):
+                    continue
+                fig.add_trace(go.Scatter(
+                    x=[x for x, _ in pts], y=ys, mode="lines+markers", name=f"{label} {what}",
+                    legendgroup=f"{label} {what}", showlegend=ci == 1, line={"color": color, "dash": dash},
+                    text=[s.get("step") for _, s in pts],
+                    hovertemplate=f"{_e(label)} {what}<br>%{{text}}: %{{y:.1f}} tok/s<extra>{_e(wl)}</extra>"),
+                    row=1, col=ci)
+    fig.update_layout(title="Output throughput and goodput vs load (tokens/s)")
+    fig.update_xaxes(title_text=_axis_title(all_steps), type="log", dtick=math.log10(2))
+    fig.update_yaxes(title_text="output tokens/s", rangemode="tozero", col=1)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------- report body
+
+def _decision_html(rec: dict[str, Any], names: list[str], heading: str = "h2") -> str:
+    dec = _d(rec.get("decision"))
+    res = _d(_d(rec.get("results")).get("candidates"))
+    verdicts = _d(dec.get("verdicts"))
+    ranking = [str(n) for n in _l(dec.get("ranking"))]
+    out = [f"<{heading}>Decision</{heading}>"]
+    if ranking:
+        out.append("<p><b>Ranking</b> (effective output throughput at the highest load step that met every "
+                   "SLO; ties by tail latency): " + " &gt; ".join(f"<b>{_e(n)}</b>" for n in ranking) + "</p>")
+    else:
+        out.append('<p class="bad"><b>No candidate was ranked</b>: none passed the smoke, quality and error '
+                   "gates.</p>")
+    cards = []
+    for n in names:
+        v = _d(verdicts.get(n))
+        c = _d(res.get(n))
+        reasons = [str(r) for r in _l(v.get("reasons"))]
+        if not reasons and c.get("reason"):
+            reasons = [str(c["reason"])]
+        eff = _d(c.get("effective_throughput"))
+        status = c.get("status") or "—"
+        facts = f'<div class="muted">status: {_e(status)}'
+        if eff:
+            facts += (f"; effective {_fmt(eff.get('output_tokens_per_s'))} output tok/s "
+                      f"(goodput {_fmt(eff.get('goodput_output_tokens_per_s'))}) at {_e(eff.get('at_step'))}")
+        if c.get("broken_at"):
+            facts += f"; SLO broken at {_e(c.get('broken_at'))}"
+        facts += "</div>"
+        rs = "".join(f"<li>{_e(r)}</li>" for r in reasons) or '<li class="muted">no reason recorded</li>'
+        cards.append(f'<div class="card"><div><b>{_e(n)}</b> {_verdict_badge(v.get("verdict"))}</div>{facts}'
+                     f"<ul>{rs}</ul></div>")
+    out.append(f'<div class="cards">{"".join(cards)}</div>')
+    if dec.get("scope"):
+        out.append(f"<p><b>Scope of validity:</b> {_e(dec.get('scope'))}</p>")
+    rc = [str(r) for r in _l(dec.get("recheck_when"))]
+    if rc:
+        out.append("<p><b>Re-check when:</b></p><ul>" + "".join(f"<li>{_e(r)}</li>" for r in rc) + "</ul>")
+    comps = [c for c in _l(dec.get("comparisons")) if isinstance(c, dict)]
+    if comps:
+        out.append("<p><b>What differs between candidates</b> (one factor at a time makes a comparison "
+                   "causal):</p>")
+        out.append(_table(("A", "B", "differs in", "note"),
+                          ((c.get("a"), c.get("b"), ", ".join(map(str, _l(c.get("differs_in")))) or "—",
+                            c.get("note") or "") for c in comps)))
+    if rec.get("historical"):
+        out.append('<p class="bad"><b>Historical record:</b> a newer trial of the same candidate name has a '
+                   "different engine or weights identity.</p>")
+    return "\n".join(out)
+
+
+def _steps_table(cand: dict[str, Any]) -> str:
+    rows = []
+    for s in _l(cand.get("steps")):
+        if not isinstance(s, dict):
+            continue
+        if s.get("skipped"):
+            rows.append((s.get("workload"), s.get("step"), _Raw(f'<span class="muted">skipped: '
+                         f'{_e(s.get("skipped_reason") or "an earlier step broke an SLO")}</span>'),
+                         "", "", "", "", "", "", "", "", ""))
+            continue
+        c = _d(s.get("counts"))
+        met = s.get("slo_met")
+        broken = [o.get("objective") for o in _l(s.get("slo")) if isinstance(o, dict) and o.get("met") is False]
+        met_cell = _Raw('<span class="ok">yes</span>') if met else (
+            _Raw(f'<span class="bad">no: {_e(", ".join(map(str, broken)) or "see SLO list")}</span>')
+            if met is False else "—")
+        rows.append((s.get("workload"), s.get("step"), c.get("submitted"), c.get("succeeded"),
+                     c.get("failed_total"), c.get("good"),
+                     _fmt(_d(s.get("ttft_s")).get("p95")), _fmt(_d(s.get("itl_s")).get("p95")),
+                     _fmt(_d(s.get("e2e_s")).get("p99")),
+                     _fmt(_d(s.get("throughput")).get("output_tokens_per_s")),
+                     _fmt(_d(s.get("goodput")).get("output_tokens_per_s")), met_cell))
+    if not rows:
+        return '<p class="muted">No load steps were run.</p>'
+    return _table(("workload", "step", "submitted", "succeeded", "failed", "good", "TTFT p95 (s)",
+                   "ITL p95 (s)", "E2E p99 (s)", "throughput (out tok/s)", "goodput (out tok/s)", "SLO met"),
+                  rows, num_cols=range(2, 11))
+
+
+def _ttft_cdf_fig(run: Path, rec: dict[str, Any], names: list[str],
+                  limits: dict[tuple[str, str], float]) -> tuple[go.Figure | None, list[str]]:
+    files = _d(_d(rec.get("evidence")).get("files"))
+    res = _d(_d(rec.get("results")).get("candidates"))
+    notes = []
+    data: dict[str, dict[str, list[float]]] = {}
+    for n in names:
+        if not _ran_steps(_d(res.get(n))):
+            continue
+        path = _safe_rel(run, _d(files.get(n)).get("steps"))
+        if path is None:
+            notes.append(f"{n}: no steps requests.jsonl in evidence.files")
+            continue
+        rows, note = _read_jsonl(path)
+        if note:
+            notes.append(f"{n}: {note}")
+        per: dict[str, list[float]] = {}
+        for r in rows:
+            t = _num(r.get("ttft_s"))
+            if r.get("warmup") or r.get("failure") is not None or t is None:
+                continue
+            per.setdefault(str(r.get("step", "?")), []).append(t)
+        if per:
+            data[n] = per
+    if not data:
+        return None, notes
+    cols = list(data)
+    fig = make_subplots(rows=1, cols=len(cols), subplot_titles=cols, shared_yaxes=True)
+    for ci, n in enumerate(cols, start=1):
+        steps = sorted(data[n], key=lambda k: (k[0], float(k[1:]) if re.fullmatch(r".[0-9.]+", k) else 0))
+        for si, st in enumerate(steps):
+            xs = sorted(data[n][st])
+            ys = [(i + 1) / len(xs) for i in range(len(xs))]
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"shape": "hv",
+                          "color": PALETTE[si % len(PALETTE)]}, name=st, legendgroup=st, showlegend=ci == 1,
+                          hovertemplate=f"{_e(n)} {_e(st)}<br>TTFT %{{x:.3f}} s: %{{y:.0%}}<extra></extra>"),
+                          row=1, col=ci)
+        for (m, stat), lim in limits.items():
+            if m == "ttft":
+                fig.add_vline(x=lim, line={"color": "#b42318", "dash": "dashdot", "width": 1.5}, row=1, col=ci,
+                              annotation_text=f"SLO {m}_{stat} ≤ {lim:g} s", annotation_font={"color": "#b42318"})
+    fig.update_layout(title="TTFT CDF per load step (succeeded, non-warmup requests; all workloads)")
+    fig.update_xaxes(title_text="TTFT (s)", rangemode="tozero")
+    fig.update_yaxes(title_text="fraction of requests ≤ x", range=[0, 1.02], tickformat=".0%", col=1)
+    return fig, notes
+
+
+def _errors_fig(names: list[str], res: dict[str, Any]) -> go.Figure | None:
+    cols = [n for n in names if _ran_steps(_d(res.get(n)))]
+    if not cols:
+        return None
+    fig = make_subplots(rows=1, cols=len(cols), subplot_titles=cols, shared_yaxes=True)
+    classes = list(FAIL_CLASSES)
+    for n in cols:
+        for s in _ran_steps(_d(res.get(n))):
+            classes += [k for k in _d(_d(s.get("counts")).get("failed")) if k not in classes]
+    for ci, n in enumerate(cols, start=1):
+        steps = _ran_steps(_d(res.get(n)))
+        xs = [f"{s.get('workload', '?')}/{s.get('step', '?')}" for s in steps]
+        ok = [_num(_d(s.get("counts")).get("succeeded")) or 0 for s in steps]
+        fig.add_trace(go.Bar(x=xs, y=ok, name="succeeded", marker_color="#8fd19e", legendgroup="succeeded",
+                             showlegend=ci == 1), row=1, col=ci)
+        for k, cls in enumerate(classes):
+            ys = [_num(_d(_d(s.get("counts")).get("failed")).get(cls)) or 0 for s in steps]
+            fig.add_trace(go.Bar(x=xs, y=ys, name=cls, legendgroup=cls, showlegend=ci == 1,
+                                 marker_color=PALETTE[(k + 1) % len(PALETTE)]), row=1, col=ci)
+    fig.update_layout(barmode="stack", title="Requests per step by outcome (failures by class)")
+    fig.update_yaxes(title_text="requests", col=1)
+    return fig
+
+
+def _cold_fig(names: list[str], res: dict[str, Any]) -> tuple[go.Figure | None, list[str]]:
+    parts = (("port_open_s", "port open"), ("health_s", "health OK"), ("first_token_s", "first token"))
+    have = [n for n in names if any(_num(_d(_d(res.get(n)).get("cold_start")).get(k)) is not None
+                                    for k, _ in parts)]
+    missing = [n for n in names if n not in have]
+    if not have:
+        return None, missing
+    fig = go.Figure()
+    for i, (k, label) in enumerate(parts):
+        ys = [_num(_d(_d(res.get(n)).get("cold_start")).get(k)) for n in have]
+        fig.add_trace(go.Bar(x=have, y=ys, name=label, marker_color=PALETTE[i],
+                             text=[_fmt(y) for y in ys], textposition="outside",
+                             hovertemplate=f"%{{x}} {label}: %{{y:.2f}} s<extra></extra>"))
+    fig.update_layout(barmode="group", title="Cold start: process start → port open → health → first token (s)")
+    fig.update_yaxes(title_text="seconds since process start", rangemode="tozero")
+    return fig, missing
+
+
+# server metric name fragments -> (client figure label, how to read it from a step summary)
+_SERVER_MATCH = (
+    (("time_to_first_token", "ttft"), "client TTFT mean (s)", lambda s: _d(s.get("ttft_s")).get("mean")),
+    (("predicted_tokens_seconds", "per_user", "tokens_per_second_per"), "client decode tok/s per request (mean)",
+     lambda s: _d(s.get("output_tps_per_user")).get("mean")),
+    (("generation_throughput", "generation_tokens_per", "output_tokens_per"), "client output tok/s",
+     lambda s: _d(s.get("throughput")).get("output_tokens_per_s")),
+    (("e2e_request_latency", "request_latency"), "client E2E mean (s)", lambda s: _d(s.get("e2e_s")).get("mean")),
+    (("time_per_output_token", "inter_token"), "client TPOT mean (s)", lambda s: _d(s.get("tpot_s")).get("mean")),
+)
+
+
+def _client_counterpart(metric: str, step: dict[str, Any]) -> tuple[str, Any]:
+    m = metric.lower()
+    for keys, label, get in _SERVER_MATCH:
+        if any(k in m for k in keys):
+            return label, get(step)
+    return "server only (queue, running, KV use …)", None
+
+
+def _client_server_html(names: list[str], res: dict[str, Any], ident: dict[str, Any]) -> str:
+    out = []
+    for n in names:
+        c = _d(res.get(n))
+        steps = _ran_steps(c)
+        engine = _d(_d(ident.get(n)).get("engine"))
+        kind = engine.get("kind") or engine.get("name") or "engine"
+        out.append(f"<h3>{_e(n)} <span class='muted'>({_e(kind)})</span></h3>")
+        if not steps:
+            out.append(f'<p class="muted">No load steps ran ({_e(c.get("status") or "not run")}'
+                       f'{": " + _e(c.get("reason")) if c.get("reason") else ""}).</p>')
+            continue
+        rows = []
+        for s in steps:
+            for metric, v in sorted(_d(s.get("server")).items()):
+                v = _d(v) if isinstance(v, dict) else {"mean": v}
+                label, cv = _client_counterpart(metric, s)
+                rows.append((f"{s.get('workload', '?')}/{s.get('step', '?')}", _Raw(f"<code>{_e(metric)}</code>"),
+                             _fmt(v.get("mean")), _fmt(v.get("max")), label, _fmt(cv) if label[:6] == "client" else ""))
+        if not rows:
+            out.append('<p class="muted">Server-side metrics: not offered by this engine (no /metrics figures '
+                       "were recorded during the steps).</p>")
+            continue
+        out.append(_table(("step", "engine /metrics name", "server mean", "server max", "client counterpart",
+                           "client value"), rows, num_cols=(2, 3, 5)))
+    return "\n".join(out)
+
+
+def _identity_rows(names: list[str], ident: dict[str, Any]) -> str:
+    rows = []
+    for n in names:
+        i = _d(ident.get(n))
+        eng, model = _d(i.get("engine")), _d(i.get("model"))
+        sha = str(model.get("sha256") or "")
+        bsha = str(eng.get("binary_sha256") or eng.get("sha256") or "")
+        settings = i.get("settings")
+        rows.append((n, eng.get("kind") or "—", eng.get("version") or "—", bsha[:12] or "—",
+                     Path(str(model.get("path"))).name if model.get("path") else "—", sha[:12] or "—",
+                     _Raw(f"<code>{_e(json.dumps(settings, default=str))}</code>") if settings else "—",
+                     i.get("url") or "launched by servelab"))
+    return _table(("candidate", "engine", "engine version", "binary sha256", "model", "model sha256",
+                   "settings", "URL"), rows)
+
+
+def _results_rows(names: list[str], res: dict[str, Any], currency: str) -> str:
+    rows = []
+    for n in names:
+        c = _d(res.get(n))
+        tl, eff = _d(c.get("tail_latency")), _d(c.get("effective_throughput"))
+        q = _d(c.get("quality"))
+        qtxt = ("passed" if q.get("passed") else "failed") if q else "not run"
+        smoke = _d(c.get("smoke"))
+        bad_smoke = [k for k, v in smoke.items() if not _d(v).get("ok")]
+        stxt = ("failed: " + ", ".join(bad_smoke)) if bad_smoke else ("passed" if smoke else "not run")
+        rows.append((n, c.get("status") or "—", c.get("reason") or "", stxt, qtxt, _pct(c.get("error_rate")),
+                     _fmt(tl.get("ttft_p95_s")), _fmt(tl.get("itl_p95_s")), _fmt(tl.get("e2e_p99_s")),
+                     _fmt(eff.get("output_tokens_per_s")), _fmt(eff.get("goodput_output_tokens_per_s")),
+                     eff.get("at_step") or "—", c.get("broken_at") or "—", _bytes(c.get("peak_rss_bytes")),
+                     _fmt(_d(c.get("cost")).get("per_1m_output_tokens"))))
+    return _table(("candidate", "status", "reason", "smoke", "quality", "error rate", "TTFT p95 (s)",
+                   "ITL p95 (s)", "E2E p99 (s)", "eff. throughput (out tok/s)", "eff. goodput (out tok/s)",
+                   "at step", "broken at", "peak RSS", f"cost ({currency}/1M out tok)"), rows,
+                  num_cols=(5, 6, 7, 8, 9, 10, 13, 14))
+
+
+def _quality_html(names: list[str], res: dict[str, Any]) -> str:
+    rows = []
+    for n in names:
+        c = _d(res.get(n))
+        for k, v in _d(c.get("smoke")).items():
+            v = _d(v)
+            rows.append((n, f"smoke: {k}", _Raw('<span class="ok">ok</span>' if v.get("ok") else
+                                                 '<span class="bad">failed</span>'), v.get("detail") or "", "", ""))
+        for ch in _l(_d(c.get("quality")).get("checks")):
+            ch = _d(ch)
+            rows.append((n, f"quality: {ch.get('name')}", _Raw('<span class="ok">ok</span>' if ch.get("ok") else
+                                                               '<span class="bad">failed</span>'),
+                         "", _fmt(ch.get("value")), _fmt(ch.get("limit"))))
+    if not rows:
+        return '<p class="muted">No smoke or quality results recorded.</p>'
+    return _table(("candidate", "check", "result", "detail", "value", "limit"), rows, num_cols=(4, 5))
+
+
+def _evidence_html(run: Path, rec: dict[str, Any]) -> str:
+    ev = _d(rec.get("evidence"))
+    out = []
+    rows = []
+    if ev.get("experiment"):
+        rel = str(ev["experiment"])
+        rows.append(("trial", "experiment", _link(run, rel)))
+    for n, fs in _d(ev.get("files")).items():
+        for k, rel in _d(fs).items():
+            rows.append((n, k, _link(run, rel)))
+    out.append(_table(("candidate", "file", "path (relative to the run folder)"), rows))
+    if ev.get("reproduce"):
+        out.append(f"<p><b>Reproduce:</b> <code>{_e(ev.get('reproduce'))}</code></p>")
+    if ev.get("run_dir"):
+        out.append(f'<p class="muted">Recorded run folder: <code>{_e(ev.get("run_dir"))}</code></p>')
+    return "\n".join(out)
+
+
+def _link(run: Path, rel: Any) -> _Raw:
+    p = _safe_rel(run, rel)
+    if p is None:
+        return _Raw(f"<code>{_e(rel)}</code>")
+    exists = "" if p.exists() else ' <span class="bad">(missing)</span>'
+    return _Raw(f'<a href="{_e(Path(str(rel)).as_posix())}">{_e(rel)}</a>{exists}')
+
+
+def _report_body(run: Path, rec: dict[str, Any]) -> str:
+    names = _candidates(rec)
+    res = _d(_d(rec.get("results")).get("candidates"))
+    ident = _d(_d(rec.get("identity")).get("candidates"))
+    goal, env, method = _d(rec.get("goal")), _d(rec.get("environment")), _d(rec.get("method"))
+    limits, err_limit, slo_names = _slo_limits(rec)
+    colors = _colors(names)
+    charts = _Charts()
+    ranked_steps = [(n, colors[n], _ran_steps(_d(res.get(n)))) for n in names]
+    series = [t for t in ranked_steps if t[2]]
+    workloads = list(dict.fromkeys(w for _, _, st in series for w in _workloads(st)))
+
+    out = [f"<h1>servelab trial <code>{_e(rec.get('trial_id') or run.name)}</code></h1>",
+           f'<p class="muted">task: {_e(goal.get("task") or "—")} · SLO: {_e(", ".join(slo_names) or "none")}'
+           f' · created {_e(_when(rec.get("created_unix_s")))} · {len(names)} candidate(s)</p>',
+           '<nav><a href="#decision">decision</a><a href="#charts">charts</a><a href="#steps">steps</a>'
+           '<a href="#client-server">client vs server</a><a href="#record">record</a></nav>',
+           '<div id="js-errors"></div>',
+           f'<section id="decision">{_decision_html(rec, names)}</section>',
+           '<section id="charts"><h2>Load steps</h2>']
+    if series:
+        out.append('<p class="muted">Each line is one candidate (colour); dotted = P50, solid = P95, dashed = '
+                   "P99. The red dash-dot line is the SLO limit. Skipped steps have no point.</p>")
+        for key, metric, title in LATENCIES:
+            out.append(charts.html(_latency_fig(series, key, metric, title, limits, workloads)))
+        out.append(charts.html(_throughput_fig(series, workloads)))
+        cdf, notes = _ttft_cdf_fig(run, rec, names, limits)
+        if cdf is not None:
+            out.append(charts.html(cdf, height=400))
+        for note in notes:
+            out.append(f'<p class="muted">TTFT CDF: {_e(note)}</p>')
+        ef = _errors_fig(names, res)
+        if ef is not None:
+            out.append(charts.html(ef, height=400))
+    else:
+        out.append('<p class="bad">No candidate ran a load step, so there are no load charts.</p>')
+    not_run = [n for n in names if not _ran_steps(_d(res.get(n)))]
+    for n in not_run:
+        c = _d(res.get(n))
+        out.append(f'<p class="muted"><b>{_e(n)}</b>: no load steps ({_e(c.get("status") or "not run")}'
+                   f'{": " + _e(c.get("reason")) if c.get("reason") else ""}).</p>')
+    cold, missing = _cold_fig(names, res)
+    if cold is not None:
+        out.append(charts.html(cold, height=360))
+    for n in missing:
+        out.append(f'<p class="muted">Cold start of <b>{_e(n)}</b>: not measured (not launched by servelab, '
+                   "or it did not start).</p>")
+    out.append("</section>")
+
+    out.append('<section id="steps"><h2>Steps per candidate</h2>')
+    if err_limit is not None:
+        out.append(f'<p class="muted">Error budget: error rate ≤ {_pct(err_limit)} per step.</p>')
+    for n in names:
+        c = _d(res.get(n))
+        out.append(f"<h3>{_e(n)} {_verdict_badge(_d(_d(_d(rec.get('decision')).get('verdicts')).get(n)).get('verdict'))}"
+                   f"</h3>")
+        if c.get("reason"):
+            out.append(f'<p class="bad">{_e(c.get("status") or "")}: {_e(c.get("reason"))}</p>')
+        out.append(_steps_table(c))
+        arr = _d(c.get("arrival_run"))
+        if arr and not arr.get("skipped"):
+            cnt = _d(arr.get("counts"))
+            out.append("<p><b>Arrival-rate run</b> (stated rate, bursts and mix):</p>")
+            out.append(_table(("step", "submitted", "succeeded", "failed", "TTFT p95 (s)", "E2E p99 (s)",
+                               "throughput (out tok/s)", "goodput (out tok/s)", "SLO met"),
+                              [(arr.get("step"), cnt.get("submitted"), cnt.get("succeeded"), cnt.get("failed_total"),
+                                _fmt(_d(arr.get("ttft_s")).get("p95")), _fmt(_d(arr.get("e2e_s")).get("p99")),
+                                _fmt(_d(arr.get("throughput")).get("output_tokens_per_s")),
+                                _fmt(_d(arr.get("goodput")).get("output_tokens_per_s")),
+                                {True: "yes", False: "no"}.get(arr.get("slo_met"), "—"))],
+                              num_cols=range(1, 8)))
+    out.append("</section>")
+
+    out.append('<section id="client-server"><h2>Client vs server metrics</h2>'
+               '<p class="muted">Client figures are measured by servelab at the socket; server figures are the '
+               "engine's own /metrics, sampled during each step (mean and max over the samples). A large gap "
+               "in TTFT points at queueing or network outside the engine's own timer.</p>")
+    out.append(_client_server_html(names, res, ident))
+    out.append("</section>")
+
+    host = _d(env.get("host"))
+    budget = _d(goal.get("budget"))
+    out.append('<section id="record"><h2>Evidence record (000 §12 rows)</h2>')
+    out.append("<h3>Goal</h3>" + _kv(goal))
+    out.append("<h3>Identity</h3>" + _identity_rows(names, ident))
+    out.append("<h3>Environment</h3>" + _table(("field", "value"), [
+        ("CPU", host.get("cpu") or "—"), ("logical cores", host.get("logical_cores") or "—"),
+        ("RAM", _bytes(host.get("ram_bytes"))), ("OS", host.get("os") or "—"),
+        ("Python", host.get("python") or "—"),
+        ("GPU", _Raw(f"<code>{_e(json.dumps(env.get('gpu'), default=str))}</code>") if env.get("gpu") else "none"),
+        ("instances", env.get("instances") or "—"), ("parallel layout", env.get("parallel_layout") or "—")]))
+    m = dict(method)
+    for k in ("started_unix_s", "finished_unix_s"):
+        if k in m:
+            m[k] = _when(m[k])
+    out.append("<h3>Method</h3>" + _kv(m))
+    out.append("<h3>Results</h3>" + _results_rows(names, res, str(budget.get("currency") or "USD")))
+    out.append("<h4>Smoke and quality checks</h4>" + _quality_html(names, res))
+    out.append("<h3>Evidence</h3>" + _evidence_html(run, rec))
+    out.append("<h3>Decision</h3>" + _table(("candidate", "verdict", "reasons"), [
+        (n, _verdict_badge(_d(_d(_d(rec.get("decision")).get("verdicts")).get(n)).get("verdict")),
+         "; ".join(map(str, _l(_d(_d(_d(rec.get("decision")).get("verdicts")).get(n)).get("reasons")))))
+        for n in names]))
+    out.append("</section>")
+    out.append(f'<p class="muted">Generated by servelab from record.json (schema '
+               f'{_e(rec.get("schema_version"))}) with {charts.count} chart(s). Opens offline.</p>')
+    return f'<main data-charts="{charts.count}">' + "\n".join(out) + "</main>"
+
+
+# ----------------------------------------------------------------------------------------- compare body
+
+def _compare_body(ra: Path, a: dict[str, Any], rb: Path, b: dict[str, Any]) -> str:
+    charts = _Charts()
+    ida, idb = a.get("trial_id") or ra.name, b.get("trial_id") or rb.name
+    la, _, sa = _slo_limits(a)
+    lb, _, sb = _slo_limits(b)
+    limits = dict(la)
+    limits.update({k: v for k, v in lb.items() if k not in limits})
+    series = []
+    i = 0
+    for tag, rec in (("A", a), ("B", b)):
+        res = _d(_d(rec.get("results")).get("candidates"))
+        for n in _candidates(rec):
+            steps = _ran_steps(_d(res.get(n)))
+            if steps:
+                series.append((f"{tag}:{n}", PALETTE[i % len(PALETTE)], steps))
+            i += 1
+    workloads = list(dict.fromkeys(w for _, _, st in series for w in _workloads(st)))
+    out = [f"<h1>servelab compare: A <code>{_e(ida)}</code> vs B <code>{_e(idb)}</code></h1>",
+           f'<p class="muted">A: {_e(ra)} · SLO {_e(", ".join(sa) or "none")}<br>B: {_e(rb)} · SLO '
+           f'{_e(", ".join(sb) or "none")}</p>', '<div id="js-errors"></div>',
+           '<div class="cols">',
+           f"<div><h2>A: {_e(ida)}</h2>{_decision_html(a, _candidates(a), 'h3')}</div>",
+           f"<div><h2>B: {_e(idb)}</h2>{_decision_html(b, _candidates(b), 'h3')}</div>", "</div>",
+           "<h2>Overlaid curves</h2>"]
+    if series:
+        out.append('<p class="muted">Colour per A:/B: candidate; P95 solid, P99 dashed (E2E). SLO limits from '
+                   "A (B where A states none) in red.</p>")
+        out.append(charts.html(_latency_fig(series, "ttft_s", "ttft", "TTFT", limits, workloads,
+                                            pcts=(("p95", "solid"),))))
+        out.append(charts.html(_latency_fig(series, "itl_s", "itl", "ITL (per token)", limits, workloads,
+                                            pcts=(("p95", "solid"),))))
+        out.append(charts.html(_latency_fig(series, "e2e_s", "e2e", "E2E", limits, workloads,
+                                            pcts=(("p99", "dash"),))))
+        out.append(charts.html(_throughput_fig(series, workloads)))
+    else:
+        out.append('<p class="bad">Neither trial has a load step to plot.</p>')
+    out.append("<h2>Results</h2><div class='cols'>")
+    for tag, rec in (("A", a), ("B", b)):
+        out.append(f"<div><h3>{tag}</h3>" + _results_rows(_candidates(rec), _d(_d(rec.get("results"))
+                   .get("candidates")), str(_d(_d(rec.get("goal")).get("budget")).get("currency") or "USD"))
+                   + "</div>")
+    out.append("</div>")
+    out.append("<h2>What differs between A and B</h2>" + _diff_table(a, b))
+    return f'<main data-charts="{charts.count}">' + "\n".join(out) + "</main>"
+
+
+def _flat(x: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(x, dict):
+        out: dict[str, Any] = {}
+        for k, v in x.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: x}
+
+
+def _diff_table(a: dict[str, Any], b: dict[str, Any]) -> str:
+    rows = []
+    for section in ("goal", "environment", "method"):
+        fa, fb = _flat(_d(a.get(section))), _flat(_d(b.get(section)))
+        for k in sorted(set(fa) | set(fb)):
+            if k.endswith("_unix_s") or k == "duration_s":
+                continue
+            if fa.get(k) != fb.get(k):
+                rows.append((f"{section}.{k}", json.dumps(fa.get(k), default=str), json.dumps(fb.get(k), default=str)))
+    ia = _d(_d(a.get("identity")).get("candidates"))
+    ib = _d(_d(b.get("identity")).get("candidates"))
+    for n in sorted(set(ia) | set(ib)):
+        fa, fb = _flat(_d(ia.get(n))), _flat(_d(ib.get(n)))
+        for k in sorted(set(fa) | set(fb)):
+            if fa.get(k) != fb.get(k):
+                va, vb = json.dumps(fa.get(k), default=str), json.dumps(fb.get(k), default=str)
+                rows.append((f"identity.{n}.{k}", va[:120], vb[:120]))
+    if not rows:
+        return '<p class="muted">Goal, environment, method and candidate identities are the same.</p>'
+    return _table(("field", "A", "B"), rows)
+
+
+# ----------------------------------------------------------------------------------------- page shell
+
+def _page(title: str, body: str) -> str:
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{_e(title)}</title><style>{_CSS}</style>{_ERR_HOOK}"
+            f"<script id=\"plotly-js\">{get_plotlyjs()}</script></head>\n<body>{body}</body></html>\n")

