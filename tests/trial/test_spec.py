@@ -60,7 +60,7 @@ def test_default_experiment_is_the_documented_one() -> None:
     assert e.name == "llamacpp-slots"
     assert [c.name for c in e.candidates] == ["np1", "np4"]
     assert all(isinstance(c, LlamaCppCandidate) and c.model is None for c in e.candidates)
-    assert (e.candidates[0].settings.parallel, e.candidates[0].settings.ctx_size) == (1, 4096)
+    assert (e.candidates[0].settings.parallel, e.candidates[0].settings.ctx_size) == (1, 8192)
     assert (e.candidates[1].settings.parallel, e.candidates[1].settings.ctx_size) == (4, 8192)
     assert [w.label for w in e.workloads] == ["short-qa", "structured"]
     assert e.steps.concurrency == [1, 2, 4, 8] and e.steps.kind == "closed"

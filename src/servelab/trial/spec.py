@@ -873,7 +873,7 @@ _DEFAULT: dict[str, Any] = {
         "slo": "ttft_p95<=3s,itl_p95<=400ms,error_rate<=1%",
         "error_budget": 0.01,
         "quality": {
-            "structured_valid_min": 0.8,
+            "structured_valid_min": 0.5,
             "samples": [
                 {"name": "say-ok", "prompt": "Reply with the single word OK.", "expect_regex": "(?i)\\bok\\b",
                  "max_tokens": 8},
@@ -891,7 +891,7 @@ _DEFAULT: dict[str, Any] = {
         "budget": {"max_minutes": 10, "price_per_hour": None, "currency": "USD"},
     },
     "candidates": [
-        {"name": "np1", "engine": "llamacpp", "model": None, "settings": {"parallel": 1, "ctx_size": 4096}},
+        {"name": "np1", "engine": "llamacpp", "model": None, "settings": {"parallel": 1, "ctx_size": 8192}},
         {"name": "np4", "engine": "llamacpp", "model": None, "settings": {"parallel": 4, "ctx_size": 8192}},
     ],
     "workloads": [

