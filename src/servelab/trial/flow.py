@@ -317,7 +317,11 @@ class TrialRunner:
                 result["reason"] = "smoke test failed: " + "; ".join(f"{k}: {result['smoke'][k]['detail']}" for k in bad)
                 self.say(f"[{name}] excluded: {result['reason']}")
                 return identity, result, files
+            self.say(f"[{name}] smoke tests passed: {', '.join(result['smoke'])}")
             result["quality"] = self.quality(base_url, model, cdir, api_key)
+            self.say(f"[{name}] quality gate: " + ", ".join(
+                f"{c['name']} {c['value']:.2f} (min {c['limit']:.2f}) {'ok' if c['ok'] else 'FAILED'}"
+                for c in result["quality"]["checks"]))
             if not result["quality"]["passed"]:
                 bad_q = [c for c in result["quality"]["checks"] if not c["ok"]]
                 result["status"] = "excluded"
