@@ -98,3 +98,23 @@ def test_bad_experiment_is_one_line(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0 and "candidates[0].engine" in r.stderr
+
+
+def test_port_in_use_is_one_line_and_starts_nothing(tmp_path):
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    try:
+        p = _exp(tmp_path, EXP.replace("settings: {ttft_ms: 5, itl_ms: 1, output_tokens: 12}}",
+                                       f"settings: {{ttft_ms: 5, port: {port}}}}}", 1))
+        r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(p), "--out", str(tmp_path / "o")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert "candidates[0].settings.port" in r.stderr and "in use" in r.stderr
+        assert r.stderr.strip().count("\n") == 0
+        assert "starting" not in r.stdout
+    finally:
+        srv.close()

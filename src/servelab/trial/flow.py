@@ -400,10 +400,27 @@ class TrialRunner:
                 result["engine_exit"] = {"returncode": running.returncode, "alive_after_stop": running.alive}
         return identity, result, files
 
+    def preflight(self) -> None:
+        """Bad input that can be found before any engine starts: a fixed ``settings.port`` already in
+        use. Raises :class:`ConfigError` naming the field and the fix."""
+        import socket
+
+        for i, cand in enumerate(self.exp.candidates):
+            port = getattr(getattr(cand, "settings", None), "port", None)
+            if not port:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.settimeout(0.5)
+                in_use = sock.connect_ex(("127.0.0.1", int(port))) == 0
+            if in_use:
+                raise ConfigError(f"candidates[{i}].settings.port: port {port} is already in use on 127.0.0.1; "
+                                  f"choose a free port or leave it null to pick one")
+
     def run(self) -> dict[str, Any]:
         """Run every candidate, decide, and write ``record.json``; returns the record."""
         from servelab.trial.decide import decide, effective_step
 
+        self.preflight()
         self.out.mkdir(parents=True, exist_ok=True)
         t0 = time.time()
         host = host_identity()
