@@ -40,7 +40,7 @@ TIE_TOLERANCE = 0.02
 
 VOLATILE_KEYS = frozenset({
     "port", "pid", "base_url", "url", "log_path", "log_dir", "started_at", "argv", "host", "out_dir",
-    "cache_dir", "started_unix_s", "finished_unix_s",
+    "cache_dir", "started_unix_s", "finished_unix_s", "ready_timeout_s",
 })
 """Leaf names ignored when comparing identities: they differ between any two launches."""
 
@@ -291,7 +291,13 @@ def identity_factors(identity: dict[str, Any] | None) -> dict[str, Any]:
     model = ident.get("model") or {}
     if not model and isinstance((ident.get("engine") or {}).get("model"), dict):
         model = ident["engine"]["model"]
-    out["model.sha256"] = model.get("sha256")
+    # a converted model (vLLM's HF folder from the same GGUF) names its source weights; the format
+    # (quantized GGUF vs dequantized safetensors) is a factor of its own
+    out["model.sha256"] = model.get("sha256") or model.get("source_gguf_sha256")
+    meta = model.get("metadata") if isinstance(model.get("metadata"), dict) else {}
+    fmt = model.get("format") or (f"gguf {meta['file_type_name']}" if meta.get("file_type_name") else None)
+    if fmt is not None:
+        out["model.format"] = fmt
     out.update(_flatten(ident.get("settings") or {}, "settings"))
     return out
 
