@@ -122,6 +122,7 @@ def test_ctrl_c_keeps_finished_requests(mock_engine, tmp_path):
     assert "Traceback" not in se
     summary, lines = load(out)
     assert summary["complete"] is False
+    assert summary["steps"] and summary["steps"][0]["partial"] is True and summary["steps"][0]["counts"]["succeeded"] > 5
     assert len(lines) > 5 and sum(1 for x in lines if x["failure"] is None) > 5
 
 

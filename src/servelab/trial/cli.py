@@ -33,7 +33,8 @@ def trial_command(
         raise ConfigError(f"--out {run_dir} already holds a trial (record.json); choose a new folder")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "experiment.yaml").write_text(exp.to_yaml(), encoding="utf-8")
-    print(f"trial {getattr(exp, 'name', '') or ''}: {len(exp.candidates)} candidates -> {run_dir}", flush=True)
+    n = len(exp.candidates)
+    print(f"trial {getattr(exp, 'name', '') or ''}: {n} candidate{'s' if n != 1 else ''} -> {run_dir}", flush=True)
     runner = TrialRunner(exp, run_dir, progress=lambda s: print(s, flush=True))
     try:
         record = runner.run()
