@@ -539,6 +539,16 @@ class EngineLauncher(abc.ABC):
         return self.start()
 
 
+def runtime_identity(eng: RunningEngine) -> dict[str, Any]:
+    """The per-launch part of every launcher's identity: ``host``, ``port``, ``base_url``, ``pid``,
+    ``log_path`` and ``started_at`` (UTC, ISO 8601 seconds). These vary between launches and are left
+    out of candidate comparisons."""
+    from datetime import datetime, timezone
+
+    return {"host": eng.host, "port": eng.port, "base_url": eng.base_url, "pid": eng.pid,
+            "log_path": str(eng.log_path), "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
 def human_bytes(n: float) -> str:
     """``n`` bytes as a short human string (``"241.3 MiB"``)."""
     if n is None or not math.isfinite(n):

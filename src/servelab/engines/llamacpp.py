@@ -35,7 +35,8 @@ from typing import Any
 
 import psutil
 
-from servelab.engines.base import EngineLauncher, EngineStartError, RunningEngine, free_port, spawn_engine
+from servelab.engines.base import (EngineLauncher, EngineStartError, RunningEngine, free_port, runtime_identity,
+                                   spawn_engine)
 from servelab.modelfile.gguf_meta import atomic_write_text as _atomic_write_text
 from servelab.modelfile.gguf_meta import cache_dir, check_gguf, model_summary, sha256_file
 from servelab.modelfile.gguf_meta import file_lock as _file_lock
@@ -541,12 +542,7 @@ class LlamaCppLauncher(EngineLauncher):
                       if k in props},
             "chat_template": tmpl if isinstance(tmpl, str) else None,
             "chat_template_sha256": hashlib.sha256(tmpl.encode()).hexdigest() if isinstance(tmpl, str) else None,
-            "host": eng.host,
-            "port": eng.port,
-            "base_url": eng.base_url,
-            "pid": eng.pid,
-            "log_path": str(eng.log_path),
-            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **runtime_identity(eng),
         }
         return ident
 

@@ -14,12 +14,12 @@ import os
 import sys
 import tempfile
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import servelab
-from servelab.engines.base import EngineLauncher, EngineStartError, RunningEngine, free_port, spawn_engine
+from servelab.engines.base import (EngineLauncher, EngineStartError, RunningEngine, free_port, runtime_identity,
+                                   spawn_engine)
 from servelab.engines.mock import MockConfig, validate_config
 from servelab.wire.client import ConfigError
 
@@ -147,11 +147,6 @@ class MockLauncher(EngineLauncher):
             "settings": {**MOCK_SETTINGS, **self.settings, "host": self.host, "port": port},
             "argv": list(eng.argv),
             "model": {"path": None, "sha256": None},
-            "host": eng.host,
-            "port": eng.port,
-            "base_url": eng.base_url,
-            "pid": eng.pid,
-            "log_path": str(eng.log_path),
-            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **runtime_identity(eng),
         }
         return eng

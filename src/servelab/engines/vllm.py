@@ -48,7 +48,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from servelab.engines.base import EngineLauncher, EngineStartError, RunningEngine, free_port, spawn_engine
+from servelab.engines.base import (EngineLauncher, EngineStartError, RunningEngine, free_port, runtime_identity,
+                                   spawn_engine)
 from servelab.modelfile.gguf_meta import atomic_write_text, cache_dir, check_gguf, file_lock, sha256_file
 from servelab.wire import ConfigError
 
@@ -751,9 +752,7 @@ class VllmLauncher(EngineLauncher):
             "chat_template_sha256": hashlib.sha256(tmpl_text.encode()).hexdigest() if tmpl_text else None,
         }
         if eng is not None:
-            ident.update({"host": eng.host, "port": eng.port, "base_url": eng.base_url, "pid": eng.pid,
-                          "log_path": str(eng.log_path),
-                          "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+            ident.update(runtime_identity(eng))
         return ident
 
 
