@@ -118,3 +118,59 @@ def test_port_in_use_is_one_line_and_starts_nothing(tmp_path):
         assert "starting" not in r.stdout
     finally:
         srv.close()
+
+
+SLOW_EXP = """
+name: interrupted
+goal: {task: "chat", slo: "ttft_p95<=5s", expected_rate_rps: 5}
+candidates:
+  - {name: first, engine: mock, settings: {ttft_ms: 5, itl_ms: 1, output_tokens: 8}}
+  - {name: second, engine: mock, settings: {ttft_ms: 5, itl_ms: 40, output_tokens: 200}}
+  - {name: third, engine: mock, settings: {ttft_ms: 5, itl_ms: 1, output_tokens: 8}}
+workloads: [short-qa]
+steps: {concurrency: [1, 2]}
+requests_per_step: 4
+warmup: 0
+seed: 0
+timeout_s: 60
+arrival_test: {enabled: false}
+"""
+
+
+def test_ctrl_c_writes_a_partial_record_that_report_renders(tmp_path):
+    """SIGINT while the second candidate runs: exit 130, record.json written with the first candidate's
+    results, the second marked interrupted, the third not run, and `servelab report` renders it."""
+    import os
+    import signal
+    import time
+
+    exp = _exp(tmp_path, SLOW_EXP)
+    out = tmp_path / "run"
+    env = {**os.environ, "SERVELAB_RECORDS_DB": str(tmp_path / "records.db"), "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out), "--no-report"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    seen = ""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        seen += line
+        if "[second] smoke tests passed" in line:
+            time.sleep(1.0)  # inside the 8 s load steps of the slow candidate
+            p.send_signal(signal.SIGINT)
+            break
+    rest_out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, seen + rest_out + err
+    assert "partial record" in err
+    rec = json.loads((out / "record.json").read_text())
+    cands = rec["results"]["candidates"]
+    assert cands["first"]["status"] == "ranked"
+    assert cands["second"]["status"] == "failed" and "interrupted" in cands["second"]["reason"]
+    assert cands["third"]["status"] == "failed" and cands["third"]["reason"].startswith("not run")
+    assert rec["interrupted"]["candidate"] == "second"
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "report", str(out)], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    html = (out / "report.html").read_text()
+    assert "Partial trial" in html and "interrupted while <b>second</b>" in html

@@ -621,7 +621,8 @@ def load_dataset(path: str, counter: TokenCounter | None, seed: int = 0, endpoin
         try:
             data = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"dataset {p}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+            raise ConfigError(f"dataset {p}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}; fix the file "
+                              "or pass JSONL (one object per line)") from None
         if not isinstance(data, list):
             raise ConfigError(f"dataset {p}: expected a JSON list of entries")
         for k, obj in enumerate(data):
@@ -633,7 +634,8 @@ def load_dataset(path: str, counter: TokenCounter | None, seed: int = 0, endpoin
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ConfigError(f"dataset {p}: invalid JSON at line {lineno}: {exc.msg}") from None
+                raise ConfigError(f"dataset {p}: invalid JSON at line {lineno}: {exc.msg}; each line must be one JSON "
+                                  'object like {"prompt": "...", "max_tokens": 128}') from None
             entries.append((f"line {lineno}", obj))
     items: list[tuple[Any, int]] = []  # (prompt str or messages list, max_tokens)
     skipped = 0
@@ -664,7 +666,8 @@ def load_dataset(path: str, counter: TokenCounter | None, seed: int = 0, endpoin
             raise ConfigError(f"dataset {p}: {where}: max_tokens/output_tokens must be an integer >= 1, got {mt!r}")
         items.append((content, mt))
     if not items:
-        raise ConfigError(f"dataset {p}: no usable entries ({skipped} ShareGPT entries without a human turn)")
+        raise ConfigError(f"dataset {p}: no usable entries ({skipped} ShareGPT entries without a human turn); each "
+                          'entry needs a {"from": "human", "value": "..."} turn in "conversations"')
     name = f"dataset:{p.name}"
     n_items = len(items)
 

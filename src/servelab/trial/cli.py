@@ -36,8 +36,14 @@ def trial_command(
     n = len(exp.candidates)
     print(f"trial {getattr(exp, 'name', '') or ''}: {n} candidate{'s' if n != 1 else ''} -> {run_dir}", flush=True)
     runner = TrialRunner(exp, run_dir, progress=lambda s: print(s, flush=True))
+    from servelab.trial.flow import TrialInterrupted
+
     try:
         record = runner.run()
+    except TrialInterrupted:
+        print(f"interrupted: partial record {run_dir / 'record.json'} (decision covers finished candidates only); "
+              f"`servelab report {run_dir}` renders it", file=sys.stderr)
+        sys.exit(130)
     except KeyboardInterrupt:
         print(f"interrupted: finished steps are kept under {run_dir}/candidates/", file=sys.stderr)
         sys.exit(130)

@@ -433,8 +433,25 @@ class TrialRunner:
         results: dict[str, Any] = {}
         files: dict[str, Any] = {}
         error_budget = getattr(self.exp.goal, "error_budget", None)
+        interrupted: str | None = None
         for cand in self.exp.candidates:
-            ident, res, f = self.run_candidate(cand, host)
+            if interrupted is not None:
+                identities[cand.name] = {"engine_kind": cand.engine}
+                results[cand.name] = {"status": "failed", "reason": "not run: the trial was interrupted before "
+                                      "this candidate started", "steps": []}
+                files[cand.name] = {}
+                continue
+            try:
+                ident, res, f = self.run_candidate(cand, host)
+            except KeyboardInterrupt:
+                interrupted = cand.name
+                identities[cand.name] = {"engine_kind": cand.engine}
+                results[cand.name] = {"status": "failed", "steps": [],
+                                      "reason": "interrupted (Ctrl-C) during this candidate; the requests it "
+                                                f"finished are in candidates/{cand.name}/steps/requests.jsonl"}
+                files[cand.name] = {}
+                self.say(f"[{cand.name}] interrupted; writing a partial record")
+                continue
             if res["status"] == "ranked":
                 res.update(effective_step(res["steps"], self.objectives, error_budget))
                 price = getattr(getattr(self.exp.goal, "budget", None), "price_per_hour", None)
@@ -461,8 +478,14 @@ class TrialRunner:
                          "reproduce": f"servelab trial {self.out / 'experiment.yaml'} --out {self.out}-rerun"},
             "decision": decision,
         }
+        if interrupted is not None:
+            record["interrupted"] = {"candidate": interrupted, "note": "partial record: the trial was stopped by "
+                                     "the user; candidates after it did not run, so the decision covers only "
+                                     "the candidates that finished"}
         (self.out / "record.json").write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2
                                                             | orjson.OPT_SERIALIZE_NUMPY))
+        if interrupted is not None:
+            raise TrialInterrupted(record)
         return record
 
     def _environment(self, host: dict[str, Any]) -> dict[str, Any]:
@@ -493,6 +516,15 @@ class TrialRunner:
                                     f"({getattr(self.counter, 'name', 'none: approximate')}); client count kept "
                                     "as a cross-check",
                 "started_unix_s": t0, "finished_unix_s": t1, "duration_s": t1 - t0}
+
+
+class TrialInterrupted(KeyboardInterrupt):
+    """Raised by :meth:`TrialRunner.run` after Ctrl-C, once the partial ``record.json`` is written
+    (``.record`` holds it, with ``record["interrupted"]`` naming the candidate that was running)."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        super().__init__("trial interrupted")
+        self.record = record
 
 
 class EngineDied(RuntimeError):

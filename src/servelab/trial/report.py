@@ -405,6 +405,10 @@ def _decision_html(rec: dict[str, Any], names: list[str], heading: str = "h2") -
     verdicts = _d(dec.get("verdicts"))
     ranking = [str(n) for n in _l(dec.get("ranking"))]
     out = [f"<{heading}>Decision</{heading}>"]
+    intr = _d(rec.get("interrupted"))
+    if intr:
+        out.append(f'<p class="bad"><b>Partial trial</b>: interrupted while <b>{_e(intr.get("candidate"))}</b> ran; '
+                   f'{_e(intr.get("note"))}.</p>')
     if ranking:
         out.append("<p><b>Ranking</b> (effective output throughput at the highest load step that met every "
                    "SLO; ties by tail latency): " + " &gt; ".join(f"<b>{_e(n)}</b>" for n in ranking) + "</p>")
