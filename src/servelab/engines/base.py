@@ -38,7 +38,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -559,3 +559,47 @@ def human_bytes(n: float) -> str:
         n /= 1024
     return f"{n:.1f} TiB"
 
+
+
+def run_logged(cmd: Sequence[str], log: Path, progress: Callable[[str], None], label: str, *,
+               cwd: Path | None = None, env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+               show: str | None = None) -> None:
+    """Run ``cmd`` (a build/install step) with its output appended to ``log``, reporting progress.
+
+    Progress: cmake-style ``[ NN%]`` lines are reported every 10 points; other output as a one-line
+    note every ~30 s. ``show`` replaces the command text in messages (e.g. to hide a long script).
+    Raises ``subprocess.TimeoutExpired`` past ``timeout_s`` (the process is killed) and
+    ``RuntimeError`` with the log's last 25 lines on a non-zero exit status.
+    """
+    progress(f"{label}: {show or ' '.join(cmd)} (log {log})")
+    t0 = time.monotonic()
+    last_pct, last_t = -100, t0
+    with open(log, "ab") as lf:
+        lf.write(f"\n# servelab: {label}: {show or ' '.join(cmd)}\n".encode())
+        lf.flush()
+        proc = subprocess.Popen(list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None)
+        assert proc.stdout is not None
+        try:
+            for raw in proc.stdout:
+                lf.write(raw)
+                now = time.monotonic()
+                m = re.match(rb"\[\s*(\d+)%\]", raw)
+                if m:
+                    pct = int(m.group(1))
+                    if pct - last_pct >= 10 or now - last_t > 120:
+                        last_pct, last_t = pct, now
+                        progress(f"{label}: {pct}% ({now - t0:.0f} s)")
+                elif now - last_t > 30:
+                    last_t = now
+                    progress(f"{label}: {now - t0:.0f} s ... {raw.decode('utf-8', 'replace').strip()[:100]}")
+                if timeout_s is not None and now - t0 > timeout_s:
+                    raise subprocess.TimeoutExpired(list(cmd), timeout_s)
+            rc = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if rc != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
+        raise RuntimeError(f"{label} failed with status {rc}; log {log}:\n" + "\n".join(tail))

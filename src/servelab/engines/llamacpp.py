@@ -35,8 +35,8 @@ from typing import Any
 
 import psutil
 
-from servelab.engines.base import (EngineLauncher, EngineStartError, RunningEngine, free_port, runtime_identity,
-                                   spawn_engine)
+from servelab.engines.base import (EngineLauncher, EngineStartError, RunningEngine, free_port, run_logged,
+                                   runtime_identity, spawn_engine)
 from servelab.modelfile.gguf_meta import atomic_write_text as _atomic_write_text
 from servelab.modelfile.gguf_meta import cache_dir, check_gguf, model_summary, sha256_file
 from servelab.modelfile.gguf_meta import file_lock as _file_lock
@@ -323,33 +323,6 @@ def _install_binary(built: Path, version: str, source: dict[str, Any], progress:
     return dest
 
 
-def _run_logged(cmd: Sequence[str], cwd: Path, log: Path, progress: Progress, label: str) -> None:
-    progress(f"{label}: {' '.join(cmd)} (log {log})")
-    t0 = time.monotonic()
-    last_pct, last_t = -100, t0
-    with open(log, "ab") as lf:
-        proc = subprocess.Popen(list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-        assert proc.stdout is not None
-        try:
-            for raw in proc.stdout:
-                lf.write(raw)
-                m = re.match(rb"\[\s*(\d+)%\]", raw)
-                if m:
-                    pct = int(m.group(1))
-                    if pct - last_pct >= 10 or time.monotonic() - last_t > 120:
-                        last_pct, last_t = pct, time.monotonic()
-                        progress(f"{label}: {pct}% ({time.monotonic() - t0:.0f} s)")
-            rc = proc.wait()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-    if rc != 0:
-        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-20:]
-        raise RuntimeError(f"{label} failed with status {rc}; log {log}:\n" + "\n".join(tail))
-
-
 def _resolve_version(version: str | None, progress: Progress) -> str:
     version = version or os.environ.get("SERVELAB_LLAMACPP_VERSION") or None
     if version:
@@ -409,9 +382,9 @@ def ensure_llama_server(progress: Progress = print, version: str | None = None, 
                 raise RuntimeError(f"building llama-server needs {tool!r} on PATH (apt-get install cmake g++)")
         log = src / "servelab-build.log"
         jobs = jobs or os.cpu_count() or 2
-        _run_logged(["cmake", "-S", "llama.cpp", "-B", "build", *CMAKE_FLAGS], src, log, progress, "cmake configure")
-        _run_logged(["cmake", "--build", "build", "--target", BINARY_NAME, f"-j{jobs}"], src, log, progress,
-                    "cmake build llama-server")
+        run_logged(["cmake", "-S", "llama.cpp", "-B", "build", *CMAKE_FLAGS], log, progress, "cmake configure", cwd=src)
+        run_logged(["cmake", "--build", "build", "--target", BINARY_NAME, f"-j{jobs}"], log, progress,
+                   "cmake build llama-server", cwd=src)
         if not built.is_file():
             raise RuntimeError(f"build finished but {built} is missing; see {log}")
         return _install_binary(built, v, {"source": "servelab build", "source_dir": str(src), **sdist_info},

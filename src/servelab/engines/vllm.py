@@ -37,7 +37,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -48,8 +47,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from servelab.engines.base import (EngineLauncher, EngineStartError, RunningEngine, free_port, runtime_identity,
-                                   spawn_engine)
+from servelab.engines.base import (EngineLauncher, EngineStartError, RunningEngine, free_port, run_logged,
+                                   runtime_identity, spawn_engine)
 from servelab.modelfile.gguf_meta import atomic_write_text, cache_dir, check_gguf, file_lock, sha256_file
 from servelab.wire import ConfigError
 
@@ -184,36 +183,8 @@ def _clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def _run(cmd: Sequence[str], log: Path, progress: Progress, label: str, timeout_s: float = 3600,
          show: str | None = None) -> None:
-    """Run ``cmd`` with output appended to ``log``; a one-line progress note every ~30 s; raise
-    RuntimeError with the log tail on a non-zero status. ``show`` replaces the command in messages."""
-    progress(f"{label}: {show or ' '.join(cmd)} (log {log})")
-    t0 = time.monotonic()
-    last = t0
-    with open(log, "ab") as lf:
-        lf.write(f"\n# servelab: {label}: {' '.join(cmd)}\n".encode())
-        lf.flush()
-        proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=_clean_env())
-        assert proc.stdout is not None
-        try:
-            for raw in proc.stdout:
-                lf.write(raw)
-                now = time.monotonic()
-                if now - last > 30:
-                    last = now
-                    line = raw.decode("utf-8", "replace").strip()[:100]
-                    progress(f"{label}: {now - t0:.0f} s ... {line}")
-                if now - t0 > timeout_s:
-                    raise subprocess.TimeoutExpired(list(cmd), timeout_s)
-            rc = proc.wait()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-    if rc != 0:
-        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
-        raise RuntimeError(f"{label} failed with status {rc}; log {log}:\n" + "\n".join(tail))
-    progress(f"{label}: done in {time.monotonic() - t0:.0f} s")
+    """:func:`servelab.engines.base.run_logged` in the vLLM venv's clean environment."""
+    run_logged(cmd, log, progress, label, env=_clean_env(), timeout_s=timeout_s, show=show)
 
 
 _VERSIONS_SCRIPT = r"""
