@@ -36,6 +36,14 @@ def _register() -> None:
     from servelab.trial.records import records_app
 
     app.add_typer(records_app, name="records")
+    from servelab.advise.cli import advise_command
+    from servelab.catalog.cli import catalog_app
+
+    app.add_typer(catalog_app, name="catalog")
+    app.command("advise")(advise_command)
+    from servelab.plan.cli import plan_command
+
+    app.command("plan")(plan_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,433 @@
+"""The capacity plan: memory by part per device, fit, max concurrent sequences, roofline floors.
+
+Memory per device = weights (every component, quantization scales included; all MoE experts, since
+routing can pick any of them) + KV cache / sequence state (by attention kind, as the engine pages it)
++ activations/workspace at the prefill peak + CUDA-graph and communication buffers + runtime reserve.
+
+Budget rules per engine:
+
+* ``vllm``: the engine takes ``gpu_memory_utilization`` (default 0.9) of each GPU's memory for weights,
+  activations and KV blocks (https://docs.vllm.ai/en/latest/configuration/optimization.html, read
+  2026-11-30: "Increase GPU memory utilization (default: 0.9)"). It profiles one forward pass of
+  ``max_num_batched_tokens`` tokens (default 8192 in the V1 engine for online serving) to find the
+  activation peak; the rest becomes KV blocks.
+* ``sglang``: ``mem_fraction_static`` of the GPU for weights + KV pool; SGLang derives the default from
+  GPU memory (about 0.85-0.9 on 80 GB parts); servelab uses 0.88 (an estimate; set
+  ``gpu_memory_utilization`` to override).
+* ``llamacpp``: allocates exactly what :mod:`servelab.plan.llamacpp` models, no utilization cap.
+
+Activation peak (estimate, not measured): ``T * (6*h + (q+2kv)/tp + 2*f_local/tp) * 2`` bytes for a
+chunk of ``T = min(max_num_batched_tokens, context)`` tokens (hidden states, QKV, FFN intermediate of
+width ``f_local`` = dense FFN or ``k`` experts' width) + sampler logits ``max_num_seqs * V/tp * 4 * 2``.
+CUDA graphs: 0.5 GiB per GPU (vLLM logs "Graph capturing finished ... took ~0.3-1 GiB" for default
+capture sizes; estimate); NCCL buffers: 0.25 GiB per GPU with TP/EP > 1 (estimate); CUDA context:
+0.5 GiB per GPU outside the engine's accounting (estimate). Each estimate is labelled in the output.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from servelab.catalog.models import ModelEntry
+from servelab.plan.kv import ENGINES, sequence_state
+from servelab.plan.layouts import Layout, candidate_layouts, validate_layout
+from servelab.plan.llamacpp import LlamaCppMemory, llamacpp_memory
+from servelab.plan.memory import active_params, weight_bytes_by_part
+from servelab.plan.roofline import Roofline, roofline
+from servelab.wire.client import ConfigError
+
+GIB = 1024**3
+GPU_UTILIZATION = {"vllm": 0.9, "sglang": 0.88}
+CUDA_GRAPH_BYTES = 0.5 * GIB
+NCCL_BYTES = 0.25 * GIB
+CUDA_CONTEXT_BYTES = 0.5 * GIB
+MAX_NUM_BATCHED_TOKENS = 8192
+MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs (engine args doc, read 2026-11-30)
+
+
+def _hardware(hw: Any) -> Any:
+    """A hardware entry: a catalog name (looked up with ``servelab.catalog.find_hardware``), a dict with
+    the catalog fields, or an object with them (``name``, ``kind``, ``memory_gib``,
+    ``memory_bandwidth_gbps``, ``dense_tflops``, optional ``max_per_node``)."""
+    if isinstance(hw, str):
+        from servelab.catalog import find_hardware
+
+        return find_hardware(hw)
+    if isinstance(hw, dict):
+        d = {"kind": "gpu", "dense_tflops": {}, "max_per_node": 8, **hw}
+        return SimpleNamespace(**d)
+    return hw
+
+
+def _model(m: Any) -> ModelEntry:
+    if isinstance(m, ModelEntry):
+        return m
+    from servelab.catalog.models import find_model
+
+    return find_model(str(m))
+
+
+def _peak_flops(hw: Any, precision: str) -> float | None:
+    """Dense FLOP/s of one device for the math a precision runs in: fp8 weights on fp8 tensor cores
+    when listed, int8 likewise, 4-bit and GGUF weights are dequantized to 16-bit (bf16/fp16), fp32 as is."""
+    t = dict(getattr(hw, "dense_tflops", {}) or {})
+    order = {"fp8": ["fp8", "bf16", "fp16", "fp32"], "int8": ["int8", "bf16", "fp16", "fp32"],
+             "fp32": ["fp32", "tf32"], "fp16": ["fp16", "bf16", "fp32"]}.get(precision, ["bf16", "fp16", "fp32"])
+    for k in order:
+        if t.get(k):
+            return float(t[k]) * 1e12
+    return None
+
+
+@dataclass
+class DeviceMemory:
+    """Bytes on the fullest device, by part."""
+
+    weights_by_part: dict[str, float]
+    kv_pool_bytes: float
+    kv_needed_bytes: float
+    activation_bytes: float
+    graph_bytes: float
+    comm_bytes: float
+    reserve_bytes: float
+    capacity_bytes: float
+    estimates: list[str] = field(default_factory=list)
+
+    @property
+    def weights_bytes(self) -> float:
+        """Sum of the weight parts."""
+        return sum(self.weights_by_part.values())
+
+    @property
+    def needed_bytes(self) -> float:
+        """Memory the plan needs at the requested concurrency and context."""
+        return self.weights_bytes + self.kv_needed_bytes + self.activation_bytes + self.graph_bytes + \
+            self.comm_bytes + self.reserve_bytes
+
+
+@dataclass
+class CapacityPlan:
+    """Result of :func:`estimate`. ``fits``: weights + activations fit and the KV pool holds
+    ``concurrency`` sequences of ``context_tokens``. ``max_concurrent_sequences``: over all DP
+    replicas at ``context_tokens`` (None when no cache limits it). ``reasons``: why it does not fit.
+    ``smallest_layout``: when it does not fit, the smallest layout of this hardware that would (or None)."""
+
+    model: ModelEntry
+    hardware_name: str
+    count: int
+    layout: Layout
+    engine: str
+    precision: str
+    kv_precision: str
+    context_tokens: int
+    concurrency: int
+    device: DeviceMemory
+    state_per_sequence: dict[str, float]
+    max_concurrent_sequences: int | None
+    fits: bool
+    reasons: list[str]
+    roofline: Roofline
+    notes: list[str]
+    llamacpp: LlamaCppMemory | None = None
+    smallest_layout: Layout | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able plan (bytes as numbers; GiB views rounded to 3 decimals)."""
+        d = self.device
+        out: dict[str, Any] = {
+            "model": self.model.name, "hardware": self.hardware_name, "count": self.count,
+            "layout": self.layout.as_dict(), "engine": self.engine, "precision": self.precision,
+            "kv_precision": self.kv_precision, "context_tokens": self.context_tokens,
+            "concurrency": self.concurrency, "fits": self.fits, "reasons": self.reasons,
+            "per_device": {
+                "weights_by_part_bytes": d.weights_by_part, "weights_bytes": d.weights_bytes,
+                "kv_needed_bytes": d.kv_needed_bytes, "kv_pool_bytes": d.kv_pool_bytes,
+                "activation_bytes": d.activation_bytes, "cuda_graph_bytes": d.graph_bytes,
+                "communication_bytes": d.comm_bytes, "runtime_reserve_bytes": d.reserve_bytes,
+                "needed_bytes": d.needed_bytes, "capacity_bytes": d.capacity_bytes,
+                "needed_gib": round(d.needed_bytes / GIB, 3), "capacity_gib": round(d.capacity_bytes / GIB, 3),
+                "estimated_parts": d.estimates,
+            },
+            "state_per_sequence": self.state_per_sequence,
+            "max_concurrent_sequences": self.max_concurrent_sequences,
+            "roofline": self.roofline.as_dict(), "notes": self.notes,
+            "smallest_fitting_layout": self.smallest_layout.as_dict() if self.smallest_layout else None,
+        }
+        if self.llamacpp is not None:
+            out["llamacpp"] = self.llamacpp.as_dict()
+        return out
+
+    def render(self) -> Any:
+        """A rich renderable: the per-device memory table, the verdict, and the roofline floors."""
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        d = self.device
+        t = Table(title=f"{self.model.display_name} on {self.count} x {self.hardware_name}, {self.layout}, "
+                        f"{self.engine}, weights {self.precision}, KV {self.kv_precision}", title_justify="left")
+        t.add_column("per device (fullest)")
+        t.add_column("GiB", justify="right")
+        t.add_column("how")
+        for part, b in d.weights_by_part.items():
+            if b:
+                t.add_row(f"weights: {part}", f"{b / GIB:.3f}", "params x bytes/weight, sharded by layout")
+        t.add_row("KV / state needed", f"{d.kv_needed_bytes / GIB:.3f}",
+                  f"{self.concurrency} seq x {self.context_tokens} tokens, per attention kind")
+        t.add_row("activations (prefill peak)", f"{d.activation_bytes / GIB:.3f}", "estimate" if self.engine != "llamacpp" else "llama.cpp compute + output buffers")
+        if d.graph_bytes:
+            t.add_row("CUDA graphs", f"{d.graph_bytes / GIB:.3f}", "estimate")
+        if d.comm_bytes:
+            t.add_row("communication buffers", f"{d.comm_bytes / GIB:.3f}", "estimate")
+        if d.reserve_bytes:
+            t.add_row("runtime reserve", f"{d.reserve_bytes / GIB:.3f}", "outside the engine's budget")
+        t.add_row("needed", f"{d.needed_bytes / GIB:.3f}", "")
+        t.add_row("device memory", f"{d.capacity_bytes / GIB:.3f}", "")
+        verdict = Text(("FITS" if self.fits else "DOES NOT FIT") + f": max concurrent sequences at {self.context_tokens} "
+                       f"tokens = {self.max_concurrent_sequences if self.max_concurrent_sequences is not None else 'not cache-bound'}",
+                       style="bold green" if self.fits else "bold red")
+        lines = [t, verdict]
+        for r in self.reasons:
+            lines.append(Text(f"  - {r}"))
+        if not self.fits:
+            lines.append(Text(f"  smallest layout that fits: {self.smallest_layout}" if self.smallest_layout
+                              else "  no layout of this hardware up to 64 devices fits"))
+        r = self.roofline
+        rt = Table(title="roofline floors (no engine beats these)", title_justify="left")
+        rt.add_column("quantity")
+        rt.add_column("value", justify="right")
+        rt.add_row("TPOT floor at this concurrency", f"{r.decode_step_s * 1e3:.2f} ms")
+        rt.add_row("tokens/s per sequence (max)", f"{r.per_sequence_tokens_per_s:.1f}")
+        rt.add_row("tokens/s aggregate (max)", f"{r.aggregate_tokens_per_s * self.layout.dp:.1f}")
+        rt.add_row("prefill of one prompt (min)", f"{r.prefill_s:.3f} s" if r.prefill_s is not None else "unknown peak FLOP/s")
+        lines.append(rt)
+        if self.llamacpp is not None:
+            lines.append(_llamacpp_table(self.llamacpp, self.kv_precision))
+        for n in self.notes:
+            lines.append(Text(f"note: {n}", style="dim"))
+        return Group(*lines)
+
+
+def _llamacpp_table(llm: LlamaCppMemory, kv_precision: str) -> Any:
+    """The allocation as llama-server logs it at start with ``-lv 4`` (``llama_kv_cache: size = …``,
+    the memory breakdown), so the two can be compared line by line."""
+    from rich.table import Table
+
+    mib = 1024.0 ** 2
+    t = Table(title=f"llama-server at start: -c {llm.n_ctx} -np {llm.n_seq}{' -kvu' if llm.kv_unified else ''} "
+                    f"(n_ctx_seq = {llm.n_ctx_seq}, {llm.n_stream} KV stream{'s' if llm.n_stream != 1 else ''})",
+              title_justify="left")
+    t.add_column("buffer")
+    t.add_column("MiB", justify="right")
+    t.add_column("cells x layers x streams")
+    if llm.layers_base:
+        t.add_row("KV cache (non-SWA)", f"{llm.kv_base_bytes / mib:.2f}",
+                  f"{llm.cells_base} x {llm.layers_base} x {llm.n_stream}, K and V {kv_precision}")
+    if llm.layers_swa:
+        t.add_row("KV cache (SWA)", f"{llm.kv_swa_bytes / mib:.2f}",
+                  f"{llm.cells_swa} x {llm.layers_swa} x {llm.n_stream}, K and V {kv_precision}")
+    if llm.layers_recurrent:
+        t.add_row("recurrent state", f"{llm.recurrent_bytes / mib:.2f}", f"{llm.layers_recurrent} layers")
+    t.add_row("model", f"{llm.model_bytes / mib:.2f}", "weights (the GGUF tensor table when a file is given)")
+    t.add_row("context", f"{llm.context_bytes / mib:.2f}", "all caches (the memory breakdown's 'context')")
+    t.add_row("compute", f"{llm.compute_bytes / mib:.2f}", "graph buffer (fitted estimate)")
+    t.add_row("output", f"{llm.output_bytes / mib:.2f}", "logits buffer (not in llama-server's table)")
+    return t
+
+
+def _stage_weights(model: ModelEntry, parts: dict[str, float], layout: Layout) -> dict[str, float]:
+    """Weights on the fullest device: layer parts / (tp or ep) / stages; embedding on the first stage,
+    LM head on the last (both vocab-sharded over TP); components with the first stage."""
+    a = model.architecture
+    stage = math.ceil(a.num_layers / layout.pp) / a.num_layers
+    tp = layout.tp
+    exp_div = layout.ep if layout.ep else tp
+    out = {
+        "attention": parts["attention"] * stage / tp, "ssm": parts["ssm"] * stage / tp,
+        "dense_ffn": parts["dense_ffn"] * stage / tp, "moe_shared": parts["moe_shared"] * stage / tp,
+        "moe_experts": parts["moe_experts"] * stage / exp_div,
+        "embedding": parts["embedding"] / tp, "lm_head": parts["lm_head"] / tp,
+        "components": parts["components"] / tp,
+    }
+    if layout.pp > 1:  # first stage: embedding + components; last: lm_head; report the larger end stage
+        first = out["embedding"] + out["components"]
+        if out["lm_head"] > first:
+            out["embedding"] = out["components"] = 0.0
+        else:
+            out["lm_head"] = 0.0
+    return out
+
+
+def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurrency: int, precision: str | None = "bf16",
+             kv_precision: str | None = None, tp: int | None = None, pp: int = 1, ep: int | None = None, dp: int = 1,
+             engine: str | None = None, parallel: int | None = None, ctx_size: int | None = None,
+             kv_unified: bool = False, gpu_memory_utilization: float | None = None,
+             max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS, find_smallest: bool = True) -> CapacityPlan:
+    """Plan ``model`` on ``count`` devices of ``hardware`` for ``concurrency`` sequences of
+    ``context_tokens`` tokens each.
+
+    Args:
+        model: a :class:`ModelEntry` or a name/alias/path for :func:`servelab.catalog.find_model`.
+        hardware: a catalog name, a hardware entry, or a dict with its fields (see :func:`_hardware`).
+        count: devices available (>= 1).
+        precision: weight precision (``bf16``, ``fp8``, ``int8``, ``int4``, ``mxfp4``, ``nvfp4``, GGUF
+            types such as ``q4_k_m``, or ``native`` = as published; None = ``bf16``).
+        kv_precision: KV-cache element type; default ``f16`` for llama.cpp, else ``bf16``.
+        tp, pp, ep, dp: layout; ``tp`` None = ``count // (pp * dp)``.
+        engine: ``vllm`` (default), ``sglang`` or ``llamacpp``.
+        parallel: llama.cpp ``-np`` slots (default ``concurrency``); ``ctx_size``: llama.cpp ``-c``
+            (default ``context_tokens * parallel``); ``kv_unified``: llama.cpp ``-kvu``.
+        gpu_memory_utilization: overrides the engine's budget fraction.
+        find_smallest: when it does not fit, search the smallest fitting layout (set False inside searches).
+
+    Returns a :class:`CapacityPlan`. Raises :class:`ConfigError` (one line) for bad input: count,
+    context or concurrency < 1, unknown engine/precision, or a layout the model cannot use
+    (:func:`servelab.plan.layouts.validate_layout`).
+    """
+    m = _model(model)
+    hw = _hardware(hardware)
+    precision = precision or "bf16"
+    engine = (engine or "vllm").lower()
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown --engine {engine!r}; use one of {', '.join(ENGINES)}")
+    if count < 1:
+        raise ConfigError(f"device count must be >= 1, got {count}")
+    if context_tokens < 1 or concurrency < 1:
+        raise ConfigError(f"--context and --concurrency must be >= 1 (got {context_tokens} and {concurrency})")
+    if tp is None:
+        tp = max(1, count // max(1, pp * dp))
+    layout = Layout(tp=tp, pp=pp, dp=dp, ep=ep)
+    validate_layout(m, layout, count)
+    kv_prec = (kv_precision or ("f16" if engine == "llamacpp" else "bf16")).lower()
+    notes: list[str] = []
+    reasons: list[str] = []
+    a = m.architecture
+    if context_tokens > a.max_context and m.kind == "decoder":
+        notes.append(f"context {context_tokens} exceeds the model's trained {a.max_context} tokens")
+    capacity = float(hw.memory_gib) * GIB
+    parts_b = weight_bytes_by_part(m, precision)
+    dev_w = _stage_weights(m, parts_b, layout)
+    per_replica_conc = math.ceil(concurrency / dp)
+    est: list[str] = []
+    llm: LlamaCppMemory | None = None
+    if engine == "llamacpp":
+        np_ = parallel or concurrency
+        llm = llamacpp_memory(m, ctx_size if ctx_size is not None else context_tokens * np_, np_, kv_unified,
+                              kv_prec, kv_prec, weight_precision=precision)
+        dev_w = {k: v * (llm.model_bytes / max(1.0, sum(parts_b.values()))) / layout.devices for k, v in parts_b.items()}
+        kv_need = llm.context_bytes / layout.devices
+        act = (llm.compute_bytes + llm.output_bytes) / layout.devices
+        graph = comm = reserve = 0.0
+        kv_pool = kv_need
+        state = sequence_state(m, min(context_tokens, llm.n_ctx_seq), kv_prec, 1, 1, None)
+        est.append("compute buffer (fitted), see servelab.plan.llamacpp")
+        notes.extend(llm.notes)
+        if llm.n_ctx_seq < context_tokens:
+            reasons.append(f"each of the {np_} slots gets n_ctx_seq = {llm.n_ctx_seq} tokens < the {context_tokens} "
+                           f"requested; raise -c to {context_tokens * np_}")
+        if np_ < concurrency:
+            reasons.append(f"{np_} slots < {concurrency} concurrent requests: the rest queue (raise --parallel)")
+        max_seqs: int | None = np_ if llm.n_ctx_seq >= context_tokens else 0
+        needed_dev = sum(dev_w.values()) + kv_need + act
+        if needed_dev > capacity:
+            reasons.append(f"needs {needed_dev / GIB:.2f} GiB per device, has {capacity / GIB:.2f} GiB")
+    else:
+        util = gpu_memory_utilization if gpu_memory_utilization is not None else GPU_UTILIZATION[engine]
+        if not 0 < util <= 1:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {util}")
+        is_gpu = getattr(hw, "kind", "gpu") in ("gpu", "npu")
+        reserve = capacity * (1 - util) + (CUDA_CONTEXT_BYTES if is_gpu else 0.0)
+        graph = CUDA_GRAPH_BYTES if is_gpu and m.kind != "diffusion" else 0.0
+        comm = NCCL_BYTES if is_gpu and (layout.tp > 1 or layout.pp > 1 or (layout.ep or 1) > 1) else 0.0
+        est += [x for x, on in (("activations", True), ("cuda_graphs", graph > 0), ("communication", comm > 0),
+                                ("cuda_context", is_gpu)) if on]
+        act = _activation_bytes(m, layout, context_tokens, max_num_batched_tokens, per_replica_conc)
+        state = sequence_state(m, context_tokens, kv_prec, layout.tp, layout.pp, engine)
+        kv_need = state.total_bytes * per_replica_conc
+        kv_pool = capacity - reserve - graph - comm - act - sum(dev_w.values())
+        if kv_pool < 0:
+            reasons.append(f"weights + activations + buffers need {(capacity - kv_pool) / GIB:.2f} GiB per device, "
+                           f"{capacity / GIB:.2f} GiB available ({util:.0%} usable by {engine})")
+            max_seqs = 0
+        elif state.total_bytes == 0:
+            max_seqs = None
+        else:
+            max_seqs = int(kv_pool // state.total_bytes) * dp
+            if max_seqs < concurrency:
+                reasons.append(f"KV pool {kv_pool / GIB:.2f} GiB per device holds {max_seqs} sequences of "
+                               f"{context_tokens} tokens, {concurrency} requested")
+        if m.kind == "diffusion":
+            notes.append("diffusion model: no KV cache; memory is weights + the activations of the latent "
+                         f"sequence ({context_tokens} tokens here; see VideoSpec.latent_tokens)")
+        if m.kind == "encoder":
+            notes.append("encoder/pooling model: no KV cache is kept between requests")
+    fits = not reasons
+    dev = DeviceMemory(weights_by_part=dev_w, kv_pool_bytes=max(0.0, kv_pool), kv_needed_bytes=kv_need,
+                       activation_bytes=act, graph_bytes=graph, comm_bytes=comm, reserve_bytes=reserve,
+                       capacity_bytes=capacity, estimates=est)
+    # roofline for one replica: bandwidth and FLOP/s of its TP group (PP stages run in turn)
+    bw = float(hw.memory_bandwidth_gbps) * 1e9 * layout.tp
+    peak1 = _peak_flops(hw, precision)
+    full_state = sequence_state(m, context_tokens, kv_prec, 1, 1, engine if engine != "llamacpp" else None)
+    # llama.cpp with a GGUF: the bytes read per step are the file's tensors, not the precision's estimate
+    w_scale = (llm.model_bytes / max(1.0, sum(parts_b.values()))) if llm is not None else 1.0
+    experts_b = parts_b["moe_experts"] * w_scale
+    dense_b = (sum(parts_b.values()) - parts_b["moe_experts"] - parts_b["embedding"] - parts_b["components"]) * w_scale
+    if m.architecture.tie_word_embeddings:
+        # a tied LM head is the embedding matrix, read whole at every decode step (the lookup reads rows only)
+        dense_b += parts_b["embedding"] * w_scale
+    rl = roofline(m, dense_b + experts_b, dense_b, experts_b, active_params(m), full_state.total_bytes,
+                  per_replica_conc, context_tokens, bw, peak1 * layout.tp if peak1 else None)
+    plan = CapacityPlan(model=m, hardware_name=str(getattr(hw, "name", "device")), count=count, layout=layout,
+                        engine=engine, precision=("as in the GGUF file" if llm is not None and not any(
+                            n.startswith("weights estimated") for n in llm.notes) else precision),
+                        kv_precision=kv_prec, context_tokens=context_tokens, concurrency=concurrency, device=dev, state_per_sequence=state.as_dict(),
+                        max_concurrent_sequences=max_seqs, fits=fits, reasons=reasons, roofline=rl, notes=notes,
+                        llamacpp=llm)
+    if not fits and find_smallest and engine != "llamacpp":
+        plan.smallest_layout = smallest_fitting_layout(m, hw, context_tokens, concurrency, precision=precision,
+                                                       kv_precision=kv_precision, engine=engine,
+                                                       gpu_memory_utilization=gpu_memory_utilization)
+    return plan
+
+
+def _activation_bytes(m: ModelEntry, layout: Layout, context_tokens: int, max_batched: int, seqs: int) -> float:
+    """Prefill-peak activations per device (estimate; formula in the module docstring)."""
+    a = m.architecture
+    t = min(max_batched, max(context_tokens, 1))
+    tp = layout.tp
+    if a.attention is not None:
+        qkv = (a.attention.num_heads * a.attention.head_dim + 2 * a.attention.num_kv_heads * a.attention.head_dim) / tp
+    elif a.mla is not None:
+        qkv = a.mla.num_heads * (a.mla.qk_nope_head_dim + a.mla.qk_rope_head_dim + a.mla.v_head_dim) / tp
+    else:
+        qkv = 0.0
+    f = a.ffn_intermediate or 0
+    if a.moe is not None:
+        f = max(f, a.moe.experts_per_token * a.moe.expert_intermediate)
+    if a.ssm is not None:
+        f = max(f, 2 * a.ssm.d_inner)
+    per_token = (6 * a.hidden_size + qkv + 2 * f / tp) * 2
+    logits = min(seqs, MAX_NUM_SEQS) * (a.vocab_size / tp) * 4 * 2 if m.kind == "decoder" else 0.0
+    return t * per_token + logits
+
+
+def smallest_fitting_layout(model: Any, hardware: Any, context_tokens: int, concurrency: int, precision: str = "bf16",
+                            kv_precision: str | None = None, engine: str | None = None,
+                            gpu_memory_utilization: float | None = None, max_devices: int = 64) -> Layout | None:
+    """The layout with the fewest devices (TP inside one node first, then PP) on which ``model`` fits
+    ``concurrency`` sequences of ``context_tokens``; None when nothing up to ``max_devices`` fits.
+    Raises :class:`ConfigError` for bad input like :func:`estimate`."""
+    m = _model(model)
+    hw = _hardware(hardware)
+    per_node = int(getattr(hw, "max_per_node", 8) or 8)
+    for lay in candidate_layouts(m, max_devices, per_node):
+        p = estimate(m, hw, lay.devices, context_tokens, concurrency, precision=precision, kv_precision=kv_precision,
+                     tp=lay.tp, pp=lay.pp, engine=engine if engine != "llamacpp" else "vllm",
+                     gpu_memory_utilization=gpu_memory_utilization, find_smallest=False)
+        if p.fits:
+            return lay
+    return None
