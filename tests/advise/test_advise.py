@@ -117,7 +117,10 @@ def test_gemma_on_laptop_cpu(tmp_path):
     exp = load_experiment(write_experiment(adv, str(tmp_path / "gemma.yaml")))
     first = exp.candidates[0]
     assert first.engine == "llamacpp" and first.model is None  # the built-in Gemma 3 270M GGUF
-    assert first.settings.ctx_size == 8192
+    # llama-server's -c is shared by the slots: 8k per sequence x 4 slots
+    assert first.settings.parallel == 4 and first.settings.ctx_size == 8192 * 4
+    vllm = next(c for c in exp.candidates if c.name == "vllm")
+    assert vllm.engine == "vllm" and vllm.model is None  # servelab's vLLM-CPU launcher, built-in weights
     assert adv.plan is not None and adv.plan["fits"] is True  # a 270M model in 32 GiB
 
 

