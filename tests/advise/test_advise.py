@@ -122,12 +122,37 @@ def test_gemma_on_laptop_cpu(tmp_path):
     vllm = next(c for c in exp.candidates if c.name == "vllm")
     assert vllm.engine == "vllm" and vllm.model is None  # servelab's vLLM-CPU launcher, built-in weights
     assert adv.plan is not None and adv.plan["fits"] is True  # a 270M model in 32 GiB
+    # the file runs as written on this machine: servers servelab cannot start (Ollama, SGLang ...) would
+    # stop the trial at their url, so they are there commented out, with their start command
+    assert [c.engine for c in exp.candidates] == ["llamacpp", "vllm"]
+    body = (tmp_path / "gemma.yaml").read_text(encoding="utf-8")
+    assert '  # - {"name": "ollama", "engine": "url"' in body and "then uncomment to include" in body
+
+
+def test_start_commands_follow_the_engines_rules():
+    # llama-server -c is the KV context shared by all -np slots: 32k per request x 64 slots
+    adv = advise("chat", "Qwen3-32B", "H100-80GB:2", "32k", 64)
+    llama = next(c for c in adv.candidates if c.engine.name == "llama.cpp")
+    assert f"-c {32768 * 64} -np 64" in llama.serve_command
+    # 6 GPUs: TP6 does not divide Qwen3-32B's 64 heads; the vLLM command uses the plan's TP2 x DP3
+    adv6 = advise("chat", "Qwen3-32B", "H100-80GB:6", "8k", 8)
+    vllm = next(c for c in adv6.candidates if c.engine.name == "vllm")
+    assert "--tensor-parallel-size 2 " in vllm.serve_command and "--data-parallel-size 3" in vllm.serve_command
+    assert adv6.plan["layout"]["tp"] == 2 and adv6.plan["layout"]["dp"] == 3
 
 
 def test_gemma_4b_on_laptop_needs_external_launch(tmp_path):
     adv = advise("edge", "gemma-3-4b", "laptop", "4k", 1)
     exp = load_experiment(write_experiment(adv, str(tmp_path / "g4.yaml")))
     assert exp.candidates[0].name == "llama.cpp" and exp.candidates[0].engine == "url"  # no local GGUF given
+
+
+def test_apple_local_puts_the_row_6_engines_first():
+    # 000 §1 row 6: llama.cpp / MLX-LM / the model's native engine; Ollama (a wrapper, 000 §4.3) after them
+    order = names(advise("chat", "qwen3-30b-a3b", "M4-Max", "8k", 2, local=True).candidates)
+    assert order[:3] == ["llama.cpp", "mlx-lm", "ollama"]
+    # vLLM runs on Apple silicon through the vLLM-Metal plugin (docs.vllm.ai installation page): after them
+    assert order[3] == "vllm"
 
 
 def test_openai_api_constraint_excludes_libraries():
@@ -142,6 +167,10 @@ def test_embedding_model(tmp_path):
     assert names(adv.candidates)[:2] == ["tei", "vllm-pooling"]  # 000 §1 row 5
     assert excluded(adv, "vllm").category == "modality"  # chat vLLM returns text, not vectors
     assert excluded(adv, "tgi").category == "modality"
+    # SGLang serves embedding models (--is-embedding, docs.sglang.io embedding_models): a candidate, not
+    # excluded, but after the engines 000 §1 row 5 names
+    sg = next(c for c in adv.candidates if c.engine.name == "sglang")
+    assert sg.tier == "other" and names(adv.candidates).index("sglang") > names(adv.candidates).index("vllm-pooling")
     with pytest.raises(ConfigError, match="servelab trial measures OpenAI chat completions"):
         write_experiment(adv, str(tmp_path / "emb.yaml"))
 

@@ -94,7 +94,7 @@ def test_catalog_consistency():
         for r in e.routes:
             assert r.task in e.tasks
         if e.serve_hint:
-            e.serve_hint.format(model="m", tp=1, ctx=1, port=1, parallel=1)  # every placeholder is known
+            e.serve_hint.format(model="m", tp=1, ctx=1, port=1, parallel=1, ctx_total=1)  # every placeholder is known
     # only engines servelab really launches carry a launch kind
     assert {e.name: e.launch for e in load_engines() if e.launch} == {"vllm": "vllm", "llama.cpp": "llamacpp"}
 

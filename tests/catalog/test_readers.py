@@ -82,3 +82,33 @@ def test_gguf_tensor_table(gemma_gguf: Path) -> None:
     assert round(t.bits_per_weight, 2) == 7.36
     # and "type q4_K: 27 tensors, q6_K: 9, q5_0: 81, q8_0: 10, f32: 109"
     assert {k: v[0] for k, v in t.by_type.items()} == {"Q4_K": 27, "Q6_K": 9, "Q5_0": 81, "Q8_0": 10, "F32": 109}
+
+
+_LLAMA = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+          "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize(("patch", "match"), [
+    ({"head_dim": "x"}, r"config\.json: a field has an unusable value .*'x'"),
+    ({"num_attention_heads": 0}, "num_attention_heads is 0; it must be a positive integer"),
+    ({"num_key_value_heads": 5}, r"config\.json: architecture\.attention: num_kv_heads \(5\) must divide num_heads"),
+    ({"intermediate_size": None}, "missing intermediate_size"),
+])
+def test_unusable_config_values_are_one_line_errors(tmp_path: Path, patch: dict, match: str) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**_LLAMA, **patch}))
+    with pytest.raises(ConfigError, match=match) as e:
+        find_model(str(tmp_path))
+    assert "Value error" not in str(e.value) and "\n" not in str(e.value)
+
+
+def test_files_that_are_not_models(tmp_path: Path) -> None:
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"\xec\xfc\xcd\xab" * 8)
+    with pytest.raises(ConfigError, match=r"is not a GGUF file \(first bytes"):
+        find_model(str(fake))
+    blob = tmp_path / "weights.bin"
+    blob.write_bytes(b"\x00\x01\x02\x03" * 8)
+    with pytest.raises(ConfigError, match="neither a GGUF file .* nor a config.json"):
+        find_model(str(blob))
+    with pytest.raises(ConfigError, match="model file .* not found; check the path"):
+        find_model(str(tmp_path / "missing" / "x.gguf"))

@@ -174,3 +174,35 @@ def test_ctrl_c_writes_a_partial_record_that_report_renders(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     html = (out / "report.html").read_text()
     assert "Partial trial" in html and "interrupted while <b>second</b>" in html
+
+
+def test_external_server_down_fails_that_candidate_only(tmp_path):
+    """An `engine: url` candidate whose server is not there is recorded as failed with the reason;
+    the other candidates still run and the record is written."""
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exp = _exp(tmp_path, f"""
+name: dead-url
+goal: {{task: "chat", slo: "ttft_p95<=5s"}}
+candidates:
+  - {{name: gone, engine: url, url: "http://127.0.0.1:{port}/v1"}}
+  - {{name: ok, engine: mock, settings: {{ttft_ms: 5, itl_ms: 1, output_tokens: 8}}}}
+workloads: [short-qa]
+steps: {{concurrency: [1]}}
+requests_per_step: 3
+warmup: 0
+seed: 0
+timeout_s: 20
+arrival_test: {{enabled: false}}
+""")
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out), "--no-report"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "SERVELAB_RECORDS_DB": str(tmp_path / "r.db")})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    cands = json.loads((out / "record.json").read_text())["results"]["candidates"]
+    assert cands["gone"]["status"] == "failed" and f"127.0.0.1:{port}" in cands["gone"]["reason"]
+    assert cands["ok"]["status"] == "ranked"

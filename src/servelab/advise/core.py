@@ -7,7 +7,6 @@ order of ../shared/seeds/000 §1 and §11, and :func:`servelab.plan.estimate` fo
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,24 +15,12 @@ from servelab.advise.select import AdviseRequest, Candidate, Exclusion, LayerNot
 from servelab.advise.tasks import resolve_task, task_groups
 from servelab.wire.client import ConfigError
 
-_TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
-
-
 def parse_tokens(text: str | int, what: str = "--context") -> int:
-    """Parse a token count: ``32768``, ``32k`` (= 32 × 1024, as model cards' "32K" = 32,768), ``1m``
-    (= 1,048,576), ``128K``. Raises :class:`~servelab.wire.client.ConfigError` (one line) for anything
-    else or a value < 1."""
-    if isinstance(text, int):
-        n = text
-    else:
-        m = _TOKENS.match(str(text))
-        if not m:
-            raise ConfigError(f"{what} {text!r}: write a token count, e.g. 32768, 32k or 1m")
-        mult = {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2).lower()]
-        n = int(float(m.group(1)) * mult)
-    if n < 1:
-        raise ConfigError(f"{what} {text!r}: must be at least 1 token")
-    return n
+    """Parse a token count (``32768``, ``32k`` = 32 x 1024, ``1m``); the same rules as ``servelab plan``
+    (:func:`servelab.plan.cli.parse_tokens`). Raises :class:`~servelab.wire.client.ConfigError`."""
+    from servelab.plan.cli import parse_tokens as _parse
+
+    return _parse(text, what)
 
 
 @dataclass

@@ -9,7 +9,9 @@ Which candidate kind each engine gets:
   ``ctx_size`` is ``-c``, the total shared by its slots: context per sequence x ``parallel``.
 - ``url`` (the schema's route for an engine started outside servelab): every other candidate with an
   OpenAI-compatible chat API; the comment above it gives the command to start it on the target machine
-  and the port the URL expects. The trial cannot start these; start them first.
+  and the port the URL expects. The trial cannot start these; start them first. When some candidate
+  *is* launchable by servelab, the ``url`` ones are written commented out, so the file runs as written
+  (``servelab trial`` stops at a ``url`` candidate whose server is not up).
 - commented out: candidates without an OpenAI chat API, and candidates past the first
   :data:`MAX_ACTIVE` (000 §10.3: pick a few candidates), each with the reason.
 
@@ -112,6 +114,9 @@ def render_experiment(advice: Advice, name: str) -> str:
     lines.append("candidates:")
     used_ports: set[int] = set()
     active = 0
+    # When servelab can launch some candidates itself, the file must run as written: an `engine: url`
+    # candidate whose server is not up stops the whole trial, so those are written commented out.
+    any_launchable = any(_launchable(advice, c.engine) is not None for c in advice.candidates)
     for cand in advice.candidates:
         eng = cand.engine
         cname = eng.name.replace("_", "-")
@@ -144,6 +149,10 @@ def render_experiment(advice: Advice, name: str) -> str:
             continue
         lines.append(header)
         lines.append(f"  # {note}")
+        if launch is None and any_launchable:
+            lines.append("  # not started by servelab: start the server as above, then uncomment to include")
+            lines.append("  # - " + _flow(entry))
+            continue
         prefix = "  - " if active < MAX_ACTIVE else "  # - "
         if active >= MAX_ACTIVE:
             lines.append(f"  # lower in the evaluation order (only the first {MAX_ACTIVE} are active, 000 §10.3); "

@@ -196,15 +196,29 @@ def _route_for(engine: Any, route_tasks: list[str], local: bool) -> tuple[int, A
 
 
 def serve_command(engine: Any, req: AdviseRequest, port: int | None = None) -> str | None:
-    """The engine's ``serve_hint`` filled in for ``req`` (model id, TP = device count, context, port —
-    ``None``: its default port — and parallel slots = concurrency capped at 64), or ``None`` when the
-    catalog has no hint. A template: check it against the engine's docs (000 §5 last row)."""
+    """The engine's ``serve_hint`` filled in for ``req``, or ``None`` when the catalog has no hint.
+
+    Placeholders: ``{model}`` (HF repo or the ``--model`` argument), ``{tp}`` (the TP the capacity plan
+    uses on ``req.count`` devices: all of them when the model's heads allow it, else the largest that
+    divides, the rest as DP replicas — then a comment says how many replicas to start), ``{ctx}``
+    (tokens per request), ``{parallel}`` (slots = concurrency capped at 64), ``{ctx_total}`` (llama-server
+    ``-c``: the KV context shared by all ``-np`` slots, so ``ctx x parallel``; llama-server gives each slot
+    ``-c / -np`` tokens unless ``--kv-unified``), ``{port}`` (``None``: the engine's default port).
+    A template: check it against the engine's docs (000 §5 last row)."""
     if not engine.serve_hint:
         return None
+    from servelab.plan import default_layout
+
     model = getattr(req.model, "hf_repo", None) or req.model_arg
-    return engine.serve_hint.format(model=model, tp=req.count, ctx=req.context_tokens,
-                                    port=port or engine.default_port or 8000,
-                                    parallel=max(1, min(req.concurrency, 64)))
+    layout, _ = default_layout(req.model, req.count)
+    parallel = max(1, min(req.concurrency, 64))
+    cmd = engine.serve_hint.format(model=model, tp=layout.tp, ctx=req.context_tokens,
+                                   port=port or engine.default_port or 8000, parallel=parallel,
+                                   ctx_total=req.context_tokens * parallel)
+    if layout.dp > 1 and "{tp}" in engine.serve_hint:
+        cmd += (f"   # TP{req.count} is not possible for this model: run {layout.dp} replicas of TP{layout.tp} "
+                f"(vLLM: --data-parallel-size {layout.dp})")
+    return cmd
 
 
 def order_candidates(engines: list[Any], req: AdviseRequest) -> tuple[list[Candidate], list[Exclusion], list[LayerNote]]:

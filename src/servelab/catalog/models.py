@@ -339,6 +339,9 @@ def find_model(name_or_path: str | Path) -> ModelEntry:
         from servelab.catalog.readers import read_model_file
 
         return read_model_file(p)
+    if "/" in key or "\\" in key or p.suffix.lower() in (".gguf", ".json"):
+        raise ConfigError(f"model file {key!r} not found; check the path, or pass a catalog name "
+                          "(`servelab catalog models` lists them)")
     names = sorted({m.name for m in load_models()} | {a for m in load_models() for a in m.aliases})
     near = difflib.get_close_matches(key, names, n=3, cutoff=0.4)
     if not near:
@@ -374,13 +377,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def entry_from_dict(data: dict[str, Any]) -> ModelEntry:
-    """Validate one entry given as a dict (used by the readers). Raises :class:`ConfigError`."""
+def entry_from_dict(data: dict[str, Any], where: str | None = None) -> ModelEntry:
+    """Validate one entry given as a dict (used by the readers). ``where``: the file it was read from,
+    named in the error instead of the entry name. Raises :class:`ConfigError` (one line: the field and
+    what is wrong with it)."""
     try:
         return ModelEntry.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        raise ConfigError(f"model {data.get('name')!r}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from e
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        label = where or f"model {data.get('name')!r}"
+        raise ConfigError(f"{label}: {'.'.join(str(x) for x in err['loc'])}: {msg}") from None
 
 
 __all__ = ["MLA", "SSM", "Architecture", "Attention", "Component", "ModelCatalog", "ModelEntry", "MoE",

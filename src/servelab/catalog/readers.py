@@ -108,6 +108,9 @@ def architecture_from_hf(cfg: dict[str, Any], where: str = "config.json") -> tup
     L = int(_req(cfg, "num_hidden_layers", "n_layer", "num_layers", where=where))
     hidden = int(_req(cfg, "hidden_size", "d_model", "n_embd", where=where))
     heads = int(_req(cfg, "num_attention_heads", "n_head", where=where))
+    for key, value in (("num_hidden_layers", L), ("hidden_size", hidden), ("num_attention_heads", heads)):
+        if value < 1:
+            raise ConfigError(f"{where}: {key} is {value}; it must be a positive integer")
     arch: dict[str, Any] = {
         "num_layers": L, "hidden_size": hidden,
         "vocab_size": int(cfg.get("vocab_size") or 0),
@@ -196,7 +199,14 @@ def read_hf_config(path: str | Path) -> ModelEntry:
         raise ConfigError(f"{p} is not JSON ({e}); pass a Hugging Face config.json") from e
     if not isinstance(cfg, dict):
         raise ConfigError(f"{p} is not a JSON object; pass a Hugging Face config.json")
-    arch, components, notes = architecture_from_hf(cfg, where=str(p))
+    try:
+        arch, components, notes = architecture_from_hf(cfg, where=str(p))
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError) as e:
+        # a field of the wrong type or an impossible value (e.g. "head_dim": "x", 0 heads)
+        raise ConfigError(f"{p}: a field has an unusable value ({e}); fix the config.json (numbers must be "
+                          "positive integers) or pass the checkpoint's original config.json") from None
     name = str(cfg.get("_name_or_path") or p.parent.name or "model").lower()
     return _entry(name=name, family=str(cfg.get("model_type", "unknown")), arch=arch, components=components,
                   notes=[f"read from {p}", *notes], source=HF_CONFIG_DOC,
@@ -214,7 +224,7 @@ def _entry(name: str, family: str, arch: dict[str, Any], components: list[dict[s
             "native_dtype": native, "architecture": arch, "components": components,
             "published_params": {"total": 1.0}, "source": source, "checked": _today(),
             "verified": [], "unconfirmed": ["published_params"], "notes": notes}
-    entry = entry_from_dict(data)
+    entry = entry_from_dict(data, where=notes[0].removeprefix("read from ") if notes else None)
     total = total_params(entry)
     return entry.model_copy(update={"published_params": entry.published_params.model_copy(
         update={"total": total, "note": "computed from the architecture, not published"})})
@@ -403,6 +413,11 @@ def read_model_file(path: str | Path) -> ModelEntry:
             head = fh.read(4)
         if head == b"GGUF":
             return read_gguf(p)
+        if p.suffix.lower() == ".gguf":
+            check_gguf(p)  # raises: names the first bytes and what the file looks like instead
+        if head[:1] not in (b"{", b" ", b"\n", b"\r", b"\t"):
+            raise ConfigError(f"{p} is neither a GGUF file (no 'GGUF' magic; first bytes {head!r}) nor a "
+                              "config.json; pass a .gguf file, a Hugging Face config.json or its folder")
         return read_hf_config(p)
     if p.is_dir() and (p / "config.json").is_file():
         return read_hf_config(p)

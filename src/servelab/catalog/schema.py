@@ -242,7 +242,8 @@ class EngineEntry(Sourced):
         None, description="servelab trial candidate kind that servelab can start (CPU builds)")
     default_port: int | None = Field(None, ge=1, le=65535, description="usual listen port of its server")
     serve_hint: str | None = Field(None, description="command template to start its server; {model}, {tp}, "
-                                                    "{ctx}, {port} are filled in by advise")
+                                                    "{ctx} (per request), {parallel} (slots), {ctx_total} "
+                                                    "(ctx x parallel), {port} are filled in by advise")
     sources: list[str] = Field(default_factory=list)
 
     @field_validator("project_url")

@@ -7,6 +7,8 @@ Public API (used by ``servelab plan`` and by ``servelab advise``):
   ``.to_dict()``, ``.render()``;
 - :func:`smallest_fitting_layout` ``(model, hardware, context_tokens, concurrency, precision=...,
   ...) -> Layout | None``;
+- :func:`default_layout` ``(model, count, pp=1, dp=1) -> (Layout, note)`` — the TP x DP split ``plan``
+  uses when no ``--tp`` is given;
 - :func:`llamacpp_memory` — llama-server's exact KV allocation for ``-c``/``-np``;
 - :func:`sequence_state` — KV / state bytes of one sequence by attention kind.
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from servelab.plan.estimate import CapacityPlan, estimate, smallest_fitting_layout
 from servelab.plan.kv import sequence_state
-from servelab.plan.layouts import Layout
+from servelab.plan.layouts import Layout, default_layout
 from servelab.plan.llamacpp import llamacpp_memory
 
-__all__ = ["CapacityPlan", "Layout", "estimate", "llamacpp_memory", "sequence_state", "smallest_fitting_layout"]
+__all__ = ["CapacityPlan", "Layout", "default_layout", "estimate", "llamacpp_memory", "sequence_state", "smallest_fitting_layout"]

@@ -12,14 +12,21 @@ from servelab.wire.client import ConfigError
 _TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
 
 
-def parse_tokens(text: str) -> int:
-    """``"32k"`` -> 32768, ``"1m"`` -> 1048576, ``"5000"`` -> 5000 (k = 1024 tokens, as context sizes
-    are quoted: "32k context" = 32768). Raises ConfigError."""
-    m = _TOKENS.match(text)
-    if not m:
-        raise ConfigError(f"--context {text!r} is not a token count; write e.g. 8192, 32k or 1m")
-    mult = {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2).lower()]
-    return int(float(m.group(1)) * mult)
+def parse_tokens(text: str | int, what: str = "--context") -> int:
+    """A token count: ``"32k"`` -> 32768, ``"1m"`` -> 1048576, ``"5000"`` -> 5000 (k = 1024 tokens, as
+    context sizes are quoted: "32k context" = 32768); an int is taken as is. Raises ConfigError (one
+    line naming ``what``) for anything else or a value < 1."""
+    if isinstance(text, int):
+        n = text
+    else:
+        m = _TOKENS.match(str(text))
+        if not m:
+            raise ConfigError(f"{what} {text!r} is not a token count; write e.g. 8192, 32k or 1m")
+        mult = {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2).lower()]
+        n = int(float(m.group(1)) * mult)
+    if n < 1:
+        raise ConfigError(f"{what} {text!r}: must be at least 1 token")
+    return n
 
 
 def parse_hardware(text: str) -> tuple[str, int]:
@@ -52,7 +59,8 @@ def plan_command(
     gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization", help="engine budget fraction"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
 ) -> None:
-    """Plan memory by part per device, whether it fits, the max concurrent sequences and roofline floors."""
+    """Plan memory by part per device, whether it fits, the max concurrent sequences and roofline floors.
+    Exit status: 0 fits, 1 does not fit (the plan is still printed), 2 bad input."""
     from servelab.plan.estimate import estimate
 
     name, count = parse_hardware(hardware)

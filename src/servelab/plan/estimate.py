@@ -32,10 +32,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from servelab.catalog.models import ModelEntry
-from servelab.plan.kv import ENGINES, sequence_state
-from servelab.plan.layouts import Layout, candidate_layouts, validate_layout
+from servelab.plan.kv import ENGINES, kv_heads_per_device, sequence_state
+from servelab.plan.layouts import Layout, candidate_layouts, default_layout, validate_layout
 from servelab.plan.llamacpp import LlamaCppMemory, llamacpp_memory
-from servelab.plan.memory import active_params, weight_bytes_by_part
+from servelab.plan.memory import active_params, params_by_part, weight_bytes_by_part
 from servelab.plan.roofline import Roofline, roofline
 from servelab.wire.client import ConfigError
 
@@ -193,7 +193,8 @@ class CapacityPlan:
         for r in self.reasons:
             lines.append(Text(f"  - {r}"))
         if not self.fits:
-            lines.append(Text(f"  smallest layout that fits: {self.smallest_layout}" if self.smallest_layout
+            lines.append(Text(f"  smallest layout that fits: {self.smallest_layout} "
+                              f"({self.smallest_layout.devices} x {self.hardware_name})" if self.smallest_layout
                               else "  no layout of this hardware up to 64 devices fits"))
         r = self.roofline
         rt = Table(title="roofline floors (no engine beats these)", title_justify="left")
@@ -245,8 +246,19 @@ def _stage_weights(model: ModelEntry, parts: dict[str, float], layout: Layout) -
     stage = math.ceil(a.num_layers / layout.pp) / a.num_layers
     tp = layout.tp
     exp_div = layout.ep if layout.ep else tp
+    attention = parts["attention"] / tp
+    if a.attention is not None and tp > a.attention.num_kv_heads:
+        # TP above the KV heads: every rank keeps whole K/V projections of one KV head (vLLM's
+        # QKVParallelLinear replicates them, see servelab.plan.kv.kv_heads_per_device), so the K/V part
+        # shrinks only by num_kv_heads, not by tp
+        at = a.attention
+        mixers = a.layer_mixers()
+        kv_params = (mixers.count("full") + mixers.count("sliding")) * a.hidden_size * at.num_kv_heads * (at.head_dim + at.v_dim)
+        n_attn = params_by_part(model)["attention"]
+        kv_bytes = parts["attention"] * kv_params / n_attn if n_attn else 0.0
+        attention += kv_bytes * (kv_heads_per_device(at.num_kv_heads, tp) / at.num_kv_heads - 1 / tp)
     out = {
-        "attention": parts["attention"] * stage / tp, "ssm": parts["ssm"] * stage / tp,
+        "attention": attention * stage, "ssm": parts["ssm"] * stage / tp,
         "dense_ffn": parts["dense_ffn"] * stage / tp, "moe_shared": parts["moe_shared"] * stage / tp,
         "moe_experts": parts["moe_experts"] * stage / exp_div,
         "embedding": parts["embedding"] / tp, "lm_head": parts["lm_head"] / tp,
@@ -297,16 +309,24 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
         raise ConfigError(f"device count must be >= 1, got {count}")
     if context_tokens < 1 or concurrency < 1:
         raise ConfigError(f"--context and --concurrency must be >= 1 (got {context_tokens} and {concurrency})")
+    layout_note = None
     if tp is None:
-        tp = max(1, count // max(1, pp * dp))
+        auto, layout_note = default_layout(m, count, pp, dp)
+        tp, dp = auto.tp, auto.dp
     layout = Layout(tp=tp, pp=pp, dp=dp, ep=ep)
     validate_layout(m, layout, count)
     kv_prec = (kv_precision or ("f16" if engine == "llamacpp" else "bf16")).lower()
-    notes: list[str] = []
+    notes: list[str] = [layout_note] if layout_note else []
     reasons: list[str] = []
     a = m.architecture
     if context_tokens > a.max_context and m.kind == "decoder":
         notes.append(f"context {context_tokens} exceeds the model's trained {a.max_context} tokens")
+    elif context_tokens > a.max_context:
+        # an encoder truncates/rejects longer input; Whisper's decoder stops at max_target_positions (448)
+        what = "decoder tokens per request" if m.kind == "encoder-decoder" else "input tokens per request"
+        notes.append(f"{m.name} takes at most {a.max_context} {what}: planned at {a.max_context}, "
+                     f"not the {context_tokens} asked")
+        context_tokens = a.max_context
     capacity = float(hw.memory_gib) * GIB
     parts_b = weight_bytes_by_part(m, precision)
     dev_w = _stage_weights(m, parts_b, layout)
@@ -418,15 +438,17 @@ def _activation_bytes(m: ModelEntry, layout: Layout, context_tokens: int, max_ba
 def smallest_fitting_layout(model: Any, hardware: Any, context_tokens: int, concurrency: int, precision: str = "bf16",
                             kv_precision: str | None = None, engine: str | None = None,
                             gpu_memory_utilization: float | None = None, max_devices: int = 64) -> Layout | None:
-    """The layout with the fewest devices (TP inside one node first, then PP) on which ``model`` fits
-    ``concurrency`` sequences of ``context_tokens``; None when nothing up to ``max_devices`` fits.
+    """The layout with the fewest devices on which ``model`` fits ``concurrency`` sequences of
+    ``context_tokens`` (the sequences spread evenly over DP replicas); among layouts of one size, no PP
+    first, then the smallest TP (order of :func:`servelab.plan.layouts.candidate_layouts`). None when
+    nothing up to ``max_devices`` fits.
     Raises :class:`ConfigError` for bad input like :func:`estimate`."""
     m = _model(model)
     hw = _hardware(hardware)
     per_node = int(getattr(hw, "max_per_node", 8) or 8)
     for lay in candidate_layouts(m, max_devices, per_node):
         p = estimate(m, hw, lay.devices, context_tokens, concurrency, precision=precision, kv_precision=kv_precision,
-                     tp=lay.tp, pp=lay.pp, engine=engine if engine != "llamacpp" else "vllm",
+                     tp=lay.tp, pp=lay.pp, dp=lay.dp, engine=engine if engine != "llamacpp" else "vllm",
                      gpu_memory_utilization=gpu_memory_utilization, find_smallest=False)
         if p.fits:
             return lay

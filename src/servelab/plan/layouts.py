@@ -79,17 +79,46 @@ def validate_layout(model: ModelEntry, layout: Layout, count: int | None = None)
 
 
 def candidate_layouts(model: ModelEntry, max_devices: int, per_node: int) -> list[Layout]:
-    """Valid single-replica layouts with 1..``max_devices`` devices, fewest devices first, TP within
-    one node (``per_node``) before PP across nodes."""
+    """Valid layouts with 1..``max_devices`` devices, fewest devices first.
+
+    The model-parallel group (TP x PP) is a power of two with TP inside one node (``per_node``), as
+    deployments size it; DP replicas come in any number, since requests are spread over them and each
+    replica holds ``1/dp`` of the sequences (12 GPUs as TP4 x DP3 is a deployment; TP3 or PP3 rarely).
+    Among layouts of one size: no PP before PP (PP adds a pipeline bubble and cross-node hops), then
+    smaller TP (more independent replicas, less all-reduce traffic) first.
+    """
     out: list[Layout] = []
-    n = 1
-    while n <= max_devices:
-        for tp in sorted({t for t in (1, 2, 4, 8, 16, 32, 64) if t <= min(n, per_node) and n % t == 0}, reverse=True):
-            lay = Layout(tp=tp, pp=n // tp)
-            try:
-                validate_layout(model, lay)
-            except ConfigError:
-                continue
-            out.append(lay)
-        n *= 2
+    pows = [1 << i for i in range(7)]  # 1 .. 64
+    for n in range(1, max_devices + 1):
+        for pp in pows:
+            for tp in pows:
+                if tp > per_node or n % (tp * pp):
+                    continue
+                lay = Layout(tp=tp, pp=pp, dp=n // (tp * pp))
+                try:
+                    validate_layout(model, lay)
+                except ConfigError:
+                    continue
+                out.append(lay)
     return out
+
+
+def default_layout(model: ModelEntry, count: int, pp: int = 1, dp: int = 1) -> tuple[Layout, str | None]:
+    """The layout ``servelab plan`` uses when ``--tp`` is not given: TP over all ``count / (pp*dp)``
+    devices when the model allows it, else the largest TP the model allows that divides that count,
+    with the remaining devices as extra DP replicas (3 GPUs for a 32-head model: TP1 x DP3, not an
+    error about a TP 3 nobody asked for). Returns (layout, a note saying what was chosen, or None)."""
+    group = max(1, count // max(1, pp * dp))
+    for tp in range(group, 0, -1):
+        if group % tp:
+            continue
+        lay = Layout(tp=tp, pp=pp, dp=dp * (group // tp))
+        try:
+            validate_layout(model, lay)
+        except ConfigError:
+            continue
+        if tp == group:
+            return lay, None
+        return lay, (f"TP{group} is not possible for {model.name} (heads do not divide); using {lay} on the "
+                     f"{count} devices (pass --tp/--dp to choose)")
+    return Layout(tp=group, pp=pp, dp=dp), None  # validate_layout names the problem

@@ -386,8 +386,12 @@ class TrialRunner:
         except EngineDied as e:
             result["status"], result["reason"] = "failed", str(e)
             self.say(f"[{name}] failed: {e}")
-        except ConfigError:
-            raise
+        except ConfigError as e:
+            if cand.engine != "url":
+                raise
+            # an external server that is down or not OpenAI-compatible fails this candidate, not the trial
+            result["status"], result["reason"] = "failed", f"external server {cand.url}: {e}"
+            self.say(f"[{name}] failed: {result['reason']}")
         except Exception as e:  # noqa: BLE001 — one candidate's failure must not end the trial
             result["status"], result["reason"] = "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             self.say(f"[{name}] failed: {result['reason']}")
