@@ -36,6 +36,14 @@ def _register() -> None:
     from servelab.trial.records import records_app
 
     app.add_typer(records_app, name="records")
+    from servelab.gateway.cli import gateway_command
+    from servelab.gateway.keys_cli import keys_app
+
+    app.command("gateway")(gateway_command)
+    app.add_typer(keys_app, name="keys")
+    from servelab.gateway.embedder import embed_engine_command
+
+    app.command("embed-engine")(embed_engine_command)
     from servelab.advise.cli import advise_command
     from servelab.catalog.cli import catalog_app
 

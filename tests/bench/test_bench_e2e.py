@@ -5,7 +5,6 @@ and one clear line for bad input."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

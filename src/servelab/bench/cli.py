@@ -150,7 +150,7 @@ def bench_command(
     per load step. Writes OUT/summary.json and OUT/requests.jsonl."""
     import time as _time
 
-    from servelab.bench.runner import Bench, BenchConfig
+    from servelab.bench.runner import BenchConfig
     from servelab.bench.slo import load_slo_file, parse_slo
 
     objectives = parse_slo(slo)

@@ -29,6 +29,8 @@ import orjson
 import typer
 from aiohttp import web
 
+from servelab.wire.files import install_uvloop
+
 _now = time.monotonic_ns
 
 #: Wire dialects the mock can speak.
@@ -873,21 +875,12 @@ async def start_mock(config: MockConfig) -> MockServer:
     return server
 
 
-def _install_uvloop() -> bool:
-    try:
-        import uvloop  # type: ignore[import-not-found]
-    except ImportError:
-        return False
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return True
-
-
 def serve(config: MockConfig, announce: bool = True) -> None:
     """Run the mock until SIGINT/SIGTERM (uvloop if importable); blocking. Prints
     ``mock-engine (<dialect>) listening on http://HOST:PORT/v1`` once bound when ``announce``.
     Raises :class:`ValueError` for a bad config and :class:`OSError` if the address cannot be bound."""
     validate_config(config)
-    _install_uvloop()
+    install_uvloop()
 
     async def main() -> None:
         server = await start_mock(config)

@@ -42,6 +42,7 @@ from servelab.bench.load import LoadModel
 from servelab.bench.slo import Objective, parse_slo
 from servelab.bench.workloads import WORKLOADS, make_workload, parse_ratio
 from servelab.wire import ConfigError
+from servelab.wire.files import read_yaml_file
 
 __all__ = [
     "ENGINES", "SCHEMA_PATH", "AnyCandidate", "ArrivalTest", "Budget", "Candidate", "Experiment", "Goal",
@@ -832,26 +833,10 @@ def load_experiment(path: str | os.PathLike[str]) -> Experiment:
     """
     src = str(path)
     p = Path(path).expanduser()
-    if not p.exists():
-        raise ConfigError(f"{src}: no such experiment file; give an existing YAML file "
-                          "(or run `servelab trial` without a file for the built-in experiment)")
-    if p.is_dir():
-        raise ConfigError(f"{src}: is a folder; give the experiment's YAML file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{src}: cannot read as UTF-8 text ({e}); give a YAML file") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
-        what = e.problem or e.context or "syntax error"
-        raise ConfigError(f"{src}: {where}invalid YAML: {what}; fix the indentation or quoting there") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{src}: invalid YAML: {str(e).splitlines()[0]}") from None
-    if data is None:
-        raise ConfigError(f"{src}: the file is empty; write an experiment (see docs/experiment.md)")
+    data = read_yaml_file(path, what="experiment",
+                          missing_fix="give an existing YAML file (or run `servelab trial` without a file for "
+                                      "the built-in experiment)",
+                          empty_fix="write an experiment (see docs/experiment.md)")
     if not isinstance(data, dict):
         raise ConfigError(f"{src}: the top level must be a mapping (goal:, candidates:, …), "
                           f"got a {type(data).__name__}")

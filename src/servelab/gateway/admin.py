@@ -1,0 +1,194 @@
+"""The gateway's admin API: its own aiohttp app on its own port, with its own credential.
+
+Every request needs ``Authorization: Bearer <admin token>``. The token is read from the environment
+variable named in the config (``admin.token_env``) or checked against ``admin.token_sha256``; both sides
+are hashed with SHA-256 and compared with :func:`hmac.compare_digest` (constant time, no length leak).
+
+Endpoints (JSON in and out; errors use the OpenAI error body):
+
+- ``POST /admin/keys`` ``{"tenant": str, "allowed_models": [str] | null, "key_id": str | null,
+  "limits": {"rpm"|"tpm"|"max_concurrency"|"token_budget": int}}`` -> 201 ``{"key_id", "tenant",
+  "allowed_models", "created_ts", "key"}``; ``key`` (the secret) appears in this response only.
+- ``GET /admin/keys`` -> ``{"keys": [{"key_id", "tenant", "allowed_models", "source", "created_ts",
+  "revoked", "limits"}]}`` (no secrets, no hashes).
+- ``DELETE /admin/keys/{key_id}`` -> ``{"key_id", "revoked": true}``; 404 when unknown or already revoked.
+- ``POST /admin/reload`` -> ``{"reloaded": true, "result": ...}`` from the server's reload hook; 400
+  with the config error line when the new config is invalid (the hook raised :class:`ConfigError` or
+  returned ``{"ok": false, "error": ...}``; the running config stays).
+- ``GET /admin/backends`` -> ``{"backends": ...}`` from the server's backend-state hook.
+- ``GET /admin/usage?group_by=key_id,model&since_ts=&until_ts=`` -> ``{"totals": [...]}`` (ledger sums).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import inspect
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from servelab.gateway.errors import openai_error_body
+from servelab.gateway.keys import KeyStore
+from servelab.gateway.ledger import Ledger
+from servelab.wire.client import ConfigError
+
+__all__ = ["make_admin_app"]
+
+log = logging.getLogger("servelab.gateway.admin")
+
+Hook = Callable[[], Any | Awaitable[Any]]
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str, code: str | None = None, param: str | None = None,
+           headers: dict[str, str] | None = None) -> web.Response:
+    typ = {401: "authentication_error", 404: "invalid_request_error", 501: "server_error",
+           500: "server_error"}.get(status, "invalid_request_error")
+    return web.Response(body=openai_error_body(message, typ, code, param), status=status,
+                        content_type="application/json", headers=headers)
+
+
+async def _call(hook: Hook) -> Any:
+    res = hook()
+    return await res if inspect.isawaitable(res) else res
+
+
+def admin_token_digest(token_env: str | None = "SERVELAB_ADMIN_TOKEN", token_sha256: str | None = None) -> bytes:
+    """The SHA-256 digest the admin credential is checked against: of the token in env var ``token_env``,
+    else ``token_sha256`` (hex). Raises :class:`ConfigError` (one line, with the fix) when neither is set."""
+    token = os.environ.get(token_env, "") if token_env else ""
+    if token.strip():
+        if len(token.strip()) < 16:
+            log.warning("admin: the token in %s is shorter than 16 characters; use a long random one", token_env)
+        return hashlib.sha256(token.strip().encode()).digest()
+    if token_sha256:
+        try:
+            return bytes.fromhex(token_sha256)
+        except ValueError:
+            raise ConfigError("admin.token_sha256: not hex; put the SHA-256 (64 hex characters) of the admin "
+                              "token there") from None
+    raise ConfigError(f"admin: environment variable {token_env or '(admin.token_env)'} is empty and "
+                      "admin.token_sha256 is not set; export a long random token, e.g. "
+                      f"{token_env or 'SERVELAB_ADMIN_TOKEN'}=$(python -c 'import secrets; print(secrets.token_hex(32))')")
+
+
+def make_admin_app(keystore: KeyStore | Any, token_env: str | None = "SERVELAB_ADMIN_TOKEN", *,
+                   token_sha256: str | None = None, reload_hook: Hook | None = None,
+                   backends_hook: Hook | None = None, ledger: Ledger | None = None,
+                   tenants_hook: Callable[[], Any] | None = None) -> web.Application:
+    """Build the admin :class:`aiohttp.web.Application` (the caller runs it on the admin port).
+
+    ``keystore``: the server's :class:`KeyStore` (create/revoke take effect at once on this replica).
+    Or pass the running gateway object itself (anything with ``keystore``, ``ledger``, ``config.admin``,
+    ``config.tenants``, ``reload()``, ``backend_states()``): every other argument is then taken from it.
+    ``tenants_hook()``: the tenant names keys may be created for (default: the key store's tenants).
+    ``token_env`` / ``token_sha256``: the credential (see :func:`admin_token_digest`; raises
+    :class:`ConfigError` when missing). ``reload_hook()``: reloads the config, returns a JSON-able summary,
+    raises :class:`ConfigError` for an invalid file. ``backends_hook()``: JSON-able backend state.
+    ``ledger``: for ``GET /admin/usage``. Hooks may be plain or async callables; a missing one answers 501.
+    """
+    if not isinstance(keystore, KeyStore) and hasattr(keystore, "keystore"):
+        gw = keystore
+        keystore, ledger = gw.keystore, gw.ledger
+        token_env, token_sha256 = gw.config.admin.token_env, gw.config.admin.token_sha256
+        reload_hook, backends_hook = gw.reload, gw.backend_states
+        tenants_hook = lambda: gw.config.tenants  # noqa: E731 (read at each call: follows reloads)
+    digest = admin_token_digest(token_env, token_sha256)
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                   ) -> web.StreamResponse:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        given = hashlib.sha256(token.strip().encode()).digest() if scheme.lower() == "bearer" else b""
+        if not hmac.compare_digest(given, digest):
+            return _error(401, "admin token missing or wrong: send 'Authorization: Bearer <admin token>'",
+                          "invalid_admin_token", headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    async def create_key(request: web.Request) -> web.Response:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _error(400, "the body is not JSON; send {\"tenant\": \"...\"}", "invalid_json")
+        if not isinstance(body, dict) or not isinstance(body.get("tenant"), str):
+            return _error(400, "'tenant' (a string) is required", "missing_tenant", "tenant")
+        unknown = sorted(set(body) - {"tenant", "allowed_models", "key_id", "limits"})
+        if unknown:
+            return _error(400, f"unknown field(s) {unknown}; use tenant, allowed_models, key_id, limits",
+                          "unknown_field", unknown[0])
+        models = body.get("allowed_models")
+        if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
+            return _error(400, "'allowed_models' must be a list of model names or null", "bad_models",
+                          "allowed_models")
+        limits = body.get("limits") or {}
+        if not isinstance(limits, dict):
+            return _error(400, "'limits' must be an object like {\"rpm\": 60}", "bad_limits", "limits")
+        if tenants_hook is not None and body["tenant"] not in tenants_hook():
+            return _error(400, f"tenant {body['tenant']!r} is not in the config; use one of "
+                          f"{sorted(tenants_hook())}", "invalid_key_request", "tenant")
+        try:
+            new = await keystore.create(body["tenant"], models, limits, body.get("key_id"))
+        except ValueError as e:
+            return _error(400, str(e), "invalid_key_request")
+        return _json({"key_id": new.key_id, "tenant": new.tenant, "created_ts": new.created_ts,
+                      "allowed_models": None if new.allowed_models is None else list(new.allowed_models),
+                      "key": new.key}, status=201)
+
+    async def list_keys(request: web.Request) -> web.Response:
+        return _json({"keys": keystore.list()})
+
+    async def revoke_key(request: web.Request) -> web.Response:
+        key_id = request.match_info["key_id"]
+        if not await keystore.revoke(key_id):
+            return _error(404, f"no active key with id {key_id!r}; see GET /admin/keys", "key_not_found")
+        return _json({"key_id": key_id, "revoked": True})
+
+    async def reload(request: web.Request) -> web.Response:
+        if reload_hook is None:
+            return _error(501, "this gateway has no reload hook", "not_supported")
+        try:
+            result = await _call(reload_hook)
+        except ConfigError as e:
+            return _error(400, f"reload refused, the running config stays: {e}", "invalid_config")
+        except Exception as e:
+            log.exception("admin: reload failed")
+            return _error(500, f"reload failed, the running config stays: {type(e).__name__}: {e}", "reload_failed")
+        if isinstance(result, dict) and result.get("ok") is False:  # a hook that reports instead of raising
+            return _error(400, f"reload refused, the running config stays: {result.get('error')}", "invalid_config")
+        return _json({"reloaded": True, "result": result})
+
+    async def backends(request: web.Request) -> web.Response:
+        if backends_hook is None:
+            return _error(501, "this gateway has no backend-state hook", "not_supported")
+        return _json({"backends": await _call(backends_hook)})
+
+    async def usage(request: web.Request) -> web.Response:
+        if ledger is None:
+            return _error(501, "this gateway has no ledger", "not_supported")
+        q = request.query
+        group_by = tuple(g for g in q.get("group_by", "key_id,model").split(",") if g)
+        try:
+            since = float(q["since_ts"]) if "since_ts" in q else None
+            until = float(q["until_ts"]) if "until_ts" in q else None
+            totals = await ledger.totals(group_by, since, until)
+        except ValueError as e:
+            return _error(400, str(e), "bad_query")
+        return _json({"totals": totals})
+
+    app = web.Application(middlewares=[auth])
+    app.router.add_post("/admin/keys", create_key)
+    app.router.add_get("/admin/keys", list_keys)
+    app.router.add_delete("/admin/keys/{key_id}", revoke_key)
+    app.router.add_post("/admin/reload", reload)
+    app.router.add_get("/admin/backends", backends)
+    app.router.add_get("/admin/usage", usage)
+    return app

@@ -1,0 +1,217 @@
+"""Request checks done before anything reaches an engine: body shape, bounds, and the model's declared
+capabilities (tools, JSON schema, images/audio, context length, embeddings).
+
+Each refusal is a :class:`~servelab.gateway.errors.GatewayError` 400 (OpenAI shape) whose message says what
+the model supports, e.g. ``model 'gemma' does not accept tools; it supports: text input, JSON-schema
+output, 8192-token context``, and names the request field in ``param``.
+
+Prompt size before tokenization (:func:`estimate_prompt_tokens`) is a deliberate *under*-estimate:
+UTF-8 bytes of the prompt text / :data:`BYTES_PER_TOKEN_MAX` (6), plus :data:`TOKENS_PER_MESSAGE` per chat
+message. Common BPE tokenizers average ~4 characters per token on English text, ~3 on code and under 1
+character (3 UTF-8 bytes) per token on CJK text (rule of thumb and tiktoken examples in
+https://chipp.ai/ai/glossary/tokens and https://tonyx1998.github.io/modern-ai-engineer-guide/docs/foundations/tokens,
+both checked 2026-11-30), so 6 bytes per token stays below the true count for natural text and code. The gateway
+therefore only refuses prompts that cannot fit under any common tokenizer; a prompt near the limit goes to
+the engine, whose own context error (ENGINE_WIRE.md case 18) is normalised to the same 400
+``context_length_exceeded``. The same estimate is the prompt part of the token reservation that limits
+admit; the reservation is settled with the engine's reported usage afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servelab.gateway.config import Capabilities, ModelEntry
+from servelab.gateway.errors import GatewayError, bad_request
+
+__all__ = ["BYTES_PER_TOKEN_MAX", "TOKENS_PER_MESSAGE", "check_request", "estimate_prompt_tokens",
+           "prompt_text", "supported_summary", "validate_shape"]
+
+#: Upper bound on UTF-8 bytes per token assumed by :func:`estimate_prompt_tokens` (see module doc).
+BYTES_PER_TOKEN_MAX = 6
+#: Chat-template tokens counted per message (role markers); 1 keeps the estimate a lower bound.
+TOKENS_PER_MESSAGE = 1
+
+ENDPOINTS = ("chat", "completions", "embeddings")
+
+
+def _texts(endpoint: str, body: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    if endpoint == "chat":
+        for m in body.get("messages") or ():
+            if not isinstance(m, dict):
+                continue
+            c = m.get("content")
+            if isinstance(c, str):
+                out.append(c)
+            elif isinstance(c, list):
+                for part in c:
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        out.append(part["text"])
+        tools = body.get("tools")
+        if isinstance(tools, list):  # tool schemas are part of the prompt on every engine's template
+            import orjson
+            out.append(orjson.dumps(tools).decode())
+        return out
+    key = "prompt" if endpoint == "completions" else "input"
+    p = body.get(key)
+    if isinstance(p, str):
+        out.append(p)
+    elif isinstance(p, list):
+        out.extend(x for x in p if isinstance(x, str))
+    return out
+
+
+def prompt_text(endpoint: str, body: dict[str, Any]) -> str:
+    """The prompt's text (chat message texts joined by newlines, or the prompt/input strings): what an
+    access log may show when a tenant sets ``log_prompts``."""
+    return "\n".join(_texts(endpoint, body))
+
+
+def estimate_prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
+    """A lower-bound estimate of the prompt's tokens (see module doc): ``ceil(bytes / 6)`` of all text
+    (+1 per chat message; token-id prompts count one per id). Never raises on odd shapes."""
+    n = 0
+    for t in _texts(endpoint, body):
+        n += -(-len(t.encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN_MAX)
+    if endpoint == "chat":
+        msgs = body.get("messages")
+        if isinstance(msgs, list):
+            n += TOKENS_PER_MESSAGE * len(msgs)
+    else:
+        p = body.get("prompt" if endpoint == "completions" else "input")
+        if isinstance(p, list) and p and isinstance(p[0], int):
+            n += len(p)  # a prompt given as token ids
+        elif isinstance(p, list) and p and isinstance(p[0], list):
+            n += sum(len(x) for x in p if isinstance(x, list))
+    return n
+
+
+def supported_summary(caps: Capabilities) -> str:
+    """What a model supports, in words: ``text input, tools, JSON-schema output, 8192-token context``."""
+    parts = [" and ".join(caps.input_modalities) + " input"]
+    if caps.embeddings:
+        parts.append("embeddings only (/v1/embeddings)")
+    else:
+        parts.append("tools" if caps.tools else "no tools")
+        parts.append("JSON-schema output" if caps.json_schema else "no JSON-schema output")
+    if caps.context_tokens:
+        parts.append(f"{caps.context_tokens}-token context")
+    return ", ".join(parts)
+
+
+def _want(v: Any, name: str, types: type | tuple[type, ...], what: str) -> None:
+    if v is not None and (not isinstance(v, types) or isinstance(v, bool) and bool not in (
+            types if isinstance(types, tuple) else (types,))):
+        raise bad_request(f"'{name}' must be {what}, got {type(v).__name__}", param=name, code="invalid_type")
+
+
+def validate_shape(endpoint: str, body: dict[str, Any], max_tokens_limit: int) -> int | None:
+    """Check the types of the fields the gateway relies on and the max_tokens bound.
+
+    Returns the requested output cap (``max_completion_tokens`` or ``max_tokens``; None if absent).
+    Raises GatewayError 400 (``param`` = field) for: no/empty ``messages`` (chat), ``prompt`` (completions)
+    or ``input`` (embeddings) of the wrong type, non-bool ``stream``, non-object ``stream_options`` /
+    ``response_format``, non-list ``tools``, max_tokens not an integer >= 1 or above ``max_tokens_limit``.
+    """
+    if endpoint == "chat":
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise bad_request("'messages' must be a non-empty list of {role, content} objects",
+                              param="messages", code="invalid_type")
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise bad_request(f"messages[{i}] must be an object with a string 'role'",
+                                  param=f"messages[{i}]", code="invalid_type")
+            c = m.get("content")
+            if c is not None and not isinstance(c, (str, list)):
+                raise bad_request(f"messages[{i}].content must be a string or a list of content parts",
+                                  param=f"messages[{i}].content", code="invalid_type")
+    elif endpoint == "completions":
+        p = body.get("prompt")
+        if not isinstance(p, (str, list)) or isinstance(p, list) and not p:
+            raise bad_request("'prompt' must be a string or a non-empty list", param="prompt", code="invalid_type")
+    else:
+        p = body.get("input")
+        if not isinstance(p, (str, list)) or isinstance(p, list) and not p:
+            raise bad_request("'input' must be a string or a non-empty list", param="input", code="invalid_type")
+    _want(body.get("stream"), "stream", bool, "true or false")
+    _want(body.get("stream_options"), "stream_options", dict, "an object")
+    _want(body.get("response_format"), "response_format", dict, "an object")
+    _want(body.get("tools"), "tools", list, "a list")
+    cap: int | None = None
+    for name in ("max_completion_tokens", "max_tokens"):
+        v = body.get(name)
+        if v is None:
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise bad_request(f"'{name}' must be an integer >= 1, got {v!r}", param=name, code="invalid_value")
+        if v > max_tokens_limit:
+            raise bad_request(f"'{name}' {v} is above this gateway's limit of {max_tokens_limit} tokens; "
+                              f"ask for {max_tokens_limit} or fewer", param=name, code="max_tokens_too_large")
+        cap = v if cap is None else min(cap, v)
+    return cap
+
+
+def _parts(body: dict[str, Any]) -> set[str]:
+    kinds: set[str] = set()
+    for m in body.get("messages") or ():
+        if isinstance(m, dict) and isinstance(m.get("content"), list):
+            for part in m["content"]:
+                if isinstance(part, dict) and isinstance(part.get("type"), str):
+                    kinds.add(part["type"])
+    return kinds
+
+
+def check_request(entry: ModelEntry, endpoint: str, body: dict[str, Any], prompt_tokens_est: int,
+                  model_name: str = "this model", max_tokens: int | None = None) -> None:
+    """Refuse, before any engine sees it, a request the model's declared capabilities cannot serve.
+
+    ``endpoint``: ``chat``, ``completions`` or ``embeddings``. ``prompt_tokens_est``: from
+    :func:`estimate_prompt_tokens`. ``max_tokens``: the output cap that will be sent (default: the body's).
+    Raises GatewayError 400 with ``code`` ``model_not_supported`` (wrong endpoint for the model),
+    ``tools_not_supported``, ``json_schema_not_supported``, ``modality_not_supported`` or
+    ``context_length_exceeded``; the message names what the model supports.
+    """
+    caps = entry.capabilities
+    sup = f"it supports: {supported_summary(caps)}"
+    name = f"model '{model_name}'" if model_name != "this model" else model_name
+    if endpoint == "embeddings" and not caps.embeddings:
+        raise bad_request(f"{name} is not an embedding model; send it to /v1/chat/completions ({sup})",
+                          param="model", code="model_not_supported")
+    if endpoint != "embeddings" and caps.embeddings:
+        raise bad_request(f"{name} is an embedding model; send it to /v1/embeddings", param="model",
+                          code="model_not_supported")
+    if endpoint == "chat":
+        tools = body.get("tools")
+        tc = body.get("tool_choice")
+        if not caps.tools and (tools or body.get("functions") or (tc is not None and tc != "none")):
+            raise bad_request(f"{name} does not accept tools; remove 'tools' or pick a model with tools ({sup})",
+                              param="tools", code="tools_not_supported")
+        kinds = _parts(body)
+        if ("image_url" in kinds or "input_image" in kinds or "image" in kinds) and "image" not in caps.input_modalities:
+            raise bad_request(f"{name} does not accept images; send text only or pick a vision model ({sup})",
+                              param="messages", code="modality_not_supported")
+        if ("input_audio" in kinds or "audio_url" in kinds) and "audio" not in caps.input_modalities:
+            raise bad_request(f"{name} does not accept audio ({sup})", param="messages", code="modality_not_supported")
+    if endpoint in ("chat", "completions"):
+        rf = body.get("response_format")
+        wants_schema = (isinstance(rf, dict) and rf.get("type") in ("json_schema", "json_object")) or any(
+            body.get(k) is not None for k in ("guided_json", "structured_outputs", "json_schema"))
+        if wants_schema and not caps.json_schema:
+            raise bad_request(f"{name} does not support structured (JSON-schema) output; remove 'response_format' "
+                              f"or pick a model with json_schema ({sup})", param="response_format",
+                              code="json_schema_not_supported")
+        if body.get("reasoning_effort") is not None and not caps.reasoning:
+            raise bad_request(f"{name} is not a reasoning model; remove 'reasoning_effort' ({sup})",
+                              param="reasoning_effort", code="reasoning_not_supported")
+    ctx = caps.context_tokens
+    if ctx:
+        out = max_tokens if max_tokens is not None else (body.get("max_completion_tokens") or body.get("max_tokens") or 0)
+        out = out if endpoint != "embeddings" and isinstance(out, int) else 0
+        if prompt_tokens_est + out > ctx:
+            raise GatewayError(400, f"this request needs at least {prompt_tokens_est + out} tokens (prompt at least "
+                               f"{prompt_tokens_est} + max_tokens {out}) but {name} has a {ctx}-token context; "
+                               "shorten the prompt or lower max_tokens", code="context_length_exceeded",
+                               param="messages" if endpoint == "chat" else ("prompt" if endpoint == "completions"
+                                                                            else "input"))

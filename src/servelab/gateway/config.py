@@ -1,0 +1,512 @@
+"""The gateway's configuration file: pydantic models, loading with one-line errors, the published JSON Schema.
+
+``load_config(path)`` reads a YAML file (example: ``examples/gateway.yaml``; sketch and meaning in
+docs/gateway-design.md) and returns a validated, immutable :class:`GatewayConfig`, or raises
+:class:`servelab.wire.ConfigError` with one line ``FILE: FIELD.PATH: PROBLEM; FIX`` — also for cross-field
+mistakes (a target naming an unknown backend, a key of an unknown tenant, …). The server keeps the running
+config when a reload fails, and shows that line (log + admin).
+
+``gateway.schema.json`` next to this module is generated from the models for editors (YAML language
+servers); ``python -m servelab.gateway.config --write-schema`` regenerates it, ``--check`` verifies it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from servelab.wire import ConfigError
+from servelab.wire.files import read_yaml_file
+
+__all__ = [
+    "BACKEND_KINDS", "SCHEMA_PATH", "AdminSection", "Backend", "BreakerSection", "Capabilities", "FallbackStep",
+    "GatewayConfig", "HealthSection", "KeyEntry", "LedgerSection", "ModelEntry", "RetrySection", "RoutingSection",
+    "ServerSection", "Shadow", "SharedLimits", "StateSection", "Target", "Tenant", "json_schema", "load_config", "parse_config",
+]
+
+#: Engine kinds a backend can be (each has its own readiness endpoint and error dialect, ENGINE_WIRE.md).
+BACKEND_KINDS = ("vllm", "sglang", "tgi", "llamacpp", "ollama", "mock", "openai", "embedder")
+#: The committed JSON Schema (regenerate with ``python -m servelab.gateway.config --write-schema``).
+SCHEMA_PATH = Path(__file__).with_name("gateway.schema.json")
+
+_NAME = r"^[A-Za-z0-9_.:-]{1,128}$"
+_KEY_ID = r"^[A-Za-z0-9_]{1,64}$"  # no '-': keys are sk-sl-<key_id>-<secret>
+_ENV = r"^[A-Za-z_][A-Za-z0-9_]*$"
+#: Redaction applied to logged prompts when a tenant sets ``log_prompts`` and gives no ``redact`` list:
+#: e-mail addresses, API-key-like tokens, and runs of 9+ digits (card, phone, account numbers).
+DEFAULT_REDACT = (r"[\w.+-]+@[\w-]+\.[\w.-]+", r"\b(?:sk|pk|rk)-[A-Za-z0-9_-]{8,}", r"\d[\d -]{7,}\d")
+
+
+class _Strict(BaseModel):
+    """Base: unknown keys are errors (a typo must not be silently ignored); instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSection(_Strict):
+    """Where the gateway listens and the bounds every request must respect.
+
+    ``port``/``admin_port`` 0 pick a free port; ``admin_port`` null runs no admin app. ``max_body_bytes``
+    larger bodies get 413. ``max_tokens_limit``: a request asking for more output tokens gets 400; a request
+    that gives no ``max_tokens`` is sent with ``default_max_tokens`` (default: ``max_tokens_limit``) so
+    every request's output is bounded and its token reservation known. ``access_log``: ``-`` = stderr, a
+    path = append JSON lines there, null = off. ``shutdown_grace_s``: how long in-flight requests may
+    finish on SIGTERM. Host/port changes take effect on restart only (a reload logs that).
+    """
+
+    host: str = Field("127.0.0.1", description="address to bind")
+    port: int = Field(8080, ge=0, le=65535, description="OpenAI API port (0 = free port)")
+    admin_port: int | None = Field(8081, ge=0, le=65535, description="admin API port; null = no admin app")
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body, bytes (else 413)")
+    max_tokens_limit: int = Field(4096, ge=1, description="largest max_tokens a request may ask for (else 400)")
+    default_max_tokens: int | None = Field(None, ge=1, description="max_tokens sent when a request gives none")
+    access_log: str | None = Field("-", description="'-' = stderr, a file path, or null = off")
+    shutdown_grace_s: float = Field(10.0, ge=0, description="time in-flight requests get on SIGTERM, s")
+
+    @model_validator(mode="after")
+    def _default_le_limit(self) -> ServerSection:
+        if self.default_max_tokens is not None and self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError(f"server.default_max_tokens {self.default_max_tokens} is above max_tokens_limit "
+                             f"{self.max_tokens_limit}; lower it")
+        return self
+
+
+class AdminSection(_Strict):
+    """The admin API's credential: a bearer token read from the environment variable ``token_env``, or
+    checked against ``token_sha256`` (hex SHA-256 of the token) so the file holds no secret."""
+
+    token_env: str | None = Field("SERVELAB_ADMIN_TOKEN", pattern=_ENV, description="env var holding the admin token")
+    token_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the admin token")
+
+
+class StateSection(_Strict):
+    """Shared state: ``redis_url`` null keeps limits and breaker state in memory (one replica); a Redis URL
+    lets N gateway replicas share one limit per key."""
+
+    redis_url: str | None = Field(None, description="redis://host:port/db, rediss://… or unix://…; null = memory")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _scheme(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^(redis|rediss|unix)://", v):
+            raise ValueError(f"{v!r} is not a Redis URL; use redis://HOST:PORT/DB")
+        return v
+
+
+class LedgerSection(_Strict):
+    """Where one usage row per request is written: SQLite (``sqlite_path``, default ``gateway-usage.db``
+    next to the config file) or PostgreSQL (``postgres_dsn``); not both."""
+
+    sqlite_path: str | None = Field(None, description="SQLite file (relative to the config file's folder)")
+    postgres_dsn: str | None = Field(None, description="postgresql://user@host:port/db")
+
+    @model_validator(mode="after")
+    def _one(self) -> LedgerSection:
+        if self.sqlite_path is not None and self.postgres_dsn is not None:
+            raise ValueError("ledger: give sqlite_path or postgres_dsn, not both")
+        if self.postgres_dsn is not None and not re.match(r"^postgres(ql)?://", self.postgres_dsn):
+            raise ValueError("ledger.postgres_dsn: not a postgresql:// URL; use postgresql://USER@HOST:PORT/DB")
+        if self.sqlite_path is None and self.postgres_dsn is None:
+            object.__setattr__(self, "sqlite_path", "gateway-usage.db")
+        return self
+
+
+class Backend(_Strict):
+    """One engine server. ``base_url`` is its root (``http://127.0.0.1:8001``; a trailing ``/v1`` is
+    accepted and dropped): the gateway calls ``{base_url}/v1/chat/completions`` etc. Upstream URLs come
+    only from here, never from a request. ``models``: upstream model names it serves. ``weight``: share
+    among replicas serving the same target. ``pool``: a group tenants can be limited to. ``health_path``:
+    readiness path (default by ``kind``). ``connect_timeout_s``: TCP connect; ``read_timeout_s``: longest
+    silence between two reads, including the wait for the first token (engines that hold their headers
+    until the first token, ENGINE_WIRE.md case 20, need room here). ``max_in_flight``: requests beyond it
+    count as saturated (fallback). ``api_key_env``: env var with the engine's API key, sent as Bearer.
+    """
+
+    name: str = Field(pattern=_NAME, description="unique backend name (never shown to clients)")
+    kind: Literal["vllm", "sglang", "tgi", "llamacpp", "ollama", "mock", "openai", "embedder"] = Field(
+        description="engine kind: readiness endpoint and error dialect")
+    base_url: str = Field(description="engine root URL, e.g. http://127.0.0.1:8001")
+    models: list[str] = Field(min_length=1, description="upstream model names this engine serves")
+    weight: float = Field(1.0, ge=0, description="share among replicas of the same target")
+    pool: str = Field("default", pattern=_NAME, description="pool name (tenants may be limited to pools)")
+    health_path: str | None = Field(None, description="readiness path; default by kind (/health, / on Ollama)")
+    connect_timeout_s: float = Field(2.0, gt=0, description="TCP connect timeout, s")
+    read_timeout_s: float = Field(300.0, gt=0, description="longest wait between two reads (incl. TTFT), s")
+    max_in_flight: int | None = Field(None, ge=1, description="requests in flight before it counts as saturated")
+    api_key_env: str | None = Field(None, pattern=_ENV, description="env var holding the engine's API key")
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        u = v.strip().rstrip("/")
+        if not re.match(r"^https?://[^/\s]+", u):
+            raise ValueError(f"{v!r} is not an http(s) URL; use e.g. http://127.0.0.1:8001")
+        return u[:-3] if u.endswith("/v1") else u
+
+    @field_validator("health_path")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"{v!r} must start with '/', e.g. /health")
+        return v
+
+
+class Target(_Strict):
+    """Where a public model can be served: ``backend`` name, the ``model`` name that engine knows
+    (default: the backend's first model) and a ``weight`` for weighted splits (canary: 95/5)."""
+
+    backend: str = Field(description="a backend name")
+    model: str | None = Field(None, description="upstream model name; default: the backend's first model")
+    weight: float = Field(1.0, ge=0, description="relative share of traffic")
+
+
+class Capabilities(_Strict):
+    """What a public model supports, declared in the registry and checked before a request reaches an
+    engine (docs/gateway-design.md). ``context_tokens`` null = not checked by the gateway (the engine
+    still refuses). Prices per million tokens (``currency``); ``typical_*`` latencies as measured by a
+    trial; ``tasks`` and ``risk_notes`` are shown in ``/v1/models`` so callers pick knowingly."""
+
+    context_tokens: int | None = Field(None, ge=1, description="context window, tokens (prompt + output)")
+    input_modalities: list[Literal["text", "image", "audio"]] = Field(["text"], description="accepted inputs")
+    tools: bool = Field(False, description="accepts tools / tool_choice")
+    json_schema: bool = Field(False, description="accepts response_format json_schema / json_object")
+    reasoning: bool = Field(False, description="streams reasoning text")
+    embeddings: bool = Field(False, description="an embedding model: /v1/embeddings only")
+    price_in_per_1m: float | None = Field(None, ge=0, description="price per 1M input tokens")
+    price_out_per_1m: float | None = Field(None, ge=0, description="price per 1M output tokens")
+    currency: str = Field("USD", description="currency of the prices")
+    typical_ttft_ms: float | None = Field(None, ge=0, description="typical time to first token, ms")
+    typical_tpot_ms: float | None = Field(None, ge=0, description="typical time per output token, ms")
+    tasks: list[str] = Field(default_factory=list, description="intended tasks, e.g. summarize, chat")
+    risk_notes: str | None = Field(None, description="known risks (quantised, weak at code, …)")
+
+
+class FallbackStep(_Strict):
+    """One step of a fallback chain: another public ``model``, and degrade parameters applied when the
+    request is sent there: ``max_tokens`` caps the output, ``params`` overrides body fields."""
+
+    model: str = Field(description="public model name to fall back to")
+    max_tokens: int | None = Field(None, ge=1, description="cap on max_tokens on this step")
+    params: dict[str, Any] = Field(default_factory=dict, description="body fields overridden on this step")
+
+
+class Shadow(_Strict):
+    """Mirror a ``sample_rate`` share of requests to ``target`` (answers discarded, never charged)."""
+
+    target: Target
+    sample_rate: float = Field(0.0, ge=0, le=1, description="share of requests mirrored (0-1)")
+
+
+class ModelEntry(_Strict):
+    """A public model name: its targets (weighted), its declared capabilities, its fallback chain and an
+    optional shadow target."""
+
+    targets: list[Target] = Field(min_length=1)
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+    fallback: list[FallbackStep] = Field(default_factory=list)
+    shadow: Shadow | None = None
+    description: str | None = None
+
+
+class SharedLimits(_Strict):
+    """Limits on all keys of a tenant together (null = unlimited); same units as :class:`Tenant`."""
+
+    rpm: int | None = Field(None, ge=1, description="requests per minute, all keys together")
+    tpm: int | None = Field(None, ge=1, description="tokens per minute, all keys together")
+    max_concurrency: int | None = Field(None, ge=1, description="requests in flight, all keys together")
+    token_budget: int | None = Field(None, ge=1, description="total tokens, all keys together")
+
+
+class Tenant(_Strict):
+    """A team or application. ``allowed_models`` (``["*"]`` = every model). Limits apply to *each key* of
+    the tenant (the rate-limit identity is the authenticated key; null = unlimited): ``rpm`` requests/min,
+    ``tpm`` tokens/min (prompt + output; reserved as prompt estimate + max_tokens, settled to the engine's
+    usage), ``max_concurrency`` requests in flight, ``token_budget`` tokens in total; ``shared_limits``
+    apply to all its keys together. ``pools`` null = any. ``log_prompts`` writes prompt text into the
+    access log after the ``redact`` regexes replace matches with ``[REDACTED]``."""
+
+    allowed_models: list[str] = Field(default_factory=lambda: ["*"])
+    rpm: int | None = Field(None, ge=1, description="requests per minute")
+    tpm: int | None = Field(None, ge=1, description="tokens per minute")
+    max_concurrency: int | None = Field(None, ge=1, description="requests in flight")
+    token_budget: int | None = Field(None, ge=1, description="total tokens")
+    shared_limits: SharedLimits = Field(default_factory=SharedLimits, description="limits of all keys together")
+    pools: list[str] | None = Field(None, description="backend pools it may use; null = any")
+    log_prompts: bool = Field(False, description="log prompt text (redacted) in the access log")
+    redact: list[str] = Field(default_factory=lambda: list(DEFAULT_REDACT), description="regexes to redact")
+
+    @field_validator("redact")
+    @classmethod
+    def _regexes(cls, v: list[str]) -> list[str]:
+        for i, pat in enumerate(v):
+            try:
+                re.compile(pat)
+            except re.error as e:
+                raise ValueError(f"redact[{i}] {pat!r} is not a valid regular expression ({e})") from None
+        return v
+
+
+class KeyEntry(_Strict):
+    """An API key declared in the file: its ``id`` (the ``<key_id>`` of ``sk-sl-<key_id>-<secret>``), its
+    ``tenant`` and ``sha256`` = hex SHA-256 of the ``<secret>`` part (the secret itself is never stored;
+    ``servelab keys generate`` prints a key and its entry). Optional ``allowed_models`` narrows the
+    tenant's list; optional limits override the tenant's per-key limits."""
+
+    id: str = Field(pattern=_KEY_ID)
+    tenant: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the key's secret part")
+    allowed_models: list[str] | None = Field(None, description="subset of the tenant's models; null = all of them")
+    rpm: int | None = Field(None, ge=1, description="override of the tenant's per-key rpm")
+    tpm: int | None = Field(None, ge=1, description="override of the tenant's per-key tpm")
+    max_concurrency: int | None = Field(None, ge=1, description="override of the tenant's per-key max_concurrency")
+    token_budget: int | None = Field(None, ge=1, description="override of the tenant's per-key token_budget")
+
+
+class RoutingSection(_Strict):
+    """Per-task routing: a request whose ``task_header`` names a task in ``tasks`` and whose body gives
+    no model (or ``"auto"``) goes to that public model. ``affinity_chars``: leading prompt characters hashed
+    to keep one prefix on one replica (KV/prefix cache reuse; 0 = off, least outstanding requests only);
+    ``balance_factor``: how far above the mean load a replica may go before a prefix spills to the next
+    (see :mod:`servelab.gateway.routing`)."""
+
+    task_header: str = Field("X-Servelab-Task")
+    tasks: dict[str, str] = Field(default_factory=dict, description="task name -> public model")
+    affinity_chars: int = Field(256, ge=0, description="prompt characters hashed for prefix affinity; 0 = off")
+    balance_factor: float = Field(1.25, ge=1, description="bounded-load factor of prefix affinity (>= 1)")
+
+
+class RetrySection(_Strict):
+    """Retries before the first byte reached the client, on connection failures, 429 and 503 only:
+    ``attempts`` extra tries, ``backoff_s`` first wait (doubled per try, at most ``backoff_max_s``), and
+    ``budget_ratio`` caps retries at that share of requests (no retry storm)."""
+
+    attempts: int = Field(2, ge=0, le=10)
+    backoff_s: float = Field(0.05, ge=0)
+    backoff_max_s: float = Field(1.0, ge=0)
+    budget_ratio: float = Field(0.2, ge=0, le=10)
+
+
+class BreakerSection(_Strict):
+    """Per-backend circuit breaker: opens after ``consecutive_failures`` or when the error rate over
+    ``window_s`` exceeds ``error_rate`` (with at least ``min_requests``), stays open ``open_s``, then
+    lets probes through (half-open)."""
+
+    consecutive_failures: int = Field(5, ge=1)
+    error_rate: float = Field(0.5, gt=0, le=1)
+    window_s: float = Field(10.0, gt=0)
+    min_requests: int = Field(10, ge=1)
+    open_s: float = Field(5.0, gt=0)
+
+
+class HealthSection(_Strict):
+    """Active readiness checks of every backend each ``interval_s`` (timeout ``timeout_s``)."""
+
+    enabled: bool = True
+    interval_s: float = Field(1.0, gt=0)
+    timeout_s: float = Field(1.0, gt=0)
+
+
+class GatewayConfig(_Strict):
+    """The whole gateway file. See each section's class for units and defaults."""
+
+    server: ServerSection = Field(default_factory=ServerSection)
+    admin: AdminSection = Field(default_factory=AdminSection)
+    state: StateSection = Field(default_factory=StateSection)
+    ledger: LedgerSection = Field(default_factory=LedgerSection)
+    backends: list[Backend] = Field(min_length=1)
+    models: dict[str, ModelEntry] = Field(min_length=1)
+    tenants: dict[str, Tenant] = Field(default_factory=dict)
+    keys: list[KeyEntry] = Field(default_factory=list)
+    routing: RoutingSection = Field(default_factory=RoutingSection)
+    retry: RetrySection = Field(default_factory=RetrySection)
+    breaker: BreakerSection = Field(default_factory=BreakerSection)
+    health: HealthSection = Field(default_factory=HealthSection)
+
+    @model_validator(mode="after")
+    def _cross(self) -> GatewayConfig:
+        backends: dict[str, Backend] = {}
+        for i, b in enumerate(self.backends):
+            if b.name in backends:
+                raise ValueError(f"backends[{i}].name: {b.name!r} is used twice; give each backend its own name")
+            backends[b.name] = b
+        for name, m in self.models.items():
+            for j, t in enumerate(m.targets):
+                _check_target(t, backends, f"models.{name}.targets[{j}]")
+            if m.capabilities.embeddings and (m.capabilities.tools or m.capabilities.json_schema):
+                raise ValueError(f"models.{name}.capabilities: an embedding model cannot declare tools or json_schema")
+            for j, f in enumerate(m.fallback):
+                if f.model not in self.models:
+                    raise ValueError(f"models.{name}.fallback[{j}].model: {f.model!r} is not a model; "
+                                     f"one of {', '.join(self.models)}")
+                if f.model == name:
+                    raise ValueError(f"models.{name}.fallback[{j}].model: a model cannot fall back to itself")
+            if m.shadow is not None:
+                _check_target(m.shadow.target, backends, f"models.{name}.shadow.target")
+        pools = {b.pool for b in self.backends}
+        for tname, t in self.tenants.items():
+            for j, mname in enumerate(t.allowed_models):
+                if mname != "*" and mname not in self.models:
+                    raise ValueError(f"tenants.{tname}.allowed_models[{j}]: {mname!r} is not a model; "
+                                     f"one of {', '.join(self.models)} or '*'")
+            for j, p in enumerate(t.pools or []):
+                if p not in pools:
+                    raise ValueError(f"tenants.{tname}.pools[{j}]: no backend is in pool {p!r}; "
+                                     f"pools: {', '.join(sorted(pools))}")
+        seen: set[str] = set()
+        for i, k in enumerate(self.keys):
+            if k.id in seen:
+                raise ValueError(f"keys[{i}].id: {k.id!r} is used twice; key ids must be unique")
+            seen.add(k.id)
+            if k.tenant not in self.tenants:
+                raise ValueError(f"keys[{i}].tenant: {k.tenant!r} is not a tenant; "
+                                 f"add it under tenants: or use one of {', '.join(self.tenants) or '(none)'}")
+        for task, mname in self.routing.tasks.items():
+            if mname not in self.models:
+                raise ValueError(f"routing.tasks.{task}: {mname!r} is not a model; one of {', '.join(self.models)}")
+        return self
+
+    def backend(self, name: str) -> Backend:
+        """The backend called ``name``; raises :class:`KeyError` if none."""
+        for b in self.backends:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def upstream_model(self, target: Target) -> str:
+        """The model name to send to ``target``'s engine (``target.model`` or its backend's first model)."""
+        return target.model or self.backend(target.backend).models[0]
+
+    def tenant_may_use(self, tenant: str, model: str) -> bool:
+        """True when ``tenant`` exists and lists ``model`` (or ``*``) in ``allowed_models``."""
+        t = self.tenants.get(tenant)
+        return t is not None and ("*" in t.allowed_models or model in t.allowed_models)
+
+
+def _check_target(t: Target, backends: dict[str, Backend], where: str) -> None:
+    b = backends.get(t.backend)
+    if b is None:
+        raise ValueError(f"{where}.backend: {t.backend!r} is not a backend; one of {', '.join(backends)}")
+    if t.model is not None and t.model not in b.models:
+        raise ValueError(f"{where}.model: backend {t.backend!r} does not serve {t.model!r}; "
+                         f"it serves {', '.join(b.models)} (add it to its models: list)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# loading
+
+
+def _loc_path(loc: tuple[Any, ...]) -> str:
+    """pydantic ``loc`` as ``a.b[0].c`` (mapping keys as plain segments)."""
+    out = ""
+    for part in loc:
+        if part == "[key]":
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _describe(exc: ValidationError) -> str:
+    """``FIELD.PATH: PROBLEM`` for the first error of ``exc`` (+N more)."""
+    errs = exc.errors(include_url=False)
+    if not errs:
+        return "invalid gateway config"
+    e = errs[0]
+    path = _loc_path(tuple(e.get("loc", ())))
+    typ = e.get("type", "")
+    ctx = e.get("ctx") or {}
+    inp = e.get("input")
+    short = repr(inp) if len(repr(inp)) <= 60 else repr(inp)[:57] + "..."
+    if typ == "extra_forbidden":
+        text = "unknown field; remove it or check its spelling (see gateway.schema.json)"
+    elif typ == "missing":
+        text = "required field is missing; add it"
+    elif typ == "value_error":
+        text = str(ctx.get("error", e.get("msg", "")))
+    elif typ == "too_short":
+        n = ctx.get("min_length", 1)
+        text = f"needs at least {n} item{'s' if n != 1 else ''}, got {ctx.get('actual_length', 0)}; add one"
+    elif typ == "string_pattern_mismatch":
+        text = f"{short} does not match {ctx.get('pattern')}"
+    else:
+        msg = str(e.get("msg", typ))
+        text = (msg[:1].lower() + msg[1:]) + ("" if isinstance(inp, (dict, list)) else f", got {short}")
+    line = f"{path}: {text}" if path and not text.startswith(path) else text
+    return line + (f" (+{len(errs) - 1} more)" if len(errs) > 1 else "")
+
+
+def parse_config(data: Any, source: str = "<config>", base_dir: str | Path | None = None) -> GatewayConfig:
+    """Validate a decoded config (a dict). Relative ``ledger.sqlite_path`` and ``server.access_log``
+    are resolved against ``base_dir`` when given. Raises :class:`ConfigError` ``SOURCE: PATH: PROBLEM``."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping (server:, backends:, models:, …), "
+                          f"got {type(data).__name__}")
+    try:
+        cfg = GatewayConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{source}: {_describe(e)}") from None
+    if base_dir is not None:
+        base = Path(base_dir)
+        led = cfg.ledger
+        if led.sqlite_path and led.sqlite_path != ":memory:" and not Path(led.sqlite_path).is_absolute():
+            cfg = cfg.model_copy(update={"ledger": led.model_copy(
+                update={"sqlite_path": str((base / led.sqlite_path).absolute())})})
+        al = cfg.server.access_log
+        if al not in (None, "-") and not Path(al).is_absolute():
+            cfg = cfg.model_copy(update={"server": cfg.server.model_copy(
+                update={"access_log": str((base / al).absolute())})})
+    return cfg
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    """Read and validate a gateway YAML file. Raises :class:`ConfigError` with one line naming the file,
+    the field path and the fix: missing file, YAML syntax error (line/column), bad or unknown field,
+    unknown backend/model/tenant reference."""
+    src = str(path)
+    p = Path(path).expanduser()
+    data = read_yaml_file(path, what="gateway config", missing_fix="give a YAML file (example: examples/gateway.yaml)",
+                          empty_fix="write a gateway config (example: examples/gateway.yaml)")
+    return parse_config(data, src, p.parent)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the gateway file (what ``gateway.schema.json`` holds)."""
+    schema = GatewayConfig.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "servelab gateway config"
+    return schema
+
+
+def _schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m servelab.gateway.config --write-schema | --check``: write or verify gateway.schema.json."""
+    ap = argparse.ArgumentParser(prog="python -m servelab.gateway.config")
+    ap.add_argument("--write-schema", action="store_true", help="regenerate gateway.schema.json")
+    ap.add_argument("--check", action="store_true", help="exit 1 if gateway.schema.json is out of date")
+    a = ap.parse_args(argv)
+    if a.write_schema:
+        SCHEMA_PATH.write_text(_schema_text(), encoding="utf-8")
+        print(f"wrote {SCHEMA_PATH}")
+        return 0
+    if a.check:
+        ok = SCHEMA_PATH.is_file() and SCHEMA_PATH.read_text(encoding="utf-8") == _schema_text()
+        print("gateway.schema.json is current" if ok else
+              "gateway.schema.json is out of date; run python -m servelab.gateway.config --write-schema")
+        return 0 if ok else 1
+    ap.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

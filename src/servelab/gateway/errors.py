@@ -1,0 +1,133 @@
+"""OpenAI-shaped errors of the gateway, with plain user-facing messages.
+
+Every error a client sees has the body OpenAI's API uses,
+``{"error": {"message": str, "type": str, "param": str|null, "code": str|null}}``
+(https://platform.openai.com/docs/guides/error-codes, checked 2026-11-30), so the official SDKs raise
+their usual exception classes (``BadRequestError``, ``AuthenticationError``, ``RateLimitError`` …).
+Messages say what happened and what to do ("the model is busy, retry in 2 s"); they never carry a stack
+trace, an internal URL, a backend name or an upstream model name (:func:`sanitize_upstream_message`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "GatewayError", "bad_request", "openai_error_body", "sanitize_upstream_message", "upstream_error",
+]
+
+#: OpenAI error ``type`` by HTTP status (the SDKs pick their exception class from the status).
+_TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+                   500: "server_error", 502: "server_error", 503: "server_error", 504: "server_error"}
+
+
+class GatewayError(Exception):
+    """An error answered to the client as an OpenAI-shaped body with HTTP ``status``.
+
+    ``message`` is shown to end users: plain, actionable, no internals. ``type`` defaults from the status
+    (``invalid_request_error``, ``authentication_error``, ``permission_error``, ``rate_limit_error``,
+    ``server_error``). ``code`` is a stable machine-readable string (``model_not_found``,
+    ``context_length_exceeded``, ``rate_limit_exceeded`` …), ``param`` the request field at fault.
+    ``retry_after_s`` (seconds, > 0) becomes a ``Retry-After`` header (whole seconds, rounded up).
+    """
+
+    def __init__(self, status: int, message: str, type: str | None = None, code: str | None = None,
+                 param: str | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        self.code = code
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> bytes:
+        """The JSON body (bytes) of this error."""
+        return openai_error_body(self.message, self.type, self.code, self.param)
+
+    def headers(self) -> dict[str, str]:
+        """Extra response headers: ``Retry-After`` (integer seconds, at least 1) when ``retry_after_s`` is set."""
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": str(max(1, int(-(-self.retry_after_s // 1))))}
+
+    def event(self) -> bytes:
+        """This error as one SSE event (``data: {...}\\n\\n``) for a stream that already started."""
+        return b"data: " + self.body() + b"\n\n"
+
+    def __repr__(self) -> str:
+        return f"GatewayError({self.status}, {self.message!r}, code={self.code!r})"
+
+
+def openai_error_body(message: str, type: str = "invalid_request_error", code: str | None = None,
+                      param: str | None = None) -> bytes:
+    """``{"error": {"message", "type", "param", "code"}}`` as bytes (OpenAI's error object)."""
+    return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> GatewayError:
+    """A 400 ``invalid_request_error`` naming ``param``."""
+    return GatewayError(400, message, code=code, param=param)
+
+
+_URL = re.compile(r"\b(?:https?|wss?|tcp|unix)://\S+", re.I)
+_HOSTPORT = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\blocalhost(?::\d+)?\b", re.I)
+_TRACE = re.compile(r"Traceback \(most recent call last\)|File \"[^\"]+\", line \d+|\bat [\w.$]+\([\w.]+:\d+\)")
+_PATH = re.compile(r"(?<![\w.])/(?:[\w.-]+/)+[\w.-]+")
+
+
+def sanitize_upstream_message(message: str, hide: Iterable[str] = (), replace_with: str = "the model",
+                              max_chars: int = 300) -> str | None:
+    """An upstream error message made safe to show: URLs, host:port, file paths and every string in
+    ``hide`` (backend names, upstream model names) removed; only the first line; at most ``max_chars``.
+
+    Returns ``None`` when the message looks like a stack trace or nothing useful is left, so the caller
+    uses its own generic wording instead.
+    """
+    if not message or _TRACE.search(message):
+        return None
+    text = message.strip().splitlines()[0] if message.strip() else ""
+    for h in sorted((h for h in hide if h), key=len, reverse=True):
+        text = re.sub(re.escape(h), replace_with, text, flags=re.I)
+    text = _URL.sub("", text)
+    text = _HOSTPORT.sub("", text)
+    text = _PATH.sub("", text)
+    text = re.sub(r"\s{2,}", " ", text).strip(" :;,-")
+    if len(text) < 3:
+        return None
+    return text[:max_chars]
+
+
+def upstream_error(status: int | None, message: str | None, hide: Iterable[str] = (),
+                   retry_after_s: float | None = None, upstream_code: Any = None) -> GatewayError:
+    """Map an engine's error (any ENGINE_WIRE.md dialect, already normalised by
+    :func:`servelab.wire.errors.error_from_body`/``error_from_event``) to what the client sees.
+
+    - 429/503 (overload, case 19): 503 "the model is busy, retry in N s" with ``Retry-After``;
+    - context overflow (case 18; 400/413/422 naming the context): 400 ``context_length_exceeded``;
+    - other 4xx (incl. TGI's 422 validation): 400 with the engine's message, sanitised;
+    - 5xx, errors inside a 200 stream (``status`` 200 or ``None``): 502 "the model failed while answering".
+    """
+    from servelab.wire.errors import is_context_overflow
+    from servelab.wire.types import WireError
+
+    clean = sanitize_upstream_message(message or "", hide)
+    if status in (429, 503):
+        wait = retry_after_s if retry_after_s and retry_after_s > 0 else 1.0
+        return GatewayError(503, f"the model is busy, retry in {max(1, int(-(-wait // 1)))} s",
+                            type="server_error", code="model_busy", retry_after_s=wait)
+    if status is not None and 400 <= status < 500:
+        if (is_context_overflow(WireError(status=status, message=message or "", code=upstream_code))
+                or "context size" in (message or "").lower()):
+            return GatewayError(400, "the prompt plus max_tokens does not fit the model's context"
+                                + (f" ({clean})" if clean else "") + "; shorten the prompt or lower max_tokens",
+                                code="context_length_exceeded", param="messages")
+        return GatewayError(400, clean or "the model rejected the request; check its parameters",
+                            code="upstream_rejected")
+    return GatewayError(502, "the model failed while answering" + (f" ({clean})" if clean else "")
+                        + "; retry the request", type="server_error", code="upstream_error")

@@ -1,0 +1,464 @@
+"""Usage ledger: one row per client request (who, which model, where it went, tokens, cost, outcome).
+
+Two stores with the same :class:`Ledger` interface, both creating their own schema:
+
+- :class:`SqliteLedger` (default, one gateway replica): a single writer thread owns the connection;
+  :meth:`~SqliteLedger.record` only enqueues (no disk I/O on the event loop), the thread inserts in
+  batches of up to ``batch_max_rows`` per transaction, in WAL mode (readers never block the writer;
+  https://www.sqlite.org/wal.html, checked 2026-11-30).
+- :class:`PostgresLedger` (N replicas, one shared database): asyncpg pool; rows are buffered and written
+  with ``COPY`` (``copy_records_to_table``) every ``flush_interval_s`` or every ``batch_max_rows``.
+
+Reads go through the same path as writes: :meth:`totals` first flushes what this process has recorded,
+so ``totals()`` after ``await record(...)`` calls is exact (token sums are integers; cost is stored as an
+integer number of nano-units of the price currency, so its sums are exact too).
+
+The ledger database also holds the API keys created through the admin port (:class:`KeyRecord`,
+``put_key``/``load_keys``); :mod:`servelab.gateway.keys` uses them. Only SHA-256 hashes of secrets are
+stored, never secrets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+
+__all__ = ["GROUP_BY_COLUMNS", "KeyRecord", "Ledger", "PostgresLedger", "SqliteLedger", "UsageRow",
+           "token_cost"]
+
+log = logging.getLogger("servelab.gateway.ledger")
+
+#: Columns :meth:`Ledger.totals` can group by (``model`` is the public model name the client asked for).
+GROUP_BY_COLUMNS = ("key_id", "tenant", "model", "backend", "upstream_model", "status", "outcome")
+OUTCOMES = ("ok", "error", "client_disconnect")
+NANOS = 1_000_000_000
+
+
+def token_cost(prompt_tokens: int, completion_tokens: int, input_price_per_1m: float | None,
+               output_price_per_1m: float | None) -> float:
+    """Cost of one request from prices per 1M tokens (the unit OpenAI's price list uses,
+    https://openai.com/api/pricing/, checked 2026-11-30): ``p * in/1e6 + c * out/1e6``; missing price = 0."""
+    return (prompt_tokens * (input_price_per_1m or 0.0) + completion_tokens * (output_price_per_1m or 0.0)) / 1e6
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One request's usage.
+
+    ``ts``: epoch seconds when the request arrived. ``model``: the public model name; ``backend`` /
+    ``upstream_model``: where it was served (``None`` if it never reached one). ``*_tokens``: as reported
+    by the engine's ``usage`` (``reserved_tokens``: what the limiter held). ``status``: HTTP status sent to
+    the client. ``outcome``: ``ok`` | ``error`` | ``client_disconnect``. ``cost``: in the currency of the
+    configured prices (see :func:`token_cost`), stored to 1e-9.
+    """
+
+    request_id: str
+    ts: float
+    key_id: str
+    tenant: str
+    model: str
+    backend: str | None
+    upstream_model: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    reserved_tokens: int
+    status: int
+    outcome: str
+    cost: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"UsageRow.outcome {self.outcome!r} is not one of {OUTCOMES}")
+
+    def db_tuple(self) -> tuple[Any, ...]:
+        """The row as stored: fields in order, ``cost`` as integer nano-units (``cost_nanos``)."""
+        *head, cost = astuple(self)
+        return (*head, round(cost * NANOS))
+
+
+_USAGE_COLUMNS = tuple(f.name for f in fields(UsageRow))[:-1] + ("cost_nanos",)
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """An API key as persisted: never the secret, only ``sha256`` (hex) of it.
+
+    ``allowed_models``: ``None`` = whatever the tenant allows. ``limits``: per-key overrides
+    (``{"rpm": ..., "tpm": ..., "max_concurrency": ..., "token_budget": ...}``, absent = tenant's).
+    ``source``: ``admin`` (created through the admin port) or ``config`` (a revocation of a config key).
+    """
+
+    key_id: str
+    tenant: str
+    sha256: str
+    allowed_models: tuple[str, ...] | None
+    limits: dict[str, int | None]
+    created_ts: float
+    revoked_ts: float | None = None
+    source: str = "admin"
+
+    def db_tuple(self) -> tuple[Any, ...]:
+        models = None if self.allowed_models is None else orjson.dumps(list(self.allowed_models)).decode()
+        return (self.key_id, self.tenant, self.sha256, models, orjson.dumps(self.limits).decode(),
+                self.created_ts, self.revoked_ts, self.source)
+
+    @classmethod
+    def from_db(cls, row: Sequence[Any]) -> KeyRecord:
+        key_id, tenant, sha, models, limits, created, revoked, source = row
+        return cls(key_id, tenant, sha, None if models is None else tuple(orjson.loads(models)),
+                   orjson.loads(limits) if limits else {}, float(created),
+                   None if revoked is None else float(revoked), source)
+
+
+_KEY_COLUMNS = ("key_id", "tenant", "sha256", "allowed_models", "limits", "created_ts", "revoked_ts", "source")
+
+
+class Ledger(Protocol):
+    """Where usage rows (and admin-created keys) go; see the module docstring."""
+
+    async def start(self) -> None: ...
+    async def record(self, row: UsageRow) -> None: ...
+    async def totals(self, group_by: Sequence[str] = ("key_id", "model"), since_ts: float | None = None,
+                     until_ts: float | None = None) -> list[dict[str, Any]]: ...
+    async def put_key(self, record: KeyRecord) -> None: ...
+    async def load_keys(self) -> list[KeyRecord]: ...
+    async def close(self) -> None: ...
+
+
+def _schema(real: str, big: str) -> list[str]:
+    return [
+        f"""CREATE TABLE IF NOT EXISTS servelab_usage (
+            request_id TEXT NOT NULL, ts {real} NOT NULL, key_id TEXT NOT NULL, tenant TEXT NOT NULL,
+            model TEXT NOT NULL, backend TEXT, upstream_model TEXT, prompt_tokens {big} NOT NULL,
+            completion_tokens {big} NOT NULL, reserved_tokens {big} NOT NULL, status INTEGER NOT NULL,
+            outcome TEXT NOT NULL, cost_nanos {big} NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS servelab_usage_ts ON servelab_usage (ts)",
+        f"""CREATE TABLE IF NOT EXISTS servelab_keys (
+            key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, sha256 TEXT NOT NULL, allowed_models TEXT,
+            limits TEXT NOT NULL, created_ts {real} NOT NULL, revoked_ts {real}, source TEXT NOT NULL)""",
+    ]
+
+
+def _totals_sql(group_by: Sequence[str], since_ts: float | None, until_ts: float | None,
+                ph: Callable[[int], str]) -> tuple[str, list[Any]]:
+    """SQL + params for :meth:`Ledger.totals`; ``ph(i)`` renders the i-th (1-based) placeholder."""
+    bad = [g for g in group_by if g not in GROUP_BY_COLUMNS]
+    if bad:
+        raise ValueError(f"cannot group usage by {bad}; choose from {list(GROUP_BY_COLUMNS)}")
+    cols = ", ".join(group_by)
+    where, params = [], []
+    if since_ts is not None:
+        params.append(since_ts)
+        where.append(f"ts >= {ph(len(params))}")
+    if until_ts is not None:
+        params.append(until_ts)
+        where.append(f"ts < {ph(len(params))}")
+    sql = (f"SELECT {cols + ', ' if cols else ''}COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), "
+           f"SUM(reserved_tokens), SUM(cost_nanos) FROM servelab_usage"
+           + (" WHERE " + " AND ".join(where) if where else "")
+           + (f" GROUP BY {cols} ORDER BY {cols}" if cols else ""))
+    return sql, params
+
+
+def _totals_rows(group_by: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        n = len(group_by)
+        d: dict[str, Any] = dict(zip(group_by, r[:n], strict=True))
+        req, p, c, res, cost = (int(x or 0) for x in r[n:])
+        d.update(requests=req, prompt_tokens=p, completion_tokens=c, total_tokens=p + c, reserved_tokens=res,
+                 cost_nanos=cost, cost=cost / NANOS)
+        out.append(d)
+    return out
+
+
+_INSERT_USAGE = f"INSERT INTO servelab_usage ({', '.join(_USAGE_COLUMNS)}) VALUES ({', '.join('?' * 13)})"
+
+
+@dataclass
+class _Call:
+    fn: Callable[[sqlite3.Connection], Any]
+    fut: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
+_STOP = object()
+
+
+class SqliteLedger:
+    """Usage ledger in a SQLite file (WAL), written by one background thread in batches.
+
+    ``path``: the database file (parent folders are created). ``batch_max_rows``: rows per transaction.
+    ``max_pending_rows``: when more rows wait in the queue, :meth:`record` awaits a flush (backpressure
+    instead of unbounded memory). A failed write (disk full, …) is logged with the number of rows lost
+    and counted in ``dropped_rows``; it never raises into the request path.
+    """
+
+    def __init__(self, path: str | Path, batch_max_rows: int = 500, max_pending_rows: int = 100_000) -> None:
+        self.path = Path(path)
+        self.batch_max_rows = batch_max_rows
+        self.max_pending_rows = max_pending_rows
+        self.dropped_rows = 0
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    async def start(self) -> None:
+        """Open (or create) the database and its schema; start the writer thread. Raises
+        ``sqlite3.Error``/``OSError`` if the file cannot be opened."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        ready: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="servelab-ledger", daemon=True)
+        self._thread.start()
+        err = await asyncio.get_running_loop().run_in_executor(None, ready.get)
+        if err is not None:
+            self._thread = None
+            raise err
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None)  # explicit BEGIN/COMMIT below
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
+        conn.execute("PRAGMA busy_timeout=5000")
+        for stmt in _schema("REAL", "INTEGER"):
+            conn.execute(stmt)
+        return conn
+
+    def _write(self, conn: sqlite3.Connection, rows: list[UsageRow]) -> None:
+        if not rows:
+            return
+        try:
+            conn.execute("BEGIN")
+            conn.executemany(_INSERT_USAGE, [r.db_tuple() for r in rows])
+            conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self.dropped_rows += len(rows)
+            log.error("ledger: could not write %d usage rows to %s: %s", len(rows), self.path, e)
+
+    def _run(self, ready: queue.SimpleQueue[BaseException | None]) -> None:
+        try:
+            conn = self._open()
+        except BaseException as e:  # reported to start()
+            ready.put(e)
+            return
+        ready.put(None)
+        try:
+            while True:
+                items = [self._q.get()]
+                while len(items) < self.batch_max_rows:
+                    try:
+                        items.append(self._q.get_nowait())
+                    except queue.Empty:
+                        break
+                rows: list[UsageRow] = []
+                for it in items:
+                    if isinstance(it, UsageRow):
+                        rows.append(it)
+                        continue
+                    self._write(conn, rows)
+                    rows = []
+                    if it is _STOP:
+                        return
+                    try:
+                        res = it.fn(conn)
+                    except BaseException as e:
+                        it.loop.call_soon_threadsafe(_set_exc, it.fut, e)
+                    else:
+                        it.loop.call_soon_threadsafe(_set_res, it.fut, res)
+                self._write(conn, rows)
+        finally:
+            conn.close()
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        if self._thread is None or self._closed:
+            raise RuntimeError("SqliteLedger is not started (call await start()) or already closed")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._q.put(_Call(fn, fut, loop))
+        return await fut
+
+    async def record(self, row: UsageRow) -> None:
+        """Queue ``row`` for the writer thread (no I/O here). Raises ``RuntimeError`` if not started."""
+        if self._thread is None or self._closed:
+            raise RuntimeError("SqliteLedger is not started (call await start()) or already closed")
+        self._q.put(row)
+        if self._q.qsize() > self.max_pending_rows:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Return once every row recorded before this call is committed."""
+        await self._call(lambda conn: None)
+
+    async def totals(self, group_by: Sequence[str] = ("key_id", "model"), since_ts: float | None = None,
+                     until_ts: float | None = None) -> list[dict[str, Any]]:
+        """Exact sums per group: ``requests``, ``prompt_tokens``, ``completion_tokens``, ``total_tokens``,
+        ``reserved_tokens``, ``cost_nanos`` (int), ``cost`` (float) plus the ``group_by`` columns, ordered by
+        them; only rows with ``since_ts <= ts < until_ts`` when given. Raises ``ValueError`` for an unknown
+        column (see :data:`GROUP_BY_COLUMNS`)."""
+        sql, params = _totals_sql(group_by, since_ts, until_ts, lambda i: "?")
+        rows = await self._call(lambda conn: conn.execute(sql, params).fetchall())
+        return _totals_rows(group_by, rows)
+
+    async def put_key(self, record: KeyRecord) -> None:
+        """Insert or replace the key ``record.key_id`` (committed when this returns)."""
+        sql = (f"INSERT OR REPLACE INTO servelab_keys ({', '.join(_KEY_COLUMNS)}) "
+               f"VALUES ({', '.join('?' * len(_KEY_COLUMNS))})")
+        await self._call(lambda conn: conn.execute(sql, record.db_tuple()))
+
+    async def load_keys(self) -> list[KeyRecord]:
+        """Every persisted key record (revoked ones included), ordered by creation time."""
+        rows = await self._call(lambda conn: conn.execute(
+            f"SELECT {', '.join(_KEY_COLUMNS)} FROM servelab_keys ORDER BY created_ts, key_id").fetchall())
+        return [KeyRecord.from_db(r) for r in rows]
+
+    async def close(self) -> None:
+        """Write everything queued, stop the thread, close the database. Idempotent."""
+        if self._thread is None or self._closed:
+            return
+        self._closed = True
+        self._q.put(_STOP)
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+
+
+def _set_res(fut: asyncio.Future[Any], res: Any) -> None:
+    if not fut.done():
+        fut.set_result(res)
+
+
+def _set_exc(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+class PostgresLedger:
+    """Usage ledger in PostgreSQL (shared by every gateway replica), via an asyncpg pool.
+
+    ``dsn``: ``postgresql://user@host:port/db``. Rows are buffered and written with ``COPY`` in batches
+    of ``batch_max_rows`` at least every ``flush_interval_s``. A failed write keeps the rows for the next
+    try (logged); beyond ``max_pending_rows`` the oldest are dropped, logged and counted in
+    ``dropped_rows``. The schema is created under an advisory lock so N replicas starting at once do not
+    race on ``CREATE TABLE``.
+    """
+
+    _LOCK_ID = 0x5E4E1AB  # advisory lock id for schema creation (any fixed 64-bit number)
+
+    def __init__(self, dsn: str, batch_max_rows: int = 1000, flush_interval_s: float = 0.2,
+                 pool_max_size: int = 4, max_pending_rows: int = 100_000) -> None:
+        self.dsn = dsn
+        self.batch_max_rows = batch_max_rows
+        self.flush_interval_s = flush_interval_s
+        self.pool_max_size = pool_max_size
+        self.max_pending_rows = max_pending_rows
+        self.dropped_rows = 0
+        self._pool: Any = None
+        self._buf: list[tuple[Any, ...]] = []
+        self._flush_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Connect, create the schema, start the background flusher. Raises asyncpg/OS errors when the
+        database cannot be reached."""
+        import asyncpg
+
+        self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_max_size)
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", self._LOCK_ID)
+            for stmt in _schema("DOUBLE PRECISION", "BIGINT"):
+                await conn.execute(stmt)
+        self._task = asyncio.create_task(self._flusher(), name="servelab-ledger-flush")
+
+    def _require(self) -> None:
+        if self._pool is None:
+            raise RuntimeError("PostgresLedger is not started (call await start()) or already closed")
+
+    async def record(self, row: UsageRow) -> None:
+        """Buffer ``row``; the flusher writes it within ``flush_interval_s``."""
+        self._require()
+        self._buf.append(row.db_tuple())
+        if len(self._buf) >= self.batch_max_rows:
+            self._wake.set()
+
+    async def _flusher(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.flush()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.error("ledger: PostgreSQL write failed, %d rows kept for the next try: %s", len(self._buf), e)
+
+    async def flush(self) -> None:
+        """Write every buffered row; raises the database error (rows stay buffered) on failure."""
+        self._require()
+        async with self._flush_lock:
+            while self._buf:
+                batch = self._buf[: self.batch_max_rows]
+                try:
+                    async with self._pool.acquire() as conn:
+                        await conn.copy_records_to_table("servelab_usage", records=batch, columns=_USAGE_COLUMNS)
+                except BaseException:
+                    over = len(self._buf) - self.max_pending_rows
+                    if over > 0:
+                        del self._buf[:over]
+                        self.dropped_rows += over
+                        log.error("ledger: dropped %d usage rows (PostgreSQL unreachable, buffer full)", over)
+                    raise
+                del self._buf[: len(batch)]
+
+    async def totals(self, group_by: Sequence[str] = ("key_id", "model"), since_ts: float | None = None,
+                     until_ts: float | None = None) -> list[dict[str, Any]]:
+        """As :meth:`SqliteLedger.totals` (flushes this process's buffer first)."""
+        sql, params = _totals_sql(group_by, since_ts, until_ts, lambda i: f"${i}")
+        await self.flush()
+        rows = await self._pool.fetch(sql, *params)
+        return _totals_rows(group_by, [tuple(r) for r in rows])
+
+    async def put_key(self, record: KeyRecord) -> None:
+        """Insert or update the key ``record.key_id``."""
+        self._require()
+        cols = ", ".join(_KEY_COLUMNS)
+        vals = ", ".join(f"${i + 1}" for i in range(len(_KEY_COLUMNS)))
+        upd = ", ".join(f"{c} = EXCLUDED.{c}" for c in _KEY_COLUMNS[1:])
+        await self._pool.execute(f"INSERT INTO servelab_keys ({cols}) VALUES ({vals}) "
+                                 f"ON CONFLICT (key_id) DO UPDATE SET {upd}", *record.db_tuple())
+
+    async def load_keys(self) -> list[KeyRecord]:
+        """Every persisted key record (revoked ones included), ordered by creation time."""
+        self._require()
+        rows = await self._pool.fetch(f"SELECT {', '.join(_KEY_COLUMNS)} FROM servelab_keys "
+                                      "ORDER BY created_ts, key_id")
+        return [KeyRecord.from_db(tuple(r)) for r in rows]
+
+    async def close(self) -> None:
+        """Stop the flusher, write what is buffered (errors logged), close the pool. Idempotent."""
+        if self._pool is None:
+            return
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        try:
+            await self.flush()
+        except Exception as e:
+            log.error("ledger: %d usage rows not written at close: %s", len(self._buf), e)
+        await self._pool.close()
+        self._pool = None

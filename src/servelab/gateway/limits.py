@@ -1,0 +1,512 @@
+"""Per-key and per-tenant limits: requests/minute (RPM), tokens/minute (TPM), concurrency, token budget.
+
+The server calls :meth:`Limiter.admit` after authentication and before routing, and
+:meth:`Limiter.settle` exactly once when the request ends (success, error or client disconnect).
+
+Algorithm (both implementations, identical semantics)
+-----------------------------------------------------
+- **RPM: sliding log.** Every admission is logged with its time; a request is admitted when fewer than
+  ``rpm`` admissions lie in the half-open window ``(now - window_s, now]``. This is exact: *for every
+  instant t, the admissions with time in (t - window_s, t] number at most rpm* (each admission checked
+  the count of exactly that window before adding itself). The cheaper "sliding window counter" (two
+  fixed buckets weighted by overlap, https://blog.cloudflare.com/counting-things-a-lot-of-different-things/,
+  checked 2026-11-30) assumes uniform arrivals in the previous bucket and can admit up to ~2x rpm in a
+  true sliding minute after a burst at a bucket edge; the log costs one entry per request in the window,
+  which is bounded by rpm itself (or by the request rate when only TPM is set).
+- **TPM: weighted sliding log.** Each admission logs ``reserve_tokens`` (prompt estimate + max_tokens, as
+  OpenAI counts against TPM at request time: https://platform.openai.com/docs/guides/rate-limits, checked
+  2026-11-30) and a running sum is kept next to the log, so admission is O(expired entries). A request is
+  admitted when ``sum_in_window + reserve_tokens <= tpm``. :meth:`settle` rewrites that entry in place
+  (same timestamp) from reserved to actual tokens, so the window holds what was really used.
+- **Concurrency:** a set of in-flight admissions; with Redis each entry is a lease that expires after
+  ``lease_s`` so a crashed gateway replica cannot hold slots forever.
+- **Token budget:** a lifetime counter of tokens (reserved while in flight, actual once settled);
+  admission needs ``spent + reserve_tokens <= token_budget``. Rejected with 429
+  ``insufficient_quota`` (OpenAI's type/code for an exhausted quota, which retrying does not fix).
+
+Time: :class:`RedisLimiter` reads the clock with Redis ``TIME`` inside the script (microseconds), so N
+gateway replicas with skewed clocks share one timeline; the invariant above holds on the Redis clock,
+with no "+1": the check and the reservation are one script, so no second replica can slip in between.
+A client timing requests with its own clock sees the same bound except at the window edges, blurred by
+its network round trip to the gateway and the gateway's to Redis. Every admission counts, also one that
+later fails upstream or is cancelled (as with OpenAI's limits).
+:class:`MemoryLimiter` uses ``time.monotonic()`` of its process (one replica).
+
+Scopes: ``limits`` apply to the key alone; ``tenant_limits`` (optional) to all keys of the tenant together.
+Both are checked and reserved atomically: either every scope admits and reserves, or nothing changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from servelab.gateway.errors import GatewayError
+
+__all__ = ["Admission", "LimitExceeded", "Limiter", "Limits", "MemoryLimiter", "RedisLimiter"]
+
+log = logging.getLogger("servelab.gateway.limits")
+
+#: Length of the RPM/TPM window: one minute, as the names say.
+MINUTE_S = 60.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Limits of one scope (a key or a tenant). ``None`` = unlimited.
+
+    - ``rpm``: requests admitted per sliding minute;
+    - ``tpm``: tokens (reserved at admission, corrected to actual at settle) per sliding minute;
+    - ``max_concurrency``: requests in flight at once;
+    - ``token_budget``: tokens over the scope's lifetime (until the counter is reset).
+    """
+
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrency: int | None = None
+    token_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("rpm", "tpm", "max_concurrency", "token_budget"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise ValueError(f"limits.{name}: {v!r} is not a whole number >= 0; use null for unlimited")
+
+    @property
+    def unlimited(self) -> bool:
+        """True when no limit is set (admission is free and touches no shared state)."""
+        return self.rpm is None and self.tpm is None and self.max_concurrency is None and self.token_budget is None
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> Limits:
+        """Build from a mapping or any object with ``rpm``/``tpm``/``max_concurrency``/``token_budget``
+        attributes (e.g. a pydantic tenant config); missing fields are unlimited. ``None`` -> unlimited."""
+        if obj is None:
+            return cls()
+        if isinstance(obj, Limits):
+            return obj
+        get = obj.get if isinstance(obj, Mapping) else (lambda k, d=None: getattr(obj, k, d))
+        return cls(rpm=get("rpm"), tpm=get("tpm"), max_concurrency=get("max_concurrency"),
+                   token_budget=get("token_budget"))
+
+    def merged(self, override: Limits | None) -> Limits:
+        """These limits with every non-``None`` field of ``override`` taking precedence."""
+        if override is None:
+            return self
+        return Limits(*(o if o is not None else s for s, o in
+                        zip(_fields(self), _fields(override), strict=True)))
+
+
+def _fields(lim: Limits) -> tuple[int | None, ...]:
+    return (lim.rpm, lim.tpm, lim.max_concurrency, lim.token_budget)
+
+
+class LimitExceeded(GatewayError):
+    """429 from a limit. ``limit`` is ``"rpm"``, ``"tpm"``, ``"concurrency"`` or ``"budget"`` (for the
+    ``servelab_gateway_limit_rejections_total{limit}`` metric); ``scope`` is ``"key"`` or ``"tenant"``."""
+
+    def __init__(self, limit: str, scope: str, message: str, type: str, code: str,
+                 retry_after_s: float | None) -> None:
+        super().__init__(429, message, type=type, code=code, retry_after_s=retry_after_s)
+        self.limit = limit
+        self.scope = scope
+
+
+def _reject(kind: str, scope: str, tenant: str, limit: int, used: int, reserve: int,
+            wait_s: float | None) -> LimitExceeded:
+    """The user-facing 429 for ``kind`` (rpm|tpm|tpm_too_large|concurrency|budget)."""
+    who = "this API key" if scope == "key" else f"your team ({tenant})"
+    retry = f"; retry in {max(1, math.ceil(wait_s))} s" if wait_s is not None else ""
+    if kind == "rpm":
+        return LimitExceeded("rpm", scope, f"Rate limit reached for requests per minute (RPM) on {who}: "
+                             f"limit {limit}, used {used}{retry}", "requests", "rate_limit_exceeded", wait_s)
+    if kind == "tpm":
+        return LimitExceeded("tpm", scope, f"Rate limit reached for tokens per minute (TPM) on {who}: limit "
+                             f"{limit}, used {used}, requested {reserve}{retry}; a lower max_tokens reserves "
+                             "fewer tokens", "tokens", "rate_limit_exceeded", wait_s)
+    if kind == "tpm_too_large":
+        return LimitExceeded("tpm", scope, f"Request too large for the tokens per minute (TPM) limit of {who}: "
+                             f"it reserves {reserve} tokens (prompt + max_tokens), the limit is {limit}; "
+                             "lower max_tokens or shorten the prompt", "tokens", "rate_limit_exceeded", None)
+    if kind == "concurrency":
+        return LimitExceeded("concurrency", scope, f"Too many requests in flight on {who}: limit {limit} at "
+                             "once; retry when one of them has finished", "requests", "rate_limit_exceeded",
+                             wait_s)
+    left = max(0, limit - used)
+    detail = ("is used up" if left == 0 else
+              f"has {left} tokens left, this request reserves {reserve} (prompt + max_tokens); lower max_tokens")
+    return LimitExceeded("budget", scope, f"The token budget of {who} ({limit} tokens) {detail}; ask your "
+                         "administrator for more", "insufficient_quota", "insufficient_quota", None)
+
+
+@dataclass
+class Admission:
+    """One admitted request; pass it to :meth:`Limiter.settle` exactly once.
+
+    ``admitted_ts``: admission time in epoch seconds on the limiter's clock (Redis ``TIME`` for
+    :class:`RedisLimiter`). ``reserved_tokens``: what TPM and the budget hold until settle.
+    """
+
+    key_id: str
+    tenant: str
+    model: str
+    reserved_tokens: int
+    admitted_ts: float
+    uid: str = field(default_factory=lambda: secrets.token_hex(8))
+    settled: bool = False
+    _scopes: tuple[Any, ...] = field(default=(), repr=False)
+
+
+class Limiter(Protocol):
+    """What the server needs from a limiter (see the module docstring for semantics)."""
+
+    async def admit(self, key_id: str, tenant: str, model: str, reserve_tokens: int, limits: Limits,
+                    tenant_limits: Limits | None = None) -> Admission: ...
+
+    async def settle(self, admission: Admission, used_tokens: int) -> float: ...
+
+    async def close(self) -> None: ...
+
+
+def _check_args(reserve_tokens: int) -> None:
+    if not isinstance(reserve_tokens, int) or reserve_tokens < 0:
+        raise ValueError(f"reserve_tokens must be a whole number >= 0, got {reserve_tokens!r}")
+
+
+def _begin_settle(admission: Admission, used_tokens: int) -> None:
+    if admission.settled:
+        raise RuntimeError(f"admission {admission.uid} settled twice; settle exactly once per admission")
+    if not isinstance(used_tokens, int) or used_tokens < 0:
+        raise ValueError(f"used_tokens must be a whole number >= 0, got {used_tokens!r}")
+    admission.settled = True
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+@dataclass
+class _MemScope:
+    name: str  # "key" | "tenant"
+    limits: Limits
+    rpm_log: deque[float] = field(default_factory=deque)  # admission times (monotonic s)
+    tpm_log: dict[str, tuple[float, int]] = field(default_factory=dict)  # uid -> (time, tokens), in order
+    tpm_sum: int = 0
+    in_flight: set[str] = field(default_factory=set)
+    spent: int = 0
+
+    def trim(self, cutoff: float) -> None:
+        while self.rpm_log and self.rpm_log[0] <= cutoff:
+            self.rpm_log.popleft()
+        while self.tpm_log:
+            uid, (t, tok) = next(iter(self.tpm_log.items()))
+            if t > cutoff:
+                break
+            del self.tpm_log[uid]
+            self.tpm_sum -= tok
+
+
+class MemoryLimiter:
+    """Limits in this process's memory: exact for one gateway replica (use :class:`RedisLimiter` for N).
+
+    ``window_s``: RPM/TPM window (60 s; tests shorten it). Counters of the token budget live as long as
+    the process. Not thread-safe; call from one event loop (``admit``/``settle`` never await inside).
+    """
+
+    def __init__(self, window_s: float = MINUTE_S) -> None:
+        self.window_s = window_s
+        self._scopes: dict[tuple[str, str], _MemScope] = {}
+
+    def _scope(self, kind: str, name: str, limits: Limits) -> _MemScope:
+        s = self._scopes.get((kind, name))
+        if s is None:
+            s = self._scopes[(kind, name)] = _MemScope(kind, limits)
+        s.limits = limits
+        return s
+
+    async def admit(self, key_id: str, tenant: str, model: str, reserve_tokens: int, limits: Limits,
+                    tenant_limits: Limits | None = None) -> Admission:
+        """Admit or raise :class:`LimitExceeded` (429) naming the limit. Checks key scope, then tenant."""
+        _check_args(reserve_tokens)
+        now = time.monotonic()
+        scopes = []
+        if not limits.unlimited:
+            scopes.append(self._scope("key", f"{tenant}\0{key_id}", limits))
+        if tenant_limits is not None and not tenant_limits.unlimited:
+            scopes.append(self._scope("tenant", tenant, tenant_limits))
+        cutoff = now - self.window_s
+        for s in scopes:
+            lim = s.limits
+            s.trim(cutoff)
+            if lim.rpm is not None and len(s.rpm_log) >= lim.rpm:
+                wait = s.rpm_log[0] + self.window_s - now if s.rpm_log else None
+                raise _reject("rpm", s.name, tenant, lim.rpm, len(s.rpm_log), reserve_tokens, wait)
+            if lim.tpm is not None and s.tpm_sum + reserve_tokens > lim.tpm:
+                if reserve_tokens > lim.tpm:
+                    raise _reject("tpm_too_large", s.name, tenant, lim.tpm, s.tpm_sum, reserve_tokens, None)
+                need, acc, wait = s.tpm_sum + reserve_tokens - lim.tpm, 0, self.window_s
+                for t, tok in s.tpm_log.values():
+                    acc += tok
+                    if acc >= need:
+                        wait = t + self.window_s - now
+                        break
+                raise _reject("tpm", s.name, tenant, lim.tpm, s.tpm_sum, reserve_tokens, wait)
+            if lim.max_concurrency is not None and len(s.in_flight) >= lim.max_concurrency:
+                raise _reject("concurrency", s.name, tenant, lim.max_concurrency, len(s.in_flight),
+                              reserve_tokens, 1.0)
+            if lim.token_budget is not None and s.spent + reserve_tokens > lim.token_budget:
+                raise _reject("budget", s.name, tenant, lim.token_budget, s.spent, reserve_tokens, None)
+        adm = Admission(key_id, tenant, model, reserve_tokens, time.time())
+        taken = []
+        for s in scopes:
+            lim = s.limits
+            flags = (lim.tpm is not None, lim.max_concurrency is not None, lim.token_budget is not None)
+            if lim.rpm is not None:
+                s.rpm_log.append(now)
+            if flags[0]:
+                s.tpm_log[adm.uid] = (now, reserve_tokens)
+                s.tpm_sum += reserve_tokens
+            if flags[1]:
+                s.in_flight.add(adm.uid)
+            if flags[2]:
+                s.spent += reserve_tokens
+            taken.append((s, flags))
+        adm._scopes = tuple(taken)
+        return adm
+
+    async def settle(self, admission: Admission, used_tokens: int) -> float:
+        """Release concurrency, correct TPM and budget from reserved to ``used_tokens``. Returns the
+        settle time (epoch s). Raises ``RuntimeError`` on a second settle of the same admission."""
+        _begin_settle(admission, used_tokens)
+        delta = used_tokens - admission.reserved_tokens
+        for s, (tpm_on, conc_on, budget_on) in admission._scopes:
+            if tpm_on and admission.uid in s.tpm_log:
+                t, _ = s.tpm_log[admission.uid]
+                s.tpm_log[admission.uid] = (t, used_tokens)
+                s.tpm_sum += delta
+            if conc_on:
+                s.in_flight.discard(admission.uid)
+            if budget_on:
+                s.spent += delta
+        return time.time()
+
+    async def close(self) -> None:
+        """Nothing to release (kept for the :class:`Limiter` protocol)."""
+
+
+# ----------------------------------------------------------------------------------------------- redis
+
+# KEYS per scope (5): rpm log, tpm log, tpm sum, concurrency leases, budget counter.
+# ARGV: uid, reserve, window_us, lease_us, nscopes, then per scope: rpm, tpm, conc, budget (-1 = none).
+# Returns {1, now_us} when admitted, {0, scope_index, kind, used, wait_us, now_us} when rejected.
+_ADMIT_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local uid, reserve = ARGV[1], tonumber(ARGV[2])
+local window, lease, n = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local cutoff = now - window
+local function tokens(member) return tonumber(string.match(member, ':(%d+)$')) end
+for i = 0, n - 1 do
+  local k, a = i * 5, 6 + i * 4
+  local rpm, tpm = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  local conc, budget = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  if rpm >= 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[k + 1], '-inf', cutoff)
+    local count = redis.call('ZCARD', KEYS[k + 1])
+    if count >= rpm then
+      local wait = -1
+      if count > 0 then wait = tonumber(redis.call('ZRANGE', KEYS[k + 1], 0, 0, 'WITHSCORES')[2]) + window - now end
+      return {0, i, 'rpm', count, wait, now}
+    end
+  end
+  if tpm >= 0 then
+    local old = redis.call('ZRANGEBYSCORE', KEYS[k + 2], '-inf', cutoff)
+    if #old > 0 then
+      local freed = 0
+      for _, m in ipairs(old) do freed = freed + tokens(m) end
+      redis.call('DECRBY', KEYS[k + 3], freed)
+      redis.call('ZREMRANGEBYSCORE', KEYS[k + 2], '-inf', cutoff)
+    end
+    if redis.call('ZCARD', KEYS[k + 2]) == 0 then redis.call('DEL', KEYS[k + 3]) end
+    local used = tonumber(redis.call('GET', KEYS[k + 3]) or '0')
+    if used + reserve > tpm then
+      if reserve > tpm then return {0, i, 'tpm_too_large', used, -1, now} end
+      local need, acc, wait = used + reserve - tpm, 0, window
+      local entries = redis.call('ZRANGE', KEYS[k + 2], 0, -1, 'WITHSCORES')
+      for j = 1, #entries, 2 do
+        acc = acc + tokens(entries[j])
+        if acc >= need then wait = tonumber(entries[j + 1]) + window - now; break end
+      end
+      return {0, i, 'tpm', used, wait, now}
+    end
+  end
+  if conc >= 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[k + 4], '-inf', now)
+    local c = redis.call('ZCARD', KEYS[k + 4])
+    if c >= conc then return {0, i, 'concurrency', c, 1000000, now} end
+  end
+  if budget >= 0 then
+    local spent = tonumber(redis.call('GET', KEYS[k + 5]) or '0')
+    if spent + reserve > budget then return {0, i, 'budget', spent, -1, now} end
+  end
+end
+local ttl_ms = math.ceil(window / 1000) + 1000
+for i = 0, n - 1 do
+  local k, a = i * 5, 6 + i * 4
+  if tonumber(ARGV[a]) >= 0 then
+    redis.call('ZADD', KEYS[k + 1], now, uid)
+    redis.call('PEXPIRE', KEYS[k + 1], ttl_ms)
+  end
+  if tonumber(ARGV[a + 1]) >= 0 then
+    redis.call('ZADD', KEYS[k + 2], now, uid .. ':' .. ARGV[2])
+    redis.call('INCRBY', KEYS[k + 3], reserve)
+    redis.call('PEXPIRE', KEYS[k + 2], ttl_ms)
+    redis.call('PEXPIRE', KEYS[k + 3], ttl_ms)
+  end
+  if tonumber(ARGV[a + 2]) >= 0 then
+    redis.call('ZADD', KEYS[k + 4], now + lease, uid)
+    redis.call('PEXPIRE', KEYS[k + 4], math.ceil(lease / 1000) + 1000)
+  end
+  if tonumber(ARGV[a + 3]) >= 0 then redis.call('INCRBY', KEYS[k + 5], reserve) end
+end
+return {1, now}
+"""
+
+# KEYS as in admit. ARGV: uid, reserved, used, window_us, nscopes, then per scope: tpm_on, conc_on, budget_on.
+# Returns now_us.
+_SETTLE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local uid, reserved, used = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local window, n = tonumber(ARGV[4]), tonumber(ARGV[5])
+local ttl_ms = math.ceil(window / 1000) + 1000
+for i = 0, n - 1 do
+  local k, a = i * 5, 6 + i * 3
+  if ARGV[a] == '1' then
+    local old = uid .. ':' .. ARGV[2]
+    local score = redis.call('ZSCORE', KEYS[k + 2], old)
+    if score then
+      redis.call('ZREM', KEYS[k + 2], old)
+      redis.call('ZADD', KEYS[k + 2], score, uid .. ':' .. ARGV[3])
+      redis.call('INCRBY', KEYS[k + 3], used - reserved)
+      redis.call('PEXPIRE', KEYS[k + 2], ttl_ms)
+      redis.call('PEXPIRE', KEYS[k + 3], ttl_ms)
+    end
+  end
+  if ARGV[a + 1] == '1' then redis.call('ZREM', KEYS[k + 4], uid) end
+  if ARGV[a + 2] == '1' then redis.call('INCRBY', KEYS[k + 5], used - reserved) end
+end
+return now
+"""
+
+
+def _tag(s: str) -> str:
+    """A name safe inside a Redis Cluster hash tag (no braces)."""
+    return s.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+class RedisLimiter:
+    """Limits shared by every gateway replica through one Redis (>= 6.2; tested with 7.0).
+
+    ``url``: ``redis://host:port/db``. Each :meth:`admit` is one ``EVALSHA`` that reads ``TIME``, checks
+    every limit of every scope and reserves in all of them, atomically (Redis runs a script without
+    interleaving). All keys of one tenant share the hash tag ``{<prefix>:<tenant>}`` so the script also
+    runs on Redis Cluster. Window keys carry a TTL of ``window_s`` + 1 s and lease sets ``lease_s`` + 1 s;
+    the budget counter ``<prefix>:{...}:...:budget`` has none (delete it to reset a budget).
+
+    ``lease_s``: a concurrency slot not settled within this time (a replica died mid-request) frees
+    itself; set it above the longest request you allow. If Redis is unreachable, :meth:`admit` raises
+    ``GatewayError(503, code="limits_unavailable")`` (fail closed: limits are never silently skipped).
+    """
+
+    def __init__(self, url: str, window_s: float = MINUTE_S, lease_s: float = 900.0,
+                 prefix: str = "servelab") -> None:
+        import redis.asyncio as aioredis
+
+        self.url = url
+        self.window_s = window_s
+        self.lease_s = lease_s
+        self.prefix = prefix
+        self._redis = aioredis.from_url(url)
+        self._admit = self._redis.register_script(_ADMIT_LUA)
+        self._settle = self._redis.register_script(_SETTLE_LUA)
+
+    def _keys(self, kind: str, tenant: str, key_id: str) -> list[str]:
+        base = f"{self.prefix}:{{{_tag(tenant)}}}:" + ("t" if kind == "tenant" else f"k:{key_id}")
+        return [f"{base}:rpm", f"{base}:tpm", f"{base}:tpm_sum", f"{base}:conc", f"{base}:budget"]
+
+    async def admit(self, key_id: str, tenant: str, model: str, reserve_tokens: int, limits: Limits,
+                    tenant_limits: Limits | None = None) -> Admission:
+        """Admit or raise :class:`LimitExceeded` (429, names the limit; ``retry_after_s`` when waiting
+        helps). Unlimited scopes cost no Redis call."""
+        _check_args(reserve_tokens)
+        scopes = []
+        if not limits.unlimited:
+            scopes.append(("key", limits))
+        if tenant_limits is not None and not tenant_limits.unlimited:
+            scopes.append(("tenant", tenant_limits))
+        if not scopes:
+            return Admission(key_id, tenant, model, reserve_tokens, time.time())
+        keys: list[str] = []
+        argv: list[Any] = [None, reserve_tokens, int(self.window_s * 1e6), int(self.lease_s * 1e6), len(scopes)]
+        for kind, lim in scopes:
+            keys += self._keys(kind, tenant, key_id)
+            argv += [-1 if v is None else v for v in _fields(lim)]
+        adm = Admission(key_id, tenant, model, reserve_tokens, 0.0)
+        argv[0] = adm.uid
+        try:
+            res = await self._admit(keys=keys, args=argv)
+        except Exception as e:  # redis.exceptions.RedisError, OSError: no limiter -> no admission
+            log.error("limits: Redis at %s failed on admit: %s", _safe_url(self.url), e)
+            raise GatewayError(503, "the service cannot check usage limits right now; retry in a few seconds",
+                               type="server_error", code="limits_unavailable", retry_after_s=2.0) from None
+        if int(res[0]) == 0:
+            i, kind, used, wait_us = int(res[1]), _s(res[2]), int(res[3]), float(res[4])
+            scope_kind, lim = scopes[i]
+            limit = {"rpm": lim.rpm, "tpm": lim.tpm, "tpm_too_large": lim.tpm,
+                     "concurrency": lim.max_concurrency, "budget": lim.token_budget}[kind]
+            raise _reject(kind, scope_kind, tenant, int(limit or 0), used, reserve_tokens,
+                          max(wait_us, 1000.0) / 1e6 if wait_us >= 0 else None)
+        adm.admitted_ts = int(res[1]) / 1e6
+        adm._scopes = (keys, tuple((lim.tpm is not None, lim.max_concurrency is not None,
+                                    lim.token_budget is not None) for _, lim in scopes))
+        return adm
+
+    async def settle(self, admission: Admission, used_tokens: int) -> float:
+        """Release concurrency, correct TPM and budget from reserved to ``used_tokens`` (one EVALSHA).
+        Returns the settle time in epoch seconds (Redis clock). Raises ``RuntimeError`` on a second
+        settle. A Redis failure is logged, not raised: the slot then frees when its lease expires."""
+        _begin_settle(admission, used_tokens)
+        if not admission._scopes:
+            return time.time()
+        keys, flags = admission._scopes
+        argv: list[Any] = [admission.uid, admission.reserved_tokens, used_tokens, int(self.window_s * 1e6),
+                           len(flags)]
+        for f in flags:
+            argv += ["1" if x else "0" for x in f]
+        try:
+            return int(await self._settle(keys=keys, args=argv)) / 1e6
+        except Exception as e:
+            log.error("limits: Redis at %s failed on settle of %s (slot frees after lease_s=%s): %s",
+                      _safe_url(self.url), admission.uid, self.lease_s, e)
+            return time.time()
+
+    async def close(self) -> None:
+        """Close the Redis connection pool."""
+        await self._redis.aclose()
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _safe_url(url: str) -> str:
+    """``url`` without a password (``redis://:secret@host`` -> ``redis://***@host``)."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return url

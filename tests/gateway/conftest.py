@@ -1,0 +1,187 @@
+"""Gateway test fixtures.
+
+``gateway(config_dict)`` starts ``servelab gateway`` as a subprocess from a config given as a Python dict
+and returns a :class:`GatewayProcess` (``.url`` = OpenAI API root ending in ``/v1``, ``.admin_url``,
+``.admin_token``, ``.config_path``, ``.access_log`` path, ``.log_path`` = the process's stderr file).
+The fixture fills in what a test rarely cares about: ``server.port``/``admin_port`` 0 (free ports),
+``server.access_log`` and ``ledger.sqlite_path`` in the test's tmp folder, ``SERVELAB_ADMIN_TOKEN`` in the
+process's environment. Every process is stopped at teardown. Example::
+
+    def test_x(gateway, mock_engine):
+        eng = mock_engine("--dialect", "vllm")
+        key, entry = gateway_key("k1", "t")
+        gw = gateway({"backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
+                      "models": {"m": {"targets": [{"backend": "b"}]}},
+                      "tenants": {"t": {}}, "keys": [entry]})
+        openai.OpenAI(base_url=gw.url, api_key=key).chat.completions.create(...)
+
+:func:`gateway_key` makes a valid ``sk-sl-<id>-<secret>`` key and its ``keys:`` entry. For module-scoped
+setups use :func:`start_gateway`/:func:`stop_gateway` directly, and ``start_mock_process``/``stop_mock_process``
+(re-exported from tests/conftest.py, which this file shadows as module ``conftest``):
+``from conftest import gateway_key, start_gateway, start_mock_process``.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+def _load_root_conftest() -> Any:
+    # tests/conftest.py is shadowed by this file as module "conftest"; load it under its own name so
+    # module-scoped fixtures here can start mock engines (start_mock_process / stop_mock_process)
+    name = "servelab_tests_root_conftest"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "conftest.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+start_mock_process = _load_root_conftest().start_mock_process
+stop_mock_process = _load_root_conftest().stop_mock_process
+
+_LISTEN = re.compile(rb"listening on (http://\S+/v1)(?: \(admin (http://\S+)\))?")
+ADMIN_TOKEN = "test-admin-token-" + "0" * 16
+
+
+def gateway_key(key_id: str = "k1", tenant: str = "t") -> tuple[str, dict[str, str]]:
+    """A fresh API key ``sk-sl-<key_id>-<64 hex>`` and its config entry ``{id, tenant, sha256}``."""
+    from servelab.gateway.keys import format_key, hash_secret
+
+    secret = secrets.token_hex(32)
+    return format_key(key_id, secret), {"id": key_id, "tenant": tenant, "sha256": hash_secret(secret)}
+
+
+@dataclass
+class GatewayProcess:
+    """A running gateway subprocess and where to find its files."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    admin_url: str | None
+    config_path: Path
+    access_log: Path
+    log_path: Path
+    admin_token: str = ADMIN_TOKEN
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def root(self) -> str:
+        """The URL without ``/v1`` (for ``/health`` and ``/metrics``)."""
+        return self.url[: -len("/v1")]
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        """Replace the config file atomically (rename), as an editor or deploy tool would; the gateway
+        notices within about a second. Fills the same defaults as the fixture."""
+        cfg = _fill(copy.deepcopy(config), self.config_path.parent, keep_ports=self.config)
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        os.replace(tmp, self.config_path)
+        self.config = cfg
+
+    def sighup(self) -> None:
+        """Ask for a reload now."""
+        self.proc.send_signal(signal.SIGHUP)
+
+    def access_records(self) -> list[dict[str, Any]]:
+        """The access-log lines written so far, decoded."""
+        import orjson
+
+        if not self.access_log.exists():
+            return []
+        return [orjson.loads(x) for x in self.access_log.read_bytes().splitlines() if x.strip()]
+
+    def stderr(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def _fill(cfg: dict[str, Any], folder: Path, keep_ports: dict[str, Any] | None = None) -> dict[str, Any]:
+    server = cfg.setdefault("server", {})
+    if keep_ports:
+        server.setdefault("port", keep_ports["server"]["port"])
+        server.setdefault("admin_port", keep_ports["server"]["admin_port"])
+    server.setdefault("port", 0)
+    server.setdefault("admin_port", 0)
+    server.setdefault("access_log", str(folder / "access.log"))
+    cfg.setdefault("ledger", {"sqlite_path": str(folder / "usage.db")})
+    cfg.setdefault("health", {"interval_s": 0.5})
+    return cfg
+
+
+def start_gateway(config: dict[str, Any], folder: Path, *args: str, env: dict[str, str] | None = None,
+                  timeout_s: float = 30.0) -> GatewayProcess:
+    """Write ``config`` (defaults filled, see module doc) to ``folder/gateway.yaml`` and start
+    ``servelab gateway`` on it. Raises :class:`RuntimeError` with the process's stderr if it does not
+    announce itself within ``timeout_s``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = _fill(copy.deepcopy(config), folder)
+    path = folder / "gateway.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    log_path = folder / "gateway.stderr"
+    e = dict(os.environ, PYTHONUNBUFFERED="1", SERVELAB_ADMIN_TOKEN=ADMIN_TOKEN, **(env or {}))
+    with open(log_path, "wb") as errf:
+        proc = subprocess.Popen([sys.executable, "-m", "servelab.cli", "gateway", "--config", str(path), *args],
+                                stdout=subprocess.PIPE, stderr=errf, env=e)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        m = _LISTEN.search(line)
+        if m:
+            # the actual ports, so a rewritten config keeps them (a port change needs a restart)
+            from urllib.parse import urlparse
+
+            cfg["server"]["port"] = urlparse(m.group(1).decode()).port
+            if m.group(2):
+                cfg["server"]["admin_port"] = urlparse(m.group(2).decode()).port
+            return GatewayProcess(proc, m.group(1).decode(), m.group(2).decode() if m.group(2) else None, path,
+                                  Path(cfg["server"]["access_log"]), log_path, config=cfg)
+        if not line and proc.poll() is not None:
+            break
+    stop_gateway(proc)
+    raise RuntimeError(f"gateway did not start: {log_path.read_text(errors='replace')[-3000:]}")
+
+
+def stop_gateway(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, SIGKILL after 10 s; always reaps."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[Any]:
+    """Factory ``gateway(config_dict, *cli_args, env=None) -> GatewayProcess``; each call gets its own
+    folder under ``tmp_path``; all processes stop at teardown."""
+    started: list[GatewayProcess] = []
+
+    def factory(config: dict[str, Any], *args: str, env: dict[str, str] | None = None) -> GatewayProcess:
+        gp = start_gateway(config, tmp_path / f"gw{len(started)}", *args, env=env)
+        started.append(gp)
+        return gp
+
+    yield factory
+    for gp in started:
+        stop_gateway(gp.proc)
