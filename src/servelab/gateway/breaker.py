@@ -374,13 +374,21 @@ class BreakerBoard:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
+        # one line when the sync starts failing and one when it works again, not one per interval
+        failing = False
         while True:
             try:
                 await self.sync_once()
+                if failing:
+                    log.warning("breaker sync through Redis works again")
+                    failing = False
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("breaker sync through Redis failed: %s", e)
+                if not failing:
+                    log.warning("breaker sync through Redis failed (local breakers still work; logged again "
+                                "only after it recovers): %s", e)
+                    failing = True
             await asyncio.sleep(self.sync_interval_s)
 
     async def close(self) -> None:

@@ -153,6 +153,29 @@ def validate_shape(endpoint: str, body: dict[str, Any], max_tokens_limit: int) -
     return cap
 
 
+def output_sequences(endpoint: str, body: dict[str, Any]) -> int:
+    """How many sequences the engine will generate for ``body``: ``n`` (default 1), for ``/v1/completions``
+    at least ``best_of`` (vLLM's legacy field) and times the number of prompts in a list of prompts.
+    0 for embeddings. The output cap applies per sequence, so a request's output is up to
+    ``sequences x max_tokens`` (OpenAI: "charged based on the number of generated tokens across all of
+    the choices", https://platform.openai.com/docs/api-reference/chat/create, checked 2026-11-30).
+    Raises GatewayError 400 (``param`` ``n``/``best_of``) when they are not integers >= 1."""
+    if endpoint == "embeddings":
+        return 0
+    seqs = 1
+    for name in ("n", "best_of") if endpoint == "completions" else ("n",):
+        v = body.get(name)
+        if v is None:
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise bad_request(f"'{name}' must be an integer >= 1, got {v!r}", param=name, code="invalid_value")
+        seqs = max(seqs, v)
+    p = body.get("prompt")
+    if endpoint == "completions" and isinstance(p, list) and p and not isinstance(p[0], int):
+        seqs *= len(p)  # a batch of prompts (strings or token-id lists), each with its own n choices
+    return seqs
+
+
 def _parts(body: dict[str, Any]) -> set[str]:
     kinds: set[str] = set()
     for m in body.get("messages") or ():

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from servelab.wire import ConfigError
 from servelab.wire.files import read_yaml_file
@@ -53,9 +53,10 @@ class ServerSection(_Strict):
     """Where the gateway listens and the bounds every request must respect.
 
     ``port``/``admin_port`` 0 pick a free port; ``admin_port`` null runs no admin app. ``max_body_bytes``
-    larger bodies get 413. ``max_tokens_limit``: a request asking for more output tokens gets 400; a request
-    that gives no ``max_tokens`` is sent with ``default_max_tokens`` (default: ``max_tokens_limit``) so
-    every request's output is bounded and its token reservation known. ``access_log``: ``-`` = stderr, a
+    larger bodies get 413. ``max_tokens_limit``: a request asking for more output tokens (``max_tokens`` x
+    ``n`` choices, x the prompts of a batched ``/v1/completions``) gets 400; a request that gives no
+    ``max_tokens`` is sent with ``default_max_tokens`` (default: ``max_tokens_limit``) divided by its
+    sequences, so every request's output is bounded and its token reservation known. ``access_log``: ``-`` = stderr, a
     path = append JSON lines there, null = off. ``shutdown_grace_s``: how long in-flight requests may
     finish on SIGTERM. Host/port changes take effect on restart only (a reload logs that).
     """
@@ -64,7 +65,8 @@ class ServerSection(_Strict):
     port: int = Field(8080, ge=0, le=65535, description="OpenAI API port (0 = free port)")
     admin_port: int | None = Field(8081, ge=0, le=65535, description="admin API port; null = no admin app")
     max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body, bytes (else 413)")
-    max_tokens_limit: int = Field(4096, ge=1, description="largest max_tokens a request may ask for (else 400)")
+    max_tokens_limit: int = Field(4096, ge=1, description="largest output a request may ask for: max_tokens x n "
+                                  "(x prompts on /v1/completions), tokens (else 400)")
     default_max_tokens: int | None = Field(None, ge=1, description="max_tokens sent when a request gives none")
     access_log: str | None = Field("-", description="'-' = stderr, a file path, or null = off")
     shutdown_grace_s: float = Field(10.0, ge=0, description="time in-flight requests get on SIGTERM, s")
@@ -327,6 +329,14 @@ class GatewayConfig(_Strict):
     retry: RetrySection = Field(default_factory=RetrySection)
     breaker: BreakerSection = Field(default_factory=BreakerSection)
     health: HealthSection = Field(default_factory=HealthSection)
+
+    @field_validator("tenants", "keys", mode="before")
+    @classmethod
+    def _empty_section(cls, v: Any, info: ValidationInfo) -> Any:
+        # "keys:" with every entry deleted (or only comments left) is YAML null: read it as "none"
+        if v is None:
+            return [] if info.field_name == "keys" else {}
+        return v
 
     @model_validator(mode="after")
     def _cross(self) -> GatewayConfig:

@@ -93,7 +93,8 @@ def sanitize_upstream_message(message: str, hide: Iterable[str] = (), replace_wi
         return None
     text = message.strip().splitlines()[0] if message.strip() else ""
     for h in sorted((h for h in hide if h), key=len, reverse=True):
-        text = re.sub(re.escape(h), replace_with, text, flags=re.I)
+        # whole names only: a backend or upstream model "m" must not turn "number" into "nuthe modelber"
+        text = re.sub(r"(?<![\w./-])" + re.escape(h) + r"(?![\w/-]|\.\w)", replace_with, text, flags=re.I)
     text = _URL.sub("", text)
     text = _HOSTPORT.sub("", text)
     text = _PATH.sub("", text)

@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 from servelab.gateway.errors import GatewayError
 
-__all__ = ["Admission", "LimitExceeded", "Limiter", "Limits", "MemoryLimiter", "RedisLimiter"]
+__all__ = ["Admission", "LimitExceeded", "Limiter", "Limits", "MemoryLimiter", "RedisLimiter", "safe_url"]
 
 log = logging.getLogger("servelab.gateway.limits")
 
@@ -461,7 +461,7 @@ class RedisLimiter:
         try:
             res = await self._admit(keys=keys, args=argv)
         except Exception as e:  # redis.exceptions.RedisError, OSError: no limiter -> no admission
-            log.error("limits: Redis at %s failed on admit: %s", _safe_url(self.url), e)
+            log.error("limits: Redis at %s failed on admit: %s", safe_url(self.url), e)
             raise GatewayError(503, "the service cannot check usage limits right now; retry in a few seconds",
                                type="server_error", code="limits_unavailable", retry_after_s=2.0) from None
         if int(res[0]) == 0:
@@ -492,7 +492,7 @@ class RedisLimiter:
             return int(await self._settle(keys=keys, args=argv)) / 1e6
         except Exception as e:
             log.error("limits: Redis at %s failed on settle of %s (slot frees after lease_s=%s): %s",
-                      _safe_url(self.url), admission.uid, self.lease_s, e)
+                      safe_url(self.url), admission.uid, self.lease_s, e)
             return time.time()
 
     async def close(self) -> None:
@@ -504,8 +504,8 @@ def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _safe_url(url: str) -> str:
-    """``url`` without a password (``redis://:secret@host`` -> ``redis://***@host``)."""
+def safe_url(url: str) -> str:
+    """``url`` without its credentials (``redis://:secret@host`` -> ``redis://***@host``; also DSNs)."""
     if "@" in url and "://" in url:
         scheme, rest = url.split("://", 1)
         return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"

@@ -55,6 +55,7 @@ from servelab.gateway import capabilities as caps_mod
 from servelab.gateway.breaker import BreakerBoard, BreakerSettings, RetryBudget, backoff_s
 from servelab.gateway.config import GatewayConfig, load_config
 from servelab.gateway.errors import GatewayError, bad_request, upstream_error
+from servelab.gateway.limits import safe_url
 from servelab.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics, HistogramBatch
 from servelab.gateway.routing import Backend as RouteBackend
 from servelab.gateway.routing import FallbackSpec, LoadTracker, ModelRoute, Router, ShadowSpec, Target, TargetSpec
@@ -76,12 +77,18 @@ _DONE = b"data: [DONE]\n\n"
 _STALE = (aiohttp.ServerDisconnectedError,)
 _CONNECT_ERRORS = (aiohttp.ClientConnectionError, ConnectionError, OSError)
 _ENDPOINT_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
+#: the public routes and their method (for the 404/405 answers)
+_ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/embeddings": "POST", "/v1/models": "GET",
+           "/health": "GET", "/metrics": "GET"}
 #: OpenAI's finish reasons (https://platform.openai.com/docs/api-reference/chat/object, checked 2026-11-30)
 _OPENAI_FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
 #: a finish reason given as a JSON string: unescaped quotes cannot occur inside a JSON string value, so
 #: this matches real ``finish_reason`` keys only, never text that mentions one
 _FINISH_RE = re.compile(rb'("finish_reason":\s*")([^"\\]*)(")')
 _FINISH_MARKS = (b'"finish_reason":"', b'"finish_reason": "')
+#: a top-level or nested ``"model": "<string>"`` member; a key is preceded by ``{`` or ``,`` (whitespace
+#: allowed), which an escaped quote inside a string value never is, so generated text is never touched
+_MODEL_RE = re.compile(rb'(?<=[{,])(\s*)"model"\s*:\s*"(?:[^"\\]|\\.)*"')
 
 
 def openai_finish(raw: str) -> str:
@@ -201,6 +208,10 @@ class _Req:
     fallback: bool = False
     stream: bool = False
     prompt_text: str | None = None
+    #: ``"model":"<public name>"`` as JSON bytes: replaces the engine's own model name in what is forwarded
+    model_field: bytes = b""
+    #: the engine's own ``"model":...`` member as last seen (exact bytes), for the fast replace
+    model_seen: bytes = b""
 
 
 class _UpstreamFailed(Exception):
@@ -240,6 +251,12 @@ class _AccessLog:
         if self._f is not None and self.where not in (None, "-"):
             self._f.close()
         self._f = None
+
+
+def _reason(e: BaseException) -> str:
+    """One line for an exception: its class and first message line (OSError: its strerror)."""
+    msg = (e.strerror if isinstance(e, OSError) and e.strerror else str(e)).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0]}" if msg else type(e).__name__
 
 
 def _request_id(request: web.Request) -> str:
@@ -321,7 +338,26 @@ class Gateway:
         r.add_get("/v1/models", self._models)
         r.add_get("/health", self._health_ep)
         r.add_get("/metrics", self._metrics_ep)
+        r.add_route("*", "/{tail:.*}", self._unknown_path)  # last: only what no route above serves
         return app
+
+    async def _unknown_path(self, request: web.Request) -> web.Response:
+        """404/405 as an OpenAI error (the SDK parses it), naming the routes; a path that lacks ``/v1``
+        (the usual base_url mistake) is told so."""
+        path = request.path[:200]
+        allowed = _ROUTES.get(path)
+        if allowed is not None:
+            e = GatewayError(405, f"{path} takes {allowed} requests, not {request.method}",
+                             code="method_not_allowed")
+            return web.Response(status=405, body=e.body(), content_type="application/json",
+                                headers={"Allow": allowed, "X-Request-ID": _request_id(request)})
+        hint = ""
+        if "/v1" + path in _ROUTES:
+            hint = f"; did you mean /v1{path}? set the client's base_url to end in /v1"
+        served = ", ".join(f"{m} {p}" for p, m in _ROUTES.items())
+        e = GatewayError(404, f"no such endpoint: {request.method} {path}{hint} (this gateway serves {served})",
+                         code="unknown_path")
+        return _error_response(e, _request_id(request))
 
     async def start(self) -> None:
         """Open the ledger, limiter, key store, upstream session and health checks; bind the API (and
@@ -330,12 +366,29 @@ class Gateway:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=30),
             cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, skip_auto_headers=("User-Agent",))
+        if self._redis is not None:
+            try:
+                await self._redis.ping()
+            except Exception as e:  # redis.exceptions.RedisError, OSError
+                raise ConfigError(f"state.redis_url: cannot reach Redis at {safe_url(cfg.state.redis_url or '')} "
+                                  f"({_reason(e)}); start Redis there, or set state.redis_url: null "
+                                  "(one replica, limits and breakers in memory)") from None
         if self._ledger is None:
             from servelab.gateway.ledger import PostgresLedger, SqliteLedger
 
             self._ledger = (PostgresLedger(cfg.ledger.postgres_dsn) if cfg.ledger.postgres_dsn
                             else SqliteLedger(cfg.ledger.sqlite_path))
-        await self._ledger.start()
+            try:
+                await self._ledger.start()
+            except Exception as e:  # sqlite3.Error, OSError, asyncpg errors: name the field, not a port
+                if cfg.ledger.postgres_dsn:
+                    raise ConfigError(f"ledger.postgres_dsn: cannot use PostgreSQL at "
+                                      f"{safe_url(cfg.ledger.postgres_dsn)} ({_reason(e)}); check host, port, "
+                                      "user and database (createdb it first), or use ledger.sqlite_path") from None
+                raise ConfigError(f"ledger.sqlite_path: cannot open {cfg.ledger.sqlite_path} ({_reason(e)}); "
+                                  "give a path in a writable folder") from None
+        else:
+            await self._ledger.start()
         if self._limiter is None:
             from servelab.gateway.limits import MemoryLimiter, RedisLimiter
 
@@ -622,10 +675,19 @@ class Gateway:
                                    "the models it may use", code="model_not_allowed", param="model")
             server = snap.cfg.server
             asked = caps_mod.validate_shape(endpoint, body, server.max_tokens_limit)
+            seqs = caps_mod.output_sequences(endpoint, body)
             r.prompt_est = caps_mod.estimate_prompt_tokens(endpoint, body)
             out_cap = 0
             if endpoint != "embeddings":
-                out_cap = asked if asked is not None else (server.default_max_tokens or server.max_tokens_limit)
+                limit = server.max_tokens_limit
+                if seqs > limit or (asked is not None and asked * seqs > limit):
+                    which = "n" if seqs > limit or "n" in body else "prompt"
+                    raise bad_request(
+                        f"{seqs} sequences x max_tokens {asked or 1} is above this gateway's limit of {limit} "
+                        f"output tokens per request (max_tokens applies to each of the {seqs} sequences: n choices"
+                        f"{' per prompt' if endpoint == 'completions' else ''}); lower n or max_tokens",
+                        param=which, code="max_tokens_too_large")
+                out_cap = asked if asked is not None else (server.default_max_tokens or limit) // seqs
                 ctx = entry.capabilities.context_tokens
                 if asked is None and ctx:  # the injected default must still fit the context
                     out_cap = max(1, min(out_cap, ctx - r.prompt_est))
@@ -640,7 +702,7 @@ class Gateway:
                     text = pat.sub("[REDACTED]", text)
                 r.prompt_text = text
             try:
-                admission = await self._limiter.admit(key.key_id, key.tenant, model, r.prompt_est + out_cap,
+                admission = await self._limiter.admit(key.key_id, key.tenant, model, r.prompt_est + out_cap * seqs,
                                                       key.limits, key.tenant_limits)
             except GatewayError as e:
                 if e.status == 429:
@@ -837,6 +899,7 @@ class Gateway:
                 outcome = "neutral" if status == 429 else ("failure" if status >= 500 else "success")
                 raise _UpstreamFailed(gerr, status in (429, 503), str(status))
             r.backend, r.upstream_model = target.backend, target.upstream_model
+            r.model_field = b'"model":' + orjson.dumps(target.public_model)
             ctype = resp.headers.get("Content-Type", "")
             if r.stream and "text/event-stream" in ctype:
                 out, ok = await self._pipe_stream(request, snap, r, resp, client_usage)
@@ -885,7 +948,7 @@ class Gateway:
         r.served = True
         r.status = 200
         r.ttft_ns = _now() - r.t0_ns
-        return web.Response(body=map_finish_bytes(raw), content_type="application/json",
+        return web.Response(body=_public_model(map_finish_bytes(raw), r), content_type="application/json",
                             headers={"X-Request-ID": r.rid}), True
 
     @staticmethod
@@ -934,7 +997,9 @@ class Gateway:
                         saw_done = True
                 if b'"finish_reason":"' in block or b'"finish_reason": "' in block:
                     saw_finish = True
-                    block = map_finish_bytes(block)  # TGI "stop_sequence" -> "stop" (the only re-encoded chunks)
+                    block = map_finish_bytes(block)  # TGI "stop_sequence" -> "stop"
+                if b'"model"' in block:
+                    block = _public_model(block, r)
                 if error is not None and out is None and not block:
                     # nothing sent yet: the client gets a proper HTTP error instead of a 200 stream
                     raise _UpstreamFailed(error, False, "stream_error")
@@ -1086,6 +1151,25 @@ class Gateway:
                 outcome = "failure"
             finally:
                 lease.release(outcome)
+
+
+def _public_model(data: bytes, r: _Req) -> bytes:
+    """``data`` (a JSON body or SSE events) with every ``"model"`` member set to the public model that
+    answered: the engine's own name (llama-server: its GGUF path; vLLM: ``--served-model-name``) is an
+    internal detail, and OpenAI clients read ``model`` back for logs and cost."""
+    if not r.model_field:
+        return data
+    seen = r.model_seen
+    if seen:  # hot path: the engine repeats the same member in every chunk; bytes.replace is ~20x the regex
+        out = data.replace(seen, r.model_field)
+        if out is not data or seen == r.model_field:
+            return out
+
+    def sub(m: re.Match[bytes]) -> bytes:
+        r.model_seen = m.group(0)[len(m.group(1)):]
+        return m.group(1) + r.model_field
+
+    return _MODEL_RE.sub(sub, data)
 
 
 def _carries_token(choices: Any, chat: bool) -> bool:
