@@ -242,3 +242,12 @@ def test_unknown_task_suggests():
 @pytest.mark.parametrize("text,n", [("32k", 32768), ("32K", 32768), ("1m", 1048576), ("4096", 4096), (512, 512)])
 def test_parse_tokens(text, n):
     assert parse_tokens(text) == n
+
+
+def test_gemma_cpu_plan_uses_the_gguf_servelab_launches():
+    """llama.cpp is the first candidate and servelab launches the built-in Q4_K_M GGUF, so the plan counts
+    that file's tensors (~235 MiB), not bf16 weights (~511 MiB)."""
+    adv = advise("chat", "gemma-3-270m", "cpu-host", "2k", 4, local=True)
+    llm = adv.plan["llamacpp"]
+    assert llm["model_bytes"] < 300 * 2**20
+    assert llm["kv_base_mib"] == 24.0 and llm["kv_swa_mib"] == 60.0  # what llama-server logs at -c 8192 -np 4

