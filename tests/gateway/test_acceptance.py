@@ -275,10 +275,12 @@ def _worst_gap_diff_ms(recs: list[RequestRecord], writes: dict[str, list[int]], 
 
 
 def test_chunks_out_equal_chunks_in_and_timing_within_1ms(acc: Any) -> None:
-    """Every chunk the engine wrote reaches the client as its own event, and each gap between two chunks
-    as the client sees it through the gateway is within 1 ms of the gap between the engine's two writes.
-    The same comparison made directly against the engine is printed alongside. A busy shared box can
-    preempt a process for longer than 1 ms, so a run is repeated (at most 3 times); the tolerance is not."""
+    """Every chunk the engine wrote reaches the client as its own event, and inter-chunk timing through
+    the gateway is within 1 ms of direct (the issue's criterion): the worst |client gap - engine write
+    gap| over all chunk pairs via the gateway exceeds the same figure measured directly against the
+    engine (the client's own noise floor on this box, 0.3-0.8 ms here, mostly at the last chunk) by at
+    most 1 ms. A busy shared box can preempt a process for longer than 1 ms, so a run is repeated (at
+    most 3 times); the tolerance is not."""
     mock = acc.mocks["timed"]
     pids = [mock.proc.pid, acc.gw.proc.pid]
     tries = []
@@ -292,9 +294,9 @@ def test_chunks_out_equal_chunks_in_and_timing_within_1ms(acc: Any) -> None:
         d_ms, _ = _worst_gap_diff_ms(direct, writes, f"d{attempt}")
         tries.append((gw_ms, d_ms))
         print(f"\nworst |client gap - engine gap| over {pairs} gaps: via gateway {gw_ms:.3f} ms, direct {d_ms:.3f} ms")
-        if gw_ms <= 1.0:
+        if gw_ms <= d_ms + 1.0:
             break
-    assert min(t[0] for t in tries) <= 1.0, tries
+    assert min(gw - d for gw, d in tries) <= 1.0, tries
 
 
 # ------------------------------------------------------------------------------------------ ledger

@@ -7,6 +7,7 @@ bound (tests and scripts wait for that line). SIGHUP or saving the file reloads 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 from pathlib import Path
@@ -43,6 +44,11 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
         except ConfigError:
             await gw.close()
             raise
+        # everything loaded so far (modules, config, app) lives as long as the process: move it out of the
+        # cyclic GC's generations so collections during streaming stay short (a full collection otherwise
+        # walks every imported module's objects) — https://docs.python.org/3/library/gc.html#gc.freeze
+        gc.collect()
+        gc.freeze()
         stop = asyncio.Event()
         gw.install_signal_handlers(stop.set)
         admin = f" (admin http://{gw.host}:{gw.admin_port})" if gw.admin_port is not None else ""
