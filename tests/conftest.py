@@ -50,18 +50,23 @@ def start_mock_process(*args: str, timeout_s: float = 20.0) -> MockProcess:
     raise RuntimeError(f"mock-engine did not start: {line!r} {err[-2000:]}")
 
 
-def stop_mock_process(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after 5 s; always reaps the process."""
+def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``; always reaps the process and closes its pipes."""
     if proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(5)
+            proc.wait(grace_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
-    for f in (proc.stdout, proc.stderr):
+    for f in (proc.stdin, proc.stdout, proc.stderr):
         if f is not None:
             f.close()
+
+
+def stop_mock_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 5 s; always reaps the process."""
+    stop_process(proc, 5.0)
 
 
 @pytest.fixture

@@ -160,15 +160,7 @@ def start_gateway(config: dict[str, Any], folder: Path, *args: str, env: dict[st
 
 def stop_gateway(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM, SIGKILL after 10 s; always reaps."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-    if proc.stdout is not None:
-        proc.stdout.close()
+    _load_root_conftest().stop_process(proc, 10.0)
 
 
 @pytest.fixture
