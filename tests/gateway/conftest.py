@@ -125,10 +125,11 @@ def _fill(cfg: dict[str, Any], folder: Path, keep_ports: dict[str, Any] | None =
 
 
 def start_gateway(config: dict[str, Any], folder: Path, *args: str, env: dict[str, str] | None = None,
-                  timeout_s: float = 30.0) -> GatewayProcess:
+                  timeout_s: float = 30.0, preexec_fn: Any = None) -> GatewayProcess:
     """Write ``config`` (defaults filled, see module doc) to ``folder/gateway.yaml`` and start
-    ``servelab gateway`` on it. Raises :class:`RuntimeError` with the process's stderr if it does not
-    announce itself within ``timeout_s``."""
+    ``servelab gateway`` on it (``preexec_fn``: run in the child before exec, e.g. to lower its
+    RLIMIT_NOFILE). Raises :class:`RuntimeError` with the process's stderr if it does not announce
+    itself within ``timeout_s``."""
     folder.mkdir(parents=True, exist_ok=True)
     cfg = _fill(copy.deepcopy(config), folder)
     path = folder / "gateway.yaml"
@@ -137,7 +138,7 @@ def start_gateway(config: dict[str, Any], folder: Path, *args: str, env: dict[st
     e = dict(os.environ, PYTHONUNBUFFERED="1", SERVELAB_ADMIN_TOKEN=ADMIN_TOKEN, **(env or {}))
     with open(log_path, "wb") as errf:
         proc = subprocess.Popen([sys.executable, "-m", "servelab.cli", "gateway", "--config", str(path), *args],
-                                stdout=subprocess.PIPE, stderr=errf, env=e)
+                                stdout=subprocess.PIPE, stderr=errf, env=e, preexec_fn=preexec_fn)
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

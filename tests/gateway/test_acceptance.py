@@ -289,7 +289,9 @@ def test_chunks_out_equal_chunks_in_and_timing_within_1ms(acc: Any) -> None:
         with high_priority(*pids):
             via = asyncio.run(_timed_run(acc.gw.url, acc.key, 24, 4, f"gw{attempt}"))
             direct = asyncio.run(_timed_run(mock.base_url, None, 24, 4, f"d{attempt}"))
-        writes = {m["request_id"]: m["token_write_ns"] for m in orjson.loads(_get(mock.root + "/mock/records")[1])}
+        # via the gateway the client's X-Request-ID reaches the mock as X-Client-Request-ID (issue 9)
+        writes = {m["client_request_id"] or m["request_id"]: m["token_write_ns"]
+                  for m in orjson.loads(_get(mock.root + "/mock/records")[1])}
         gw_ms, pairs = _worst_gap_diff_ms(via, writes, f"gw{attempt}")
         d_ms, _ = _worst_gap_diff_ms(direct, writes, f"d{attempt}")
         tries.append((gw_ms, d_ms))
@@ -372,12 +374,16 @@ def test_ledger_equals_engine_usage_after_2000_mixed_requests_with_disconnects(a
     deadline = time.monotonic() + 30
     db = acc.gw.config["ledger"]["sqlite_path"]
     rows: dict[str, tuple[int, int, str]] = {}
+    # the ledger holds the gateway's own ids; the engines got the client's as X-Client-Request-ID (issue 9)
+    client_of: dict[str, str] = {}
     while time.monotonic() < deadline:
         stats = [orjson.loads(_get(m.root + "/mock/stats")[1]) for m in led]
+        client_of = {rec["request_id"]: rec["client_request_id"] for m in led
+                     for rec in orjson.loads(_get(m.root + "/mock/records")[1])}
         with sqlite3.connect(db) as conn:
             got = conn.execute("SELECT request_id, prompt_tokens, completion_tokens, outcome FROM servelab_usage "
-                               "WHERE request_id LIKE 'led-4-%'").fetchall()
-        rows = {r[0]: (r[1], r[2], r[3]) for r in got}
+                               "WHERE ts >= ?", (t0 - 1,)).fetchall()
+        rows = {client_of[r[0]]: (r[1], r[2], r[3]) for r in got if r[0] in client_of}
         if len(rows) >= n and all(s["running"] == 0 for s in stats):
             break
         time.sleep(0.2)
@@ -386,7 +392,7 @@ def test_ledger_equals_engine_usage_after_2000_mixed_requests_with_disconnects(a
     engine: dict[str, dict[str, Any]] = {}
     for m in led:
         for rec in orjson.loads(_get(m.root + "/mock/records")[1]):
-            engine[rec["request_id"]] = rec
+            engine[rec["client_request_id"]] = rec
     assert set(engine) == set(kinds), "every request reached exactly one engine once (no retries configured)"
     eng_prompt = eng_completion = led_prompt = led_completion = 0
     unreceived = 0  # chunks written by the engine after the client left that the gateway never got

@@ -55,7 +55,8 @@ def test_estimate_counts_every_text_source() -> None:
 
 def test_validate_shape() -> None:
     assert validate_shape("chat", {"messages": _msgs("hi"), "max_tokens": 5}, 10) == 5
-    assert validate_shape("chat", {"messages": _msgs("hi"), "max_tokens": 9, "max_completion_tokens": 7}, 10) == 7
+    # the LARGEST of every length field bounds the request (issue 9: the smallest let the engine's own win)
+    assert validate_shape("chat", {"messages": _msgs("hi"), "max_tokens": 9, "max_completion_tokens": 7}, 10) == 9
     assert validate_shape("completions", {"prompt": "hi"}, 10) is None
     for endpoint, body, param in [
         ("chat", {"messages": []}, "messages"),

@@ -276,22 +276,27 @@ def test_chunks_are_forwarded_as_they_arrive(env: Any) -> None:
 
 
 def test_request_id_round_trip_and_access_log(env: Any) -> None:
+    """The gateway makes its own id (issue 9 defect 5); the client's is logged and passed on apart."""
     rid = "trace-abc.123"
     st, h, _ = post(env.gw.url + "/chat/completions", chat("m-tgi", stream=False), env.key,
                     headers={"X-Request-ID": rid})
-    assert st == 200 and h["X-Request-ID"] == rid
+    gid = h["X-Request-ID"]
+    assert st == 200 and gid != rid and len(gid) == 24
     recs = orjson.loads(post(env.mocks["tgi"].root + "/mock/records", None)[2])
-    assert rid in [r["request_id"] for r in recs], "the engine did not get the request id"
+    assert (gid, rid) in [(r["request_id"], r["client_request_id"]) for r in recs], "the engine did not get the ids"
     time.sleep(0.2)
-    line = next(r for r in env.gw.access_records() if r["request_id"] == rid)
+    line = next(r for r in env.gw.access_records() if r["request_id"] == gid)
+    assert line["client_request_id"] == rid
     assert line["key_id"] == "k1" and line["tenant"] == "t" and line["backend"] == "be-tgi"
     assert line["status"] == 200 and line["e2e_ms"] > 0 and line["completion_tokens"] == 6
     raw = env.gw.access_log.read_text()
     assert env.key not in raw and "say something" not in raw and "Bearer" not in raw
-    # an invalid id is replaced by a generated one
+    # an invalid client id is not kept at all
     _, h, _ = post(env.gw.url + "/chat/completions", chat("m-tgi", stream=False), env.key,
                    headers={"X-Request-ID": "bad id with spaces"})
     assert h["X-Request-ID"] != "bad id with spaces" and len(h["X-Request-ID"]) >= 16
+    time.sleep(0.2)
+    assert next(r for r in env.gw.access_records() if r["request_id"] == h["X-Request-ID"])["client_request_id"] is None
 
 
 # ------------------------------------------------------------------------------- failures upstream
@@ -302,7 +307,7 @@ def test_retry_before_first_byte_on_connection_failure_and_503(env: Any) -> None
         st, _, b = post(env.gw.url + "/chat/completions", chat(model), env.key, headers={"X-Request-ID": rid})
         assert st == 200 and events(b)[-1] == b"[DONE]", b
         time.sleep(0.2)
-        line = next(r for r in env.gw.access_records() if r["request_id"] == rid)
+        line = next(r for r in env.gw.access_records() if r["client_request_id"] == rid)
         assert line["retries"] == 1 and line["backend"] == "be-vllm", line
 
 
@@ -347,7 +352,7 @@ def test_fallback_when_the_pool_is_down_applies_degrade_params(env: Any) -> None
                    for e in events(b) if e != b"[DONE]" and orjson.loads(e).get("choices"))
     assert text == " tok0 tok1 tok2", "fallback's max_tokens: 3 was not applied"
     time.sleep(0.2)
-    line = next(r for r in env.gw.access_records() if r["request_id"] == rid)
+    line = next(r for r in env.gw.access_records() if r["client_request_id"] == rid)
     assert line["fallback"] is True and line["backend"] == "be-sglang" and line["completion_tokens"] == 3
 
 
@@ -377,14 +382,19 @@ def test_client_disconnect_cancels_upstream_and_charges_what_was_served(env: Any
     rec = orjson.loads(post(mock.root + "/mock/records", None)[2])[-1]
     assert len(rec["token_write_ns"]) < 12, "the engine kept generating after the client left"
     time.sleep(0.3)
-    line = next(r for r in env.gw.access_records() if r["request_id"] == "gone-1")
+    line = next(r for r in env.gw.access_records() if r["client_request_id"] == "gone-1")
     assert line["outcome"] == "client_disconnect"
     assert 3 <= line["charged_tokens"] - 1 <= 12, line  # prompt estimate (>=1) + chunks forwarded
 
 
 def test_metrics_exposed(env: Any) -> None:
+    """/metrics is on the admin port behind the admin token; the public port answers 404 unless
+    server.public_metrics (issue 9, defect 8: it names backends and breaker states)."""
     post(env.gw.url + "/chat/completions", chat("m-vllm"), env.key)
-    st, h, b = post(env.gw.root + "/metrics", None)
+    st, _, b = post(env.gw.root + "/metrics", None)
+    assert st == 404 and b"admin port" in b, b
+    assert post(env.gw.admin_url + "/metrics", None)[0] == 401
+    st, h, b = post(env.gw.admin_url + "/metrics", None, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     text = b.decode()
     assert st == 200 and h["Content-Type"].startswith("text/plain")
     for name in ("servelab_gateway_requests_total{", "servelab_gateway_ttft_seconds_bucket{",

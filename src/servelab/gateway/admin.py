@@ -16,7 +16,15 @@ Endpoints (JSON in and out; errors use the OpenAI error body):
   with the config error line when the new config is invalid (the hook raised :class:`ConfigError` or
   returned ``{"ok": false, "error": ...}``; the running config stays).
 - ``GET /admin/backends`` -> ``{"backends": ...}`` from the server's backend-state hook.
-- ``GET /admin/usage?group_by=key_id,model&since_ts=&until_ts=`` -> ``{"totals": [...]}`` (ledger sums).
+- ``GET /admin/usage?group_by=key_id,model&since_ts=&until_ts=`` -> ``{"totals": [...]}`` (ledger sums);
+  ``since_ts``/``until_ts`` are finite epoch seconds >= 0 with ``since_ts <= until_ts`` (else 400).
+
+Input is validated like the config file: ``limits`` by the config's own model (each of ``rpm``, ``tpm``,
+``max_concurrency``, ``token_budget`` a whole number >= 1 or null, as ``tenants.*`` in the config; 0 is
+refused there and here). Every answer is JSON in OpenAI's error shape, also for unknown paths (404),
+wrong methods (405) and failures: a key/usage database that cannot be reached (PostgreSQL down, SQLite
+unwritable) answers 503 ``database_unavailable`` with ``Retry-After``; any other failure 500
+``internal_error`` (details in the server log only).
 """
 
 from __future__ import annotations
@@ -25,13 +33,17 @@ import hashlib
 import hmac
 import inspect
 import logging
+import math
 import os
+import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
+from pydantic import ValidationError
 
+from servelab.gateway.config import SharedLimits
 from servelab.gateway.errors import openai_error_body
 from servelab.gateway.keys import KeyStore
 from servelab.gateway.ledger import Ledger
@@ -51,9 +63,50 @@ def _json(data: Any, status: int = 200) -> web.Response:
 def _error(status: int, message: str, code: str | None = None, param: str | None = None,
            headers: dict[str, str] | None = None) -> web.Response:
     typ = {401: "authentication_error", 404: "invalid_request_error", 501: "server_error",
-           500: "server_error"}.get(status, "invalid_request_error")
+           500: "server_error", 503: "server_error"}.get(status, "invalid_request_error")
     return web.Response(body=openai_error_body(message, typ, code, param), status=status,
                         content_type="application/json", headers=headers)
+
+
+def _db_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "the database cannot be used now" (not a bug): OS/connection errors,
+    timeouts, SQLite operational errors, asyncpg's errors (when installed)."""
+    errs: tuple[type[BaseException], ...] = (OSError, TimeoutError, sqlite3.OperationalError)
+    try:
+        import asyncpg
+
+        errs += (asyncpg.PostgresError, asyncpg.InterfaceError)
+    except ImportError:  # pragma: no cover - asyncpg is a dependency
+        pass
+    return errs
+
+
+def _limits_error(limits: dict[str, Any]) -> str | None:
+    """None when ``limits`` passes the config's rules (:class:`~servelab.gateway.config.SharedLimits`,
+    strict types: JSON numbers only), else one line naming the field."""
+    try:
+        SharedLimits.model_validate(limits, strict=True)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        where = ".".join(str(x) for x in err.get("loc", ()))
+        if err.get("type") == "extra_forbidden":
+            return f"limits.{where}: unknown limit; use rpm, tpm, max_concurrency or token_budget"
+        return (f"limits.{where}: {err.get('msg', 'invalid')}, got {err.get('input')!r}; give a whole number >= 1 "
+                "or null for unlimited (as in the config file)")
+    return None
+
+
+def _timestamp(q: Any, name: str) -> float | None:
+    """Query parameter ``name`` as finite epoch seconds >= 0 (None when absent); raises ValueError."""
+    if name not in q:
+        return None
+    try:
+        v = float(q[name])
+    except ValueError:
+        raise ValueError(f"{name}: {q[name][:40]!r} is not a number; give epoch seconds, e.g. 1764547200") from None
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name}: {q[name][:40]!r} is not a finite time >= 0; give epoch seconds, e.g. 1764547200")
+    return v
 
 
 async def _call(hook: Hook) -> Any:
@@ -103,6 +156,30 @@ def make_admin_app(keystore: KeyStore | Any, token_env: str | None = "SERVELAB_A
         tenants_hook = lambda: gw.config.tenants  # noqa: E731 (read at each call: follows reloads)
     digest = admin_token_digest(token_env, token_sha256)
 
+    db_errors = _db_errors()
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                     ) -> web.StreamResponse:
+        """Every failure as an OpenAI-shaped JSON answer (never aiohttp's plain-text pages)."""
+        try:
+            return await handler(request)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            code = {404: "unknown_path", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status)
+            msg = {404: f"no such admin endpoint: {request.method} {request.path[:200]}",
+                   405: f"{request.path[:200]} does not take {request.method}"}.get(e.status, e.reason)
+            return _error(e.status, msg, code)
+        except db_errors as e:
+            log.error("admin: %s %s: the key/usage database is unavailable: %s: %s", request.method,
+                      request.path[:200], type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+            return _error(503, "the key/usage database is unavailable; retry in a few seconds",
+                          "database_unavailable", headers={"Retry-After": "5"})
+        except Exception:
+            log.exception("admin: %s %s failed", request.method, request.path[:200])
+            return _error(500, "the admin API failed on this request; see the gateway log", "internal_error")
+
     @web.middleware
     async def auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                    ) -> web.StreamResponse:
@@ -132,6 +209,11 @@ def make_admin_app(keystore: KeyStore | Any, token_env: str | None = "SERVELAB_A
         limits = body.get("limits") or {}
         if not isinstance(limits, dict):
             return _error(400, "'limits' must be an object like {\"rpm\": 60}", "bad_limits", "limits")
+        bad = _limits_error(limits)
+        if bad is not None:
+            return _error(400, bad, "invalid_key_request", "limits")
+        if body.get("key_id") is not None and not isinstance(body["key_id"], str):
+            return _error(400, "'key_id' must be a string or null", "invalid_key_request", "key_id")
         if tenants_hook is not None and body["tenant"] not in tenants_hook():
             return _error(400, f"tenant {body['tenant']!r} is not in the config; use one of "
                           f"{sorted(tenants_hook())}", "invalid_key_request", "tenant")
@@ -177,14 +259,16 @@ def make_admin_app(keystore: KeyStore | Any, token_env: str | None = "SERVELAB_A
         q = request.query
         group_by = tuple(g for g in q.get("group_by", "key_id,model").split(",") if g)
         try:
-            since = float(q["since_ts"]) if "since_ts" in q else None
-            until = float(q["until_ts"]) if "until_ts" in q else None
+            since = _timestamp(q, "since_ts")
+            until = _timestamp(q, "until_ts")
+            if since is not None and until is not None and since > until:
+                raise ValueError(f"since_ts {since:g} is after until_ts {until:g}; swap them")
             totals = await ledger.totals(group_by, since, until)
         except ValueError as e:
             return _error(400, str(e), "bad_query")
         return _json({"totals": totals})
 
-    app = web.Application(middlewares=[auth])
+    app = web.Application(middlewares=[errors, auth])
     app.router.add_post("/admin/keys", create_key)
     app.router.add_get("/admin/keys", list_keys)
     app.router.add_delete("/admin/keys/{key_id}", revoke_key)

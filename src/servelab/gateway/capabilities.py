@@ -23,9 +23,10 @@ from typing import Any
 
 from servelab.gateway.config import Capabilities, ModelEntry
 from servelab.gateway.errors import GatewayError, bad_request
+from servelab.gateway.lengths import LengthRequest, read_lengths
 
-__all__ = ["BYTES_PER_TOKEN_MAX", "TOKENS_PER_MESSAGE", "check_request", "estimate_prompt_tokens",
-           "prompt_text", "supported_summary", "validate_shape"]
+__all__ = ["BYTES_PER_TOKEN_MAX", "TOKENS_PER_MESSAGE", "check_depth", "check_request", "estimate_prompt_tokens",
+           "prompt_text", "supported_summary", "validate_request", "validate_shape"]
 
 #: Upper bound on UTF-8 bytes per token assumed by :func:`estimate_prompt_tokens` (see module doc).
 BYTES_PER_TOKEN_MAX = 6
@@ -106,13 +107,24 @@ def _want(v: Any, name: str, types: type | tuple[type, ...], what: str) -> None:
         raise bad_request(f"'{name}' must be {what}, got {type(v).__name__}", param=name, code="invalid_type")
 
 
-def validate_shape(endpoint: str, body: dict[str, Any], max_tokens_limit: int) -> int | None:
-    """Check the types of the fields the gateway relies on and the max_tokens bound.
+def validate_shape(endpoint: str, body: dict[str, Any], max_tokens_limit: int,
+                   engine_length_fields: str = "map") -> int | None:
+    """Check the types of the fields the gateway relies on and the output bound; returns the largest
+    requested output bound (:attr:`~servelab.gateway.lengths.LengthRequest.max_tokens`, None if absent).
+    Same checks and errors as :func:`validate_request`."""
+    return validate_request(endpoint, body, max_tokens_limit, engine_length_fields).max_tokens
 
-    Returns the requested output cap (``max_completion_tokens`` or ``max_tokens``; None if absent).
+
+def validate_request(endpoint: str, body: dict[str, Any], max_tokens_limit: int,
+                     engine_length_fields: str = "map") -> LengthRequest:
+    """Check the types of the fields the gateway relies on, and read every output-length field of every
+    engine dialect (:func:`servelab.gateway.lengths.read_lengths`: the bound is the LARGEST one asked for).
+
     Raises GatewayError 400 (``param`` = field) for: no/empty ``messages`` (chat), ``prompt`` (completions)
     or ``input`` (embeddings) of the wrong type, non-bool ``stream``, non-object ``stream_options`` /
-    ``response_format``, non-list ``tools``, max_tokens not an integer >= 1 or above ``max_tokens_limit``.
+    ``response_format``, non-list ``tools``, any length field not an integer >= 1 or above
+    ``max_tokens_limit``, an engine-specific length field when ``engine_length_fields`` is ``refuse``,
+    ``min_tokens`` above the bound.
     """
     if endpoint == "chat":
         msgs = body.get("messages")
@@ -139,31 +151,42 @@ def validate_shape(endpoint: str, body: dict[str, Any], max_tokens_limit: int) -
     _want(body.get("stream_options"), "stream_options", dict, "an object")
     _want(body.get("response_format"), "response_format", dict, "an object")
     _want(body.get("tools"), "tools", list, "a list")
-    cap: int | None = None
-    for name in ("max_completion_tokens", "max_tokens"):
-        v = body.get(name)
-        if v is None:
-            continue
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise bad_request(f"'{name}' must be an integer >= 1, got {v!r}", param=name, code="invalid_value")
-        if v > max_tokens_limit:
-            raise bad_request(f"'{name}' {v} is above this gateway's limit of {max_tokens_limit} tokens; "
-                              f"ask for {max_tokens_limit} or fewer", param=name, code="max_tokens_too_large")
-        cap = v if cap is None else min(cap, v)
-    return cap
+    if endpoint == "embeddings":
+        return LengthRequest(None, False, None, None, ())
+    return read_lengths(body, max_tokens_limit, engine_length_fields)
+
+
+def check_depth(raw: bytes, body: Any, max_depth: int) -> None:
+    """Refuse a body nested deeper than ``max_depth`` levels of objects/arrays (the top-level object is
+    level 1): deeper bodies cannot be forwarded (orjson serialises at most 253 levels) and no engine
+    field needs them. ``raw``: the body's bytes (fast path: fewer brackets than ``max_depth`` cannot nest
+    deeper, so most bodies are never walked). Raises GatewayError 400 ``json_too_deep``."""
+    if raw.count(b"[") + raw.count(b"{") <= max_depth:
+        return
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if depth > max_depth:
+            raise bad_request(f"the body nests objects/arrays more than {max_depth} levels deep; flatten it "
+                              "(server.max_json_depth)", code="json_too_deep")
+        for v in obj.values() if isinstance(obj, dict) else obj:
+            if isinstance(v, (dict, list)):
+                stack.append((v, depth + 1))
 
 
 def output_sequences(endpoint: str, body: dict[str, Any]) -> int:
     """How many sequences the engine will generate for ``body``: ``n`` (default 1), for ``/v1/completions``
-    at least ``best_of`` (vLLM's legacy field) and times the number of prompts in a list of prompts.
+    at least ``best_of`` (vLLM's legacy field), the largest of ``n`` and llama-server's ``n_cmpl``
+    (completions per prompt, https://github.com/ggml-org/llama.cpp/blob/master/tools/server/server-task.cpp,
+    checked 2026-12-01) and times the number of prompts in a list of prompts.
     0 for embeddings. The output cap applies per sequence, so a request's output is up to
     ``sequences x max_tokens`` (OpenAI: "charged based on the number of generated tokens across all of
     the choices", https://platform.openai.com/docs/api-reference/chat/create, checked 2026-11-30).
-    Raises GatewayError 400 (``param`` ``n``/``best_of``) when they are not integers >= 1."""
+    Raises GatewayError 400 (``param`` ``n``/``n_cmpl``/``best_of``) when they are not integers >= 1."""
     if endpoint == "embeddings":
         return 0
     seqs = 1
-    for name in ("n", "best_of") if endpoint == "completions" else ("n",):
+    for name in ("n", "n_cmpl", "best_of") if endpoint == "completions" else ("n", "n_cmpl"):
         v = body.get(name)
         if v is None:
             continue

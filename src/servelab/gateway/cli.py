@@ -21,10 +21,11 @@ __all__ = ["gateway_command", "serve"]
 
 
 def serve(config_path: str | Path, host: str | None = None, port: int | None = None,
-          admin_port: int | None = -1, no_admin: bool = False) -> None:
+          admin_port: int | None = -1, no_admin: bool = False, admin_host: str | None = None) -> None:
     """Load ``config_path`` and serve until SIGINT/SIGTERM (blocking; uvloop when installed).
 
-    ``admin_port`` -1 = from the file; ``no_admin`` runs no admin app. Raises :class:`ConfigError` for a
+    ``admin_port`` -1 = from the file; ``no_admin`` runs no admin app; ``admin_host`` None = the file's
+    ``server.admin_host`` (default 127.0.0.1, whatever ``host`` is). Raises :class:`ConfigError` for a
     bad config, a missing admin token or a port that cannot be bound.
     """
     from servelab.gateway.config import load_config
@@ -34,13 +35,15 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     uv = install_uvloop()
 
     async def main() -> None:
-        gw = Gateway(cfg, config_path, host=host, port=port, admin_port=None if no_admin else admin_port)
+        gw = Gateway(cfg, config_path, host=host, port=port, admin_port=None if no_admin else admin_port,
+                     admin_host=admin_host)
         try:
             await gw.start()
         except OSError as e:
             await gw.close()
-            raise ConfigError(f"cannot listen on {gw.host}:{gw.port} or the admin port: {e.strerror or e}; "
-                              "pick a free port with --port/--admin-port") from None
+            raise ConfigError(f"cannot listen on {gw.host}:{gw.port} or the admin port {gw.admin_host}:"
+                              f"{gw.admin_port}: {e.strerror or e}; pick a free port with --port/--admin-port "
+                              "and an address of this host with --host/--admin-host") from None
         except ConfigError:
             await gw.close()
             raise
@@ -51,7 +54,7 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
         gc.freeze()
         stop = asyncio.Event()
         gw.install_signal_handlers(stop.set)
-        admin = f" (admin http://{gw.host}:{gw.admin_port})" if gw.admin_port is not None else ""
+        admin = f" (admin http://{gw.admin_host}:{gw.admin_port})" if gw.admin_port is not None else ""
         print(f"servelab gateway listening on http://{gw.host}:{gw.port}/v1{admin}"
               f"{' [uvloop]' if uv else ''}", flush=True)
         try:
@@ -67,6 +70,8 @@ def gateway_command(
     host: str | None = typer.Option(None, "--host", help="Address to bind [default: server.host of the file]."),
     port: int | None = typer.Option(None, "--port", help="API port; 0 = a free port [default: server.port]."),
     admin_port: int | None = typer.Option(None, "--admin-port", help="Admin API port [default: server.admin_port]."),
+    admin_host: str | None = typer.Option(None, "--admin-host", help="Address the admin API binds [default: "
+                                          "server.admin_host, 127.0.0.1; --host does not change it]."),
     no_admin: bool = typer.Option(False, "--no-admin", help="Run without the admin API."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error (stderr)."),
 ) -> None:
@@ -75,4 +80,4 @@ def gateway_command(
     if not isinstance(level, int):
         raise ConfigError(f"--log-level {log_level!r} is not one of debug, info, warning, error")
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(config, host, port, -1 if admin_port is None else admin_port, no_admin)
+    serve(config, host, port, -1 if admin_port is None else admin_port, no_admin, admin_host)

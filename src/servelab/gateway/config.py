@@ -56,9 +56,23 @@ class ServerSection(_Strict):
     larger bodies get 413. ``max_tokens_limit``: a request asking for more output tokens (``max_tokens`` x
     ``n`` choices, x the prompts of a batched ``/v1/completions``) gets 400; a request that gives no
     ``max_tokens`` is sent with ``default_max_tokens`` (default: ``max_tokens_limit``) divided by its
-    sequences, so every request's output is bounded and its token reservation known. ``access_log``: ``-`` = stderr, a
+    sequences, so every request's output is bounded and its token reservation known. Every length field of
+    every engine dialect counts, the largest one is the bound, and exactly one bound is forwarded, in the
+    field the backend's kind reads (:mod:`servelab.gateway.lengths`); ``engine_length_fields``: ``map``
+    (default) or ``refuse`` the engine-specific ones (``n_predict``, ``options.num_predict``, ...).
+    ``max_json_depth``: bodies nested deeper get 400 at parse time (orjson refuses to serialise 254 and
+    more levels, measured with orjson 3.13 on 2026-12-01, so the forwarding path needs a bound below it;
+    JSON-schema tools rarely need 20). ``access_log``: ``-`` = stderr, a
     path = append JSON lines there, null = off. ``shutdown_grace_s``: how long in-flight requests may
     finish on SIGTERM. Host/port changes take effect on restart only (a reload logs that).
+
+    Connections (both ports, :mod:`servelab.gateway.listener`): ``header_timeout_s``, ``body_timeout_s``
+    (gap between reads), ``body_total_timeout_s`` and ``keepalive_timeout_s`` close slow or idle clients
+    (nginx's are 60/60/-/75 s; shorter here, since API clients send small requests at once);
+    ``max_connections`` (API) and ``admin_max_connections`` cap open connections: at the cap the oldest
+    idle one is closed, else the new one gets a 503. ``admin_host`` binds the admin API (default
+    loopback). ``public_metrics`` also serves ``/metrics`` on the API port (it is always on the admin
+    port, behind the admin token). These take effect on restart.
     """
 
     host: str = Field("127.0.0.1", description="address to bind")
@@ -68,8 +82,31 @@ class ServerSection(_Strict):
     max_tokens_limit: int = Field(4096, ge=1, description="largest output a request may ask for: max_tokens x n "
                                   "(x prompts on /v1/completions), tokens (else 400)")
     default_max_tokens: int | None = Field(None, ge=1, description="max_tokens sent when a request gives none")
+    engine_length_fields: Literal["map", "refuse"] = Field(
+        "map", description="engine-specific length fields (n_predict, max_new_tokens, options.num_predict, ...): "
+        "map = count them in the bound and send the backend's own field, refuse = 400")
+    max_json_depth: int = Field(64, ge=2, le=200, description="deepest nesting of arrays/objects a request body "
+                                "may have (else 400)")
     access_log: str | None = Field("-", description="'-' = stderr, a file path, or null = off")
     shutdown_grace_s: float = Field(10.0, ge=0, description="time in-flight requests get on SIGTERM, s")
+    # connection discipline of both ports (servelab.gateway.listener; nginx client_header_timeout,
+    # client_body_timeout, keepalive_timeout: https://nginx.org/en/docs/http/ngx_http_core_module.html)
+    admin_host: str = Field("127.0.0.1", description="address the admin API binds (separate from host, so "
+                            "--host 0.0.0.0 does not expose it)")
+    header_timeout_s: float = Field(10.0, gt=0, le=3600, description="time from accept (or a request's first "
+                                    "byte on a kept-alive connection) to complete headers, s (else 408/close)")
+    body_timeout_s: float = Field(30.0, gt=0, le=3600, description="longest gap between two reads of a request "
+                                  "body, s (else 408)")
+    body_total_timeout_s: float = Field(120.0, gt=0, le=3600, description="longest time to receive a whole "
+                                        "request body, s (else 408)")
+    keepalive_timeout_s: float = Field(30.0, gt=0, le=3600, description="idle keep-alive connections are closed "
+                                       "after this long, s")
+    max_connections: int | None = Field(None, ge=1, description="open client connections on the API port; null = "
+                                        "(RLIMIT_NOFILE - 64 - admin_max_connections) / 2 (one upstream fd each)")
+    admin_max_connections: int = Field(32, ge=1, description="open connections on the admin port")
+    public_metrics: bool = Field(False, description="also serve /metrics on the API port without auth (it names "
+                                 "backends and breaker states); it is always on the admin port, behind the "
+                                 "admin token")
 
     @model_validator(mode="after")
     def _default_le_limit(self) -> ServerSection:
@@ -103,10 +140,20 @@ class StateSection(_Strict):
 
 class LedgerSection(_Strict):
     """Where one usage row per request is written: SQLite (``sqlite_path``, default ``gateway-usage.db``
-    next to the config file) or PostgreSQL (``postgres_dsn``); not both."""
+    next to the config file) or PostgreSQL (``postgres_dsn``); not both.
+
+    ``spool_path``: folder of the write-ahead journal (:mod:`servelab.gateway.journal`): every admitted
+    request is written there before it is forwarded, and rows the database could not take (PostgreSQL
+    down) wait there until it can; default ``<sqlite_path>.spool``, or ``gateway-usage.spool`` next to the
+    config file with PostgreSQL (replicas on one host may share it: each process locks its own segments
+    and replays only those of dead processes). ``fsync_interval_s``: how often the journal is flushed to
+    the disk (a crashed gateway loses nothing; a power loss at most this much)."""
 
     sqlite_path: str | None = Field(None, description="SQLite file (relative to the config file's folder)")
     postgres_dsn: str | None = Field(None, description="postgresql://user@host:port/db")
+    spool_path: str | None = Field(None, description="write-ahead journal folder (relative to the config "
+                                   "file's folder); default <sqlite_path>.spool or gateway-usage.spool")
+    fsync_interval_s: float = Field(0.2, gt=0, le=60, description="journal fsync interval, s")
 
     @model_validator(mode="after")
     def _one(self) -> LedgerSection:
@@ -116,6 +163,9 @@ class LedgerSection(_Strict):
             raise ValueError("ledger.postgres_dsn: not a postgresql:// URL; use postgresql://USER@HOST:PORT/DB")
         if self.sqlite_path is None and self.postgres_dsn is None:
             object.__setattr__(self, "sqlite_path", "gateway-usage.db")
+        if self.spool_path is None and self.sqlite_path != ":memory:":
+            object.__setattr__(self, "spool_path", f"{self.sqlite_path}.spool" if self.sqlite_path
+                               else "gateway-usage.spool")
         return self
 
 
@@ -275,12 +325,21 @@ class RoutingSection(_Strict):
     no model (or ``"auto"``) goes to that public model. ``affinity_chars``: leading prompt characters hashed
     to keep one prefix on one replica (KV/prefix cache reuse; 0 = off, least outstanding requests only);
     ``balance_factor``: how far above the mean load a replica may go before a prefix spills to the next
-    (see :mod:`servelab.gateway.routing`)."""
+    (see :mod:`servelab.gateway.routing`). The canary split and shadow sampling are drawn at random per
+    request, never from a client-chosen value, unless ``session_header`` names a header: then the draw is
+    keyed by HMAC-SHA256(key = env ``session_secret_env``, message = API key id + header value), so one
+    session stays in one group, a client cannot compute offline which value lands where, and another key's
+    sessions are not steered by it (prefix affinity picks a replica *inside* a group only)."""
 
     task_header: str = Field("X-Servelab-Task")
     tasks: dict[str, str] = Field(default_factory=dict, description="task name -> public model")
     affinity_chars: int = Field(256, ge=0, description="prompt characters hashed for prefix affinity; 0 = off")
     balance_factor: float = Field(1.25, ge=1, description="bounded-load factor of prefix affinity (>= 1)")
+    session_header: str | None = Field(None, pattern=r"^[A-Za-z0-9-]{1,64}$", description="client header whose "
+                                       "value keeps one session in one canary group (keyed by HMAC of the API "
+                                       "key id and the value); null = each request drawn at random")
+    session_secret_env: str = Field("SERVELAB_SESSION_SECRET", pattern=_ENV, description="env var with the HMAC "
+                                    "key of session_header (same on every replica); unset = a per-process key")
 
 
 class RetrySection(_Strict):
@@ -454,7 +513,7 @@ def _describe(exc: ValidationError) -> str:
 
 
 def parse_config(data: Any, source: str = "<config>", base_dir: str | Path | None = None) -> GatewayConfig:
-    """Validate a decoded config (a dict). Relative ``ledger.sqlite_path`` and ``server.access_log``
+    """Validate a decoded config (a dict). Relative ``ledger.sqlite_path``/``spool_path`` and ``server.access_log``
     are resolved against ``base_dir`` when given. Raises :class:`ConfigError` ``SOURCE: PATH: PROBLEM``."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping (server:, backends:, models:, …), "
@@ -469,6 +528,10 @@ def parse_config(data: Any, source: str = "<config>", base_dir: str | Path | Non
         if led.sqlite_path and led.sqlite_path != ":memory:" and not Path(led.sqlite_path).is_absolute():
             cfg = cfg.model_copy(update={"ledger": led.model_copy(
                 update={"sqlite_path": str((base / led.sqlite_path).absolute())})})
+        led = cfg.ledger
+        if led.spool_path and not Path(led.spool_path).is_absolute():
+            cfg = cfg.model_copy(update={"ledger": led.model_copy(
+                update={"spool_path": str((base / led.spool_path).absolute())})})
         al = cfg.server.access_log
         if al not in (None, "-") and not Path(al).is_absolute():
             cfg = cfg.model_copy(update={"server": cfg.server.model_copy(

@@ -19,9 +19,13 @@ Readiness endpoint by engine kind (checked 2026-11-30):
 - ``health_path`` in the backend's config overrides all of these.
 
 A check passes on any 2xx within ``timeout_s``; anything else (connection refused, timeout, 5xx, 503
-while loading) fails it. ``fall`` failed checks in a row mark a backend down, ``rise`` passed checks mark
-it up again (HAProxy's ``fall``/``rise``; https://docs.haproxy.org/2.8/configuration.html#5.2-fall,
-checked 2026-11-30). Backends are "unknown" (treated as up) until their first check.
+while loading) fails it, except a local resource error (the gateway itself out of file descriptors or
+buffers, :func:`servelab.gateway.fdbudget.is_local_resource_error`): that check is skipped and counted in
+``HealthStatus.local_errors``, never against the backend. The API port's connection cap
+(:mod:`servelab.gateway.listener`) keeps descriptors in reserve for these checks. ``fall`` failed
+checks in a row mark a backend down, ``rise`` passed checks mark it up again (HAProxy's ``fall``/``rise``;
+https://docs.haproxy.org/2.8/configuration.html#5.2-fall, checked 2026-11-30). Backends are "unknown"
+(treated as up) until their first check.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from dataclasses import dataclass
 import aiohttp
 
 from servelab.gateway.breaker import BreakerBoard
+from servelab.gateway.fdbudget import is_local_resource_error
+from servelab.gateway.listener import RateLimitedLog
 from servelab.gateway.routing import Backend
 
 __all__ = ["HEALTH_PATHS", "HealthChecker", "HealthStatus", "health_url"]
@@ -76,6 +82,8 @@ class HealthStatus:
     fails: int = 0
     passes: int = 0
     checks: int = 0
+    #: checks skipped because the gateway itself had no descriptor/buffer left (never counted as failures)
+    local_errors: int = 0
 
 
 class HealthChecker:
@@ -108,6 +116,7 @@ class HealthChecker:
         self._own_session = session is None
         self._on_change = on_change
         self._tasks: list[asyncio.Task[None]] = []
+        self._local_log = RateLimitedLog(log, burst=2, window_s=10.0)
 
     def is_up(self, name: str) -> bool:
         """True unless the last checks marked ``name`` down (unknown counts as up)."""
@@ -124,8 +133,9 @@ class HealthChecker:
         return self._session
 
     async def check_once(self, name: str) -> bool:
-        """Run one check of backend ``name`` now, update its status and breaker; returns whether it passed.
-        Raises KeyError for an unknown backend."""
+        """Run one check of backend ``name`` now, update its status and breaker; returns whether it passed
+        (a check skipped for a local resource error changes nothing and returns whether the backend is
+        not known to be down). Raises KeyError for an unknown backend."""
         url = self.urls[name]
         st = self.status[name]
         t0 = time.monotonic()
@@ -139,10 +149,15 @@ class HealthChecker:
             detail = "" if ok else f"http {code}"
         except asyncio.TimeoutError:
             ok, detail = False, f"timeout after {self.timeout_s:g} s"
-        except aiohttp.ClientConnectorError:
-            ok, detail = False, "connect"
-        except aiohttp.ClientError as e:
-            ok, detail = False, type(e).__name__
+        except (aiohttp.ClientError, OSError) as e:
+            if is_local_resource_error(e):
+                # EMFILE/ENFILE/ENOBUFS: this process ran out, the engine did not fail; counting it would
+                # open the breakers of healthy backends under a connection flood
+                st.local_errors += 1
+                self._local_log("health check of %s skipped: no file descriptor or buffer left in the gateway "
+                                "(%s); not counted against the backend", name, e)
+                return st.up is not False
+            ok, detail = False, "connect" if isinstance(e, aiohttp.ClientConnectorError) else type(e).__name__
         now = time.monotonic()
         st.checks += 1
         st.checked_at = now

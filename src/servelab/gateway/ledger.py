@@ -39,7 +39,9 @@ log = logging.getLogger("servelab.gateway.ledger")
 
 #: Columns :meth:`Ledger.totals` can group by (``model`` is the public model name the client asked for).
 GROUP_BY_COLUMNS = ("key_id", "tenant", "model", "backend", "upstream_model", "status", "outcome")
-OUTCOMES = ("ok", "error", "client_disconnect")
+#: ``incomplete``: the gateway stopped (crash, kill -9) while the request was in flight; the row was
+#: rebuilt from the write-ahead journal (:mod:`servelab.gateway.journal`).
+OUTCOMES = ("ok", "error", "client_disconnect", "incomplete")
 NANOS = 1_000_000_000
 
 
@@ -57,8 +59,10 @@ class UsageRow:
     ``ts``: epoch seconds when the request arrived. ``model``: the public model name; ``backend`` /
     ``upstream_model``: where it was served (``None`` if it never reached one). ``*_tokens``: as reported
     by the engine's ``usage`` (``reserved_tokens``: what the limiter held). ``status``: HTTP status sent to
-    the client. ``outcome``: ``ok`` | ``error`` | ``client_disconnect``. ``cost``: in the currency of the
-    configured prices (see :func:`token_cost`), stored to 1e-9.
+    the client (0 = none was final). ``outcome``: ``ok`` | ``error`` | ``client_disconnect`` |
+    ``incomplete`` (the gateway died mid-request; tokens are what was known served, see
+    :mod:`servelab.gateway.journal`). ``cost``: in the currency of the configured prices (see
+    :func:`token_cost`), stored to 1e-9.
     """
 
     request_id: str
@@ -181,6 +185,27 @@ def _totals_rows(group_by: Sequence[str], rows: Sequence[Sequence[Any]]) -> list
     return out
 
 
+def _budget_sql(greatest: str) -> str:
+    """SQL of :meth:`SqliteLedger.budget_spend`: per (tenant, key_id), the tokens a ``token_budget``
+    counts: prompt + completion of finished rows; an ``incomplete`` row counts the larger of its
+    reservation and what was known served (the output cap bounds what the engine could still have sent,
+    so the reservation is a safe upper bound on a request whose end the gateway never saw)."""
+    return (f"SELECT tenant, key_id, SUM(CASE WHEN outcome = 'incomplete' THEN "
+            f"{greatest}(reserved_tokens, prompt_tokens + completion_tokens) "
+            "ELSE prompt_tokens + completion_tokens END) FROM servelab_usage GROUP BY tenant, key_id")
+
+
+def _missing(rows: Sequence[UsageRow], present: set[tuple[str, float]]) -> list[UsageRow]:
+    """``rows`` whose ``(request_id, ts)`` is not in ``present`` (nor twice in ``rows``)."""
+    out = []
+    for r in rows:
+        k = (r.request_id, r.ts)
+        if k not in present:
+            present.add(k)
+            out.append(r)
+    return out
+
+
 _INSERT_USAGE = f"INSERT INTO servelab_usage ({', '.join(_USAGE_COLUMNS)}) VALUES ({', '.join('?' * 13)})"
 
 
@@ -288,6 +313,13 @@ class SqliteLedger:
         self._q.put(_Call(fn, fut, loop))
         return await fut
 
+    async def ping(self, timeout_s: float = 1.0) -> None:
+        """Readiness probe (``/health``): returns when the writer thread runs and answers ``SELECT 1``
+        within ``timeout_s``; raises ``RuntimeError``/``sqlite3.Error``/``TimeoutError`` otherwise."""
+        if self._thread is None or not self._thread.is_alive():
+            raise RuntimeError("the SQLite ledger's writer thread is not running")
+        await asyncio.wait_for(self._call(lambda c: c.execute("SELECT 1").fetchone()), timeout_s)
+
     async def record(self, row: UsageRow) -> None:
         """Queue ``row`` for the writer thread (no I/O here). Raises ``RuntimeError`` if not started."""
         if self._thread is None or self._closed:
@@ -297,8 +329,39 @@ class SqliteLedger:
             await self.flush()
 
     async def flush(self) -> None:
-        """Return once every row recorded before this call is committed."""
+        """Return once every row recorded before this call is committed (a failed write is counted in
+        ``dropped_rows``, not raised)."""
         await self._call(lambda conn: None)
+
+    async def insert_missing(self, rows: Sequence[UsageRow]) -> int:
+        """Insert the ``rows`` not already stored (same ``request_id`` and ``ts``), in one transaction;
+        return how many were inserted. Used to replay the journal (a row may already be in the database
+        when the gateway died between the commit and the journal's clean-up). Raises ``sqlite3.Error``."""
+        if not rows:
+            return 0
+        since = min(r.ts for r in rows)
+
+        def run(conn: sqlite3.Connection) -> int:
+            present = {(a, float(b)) for a, b in conn.execute(
+                "SELECT request_id, ts FROM servelab_usage WHERE ts >= ?", (since,))}
+            new = _missing(rows, present)
+            conn.execute("BEGIN")
+            try:
+                conn.executemany(_INSERT_USAGE, [r.db_tuple() for r in new])
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return len(new)
+
+        return int(await self._call(run))
+
+    async def budget_spend(self) -> dict[tuple[str, str], int]:
+        """``{(tenant, key_id): tokens}`` a token budget counts, summed over every stored row (see
+        :func:`_budget_sql`); :meth:`servelab.gateway.limits.MemoryLimiter.seed_budgets` takes it."""
+        sql = _budget_sql("MAX")
+        rows = await self._call(lambda conn: conn.execute(sql).fetchall())
+        return {(t, k): int(n or 0) for t, k, n in rows}
 
     async def totals(self, group_by: Sequence[str] = ("key_id", "model"), since_ts: float | None = None,
                      until_ts: float | None = None) -> list[dict[str, Any]]:
@@ -383,6 +446,13 @@ class PostgresLedger:
         if self._pool is None:
             raise RuntimeError("PostgresLedger is not started (call await start()) or already closed")
 
+    async def ping(self, timeout_s: float = 1.0) -> None:
+        """Readiness probe (``/health``): returns when a pooled connection answers ``SELECT 1`` within
+        ``timeout_s``; raises asyncpg/OS errors, ``TimeoutError`` or ``RuntimeError`` otherwise."""
+        self._require()
+        async with asyncio.timeout(timeout_s), self._pool.acquire() as conn:
+            await conn.fetchval("SELECT 1")
+
     async def record(self, row: UsageRow) -> None:
         """Buffer ``row``; the flusher writes it within ``flush_interval_s``."""
         self._require()
@@ -422,6 +492,33 @@ class PostgresLedger:
                     raise
                 del self._buf[: len(batch)]
 
+    @property
+    def pending_rows(self) -> int:
+        """Rows recorded but not yet written to PostgreSQL (count)."""
+        return len(self._buf)
+
+    async def insert_missing(self, rows: Sequence[UsageRow]) -> int:
+        """As :meth:`SqliteLedger.insert_missing` (one transaction; raises asyncpg/OS errors)."""
+        self._require()
+        if not rows:
+            return 0
+        since = min(r.ts for r in rows)
+        async with self._pool.acquire() as conn, conn.transaction():
+            present = {(a, float(b)) for a, b in await conn.fetch(
+                "SELECT request_id, ts FROM servelab_usage WHERE ts >= $1", since)}
+            new = _missing(rows, present)
+            if new:
+                await conn.copy_records_to_table("servelab_usage", records=[r.db_tuple() for r in new],
+                                                 columns=_USAGE_COLUMNS)
+        return len(new)
+
+    async def budget_spend(self) -> dict[tuple[str, str], int]:
+        """As :meth:`SqliteLedger.budget_spend` (every replica's rows: the database is shared)."""
+        self._require()
+        await self.flush()
+        rows = await self._pool.fetch(_budget_sql("GREATEST"))
+        return {(r[0], r[1]): int(r[2] or 0) for r in rows}
+
     async def totals(self, group_by: Sequence[str] = ("key_id", "model"), since_ts: float | None = None,
                      until_ts: float | None = None) -> list[dict[str, Any]]:
         """As :meth:`SqliteLedger.totals` (flushes this process's buffer first)."""
@@ -446,8 +543,10 @@ class PostgresLedger:
                                       "ORDER BY created_ts, key_id")
         return [KeyRecord.from_db(tuple(r)) for r in rows]
 
-    async def close(self) -> None:
-        """Stop the flusher, write what is buffered (errors logged), close the pool. Idempotent."""
+    async def close(self, spooled_in: str | None = None) -> None:
+        """Stop the flusher, write what is buffered (errors logged), close the pool. Idempotent.
+        ``spooled_in``: the journal folder that also holds the buffered rows (then a failed write is
+        logged as spooled there, to be written at the next start, instead of as lost)."""
         if self._pool is None:
             return
         if self._task is not None:
@@ -459,6 +558,10 @@ class PostgresLedger:
         try:
             await self.flush()
         except Exception as e:
-            log.error("ledger: %d usage rows not written at close: %s", len(self._buf), e)
+            if spooled_in is not None:
+                log.error("ledger: PostgreSQL unreachable at close (%s): %d usage rows spooled in %s; they are "
+                          "written to PostgreSQL when the gateway next starts", e, len(self._buf), spooled_in)
+            else:
+                log.error("ledger: %d usage rows not written at close: %s", len(self._buf), e)
         await self._pool.close()
         self._pool = None

@@ -23,6 +23,10 @@ Algorithm (both implementations, identical semantics)
 - **Token budget:** a lifetime counter of tokens (reserved while in flight, actual once settled);
   admission needs ``spent + reserve_tokens <= token_budget``. Rejected with 429
   ``insufficient_quota`` (OpenAI's type/code for an exhausted quota, which retrying does not fix).
+  The ledger is the durable record of that spend: at start the gateway calls :meth:`seed_budgets` with
+  the ledger's sums per key (:meth:`servelab.gateway.ledger.SqliteLedger.budget_spend`), so a budget
+  survives a restart, a crash and a Redis without persistence (as LiteLLM keeps spend in its database,
+  https://docs.litellm.ai/docs/proxy/db_info, checked 2026-12-01). Seeding never lowers a counter.
 
 Time: :class:`RedisLimiter` reads the clock with Redis ``TIME`` inside the script (microseconds), so N
 gateway replicas with skewed clocks share one timeline; the invariant above holds on the Redis clock,
@@ -294,11 +298,38 @@ class MemoryLimiter:
                 s.spent += delta
         return time.time()
 
+    async def seed_budgets(self, spend: Mapping[tuple[str, str], int]) -> None:
+        """Raise the budget counters to the ledger's spend: ``spend`` maps ``(tenant, key_id)`` to tokens
+        (the key scope gets its own sum, the tenant scope the sum of its keys). A counter already higher
+        (requests in flight) keeps its value. Call before the first :meth:`admit`."""
+        for kind, name, tokens in _budget_scopes(spend):
+            s = self._scope(kind, name, Limits())
+            s.spent = max(s.spent, tokens)
+
     async def close(self) -> None:
         """Nothing to release (kept for the :class:`Limiter` protocol)."""
 
 
+def _budget_scopes(spend: Mapping[tuple[str, str], int]) -> list[tuple[str, str, int]]:
+    """``(kind, name, tokens)`` per key scope (``tenant\0key_id``, as the limiters name it) and per tenant."""
+    out: list[tuple[str, str, int]] = []
+    tenants: dict[str, int] = {}
+    for (tenant, key_id), tokens in spend.items():
+        out.append(("key", f"{tenant}\0{key_id}", int(tokens)))
+        tenants[tenant] = tenants.get(tenant, 0) + int(tokens)
+    out += [("tenant", t, n) for t, n in tenants.items()]
+    return out
+
+
 # ----------------------------------------------------------------------------------------------- redis
+
+# KEYS[1]: a budget counter. ARGV[1]: tokens. Raises the counter to ARGV[1] (never lowers it).
+_SEED_LUA = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local seed = tonumber(ARGV[1])
+if seed > cur then redis.call('SET', KEYS[1], seed) end
+return math.max(cur, seed)
+"""
 
 # KEYS per scope (5): rpm log, tpm log, tpm sum, concurrency leases, budget counter.
 # ARGV: uid, reserve, window_us, lease_us, nscopes, then per scope: rpm, tpm, conc, budget (-1 = none).
@@ -434,6 +465,7 @@ class RedisLimiter:
         self._redis = aioredis.from_url(url)
         self._admit = self._redis.register_script(_ADMIT_LUA)
         self._settle = self._redis.register_script(_SETTLE_LUA)
+        self._seed = self._redis.register_script(_SEED_LUA)
 
     def _keys(self, kind: str, tenant: str, key_id: str) -> list[str]:
         base = f"{self.prefix}:{{{_tag(tenant)}}}:" + ("t" if kind == "tenant" else f"k:{key_id}")
@@ -494,6 +526,19 @@ class RedisLimiter:
             log.error("limits: Redis at %s failed on settle of %s (slot frees after lease_s=%s): %s",
                       safe_url(self.url), admission.uid, self.lease_s, e)
             return time.time()
+
+    async def seed_budgets(self, spend: Mapping[tuple[str, str], int]) -> None:
+        """As :meth:`MemoryLimiter.seed_budgets`, on the Redis counters (one script per counter, in one
+        pipeline; a counter other replicas already raised above the ledger's sum keeps its value).
+        Raises the Redis error when Redis cannot be reached."""
+        pipe = self._redis.pipeline(transaction=False)
+        n = 0
+        for kind, name, tokens in _budget_scopes(spend):
+            tenant, _, key_id = name.partition("\0")
+            await self._seed(keys=[self._keys(kind, tenant, key_id)[4]], args=[tokens], client=pipe)
+            n += 1
+        if n:
+            await pipe.execute()
 
     async def close(self) -> None:
         """Close the Redis connection pool."""

@@ -15,7 +15,10 @@ Names (all prefixed ``servelab_gateway_``; seconds and token counts as the suffi
 - ``in_flight{model}`` gauge; ``retries_total{model,reason}`` counter (``connect``, ``429``, ``503``,
   ``saturated``); ``fallbacks_total{model}`` counter; ``breaker_state{backend}`` gauge (0 closed,
   1 half-open, 2 open); ``limit_rejections_total{limit}`` counter (rpm, tpm, concurrency, budget);
-  ``config_reloads_total{result}`` counter (ok, error).
+  ``config_reloads_total{result}`` counter (ok, error); ``connection_events_total{port,reason}`` counter
+  (``api``/``admin``; ``idle_timeout``, ``header_timeout``, ``body_timeout``, ``refused``, ``evicted``,
+  ``bad_request``) and
+  ``connections{port}`` gauge (open client connections, set when scraped).
 
 Each gateway has its own :class:`prometheus_client.CollectorRegistry` (several gateways in one test
 process do not collide). Bucket edges: TTFT 1 ms-60 s, inter-token 0.5 ms-2.5 s, chosen to resolve the
@@ -64,11 +67,17 @@ class GatewayMetrics:
                                registry=r)
         self.fallbacks = Counter(p + "fallbacks_total", "Requests answered by a fallback model", ("model",),
                                  registry=r)
+        self.fallbacks_denied = Counter(p + "fallbacks_denied_total", "Fallback steps left out because the "
+                                        "key/tenant may not use that model", ("model", "fallback"), registry=r)
         self.breaker_state = Gauge(p + "breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open",
                                    ("backend",), registry=r)
         self.limit_rejections = Counter(p + "limit_rejections_total", "Requests refused by a limit", ("limit",),
                                         registry=r)
         self.reloads = Counter(p + "config_reloads_total", "Config reloads by result", ("result",), registry=r)
+        self.connection_events = Counter(p + "connection_events_total", "Connections closed or refused by the "
+                                         "listener (servelab.gateway.listener.EVENTS)", ("port", "reason"),
+                                         registry=r)
+        self.connections = Gauge(p + "connections", "Open client connections", ("port",), registry=r)
         self._children: dict[str, tuple[Any, Any, Any, Any]] = {}
 
     def model(self, model: str) -> tuple[Any, Any, Any, Any]:

@@ -10,8 +10,9 @@ Policies, in the order they apply:
    Targets are grouped by ``(backend pool, upstream model)``: replicas of the same model in the same pool
    form one group, a canary (another pool or another model) is another group.
 3. **Weighted split (canary).** One group is drawn with probability weight / total weight. The draw is a
-   stable hash of the request id when one is given (the same id always lands in the same group, on every
-   gateway replica), otherwise random.
+   stable hash of the ``request_id`` given to :meth:`Router.plan` (the same key always lands in the same
+   group, on every gateway replica), otherwise random. The server never passes a client-chosen value
+   here: random per request, or an HMAC session key when ``routing.session_header`` is set.
 4. **Replica choice inside the group.** Backends whose breaker is open (or half-open with its probe slots
    taken) and backends at their ``max_in_flight`` are skipped. A replica with weight 0 is a standby: it
    is used only as a retry alternative after the weighted replicas of its group.
@@ -33,7 +34,10 @@ Policies, in the order they apply:
    other groups (heavier weight first).
 6. **Fallback chain**: each ``fallback`` entry names another public model and degrade parameters (a lower
    ``max_tokens`` cap, other body fields); its targets follow with role ``fallback`` and the overrides.
-   If no target of the requested model is available the plan starts with the fallback.
+   If no target of the requested model is available the plan starts with the fallback. Every fallback
+   model is checked with the caller's ``may_use`` (tenant/key permissions) and left out when refused,
+   and targets/shadow outside the caller's ``pools`` are left out: a request never reaches a model or
+   pool its key may not use.
 7. **Shadow**: with ``shadow.sample_rate`` r, a share r of requests (stable per request id) also gets a
    shadow target whose answer the server discards (migration comparisons, seeds 003 §15).
 
@@ -48,7 +52,7 @@ import asyncio
 import hashlib
 import math
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -161,6 +165,8 @@ class RoutePlan:
     task: str | None = None
     degraded: bool = False
     affinity: str | None = None
+    #: fallback models left out because the caller may not use them (:meth:`Router.plan` ``may_use``)
+    denied: tuple[str, ...] = ()
 
     @property
     def primary(self) -> Target:
@@ -404,10 +410,19 @@ class Router:
 
     # -- planning
     def plan(self, public_model: str | None, body: Mapping[str, Any] | None = None, task_tag: str | None = None,
-             prompt_prefix: str = "", request_id: str | None = None) -> RoutePlan:
+             prompt_prefix: str = "", request_id: str | None = None, *,
+             may_use: Callable[[str], bool] | None = None, pools: Collection[str] | None = None) -> RoutePlan:
         """Route one request. ``body``: the client's JSON body (reads ``max_tokens``/``max_completion_tokens``
         to apply fallback caps). ``prompt_prefix``: text for prefix affinity (see :func:`affinity_text`).
-        ``request_id``: makes the weighted split and shadow sampling deterministic.
+        ``request_id``: makes the weighted split and shadow sampling deterministic; the server passes a
+        value the client cannot choose (None = random draws, or an HMAC session key, see
+        :class:`~servelab.gateway.config.RoutingSection`).
+
+        Permissions: ``may_use(public_model)`` is asked for every other public model the request can reach
+        (each fallback step, at any depth; the requested one was checked by the caller): a step it refuses
+        is left out (its own chain is still walked, each model checked) and named in
+        :attr:`RoutePlan.denied`. ``pools``: backend pools the caller may use (None = any): targets and the
+        shadow outside them are left out.
 
         Raises :class:`~servelab.gateway.errors.GatewayError` 404 ``model_not_found`` for an unknown
         model, 503 ``model_busy`` (with ``retry_after_s``) when every candidate is at ``max_in_flight``
@@ -424,11 +439,13 @@ class Router:
         tie = request_id if request_id else f"{self._rng.random():.17f}"
         chars = self.affinity_chars if route.affinity_chars is None else route.affinity_chars
         prefix = prompt_prefix[:chars] if chars > 0 else ""
-        own = self._model_targets(name, u, tie, prefix, PRIMARY, _EMPTY)
+        in_pools = (lambda b: True) if pools is None else (lambda b: self.backends[b].pool in pools)
+        own = [t for t in self._model_targets(name, u, tie, prefix, PRIMARY, _EMPTY) if in_pools(t.backend)]
         targets = list(own)
         seen = {(t.backend, t.upstream_model) for t in targets}
-        for t in self._fallbacks(route, body, {name}, 1, u, tie, prefix, _EMPTY):
-            if (t.backend, t.upstream_model) not in seen:  # already tried as a retry of the same model
+        denied: list[str] = []
+        for t in self._fallbacks(route, body, {name}, 1, u, tie, prefix, _EMPTY, may_use, denied):
+            if (t.backend, t.upstream_model) not in seen and in_pools(t.backend):  # not already a retry
                 targets.append(t)
                 seen.add((t.backend, t.upstream_model))
         if not targets:
@@ -436,11 +453,12 @@ class Router:
         shadow = None
         if route.shadow is not None and route.shadow.sample_rate > 0:
             v = stable_unit(request_id, "shadow") if request_id else self._rng.random()
-            if v < route.shadow.sample_rate and self.available(route.shadow.backend):
+            if (v < route.shadow.sample_rate and self.available(route.shadow.backend)
+                    and in_pools(route.shadow.backend)):
                 shadow = self._target(route.shadow.backend, route.shadow.model, name, SHADOW, _EMPTY)
         return RoutePlan(public_model=name, targets=tuple(targets), shadow=shadow, task=task,
                          degraded=not own, affinity=hashlib.blake2b(prefix.encode(), digest_size=8).hexdigest()
-                         if prefix else None)
+                         if prefix else None, denied=tuple(denied))
 
     def _target(self, backend: str, model: str, public: str, role: str, overrides: Mapping[str, Any]) -> Target:
         b = self.backends[backend]
@@ -493,7 +511,8 @@ class Router:
         return sorted(specs, key=key)
 
     def _fallbacks(self, route: ModelRoute, body: Mapping[str, Any], visited: set[str], depth: int,
-                   u: float, tie: str, prefix: str, inherited: Mapping[str, Any]) -> list[Target]:
+                   u: float, tie: str, prefix: str, inherited: Mapping[str, Any],
+                   may_use: Callable[[str], bool] | None = None, denied: list[str] | None = None) -> list[Target]:
         if depth > self.max_fallback_depth:
             return []
         out: list[Target] = []
@@ -501,9 +520,12 @@ class Router:
             if f.model in visited:
                 continue
             overrides = self._degrade(body, f, inherited)
-            out.extend(self._model_targets(f.model, u, tie, prefix, FALLBACK, overrides))
+            if may_use is None or may_use(f.model):
+                out.extend(self._model_targets(f.model, u, tie, prefix, FALLBACK, overrides))
+            elif denied is not None and f.model not in denied:
+                denied.append(f.model)
             out.extend(self._fallbacks(self.models[f.model], body, visited | {f.model}, depth + 1, u, tie,
-                                       prefix, overrides))
+                                       prefix, overrides, may_use, denied))
         return out
 
     @staticmethod

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import logging
 import os
 import re
@@ -52,10 +53,13 @@ import orjson
 from aiohttp import web
 
 from servelab.gateway import capabilities as caps_mod
+from servelab.gateway import lengths
 from servelab.gateway.breaker import BreakerBoard, BreakerSettings, RetryBudget, backoff_s
 from servelab.gateway.config import GatewayConfig, load_config
 from servelab.gateway.errors import GatewayError, bad_request, upstream_error
 from servelab.gateway.limits import safe_url
+from servelab.gateway.fdbudget import is_local_resource_error
+from servelab.gateway.listener import GuardedRunner, settings_for
 from servelab.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics, HistogramBatch
 from servelab.gateway.routing import Backend as RouteBackend
 from servelab.gateway.routing import FallbackSpec, LoadTracker, ModelRoute, Router, ShadowSpec, Target, TargetSpec
@@ -79,7 +83,7 @@ _CONNECT_ERRORS = (aiohttp.ClientConnectionError, ConnectionError, OSError)
 _ENDPOINT_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 #: the public routes and their method (for the 404/405 answers)
 _ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/embeddings": "POST", "/v1/models": "GET",
-           "/health": "GET", "/metrics": "GET"}
+           "/health": "GET", "/health/live": "GET", "/metrics": "GET"}
 #: OpenAI's finish reasons (https://platform.openai.com/docs/api-reference/chat/object, checked 2026-11-30)
 _OPENAI_FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
 #: a finish reason given as a JSON string: unescaped quotes cannot occur inside a JSON string value, so
@@ -212,6 +216,10 @@ class _Req:
     model_field: bytes = b""
     #: the engine's own ``"model":...`` member as last seen (exact bytes), for the fast replace
     model_seen: bytes = b""
+    #: the client's own X-Request-ID (validated), logged apart from ``rid``
+    client_rid: str | None = None
+    #: the output bound per sequence this request reserved (tokens); what is forwarded never exceeds it
+    out_cap: int = 0
 
 
 class _UpstreamFailed(Exception):
@@ -260,8 +268,24 @@ def _reason(e: BaseException) -> str:
 
 
 def _request_id(request: web.Request) -> str:
+    """A fresh id made by the gateway (24 hex characters, 96 random bits): the ``X-Request-ID`` of every
+    answer, the access log's and ledger's ``request_id``. Never the client's own ``X-Request-ID``, which
+    a client can repeat or choose to steer anything keyed on it (see :func:`_client_request_id`)."""
+    return secrets.token_hex(12)
+
+
+def _client_request_id(request: web.Request) -> str | None:
+    """The client's ``X-Request-ID`` when it is 1-128 characters of ``[A-Za-z0-9._:-]`` (else None): kept
+    as ``client_request_id`` in the access log and sent to engines as ``X-Client-Request-ID``, never used
+    as the gateway's id nor for routing."""
     rid = request.headers.get("X-Request-ID")
-    return rid if rid and _RID.match(rid) else secrets.token_hex(12)
+    return rid if rid and _RID.match(rid) else None
+
+
+def _listener_fields(s: Any) -> tuple[Any, ...]:
+    """The ``server`` fields the listeners take at start (a change needs a restart)."""
+    return (s.admin_host, s.header_timeout_s, s.body_timeout_s, s.body_total_timeout_s, s.keepalive_timeout_s,
+            s.max_connections, s.admin_max_connections)
 
 
 def _error_response(e: GatewayError, rid: str) -> web.Response:
@@ -282,18 +306,22 @@ class Gateway:
     limiter, ledger, key store, breakers, health checks and the hot-reloadable config.
 
     ``config``: a validated :class:`GatewayConfig`; ``config_path``: the file it came from (enables
-    reload on change/SIGHUP). ``host``/``port``/``admin_port`` override the file's ``server`` section
-    (``port=0`` = free port; read :attr:`port` after :meth:`start`). Components can be injected (tests,
-    embedding): ``ledger``, ``limiter``, ``keystore``. Use ``await start()`` / ``await close()``.
+    reload on change/SIGHUP). ``host``/``port``/``admin_port``/``admin_host`` override the file's ``server``
+    section (``port=0`` = free port; read :attr:`port` after :meth:`start`); the admin app binds
+    ``admin_host`` (default ``server.admin_host``, 127.0.0.1), never ``host``. Both ports run under
+    :class:`~servelab.gateway.listener.GuardedRunner` (timeouts, connection cap, quiet parser errors).
+    Components can be injected (tests, embedding): ``ledger``, ``limiter``, ``keystore``. Use
+    ``await start()`` / ``await close()``.
     """
 
     def __init__(self, config: GatewayConfig, config_path: str | Path | None = None, *, host: str | None = None,
                  port: int | None = None, admin_port: int | None = -1, ledger: Any = None, limiter: Any = None,
-                 keystore: Any = None, watch: bool = True) -> None:
+                 keystore: Any = None, watch: bool = True, admin_host: str | None = None) -> None:
         self.config_path = Path(config_path) if config_path is not None else None
         self.host = host or config.server.host
         self.port = config.server.port if port is None else port
         self.admin_port = config.server.admin_port if admin_port == -1 else admin_port
+        self.admin_host = admin_host or config.server.admin_host  # never follows host: admin stays on loopback
         self.metrics = GatewayMetrics()
         # with state.redis_url the breakers' open states are shared by every replica using that Redis
         self._redis: Any = None
@@ -318,10 +346,13 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
         self._health: Any = None
+        self._readiness: Any = None  # readiness.Readiness, made at the first /health
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watch_task: asyncio.Task[None] | None = None
         self._access = _AccessLog(config.server.access_log)
         self._shadow_sem = asyncio.Semaphore(16)
+        #: HMAC key of routing.session_header when its env var is unset (this process only)
+        self._session_secret = secrets.token_bytes(32)
         self.app = self._make_app()
 
     # ------------------------------------------------------------------ lifecycle
@@ -337,7 +368,8 @@ class Gateway:
         r.add_post("/v1/embeddings", self._embeddings)
         r.add_get("/v1/models", self._models)
         r.add_get("/health", self._health_ep)
-        r.add_get("/metrics", self._metrics_ep)
+        r.add_get("/health/live", self._live_ep)
+        r.add_get("/metrics", self._public_metrics_ep)
         r.add_route("*", "/{tail:.*}", self._unknown_path)  # last: only what no route above serves
         return app
 
@@ -374,12 +406,18 @@ class Gateway:
                                   f"({_reason(e)}); start Redis there, or set state.redis_url: null "
                                   "(one replica, limits and breakers in memory)") from None
         if self._ledger is None:
+            from servelab.gateway.journal import DurableLedger
             from servelab.gateway.ledger import PostgresLedger, SqliteLedger
 
-            self._ledger = (PostgresLedger(cfg.ledger.postgres_dsn) if cfg.ledger.postgres_dsn
-                            else SqliteLedger(cfg.ledger.sqlite_path))
+            store = (PostgresLedger(cfg.ledger.postgres_dsn) if cfg.ledger.postgres_dsn
+                     else SqliteLedger(cfg.ledger.sqlite_path))
+            # write-ahead journal: a crash or a database outage loses no usage (servelab.gateway.journal)
+            self._ledger = (DurableLedger(store, cfg.ledger.spool_path, cfg.ledger.fsync_interval_s)
+                            if cfg.ledger.spool_path else store)
             try:
                 await self._ledger.start()
+            except ConfigError:
+                raise
             except Exception as e:  # sqlite3.Error, OSError, asyncpg errors: name the field, not a port
                 if cfg.ledger.postgres_dsn:
                     raise ConfigError(f"ledger.postgres_dsn: cannot use PostgreSQL at "
@@ -393,6 +431,7 @@ class Gateway:
             from servelab.gateway.limits import MemoryLimiter, RedisLimiter
 
             self._limiter = RedisLimiter(cfg.state.redis_url) if cfg.state.redis_url else MemoryLimiter()
+        await self._seed_budgets()
         if self._keystore is None:
             self._keystore = self._new_keystore(cfg)
             self._own_keystore = True
@@ -401,7 +440,8 @@ class Gateway:
             await start()
         await self.breakers.start()  # Redis sync of open states (no-op without state.redis_url)
         await self._start_health()
-        self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True,
+        self._runner = GuardedRunner(self.app, settings_for(cfg.server, "api"), on_event=self._conn_event,
+                                     access_log=None, handler_cancellation=True,
                                      shutdown_timeout=cfg.server.shutdown_grace_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, backlog=2048, reuse_address=True)
@@ -412,6 +452,23 @@ class Gateway:
         if self._watch:
             self._watch_task = asyncio.get_running_loop().create_task(self._watch_loop())
         log.info("gateway listening on http://%s:%d/v1 (config version %d)", self.host, self.port, self.snap.version)
+
+    async def _seed_budgets(self) -> None:
+        """Token budgets count the ledger's spend (durable; survives restarts and a Redis without
+        persistence): the limiter's counters are raised to the ledger's sums (limits.py module doc)."""
+        spend_fn = getattr(self._ledger, "budget_spend", None)
+        seed = getattr(self._limiter, "seed_budgets", None)
+        if spend_fn is None or seed is None:
+            return
+        try:
+            spend = await spend_fn()
+            await seed(spend)
+        except Exception as e:  # fail closed: a budget that forgot its spend is no budget
+            raise ConfigError(f"token budgets: cannot load their spend from the ledger into the limiter "
+                              f"({_reason(e)}); "
+                              "check ledger.* and state.redis_url") from None
+        if spend:
+            log.info("budgets: spend of %d keys (%d tokens) loaded from the ledger", len(spend), sum(spend.values()))
 
     def _new_keystore(self, cfg: GatewayConfig) -> Any:
         from servelab.gateway.keys import KeyStore
@@ -434,9 +491,11 @@ class Gateway:
         admin_app = make_admin_app(self._keystore, adm.token_env, token_sha256=adm.token_sha256,
                                    reload_hook=self._admin_reload, backends_hook=self.backend_states,
                                    ledger=self._ledger)
-        self._admin_runner = web.AppRunner(admin_app, access_log=None)
+        admin_app.router.add_get("/metrics", self._metrics_ep)  # behind the admin token (its middleware)
+        self._admin_runner = GuardedRunner(admin_app, settings_for(self.snap.cfg.server, "admin"),
+                                           on_event=self._conn_event, access_log=None)
         await self._admin_runner.setup()
-        site = web.TCPSite(self._admin_runner, self.host, self.admin_port, reuse_address=True)
+        site = web.TCPSite(self._admin_runner, self.admin_host, self.admin_port, reuse_address=True)
         await site.start()
         self.admin_port = self._admin_runner.addresses[0][1]
 
@@ -555,7 +614,9 @@ class Gateway:
                     for name, a, b in (("server.host/port/admin_port", (old.server.host, old.server.port,
                                                                          old.server.admin_port),
                                         (cfg.server.host, cfg.server.port, cfg.server.admin_port)),
-                                       ("state", old.state, cfg.state), ("ledger", old.ledger, cfg.ledger))
+                                       ("state", old.state, cfg.state), ("ledger", old.ledger, cfg.ledger),
+                                       ("server connection limits/admin_host", _listener_fields(old.server),
+                                        _listener_fields(cfg.server)))
                     if a != b]
         for w in warnings:
             log.warning("config reload: %s", w)
@@ -598,17 +659,49 @@ class Gateway:
 
     # ------------------------------------------------------------------ small endpoints
     async def _health_ep(self, request: web.Request) -> web.Response:
+        """Readiness (:mod:`servelab.gateway.readiness`): 200 ``ok``/``degraded`` when this replica can
+        serve, 503 ``unavailable`` with ``reasons`` when no backend is up or Redis (``state.redis_url``)
+        does not answer; ``checks`` shows Redis and ledger state."""
         names = [b.name for b in self.snap.cfg.backends]
         up = [n for n in names if self.breakers.get(n).state != "open"
               and (self._health is None or self._health.is_up(n))]
-        ok = bool(up)
-        return web.Response(status=200 if ok else 503, content_type="application/json",
-                            body=orjson.dumps({"status": "ok" if ok else "unavailable",
+        if self._readiness is None:
+            from servelab.gateway.readiness import Readiness
+
+            self._readiness = Readiness(self._redis, self._ledger)
+        checks = await self._readiness.checks()
+        reasons = [] if up else ["no backend is up"]
+        if checks.get("redis", "ok") != "ok":
+            reasons.append(f"Redis (state.redis_url) is {checks['redis']}: limits cannot be checked")
+        degraded = [f"ledger is {checks['ledger']}: usage is kept locally until it is back"] \
+            if checks.get("ledger", "ok") != "ok" else []
+        status = "unavailable" if reasons else ("degraded" if degraded else "ok")
+        return web.Response(status=503 if reasons else 200, content_type="application/json",
+                            body=orjson.dumps({"status": status, "reasons": reasons + degraded, "checks": checks,
                                                "backends_up": len(up), "backends": len(names),
                                                "config_version": self.snap.version}))
 
+    async def _live_ep(self, request: web.Request) -> web.Response:
+        """Liveness: 200 while the process and its event loop run (checks nothing else)."""
+        return web.Response(content_type="application/json", body=b'{"status":"alive"}')
+
+    async def _public_metrics_ep(self, request: web.Request) -> web.Response:
+        """``/metrics`` on the API port: only with ``server.public_metrics`` (it names backends and breaker
+        states); otherwise 404 pointing to the admin port."""
+        if self.snap.cfg.server.public_metrics:
+            return await self._metrics_ep(request)
+        e = GatewayError(404, "no such endpoint: /metrics is served on the admin port (with the admin token); "
+                         "set server.public_metrics: true to serve it here", code="unknown_path")
+        return _error_response(e, _request_id(request))
+
+    def _conn_event(self, port: str, reason: str) -> None:
+        self.metrics.connection_events.labels(port, reason).inc()
+
     async def _metrics_ep(self, request: web.Request) -> web.Response:
         self.metrics.set_breakers({n: s["state"] for n, s in self.breakers.snapshot().items()})
+        for port, runner in (("api", self._runner), ("admin", self._admin_runner)):
+            if isinstance(runner, GuardedRunner):
+                self.metrics.connections.labels(port).set(runner.connections())
         resp = web.Response(body=self.metrics.expose())
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
@@ -650,13 +743,13 @@ class Gateway:
 
     async def _handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         snap = self.snap  # this request's config for its whole life
-        r = _Req(_request_id(request), endpoint, _now(), time.time())
+        r = _Req(_request_id(request), endpoint, _now(), time.time(), client_rid=_client_request_id(request))
         admission = None
         in_flight = None
         try:
             key = await self._authenticate(request)
             r.key_id, r.tenant = key.key_id, key.tenant
-            body = await self._read_json(request, snap.cfg.server.max_body_bytes)
+            body = await self._read_json(request, snap.cfg.server.max_body_bytes, snap.cfg.server.max_json_depth)
             model = body.get("model")
             task = request.headers.get(snap.cfg.routing.task_header)
             if model in (None, "", "auto") and task and task in snap.cfg.routing.tasks:
@@ -674,7 +767,8 @@ class Gateway:
                 raise GatewayError(403, f"this API key may not use the model '{model}'; GET /v1/models lists "
                                    "the models it may use", code="model_not_allowed", param="model")
             server = snap.cfg.server
-            asked = caps_mod.validate_shape(endpoint, body, server.max_tokens_limit)
+            want = caps_mod.validate_request(endpoint, body, server.max_tokens_limit, server.engine_length_fields)
+            asked = want.max_tokens  # the LARGEST bound over every dialect's length fields (lengths.py)
             seqs = caps_mod.output_sequences(endpoint, body)
             r.prompt_est = caps_mod.estimate_prompt_tokens(endpoint, body)
             out_cap = 0
@@ -687,13 +781,17 @@ class Gateway:
                         f"output tokens per request (max_tokens applies to each of the {seqs} sequences: n choices"
                         f"{' per prompt' if endpoint == 'completions' else ''}); lower n or max_tokens",
                         param=which, code="max_tokens_too_large")
-                out_cap = asked if asked is not None else (server.default_max_tokens or limit) // seqs
+                default_cap = max(1, (server.default_max_tokens or limit) // seqs)
                 ctx = entry.capabilities.context_tokens
-                if asked is None and ctx:  # the injected default must still fit the context
-                    out_cap = max(1, min(out_cap, ctx - r.prompt_est))
+                if ctx:  # the injected default must still fit the context
+                    default_cap = max(1, min(default_cap, ctx - r.prompt_est))
+                out_cap = asked if asked is not None else default_cap
+                if want.unbounded:  # n_predict/num_predict -1: "no limit" = the gateway's default
+                    out_cap = max(out_cap, default_cap)
             caps_mod.check_request(entry, endpoint, body, r.prompt_est, model_name=model, max_tokens=out_cap)
-            if endpoint != "embeddings" and asked is None:
-                body["max_tokens"] = out_cap
+            if endpoint != "embeddings":  # one bound, in the gateway's form; each attempt maps it (lengths.py)
+                lengths.canonicalise(body, out_cap, want.min_tokens)
+            r.out_cap = out_cap
             r.stream = endpoint != "embeddings" and body.get("stream") is True
             tenant_cfg = snap.cfg.tenants.get(key.tenant)
             if tenant_cfg is not None and tenant_cfg.log_prompts:
@@ -708,10 +806,11 @@ class Gateway:
                 if e.status == 429:
                     self.metrics.limit_rejections.labels(getattr(e, "limit", "other")).inc()
                 raise
+            self._journal_admit(r, admission)  # write-ahead: on disk before anything is forwarded
             in_flight = self.metrics.model(model)[3]
             in_flight.inc()
             self.retry_budget.record_request()
-            return await self._proxy(request, snap, r, body, task)
+            return await self._proxy(request, snap, r, body, task, key)
         except GatewayError as e:
             r.status = e.status
             r.outcome = "error"
@@ -734,7 +833,9 @@ class Gateway:
                 in_flight.dec()
             self._finish(snap, r, admission)
 
-    async def _read_json(self, request: web.Request, limit: int) -> dict[str, Any]:
+    async def _read_json(self, request: web.Request, limit: int, max_depth: int = 64) -> dict[str, Any]:
+        """The body as a JSON object. Raises GatewayError 413 above ``limit`` bytes, 400 ``invalid_json``
+        for bad JSON or a non-object, 400 ``json_too_deep`` when nested deeper than ``max_depth``."""
         too_big = GatewayError(413, f"the request body is larger than this gateway's limit of {limit} bytes; "
                                "send a shorter prompt", code="request_too_large")
         if request.content_length is not None and request.content_length > limit:
@@ -757,6 +858,7 @@ class Gateway:
                               code="invalid_json") from None
         if not isinstance(body, dict):
             raise bad_request("the body must be a JSON object", code="invalid_json")
+        caps_mod.check_depth(raw, body, max_depth)
         return body
 
     def _finish(self, snap: _Snapshot, r: _Req, admission: Any) -> None:
@@ -780,7 +882,7 @@ class Gateway:
             "ttft_ms": round(r.ttft_ns / 1e6, 3) if r.ttft_ns is not None else None,
             "e2e_ms": round(e2e_ns / 1e6, 3), "prompt_tokens": r.prompt_tokens,
             "completion_tokens": r.completion_tokens, "charged_tokens": used, "retries": r.retries,
-            "fallback": r.fallback, "config_version": snap.version}
+            "fallback": r.fallback, "config_version": snap.version, "client_request_id": r.client_rid}
         if r.prompt_text is not None:
             rec["prompt"] = r.prompt_text
         self._access.write(rec)
@@ -797,6 +899,32 @@ class Gateway:
             return r.prompt_est + r.token_events
         return 0
 
+    @staticmethod
+    def _billed(r: _Req) -> tuple[int, int]:
+        """(prompt, completion) tokens of the ledger row: the engine's usage, else the prompt estimate and
+        the token chunks forwarded if anything was served, else 0."""
+        pt = r.prompt_tokens if r.prompt_tokens is not None else (r.prompt_est if r.served else 0)
+        ct = r.completion_tokens if r.completion_tokens is not None else (r.token_events if r.served else 0)
+        return pt, ct
+
+    def _journal_admit(self, r: _Req, admission: Any) -> None:
+        """The write-ahead row of an admitted request (outcome ``incomplete``, its reservation), with a
+        probe of what it served so far (servelab.gateway.journal)."""
+        admit = getattr(self._ledger, "admit", None)
+        if admit is None:
+            return
+        from servelab.gateway.ledger import UsageRow
+
+        def live() -> dict[str, Any]:
+            pt, ct = self._billed(r)
+            return {"prompt_tokens": pt, "completion_tokens": ct, "status": r.status, "backend": r.backend,
+                    "upstream_model": r.upstream_model}
+
+        admit(str(getattr(admission, "uid", id(admission))), UsageRow(
+            request_id=r.rid, ts=r.ts, key_id=r.key_id, tenant=r.tenant, model=r.model, backend=None,
+            upstream_model=None, prompt_tokens=0, completion_tokens=0,
+            reserved_tokens=getattr(admission, "reserved_tokens", 0), status=0, outcome="incomplete"), live)
+
     async def _settle(self, snap: _Snapshot, r: _Req, admission: Any, used: int) -> None:
         from servelab.gateway.ledger import UsageRow, token_cost
 
@@ -804,27 +932,36 @@ class Gateway:
             await self._limiter.settle(admission, used)
         except Exception as e:
             log.error("limits settle failed for request %s: %s", r.rid, e)
-        pt = r.prompt_tokens if r.prompt_tokens is not None else (r.prompt_est if r.served else 0)
-        ct = r.completion_tokens if r.completion_tokens is not None else (r.token_events if r.served else 0)
+        pt, ct = self._billed(r)
         entry = snap.cfg.models.get(r.model)
         c = entry.capabilities if entry is not None else None
         cost = token_cost(pt, ct, c.price_in_per_1m if c else None, c.price_out_per_1m if c else None)
+        row = UsageRow(
+            request_id=r.rid, ts=r.ts, key_id=r.key_id, tenant=r.tenant, model=r.model, backend=r.backend,
+            upstream_model=r.upstream_model, prompt_tokens=pt, completion_tokens=ct,
+            reserved_tokens=getattr(admission, "reserved_tokens", 0), status=r.status,
+            outcome=r.outcome if r.outcome in ("ok", "error", "client_disconnect") else "error", cost=cost)
         try:
-            await self._ledger.record(UsageRow(
-                request_id=r.rid, ts=r.ts, key_id=r.key_id, tenant=r.tenant, model=r.model, backend=r.backend,
-                upstream_model=r.upstream_model, prompt_tokens=pt, completion_tokens=ct,
-                reserved_tokens=getattr(admission, "reserved_tokens", 0), status=r.status,
-                outcome=r.outcome if r.outcome in ("ok", "error", "client_disconnect") else "error", cost=cost))
+            settle = getattr(self._ledger, "settle", None)  # DurableLedger: the journal's final line too
+            jid = str(getattr(admission, "uid", id(admission)))
+            await (settle(jid, row) if settle is not None else self._ledger.record(row))
         except Exception as e:
             log.error("ledger write failed for request %s: %s", r.rid, e)
 
     # ------------------------------------------------------------------ upstream
     async def _proxy(self, request: web.Request, snap: _Snapshot, r: _Req, body: dict[str, Any],
-                     task: str | None) -> web.StreamResponse:
-        plan = snap.router.plan(r.model, body, task, affinity_text(body), r.rid)
+                     task: str | None, key: Any = None) -> web.StreamResponse:
         tenant = snap.cfg.tenants.get(r.tenant)
         pools = set(tenant.pools) if tenant is not None and tenant.pools is not None else None
-        targets = [t for t in plan.targets if pools is None or snap.pool_of.get(t.backend) in pools]
+        # every model the request can reach is checked against the key's and tenant's permissions
+        may_use = (lambda m: self._may_use(snap, key, m)) if key is not None else (
+            lambda m: snap.cfg.tenant_may_use(r.tenant, m))
+        plan = snap.router.plan(r.model, body, task, affinity_text(body), self._split_key(snap, request, r),
+                                may_use=may_use, pools=pools)
+        for m in plan.denied:
+            self.metrics.fallbacks_denied.labels(r.model, m).inc()
+            log.info("request %s: fallback %s of %s skipped: key %s may not use it", r.rid, m, r.model, r.key_id)
+        targets = list(plan.targets)
         if plan.shadow is not None:
             self._spawn(self._shadow(snap, plan.shadow, body, r))
         retry = snap.cfg.retry
@@ -860,8 +997,23 @@ class Gateway:
         raise GatewayError(503, "the model is busy or temporarily unavailable, retry in 1 s", type="server_error",
                            code="model_busy", retry_after_s=1.0)
 
-    def _upstream_body(self, target: Target, body: dict[str, Any], stream: bool) -> bytes:
+    def _split_key(self, snap: _Snapshot, request: web.Request, r: _Req) -> str | None:
+        """The key of the canary split / shadow draw: None (random per request) unless
+        ``routing.session_header`` is set and sent, then HMAC-SHA256(session secret, key id + value)
+        (config.RoutingSection): stable per session, not computable by the client."""
+        header = snap.cfg.routing.session_header
+        value = request.headers.get(header) if header else None
+        if not value:
+            return None
+        secret = os.environ.get(snap.cfg.routing.session_secret_env, "").encode() or self._session_secret
+        return hmac.new(secret, f"{r.key_id}\x00{value}".encode(), hashlib.sha256).hexdigest()
+
+    def _upstream_body(self, target: Target, body: dict[str, Any], stream: bool, r: _Req | None = None) -> bytes:
+        """The bytes sent to ``target``: its model name and overrides, exactly one output bound in the
+        field its kind reads, never above the request's reserved ``r.out_cap`` (lengths.for_backend)."""
         up = target.request_body(body)
+        if r is not None and r.out_cap:
+            up = lengths.for_backend(target.kind, r.endpoint, up, r.out_cap)
         if stream:
             so = up.get("stream_options")
             up["stream_options"] = {**(so if isinstance(so, dict) else {}), "include_usage": True}
@@ -872,8 +1024,10 @@ class Gateway:
         """One upstream try. Raises :class:`_UpstreamFailed` when nothing reached the client yet."""
         assert self._session is not None
         url = snap.backends[target.backend].base_url + _ENDPOINT_PATH[r.endpoint]
-        data = self._upstream_body(target, body, r.stream)
+        data = self._upstream_body(target, body, r.stream, r)
         headers = {"Content-Type": "application/json", "X-Request-ID": r.rid, **snap.auth_headers[target.backend]}
+        if r.client_rid is not None:  # validated charset and length: safe to pass on, apart from ours
+            headers["X-Client-Request-ID"] = r.client_rid
         if r.stream:
             headers["Accept"] = "text/event-stream"
         outcome = "failure"
@@ -919,6 +1073,15 @@ class Gateway:
             outcome = "neutral"
             raise
         except _CONNECT_ERRORS as e:
+            if is_local_resource_error(e):  # EMFILE/ENFILE here: our problem, never the engine's breaker
+                outcome = "neutral"
+                if r.served:
+                    raise
+                log.warning("request %s: no file descriptor or buffer left for an upstream connection (%s)",
+                            r.rid, _reason(e))
+                raise _UpstreamFailed(GatewayError(503, "the gateway is overloaded, retry in 1 s", type="server_error",
+                                                   code="gateway_overloaded", retry_after_s=1.0),
+                                      False, "local") from None
             if r.served:
                 raise
             log.info("request %s: backend %s unreachable: %s", r.rid, target.backend, type(e).__name__)
@@ -1137,6 +1300,8 @@ class Gateway:
             outcome = "neutral"
             try:
                 up = target.request_body(body)
+                if r.out_cap:
+                    up = lengths.for_backend(target.kind, r.endpoint, up, r.out_cap)
                 up["stream"] = False
                 up.pop("stream_options", None)
                 url = snap.backends[target.backend].base_url + _ENDPOINT_PATH[r.endpoint]

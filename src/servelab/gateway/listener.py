@@ -1,0 +1,468 @@
+"""Connection discipline for the gateway's listening ports (API and admin), as a trusted edge proxy keeps it.
+
+aiohttp's server has a keep-alive timeout but no header or body timeout, no cap on connections, and it
+logs a parser error as an ERROR traceback that holds the offending bytes (an ``Authorization`` header
+over 8,190 bytes, i.e. the API key) and answers a 400 that echoes them. :class:`GuardedRunner` is an
+:class:`aiohttp.web.AppRunner` whose connections are :class:`GuardedHandler` s (a subclass of aiohttp's
+:class:`~aiohttp.web_protocol.RequestHandler`) adding:
+
+- **Header timeout** ``header_timeout_s``: from accept, or from the first byte of a request on a
+  kept-alive connection, until its headers are complete; then 408 (when some bytes came) or a plain
+  close, like nginx ``client_header_timeout`` (default 60 s; "If a client does not transmit the entire
+  header within this time, the request is terminated with the 408 (Request Time-out) error",
+  https://nginx.org/en/docs/http/ngx_http_core_module.html#client_header_timeout) and Envoy
+  ``request_headers_timeout`` (https://www.envoyproxy.io/docs/envoy/v1.39.0/faq/configuration/timeouts,
+  both checked 2026-12-01).
+- **Body timeouts**: ``body_timeout_s`` between two reads of the body (nginx ``client_body_timeout``:
+  "set only for a period between two successive read operations"), and ``body_total_timeout_s`` for
+  the whole body (a client dripping one byte just inside the gap cannot hold a connection for hours;
+  Apache ``mod_reqtimeout``'s body limit plays that role). A ``Content-Length`` larger than what is sent
+  ends here. While the gateway itself is not reading (aiohttp paused the socket because the handler
+  has not consumed the buffer yet) the gap does not run.
+- **Keep-alive idle timeout** ``keepalive_timeout_s``: aiohttp's own ``keepalive_timeout`` (nginx
+  ``keepalive_timeout`` 75 s; Envoy ``idle_timeout`` 1 h).
+- **Connection cap** ``max_connections`` per port: at the cap, the oldest connection that is idle
+  (waiting for the first byte of a request) is closed to make room, as nginx reuses idle connections
+  when ``worker_connections`` run out; when none is idle the new one gets a one-line 503 and is closed
+  at once, so the process never runs out of descriptors (:mod:`servelab.gateway.fdbudget`).
+- **Parser errors** (:class:`aiohttp.http_exceptions.BadHttpMessage`, ``LineTooLong``, ...): one log line
+  naming the kind of error and the peer address, never a header or body byte, at most
+  :data:`LOG_BURST` lines per :data:`LOG_WINDOW_S` (the next line logged says how many were suppressed; the
+  ``connection_events_total`` metric counts every one);
+  the client gets an OpenAI-shaped 400 with a fixed message, never its own bytes. A handler exception
+  (500) is logged as one line with its class and the code location, without its message (it may hold
+  request data).
+
+Cost on the hot path: one timer per request for its headers (none when the headers arrive in the
+first read, the usual case), one per body that does not arrive in one read, and a time stamp per body
+read; nothing at all while a response streams. Timeouts, refusals and evictions are reported through
+``on_event(port_name, reason)`` (reasons: :data:`EVENTS`) for metrics.
+
+Uses these aiohttp internals (checked against aiohttp 3.14.5): ``RequestHandler._manager``,
+``_messages``, ``_request_count``, ``_waiter``, ``_current_request``, ``_force_close``,
+``_reading_paused``/``_buffer_paused``, ``_next_keepalive_close_time``,
+``Server._connections``/``_kwargs``/``_loop``; the attack tests
+(tests/gateway/test_attack.py) fail if an aiohttp upgrade changes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import http_exceptions as hx
+from aiohttp import web
+from aiohttp.streams import EMPTY_PAYLOAD
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_server import Server
+
+from servelab.gateway.errors import openai_error_body
+
+__all__ = ["EVENTS", "LOG_BURST", "LOG_WINDOW_S", "GuardedHandler", "GuardedRunner", "ListenerSettings",
+           "RateLimitedLog", "describe_parse_error", "settings_for"]
+
+log = logging.getLogger("servelab.gateway.listener")
+
+#: reasons passed to ``on_event``
+EVENTS = ("idle_timeout", "header_timeout", "body_timeout", "refused", "evicted", "bad_request")
+#: at most this many connection-level log lines per :data:`LOG_WINDOW_S` per port
+LOG_BURST = 10
+LOG_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSettings:
+    """Limits of one listening port. ``name``: ``"api"`` or ``"admin"`` (logs, metrics). Times in
+    seconds (> 0); ``max_connections``: open client connections on this port (>= 1)."""
+
+    name: str
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    body_total_timeout_s: float = 120.0
+    keepalive_timeout_s: float = 30.0
+    max_connections: int = 512
+
+
+def settings_for(server: Any, name: str, nofile: int | None = None) -> ListenerSettings:
+    """:class:`ListenerSettings` of port ``name`` (``"api"`` or ``"admin"``) from a config's ``server``
+    section (:class:`servelab.gateway.config.ServerSection`). The API port's cap defaults to
+    :func:`servelab.gateway.fdbudget.default_max_connections` of ``nofile`` (default: this process's
+    ``RLIMIT_NOFILE``)."""
+    from servelab.gateway.fdbudget import default_max_connections, nofile_limit
+
+    if name == "admin":
+        cap = server.admin_max_connections
+    else:
+        nofile = nofile or nofile_limit()
+        fit = default_max_connections(nofile, server.admin_max_connections)
+        cap = server.max_connections or fit
+        if cap > fit:
+            log.warning("server.max_connections %d is more than the descriptor limit allows (ulimit -n %d: %d "
+                        "with an upstream connection each); raise ulimit -n or lower it", cap, nofile, fit)
+    return ListenerSettings(name=name, header_timeout_s=server.header_timeout_s, body_timeout_s=server.body_timeout_s,
+                            body_total_timeout_s=server.body_total_timeout_s,
+                            keepalive_timeout_s=server.keepalive_timeout_s, max_connections=cap)
+
+
+class RateLimitedLog:
+    """Emits at most ``burst`` lines per ``window_s`` seconds to ``logger`` at ``level``; the first line
+    after a suppressed stretch says how many were dropped. Not thread-safe (one event loop)."""
+
+    def __init__(self, logger: logging.Logger, burst: int = LOG_BURST, window_s: float = LOG_WINDOW_S,
+                 level: int = logging.WARNING) -> None:
+        self.logger, self.burst, self.window_s, self.level = logger, burst, window_s, level
+        self._start = -1e18
+        self._n = 0
+        self.suppressed = 0
+
+    def __call__(self, msg: str, *args: Any) -> bool:
+        """Log ``msg % args`` unless over the budget; returns whether it was logged."""
+        now = time.monotonic()
+        if now - self._start >= self.window_s:
+            self._start, self._n = now, 0
+        if self._n >= self.burst:
+            self.suppressed += 1
+            return False
+        self._n += 1
+        if self.suppressed:
+            msg += " (%d similar lines suppressed)"
+            args = (*args, self.suppressed)
+            self.suppressed = 0
+        self.logger.log(self.level, msg, *args)
+        return True
+
+
+def _raw_response(status: int, reason: str, message: str, code: str, typ: str = "invalid_request_error",
+                  extra: str = "") -> bytes:
+    body = openai_error_body(message, typ, code)
+    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"{extra}Connection: close\r\n\r\n")
+    return head.encode() + body
+
+
+#: parser error class -> (what to log and tell the client, OpenAI error code); the most specific first
+_PARSE_ERRORS: tuple[tuple[type[BaseException], str, str], ...] = (
+    (hx.LineTooLong, "a request line or header field is longer than {limit} bytes; send shorter headers "
+                     "(an API key is under 100 characters)", "header_too_large"),
+    (hx.BadHttpMethod, "the request line is not HTTP/1.1 (bytes after a body shorter than its Content-Length, "
+                       "or HTTPS sent to an HTTP port?); send an exact Content-Length, use http://",
+     "bad_http_request"),
+    (hx.InvalidHeader, "a header field is malformed; send 'Name: value' lines", "bad_http_header"),
+    (hx.InvalidURLError, "the request target is not a valid URL path", "bad_http_request"),
+    (hx.BadStatusLine, "the request line is malformed (bytes after a body shorter than its Content-Length?); "
+                       "send 'METHOD /path HTTP/1.1' and an exact Content-Length", "bad_http_request"),
+    (hx.TransferEncodingError, "the chunked body is malformed; send valid chunked encoding or a "
+                               "Content-Length", "bad_http_body"),
+    (hx.ContentLengthError, "the body is shorter than its Content-Length; send exactly that many bytes",
+     "bad_http_body"),
+    (hx.ContentEncodingError, "the body's Content-Encoding cannot be decoded; send it uncompressed",
+     "bad_http_body"),
+    (hx.HttpProcessingError, "the HTTP request is malformed", "bad_http_request"),
+)
+
+
+def describe_parse_error(exc: BaseException | None, limit: int = 8190) -> tuple[str, str]:
+    """(one-line description, OpenAI error code) for an aiohttp parser error, built only from its
+    class, never from its message (which quotes the request bytes)."""
+    if type(exc) is hx.BadHttpMessage and str(getattr(exc, "message", "")).startswith("Data after"):
+        # aiohttp's fixed prefix for bytes following a 'Connection: close' request (only the prefix is read)
+        return ("bytes follow the body of a 'Connection: close' request (is Content-Length shorter than the "
+                "body?); send an exact Content-Length"), "bad_http_body"
+    for cls, text, code in _PARSE_ERRORS:
+        if isinstance(exc, cls):
+            return text.format(limit=limit), code
+    return "the HTTP request is malformed", "bad_http_request"
+
+
+def _where(exc: BaseException) -> str:
+    """``file.py:line in func`` of the innermost frame of ``exc``'s traceback (no message, no locals)."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    if not tb:
+        return "?"
+    f = tb[-1]
+    return f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name}"
+
+
+class _Guard:
+    """State shared by every connection of one port: settings, the rate-limited log, the event hook."""
+
+    __slots__ = ("settings", "ratelog", "on_event", "refusal", "counts")
+
+    def __init__(self, settings: ListenerSettings, on_event: Callable[[str, str], None] | None) -> None:
+        self.settings = settings
+        self.ratelog = RateLimitedLog(log)
+        self.on_event = on_event
+        self.counts = dict.fromkeys(EVENTS, 0)
+        self.refusal = _raw_response(503, "Service Unavailable",
+                                     "this gateway has too many open connections; retry in 1 s", "too_many_connections",
+                                     "server_error", "Retry-After: 1\r\n")
+
+    def event(self, reason: str) -> None:
+        self.counts[reason] += 1
+        if self.on_event is not None:
+            try:
+                self.on_event(self.settings.name, reason)
+            except Exception as e:  # a metrics bug must not break connection handling
+                log.debug("listener on_event failed: %r", e)
+
+
+def _peer(transport: Any) -> str:
+    try:
+        p = transport.get_extra_info("peername") if transport is not None else None
+    except Exception:
+        p = None
+    return str(p[0]) if isinstance(p, (tuple, list)) and p else "?"
+
+
+class GuardedHandler(RequestHandler):
+    """aiohttp's per-connection protocol with the header/body timeouts, the connection cap and the
+    quiet parser-error handling of this module (see the module doc). Built by :class:`_GuardedServer`."""
+
+    __slots__ = ("_g", "_g_timer", "_g_due", "_g_hdr_at", "_g_body", "_g_body_last", "_g_body_end", "_g_idle")
+
+    def __init__(self, manager: Server, guard: _Guard, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._g = guard
+        self._g_timer: asyncio.TimerHandle | None = None
+        self._g_due = 0.0
+        self._g_hdr_at = 0.0  # deadline of the current request's headers; 0 = not waiting for headers
+        self._g_body: Any = None  # the StreamReader of a body still arriving
+        self._g_body_last = 0.0
+        self._g_body_end = 0.0
+        self._g_idle = True  # no byte of a next request since accept / the last response (evictable)
+
+    # ------------------------------------------------------------------ accept: the cap
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        mgr = self._manager
+        g = self._g
+        if mgr is not None and len(mgr._connections) >= g.settings.max_connections:
+            victim = self._idle_victim(mgr)
+            if victim is None:
+                self._refuse(transport)
+                return
+            victim.force_close()
+            g.event("evicted")
+        super().connection_made(transport)
+        self._g_hdr_at = self._loop.time() + g.settings.header_timeout_s
+        self._g_arm(self._g_hdr_at)
+
+    @staticmethod
+    def _idle_victim(mgr: Server) -> GuardedHandler | None:
+        for h in mgr._connections:  # insertion order: oldest first
+            if (isinstance(h, GuardedHandler) and h._g_idle and not h._force_close and not h._messages
+                    and h._waiter is not None and not h._waiter.done()):
+                return h
+        return None
+
+    def _refuse(self, transport: asyncio.BaseTransport) -> None:
+        """Answer a one-line 503 and close, without registering the connection or starting a task."""
+        g = self._g
+        self._manager = None  # connection_lost then does nothing
+        try:
+            transport.write(g.refusal)  # type: ignore[attr-defined]
+        except Exception:  # the peer is already gone
+            pass
+        transport.close()
+        g.event("refused")
+        g.ratelog("%s port: refused a connection from %s: %d connections open (server.%s); the oldest idle "
+                  "ones are closed first, none was idle", g.settings.name, _peer(transport),
+                  g.settings.max_connections,
+                  "max_connections" if g.settings.name == "api" else "admin_max_connections")
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._g_timer is not None:
+            self._g_timer.cancel()
+            self._g_timer = None
+        self._g_body = None
+        super().connection_lost(exc)
+
+    # ------------------------------------------------------------------ reads: header and body progress
+    def data_received(self, data: bytes) -> None:
+        if self._manager is None:
+            return
+        if self._g_idle and data:  # the first byte of the next request
+            self._g_idle = False
+            if not self._g_hdr_at:
+                self._g_hdr_at = self._loop.time() + self._g.settings.header_timeout_s
+                self._g_arm(self._g_hdr_at)
+            # from now on the header timeout governs, not aiohttp's keep-alive timer (which would close
+            # the connection silently mid-headers); aiohttp re-checks this time when its timer fires
+            self._next_keepalive_close_time = max(self._next_keepalive_close_time, self._g_hdr_at + 1.0)
+        n = self._request_count
+        super().data_received(data)
+        if self._request_count != n:  # the headers of one or more requests are complete
+            self._g_hdr_at = 0.0
+            payload = self._messages[-1][1] if self._messages else None
+            if payload is not None and payload is not EMPTY_PAYLOAD and not payload.is_eof():
+                s = self._g.settings
+                now = self._loop.time()
+                self._g_body, self._g_body_last, self._g_body_end = payload, now, now + s.body_total_timeout_s
+                self._g_arm(min(now + s.body_timeout_s, self._g_body_end))
+            else:
+                self._g_body = None
+        elif self._g_body is not None:
+            if self._g_body.is_eof():
+                self._g_body = None
+            else:
+                self._g_body_last = self._loop.time()
+
+    async def finish_response(self, request: Any, resp: Any, start_time: float | None) -> Any:
+        res = await super().finish_response(request, resp, start_time)
+        if self._g_body is None or self._g_body.is_eof():
+            # idle until the next request's first byte (aiohttp's keep-alive timer runs); a body still
+            # arriving (aiohttp reads and drops it, "lingering") stays under the body timeouts
+            self._g_body = None
+            self._g_idle = True
+            self._g_hdr_at = 0.0
+        return res
+
+    # ------------------------------------------------------------------ the one timer
+    def _g_arm(self, when: float) -> None:
+        """Make sure the check runs no later than ``when`` (loop time); an earlier timer is kept."""
+        t = self._g_timer
+        if t is not None:
+            if self._g_due <= when:
+                return
+            t.cancel()
+        self._g_due = when
+        self._g_timer = self._loop.call_at(when, self._g_check)
+
+    def _g_check(self) -> None:
+        self._g_timer = None
+        if self._manager is None or self._force_close or self.transport is None:
+            return
+        s = self._g.settings
+        now = self._loop.time()
+        nxt = 0.0
+        if self._g_hdr_at:
+            if now < self._g_hdr_at:
+                nxt = self._g_hdr_at
+            elif self._waiter is not None and not self._waiter.done():  # nothing else in progress
+                if self._g_idle:  # not a byte came: close quietly (counted, not logged)
+                    self._g.event("idle_timeout")
+                    self.force_close()
+                    return
+                self._timeout("header_timeout", f"the request headers did not arrive within "
+                              f"{s.header_timeout_s:g} s; send the whole request without pauses", answer=True)
+                return
+            else:  # a request is being handled (pipelining): the keep-alive timer covers what follows
+                self._g_hdr_at = 0.0
+        body = self._g_body
+        if body is not None:
+            if body.is_eof():
+                self._g_body = None
+            else:
+                if self._reading_paused or self._buffer_paused:  # we are not reading: not the client's fault
+                    self._g_body_last = now
+                gap_at = self._g_body_last + s.body_timeout_s
+                if now >= gap_at or now >= self._g_body_end:
+                    req = self._current_request
+                    answer = req is not None and req.writer is not None and req.writer.output_size == 0
+                    limit = (f"{s.body_timeout_s:g} s between two reads" if now >= gap_at
+                             else f"{s.body_total_timeout_s:g} s in all")
+                    self._timeout("body_timeout", f"the request body did not arrive in time ({limit}; is "
+                                  "Content-Length larger than the body?); send the whole body at once",
+                                  answer=answer)
+                    return
+                due = min(gap_at, self._g_body_end)
+                nxt = due if not nxt else min(nxt, due)
+        if nxt:
+            self._g_arm(nxt)
+
+    def _timeout(self, reason: str, message: str, answer: bool) -> None:
+        g = self._g
+        g.event(reason)
+        g.ratelog("%s port: closed a connection from %s: %s", g.settings.name, _peer(self.transport),
+                  reason.replace("_", " "))
+        if answer and self.transport is not None:
+            try:
+                self.transport.write(_raw_response(408, "Request Timeout", message, "request_timeout"))
+            except Exception:
+                pass
+        self.force_close()
+
+    # ------------------------------------------------------------------ errors: one quiet line
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """The response for a parser error (400) or a handler that raised (500) / timed out (504): an
+        OpenAI error with a fixed message, ``Connection: close``; one rate-limited log line without
+        any request byte. Raises :class:`ConnectionError` when a response was already being sent
+        (as aiohttp's own)."""
+        g = self._g
+        peer = _peer(self.transport)
+        if isinstance(exc, hx.HttpProcessingError) or (status == 400 and exc is None):
+            text, code = describe_parse_error(exc, self.max_field_size)
+            g.event("bad_request")
+            g.ratelog("%s port: rejected a malformed request from %s: %s (%s)", g.settings.name, peer,
+                      type(exc).__name__ if exc is not None else "error", code)
+            typ = "invalid_request_error"
+            status = exc.code if isinstance(exc, hx.HttpProcessingError) and 400 <= exc.code < 500 else 400
+        elif isinstance(exc, ConnectionError):  # the client went away (or a timeout closed it) mid-request
+            log.debug("%s port: client gone during a request (%s)", g.settings.name, type(exc).__name__)
+            text, code, typ = "the connection was closed", "client_disconnect", "invalid_request_error"
+        elif status == 504:
+            text, code, typ = "the gateway did not finish this request in time; retry", "gateway_timeout", \
+                "server_error"
+            g.ratelog("%s port: a request handler timed out (peer %s)", g.settings.name, peer)
+        else:
+            text, code, typ = "the gateway failed on this request; retry", "internal_error", "server_error"
+            g.ratelog("%s port: unhandled %s at %s (peer %s)", g.settings.name,
+                      type(exc).__name__ if exc is not None else "error",
+                      _where(exc) if exc is not None else "?", peer)
+        if request.writer.output_size > 0:
+            raise ConnectionError("a response was already being sent; cannot send the error response")
+        resp = web.Response(status=status, body=openai_error_body(text, typ, code), content_type="application/json")
+        resp.force_close()
+        return resp
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """aiohttp's other exception logs (``Unhandled exception`` in its loop): one line, class only."""
+        exc = kw.get("exc_info")
+        name = type(exc).__name__ if isinstance(exc, BaseException) else "error"
+        self._g.ratelog("%s port: connection error %s (%s)", self._g.settings.name, name,
+                        str(args[0])[:80] if args else "")
+
+
+class _GuardedServer(Server):
+    """aiohttp's low-level :class:`~aiohttp.web_server.Server` building :class:`GuardedHandler` s."""
+
+    _guard: _Guard
+
+    def __call__(self) -> RequestHandler:
+        return GuardedHandler(self, self._guard, loop=self._loop, **self._kwargs)
+
+
+class GuardedRunner(web.AppRunner):
+    """An :class:`aiohttp.web.AppRunner` for ``app`` whose connections follow ``settings`` (module doc).
+
+    ``on_event(port_name, reason)``: called for every timeout, refusal, eviction and malformed request
+    (reasons: :data:`EVENTS`). Other keyword arguments go to :class:`aiohttp.web.AppRunner`
+    (``keepalive_timeout`` is taken from ``settings``). :attr:`counts`: events so far by reason;
+    :meth:`connections`: open connections now."""
+
+    def __init__(self, app: web.Application, settings: ListenerSettings, *,
+                 on_event: Callable[[str, str], None] | None = None, **kwargs: Any) -> None:
+        kwargs["keepalive_timeout"] = settings.keepalive_timeout_s
+        super().__init__(app, **kwargs)
+        self.guard = _Guard(settings, on_event)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Events so far by reason (:data:`EVENTS`)."""
+        return dict(self.guard.counts)
+
+    def connections(self) -> int:
+        """Client connections open on this runner now."""
+        srv = self.server
+        return len(srv._connections) if srv is not None else 0
+
+    async def _make_server(self) -> Server:
+        srv = await super()._make_server()
+        srv.__class__ = _GuardedServer  # same state, only the protocol factory differs
+        srv._guard = self.guard  # type: ignore[attr-defined]
+        return srv
