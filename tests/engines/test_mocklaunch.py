@@ -17,6 +17,7 @@ import servelab
 from servelab.engines import ENGINE_KINDS, start_engine
 from servelab.engines.base import EngineStartError, RunningEngine
 from servelab.engines.mocklaunch import MOCK_SETTINGS, MockLauncher, check_mock_settings, mock_argv
+from servelab.engines.registry import EngineIdentity
 from servelab.wire import ConfigError
 from servelab.wire.client import make_session, send
 from servelab.wire.types import RequestRecord, RequestSpec
@@ -54,6 +55,7 @@ def test_start_stop_identity_cold_start_no_orphans(tmp_path: Path) -> None:
     try:
         assert isinstance(eng, RunningEngine) and eng.alive
         ident = eng.identity
+        assert EngineIdentity.model_validate(ident).kind == "mock"  # the one identity model of every launcher
         assert ident["engine"] == "servelab-mock" and ident["version"] == servelab.__version__
         assert ident["model"] == {"path": None, "sha256": None}
         assert ident["argv"] == eng.argv
@@ -61,7 +63,7 @@ def test_start_stop_identity_cold_start_no_orphans(tmp_path: Path) -> None:
         assert ident["argv"][ident["argv"].index("--dialect") + 1] == "sglang"
         assert ident["argv"][ident["argv"].index("--port") + 1] == str(eng.port)
         s = ident["settings"]
-        assert set(s) == set(MOCK_SETTINGS)
+        assert set(s) == (set(MOCK_SETTINGS) - {"ready_timeout_s"}) | {"host"}
         assert s["dialect"] == "sglang" and s["ttft_ms"] == 5.0 and s["output_tokens"] == 4 and s["model"] == "mm"
         assert s["port"] == eng.port and s["host"] == "127.0.0.1" and s["invalid_json"] is False
         json.dumps(ident)  # JSON-serialisable
@@ -133,8 +135,9 @@ def test_fixed_port_taken_is_a_start_error(tmp_path: Path) -> None:
     ({"ttft_ms": "5"}, "'ttft_ms'"),
     ({"invalid_json": 1}, "'invalid_json'"),
     ({"crash_after_requests": 1.5}, "'crash_after_requests'"),
-    ({"dialect": "openai"}, "--dialect 'openai'"),
-    ({"crash_after_requests": -1}, "--crash-after-requests -1"),
+    ({"dialect": "openai"}, "mock setting 'dialect': 'openai' is not one of"),
+    ({"crash_after_requests": -1}, "mock setting 'crash_after_requests'"),
+    ({"cut_rate": 0.6, "hang_rate": 0.6}, "must be <= 1"),
 ])
 def test_bad_mock_settings_are_one_line_config_errors(settings: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError) as ei:
@@ -149,13 +152,15 @@ def test_mock_rejects_a_model_file() -> None:
 
 
 def test_unknown_kind() -> None:
-    with pytest.raises(ConfigError, match="unknown engine 'vllm-cpu'.*llamacpp, mock"):
+    with pytest.raises(ConfigError, match="unknown engine 'vllm-cpu'.*llamacpp, vllm, mock"):
         start_engine("vllm-cpu")
+    with pytest.raises(ConfigError, match="'url' is not started by servelab"):
+        start_engine("url")
 
 
 def test_mock_argv_flags() -> None:
     s = check_mock_settings({"invalid_json": True, "crash_after_requests": None, "overload_status": 503,
-                             "itl_ms": 2, "host": "0.0.0.0", "port": 1})
+                             "itl_ms": 2, "port": 1, "ready_timeout_s": 5})
     argv = mock_argv(s, "127.0.0.1", 4242, python="py")
     assert argv == ["py", "-m", "servelab.engines.mock", "--host", "127.0.0.1", "--port", "4242",
                     "--invalid-json", "--overload-status", "503", "--itl-ms", "2.0"]

@@ -48,7 +48,7 @@ def test_argv_and_env_defaults() -> None:
 
 def test_settings_override_and_extra_args() -> None:
     la = VllmLauncher("/x/model.gguf", {"max_num_seqs": 4, "max_model_len": 1024, "env": {"A": 1},
-                                         "extra_args": "--seed 7"}, dtype="float32", enforce_eager=False)
+                                         "extra_args": ["--seed", "7"]}, dtype="float32", enforce_eager=False)
     argv = la.argv("py", "/m", None, 1)
     assert "--chat-template" not in argv and "--enforce-eager" not in argv
     assert argv[argv.index("--max-num-seqs") + 1] == "4" and argv[argv.index("--max-model-len") + 1] == "1024"
@@ -60,7 +60,9 @@ def test_settings_override_and_extra_args() -> None:
 
 
 @pytest.mark.parametrize("bad", [{"max_num_seqs": 0}, {"max_model_len": "big"}, {"dtype": "int4"},
-                                 {"max_num_sequences": 4}, {"env": ["A=1"]}, {"enforce_eager": "yes"}])
+                                 {"max_num_sequences": 4}, {"env": ["A=1"]}, {"enforce_eager": "yes"},
+                                 # the launcher refuses what the experiment refuses (one VllmSettings model)
+                                 {"extra_args": "--seed 7"}, {"dtype": "half"}, {"max_model_len": 8}])
 def test_bad_settings_raise_config_error(bad: dict) -> None:
     with pytest.raises(ConfigError):
         VllmLauncher(settings=bad)
@@ -271,5 +273,5 @@ def test_start_engine_knows_vllm() -> None:
     from servelab.engines import ENGINE_KINDS, start_engine
 
     assert "vllm" in ENGINE_KINDS
-    with pytest.raises(ConfigError, match="unknown vLLM setting"):
+    with pytest.raises(ConfigError, match="vllm setting 'max_num_sequences': unknown setting"):
         start_engine("vllm", settings={"max_num_sequences": 4})

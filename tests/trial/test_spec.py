@@ -345,10 +345,68 @@ def test_launch_settings_and_kwargs(tmp_path: Path) -> None:
     st = mock.launch_settings()
     assert "port" not in st and "crash_after_requests" not in st  # None left out: launcher defaults
     assert set(st) <= {f.name for f in dataclasses.fields(MockConfig)}
-    assert mock.launch_kwargs() == {}
+    assert mock.launch_kwargs() == {"ready_timeout_s": 60.0}  # the mock kind's own default
     assert llama.launch_settings() == {"parallel": 4, "ctx_size": 8192, "extra_args": []}
     assert llama.launch_kwargs() == {"ready_timeout_s": 300.0}
     d = yaml.safe_load(MINIMAL)
     d["candidates"][1]["settings"].update(port=18080, threads=2)
     llama = load_experiment(write(tmp_path, yaml.safe_dump(d))).candidates[1]
     assert llama.launch_kwargs()["port"] == 18080 and llama.launch_settings()["threads"] == 2
+
+
+# ---------------------------------------------------------------------------------------------------
+# settings a launcher would refuse are refused when the file loads (one Settings model per engine kind)
+
+VLLM = """
+goal: {expected_rate_rps: 0.5}
+candidates:
+  - {name: a, engine: mock}
+  - {name: v, engine: vllm, settings: {max_num_seqs: 4}}
+"""
+
+
+@pytest.mark.parametrize("setting, value, problem", [
+    ("dtype", "half", "'half' is vLLM's alias of float16; write dtype: float16"),
+    ("dtype", "float", "'float' is vLLM's alias of float32; write dtype: float32"),
+    ("max_model_len", 8, "input should be greater than or equal to 16, got 8"),
+    ("extra_args", "--seed 7", "expected a list, got str '--seed 7'"),
+])
+def test_vllm_settings_the_launcher_refuses_are_refused_at_validation(tmp_path: Path, setting: str, value: object,
+                                                                      problem: str) -> None:
+    from servelab.engines.vllm import VllmLauncher
+
+    msg = error_of(tmp_path, mutate(VLLM, lambda d: d["candidates"][1]["settings"].update({setting: value})))
+    assert msg.startswith(f"candidates[1].settings.{setting}: {problem}"), msg
+    with pytest.raises(ConfigError):  # the launcher reads the same model: it refuses the same value
+        VllmLauncher(settings={setting: value})
+
+
+def test_settings_models_are_the_launchers_own() -> None:
+    from servelab.engines import llamacpp, mocklaunch, url, vllm
+
+    assert S.LlamaCppSettings is llamacpp.LlamaCppSettings and S.VllmSettings is vllm.VllmSettings
+    assert S.MockSettings is mocklaunch.MockSettings and S.UrlSettings is url.UrlSettings
+    assert S.ENGINES == ("llamacpp", "vllm", "url", "mock")
+    for cls, kind in ((LlamaCppCandidate, "llamacpp"), (VllmCandidate, "vllm"), (UrlCandidate, "url"),
+                      (MockCandidate, "mock")):
+        assert cls is S.candidate_model(kind)
+
+
+def test_mock_settings_follow_mock_config() -> None:
+    """MockConfig (the mock server's own config) is the one definition of the mock's settings."""
+    import dataclasses
+
+    from servelab.engines.mock import MockConfig
+
+    names = {f.name for f in dataclasses.fields(MockConfig)} - {"host", "port"}
+    assert names | {"port", "ready_timeout_s"} == set(S.MockSettings.model_fields)
+    props = json_schema()["$defs"]["MockSettings"]["properties"]
+    assert props["hang_rate"]["maximum"] == 1 and props["tokens_per_chunk"]["minimum"] == 1
+
+
+def test_quality_structured_requests_is_a_field(tmp_path: Path) -> None:
+    e = load_experiment(write(tmp_path, mutate(MINIMAL, lambda d: d["goal"].update(
+        quality={"structured_requests": 3}))))
+    assert e.goal.quality.structured_requests == 3
+    msg = error_of(tmp_path, mutate(MINIMAL, lambda d: d["goal"].update(quality={"structured_requests": 0})))
+    assert msg.startswith("goal.quality.structured_requests: input should be greater than or equal to 1"), msg

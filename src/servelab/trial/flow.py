@@ -31,45 +31,49 @@ from typing import Any
 import orjson
 
 from servelab import __version__
+from servelab.bench.load import LoadModel
 from servelab.bench.runner import Bench, BenchConfig, host_identity
-from servelab.bench.slo import Objective, parse_slo
+from servelab.bench.slo import Objective
+from servelab.engines import registry
+from servelab.engines.url import UrlFields
+from servelab.trial.spec import Candidate, Experiment, Goal, Sample
 from servelab.wire.client import ConfigError, make_session, send
 from servelab.wire.types import RequestRecord, RequestSpec
 
 Progress = Callable[[str], None]
 
-#: Smoke checks run on every candidate unless the experiment names others.
-DEFAULT_SMOKE = ("streaming", "usage", "json_schema", "stop")
 # bounded on purpose (a short string and a boolean): grammar-constrained decoding of a small model can
 # otherwise write digits of a number until max_tokens (seen on vLLM-CPU + Gemma 270M)
 _SMOKE_SCHEMA = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 40},
                                                   "certain": {"type": "boolean"}},
                  "required": ["capital", "certain"], "additionalProperties": False}
-#: Gauges and counters worth keeping from engines' /metrics (ENGINE_WIRE.md metrics table).
-SERVER_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "llamacpp:requests_processing", "llamacpp:requests_deferred", "sglang:num_running_reqs",
-                 "sglang:num_queue_reqs", "sglang:token_usage", "tgi_queue_size", "tgi_batch_current_size")
-SERVER_COUNTERS = ("llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total",
-                   "vllm:generation_tokens_total", "vllm:prompt_tokens_total",
-                   "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 
 
-def objectives_of(slo: Any, error_budget: float | None) -> list[Objective]:
-    """Objectives from an experiment's ``goal.slo`` (string or mapping) plus the error budget as an
-    ``error_rate`` objective when the SLO does not state one."""
-    if slo is None:
-        objs: list[Objective] = []
-    elif isinstance(slo, str):
-        objs = parse_slo(slo)
-    else:
-        objs = parse_slo(",".join(f"{k}<={v}" for k, v in dict(slo).items()))
-    if error_budget is not None and not any(o.metric == "error_rate" for o in objs):
-        objs.append(Objective("error_rate", "rate", float(error_budget)))
+def __getattr__(name: str) -> Any:
+    # every registered engine kind's /metrics names (each kind declares its own; registry.ServerMetrics)
+    if name in ("SERVER_GAUGES", "SERVER_COUNTERS"):
+        m = registry.all_metrics()
+        return m.gauge_names() if name == "SERVER_GAUGES" else m.counters
+    raise AttributeError(name)
+
+
+def trial_objectives(goal: Goal) -> list[Objective]:
+    """The goal's SLOs (:attr:`Goal.objectives`) plus ``goal.error_budget`` as an ``error_rate``
+    objective when the SLO does not state one."""
+    objs = list(goal.objectives)
+    if not any(o.metric == "error_rate" for o in objs):
+        objs.append(Objective("error_rate", "rate", float(goal.error_budget)))
     return objs
 
 
-def _dump(m: Any) -> Any:
-    return m.model_dump(mode="json") if hasattr(m, "model_dump") else m
+def bench_load(models: list[LoadModel]) -> dict[str, Any]:
+    """:class:`BenchConfig` keyword arguments for the load steps ``models`` (all closed loop or all open
+    loop, as :meth:`Steps.load_models` and :meth:`Experiment.arrival_load` give them)."""
+    if all(m.kind == "closed" for m in models):
+        return {"concurrency": [m.concurrency for m in models], "rates": None}
+    first = models[0]
+    return {"concurrency": None, "rates": [float(m.rate_rps or 0) for m in models], "arrival": first.arrival,
+            "gamma_shape": first.gamma_shape, "max_concurrency": first.max_concurrency}
 
 
 class MetricsSampler(threading.Thread):
@@ -78,9 +82,12 @@ class MetricsSampler(threading.Thread):
     Each sample is appended to ``path`` (JSONL: ``t_unix_s``, ``step`` label, ``rss_bytes``,
     ``metrics``). :meth:`per_step` aggregates gauges (mean, max) and counter increases per step."""
 
-    def __init__(self, engine: Any, path: Path, interval_s: float = 1.0) -> None:
+    def __init__(self, engine: Any, path: Path, interval_s: float = 1.0,
+                 metrics: registry.ServerMetrics | None = None) -> None:
         super().__init__(daemon=True)
         self.engine, self.path, self.interval_s = engine, path, interval_s
+        self.metrics = metrics if metrics is not None else registry.all_metrics()
+        self._keep = self.metrics.names()
         self.step: str | None = None
         self.samples: list[dict[str, Any]] = []
         self.peak_rss_bytes = 0
@@ -102,7 +109,7 @@ class MetricsSampler(threading.Thread):
             m = self.engine.read_metrics(timeout_s=2.0)
         except Exception:  # noqa: BLE001 — no /metrics, or the engine died: keep going
             m = {}
-        keep = {k: v for k, v in m.items() if k.split("{")[0] in SERVER_GAUGES + SERVER_COUNTERS}
+        keep = {k: v for k, v in m.items() if k.split("{")[0] in self._keep}
         s = {"t_unix_s": time.time(), "step": self.step, "rss_bytes": rss, "metrics": keep}
         self.samples.append(s)
         f.write(orjson.dumps(s) + b"\n")
@@ -126,7 +133,7 @@ class MetricsSampler(threading.Thread):
             for k in sorted(names):
                 vals = [s["metrics"][k] for s in ss if k in s["metrics"]]
                 base = k.split("{")[0]
-                if base in SERVER_COUNTERS:
+                if base in self.metrics.counters:
                     agg[k] = {"increase": vals[-1] - vals[0], "span_s": ss[-1]["t_unix_s"] - ss[0]["t_unix_s"]}
                 else:
                     agg[k] = {"mean": sum(vals) / len(vals), "max": max(vals)}
@@ -143,27 +150,14 @@ class TrialRunner:
     does raise :class:`ConfigError` for bad input found before any engine starts.
     """
 
-    def __init__(self, exp: Any, out: Path, progress: Progress = print) -> None:
+    def __init__(self, exp: Experiment, out: Path, progress: Progress = print) -> None:
         self.exp = exp
         self.out = Path(out)
         self.say = progress
-        self.objectives = objectives_of(exp.goal.slo, getattr(exp.goal, "error_budget", None))
+        self.objectives = trial_objectives(exp.goal)
         self.counter: Any = None
 
     # ---------------------------------------------------------------- helpers
-    def _workload_items(self) -> list[tuple[str, dict[str, Any], str | None]]:
-        """(label, overrides, dataset path) per experiment workload item."""
-        items = []
-        for w in self.exp.workloads:
-            w = _dump(w)
-            if isinstance(w, str):
-                items.append((w, {}, None))
-            elif w.get("dataset"):
-                items.append((f"dataset:{Path(w['dataset']).name}", {}, w["dataset"]))
-            else:
-                items.append((w["name"], dict(w.get("set") or {}), None))
-        return items
-
     def _factory(self, seeded: bool = False) -> Callable[..., Any]:
         """Workload factory for :class:`Bench`; ``seeded`` adds a per-request sampling ``seed`` (the
         quality gate: the engine's own sampling settings, as served, but repeatable). Greedy decoding
@@ -189,16 +183,15 @@ class TrialRunner:
 
             return seeded_factory
 
-        table = {label: (ov, ds) for label, ov, ds in self._workload_items()}
-        ignore_eos = bool(getattr(self.exp, "ignore_eos", False))
+        table = {w.label: w for w in self.exp.workloads}
+        ignore_eos = self.exp.ignore_eos
 
         def factory(name: str, seed: int) -> Any:
-            if name in table:
-                ov, ds = table[name]
-                if ds:
-                    return W.load_dataset(ds, self.counter, seed=seed)
-                return W.make_workload(name, self.counter, seed=seed, ignore_eos=ignore_eos, **ov)
-            return W.make_workload(name, self.counter, seed=seed, ignore_eos=ignore_eos)
+            w = table.get(name)
+            if w is not None and w.dataset is not None:
+                return W.load_dataset(w.dataset, self.counter, seed=seed, max_tokens_default=w.max_tokens_default)
+            return W.make_workload(name, self.counter, seed=seed, ignore_eos=ignore_eos,
+                                   **(w.set if w is not None else {}))
 
         return factory
 
@@ -218,17 +211,17 @@ class TrialRunner:
         return self.counter
 
     def _bench(self, base_url: str, model: str | None, out: Path, *, workloads: list[str],
-               concurrency: list[int] | None = None, rates: list[float] | None = None, requests: int,
-               warmup: int, objectives: list[Objective], stop_on_slo: bool, seed: int, sampler: Any = None,
-               arrival: str = "poisson", gamma_shape: float = 0.5, overrides: dict[str, Any] | None = None,
-               api_key: str | None = None, max_concurrency: int | None = None, seeded: bool = False,
-               on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        cfg = BenchConfig(base_url=base_url, model=model, workloads=workloads, concurrency=concurrency or [1],
-                          rates_rps=rates, arrival=arrival, gamma_shape=gamma_shape, requests=requests,
-                          max_concurrency=max_concurrency,
+               load: list[LoadModel], requests: int, warmup: int, objectives: list[Objective], stop_on_slo: bool,
+               seed: int, sampler: Any = None, overrides: dict[str, Any] | None = None, api_key: str | None = None,
+               seeded: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        lk = bench_load(load)
+        cfg = BenchConfig(base_url=base_url, model=model, workloads=workloads, concurrency=lk["concurrency"] or [1],
+                          rates_rps=lk["rates"], arrival=lk.get("arrival", "poisson"),
+                          gamma_shape=lk.get("gamma_shape", 0.5), requests=requests,
+                          max_concurrency=lk.get("max_concurrency"),
                           warmup=warmup, seed=seed, slo=",".join(o.name for o in objectives),
-                          stop_on_slo=stop_on_slo, timeout_s=float(getattr(self.exp, "timeout_s", 120)),
-                          ignore_eos=bool(getattr(self.exp, "ignore_eos", False)), api_key=api_key,
+                          stop_on_slo=stop_on_slo, timeout_s=self.exp.timeout_s,
+                          ignore_eos=self.exp.ignore_eos, api_key=api_key,
                           out=str(out), workload_overrides=overrides or {})
         factory = self._factory(seeded=seeded)
         if overrides:
@@ -238,8 +231,8 @@ class TrialRunner:
                 from servelab.bench import workloads as W
 
                 if name == "mix":
-                    return W.make_workload("mix", self.counter, seed=seed,
-                                           ignore_eos=bool(getattr(self.exp, "ignore_eos", False)), **overrides)
+                    return W.make_workload("mix", self.counter, seed=seed, ignore_eos=self.exp.ignore_eos,
+                                           **overrides)
                 return base(name, seed)
 
         def progress(event: str, **kw: Any) -> None:
@@ -255,56 +248,63 @@ class TrialRunner:
         return bench.summary
 
     # ---------------------------------------------------------------- phases
-    def smoke(self, base_url: str, model: str | None, checks: tuple[str, ...], api_key: str | None) -> dict[str, Any]:
-        """Smoke tests; returns ``{check: {"ok": bool, "detail": str}}`` (docs/record-schema.md)."""
-        return asyncio.run(_smoke(base_url, model, checks, api_key, self.out))
+    def smoke(self, base_url: str, model: str | None, checks: tuple[str, ...], api_key: str | None,
+              path: Path) -> dict[str, Any]:
+        """Smoke tests; returns ``{check: {"ok": bool, "detail": str}}`` (docs/record-schema.md) and writes
+        every smoke request to ``path`` (JSONL, the requests.jsonl format)."""
+        return asyncio.run(_smoke(base_url, model, checks, api_key, path))
 
     def quality(self, base_url: str, model: str | None, cand_dir: Path, api_key: str | None) -> dict[str, Any]:
-        """Quality gate: business samples (regex checks) and the structured set's schema-valid share."""
-        q = getattr(self.exp.goal, "quality", None)
+        """Quality gate: business samples (regex/schema checks, ``goal.quality.samples``) and the
+        schema-valid share of ``goal.quality.structured_requests`` requests of the structured set."""
+        q = self.exp.goal.quality
         checks: list[dict[str, Any]] = []
-        samples = list(getattr(q, "samples", None) or [])
-        if samples:
-            res = asyncio.run(_samples(base_url, model, samples, api_key, cand_dir / "quality_samples.jsonl"))
-            lim = float(getattr(q, "samples_pass_min", 0.0) or 0.0)
-            checks.append({"name": "samples_pass_fraction", "value": res, "limit": lim, "ok": res >= lim})
-        names = [label for label, _, _ in self._workload_items()]
-        if "structured" in names:
-            s = self._bench(base_url, model, cand_dir / "quality", workloads=["structured"], concurrency=[1],
-                            requests=int(getattr(q, "structured_requests", 8) or 8), warmup=0, objectives=[],
-                            stop_on_slo=False, seed=int(self.exp.seed) + 424242, api_key=api_key, seeded=True)
+        samples_path = cand_dir / "quality.jsonl"  # docs/record-schema.md: the quality-gate sample requests
+        samples_path.write_bytes(b"")
+        if q.samples:
+            res = asyncio.run(_samples(base_url, model, q.samples, api_key, samples_path))
+            checks.append({"name": "samples_pass_fraction", "value": res, "limit": q.samples_pass_min,
+                           "ok": res >= q.samples_pass_min})
+        if "structured" in [w.label for w in self.exp.workloads]:
+            s = self._bench(base_url, model, cand_dir / "quality", workloads=["structured"],
+                            load=[LoadModel(kind="closed", concurrency=1)], requests=q.structured_requests,
+                            warmup=0, objectives=[], stop_on_slo=False, seed=self.exp.seed + 424242,
+                            api_key=api_key, seeded=True)
             st = s["steps"][0]
             c = st["counts"]
             valid = c["submitted"] - c["failed_total"] - _schema_failures(cand_dir / "quality" / "requests.jsonl")
             frac = valid / c["submitted"] if c["submitted"] else 0.0
-            lim = float(getattr(q, "structured_valid_min", 0.5) if q is not None else 0.5)
-            checks.append({"name": "structured_valid_fraction", "value": frac, "limit": lim, "ok": frac >= lim})
+            checks.append({"name": "structured_valid_fraction", "value": frac, "limit": q.structured_valid_min,
+                           "ok": frac >= q.structured_valid_min})
         return {"passed": all(c["ok"] for c in checks), "checks": checks}
 
-    def run_candidate(self, cand: Any, host: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    def run_candidate(self, cand: Candidate,
+                      host: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         """One candidate through the whole flow. Returns (identity, result, evidence files)."""
-        from servelab.engines import start_engine
-
         name = cand.name
+        kind = cand.kind
         cdir = self.out / "candidates" / name
         cdir.mkdir(parents=True, exist_ok=True)
-        settings = {k: v for k, v in (_dump(getattr(cand, "settings", None)) or {}).items() if v is not None}
+        settings = cand.recorded_settings()
         identity: dict[str, Any] = {"engine_kind": cand.engine, "settings": settings}
         result: dict[str, Any] = {"status": "failed", "reason": None, "cold_start": {}, "smoke": {},
                                   "quality": {}, "steps": [], "peak_rss_bytes": None}
         files: dict[str, str] = {}
         running = None
-        api_key = os.environ.get(cand.api_key_env) if getattr(cand, "api_key_env", None) else None
+        ext = cand if isinstance(cand, UrlFields) else None  # a server servelab does not start
+        api_key = os.environ.get(ext.api_key_env) if ext is not None and ext.api_key_env else None
         sampler: MetricsSampler | None = None
         try:
-            if cand.engine == "url":
-                base_url, model = cand.url.rstrip("/"), getattr(cand, "model_name", None)
+            if not kind.launched:
+                if ext is None:
+                    raise ConfigError(f"candidate {name!r}: engine kind {cand.engine!r} is not launched by servelab "
+                                      "and has no url")
+                base_url, model = ext.url.rstrip("/"), ext.model_name
                 identity.update({"url": base_url, "engine": None, "model": {"name": model}})
                 self.say(f"[{name}] using existing server {base_url}")
             else:
                 self.say(f"[{name}] starting {cand.engine} {settings}")
-                running = start_engine(cand.engine, model=getattr(cand, "model", None), settings=settings,
-                                       log_dir=str(cdir / "engine"))
+                running = kind.launch(cand.settings, model=cand.model, log_dir=str(cdir / "engine"))
                 base_url, model = running.base_url, None
                 identity.update({"engine": running.identity, "model": running.identity.get("model")})
                 result["cold_start"] = dict(running.cold_start)
@@ -317,8 +317,9 @@ class TrialRunner:
                 self.say(f"[{name}] ready: health {result['cold_start'].get('health_s', 0):.1f} s, first token "
                          f"{result['cold_start'].get('first_token_s', float('nan')):.1f} s after process start")
             self._tokenizer_for(identity)
-            checks = tuple(getattr(getattr(self.exp.goal, "quality", None), "smoke", None) or DEFAULT_SMOKE)
-            result["smoke"] = self.smoke(base_url, model, checks, api_key)
+            result["smoke"] = self.smoke(base_url, model, tuple(self.exp.goal.quality.smoke), api_key,
+                                         cdir / "smoke.jsonl")
+            files["smoke"] = f"candidates/{name}/smoke.jsonl"
             bad = [k for k, v in result["smoke"].items() if not v["ok"]]
             if bad:
                 result["status"] = "excluded"
@@ -327,6 +328,9 @@ class TrialRunner:
                 return identity, result, files
             self.say(f"[{name}] smoke tests passed: {', '.join(result['smoke'])}")
             result["quality"] = self.quality(base_url, model, cdir, api_key)
+            files["quality"] = f"candidates/{name}/quality.jsonl"
+            if (cdir / "quality" / "requests.jsonl").exists():
+                files["quality_structured"] = f"candidates/{name}/quality/requests.jsonl"
             self.say(f"[{name}] quality gate: " + ", ".join(
                 f"{c['name']} {c['value']:.2f} (min {c['limit']:.2f}) {'ok' if c['ok'] else 'FAILED'}"
                 for c in result["quality"]["checks"]))
@@ -338,20 +342,14 @@ class TrialRunner:
                 self.say(f"[{name}] excluded: {result['reason']}")
                 return identity, result, files
             if running is not None:
-                sampler = MetricsSampler(running, cdir / "server_metrics.jsonl")
+                sampler = MetricsSampler(running, cdir / "server_metrics.jsonl", metrics=kind.metrics)
                 sampler.start()
                 files["server_metrics"] = f"candidates/{name}/server_metrics.jsonl"
-            steps = self.exp.steps
-            conc = list(getattr(steps, "concurrency", None) or []) or None
-            rates = list(getattr(steps, "rates", None) or []) or None
-            labels = [label for label, _, _ in self._workload_items()]
-            summary = self._bench(base_url, model, cdir / "steps", workloads=labels, concurrency=conc, rates=rates,
-                                  requests=int(self.exp.requests_per_step), warmup=int(self.exp.warmup),
-                                  objectives=self.objectives, stop_on_slo=bool(getattr(self.exp, "stop_on_slo", True)),
-                                  seed=int(self.exp.seed), sampler=sampler, api_key=api_key,
-                                  arrival=getattr(steps, "arrival", None) or "poisson",
-                                  gamma_shape=float(getattr(self.exp.goal, "burstiness", 0.5) or 0.5),
-                                  max_concurrency=getattr(steps, "max_concurrency", None),
+            exp = self.exp
+            summary = self._bench(base_url, model, cdir / "steps", workloads=[w.label for w in exp.workloads],
+                                  load=exp.steps.load_models(exp.goal.burstiness), requests=exp.requests_per_step,
+                                  warmup=exp.warmup, objectives=self.objectives, stop_on_slo=exp.stop_on_slo,
+                                  seed=exp.seed, sampler=sampler, api_key=api_key,
                                   on_step=lambda st: self.say(_step_line(name, st)))
             files["steps"] = f"candidates/{name}/steps/requests.jsonl"
             per_step = sampler.per_step() if sampler is not None else {}
@@ -360,22 +358,15 @@ class TrialRunner:
             result["steps"] = summary["steps"]
             if running is not None and not running.alive:
                 raise EngineDied(f"engine process exited during the load steps (exit code {running.process.poll()})")
-            at = getattr(self.exp, "arrival_test", None)
-            if at is None or getattr(at, "enabled", True):
-                g = self.exp.goal
-                rate = float(getattr(g, "expected_rate_rps", None) or 0.5)
-                mix = getattr(g, "mix", None)
-                self.say(f"[{name}] arrival test: {rate:g} req/s, gamma burstiness {getattr(g, 'burstiness', 0.5)}, "
-                         f"mix {mix or 'default'}")
-                arr = self._bench(base_url, model, cdir / "arrival", workloads=["mix"], rates=[rate],
-                                  requests=int(getattr(at, "requests", 16) if at is not None else 16), warmup=0,
-                                  objectives=self.objectives, stop_on_slo=False, seed=int(self.exp.seed) + 7777,
-                                  sampler=sampler, arrival="gamma",
-                                  gamma_shape=float(getattr(g, "burstiness", 0.5) or 0.5),
-                                  overrides={**(dict(getattr(at, "set", None) or {}) if at is not None else {}),
-                                             **({"ratio": mix} if mix else {})} or None,
-                                  api_key=api_key,
-                                  max_concurrency=getattr(at, "max_concurrency", None) if at is not None else None)
+            at = exp.arrival_test
+            if at.enabled:
+                load = exp.arrival_load()
+                self.say(f"[{name}] arrival test: {load.rate_rps:g} req/s, gamma burstiness {exp.goal.burstiness}, "
+                         f"mix {exp.arrival_mix}")
+                arr = self._bench(base_url, model, cdir / "arrival", workloads=["mix"], load=[load],
+                                  requests=at.requests, warmup=0, objectives=self.objectives, stop_on_slo=False,
+                                  seed=exp.seed + 7777, sampler=sampler,
+                                  overrides={**at.set, "ratio": exp.arrival_mix}, api_key=api_key)
                 result["arrival_run"] = arr["steps"][0] if arr["steps"] else None
                 files["arrival"] = f"candidates/{name}/arrival/requests.jsonl"
                 if result["arrival_run"]:
@@ -387,10 +378,10 @@ class TrialRunner:
             result["status"], result["reason"] = "failed", str(e)
             self.say(f"[{name}] failed: {e}")
         except ConfigError as e:
-            if cand.engine != "url":
+            if ext is None or kind.launched:
                 raise
             # an external server that is down or not OpenAI-compatible fails this candidate, not the trial
-            result["status"], result["reason"] = "failed", f"external server {cand.url}: {e}"
+            result["status"], result["reason"] = "failed", f"external server {ext.url}: {e}"
             self.say(f"[{name}] failed: {result['reason']}")
         except Exception as e:  # noqa: BLE001 — one candidate's failure must not end the trial
             result["status"], result["reason"] = "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -415,7 +406,7 @@ class TrialRunner:
         import socket
 
         for i, cand in enumerate(self.exp.candidates):
-            port = getattr(getattr(cand, "settings", None), "port", None)
+            port = cand.settings.fixed_port()
             if not port:
                 continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -436,7 +427,7 @@ class TrialRunner:
         identities: dict[str, Any] = {}
         results: dict[str, Any] = {}
         files: dict[str, Any] = {}
-        error_budget = getattr(self.exp.goal, "error_budget", None)
+        error_budget = self.exp.goal.error_budget
         interrupted: str | None = None
         for cand in self.exp.candidates:
             if interrupted is not None:
@@ -458,7 +449,7 @@ class TrialRunner:
                 continue
             if res["status"] == "ranked":
                 res.update(effective_step(res["steps"], self.objectives, error_budget))
-                price = getattr(getattr(self.exp.goal, "budget", None), "price_per_hour", None)
+                price = self.exp.goal.budget.price_per_hour
                 tps = (res.get("effective_throughput") or {}).get("output_tokens_per_s")
                 res["cost"] = {"per_1m_output_tokens": (price / 3600 / tps * 1e6) if price and tps else None,
                                "price_per_hour": price}
@@ -498,21 +489,17 @@ class TrialRunner:
 
     def _goal(self) -> dict[str, Any]:
         g = self.exp.goal
-        q = getattr(g, "quality", None)
-        return {"task": getattr(g, "task", None),
-                "quality_gates": {**(_dump(q) or {}),
-                                  "smoke": list(getattr(q, "smoke", None) or DEFAULT_SMOKE)},
-                "slo": [o.name for o in self.objectives],
-                "error_budget": getattr(g, "error_budget", None),
-                "expected_rate_rps": getattr(g, "expected_rate_rps", None), "mix": getattr(g, "mix", None),
-                "burstiness": getattr(g, "burstiness", None), "budget": _dump(getattr(g, "budget", None))}
+        return {"task": g.task, "quality_gates": g.quality.model_dump(mode="json"),
+                "slo": [o.name for o in self.objectives], "error_budget": g.error_budget,
+                "expected_rate_rps": g.expected_rate_rps, "mix": g.mix, "burstiness": g.burstiness,
+                "budget": g.budget.model_dump(mode="json")}
 
     def _method(self, t0: float, t1: float) -> dict[str, Any]:
         e = self.exp
-        return {"warmup_requests": e.warmup, "requests_per_step": e.requests_per_step, "steps": _dump(e.steps),
-                "workloads": [label for label, _, _ in self._workload_items()], "seed": e.seed,
-                "arrival_test": _dump(getattr(e, "arrival_test", None)),
-                "ignore_eos": getattr(e, "ignore_eos", None), "timeout_s": getattr(e, "timeout_s", None),
+        return {"warmup_requests": e.warmup, "requests_per_step": e.requests_per_step,
+                "steps": e.steps.model_dump(mode="json"), "workloads": [w.label for w in e.workloads],
+                "seed": e.seed, "arrival_test": e.arrival_test.model_dump(mode="json", by_alias=False),
+                "ignore_eos": e.ignore_eos, "timeout_s": e.timeout_s,
                 "cache_state": "prompts differ per step (seeded), identical across candidates; engine prompt/prefix "
                                "cache left at the engine's default; warmup requests before each step excluded",
                 "token_definition": "output tokens = server usage.completion_tokens (reasoning included); prompt "
@@ -563,9 +550,11 @@ def _schema_failures(jsonl: Path) -> int:
 
 
 async def _one(session: Any, base_url: str, model: str, spec: RequestSpec, api_key: str | None,
-               i: int) -> RequestRecord:
+               i: int, sent: list[RequestRecord] | None = None) -> RequestRecord:
     rec = RequestRecord(request_id=i, workload="smoke")
     hdrs = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    if sent is not None:
+        sent.append(rec)
     await send(session, base_url, model, spec, rec, timeout_s=120, headers=hdrs)
     return rec
 
@@ -579,7 +568,21 @@ async def _model_name(session: Any, base_url: str, model: str | None, api_key: s
 
 
 async def _smoke(base_url: str, model: str | None, checks: tuple[str, ...], api_key: str | None,
-                 out: Path) -> dict[str, Any]:
+                 path: Path) -> dict[str, Any]:
+    """The smoke checks; every request sent is written to ``path`` (JSONL, requests.jsonl format), also
+    when a check raises."""
+    sent: list[RequestRecord] = []
+    try:
+        return await _smoke_checks(base_url, model, checks, api_key, sent)
+    finally:
+        from servelab.bench.runner import record_to_json
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"".join(orjson.dumps(record_to_json(r)) + b"\n" for r in sent))
+
+
+async def _smoke_checks(base_url: str, model: str | None, checks: tuple[str, ...], api_key: str | None,
+                        sent: list[RequestRecord]) -> dict[str, Any]:
     import jsonschema
 
     res: dict[str, Any] = {}
@@ -587,7 +590,7 @@ async def _smoke(base_url: str, model: str | None, checks: tuple[str, ...], api_
         m = await _model_name(session, base_url, model, api_key)
         story = RequestSpec(endpoint="chat", max_tokens=40, extra={"temperature": 0},
                             messages=[{"role": "user", "content": "Write a short story about a cat."}])
-        r = await _one(session, base_url, m, story, api_key, 0)
+        r = await _one(session, base_url, m, story, api_key, 0, sent)
         if "streaming" in checks:
             ok = r.failure is None and len(r.chunk_ns) >= 2 and r.finish_reason is not None
             res["streaming"] = {"ok": ok, "detail": (f"{len(r.chunk_ns)} token chunks, finish {r.finish_reason}"
@@ -606,7 +609,7 @@ async def _smoke(base_url: str, model: str | None, checks: tuple[str, ...], api_
                     "response_format": {"type": "json_schema", "json_schema": {
                         "name": "answer", "schema": _SMOKE_SCHEMA, "strict": True}}},
                     messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}])
-                jr = await _one(session, base_url, m, spec, api_key, 10 + attempt)
+                jr = await _one(session, base_url, m, spec, api_key, 10 + attempt, sent)
                 if jr.failure is not None:
                     detail = _fail_text(jr)
                     continue
@@ -618,12 +621,12 @@ async def _smoke(base_url: str, model: str | None, checks: tuple[str, ...], api_
                     detail = f"answer not valid against the schema ({type(e).__name__}): {jr.content_text[:60]!r}"
             res["json_schema"] = {"ok": ok, "detail": detail}
         if "stop" in checks:
-            res["stop"] = await _stop_check(session, base_url, m, r, story, api_key)
+            res["stop"] = await _stop_check(session, base_url, m, r, story, api_key, sent)
     return res
 
 
 async def _stop_check(session: Any, base_url: str, m: str, r: RequestRecord, story: RequestSpec,
-                      api_key: str | None) -> dict[str, Any]:
+                      api_key: str | None, sent: list[RequestRecord] | None = None) -> dict[str, Any]:
     """Greedy decoding twice: the second time with a stop string taken from the first answer's middle;
     the engine must end the answer right before it, with finish reason ``stop``."""
     text = r.content_text
@@ -640,7 +643,7 @@ async def _stop_check(session: Any, base_url: str, m: str, r: RequestRecord, sto
         return {"ok": False, "detail": "no unique stop string in the reference answer"}
     spec = RequestSpec(endpoint="chat", max_tokens=story.max_tokens, messages=story.messages,
                        extra={**story.extra, "stop": [piece]})
-    s = await _one(session, base_url, m, spec, api_key, 20)
+    s = await _one(session, base_url, m, spec, api_key, 20, sent)
     if s.failure is not None:
         return {"ok": False, "detail": _fail_text(s)}
     got = s.content_text
@@ -648,7 +651,7 @@ async def _stop_check(session: Any, base_url: str, m: str, r: RequestRecord, sto
     return {"ok": ok, "detail": f"stop={piece!r}: answer {len(got)} chars (expected {k}), finish {s.finish_reason}"}
 
 
-async def _samples(base_url: str, model: str | None, samples: list[Any], api_key: str | None,
+async def _samples(base_url: str, model: str | None, samples: list[Sample], api_key: str | None,
                    path: Path) -> float:
     from servelab.bench.runner import record_to_json
 
@@ -658,17 +661,15 @@ async def _samples(base_url: str, model: str | None, samples: list[Any], api_key
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
             for i, s in enumerate(samples):
-                s = _dump(s)
-                schema = s.get("expect_json_schema")
+                schema = s.expect_json_schema
                 extra: dict[str, Any] = {"temperature": 0}
                 if schema:
                     extra["response_format"] = {"type": "json_schema",
                                                 "json_schema": {"name": "sample", "schema": schema, "strict": True}}
-                msgs = s.get("messages") or [{"role": "user", "content": s["prompt"]}]
-                spec = RequestSpec(endpoint="chat", max_tokens=int(s.get("max_tokens") or 64), messages=msgs,
-                                   extra=extra)
+                msgs = s.messages or [{"role": "user", "content": s.prompt}]
+                spec = RequestSpec(endpoint="chat", max_tokens=s.max_tokens, messages=msgs, extra=extra)
                 r = await _one(session, base_url, m, spec, api_key, i)
-                ok = r.failure is None and re.search(s.get("expect_regex") or "", r.content_text) is not None
+                ok = r.failure is None and re.search(s.expect_regex or "", r.content_text) is not None
                 if ok and schema:
                     ok = _json_valid(r.content_text, schema)
                 passed += ok

@@ -35,29 +35,41 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic import WithJsonSchema
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, GetCoreSchemaHandler, ValidationError,
+                      ValidationInfo, WithJsonSchema, create_model, field_validator, model_validator)
 
 from servelab.bench.load import LoadModel
 from servelab.bench.slo import Objective, parse_slo
 from servelab.bench.workloads import WORKLOADS, make_workload, parse_ratio
+from servelab.engines import registry
+from servelab.engines.llamacpp import LlamaCppSettings
+from servelab.engines.mocklaunch import MockSettings
+from servelab.engines.registry import ENV_NAME_PATTERN, EngineKind, EngineSettings
+from servelab.engines.url import UrlSettings
+from servelab.engines.vllm import VllmSettings
 from servelab.wire import ConfigError
 from servelab.wire.files import read_yaml_file
 
 __all__ = [
     "ENGINES", "SCHEMA_PATH", "AnyCandidate", "ArrivalTest", "Budget", "Candidate", "Experiment", "Goal",
     "LlamaCppCandidate", "LlamaCppSettings", "MockCandidate", "MockSettings", "Quality", "Sample", "Steps",
-    "UrlCandidate", "UrlSettings", "VllmCandidate", "VllmSettings", "WorkloadItem", "default_experiment",
+    "UrlCandidate", "UrlSettings", "VllmCandidate", "VllmSettings", "WorkloadItem", "candidate_model",
+    "candidate_union", "default_experiment",
     "describe_validation_error", "json_schema", "load_experiment",
 ]
 
-#: Engine kinds a candidate can name (``candidates[i].engine``).
-ENGINES = ("llamacpp", "vllm", "url", "mock")
 #: The committed JSON Schema file (regenerate with ``python -m servelab.trial.spec --write-schema``).
 SCHEMA_PATH = Path(__file__).with_name("experiment.schema.json")
 
 _NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
-_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ENGINES":  # engine kinds a candidate can name (``candidates[i].engine``): the registry's
+        return tuple(k.kind for k in registry.kinds())
+    raise AttributeError(name)
+
+_ENV_NAME = ENV_NAME_PATTERN
 _MIXABLE = ("short-qa", "rag", "long-gen", "structured")
 
 
@@ -150,8 +162,9 @@ class Sample(_Strict):
 class Quality(_Strict):
     """Quality gates. A candidate that fails one is excluded from the ranking, with the reason.
 
-    ``structured_valid_min``: minimum fraction (0-1) of schema-valid answers in the ``structured``
-    workload's requests (default 0.5). ``samples``: business samples (:class:`Sample`);
+    ``structured_valid_min``: minimum fraction (0-1) of schema-valid answers among the
+    ``structured_requests`` (default 8) requests of the ``structured`` workload that the gate sends
+    when the experiment lists that workload (default 0.5). ``samples``: business samples (:class:`Sample`);
     ``samples_pass_min``: minimum fraction (0-1) of them that must pass (default 0.0 = informational).
     ``smoke``: required sub-features checked before the load steps — ``streaming`` (tokens arrive as
     SSE chunks), ``usage`` (token usage reported), ``json_schema`` (``response_format`` json_schema
@@ -159,6 +172,7 @@ class Quality(_Strict):
     """
 
     structured_valid_min: float = Field(0.5, ge=0, le=1, description="min fraction of schema-valid structured answers")
+    structured_requests: int = Field(8, ge=1, description="requests of the structured set sent by the quality gate")
     samples: list[Sample] = Field(default_factory=list, description="business samples: request + check")
     samples_pass_min: float = Field(0.0, ge=0, le=1, description="min fraction of samples passing (0 = informational)")
     smoke: list[Literal["streaming", "usage", "json_schema", "stop"]] = Field(
@@ -256,121 +270,23 @@ class Goal(_Strict):
 # candidates
 
 
-class LlamaCppSettings(_Strict):
-    """llama-server settings (:class:`servelab.engines.llamacpp.LlamaCppLauncher`).
-
-    ``parallel``: slots = concurrent sequences (``-np``, default 4); ``ctx_size``: total KV context in
-    tokens shared by the slots (``-c``, default 8192; 0 = the model's trained length); ``threads``: CPU
-    threads (``-t``; ``None`` = llama-server's choice); ``extra_args``: appended verbatim; ``port``:
-    ``None`` = a free port; ``ready_timeout_s``: seconds to wait for ``/health`` 200.
-    """
-
-    parallel: int = Field(4, ge=1, description="slots = concurrent sequences (-np)")
-    ctx_size: int = Field(8192, ge=0, description="total KV context in tokens, shared by the slots (-c); 0 = model's")
-    threads: int | None = Field(None, ge=1, description="CPU threads (-t); null = llama-server's choice")
-    extra_args: list[str] = Field(default_factory=list, description="extra command-line arguments, verbatim")
-    port: int | None = Field(None, ge=1, le=65535, description="listen port; null = a free port")
-    ready_timeout_s: float = Field(300.0, gt=0, description="seconds to wait for /health 200")
-
-
-class VllmSettings(_Strict):
-    """vLLM (CPU build) settings (:class:`servelab.engines.vllm.VllmLauncher`; same defaults).
-
-    ``max_num_seqs``: max sequences per batch (``--max-num-seqs``, default 16); ``max_model_len``:
-    context length in tokens (``--max-model-len``, default 2048); ``dtype``: ``--dtype`` (default
-    ``bfloat16``); ``enforce_eager``: no graph compilation (start ~50 s instead of 110-190 s, default
-    true); ``served_model_name``: the id it serves (``None`` = launcher default); ``extra_args``: appended
-    verbatim; ``env``: extra environment variables (e.g. ``VLLM_CPU_KVCACHE_SPACE: 2``, GiB); ``port``:
-    ``None`` = a free port; ``ready_timeout_s``: seconds to wait for the server to be ready.
-    """
-
-    max_num_seqs: int = Field(16, ge=1, description="--max-num-seqs: concurrent sequences")
-    max_model_len: int = Field(2048, ge=1, description="--max-model-len, tokens")
-    dtype: Literal["auto", "bfloat16", "float16", "half", "float32", "float"] = Field("bfloat16", description="--dtype")
-    enforce_eager: bool = Field(True, description="--enforce-eager: no compilation, faster start")
-    served_model_name: str | None = Field(None, min_length=1, description="served model id; null = launcher default")
-    extra_args: list[str] = Field(default_factory=list, description="extra command-line arguments, verbatim")
-    env: Annotated[dict[Annotated[str, Field(pattern=_ENV_NAME)], str], WithJsonSchema({
-        "type": "object", "propertyNames": {"pattern": _ENV_NAME},
-        "additionalProperties": {"type": ["string", "number"]},
-        "description": "extra environment variables for the server process (numbers become strings)"})] = Field(
-        default_factory=dict)
-    port: int | None = Field(None, ge=1, le=65535, description="listen port; null = a free port")
-    ready_timeout_s: float = Field(600.0, gt=0, description="seconds to wait for the server to be ready")
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_strings(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            out = {}
-            for k, val in v.items():
-                if isinstance(val, bool) or not isinstance(val, (str, int, float)):
-                    raise ValueError(f"value of {k!r} must be a string or number, got {val!r}")
-                out[k] = str(val)
-            return out
-        return v
-
-
-class MockSettings(_Strict):
-    """Mock engine settings (:class:`servelab.engines.mock.MockConfig`; same names and units).
-
-    ``ttft_ms``/``itl_ms``: delay to the first token chunk / between chunks (ms); ``output_tokens``:
-    tokens generated (fewer if ``max_tokens`` is smaller); ``tokens_per_chunk``; ``dialect``: the
-    engine whose wire format it speaks; failure rates are probabilities (their sum <= 1);
-    ``invalid_json``: broken JSON for schema requests; ``crash_after_requests``: exit while answering
-    request N+1 (``None`` = never); ``port``: ``None`` = a free port.
-    """
-
-    ttft_ms: float = Field(0.0, ge=0, description="time to first token chunk, ms")
-    itl_ms: float = Field(0.0, ge=0, description="time between token chunks, ms")
-    output_tokens: int = Field(16, ge=0, description="tokens generated per answer")
-    tokens_per_chunk: int = Field(1, ge=1, description="tokens per streamed chunk")
-    reasoning_tokens: int = Field(0, ge=0, description="reasoning tokens before the answer")
-    dialect: Literal["vllm", "sglang", "tgi", "llamacpp", "ollama"] = Field("vllm", description="wire dialect")
-    seed: int = Field(0, description="seed of the failure draws")
-    fail_http_rate: float = Field(0.0, ge=0, le=1, description="probability of an HTTP error status")
-    fail_http_status: int = Field(500, ge=100, le=599, description="status of injected HTTP errors")
-    stream_error_rate: float = Field(0.0, ge=0, le=1, description="probability of an in-stream error event")
-    cut_rate: float = Field(0.0, ge=0, le=1, description="probability of a cut connection mid-stream")
-    hang_rate: float = Field(0.0, ge=0, le=1, description="probability of a hung request")
-    hang_s: float = Field(30.0, ge=0, description="how long a hung request stalls, s")
-    max_inflight: int = Field(0, ge=0, description="cap on running requests (0 = none)")
-    overload_status: int | None = Field(None, ge=100, le=599, description="status beyond max_inflight")
-    invalid_json: bool = Field(False, description="answer schema requests with broken JSON")
-    crash_after_requests: int | None = Field(None, ge=0, description="exit while answering request N+1")
-    port: int | None = Field(None, ge=1, le=65535, description="listen port; null = a free port")
-
-    @model_validator(mode="after")
-    def _rates(self) -> MockSettings:
-        if self.fail_http_rate + self.stream_error_rate + self.cut_rate + self.hang_rate > 1.0 + 1e-9:
-            raise ValueError("fail_http_rate + stream_error_rate + cut_rate + hang_rate must be <= 1")
-        return self
-
-    def to_mock_config(self, port: int = 0) -> Any:
-        """A :class:`servelab.engines.mock.MockConfig` with these settings (``self.port`` wins over ``port``)."""
-        from servelab.engines.mock import MockConfig
-
-        kw = self.model_dump(exclude={"port"})
-        return MockConfig(port=self.port if self.port is not None else port, **kw)
-
-
-class UrlSettings(_Strict):
-    """A ``url`` candidate is not launched by servelab, so it has no settings (any key is an error)."""
-
-
 class Candidate(_Strict):
     """Common fields of a candidate (one engine kind + model + settings).
 
-    ``name``: unique, ``[A-Za-z0-9_.-]+``. ``engine``: one of :data:`ENGINES`. ``model``: a local model
-    file or folder (must exist; relative to the experiment file); ``None`` = the engine default
-    (llamacpp: Gemma 3 270M GGUF; vllm: the HF folder servelab converts from that GGUF; url/mock: no
-    local weights). Concrete classes: :class:`LlamaCppCandidate`, :class:`VllmCandidate`,
-    :class:`UrlCandidate`, :class:`MockCandidate`.
+    ``name``: unique, ``[A-Za-z0-9_.-]+``. ``engine``: a kind of :mod:`servelab.engines.registry`
+    (built in: ``llamacpp``, ``vllm``, ``url``, ``mock``). ``model``: a local model file or folder (must
+    exist; relative to the experiment file); ``None`` = the engine default (llamacpp: Gemma 3 270M GGUF;
+    vllm: the HF folder servelab converts from that GGUF; url/mock: no local weights). ``settings``:
+    the kind's ``Settings`` model. The concrete class of each kind is built from the registry by
+    :func:`candidate_model` (:data:`LlamaCppCandidate`, :data:`VllmCandidate`, :data:`UrlCandidate`,
+    :data:`MockCandidate` …).
     """
 
     name: str = Field(pattern=_NAME_PATTERN, description="unique candidate name, [A-Za-z0-9_.-]+")
     engine: str
     model: str | None = Field(None, description="model file/folder; null = engine default")
+    if typing.TYPE_CHECKING:  # the field is added per kind by candidate_model (narrowed to kind.Settings)
+        settings: EngineSettings
 
     @field_validator("model")
     @classmethod
@@ -382,76 +298,73 @@ class Candidate(_Strict):
                              "or null for the engine default")
 
     @property
+    def kind(self) -> EngineKind:
+        """This candidate's engine kind (:class:`servelab.engines.registry.EngineKind`)."""
+        return registry.get(self.engine)
+
+    @property
     def launched(self) -> bool:
-        """Whether servelab starts this engine (everything but ``url``)."""
-        return self.engine != "url"
+        """Whether servelab starts this engine (every kind but ``url``)."""
+        return self.kind.launched
+
+    def recorded_settings(self) -> dict[str, Any]:
+        """The settings as the record's identity holds them: every field, ``None`` values left out."""
+        return self.settings.model_dump(mode="json", exclude_none=True)
 
     def launch_settings(self) -> dict[str, Any]:
         """The engine settings for :func:`servelab.engines.start_engine` (``settings=``): every settings
         field except ``port`` and ``ready_timeout_s``, ``None`` values left out (launcher default)."""
-        st = getattr(self, "settings", None)
-        if st is None:
-            return {}
-        return st.model_dump(mode="json", exclude_none=True, exclude={"port", "ready_timeout_s"})
+        return self.settings.model_dump(mode="json", exclude_none=True, exclude={"port", "ready_timeout_s"})
 
     def launch_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for the launcher: ``port`` (when set) and ``ready_timeout_s`` (seconds,
         when the engine has one)."""
-        st = getattr(self, "settings", None)
-        out: dict[str, Any] = {}
-        if getattr(st, "port", None) is not None:
-            out["port"] = st.port  # type: ignore[union-attr]
-        if getattr(st, "ready_timeout_s", None) is not None:
-            out["ready_timeout_s"] = st.ready_timeout_s  # type: ignore[union-attr]
-        return out
+        d = self.settings.model_dump()
+        return {k: d[k] for k in ("port", "ready_timeout_s") if d.get(k) is not None}
 
 
-class LlamaCppCandidate(Candidate):
-    """``engine: llamacpp`` — llama-server launched by servelab; ``model`` a GGUF file."""
-
-    engine: Literal["llamacpp"]
-    settings: LlamaCppSettings = Field(default_factory=LlamaCppSettings)
+_CANDIDATE_MODELS: dict[str, tuple[EngineKind, type[Candidate]]] = {}
 
 
-class VllmCandidate(Candidate):
-    """``engine: vllm`` — vLLM's CPU build launched by servelab; ``model`` an HF folder or GGUF file
-    (``None``: the HF folder servelab converts once from the default Gemma GGUF)."""
-
-    engine: Literal["vllm"]
-    settings: VllmSettings = Field(default_factory=VllmSettings)
-
-
-class MockCandidate(Candidate):
-    """``engine: mock`` — servelab's mock engine (calibration, failure injection)."""
-
-    engine: Literal["mock"]
-    settings: MockSettings = Field(default_factory=MockSettings)
-
-
-class UrlCandidate(Candidate):
-    """``engine: url`` — an already running OpenAI-compatible server at ``url`` (the API root, http(s),
-    e.g. ``http://127.0.0.1:8000/v1``). ``model_name``: the served model id (``None`` = the first id of
-    ``GET /v1/models``); ``api_key_env``: name of an environment variable holding the API key."""
-
-    engine: Literal["url"]
-    url: str = Field(description="OpenAI API root, http(s)://HOST:PORT/v1")
-    model_name: str | None = Field(None, description="served model id; null = first of GET /v1/models")
-    api_key_env: str | None = Field(None, pattern=_ENV_NAME, description="environment variable with the API key")
-    settings: UrlSettings = Field(default_factory=UrlSettings)
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        from urllib.parse import urlparse
-
-        u = urlparse(v.strip())
-        if u.scheme not in ("http", "https") or not u.netloc:
-            raise ValueError(f"{v!r} is not an http(s) URL; give the API root, e.g. http://127.0.0.1:8000/v1")
-        return v.strip().rstrip("/")
+def candidate_model(kind: str | EngineKind) -> type[Candidate]:
+    """The candidate model of an engine kind: :class:`Candidate` + the kind's ``candidate_fields`` +
+    ``engine: Literal[kind]`` + ``settings: kind.Settings`` (built once per registered kind).
+    Raises :class:`ConfigError` for an unknown kind name."""
+    k = registry.get(kind) if isinstance(kind, str) else kind
+    hit = _CANDIDATE_MODELS.get(k.kind)
+    if hit is not None and hit[0] is k:
+        return hit[1]
+    # the kind's own fields come after name/engine/model (pydantic orders fields by reversed MRO)
+    bases: tuple[type[BaseModel], ...] = (Candidate,) if k.candidate_fields is None else (k.candidate_fields, Candidate)
+    name = "".join(p[:1].upper() + p[1:] for p in re.split(r"[^A-Za-z0-9]+", k.kind) if p) + "Candidate"
+    model: type[Candidate] = create_model(  # type: ignore[call-overload]
+        name, __base__=bases, __module__=__name__, __doc__=f"``engine: {k.kind}`` — {k.summary}",
+        engine=(Literal[k.kind], Field(description=f"engine kind: {k.kind}")),  # type: ignore[valid-type]
+        settings=(k.Settings, Field(default_factory=k.Settings, description=f"{k.title} settings")))
+    _CANDIDATE_MODELS[k.kind] = (k, model)
+    return model
 
 
-AnyCandidate = Annotated[Union[LlamaCppCandidate, VllmCandidate, UrlCandidate, MockCandidate],
-                         Field(discriminator="engine")]
+def candidate_union() -> Any:
+    """``Annotated[Union[<candidate model of every registered kind>], Discriminator("engine")]``."""
+    models = tuple(candidate_model(k) for k in registry.kinds())
+    return Annotated[Union[models], Discriminator("engine")]  # type: ignore[valid-type]
+
+
+class _CandidateUnion:
+    """Marker in ``Annotated[Candidate, _CandidateUnion()]``: validate as the registry's candidate union
+    at the time the schema is built (:class:`Experiment` rebuilds when a kind is registered)."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> Any:
+        return handler.generate_schema(candidate_union())
+
+
+#: a candidate of any registered kind, chosen by ``engine``
+AnyCandidate = Annotated[Candidate, _CandidateUnion()]
+LlamaCppCandidate = candidate_model("llamacpp")
+VllmCandidate = candidate_model("vllm")
+UrlCandidate = candidate_model("url")
+MockCandidate = candidate_model("mock")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -686,6 +599,14 @@ class Experiment(_Strict):
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True, width=100)
 
 
+def _rebuild_on_registry_change() -> None:
+    """A kind was registered or removed: rebuild :class:`Experiment`'s candidate union."""
+    Experiment.model_rebuild(force=True)
+
+
+registry.subscribe(_rebuild_on_registry_change)
+
+
 # ---------------------------------------------------------------------------------------------------
 # loading and errors
 
@@ -697,11 +618,13 @@ def _unwrap(t: Any) -> tuple[Any, str | None]:
         origin = typing.get_origin(t)
         if origin is Annotated:
             args = typing.get_args(t)
+            t = args[0]
             for meta in args[1:]:
+                if isinstance(meta, _CandidateUnion):
+                    t = candidate_union()
                 d = getattr(meta, "discriminator", None)
                 if isinstance(d, str):
                     disc = d
-            t = args[0]
             continue
         if origin in (Union, types.UnionType):
             members = [a for a in typing.get_args(t) if a is not type(None)]
@@ -777,7 +700,7 @@ def _describe_one(err: Any) -> str:
     if typ in ("union_tag_invalid", "union_tag_not_found"):
         key = str(ctx.get("discriminator", "engine")).strip("'")
         path = f"{path}.{key}" if path else key
-        tags = re.findall(r"'([^']*)'", str(ctx.get("expected_tags", ""))) or list(ENGINES)
+        tags = re.findall(r"'([^']*)'", str(ctx.get("expected_tags", ""))) or [k.kind for k in registry.kinds()]
         if typ == "union_tag_not_found":
             text = f"required field is missing; use one of {', '.join(tags)}"
         else:
