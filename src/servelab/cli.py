@@ -21,11 +21,12 @@ def _root(version: bool = typer.Option(False, "--version", help="Print the versi
 
 
 def _register() -> None:
-    from servelab.bench.cli import bench_command
+    from servelab.bench.cli import bench_command, summarize_command
     from servelab.engines.cli import engine_app
     from servelab.engines.mock import mock_engine_command
 
     app.command("bench")(bench_command)
+    app.command("summarize")(summarize_command)
     app.command("mock-engine")(mock_engine_command)
     app.add_typer(engine_app, name="engine")
     from servelab.trial.cli import compare_command, report_command, trial_command

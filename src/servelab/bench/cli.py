@@ -19,23 +19,19 @@ _err = Console(stderr=True)
 
 
 def _int_list(text: str, what: str) -> list[int]:
+    """Comma-separated integers (their range is checked by :class:`BenchConfig`)."""
     try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
+        return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"{what} {text!r} must be comma-separated integers, e.g. 1,2,4,8") from None
-    if not vals or any(v < 1 for v in vals):
-        raise ConfigError(f"{what} {text!r} must list integers >= 1, e.g. 1,2,4,8")
-    return vals
 
 
 def _float_list(text: str, what: str) -> list[float]:
+    """Comma-separated numbers (their range is checked by :class:`BenchConfig`)."""
     try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
+        return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"{what} {text!r} must be comma-separated numbers, e.g. 0.5,1,2") from None
-    if not vals or any(v <= 0 for v in vals):
-        raise ConfigError(f"{what} {text!r} must list numbers > 0, e.g. 0.5,1,2")
-    return vals
 
 
 def _overrides(items: list[str]) -> dict[str, Any]:
@@ -147,30 +143,49 @@ def bench_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Load-test an OpenAI-compatible server: TTFT, ITL, TPOT, E2E latency, throughput and goodput
-    per load step. Writes OUT/summary.json and OUT/requests.jsonl."""
+    per load step. Writes OUT/summary.json and OUT/requests.jsonl (one line per finished request,
+    flushed at once: after kill -9, 'servelab summarize OUT' rebuilds the summary).
+
+    Exit codes: 0 run complete; 2 bad input (one line); 130 stopped by SIGINT (Ctrl-C) and 143 by
+    SIGTERM (128 + signal): in-flight requests cancelled, partial summary written."""
+    import dataclasses
     import time as _time
 
-    from servelab.bench.runner import BenchConfig
+    from servelab.bench.options import EngineOptions
+    from servelab.bench.runner import BenchConfig, make_run_dir, write_summary
     from servelab.bench.slo import load_slo_file, parse_slo
+    from servelab.bench.stopping import StopSignals
 
     objectives = parse_slo(slo)
     if slo_file:
         objectives += load_slo_file(slo_file)
-    if endpoint not in ("chat", "completions"):
-        raise ConfigError(f"--endpoint {endpoint!r}: use chat or completions")
-    if arrival not in ("constant", "poisson", "gamma"):
-        raise ConfigError(f"--arrival {arrival!r}: use constant, poisson or gamma")
     if (url is None) == (engine is None):
         raise ConfigError("give exactly one of --url (an existing server) or --engine llamacpp (start one)")
-    if requests is not None and requests < 1:
-        raise ConfigError("--requests must be >= 1")
-    if duration is not None and duration <= 0:
-        raise ConfigError("--duration must be > 0 seconds")
+    # options that would be ignored in this combination: refused, not silently dropped
+    if engine is None and (engine_model is not None or engine_parallel != 4 or engine_ctx != 8192):
+        raise ConfigError("--engine-model/--engine-parallel/--engine-ctx only apply with --engine; "
+                          "with --url the server's own settings are used")
+    if rate is None and max_concurrency is not None:
+        raise ConfigError("--max-concurrency caps the open loop (--rate); in the closed loop --concurrency "
+                          "already sets the requests in flight")
+    if rate is not None and concurrency != "1,2,4,8":
+        raise ConfigError("give --concurrency (closed loop) or --rate (open loop), not both")
+    if burstiness != 0.5 and arrival != "gamma":
+        raise ConfigError(f"--burstiness shapes --arrival gamma only (got --arrival {arrival}); add --arrival gamma")
     conc = _int_list(concurrency, "--concurrency")
     rates = _float_list(rate, "--rate") if rate else None
     wl_names = [w.strip() for w in workload.split(",") if w.strip()]
     overrides = _overrides(sets)
     out = out or f"runs/bench-{_time.strftime('%Y%m%d-%H%M%S')}"
+    engine_opts = EngineOptions.checked(parallel=engine_parallel, ctx_tokens=engine_ctx)
+    # every value checked here, before any engine starts or any directory is made
+    cfg = BenchConfig.checked(base_url=url or "", model=model, workloads=wl_names, concurrency=conc,
+                              rates_rps=rates, arrival=arrival, gamma_shape=burstiness,
+                              max_concurrency=max_concurrency,
+                              requests=requests if requests is not None else (None if duration else 32),
+                              duration_s=duration, warmup=warmup, seed=seed, slo=slo, stop_on_slo=not no_stop_on_slo,
+                              timeout_s=timeout, endpoint=endpoint, ignore_eos=ignore_eos, dataset=dataset,
+                              tokenizer=tokenizer, workload_overrides=overrides, api_key=api_key, out=out)
 
     from servelab.bench import workloads as W
 
@@ -182,51 +197,86 @@ def bench_command(
         if not Path(dataset).exists():
             raise ConfigError(f"dataset {dataset} does not exist; pass a JSONL or ShareGPT JSON file")
         wl_names = ["dataset"]
+        cfg = dataclasses.replace(cfg, workloads=wl_names)
+    for name in wl_names:  # workload values checked before any directory is made (again below, with the tokenizer)
+        if name == "dataset":
+            W.load_dataset(dataset, None, seed=seed, endpoint=endpoint)
+        else:
+            W.make_workload(name, None, seed=seed, endpoint=endpoint, ignore_eos=ignore_eos,
+                            **scoped_overrides(overrides, name))
+    if (Path(out) / "requests.jsonl").exists():
+        raise ConfigError(f"--out {out} already holds a run (requests.jsonl): pass a new directory "
+                          f"(or 'servelab summarize {out}' to rebuild that run's summary)")
+    make_run_dir(Path(out))
 
     running = None
     engine_identity = None
-    if engine is not None:
-        from servelab.engines import start_engine
+    stop = StopSignals()
+    with stop:
+        try:
+            if engine is not None:
+                from servelab.engines import start_engine
 
-        running = start_engine(engine, model=engine_model, parallel=engine_parallel, ctx_size=engine_ctx,
-                               log_dir=str(Path(out) / "engine"))
-        url = running.base_url
-        engine_identity = running.identity
-        tokenizer = tokenizer or running.identity["model"]["path"]
-        _err.print(f"engine {engine} up at {url} (cold start {running.cold_start.get('health_s', 0):.1f} s), "
-                   f"log {running.log_path}", soft_wrap=True)
-    try:
-        base_url = normalize_base_url(url)
-        counter = None
-        if tokenizer is None:
-            tokenizer = _tokenizer_from_server(base_url)
-        if tokenizer:
-            from servelab.modelfile.tokenizer import load_tokenizer
+                running = start_engine(engine, model=engine_model, parallel=engine_opts.parallel,
+                                       ctx_size=engine_opts.ctx_tokens, log_dir=str(Path(out) / "engine"))
+                url = running.base_url
+                engine_identity = running.identity
+                tokenizer = tokenizer or running.identity["model"]["path"]
+                _err.print(f"engine {engine} up at {url} (cold start {running.cold_start.get('health_s', 0):.1f} s), "
+                           f"log {running.log_path}", soft_wrap=True)
+            base_url = normalize_base_url(url)
+            counter = None
+            if tokenizer is None:
+                tokenizer = _tokenizer_from_server(base_url)
+            if tokenizer:
+                from servelab.modelfile.tokenizer import load_tokenizer
 
-            counter = load_tokenizer(tokenizer)
+                counter = load_tokenizer(tokenizer)
 
-        def factory(name: str, seed: int) -> Any:
-            if name == "dataset":
-                return W.load_dataset(dataset, counter, seed=seed, endpoint=endpoint)
-            return W.make_workload(name, counter, seed=seed, endpoint=endpoint, ignore_eos=ignore_eos,
-                                   **scoped_overrides(overrides, name))
+            def factory(name: str, seed: int) -> Any:
+                if name == "dataset":
+                    return W.load_dataset(dataset, counter, seed=seed, endpoint=endpoint)
+                return W.make_workload(name, counter, seed=seed, endpoint=endpoint, ignore_eos=ignore_eos,
+                                       **scoped_overrides(overrides, name))
 
-        for name in (["dataset"] if dataset else wl_names):  # validate params/dataset before any load
-            factory(name, seed)
-        cfg = BenchConfig(base_url=base_url, model=model, workloads=wl_names, concurrency=conc, rates_rps=rates,
-                          arrival=arrival, gamma_shape=burstiness, max_concurrency=max_concurrency,
-                          requests=requests if requests is not None else (None if duration else 32),
-                          duration_s=duration, warmup=warmup, seed=seed, slo=slo, stop_on_slo=not no_stop_on_slo,
-                          timeout_s=timeout, endpoint=endpoint, ignore_eos=ignore_eos, dataset=dataset,
-                          tokenizer=tokenizer, workload_overrides=overrides, api_key=api_key, out=out)
-        summary = _run_with_progress(cfg, objectives, factory, counter, engine_identity, quiet)
-    finally:
-        if running is not None:
-            running.stop()
+            for name in (["dataset"] if dataset else wl_names):  # validate params/dataset before any load
+                factory(name, seed)
+            cfg = dataclasses.replace(cfg, base_url=base_url, tokenizer=tokenizer)
+            summary = _run_with_progress(cfg, objectives, factory, counter, engine_identity, quiet, stop)
+        except KeyboardInterrupt:  # SIGINT or SIGTERM before the run's event loop (engine start, tokenizer)
+            stop.stopped()
+            _err.print(f"stopped by {stop.name} before the run started", soft_wrap=True)
+            sys.exit(stop.exit_code)
+        finally:
+            if running is not None:
+                running.stop()
+    if stop.signum is not None and summary:
+        summary["stopped_by"] = stop.name
+        write_summary(Path(out), summary)
     print_summary(summary, Console() if sys.stdout.isatty() else Console(width=200))
     print(f"results: {Path(out) / 'summary.json'} and {Path(out) / 'requests.jsonl'}")
     if not summary.get("complete"):
-        sys.exit(130)
+        sys.exit(stop.exit_code)
+
+
+def summarize_command(
+    run_dir: str = typer.Argument(..., metavar="DIR", help="Run directory of a servelab bench run (its --out)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No table, only the one-line result."),
+) -> None:
+    """Rebuild DIR/summary.json from DIR/requests.jsonl (after kill -9, a crash or a lost summary),
+    with the same metrics the bench writes. A last line cut short by the crash is ignored; the
+    summary is marked "rebuilt" (and partial when steps did not finish)."""
+    from servelab.bench.rebuild import rebuild
+
+    summary, found = rebuild(run_dir)
+    if not quiet:
+        print_summary(summary, Console() if sys.stdout.isatty() else Console(width=200))
+    steps = [s for s in summary["steps"] if not s.get("skipped")]
+    partial = sum(1 for s in steps if s.get("partial"))
+    cut = "; the last line was cut short and is ignored" if found.truncated_last_line else ""
+    state = "complete" if summary["complete"] else f"partial ({partial} step(s) unfinished or not reached)"
+    print(f"rebuilt {Path(run_dir) / 'summary.json'} from {found.lines} requests in requests.jsonl: "
+          f"{len(steps)} step(s), run {state}{cut}")
 
 
 def _tokenizer_from_server(base_url: str) -> str | None:
@@ -244,7 +294,7 @@ def _tokenizer_from_server(base_url: str) -> str | None:
 
 
 def _run_with_progress(cfg: Any, objectives: Any, factory: Any, counter: Any, engine_identity: Any,
-                       quiet: bool) -> dict[str, Any]:
+                       quiet: bool, stop: Any) -> dict[str, Any]:
     from servelab.bench.runner import Bench
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -259,13 +309,21 @@ def _run_with_progress(cfg: Any, objectives: Any, factory: Any, counter: Any, en
             desc = f"{kw['workload']} {kw['step']}" + (" warmup" if kw["warmup"] else "")
             state["fail"] = 0
             state["task"] = progress.add_task(desc, total=kw["total"], info="")
+        elif event == "prepare":  # building prompts takes long (very long inputs): show it
+            state["task"] = progress.add_task(f"building prompts {kw['what']}", total=kw["total"],
+                                              completed=kw["done"], info="")
+            if quiet:
+                _err.print(f"building prompts for {kw['what']}: {kw['total']} requests", soft_wrap=True)
+        elif event == "prepared" and state["task"] is not None:
+            progress.update(state["task"], advance=1)
         elif event == "request" and state["task"] is not None:
             rec = kw["rec"]
             if rec.failure is not None:
                 state["fail"] += 1
             progress.update(state["task"], advance=1, info=f"failed {state['fail']}" if state["fail"] else "")
 
-    bench = Bench(cfg, objectives, factory, counter=counter, engine_identity=engine_identity, progress=on_progress)
+    bench = Bench(cfg, objectives, factory, counter=counter, engine_identity=engine_identity, progress=on_progress,
+                  refuse_oversized=True)
     try:
         import uvloop  # type: ignore[import-not-found]
 
@@ -274,8 +332,9 @@ def _run_with_progress(cfg: Any, objectives: Any, factory: Any, counter: Any, en
         runner = asyncio.run
     with progress:
         try:
-            runner(bench.run())
-        except KeyboardInterrupt:
-            _err.print(f"interrupted: every finished request is in {cfg.out}/requests.jsonl; partial summary written",
-                       soft_wrap=True)
+            runner(stop.guard(bench.run()))
+        except (KeyboardInterrupt, asyncio.CancelledError):  # SIGINT / SIGTERM (bench.stopping)
+            stop.stopped()
+            _err.print(f"stopped by {stop.name}: every finished request is in "
+                       f"{cfg.out}/requests.jsonl; partial summary written", soft_wrap=True)
     return bench.summary

@@ -7,7 +7,8 @@ The run directory (``out``) holds:
 - ``identity.json`` — servelab version, host CPU/RAM, the server's identity (``/v1/models``, llama-server
   ``/props``, the engine launcher's identity when servelab started the engine);
 - ``requests.jsonl`` — one line per finished request (warmup included, marked), appended and flushed as
-  each ends, so Ctrl-C or a crash keeps everything already measured;
+  each ends, so Ctrl-C, SIGTERM or kill -9 keeps everything already measured (``servelab summarize
+  DIR`` rebuilds the summary from it, :mod:`servelab.bench.rebuild`);
 - ``summary.json`` — per workload and load step: the metrics of :mod:`servelab.bench.metrics`, counts,
   SLO verdicts (schema in docs/summary-schema.md); rewritten after every step.
 """
@@ -20,55 +21,95 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import aiohttp
 import orjson
+from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from servelab import __version__
 from servelab.bench import metrics as M
 from servelab.bench.load import LoadModel, run_step
+from servelab.bench.options import MAX_REQUESTS_PER_STEP, config_error, opt
 from servelab.bench.slo import Objective, apply_gates, evaluate
 from servelab.wire.client import ConfigError, make_session
-from servelab.wire.types import RequestRecord, RequestSpec
+from servelab.wire.types import FailureClass, RequestRecord, RequestSpec, ToolCall, WireError
 
 SUMMARY_SCHEMA_VERSION = 1
+_PREPARE_NOTICE_S = 1.0  # building a step's prompts for longer than this shows a progress bar
 
 
-@dataclass
+_FLOAT = {"allow_inf_nan": False}
+
+
+@pydantic_dataclass(config=ConfigDict(extra="forbid"))
 class BenchConfig:
-    """Settings of one benchmark run (what ``servelab bench`` options map to).
+    """Settings of one benchmark run (what ``servelab bench`` options map to), validated on creation.
 
     ``steps`` are concurrency levels (closed loop) or, when ``rates_rps`` is set, arrival rates in
     requests/s (open loop). ``requests`` is per step (measured requests, warmup excluded);
-    ``duration_s`` instead bounds each step by time. ``warmup`` requests run before each step at the
-    step's load and are excluded from its statistics.
+    ``duration_s`` instead bounds each step by time (at least one of the two is set). ``warmup``
+    requests run before each step at the step's load and are excluded from its statistics.
+    ``timeout_s`` is the whole-request limit, seconds. Every constraint is declared here once
+    (:mod:`servelab.bench.options`); a bad value raises :class:`pydantic.ValidationError`, which
+    :meth:`checked` turns into a one-line :class:`ConfigError` naming the ``servelab bench`` option.
     """
 
     base_url: str
     model: str | None = None
     workloads: list[str] = field(default_factory=lambda: ["short-qa"])
-    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    rates_rps: list[float] | None = None
-    arrival: str = "poisson"
-    gamma_shape: float = 0.5
-    max_concurrency: int | None = None
-    requests: int | None = 32
-    duration_s: float | None = None
-    warmup: int = 2
-    seed: int = 0
+    concurrency: list[Annotated[int, Field(ge=1, le=100_000)]] = opt(
+        default_factory=lambda: [1, 2, 4, 8], cli="--concurrency", min_length=1,
+        hint="list requests in flight, 1 to 100000 each, e.g. --concurrency 1,2,4,8")
+    rates_rps: list[Annotated[float, Field(gt=0, **_FLOAT)]] | None = opt(
+        None, cli="--rate", min_length=1, hint="list finite arrival rates > 0 in requests/s, e.g. --rate 0.5,1,2")
+    arrival: Literal["constant", "poisson", "gamma"] = opt(
+        "poisson", cli="--arrival", hint="use constant, poisson or gamma")
+    gamma_shape: float = opt(0.5, cli="--burstiness", gt=0, le=1e6, **_FLOAT,
+                             hint="give the gamma shape k > 0 (1 = Poisson, < 1 burstier), e.g. --burstiness 0.5")
+    max_concurrency: int | None = opt(None, cli="--max-concurrency", ge=1, le=100_000,
+                                      hint="give a cap >= 1 on requests in flight, or leave it out for none")
+    requests: int | None = opt(32, cli="--requests", ge=1, le=MAX_REQUESTS_PER_STEP,
+                               hint=f"give measured requests per step, 1 to {MAX_REQUESTS_PER_STEP}, e.g. -n 32")
+    duration_s: float | None = opt(None, cli="--duration", gt=0, le=7 * 86400, **_FLOAT,
+                                   hint="give seconds per step > 0, e.g. --duration 60")
+    warmup: int = opt(2, cli="--warmup", ge=0, le=MAX_REQUESTS_PER_STEP,
+                      hint="give warmup requests per step >= 0 (0 = none), e.g. --warmup 2")
+    seed: int = opt(0, cli="--seed", ge=0, lt=2**63, hint="give an integer >= 0, e.g. --seed 0")
     slo: str | None = None
     stop_on_slo: bool = True
-    timeout_s: float = 600.0
-    endpoint: str = "chat"
+    timeout_s: float = opt(600.0, cli="--timeout", gt=0, le=7 * 86400, **_FLOAT,
+                           hint="give the per-request limit in seconds, e.g. --timeout 120")
+    endpoint: Literal["chat", "completions"] = opt("chat", cli="--endpoint", hint="use chat or completions")
     ignore_eos: bool = False
     dataset: str | None = None
     tokenizer: str | None = None
     workload_overrides: dict[str, Any] = field(default_factory=dict)
     api_key: str | None = None
-    out: str = "runs/bench"
+    out: str = opt("runs/bench", cli="--out", min_length=1, hint="name a run directory, e.g. --out runs/r1")
+
+    @model_validator(mode="after")
+    def _requests_or_duration(self) -> BenchConfig:
+        if self.requests is None and self.duration_s is None:
+            raise ValueError("give --requests N or --duration S: each step needs an end")
+        if self.rates_rps and self.duration_s and self.requests is None:
+            arrivals = max(self.rates_rps) * self.duration_s
+            if arrivals > MAX_REQUESTS_PER_STEP:
+                raise ValueError(f"--rate {max(self.rates_rps):g} for --duration {self.duration_s:g} s schedules "
+                                 f"{arrivals:.3g} arrivals in a step, more than {MAX_REQUESTS_PER_STEP}; lower one")
+        return self
+
+    @classmethod
+    def checked(cls, **values: Any) -> BenchConfig:
+        """``BenchConfig(**values)``, raising :class:`ConfigError` (one line: option, value, fix)
+        instead of :class:`pydantic.ValidationError`."""
+        try:
+            return cls(**values)
+        except ValidationError as e:
+            raise config_error(e, cls.__pydantic_fields__) from None  # type: ignore[attr-defined]
 
 
 class CyclicSpecs(Sequence[RequestSpec]):
@@ -139,6 +180,42 @@ def record_to_json(r: RequestRecord) -> dict[str, Any]:
     return d
 
 
+_T_NS = ("scheduled", "sent", "headers", "first_byte", "first_event", "first_token", "first_answer", "last_token",
+         "done", "end")
+_COPIED = ("status", "finish_reason", "finish_reason_raw", "prompt_tokens", "prompt_tokens_target", "output_tokens",
+           "output_tokens_source", "client_output_tokens", "cached_tokens", "max_tokens", "saw_done",
+           "response_model")
+
+
+def record_from_json(d: dict[str, Any]) -> RequestRecord:
+    """The :class:`RequestRecord` a ``requests.jsonl`` line (:func:`record_to_json`) was written from,
+    as far as the line holds it: every stamp, count and class the summary uses; chunk arrival times
+    at the microsecond resolution they were written with. Raises ``KeyError``/``TypeError``/
+    ``ValueError`` on a line that is not such a record."""
+    r = RequestRecord(request_id=int(d["id"]), workload=str(d["workload"]), step=str(d["step"]),
+                      warmup=bool(d["warmup"]))
+    for k in _COPIED:
+        setattr(r, k, d.get(k))
+    r.saw_done = bool(r.saw_done)
+    r.events = int(d.get("events") or 0)
+    r.conn_retries = int(d.get("conn_retries") or 0)
+    r.failure = FailureClass(d["failure"]) if d.get("failure") is not None else None
+    r.error = WireError(**d["error"]) if d.get("error") else None
+    r.gate_failures = list(d.get("gate_failures") or [])
+    t_ns = d.get("t_ns") or {}
+    for k in _T_NS:
+        v = t_ns.get(k)
+        setattr(r, f"{k}_ns", int(v) if v is not None else None)
+    r.scheduled_ns = r.scheduled_ns or 0
+    sent = r.sent_ns or 0
+    r.chunk_ns = [sent + round(float(ms) * 1000) * 1000 for ms in d.get("chunk_offsets_ms") or []]
+    r.chunk_tokens = list(d.get("chunk_tokens") or [0] * len(r.chunk_ns))
+    r.content = [d["text"]] if d.get("text") else []
+    r.reasoning = [d["reasoning"]] if d.get("reasoning") else []
+    r.tool_calls = {int(t["index"]): ToolCall(**t) for t in d.get("tool_calls") or []}
+    return r
+
+
 async def preflight(session: aiohttp.ClientSession, base_url: str, model: str | None,
                     headers: dict[str, str] | None) -> tuple[str, dict[str, Any]]:
     """Check that ``base_url`` is an OpenAI-compatible API root before any load is sent.
@@ -183,6 +260,9 @@ async def preflight(session: aiohttp.ClientSession, base_url: str, model: str | 
         if not ident["models"]:
             raise ConfigError(f"{base_url}/models lists no model: pass --model NAME")
         model = str(ident["models"][0])
+    for m in models["data"]:  # vLLM lists each model's max_model_len (prompt + output tokens per request)
+        if isinstance(m, dict) and m.get("id") == model and isinstance(m.get("max_model_len"), int):
+            ident["context_tokens"], ident["context_source"] = m["max_model_len"], "/v1/models max_model_len"
     root = base_url[:-3] if base_url.endswith("/v1") else base_url
     try:  # llama-server describes itself at /props (build, slots, context, model path)
         async with session.get(root + "/props", headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as resp:
@@ -193,9 +273,95 @@ async def preflight(session: aiohttp.ClientSession, base_url: str, model: str | 
                 dgs = props.get("default_generation_settings") or {}
                 if "n_ctx" in dgs:
                     ident["llamacpp_props"]["n_ctx"] = dgs["n_ctx"]
+                    if isinstance(dgs["n_ctx"], int) and dgs["n_ctx"] > 0:  # per slot: -c / -np
+                        ident["context_tokens"] = dgs["n_ctx"]
+                        ident["context_source"] = "llama-server /props n_ctx per slot"
     except (aiohttp.ClientError, TimeoutError, ValueError):
         pass
     return model, ident
+
+
+def write_summary(out: Path, summary: dict[str, Any]) -> None:
+    """Write ``out/summary.json`` atomically (a temporary file renamed over it): a reader, or a
+    crash mid-write, never sees half a summary."""
+    tmp = out / "summary.json.tmp"
+    tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    tmp.replace(out / "summary.json")
+
+
+def make_run_dir(out: Path) -> None:
+    """Create the run directory ``out`` (and its parents). Raises :class:`ConfigError` (one line)
+    when it names an existing file, or cannot be created or written (permissions, read-only file
+    system, a file where a parent directory should be)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is an existing file, not a directory: name a new run directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".servelab-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot create or write the run directory ({e.strerror or e}); "
+                          f"pass a writable directory") from None
+
+
+def plan_loads(cfg: BenchConfig) -> list[LoadModel]:
+    """The load steps of a run, in sweep order: one open-loop step per rate of ``cfg.rates_rps``,
+    else one closed-loop step per concurrency of ``cfg.concurrency``."""
+    if cfg.rates_rps:
+        return [LoadModel(kind="open", rate_rps=r, arrival=cfg.arrival, gamma_shape=cfg.gamma_shape,
+                          max_concurrency=cfg.max_concurrency, duration_s=cfg.duration_s) for r in cfg.rates_rps]
+    return [LoadModel(kind="closed", concurrency=n, duration_s=cfg.duration_s) for n in cfg.concurrency]
+
+
+def new_summary(model: str, base_url: str, objectives: list[Objective]) -> dict[str, Any]:
+    """The top of ``summary.json`` before any step ran (``complete: false``, no steps)."""
+    return {"schema_version": SUMMARY_SCHEMA_VERSION, "servelab_version": __version__, "model": model,
+            "base_url": base_url, "slo": [o.name for o in objectives], "steps": [],
+            "started_unix_s": time.time(), "complete": False}
+
+
+def skipped_step(workload: str, load: LoadModel, broken_at: str) -> dict[str, Any]:
+    """The summary entry of a step not run because step ``broken_at`` broke an SLO."""
+    return {"workload": workload, "step": load.label, "load": asdict(load), "skipped": True,
+            "skipped_reason": f"SLO broken at step {broken_at}"}
+
+
+def step_summary(workload: str, load: LoadModel, recs: list[RequestRecord], objectives: list[Objective],
+                 tokenizer: str | None, started_unix_s: float | None, partial: bool = False) -> dict[str, Any]:
+    """The summary entry of one run step (docs/summary-schema.md): :func:`metrics.summarize` of
+    ``recs`` (warmup records are left out by it), SLO verdicts, the token cross-check against the
+    client ``tokenizer`` (name; ``None``: no check). ``partial`` marks a step that did not finish
+    (interrupted, or rebuilt from an incomplete ``requests.jsonl``); a partial step never meets its SLOs.
+    The one code path for both ``servelab bench`` and ``servelab summarize``."""
+    s = M.summarize(recs)
+    verdicts = evaluate(objectives, s)
+    out: dict[str, Any] = {"workload": workload, "step": load.label, "load": asdict(load),
+                           "started_unix_s": started_unix_s, "skipped": False}
+    if partial:
+        out["partial"] = True
+    out.update(s)
+    out["slo"] = verdicts
+    out["slo_met"] = (not partial) and all(v["met"] for v in verdicts)
+    out["token_check"] = token_check(recs, tokenizer)
+    return out
+
+
+def token_check(recs: list[RequestRecord], tokenizer: str | None) -> dict[str, Any] | None:
+    """Client tokenizer vs server usage for output tokens: the discrepancy is reported, not hidden.
+    ``None`` when no client ``tokenizer`` (name) was used."""
+    if tokenizer is None:
+        return None
+    pairs = [(r.client_output_tokens, r.output_tokens) for r in recs
+             if not r.warmup and r.failure is None and r.output_tokens_source == "usage"
+             and r.client_output_tokens is not None and r.output_tokens is not None]
+    if not pairs:
+        return {"tokenizer": tokenizer, "compared": 0}
+    diffs = [a - b for a, b in pairs]
+    return {"tokenizer": tokenizer, "compared": len(pairs),
+            "exact": sum(1 for d in diffs if d == 0),
+            "mean_diff_tokens": sum(diffs) / len(diffs),
+            "max_abs_diff_tokens": max(abs(d) for d in diffs)}
 
 
 class Bench:
@@ -204,8 +370,9 @@ class Bench:
 
     def __init__(self, cfg: BenchConfig, objectives: list[Objective], workload_factory: Callable[..., Any],
                  counter: Any = None, engine_identity: dict[str, Any] | None = None,
-                 progress: Callable[..., None] | None = None) -> None:
+                 progress: Callable[..., None] | None = None, refuse_oversized: bool = False) -> None:
         self.cfg = cfg
+        self.refuse_oversized = refuse_oversized
         self.objectives = objectives
         self.workload_factory = workload_factory
         self.counter = counter
@@ -215,6 +382,7 @@ class Bench:
         self.summary: dict[str, Any] = {}
         self._jsonl: Any = None
         self._next_id = 0
+        self._step_index, self._step_workload = 0, ""
 
     def _on_done(self, rec: RequestRecord, spec: RequestSpec) -> None:
         if rec.failure is None:
@@ -225,21 +393,14 @@ class Bench:
                     rec.output_tokens_source = "tokenizer"
             if not rec.warmup:
                 apply_gates(rec, spec, self.objectives)
-        self._jsonl.write(orjson.dumps(record_to_json(rec)) + b"\n")
+        line = record_to_json(rec)
+        line["step_index"], line["step_workload"] = self._step_index, self._step_workload
+        self._jsonl.write(orjson.dumps(line) + b"\n")  # one write + flush per line: kill -9 keeps every finished one
         self._jsonl.flush()
         self.progress("request", rec=rec)
 
     def _write_summary(self) -> None:
-        tmp = self.out / "summary.json.tmp"
-        tmp.write_bytes(orjson.dumps(self.summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-        tmp.replace(self.out / "summary.json")
-
-    def _loads(self) -> list[LoadModel]:
-        c = self.cfg
-        if c.rates_rps:
-            return [LoadModel(kind="open", rate_rps=r, arrival=c.arrival, gamma_shape=c.gamma_shape,
-                              max_concurrency=c.max_concurrency, duration_s=c.duration_s) for r in c.rates_rps]
-        return [LoadModel(kind="closed", concurrency=n, duration_s=c.duration_s) for n in c.concurrency]
+        write_summary(self.out, self.summary)
 
     def _n_requests(self, load: LoadModel) -> int:
         c = self.cfg
@@ -256,11 +417,13 @@ class Bench:
         headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else None
         cfg_json = asdict(c)
         cfg_json.pop("api_key", None)
-        loads = self._loads()
+        loads = plan_loads(c)
         max_conc = max([ld.concurrency for ld in loads] + [c.max_concurrency or 0])
         async with make_session(max_connections=0) as session:
             model, server = await preflight(session, c.base_url, c.model, headers)
-            self.out.mkdir(parents=True, exist_ok=True)
+            if self.refuse_oversized:
+                self._check_fits(server)
+            make_run_dir(self.out)
             (self.out / "config.json").write_bytes(orjson.dumps(cfg_json, option=orjson.OPT_INDENT_2))
             self.progress("ready", model=model)
             identity = {"servelab_version": __version__, "host": host_identity(), "server": server,
@@ -269,10 +432,7 @@ class Bench:
                         "token_counts": "server usage (stream_options.include_usage); client tokenizer "
                                         "count kept as a cross-check"}
             (self.out / "identity.json").write_bytes(orjson.dumps(identity, option=orjson.OPT_INDENT_2))
-            self.summary = {"schema_version": SUMMARY_SCHEMA_VERSION, "servelab_version": __version__,
-                            "model": model, "base_url": c.base_url,
-                            "slo": [o.name for o in self.objectives], "steps": [],
-                            "started_unix_s": time.time(), "complete": False}
+            self.summary = new_summary(model, c.base_url, self.objectives)
             self._write_summary()
             self._jsonl = open(self.out / "requests.jsonl", "ab")
             try:
@@ -280,11 +440,11 @@ class Bench:
                     broken_at: str | None = None
                     for si, load in enumerate(loads):
                         if broken_at is not None:
-                            skipped = {"workload": wname, "step": load.label, "load": asdict(load), "skipped": True,
-                                       "skipped_reason": f"SLO broken at step {broken_at}"}
+                            skipped = skipped_step(wname, load, broken_at)
                             self.summary["steps"].append(skipped)
                             self.progress("step_done", summary=skipped)
                             continue
+                        self._step_index, self._step_workload = wi * len(loads) + si, wname
                         step = await self._run_one(session, model, headers, wname, wi, si, load, max_conc)
                         self.summary["steps"].append(step)
                         self._write_summary()
@@ -305,11 +465,12 @@ class Bench:
         n = self._n_requests(load)
         wl = self.workload_factory(wname, seed=step_seed)
         pool_n = min(n, 512) if c.duration_s else n
-        pool = wl.requests(pool_n)
-        specs: Sequence[RequestSpec] = pool if pool_n == n else CyclicSpecs(pool, n)
         label = load.label
+        pool = await self._build_specs(wl, pool_n, f"{wname} {label}")
+        specs: Sequence[RequestSpec] = pool if pool_n == n else CyclicSpecs(pool, n)
         if c.warmup:
-            wu = self.workload_factory(wname, seed=step_seed + 7).requests(c.warmup)
+            wu = await self._build_specs(self.workload_factory(wname, seed=step_seed + 7), c.warmup,
+                                         f"{wname} {label} warmup")
             wload = LoadModel(kind="closed", concurrency=min(len(wu), max(1, load.concurrency)))
             self.progress("step", workload=wname, step=label, warmup=True, total=len(wu))
             wrecs = await run_step(session, c.base_url, model, wu, wload, step=label, warmup=True,
@@ -327,32 +488,49 @@ class Bench:
             # interrupted (Ctrl-C): summarise what finished, marked partial, before giving up
             done = [r for r in partial if r.end_ns is not None]
             if done:
-                s = M.summarize(done)
-                self.summary["steps"].append({"workload": wname, "step": label, "load": asdict(load),
-                                              "started_unix_s": t_start, "skipped": False, "partial": True, **s,
-                                              "slo": evaluate(self.objectives, s), "slo_met": False,
-                                              "token_check": self._token_check(done)})
+                self.summary["steps"].append(step_summary(wname, load, done, self.objectives, self._tokenizer,
+                                                          t_start, partial=True))
             raise
         self._next_id += len(recs)
-        s = M.summarize(recs)
-        verdicts = evaluate(self.objectives, s)
-        out: dict[str, Any] = {"workload": wname, "step": label, "load": {k: v for k, v in asdict(load).items()},
-                               "started_unix_s": t_start, "skipped": False, **s,
-                               "slo": verdicts, "slo_met": all(v["met"] for v in verdicts)}
-        out["token_check"] = self._token_check(recs)
+        return step_summary(wname, load, recs, self.objectives, self._tokenizer, t_start)
+
+    def _check_fits(self, server: dict[str, Any]) -> None:
+        """Raise :class:`ConfigError` when a workload's prompts can reach the server's context per
+        request (``server["context_tokens"]``, when the server reports it): those requests could
+        only fail."""
+        ctx = server.get("context_tokens")
+        if not ctx:
+            return
+        for wname in self.cfg.workloads:
+            need = getattr(self.workload_factory(wname, seed=self.cfg.seed), "max_input_tokens", None)
+            if need and need >= ctx:
+                raise ConfigError(f"{wname} prompts reach {need} tokens but the server takes {ctx} tokens per "
+                                  f"request ({server.get('context_source')}): lower --set {wname}.input_tokens "
+                                  f"or give the server a larger context (--engine-ctx)")
+
+    async def _build_specs(self, wl: Any, n: int, what: str) -> list[RequestSpec]:
+        """The first ``n`` request specs of workload ``wl``, built one at a time so that a stop signal
+        is handled between two prompts and, when building takes over :data:`_PREPARE_NOTICE_S`
+        seconds (very long prompts), progress is reported (``prepare`` then ``prepared`` events)."""
+        make = getattr(wl, "request", None)
+        if make is None:  # a caller's own generator with only requests(n)
+            return list(wl.requests(n))
+        out: list[RequestSpec] = []
+        t0 = last_yield = time.monotonic()
+        shown = False
+        for i in range(n):
+            out.append(make(i))
+            now = time.monotonic()
+            if shown:
+                self.progress("prepared")
+            elif now - t0 > _PREPARE_NOTICE_S:
+                shown = True
+                self.progress("prepare", what=what, total=n, done=i + 1)
+            if now - last_yield > 0.02:  # let the loop run signal handlers (SIGTERM) between prompts
+                await asyncio.sleep(0)
+                last_yield = time.monotonic()
         return out
 
-    def _token_check(self, recs: list[RequestRecord]) -> dict[str, Any] | None:
-        """Client tokenizer vs server usage for output tokens: the discrepancy is reported, not hidden."""
-        if self.counter is None:
-            return None
-        pairs = [(r.client_output_tokens, r.output_tokens) for r in recs
-                 if not r.warmup and r.failure is None and r.output_tokens_source == "usage"
-                 and r.client_output_tokens is not None and r.output_tokens is not None]
-        if not pairs:
-            return {"tokenizer": self.counter.name, "compared": 0}
-        diffs = [a - b for a, b in pairs]
-        return {"tokenizer": self.counter.name, "compared": len(pairs),
-                "exact": sum(1 for d in diffs if d == 0),
-                "mean_diff_tokens": sum(diffs) / len(diffs),
-                "max_abs_diff_tokens": max(abs(d) for d in diffs)}
+    @property
+    def _tokenizer(self) -> str | None:
+        return getattr(self.counter, "name", None) if self.counter is not None else None

@@ -6,7 +6,9 @@ An SLO is written ``METRIC_STAT<=VALUE[UNIT]``, several joined by commas, e.g.
 - METRIC: ``ttft``, ``ttfat`` (first answer token), ``e2e``, ``tpot``, ``itl`` (per token),
   ``schedule_lag``; STAT: ``mean``, ``p50``, ``p90``, ``p95``, ``p99``, ``max``; UNIT: ``s`` or
   ``ms`` (default ``s``).
-- ``error_rate<=X%`` (or a fraction ``<=0.01``): failed / submitted in the step.
+- ``error_rate<=X%`` (or a fraction ``<=0.01``): failed / submitted in the step; at most 100%.
+- A latency limit is > 0 and at most :data:`MAX_LATENCY_S` (a week); anything else, or a value that is
+  not a number, raises :class:`ConfigError` (one line naming the part and the fix).
 
 A step *meets* its SLOs when every stated statistic is within its limit. Goodput counts requests that
 individually pass every gate: succeeded, answer valid (JSON schema for structured sets), not truncated
@@ -32,6 +34,8 @@ from servelab.wire.types import RequestRecord, RequestSpec
 LATENCY_METRICS = ("ttft", "ttfat", "e2e", "tpot", "itl", "schedule_lag")
 STATS = ("mean", "p50", "p90", "p95", "p99", "max")
 _RX = re.compile(r"^\s*([a-z0-9_]+?)(?:_(mean|p50|p90|p95|p99|max))?\s*(<=|<)\s*([0-9.]+)\s*(ms|s|%)?\s*$")
+#: Largest latency limit accepted, seconds (a week: longer than any request timeout means "no limit").
+MAX_LATENCY_S = 7 * 86400.0
 _EXAMPLE = "e.g. --slo 'ttft_p95<=500ms,itl_p95<=50ms,e2e_p99<=10s,error_rate<=1%'"
 
 
@@ -64,18 +68,28 @@ def parse_slo(text: str | None) -> list[Objective]:
         if not m:
             raise ConfigError(f"invalid SLO {part.strip()!r}: write METRIC_STAT<=VALUE[ms|s|%], {_EXAMPLE}")
         metric, stat, _, value, unit = m.groups()
-        v = float(value)
+        try:
+            v = float(value)
+        except ValueError:
+            raise ConfigError(f"invalid SLO {part.strip()!r}: {value!r} is not a number, {_EXAMPLE}") from None
         if metric == "error_rate":
-            if unit in ("ms", "s"):
+            if unit in ("ms", "s") or stat is not None:
                 raise ConfigError(f"invalid SLO {part.strip()!r}: error_rate takes a percentage, {_EXAMPLE}")
-            out.append(Objective("error_rate", "rate", v / 100 if unit == "%" or v > 1 else v))
+            frac = v / 100 if unit == "%" or v > 1 else v
+            if frac > 1:
+                raise ConfigError(f"invalid SLO {part.strip()!r}: an error rate is at most 100%, {_EXAMPLE}")
+            out.append(Objective("error_rate", "rate", frac))
             continue
         if metric not in LATENCY_METRICS:
             raise ConfigError(f"invalid SLO {part.strip()!r}: unknown metric {metric!r} "
                               f"(use one of {', '.join(LATENCY_METRICS)}, error_rate), {_EXAMPLE}")
         if unit == "%":
             raise ConfigError(f"invalid SLO {part.strip()!r}: a latency needs ms or s, {_EXAMPLE}")
-        out.append(Objective(metric, stat or "p95", v / 1000 if unit == "ms" else v))
+        limit = v / 1000 if unit == "ms" else v
+        if not 0 < limit <= MAX_LATENCY_S:
+            raise ConfigError(f"invalid SLO {part.strip()!r}: a latency limit must be > 0 and at most "
+                              f"{MAX_LATENCY_S:g} s (no request can meet 0), {_EXAMPLE}")
+        out.append(Objective(metric, stat or "p95", limit))
     return out
 
 
@@ -91,6 +105,11 @@ def load_slo_file(path: str) -> list[Objective]:
         raise ConfigError(f"SLO file {path} does not exist; pass an existing YAML/JSON file") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"SLO file {path} is not valid YAML/JSON ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise ConfigError(f"SLO file {path} is nested too deeply; write a mapping like {{ttft_p95: 500ms}}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"SLO file {path} cannot be read as text ({getattr(e, 'strerror', None) or e}); "
+                          f"pass a YAML/JSON file") from None
     if isinstance(data, dict) and isinstance(data.get("slo"), str):
         return parse_slo(data["slo"])
     if isinstance(data, dict):

@@ -52,6 +52,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
+from servelab.bench.options import MAX_MIX_WEIGHT, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS
 from servelab.wire import ConfigError, RequestSpec
 
 if TYPE_CHECKING:
@@ -153,27 +156,49 @@ SCHEMAS: list[dict[str, Any]] = [
 Sampler = Callable[[random.Random], int]
 
 
-def parse_length(value: Any, key: str) -> Sampler:
-    """Turn an override value into a sampler ``rng -> int`` (``_tokens``, at least 1).
+@dataclass(frozen=True)
+class Length:
+    """A length distribution (``_tokens``): call it with an RNG for one length; ``max_tokens`` is
+    the largest length it can return."""
+
+    sample: Sampler
+    max_tokens: int
+
+    def __call__(self, rng: random.Random) -> int:
+        return self.sample(rng)
+
+
+def parse_length(value: Any, key: str, limit: int = MAX_PROMPT_TOKENS) -> Length:
+    """Turn an override value into a :class:`Length` sampler ``rng -> int`` (``_tokens``, from 1 to ``limit``).
 
     Accepts an int (fixed), ``"N"``, ``"lo-hi"`` / ``(lo, hi)`` (uniform inclusive), ``"normal:mean,std"``
     or ``"normal:mean,std,min,max"`` (rounded, clipped; default clip [1, mean + 4 std]).
-    Raises :class:`ConfigError` naming ``key`` on anything else.
+    Raises :class:`ConfigError` naming ``key`` on anything else, and when a length could exceed
+    ``limit`` (servelab's bound, :data:`servelab.bench.options.MAX_PROMPT_TOKENS`: building such
+    prompts would take minutes per request for a length no server accepts).
     """
     bad = ConfigError(f"bad {key}={value!r}: use N, LO-HI or normal:MEAN,STD[,MIN,MAX] (token counts >= 1)")
+    too_long = ConfigError(f"bad {key}={value!r}: at most {limit} tokens per request (servelab's limit, "
+                           f"above any served context length); use a smaller value")
+
+    def bounded(sampler: Sampler, hi: float) -> Length:
+        if hi > limit:
+            raise too_long
+        return Length(sampler, int(hi))
+
     if isinstance(value, bool):
         raise bad
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value != int(value) or value < 1:
+        if not math.isfinite(value) or value != int(value) or value < 1:
             raise bad
         n = int(value)
-        return lambda rng: n
+        return bounded(lambda rng: n, n)
     if isinstance(value, (tuple, list)) and len(value) == 2:
         try:
             lo, hi = int(value[0]), int(value[1])
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise bad from None
-        return _uniform(lo, hi, bad)
+        return bounded(_uniform(lo, hi, bad), hi)
     if isinstance(value, str):
         s = value.strip().lower()
         if s.startswith("normal:"):
@@ -181,20 +206,23 @@ def parse_length(value: Any, key: str) -> Sampler:
                 parts = [float(x) for x in s[7:].split(",")]
             except ValueError:
                 raise bad from None
-            if len(parts) not in (2, 4) or parts[1] < 0:
+            if len(parts) not in (2, 4) or not all(map(math.isfinite, parts)) or parts[1] < 0:
                 raise bad
             mean, std = parts[0], parts[1]
             lo, hi = (parts[2], parts[3]) if len(parts) == 4 else (1, mean + 4 * std)
-            return _normal(mean, std, int(lo), int(hi), bad)
+            if not math.isfinite(hi) or hi > limit:  # mean + 4 std can overflow to inf
+                raise too_long
+            return bounded(_normal(mean, std, int(lo), int(hi), bad), hi)
         for sep in ("-", ":", ".."):
             if sep in s:
                 a, _, b = s.partition(sep)
                 try:
-                    return _uniform(int(a), int(b), bad)
+                    lo, hi = int(a), int(b)
                 except ValueError:
                     raise bad from None
+                return bounded(_uniform(lo, hi, bad), hi)
         try:
-            return parse_length(int(s), key)
+            return parse_length(int(s), key, limit)
         except ValueError:
             raise bad from None
     raise bad
@@ -228,12 +256,35 @@ def parse_ratio(value: str) -> list[tuple[str, int]]:
             weight = int(w) if sep else 1
         except ValueError:
             raise ConfigError(f"bad ratio {value!r}: weight of {name} must be an integer") from None
-        if weight < 0:
-            raise ConfigError(f"bad ratio {value!r}: weight of {name} must be >= 0")
+        if weight < 0 or weight > MAX_MIX_WEIGHT:
+            raise ConfigError(f"bad ratio {value!r}: weight of {name} must be from 0 to {MAX_MIX_WEIGHT}")
         out.append((name, weight))
     if not out or sum(w for _, w in out) == 0:
         raise ConfigError(f"bad ratio {value!r}: give e.g. short-qa:5,rag:2")
     return [(n, w) for n, w in out if w > 0]
+
+
+def _json_value(text: str, where: str, fix: str) -> Any:
+    """``json.loads(text)``; a :class:`ConfigError` starting with ``where`` for invalid or too deeply
+    nested JSON (the parser's recursion limit), ending with ``fix``."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{where}JSON nested too deeply to read; {fix}") from None
+    except ValueError:
+        raise ConfigError(f"{where}invalid JSON {text[:40]!r}; {fix}") from None
+
+
+def _check_sendable(obj: Any, where: str) -> None:
+    """Raise :class:`ConfigError` (starting with ``where``) unless ``obj`` can be sent as a request
+    body: the client serialises with orjson, which refuses nesting deeper than 254 levels ("Recursion
+    limit reached") and integers beyond 64 bits (measured with orjson 3.13.0 on 2026-12-01; limits in
+    https://github.com/ijl/orjson#serialize) — found here, once, instead of failing every request."""
+    try:
+        orjson.dumps(obj)
+    except (orjson.JSONEncodeError, TypeError) as e:
+        raise ConfigError(f"{where}cannot be sent as JSON ({e}); keep nesting under 250 levels and "
+                          f"integers within 64 bits") from None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -374,6 +425,7 @@ class Workload:
     prefix of any longer call). ``request(i)`` returns request ``i`` alone. ``tokenizer`` is the name
     of the tokenizer the prompt lengths were fitted with (``None``: approximate word counts).
     ``skipped`` counts dataset entries left out (ShareGPT entries without a human turn).
+    ``max_input_tokens`` is the longest prompt target of a built-in set (``None``: unknown, datasets).
     """
 
     name: str
@@ -382,6 +434,7 @@ class Workload:
     tokenizer: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     skipped: int = 0
+    max_input_tokens: int | None = None
 
     def request(self, i: int) -> RequestSpec:
         """Request number ``i`` (0-based)."""
@@ -434,12 +487,10 @@ def make_workload(name: str, counter: TokenCounter | None, seed: int = 0, endpoi
         raise ConfigError(f"unknown workload parameter(s) {', '.join(unknown)}: valid are {', '.join(sorted(_KEYS))}")
     extra = overrides.get("extra") or {}
     if isinstance(extra, str):
-        try:
-            extra = json.loads(extra)
-        except ValueError:
-            raise ConfigError(f"bad extra={extra!r}: give a JSON object") from None
+        extra = _json_value(extra, "bad extra: ", "give a JSON object")
     if not isinstance(extra, dict):
         raise ConfigError(f"bad extra={extra!r}: give a JSON object")
+    _check_sendable(extra, "bad extra: ")
     maker = _TextMaker(counter, str(overrides.get("lang", "en")))
     tok_name = counter.name if counter is not None else None
     ctx = _Ctx(maker, seed, endpoint, ignore_eos, extra, overrides)
@@ -455,9 +506,10 @@ def make_workload(name: str, counter: TokenCounter | None, seed: int = 0, endpoi
             return subs[order[k]](i)
 
         desc = f"{WORKLOADS['mix']}; ratio {','.join(f'{n}:{w}' for n, w in ratio)}"
-        return Workload("mix", desc, make, tok_name, {"ratio": ratio, **overrides})
+        return Workload("mix", desc, make, tok_name, {"ratio": ratio, **overrides},
+                        max_input_tokens=ctx.max_input_tokens)
     make = _BUILDERS[name](ctx)
-    return Workload(name, WORKLOADS[name], make, tok_name, dict(overrides))
+    return Workload(name, WORKLOADS[name], make, tok_name, dict(overrides), max_input_tokens=ctx.max_input_tokens)
 
 
 @dataclass
@@ -469,8 +521,14 @@ class _Ctx:
     extra: dict[str, Any]
     overrides: dict[str, Any]
 
-    def length(self, key: str, default: Any) -> Sampler:
-        return parse_length(self.overrides.get(key, default), key)
+    max_input_tokens: int = 0  # the longest prompt any builder using this context can make
+
+    def length(self, key: str, default: Any) -> Length:
+        limit = MAX_OUTPUT_TOKENS if key == "output_tokens" else MAX_PROMPT_TOKENS
+        dist = parse_length(self.overrides.get(key, default), key, limit)
+        if key == "input_tokens":
+            self.max_input_tokens = max(self.max_input_tokens, dist.max_tokens)
+        return dist
 
     def target(self, n: int) -> int | None:
         return n if self.maker.counter is not None else None
@@ -538,11 +596,18 @@ def _shared_prefix(ctx: _Ctx) -> Callable[[int], RequestSpec]:
         prefix_tokens = int(ov.get("prefix_tokens", 1024))
         num_prefixes = int(ov.get("num_prefixes", 8))
         suffix_tokens = int(ov.get("suffix_tokens", 32))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError("prefix_tokens, num_prefixes and suffix_tokens must be integers") from None
+    if any(isinstance(ov.get(k), float) and not float(ov[k]).is_integer()
+           for k in ("prefix_tokens", "num_prefixes", "suffix_tokens")):
+        raise ConfigError("prefix_tokens, num_prefixes and suffix_tokens must be integers")
     if prefix_tokens < 1 or num_prefixes < 1 or suffix_tokens < 1:
         raise ConfigError("prefix_tokens, num_prefixes and suffix_tokens must be >= 1")
+    if prefix_tokens + suffix_tokens > MAX_PROMPT_TOKENS:
+        raise ConfigError(f"prefix_tokens + suffix_tokens = {prefix_tokens + suffix_tokens}: at most "
+                          f"{MAX_PROMPT_TOKENS} tokens per request (servelab's limit); use smaller values")
     out = ctx.length("output_tokens", "32-64")
+    ctx.max_input_tokens = max(ctx.max_input_tokens, prefix_tokens + suffix_tokens)
     prefixes: dict[int, str] = {}
 
     def prefix(p: int) -> str:
@@ -620,6 +685,9 @@ def load_dataset(path: str, counter: TokenCounter | None, seed: int = 0, endpoin
     if stripped[0] == "[":
         try:
             data = json.loads(raw)
+        except RecursionError:
+            raise ConfigError(f"dataset {p}: JSON nested too deeply to read; entries are prompts or messages, "
+                              f"a few levels deep") from None
         except json.JSONDecodeError as exc:
             raise ConfigError(f"dataset {p}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}; fix the file "
                               "or pass JSONL (one object per line)") from None
@@ -633,6 +701,9 @@ def load_dataset(path: str, counter: TokenCounter | None, seed: int = 0, endpoin
                 continue
             try:
                 obj = json.loads(line)
+            except RecursionError:
+                raise ConfigError(f"dataset {p}: line {lineno} is JSON nested too deeply to read; each line must be "
+                                  'one object like {"prompt": "...", "max_tokens": 128}') from None
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"dataset {p}: invalid JSON at line {lineno}: {exc.msg}; each line must be one JSON "
                                   'object like {"prompt": "...", "max_tokens": 128}') from None
@@ -657,6 +728,7 @@ def load_dataset(path: str, counter: TokenCounter | None, seed: int = 0, endpoin
             for m in messages:
                 if not (isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m):
                     raise ConfigError(f"dataset {p}: {where}: each message needs 'role' and 'content'")
+            _check_sendable({"messages": messages}, f"dataset {p}: {where}: messages ")  # as in the body
             content = messages
         else:
             raise ConfigError(f"dataset {p}: {where} has no prompt (need a non-empty 'prompt' string or "
