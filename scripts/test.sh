@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The test suite: unit tests, recorded-stream tests of every ENGINE_WIRE.md case, timing tests against
-# servelab's mock engine, and integration tests against the real llama-server with real Gemma weights.
+# The test suite: static checks (scripts/lint.sh: ruff, mypy), unit tests, recorded-stream tests of every
+# ENGINE_WIRE.md case, timing tests against servelab's mock engine, and integration tests against the real
+# llama-server with real Gemma weights.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/lint.sh   # ruff + mypy + published schemas: a finding fails the run before any test
 export SERVELAB_REQUIRE_ENGINE=1   # a missing llama-server must fail the engine tests, not skip them
 export SERVELAB_REQUIRE_BROWSER=1  # likewise a missing Chromium for the report-rendering tests
 if [ "${CI:-}" = "true" ]; then

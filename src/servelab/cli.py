@@ -4,12 +4,50 @@ wires them together and turns :class:`~servelab.wire.ConfigError` into one line 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from servelab import __version__
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+from servelab.lazy_commands import LazyCommand, lazy_group
+
+if TYPE_CHECKING:
+    from servelab.wire.config import PublishedSchema
+
+#: Every subcommand but ``schema``: imported only when it runs (:mod:`servelab.lazy_commands`; a
+#: start used to import them all, ~1.4 s). The summary is its line in ``servelab --help``.
+COMMANDS: dict[str, LazyCommand] = {
+    "bench": LazyCommand("servelab.bench.cli", "bench_command",
+                         "Load-test an OpenAI-compatible server: latency, goodput."),
+    "summarize": LazyCommand("servelab.bench.cli", "summarize_command",
+                             "Rebuild a bench run's summary.json from its requests.jsonl."),
+    "mock-engine": LazyCommand("servelab.engines.mock", "mock_engine_command",
+                               "Run a mock OpenAI-compatible engine (deterministic tokens)."),
+    "trial": LazyCommand("servelab.trial.cli", "trial_command",
+                         "Run the selection experiment over the candidate engines."),
+    "report": LazyCommand("servelab.trial.cli", "report_command", "(Re)generate RUN/report.html from RUN/record.json."),
+    "compare": LazyCommand("servelab.trial.cli", "compare_command",
+                           "Set two trials side by side in one self-contained HTML page."),
+    "gateway": LazyCommand("servelab.gateway.cli", "gateway_command",
+                           "Run the OpenAI-compatible gateway in front of engines."),
+    "embed-engine": LazyCommand("servelab.gateway.embedder", "embed_engine_command",
+                                "Serve all-MiniLM-L6-v2 as an OpenAI /v1/embeddings engine."),
+    "advise": LazyCommand("servelab.advise.cli", "advise_command",
+                          "Which engines to verify first for a task, model, hardware."),
+    "plan": LazyCommand("servelab.plan.cli", "plan_command",
+                        "Plan memory per device: fit, max sequences, roofline floors."),
+    "engine": LazyCommand("servelab.engines.cli", "engine_app",
+                          "Build, install, start and describe inference engines."),
+    "records": LazyCommand("servelab.trial.records", "records_app", "List, show and compare past trials."),
+    "keys": LazyCommand("servelab.gateway.keys_cli", "keys_app",
+                        "Create, list and revoke gateway API keys (admin port)."),
+    "catalog": LazyCommand("servelab.catalog.cli", "catalog_app",
+                           "The engine, model and hardware catalogs to select from."),
+}
+
+app = typer.Typer(cls=lazy_group(COMMANDS), add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="servelab: choose an LLM inference engine by honest measurement.")
 
 
@@ -20,44 +58,63 @@ def _root(version: bool = typer.Option(False, "--version", help="Print the versi
         raise typer.Exit()
 
 
+schema_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                         help="The JSON Schemas servelab publishes for editors (experiment, gateway config, "
+                              "catalogs): regenerate them from the models, or check they are current.")
+
+
+def published_schemas() -> list[PublishedSchema]:
+    """Every committed JSON Schema file (:class:`servelab.wire.config.PublishedSchema`), in a fixed order:
+    the experiment, the gateway config, the engine, hardware and models catalogs, then the result files
+    servelab writes (a bench run's ``summary.json``, a trial's ``record.json``)."""
+    from servelab.bench.results import PUBLISHED_SCHEMA as summary_schema
+    from servelab.catalog.models import PUBLISHED_SCHEMA as models_schema
+    from servelab.catalog.schema import PUBLISHED_SCHEMAS as catalog_schemas
+    from servelab.gateway.config import PUBLISHED_SCHEMA as gateway_schema
+    from servelab.trial.results import PUBLISHED_SCHEMA as record_schema
+    from servelab.trial.spec import PUBLISHED_SCHEMA as experiment_schema
+
+    return [experiment_schema, gateway_schema, *catalog_schemas, models_schema, summary_schema, record_schema]
+
+
+@schema_app.command("write")
+def schema_write(folder: str = typer.Option(None, "--dir", help="Write the files into this folder instead of "
+                                                              "next to their models (to review them).")) -> None:
+    """Regenerate every published JSON Schema from its pydantic models; prints each file written."""
+    from servelab.wire.errors import ConfigError
+
+    target = Path(folder) if folder else None
+    if target is not None and not target.is_dir():
+        raise ConfigError(f"--dir {folder}: no such folder; create it first")
+    for s in published_schemas():
+        try:
+            print(s.write(target))
+        except OSError as e:
+            raise ConfigError(f"cannot write {s.path if target is None else target / s.path.name}: "
+                              f"{e.strerror or e}") from None
+
+
+@schema_app.command("check")
+def schema_check() -> None:
+    """Exit 1 (one line per stale file, with the command that fixes it) when a committed JSON Schema
+    differs from what its models generate now; else print that they are current."""
+    problems = [p for s in published_schemas() if (p := s.problem()) is not None]
+    for p in problems:
+        print(p, file=sys.stderr)
+    if problems:
+        raise typer.Exit(1)
+    print(f"{len(published_schemas())} published JSON Schemas are current")
+
+
 def _register() -> None:
-    from servelab.bench.cli import bench_command, summarize_command
-    from servelab.engines.cli import engine_app
-    from servelab.engines.mock import mock_engine_command
-
-    app.command("bench")(bench_command)
-    app.command("summarize")(summarize_command)
-    app.command("mock-engine")(mock_engine_command)
-    app.add_typer(engine_app, name="engine")
-    from servelab.trial.cli import compare_command, report_command, trial_command
-
-    app.command("trial")(trial_command)
-    app.command("report")(report_command)
-    app.command("compare")(compare_command)
-    from servelab.trial.records import records_app
-
-    app.add_typer(records_app, name="records")
-    from servelab.gateway.cli import gateway_command
-    from servelab.gateway.keys_cli import keys_app
-
-    app.command("gateway")(gateway_command)
-    app.add_typer(keys_app, name="keys")
-    from servelab.gateway.embedder import embed_engine_command
-
-    app.command("embed-engine")(embed_engine_command)
-    from servelab.advise.cli import advise_command
-    from servelab.catalog.cli import catalog_app
-
-    app.add_typer(catalog_app, name="catalog")
-    app.command("advise")(advise_command)
-    from servelab.plan.cli import plan_command
-
-    app.command("plan")(plan_command)
+    """Register the eager subcommands (``schema``); the rest are :data:`COMMANDS`, imported lazily."""
+    if not any(g.name == "schema" for g in app.registered_groups):
+        app.add_typer(schema_app, name="schema")
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``servelab`` console script."""
-    from servelab.wire.client import ConfigError
+    from servelab.wire.errors import ConfigError
 
     _register()
     try:

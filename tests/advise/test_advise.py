@@ -12,7 +12,7 @@ import pytest
 from servelab.advise import advise, parse_tokens, resolve_task, write_experiment
 from servelab.catalog import find_engine
 from servelab.trial.spec import load_experiment
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

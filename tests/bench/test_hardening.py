@@ -20,12 +20,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servelab.bench.cli import _float_list, _int_list, _overrides
-from servelab.bench.options import MAX_PROMPT_TOKENS
+from servelab.bench.cli import _overrides
+from servelab.bench.load import arrival_offsets_s
+from servelab.bench.options import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, split_list
 from servelab.bench.runner import BenchConfig
 from servelab.bench.slo import parse_slo
 from servelab.bench.workloads import parse_length, parse_ratio
@@ -74,7 +76,27 @@ def bad_value_cases(tmp: Path) -> list[tuple[list[str], str]]:
     deep300.write_text('{"messages": [{"role": "user", "content": ' + "[" * 300 + "]" * 300 + "}]}\n")
     bigint = tmp / "bigint.jsonl"
     bigint.write_text('{"messages": [{"role": "user", "content": "hi", "n": 123456789012345678901234567890}]}\n')
+    big_max = tmp / "big-max-tokens.jsonl"  # item 7: a max_tokens past 2^64 reached the JSON encoder (traceback)
+    big_max.write_text('{"prompt": "x", "max_tokens": 1234567890123456789012345678901}\n')
     return [
+        # item 7 of the second attack: each of these exited 0 or printed a traceback
+        (["--dataset", str(big_max)], f"from 1 to {MAX_OUTPUT_TOKENS}"),
+        (["--rate", "1e-300"], "--rate '1e-300': input should be greater than or equal to 0.001"),
+        (["--rate", "1e7"], "--rate '1e7': input should be less than or equal to 1000000"),
+        (["--rate", "1", "--arrival", "gamma", "--burstiness", "1e-300"], "greater than or equal to 0.01"),
+        (["--rate", "1", "--arrival", "gamma", "--burstiness", "1000"], "less than or equal to 100"),
+        (["--rate", "0.01", "--duration", "10"], "less than one per step"),
+        (["--rate", "0.001", "-n", "1000000"], "more than 604800 s"),
+        (["--concurrency", "1,,2"], "--concurrency '1,,2': item 2 of 3 is empty"),
+        (["--concurrency", ","], "--concurrency ',': no values given"),
+        (["--rate", "1,,2"], "--rate '1,,2': item 2 of 3 is empty"),
+        (["--rate", ""], "--rate '': no values given"),
+        (["-c", "1", "--slo", ","], "SLO ',': no values given"),
+        (["-c", "1", "--slo", "ttft_p95<=1s,"], "item 2 of 2 is empty"),
+        (["-c", "1", "--slo", ""], "--slo ''"),
+        (["-c", "1", "-w", ""], "--workload '': no values given"),
+        (["-c", "1", "-w", "short-qa,,rag"], "item 2 of 3 is empty"),
+        (["-c", "1", "-w", "mix", "--set", "ratio=short-qa:1,,rag:1"], "--set ratio 'short-qa:1,,rag:1': item 2"),
         (["--timeout", "0"], "--timeout"),
         (["--timeout", "-1"], "--timeout"),
         (["--max-concurrency", "0", "--rate", "5"], "--max-concurrency"),
@@ -132,7 +154,7 @@ def test_bad_values_one_line(mock_engine, tmp_path):
             return f"{' '.join(args)[:60]}: {str(e)[:300]}"
         return None
 
-    with ThreadPoolExecutor(3) as pool:  # each case is a CLI start (~1.5 s of CPU)
+    with ThreadPoolExecutor(3) as pool:  # each case is a CLI start (~0.5 s of CPU, lazy commands)
         failures = [f for f in pool.map(check, range(len(cases))) if f]
     assert not failures, "\n".join(failures)
 
@@ -343,8 +365,7 @@ _number = st.one_of(st.integers(-10**20, 10**20), st.floats(allow_nan=True, allo
 def test_bench_values_never_crash(timeout, warmup, max_conc, gamma, requests, duration, seed, conc, rate, ratio, sets):
     try:
         values = dict(timeout_s=timeout, warmup=warmup, max_concurrency=max_conc, gamma_shape=gamma,
-                      requests=requests, duration_s=duration, seed=seed, concurrency=_int_list(conc, "--concurrency"),
-                      rates_rps=_float_list(rate, "--rate") or None)
+                      requests=requests, duration_s=duration, seed=seed, concurrency=conc, rates_rps=rate or None)
         values = {k: v for k, v in values.items() if v is not None or k in ("max_concurrency", "requests")}
         cfg = BenchConfig.checked(base_url="http://127.0.0.1:1/v1", **values)
         _overrides(sets)
@@ -355,7 +376,82 @@ def test_bench_values_never_crash(timeout, warmup, max_conc, gamma, requests, du
     assert cfg.timeout_s > 0 and math.isfinite(cfg.timeout_s) and cfg.warmup >= 0 and cfg.gamma_shape > 0
     assert cfg.max_concurrency is None or cfg.max_concurrency >= 1
     assert cfg.requests is not None or cfg.duration_s is not None
-    assert all(c >= 1 for c in cfg.concurrency) and all(r > 0 and math.isfinite(r) for r in cfg.rates_rps or [])
+    assert cfg.concurrency and all(c >= 1 for c in cfg.concurrency)
+    assert all(1e-3 <= r <= 1e6 for r in cfg.rates_rps or []) and 0.01 <= cfg.gamma_shape <= 100
+    for r in cfg.rates_rps or []:  # every accepted rate and shape gives a usable arrival clock
+        n = (cfg.requests or 0) + cfg.warmup
+        if n and n / r <= 7 * 86400:
+            offs = arrival_offsets_s(n, r, "gamma", cfg.seed, cfg.gamma_shape)
+            assert np.isfinite(offs).all() and (offs * 1e9 < 2**63).all()
+
+
+_list_text = st.one_of(st.text(max_size=12), st.text(" ,0123456789.-eEnaif", max_size=12),
+                       st.lists(st.sampled_from(["", " ", "1", "2.5", "-1", "1e-300", "1e400", "nan", "x", "0"]),
+                                max_size=4).map(",".join))
+
+
+@settings(max_examples=500, deadline=None)
+@given(_list_text)
+def test_every_list_option_refuses_empty_items(text):
+    """Item 7: ``--concurrency 1,,2``, ``--slo ','`` and ``-w ''`` ran with the empty items dropped
+    (exit 0). Every comma-list option now parses through split_list: a value without an empty item, or
+    one ConfigError line."""
+    items = [x.strip() for x in text.split(",")]
+    has_empty = not all(items)
+    for flag, parse in (("--concurrency", lambda t: BenchConfig.checked(base_url="http://h/v1", concurrency=t)),
+                        ("--rate", lambda t: BenchConfig.checked(base_url="http://h/v1", rates_rps=t)),
+                        ("--workload", lambda t: BenchConfig.checked(base_url="http://h/v1", workloads=t)),
+                        ("SLO", parse_slo), ("--set ratio", parse_ratio)):
+        if flag == "SLO" and text == "":
+            continue  # an experiment's slo: "" means none; servelab bench --slo '' is refused by BenchConfig
+        try:
+            got = parse(text)
+        except ConfigError as e:
+            assert "\n" not in str(e) and str(e), flag
+            continue
+        assert not has_empty, (flag, text, got)
+    if has_empty:
+        with pytest.raises(ConfigError, match="empty|no values"):
+            split_list(text, "--x")
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 2000), rate=st.floats(allow_nan=True, allow_infinity=True),
+       shape=st.floats(allow_nan=True, allow_infinity=True), arrival=st.sampled_from(["constant", "poisson", "gamma"]))
+def test_arrival_clock_is_finite_or_refused(n, rate, shape, arrival):
+    """Item 7: --rate 1e-300 overflowed the clock (numpy warnings), then sent every request at once
+    while summary.json said 1e-300 req/s. The generator itself now refuses what it cannot schedule."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflow warning is a failure too
+        try:
+            offs = arrival_offsets_s(n, rate, arrival, 0, shape)
+        except ValueError as e:
+            assert "\n" not in str(e)
+            return
+    assert len(offs) == n and np.isfinite(offs).all() and (np.diff(offs) >= 0).all()
+    assert n == 0 or (offs[0] == 0 and offs[-1] * 1e9 < 2**63)
+
+
+def test_arrival_clock_refuses_overflow():
+    with pytest.raises(ValueError, match="past the"):
+        arrival_offsets_s(4, 1e-300, "constant", 0)
+    with pytest.raises(ValueError, match="gamma_shape"):
+        arrival_offsets_s(4, 1.0, "gamma", 0, float("nan"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.integers(-10, 2**70), st.booleans(), st.floats(allow_nan=True), st.text(max_size=5), st.none()))
+def test_dataset_max_tokens_bounded(value):
+    from servelab.bench.options import dataset_max_tokens
+
+    try:
+        got = dataset_max_tokens(value, "dataset d.jsonl: line 1")
+    except ConfigError as e:
+        assert str(e).startswith("dataset d.jsonl: line 1: ") and "\n" not in str(e)
+        return
+    assert type(got) is int and 1 <= got <= MAX_OUTPUT_TOKENS
 
 
 def test_help_documents_exit_codes():

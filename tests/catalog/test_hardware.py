@@ -10,7 +10,7 @@ import yaml
 from servelab.catalog import find_hardware, load_hardware
 from servelab.catalog.hardware import HARDWARE_FILE, parse_hardware_spec
 from servelab.catalog.schema import PRECISIONS, HardwareCatalog, load_yaml_catalog
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 REQUIRED = {"H100-80GB-SXM", "H100-80GB-PCIe", "H200", "B200", "A100-80GB", "A100-40GB", "L40S", "L4", "A10G",
             "RTX-4090", "RTX-3090", "MI300X", "MI325X", "M3-Max", "M4-Max", "laptop-cpu", "Xeon-8480+",
@@ -33,7 +33,7 @@ def test_row_without_source_is_rejected(tmp_path):
     del raw["hardware"][0]["source"]
     p = tmp_path / "hw.yaml"
     p.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"hardware\.0\.source"):
+    with pytest.raises(ConfigError, match=r"hardware\[0\]\.source: required field is missing"):
         load_yaml_catalog(p, HardwareCatalog)
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servelab.catalog.models import MODELS_FILE, find_model, load_catalog, load_models, main as models_main
+from servelab.catalog import find_model
+from servelab.catalog.models import MODELS_FILE, PUBLISHED_SCHEMA, load_catalog, load_models
 from servelab.plan.memory import params_by_part, total_params
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 MODELS = load_models()
 
@@ -38,7 +39,7 @@ def test_a_row_without_source_or_checked_fails_to_load(tmp_path: Path) -> None:
         bad = {k: v for k, v in row.items() if k != missing}
         f = tmp_path / f"no-{missing}.yaml"
         f.write_text(yaml.safe_dump({"models": [bad]}))
-        with pytest.raises(ConfigError, match=rf"models\.0\.{missing}: Field required"):
+        with pytest.raises(ConfigError, match=rf"models\[0\]\.{missing}: required field is missing; add it"):
             load_catalog(f)
     f = tmp_path / "bad-url.yaml"
     f.write_text(yaml.safe_dump({"models": [{**row, "source": "huggingface config"}]}))
@@ -85,4 +86,4 @@ def test_invalid_architecture_is_one_line(tmp_path: Path) -> None:
 
 
 def test_published_json_schema_is_current() -> None:
-    assert models_main(["--check-schema"]) == 0
+    assert PUBLISHED_SCHEMA.problem() is None

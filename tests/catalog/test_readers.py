@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from servelab.catalog.models import find_model
+from servelab.catalog import find_model
 from servelab.catalog.readers import gguf_tensor_bytes, read_gguf, read_hf_config, read_model_file
 from servelab.plan.kv import sequence_state
 from servelab.plan.memory import total_params
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 FIX = Path(__file__).parent / "fixtures" / "configs"
 

@@ -23,7 +23,8 @@ import psutil
 import pytest
 
 from servelab.engines import llamacpp
-from servelab.engines.base import EngineStartError, free_port, parse_prometheus_text, tail_lines
+from servelab.engines.base import EngineStartError, free_port, tail_lines
+from servelab.wire.prometheus import parse_prometheus_text
 from servelab.engines.llamacpp import LlamaCppLauncher
 from servelab.wire import ConfigError, RequestRecord, RequestSpec, make_session, send
 
@@ -41,7 +42,11 @@ def test_parse_prometheus_text() -> None:
         vllm:num_requests_running{model_name="m",engine="0"} 3 1700000000000
         weird{a="x \\"q\\"",} +Inf
         nan_metric NaN
-        this line is garbage
+        # TYPE vllm:e2e_request_latency_seconds histogram
+        vllm:e2e_request_latency_seconds_bucket{le="0.5",model_name="m"} 2
+        vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 3
+        vllm:e2e_request_latency_seconds_sum{model_name="m"} 1.25
+        vllm:e2e_request_latency_seconds_count{model_name="m"} 3
         """)
     m = parse_prometheus_text(text)
     assert m["llamacpp:prompt_tokens_total"] == 26.0
@@ -49,7 +54,11 @@ def test_parse_prometheus_text() -> None:
     assert m['vllm:num_requests_running{engine="0",model_name="m"}'] == 3.0
     assert m['weird{a="x \\"q\\""}'] == float("inf")
     assert m["nan_metric"] != m["nan_metric"]
-    assert len(m) == 5
+    assert m['vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"}'] == 3.0
+    assert m['vllm:e2e_request_latency_seconds_count{model_name="m"}'] == 3.0
+    assert len(m) == 9
+    with pytest.raises(ValueError, match="not Prometheus text exposition format"):
+        parse_prometheus_text(text + "this line is garbage\n")
 
 
 def test_free_port_and_tail(tmp_path: Path) -> None:

@@ -198,3 +198,57 @@ def test_stop_sequences_cut_the_answer_before_the_stop_string():
     assert plan.finish == "stop" and "".join(c[1] for c in plan.chunks).endswith("tok9")
     plan = _plan(MockConfig(output_tokens=10), {"stop": ["tok9"], "max_tokens": 3}, chat=True)
     assert plan.finish == "length"
+
+
+# ------------------------------------------------------------------------------------------------
+# error_message and context_tokens (what a real engine says in trouble)
+
+OOM = "CUDA error: out of memory (/opt/vllm/worker.py:812, batch 7f3a9c)"
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_error_message_is_the_text_of_injected_errors(dialect: str) -> None:
+    """``error_message`` replaces the mock's text in injected HTTP errors and in-stream error events,
+    in every dialect's error shape (read back with the wire layer's normaliser)."""
+    from servelab.wire.errors import error_from_body, error_from_event
+
+    status, raw = _run_with_mock(MockConfig(dialect=dialect, fail_http_rate=1.0, error_message=OOM),
+                                 {"model": "m", "messages": MSG})
+    assert status == 500 and error_from_body(raw.encode(), status).message == OOM
+
+    async def stream() -> bytes:
+        server = await start_mock(MockConfig(dialect=dialect, stream_error_rate=1.0, error_message=OOM))
+        got = b""
+        try:
+            async with aiohttp.ClientSession() as s, s.post(server.base_url + "/chat/completions", json={
+                    "model": "m", "messages": MSG, "stream": True}) as r:
+                async for data in r.content.iter_any():
+                    got += data
+        except aiohttp.ClientPayloadError:  # llama-server and Ollama close after the error event
+            pass
+        finally:
+            await server.close()
+        return got
+
+    raw_stream = asyncio.run(stream())
+    events = [orjson.loads(x[6:]) for x in raw_stream.split(b"\n\n") if x.startswith(b"data: {")]
+    assert any((e := error_from_event(ev, 200)) is not None and e.message == OOM for ev in events), raw_stream
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_context_tokens_answers_the_dialects_overflow_error(dialect: str) -> None:
+    """Over ``context_tokens`` each dialect answers its own context-overflow error (ENGINE_WIRE.md case
+    18), which the wire layer recognises; Ollama truncates silently; a request that fits is answered."""
+    from servelab.wire.errors import error_from_body, is_context_overflow
+
+    cfg = MockConfig(dialect=dialect, context_tokens=10)
+    long = {"model": "m", "messages": [{"role": "user", "content": "w " * 12}], "max_tokens": 4}
+    status, raw = _run_with_mock(cfg, long)
+    if dialect == "ollama":
+        assert status == 200
+    else:
+        assert status == (422 if dialect == "tgi" else 400), raw
+        assert is_context_overflow(error_from_body(raw.encode(), status)), raw
+        assert "12" in raw and "10" in raw
+    short = {"model": "m", "messages": [{"role": "user", "content": "w w"}], "max_tokens": 4}
+    assert _run_with_mock(cfg, short)[0] == 200

@@ -19,6 +19,7 @@ from servelab.engines.base import RunningEngine
 from servelab.engines.mocklaunch import MockLauncher
 from servelab.engines.registry import (EngineIdentity, EngineKind, EngineSettings, PortSetting, Readiness,
                                        ServerMetrics, ready_timeout_setting, register, unregister)
+from servelab.trial.results import TrialRecord
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -87,7 +88,7 @@ EXPERIMENT = {
 
 
 @pytest.fixture(scope="module")
-def trial(toy: ToyKind, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+def trial(toy: ToyKind, tmp_path_factory: pytest.TempPathFactory) -> tuple[TrialRecord, Path]:
     from servelab.trial.flow import TrialRunner
     from servelab.trial.spec import Experiment
 
@@ -112,22 +113,23 @@ def test_the_experiment_schema_knows_the_new_kind(toy: ToyKind, tmp_path: Path) 
         load_experiment(p)
 
 
-def test_a_trial_runs_the_new_kind(trial: tuple[dict[str, Any], Path]) -> None:
+def test_a_trial_runs_the_new_kind(trial: tuple[TrialRecord, Path]) -> None:
     record, out = trial
-    res = record["results"]["candidates"]
-    assert res["quick"]["status"] == "ranked" and res["lazy"]["status"] == "ranked"
-    assert record["decision"]["ranking"][0] == "quick"  # 1 ms vs 20 ms between tokens
-    cmp = record["decision"]["comparisons"][0]
-    assert cmp["differs_in"] == ["settings.answer_tokens", "settings.speed"], cmp
+    res = record.results.candidates
+    assert res["quick"].status == "ranked" and res["lazy"].status == "ranked"
+    assert record.decision.ranking[0] == "quick"  # 1 ms vs 20 ms between tokens
+    cmp = record.decision.comparisons[0]
+    assert cmp.differs_in == ["settings.answer_tokens", "settings.speed"], cmp
     for name in ("quick", "lazy"):
-        ident = EngineIdentity.model_validate(record["identity"]["candidates"][name]["engine"])
+        ident = record.ident(name).engine
+        assert isinstance(ident, EngineIdentity)
         assert ident.kind == "toy" and ident.build == "toy-build-7"
         assert not psutil.pid_exists(ident.pid or 0) or psutil.Process(ident.pid).status() == psutil.STATUS_ZOMBIE
-        for f in record["evidence"]["files"][name].values():
+        for f in record.evidence.files[name].values():
             assert (out / f).exists(), f
 
 
-def test_the_sampler_keeps_the_kinds_own_metric_names(trial: tuple[dict[str, Any], Path]) -> None:
+def test_the_sampler_keeps_the_kinds_own_metric_names(trial: tuple[TrialRecord, Path]) -> None:
     _, out = trial
     # the slow candidate's steps take seconds: the sampler (1 s period) sees its /metrics
     samples = [json.loads(ln) for ln in (out / "candidates/lazy/server_metrics.jsonl").read_text().splitlines()]

@@ -178,3 +178,21 @@ def gateway(tmp_path: Path) -> Iterator[Any]:
     yield factory
     for gp in started:
         stop_gateway(gp.proc)
+
+
+def launch_llama(tmp_path_factory: pytest.TempPathFactory, ctx_size: int, parallel: int) -> Iterator[Any]:
+    """Yield a started real llama-server (servelab's cached build and model; ``ctx_size`` tokens,
+    ``parallel`` slots) and stop it after; skips without a cached build (fails with
+    ``SERVELAB_REQUIRE_ENGINE``). For module-scoped fixtures: ``yield from launch_llama(...)``."""
+    from servelab.engines.llamacpp import LlamaCppLauncher, find_llama_server
+
+    if find_llama_server() is None:
+        if os.environ.get("SERVELAB_REQUIRE_ENGINE"):
+            pytest.fail("no cached llama-server; SERVELAB_REQUIRE_ENGINE is set")
+        pytest.skip("no cached llama-server (run `servelab engine build llamacpp`)")
+    eng = LlamaCppLauncher(ctx_size=ctx_size, parallel=parallel, log_dir=tmp_path_factory.mktemp("llama"),
+                           progress=lambda m: None).start()
+    try:
+        yield eng
+    finally:
+        eng.stop()

@@ -18,7 +18,7 @@ from aiohttp import web
 from servelab.gateway.admin import make_admin_app
 from servelab.gateway.keys import KeyStore
 from servelab.gateway.ledger import SqliteLedger, UsageRow
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 TOKEN = "admin-token-0123456789abcdef"
 TENANTS = {"ta": {"allowed_models": ["gemma"]}, "tb": {}}

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 from pathlib import Path
@@ -19,10 +18,9 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import gateway_key
+from conftest import gateway_key, launch_llama
 from gateway.test_server import post
 
-from servelab.engines.llamacpp import LlamaCppLauncher, find_llama_server
 from servelab.gateway.routing import stable_unit
 
 
@@ -91,16 +89,7 @@ def test_engine_length_fields_can_be_refused(gateway: Any, mock_engine: Any) -> 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    if find_llama_server() is None:
-        if os.environ.get("SERVELAB_REQUIRE_ENGINE"):
-            pytest.fail("no cached llama-server; SERVELAB_REQUIRE_ENGINE is set")
-        pytest.skip("no cached llama-server (run `servelab engine build llamacpp`)")
-    eng = LlamaCppLauncher(ctx_size=1024, parallel=1, log_dir=tmp_path_factory.mktemp("llama"),
-                           progress=lambda m: None).start()
-    try:
-        yield eng
-    finally:
-        eng.stop()
+    yield from launch_llama(tmp_path_factory, ctx_size=1024, parallel=1)
 
 
 @pytest.mark.engine

@@ -10,7 +10,9 @@ from servelab.gateway.capabilities import (
     BYTES_PER_TOKEN_MAX, check_request, estimate_prompt_tokens, prompt_text, supported_summary, validate_shape,
 )
 from servelab.gateway.config import Capabilities, ModelEntry, Target
-from servelab.gateway.errors import GatewayError, sanitize_upstream_message, upstream_error
+from servelab.gateway.errors import GatewayError, sanitize_upstream_message
+from servelab.gateway.scrub import client_error
+from servelab.wire.types import WireError
 
 
 def _entry(**caps: Any) -> ModelEntry:
@@ -122,11 +124,13 @@ def test_upstream_errors_are_plain_and_hide_internals() -> None:
     assert sanitize_upstream_message("connect to http://10.1.2.3:8000/v1 failed on gpu-a", ["gpu-a"]) == \
         "connect to failed on the model"
     assert sanitize_upstream_message('Traceback (most recent call last):\n  File "x.py", line 1') is None
-    busy = upstream_error(503, "queue full on vllm-7", ["vllm-7"], retry_after_s=2.2)
-    assert busy.status == 503 and busy.message == "the model is busy, retry in 3 s" and busy.headers() == {"Retry-After": "3"}
-    ctx = upstream_error(400, "the request exceeds the available context size, try increasing it", [])
+    busy = client_error(WireError(503, "queue full on vllm-7"), "r1", "vllm-7", ["vllm-7"], retry_after_s=2.2)
+    assert busy.status == 503 and busy.message == "the model is busy, retry in 3 s"
+    assert busy.headers() == {"Retry-After": "3"}
+    ctx = client_error(WireError(400, "the request exceeds the available context size, try increasing it"), "r1")
     assert ctx.code == "context_length_exceeded"
-    tgi = upstream_error(422, "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096", [])
+    tgi = client_error(WireError(422, "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096"),
+                       "r1")
     assert tgi.status == 400 and tgi.code == "context_length_exceeded"
-    other = upstream_error(500, "CUDA error at /opt/vllm/x.cu:12 on node gpu-a", ["gpu-a"])
-    assert other.status == 502 and "/opt" not in other.message and "gpu-a" not in other.message
+    other = client_error(WireError(500, "CUDA error at /opt/vllm/x.cu:12 on node gpu-a"), "r1", "gpu-a", ["gpu-a"])
+    assert other.status == 502 and other.message == "the model failed while answering; retry the request"

@@ -220,3 +220,54 @@ def test_token_budget_survives_restart(tmp_path: Path, mock_engine, state: str) 
             assert _probe_spend(gw2, key, budget, 100) == spent
         finally:
             stop_gateway(gw2.proc)
+
+
+@pytest.mark.parametrize("scope", ["key", "tenant"])
+def test_redis_flushed_while_running_keeps_budget(tmp_path: Path, mock_engine, scope: str) -> None:
+    """Break-it report on 4b30bb7, defect 2: ``redis-cli flushall`` while the gateway runs reset every
+    budget (budget 350 refused after 330, then 850 tokens served). The gateway now finds its tenant's
+    seeded marker gone and seeds the counters again from the ledger before admitting."""
+    import redis
+
+    eng = mock_engine("--dialect", "vllm")
+    key, entry = gateway_key("k1", "t")
+    with redis_server() as rs:
+        budget = 3000
+        lim = {"token_budget": budget} if scope == "key" else {"shared_limits": {"token_budget": budget}}
+        gw = start_gateway(_config(eng.root, entry, lim, state={"redis_url": rs.url}), tmp_path / "gw")
+        try:
+            spent, _ = _finished(gw, key, 5, 20)
+            time.sleep(0.6)  # the settles and the SQLite writer
+            redis.Redis.from_url(rs.url).flushall()
+            # the 429 of a request reserving more than is left reveals the spend the counter holds
+            assert _probe_spend(gw, key, budget, 4000) == spent
+            spent2, _ = _finished(gw, key, 2, 20)
+            time.sleep(0.6)
+            redis.Redis.from_url(rs.url).flushall()
+            assert _probe_spend(gw, key, budget, 4000) == spent + spent2
+        finally:
+            stop_gateway(gw.proc)
+        assert "seeded again from the ledger" in gw.stderr()
+
+
+def test_postgres_outage_is_one_line_and_a_summary(tmp_path: Path, mock_engine) -> None:
+    """Break-it report on 4b30bb7 (lesser): while PostgreSQL was down the gateway logged "PostgreSQL write
+    failed" every 0.2 s plus asyncpg tracebacks. Now one line per outage, and one when it is back."""
+    eng = mock_engine("--dialect", "vllm")
+    key, entry = gateway_key("k1", "t")
+    with postgres_cluster() as pg:
+        gw = start_gateway(_config(eng.root, entry, {}, ledger={"postgres_dsn": pg.dsn}), tmp_path / "gw")
+        try:
+            _pg(pg, "stop")
+            _finished(gw, key, 5, 4)
+            time.sleep(3)  # ~15 flush attempts
+            _pg(pg, "start")
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and "PostgreSQL is back" not in gw.stderr():
+                time.sleep(0.3)
+            assert _usage(gw).get("ok", {}).get("requests") == 5
+        finally:
+            stop_gateway(gw.proc)
+    err = gw.stderr()
+    assert err.count("PostgreSQL write failed") == 1 and "PostgreSQL is back after" in err, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]

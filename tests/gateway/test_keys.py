@@ -82,11 +82,13 @@ def test_create_revoke_persist_and_refresh(tmp_path, caplog) -> None:
         await led.start()
         ks = store(led)
         await ks.start()
-        new = await ks.create("ta", ["gemma", "big"], {"rpm": 7})
+        with pytest.raises(ValueError, match="not allowed for tenant 'ta'"):  # never wider than its tenant
+            await ks.create("ta", ["gemma", "big"], {"rpm": 7})
+        new = await ks.create("ta", ["gemma"], {"rpm": 7})
         assert new.key.startswith(f"sk-sl-{new.key_id}-") and len(new.key.rsplit("-", 1)[1]) == 64
         assert new.key not in repr(new)
         info = ks.authenticate(f"Bearer {new.key}")
-        # the key's list is narrowed to what its tenant may use; its rpm overrides the tenant's
+        # the key's list is within what its tenant may use; its rpm overrides the tenant's
         assert info.allowed_models == ("gemma",) and info.limits == Limits(rpm=7, tpm=1000, token_budget=10**6)
         assert info.source == "admin"
         # persisted: another store (another replica / a restart) on the same database knows it

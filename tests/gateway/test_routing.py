@@ -17,7 +17,7 @@ from servelab.gateway.breaker import BreakerBoard, BreakerSettings
 from servelab.gateway.errors import GatewayError
 from servelab.gateway.routing import (Backend, FallbackSpec, ModelRoute, Router, ShadowSpec, TargetSpec,
                                       affinity_text, hrw_order, stable_unit)
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 
 def replicas(n: int, model: str = "m", **kw) -> list[Backend]:

@@ -8,12 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servelab.catalog.models import find_model, load_models
+from servelab.catalog import find_model
+from servelab.catalog.models import load_models
 from servelab.cli import main
 from servelab.plan import Layout, estimate, smallest_fitting_layout
 from servelab.plan.cli import parse_hardware, parse_tokens
 from servelab.plan.memory import weight_bytes_by_part
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 GIB = 2**30
 # a hardware entry given as a dict (the fields of catalog/data/hardware.yaml), so these tests do not

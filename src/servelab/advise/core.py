@@ -13,11 +13,11 @@ from typing import Any
 from servelab.advise.checklist import CheckItem, build_checklist
 from servelab.advise.select import AdviseRequest, Candidate, Exclusion, LayerNote, order_candidates
 from servelab.advise.tasks import resolve_task, task_groups
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 def parse_tokens(text: str | int, what: str = "--context") -> int:
     """Parse a token count (``32768``, ``32k`` = 32 x 1024, ``1m``); the same rules as ``servelab plan``
-    (:func:`servelab.plan.cli.parse_tokens`). Raises :class:`~servelab.wire.client.ConfigError`."""
+    (:func:`servelab.plan.cli.parse_tokens`). Raises :class:`~servelab.wire.errors.ConfigError`."""
     from servelab.plan.cli import parse_tokens as _parse
 
     return _parse(text, what)
@@ -72,8 +72,9 @@ PLAN_ENGINE = {"vllm": "vllm", "vllm-pooling": "vllm", "sglang": "sglang", "llam
 
 def capacity_plan(req: AdviseRequest, engine_name: str | None) -> tuple[dict[str, Any] | None, Any, str | None]:
     """Call :func:`servelab.plan.estimate` for the request (engine: the first candidate's, mapped through
-    :data:`PLAN_ENGINE` to the planner's budget rules; unmapped engines get its defaults). Returns (plan dict, renderable, note): the note explains a missing plan (the planner does
-    not cover this model kind, or rejected the input) and is ``None`` when there is a plan."""
+    :data:`PLAN_ENGINE` to the planner's budget rules; unmapped engines get its defaults). Returns (plan dict,
+    renderable, note): the note explains a missing plan (the planner does not cover this model kind, or
+    rejected the input) and is ``None`` when there is a plan."""
     try:
         from servelab import plan as planmod
     except ImportError as e:  # the plan package is another part; advise works without it
@@ -109,7 +110,7 @@ def advise(task: str, model: str, hardware: str, context: str | int, concurrency
     """Advise on engines for ``task`` serving ``model`` on ``hardware`` (``NAME[:COUNT]``) at ``context``
     tokens per request and ``concurrency`` requests in flight.
 
-    Raises :class:`~servelab.wire.client.ConfigError` (one line) for an unknown task/model/hardware (with
+    Raises :class:`~servelab.wire.errors.ConfigError` (one line) for an unknown task/model/hardware (with
     the nearest names), a bad hardware count or token count, a concurrency < 1, and a model that is
     catalogued for another kind of task."""
     from servelab.catalog import find_model

@@ -28,7 +28,7 @@ from typing import Any
 
 from servelab.advise.core import Advice
 from servelab.advise.select import serve_command
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 #: Candidates written active; the rest are written commented out (000 §10.3: a few candidates).
 MAX_ACTIVE = 3
@@ -109,7 +109,8 @@ def render_experiment(advice: Advice, name: str) -> str:
     gpu = req.hardware.kind != "cpu"
     slo = "ttft_p95<=2s,itl_p95<=100ms,error_rate<=1%" if gpu else "ttft_p95<=5s,itl_p95<=500ms,error_rate<=1%"
     lines += [f"  slo: {json.dumps(slo)}   # placeholder", "  error_budget: 0.01"]
-    smoke = ["streaming", "usage", "stop"] + (["json_schema"] if (req.json_output or req.task.id in ("structured", "agent")) else [])
+    needs_json = req.json_output or req.task.id in ("structured", "agent")
+    smoke = ["streaming", "usage", "stop"] + (["json_schema"] if needs_json else [])
     lines += ["  quality:", f"    smoke: {json.dumps(smoke)}"]
     lines.append("candidates:")
     used_ports: set[int] = set()
@@ -184,6 +185,7 @@ def write_experiment(advice: Advice, path: str | os.PathLike[str]) -> str:
     try:
         p.write_text(text, encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"--write-experiment {path}: cannot write ({e.strerror or e}); give a writable file path") from None
+        raise ConfigError(f"--write-experiment {path}: cannot write ({e.strerror or e}); "
+                          "give a writable file path") from None
     load_experiment(p)
     return str(p)

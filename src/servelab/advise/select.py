@@ -221,7 +221,8 @@ def serve_command(engine: Any, req: AdviseRequest, port: int | None = None) -> s
     return cmd
 
 
-def order_candidates(engines: list[Any], req: AdviseRequest) -> tuple[list[Candidate], list[Exclusion], list[LayerNote]]:
+def order_candidates(engines: list[Any],
+                     req: AdviseRequest) -> tuple[list[Candidate], list[Exclusion], list[LayerNote]]:
     """Split the catalog into ordered candidates, exclusions and serving-platform layer notes.
 
     Order: the routes of 000 §1 for the task — with the single-machine row (``edge``) first when the
@@ -245,9 +246,9 @@ def order_candidates(engines: list[Any], req: AdviseRequest) -> tuple[list[Candi
                 layers.append(LayerNote(eng, False, "not applicable here: " + reasons[0][1]))
             else:
                 multi = req.count > req.hardware.max_per_node
-                why = (f"{req.count} devices > {req.hardware.max_per_node} per node: multi-node, so a routing / "
-                       "scaling layer may be needed" if multi else "single node")
-                layers.append(LayerNote(eng, True, f"{why}; evaluate only after an engine is verified and "
+                scope = (f"{req.count} devices > {req.hardware.max_per_node} per node: multi-node, so a routing / "
+                         "scaling layer may be needed" if multi else "single node")
+                layers.append(LayerNote(eng, True, f"{scope}; evaluate only after an engine is verified and "
                                                    f"there is evidence of routing, scaling or prefill/decode "
                                                    f"resource conflict (000 §1 last row, §11). {eng.boundary}"))
             continue

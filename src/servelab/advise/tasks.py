@@ -13,7 +13,7 @@ import difflib
 from dataclasses import dataclass, field
 
 from servelab.catalog.schema import norm_name
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,8 @@ TASKS: tuple[TaskSpec, ...] = (
              aliases=("extraction", "json", "structured-output", "structured-extraction"),
              needs=("structured_output",), workloads=("structured",)),
     TaskSpec("batch", "batch / offline generation", ("text",), ("text",), "text", _TEXT_ROW,
-             "quality per job at the lowest cost per token", "throughput over a fixed window, failures counted (000 §10.2)",
+             "quality per job at the lowest cost per token",
+             "throughput over a fixed window, failures counted (000 §10.2)",
              aliases=("offline", "batch-inference", "bulk"), workloads=("long-gen",)),
     TaskSpec("edge", "edge / local single machine", ("text",), ("text",), "text",
              "000 §1 row 6: single machine, workstation and capacity-limited -> llama.cpp / MLX-LM / "
@@ -141,7 +142,7 @@ for _t in TASKS:
 
 def resolve_task(name: str) -> TaskSpec:
     """The task whose id or alias is ``name`` (case and punctuation ignored). Raises
-    :class:`~servelab.wire.client.ConfigError` naming the nearest task ids and the list of all."""
+    :class:`~servelab.wire.errors.ConfigError` naming the nearest task ids and the list of all."""
     key = norm_name(name or "")
     if key in _BY_KEY:
         return _BY_KEY[key]

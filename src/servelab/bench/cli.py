@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -16,22 +17,6 @@ from rich.table import Table
 from servelab.wire.client import ConfigError, normalize_base_url
 
 _err = Console(stderr=True)
-
-
-def _int_list(text: str, what: str) -> list[int]:
-    """Comma-separated integers (their range is checked by :class:`BenchConfig`)."""
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{what} {text!r} must be comma-separated integers, e.g. 1,2,4,8") from None
-
-
-def _float_list(text: str, what: str) -> list[float]:
-    """Comma-separated numbers (their range is checked by :class:`BenchConfig`)."""
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{what} {text!r} must be comma-separated numbers, e.g. 0.5,1,2") from None
 
 
 def _overrides(items: list[str]) -> dict[str, Any]:
@@ -88,6 +73,46 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     console.print("latencies in ms; tok/s over each step's window (warmup excluded); tokens from server usage")
 
 
+def _refuse_ignored_options(*, url: str | None, engine: str | None, engine_given: bool, rate: str | None,
+                            max_concurrency: int | None, concurrency: str, burstiness: float, arrival: str) -> None:
+    """Raise :class:`ConfigError` (one line) for options that would be ignored in this combination:
+    refused, not silently dropped (``engine_given``: an --engine-* option differs from its default)."""
+    if (url is None) == (engine is None):
+        raise ConfigError("give exactly one of --url (an existing server) or --engine llamacpp (start one)")
+    if engine is None and engine_given:
+        raise ConfigError("--engine-model/--engine-parallel/--engine-ctx only apply with --engine; "
+                          "with --url the server's own settings are used")
+    if rate is None and max_concurrency is not None:
+        raise ConfigError("--max-concurrency caps the open loop (--rate); in the closed loop --concurrency "
+                          "already sets the requests in flight")
+    if rate is not None and concurrency != "1,2,4,8":
+        raise ConfigError("give --concurrency (closed loop) or --rate (open loop), not both")
+    if burstiness != 0.5 and arrival != "gamma":
+        raise ConfigError(f"--burstiness shapes --arrival gamma only (got --arrival {arrival}); add --arrival gamma")
+
+
+def _check_workloads(wl_names: list[str], dataset: str | None, overrides: dict[str, Any], *, seed: int,
+                     endpoint: str, ignore_eos: bool) -> None:
+    """Build every workload once without a tokenizer, so a bad name, value or dataset is refused (one
+    :class:`ConfigError` line) before any engine starts or any directory is made (they are built again,
+    with the tokenizer, for the run)."""
+    from servelab.bench import workloads as W
+
+    if dataset is None:
+        for w in wl_names:
+            if w not in W.WORKLOADS:
+                raise ConfigError(f"unknown workload {w!r}: choose from {', '.join(W.WORKLOADS)} "
+                                  "or pass --dataset FILE")
+    elif not Path(dataset).exists():
+        raise ConfigError(f"dataset {dataset} does not exist; pass a JSONL or ShareGPT JSON file")
+    for name in wl_names:
+        if name == "dataset" and dataset is not None:
+            W.load_dataset(dataset, None, seed=seed, endpoint=endpoint)
+        else:
+            W.make_workload(name, None, seed=seed, endpoint=endpoint, ignore_eos=ignore_eos,
+                            **scoped_overrides(overrides, name))
+
+
 def bench_command(
     url: str = typer.Option(None, "--url", help="OpenAI API root of the server under test, e.g. "
                             "http://127.0.0.1:8080/v1. Omit with --engine to start one."),
@@ -129,7 +154,7 @@ def bench_command(
                                  "(/v1/completions)."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Send ignore_eos=true (llama-server, vLLM, "
                                     "SGLang) so outputs have exactly the sampled length."),
-    tokenizer: str = typer.Option(None, "--tokenizer", help="Tokenizer for exact prompt lengths and the client "
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer for exact prompt lengths and the client "
                                   "token-count cross-check: a GGUF file or tokenizer.json (default: the "
                                   "engine's GGUF when known)."),
     sets: list[str] = typer.Option([], "--set", help="Workload parameter KEY=VALUE (tokens for lengths), "
@@ -159,51 +184,28 @@ def bench_command(
     objectives = parse_slo(slo)
     if slo_file:
         objectives += load_slo_file(slo_file)
-    if (url is None) == (engine is None):
-        raise ConfigError("give exactly one of --url (an existing server) or --engine llamacpp (start one)")
-    # options that would be ignored in this combination: refused, not silently dropped
-    if engine is None and (engine_model is not None or engine_parallel != 4 or engine_ctx != 8192):
-        raise ConfigError("--engine-model/--engine-parallel/--engine-ctx only apply with --engine; "
-                          "with --url the server's own settings are used")
-    if rate is None and max_concurrency is not None:
-        raise ConfigError("--max-concurrency caps the open loop (--rate); in the closed loop --concurrency "
-                          "already sets the requests in flight")
-    if rate is not None and concurrency != "1,2,4,8":
-        raise ConfigError("give --concurrency (closed loop) or --rate (open loop), not both")
-    if burstiness != 0.5 and arrival != "gamma":
-        raise ConfigError(f"--burstiness shapes --arrival gamma only (got --arrival {arrival}); add --arrival gamma")
-    conc = _int_list(concurrency, "--concurrency")
-    rates = _float_list(rate, "--rate") if rate else None
-    wl_names = [w.strip() for w in workload.split(",") if w.strip()]
+    _refuse_ignored_options(url=url, engine=engine, engine_given=(engine_model is not None or engine_parallel != 4
+                                                                  or engine_ctx != 8192),
+                            rate=rate, max_concurrency=max_concurrency, concurrency=concurrency,
+                            burstiness=burstiness, arrival=arrival)
     overrides = _overrides(sets)
     out = out or f"runs/bench-{_time.strftime('%Y%m%d-%H%M%S')}"
     engine_opts = EngineOptions.checked(parallel=engine_parallel, ctx_tokens=engine_ctx)
     # every value checked here, before any engine starts or any directory is made
-    cfg = BenchConfig.checked(base_url=url or "", model=model, workloads=wl_names, concurrency=conc,
-                              rates_rps=rates, arrival=arrival, gamma_shape=burstiness,
+    cfg = BenchConfig.checked(base_url=url or "", model=model, workloads=workload, concurrency=concurrency,
+                              rates_rps=rate, arrival=arrival, gamma_shape=burstiness,
                               max_concurrency=max_concurrency,
                               requests=requests if requests is not None else (None if duration else 32),
                               duration_s=duration, warmup=warmup, seed=seed, slo=slo, stop_on_slo=not no_stop_on_slo,
                               timeout_s=timeout, endpoint=endpoint, ignore_eos=ignore_eos, dataset=dataset,
                               tokenizer=tokenizer, workload_overrides=overrides, api_key=api_key, out=out)
+    wl_names = cfg.workloads  # the comma lists are split and checked by the model (bench.options.split_list)
 
-    from servelab.bench import workloads as W
-
-    if dataset is None:
-        for w in wl_names:
-            if w not in W.WORKLOADS:
-                raise ConfigError(f"unknown workload {w!r}: choose from {', '.join(W.WORKLOADS)} or pass --dataset FILE")
-    else:
-        if not Path(dataset).exists():
-            raise ConfigError(f"dataset {dataset} does not exist; pass a JSONL or ShareGPT JSON file")
+    if dataset is not None:
         wl_names = ["dataset"]
         cfg = dataclasses.replace(cfg, workloads=wl_names)
-    for name in wl_names:  # workload values checked before any directory is made (again below, with the tokenizer)
-        if name == "dataset":
-            W.load_dataset(dataset, None, seed=seed, endpoint=endpoint)
-        else:
-            W.make_workload(name, None, seed=seed, endpoint=endpoint, ignore_eos=ignore_eos,
-                            **scoped_overrides(overrides, name))
+    _check_workloads(wl_names, dataset, overrides, seed=seed, endpoint=endpoint, ignore_eos=ignore_eos)
+    from servelab.bench import workloads as W
     if (Path(out) / "requests.jsonl").exists():
         raise ConfigError(f"--out {out} already holds a run (requests.jsonl): pass a new directory "
                           f"(or 'servelab summarize {out}' to rebuild that run's summary)")
@@ -324,12 +326,13 @@ def _run_with_progress(cfg: Any, objectives: Any, factory: Any, counter: Any, en
 
     bench = Bench(cfg, objectives, factory, counter=counter, engine_identity=engine_identity, progress=on_progress,
                   refuse_oversized=True)
+    runner: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run
     try:
-        import uvloop  # type: ignore[import-not-found]
+        import uvloop
 
-        runner = uvloop.run
+        runner = uvloop.run  # its event loop when the `fast` extra is installed
     except ImportError:
-        runner = asyncio.run
+        pass
     with progress:
         try:
             runner(stop.guard(bench.run()))

@@ -14,6 +14,7 @@ model guidellm and vLLM's ``benchmark_serving --burstiness`` use (read 2026-11-3
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -58,20 +59,41 @@ def arrival_offsets_s(n: int, rate_rps: float, arrival: str, seed: int, gamma_sh
     ``constant``: evenly spaced ``1/rate``; ``poisson``: exponential gaps with mean ``1/rate``;
     ``gamma``: gamma gaps with shape ``k`` and scale ``1/(rate*k)`` (same mean, CV ``1/sqrt(k)``).
     The first request goes at offset 0.
+
+    Raises ``ValueError`` for a rate or shape that is not finite and > 0, and for offsets that are
+    not finite or do not fit in int64 nanoseconds (292 years): a rate of 1e-300 req/s used to overflow
+    the clock to garbage that sent every request at once. ``servelab bench`` bounds both first
+    (:data:`servelab.bench.options.MIN_RATE_RPS`, :data:`~servelab.bench.options.MIN_BURSTINESS`).
     """
-    if rate_rps <= 0:
-        raise ValueError("rate_rps must be > 0")
+    if not (math.isfinite(rate_rps) and rate_rps > 0):
+        raise ValueError(f"rate_rps must be finite and > 0, got {rate_rps!r}")
+    if arrival == "gamma" and not (math.isfinite(gamma_shape) and gamma_shape > 0):
+        raise ValueError(f"gamma_shape must be finite and > 0, got {gamma_shape!r}")
+    mean_gap_s = 1.0 / rate_rps  # inf below ~1e-308 req/s
+    scale_s = mean_gap_s / gamma_shape if arrival == "gamma" else mean_gap_s
+    if not math.isfinite(scale_s):
+        raise ValueError(f"rate_rps {rate_rps:g} (gamma_shape {gamma_shape:g}) gives no finite gap between arrivals")
     rng = np.random.default_rng(seed)
     if arrival == "constant":
-        gaps = np.full(n, 1.0 / rate_rps)
+        gaps = np.full(n, mean_gap_s)
     elif arrival == "poisson":
-        gaps = rng.exponential(1.0 / rate_rps, n)
+        gaps = rng.exponential(mean_gap_s, n)
     elif arrival == "gamma":
-        gaps = rng.gamma(gamma_shape, 1.0 / (rate_rps * gamma_shape), n)
+        gaps = rng.gamma(gamma_shape, scale_s, n)
     else:
         raise ValueError(f"unknown arrival process {arrival!r}")
+    if n == 0:
+        return gaps
     gaps[0] = 0.0
-    return np.cumsum(gaps)
+    with np.errstate(over="ignore", invalid="ignore"):  # checked just below, not warned about
+        offsets = np.cumsum(gaps)
+    if not np.isfinite(offsets[-1]) or offsets[-1] >= _MAX_OFFSET_NS / 1e9:
+        raise ValueError(f"{n} arrivals at {rate_rps:g} requests/s ({arrival}) reach {offsets[-1]:.3g} s, past the "
+                         f"{_MAX_OFFSET_NS / 1e9:.3g} s a step's clock holds; raise the rate or send fewer requests")
+    return offsets
+
+
+_MAX_OFFSET_NS = float(2**62)  # int64 nanoseconds with room for the step's start time added
 
 
 async def run_step(session: aiohttp.ClientSession, base_url: str, model: str, specs: Sequence[RequestSpec],

@@ -14,15 +14,29 @@ Limits servelab sets itself (documented in docs/summary-schema.md and the README
   takes minutes to build per request and no engine would accept it.
 - :data:`MAX_REQUESTS_PER_STEP`: 1,000,000 requests per step (their specs are built up front).
 - :data:`MAX_MIX_WEIGHT`: 1,000 per set in a ``mix`` ratio (a block holds ``sum(weights)`` requests).
+- :data:`MIN_RATE_RPS` to :data:`MAX_RATE_RPS`: ``--rate`` from 0.001 requests/s (one arrival every
+  1,000 s on average; a lower rate used to overflow the arrival clock and fire every request at once)
+  to 1,000,000 requests/s (past that every arrival lands in the same microsecond: a burst, not a rate).
+- :data:`MIN_BURSTINESS` to :data:`MAX_BURSTINESS`: the gamma shape ``--burstiness`` from 0.01
+  (coefficient of variation 10) to 100 (CV 0.1, nearly constant); vLLM's ``benchmark_serving
+  --burstiness`` takes the same gamma shape, without bounds
+  (https://docs.vllm.ai/en/v0.11.2/cli/bench/serve/, read 2026-12-01).
+- :data:`MAX_CONCURRENCY`: 100,000 requests in flight.
+- :data:`MAX_STEP_S`: 7 days per step (``--duration``; an open-loop step's ``(requests + warmup) / rate``);
+  with ``--duration`` the slowest rate must expect at least one arrival (``rate * duration >= 1``).
+
+Comma-separated options (``--concurrency``, ``--rate``, ``--workload``, ``--slo``, the ``ratio``
+of ``--set``) are split by :func:`split_list` only: an empty value or an empty item (``1,,2``,
+``','``, ``''``) is refused, never dropped.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from servelab.wire.client import ConfigError
 
@@ -30,6 +44,48 @@ MAX_PROMPT_TOKENS = 1_048_576
 MAX_OUTPUT_TOKENS = 1_048_576
 MAX_REQUESTS_PER_STEP = 1_000_000
 MAX_MIX_WEIGHT = 1_000
+MIN_RATE_RPS = 1e-3
+MAX_RATE_RPS = 1e6
+MIN_BURSTINESS = 0.01
+MAX_BURSTINESS = 100.0
+MAX_CONCURRENCY = 100_000
+MAX_STEP_S = 7 * 86400
+
+
+def split_list(text: Any, flag: str | None = None, fix: str | None = None) -> list[str]:
+    """The stripped items of a comma-separated option value: ``"1, 2"`` -> ``["1", "2"]``.
+
+    Raises :class:`ConfigError` when ``text`` is not a string, is empty or blank, or has an empty item
+    (``"1,,2"``, ``","``, ``"1,"``). The message is ``FLAG 'TEXT': PROBLEM; FIX`` when ``flag`` is
+    given, else only ``PROBLEM`` (inside a model, :func:`config_error` adds the flag and hint). A value
+    that is already a list (a caller of the Python API) is returned as it is."""
+    if isinstance(text, list):
+        return text
+    problem = None
+    if not isinstance(text, str):
+        problem = f"expected comma-separated values, got {type(text).__name__}"
+        items: list[str] = []
+    else:
+        items = [x.strip() for x in text.split(",")]
+        if not any(items):
+            problem = "no values given"
+        elif not all(items):
+            k = items.index("") + 1
+            problem = f"item {k} of {len(items)} is empty (a doubled, leading or trailing comma)"
+    if problem is None:
+        return items
+    if flag is None:
+        raise ConfigError(problem)
+    raise ConfigError(f"{flag} {_show(text)}: {problem}" + (f"; {fix}" if fix else ""))
+
+
+_Items = BeforeValidator(split_list)
+#: ``--concurrency``: comma-separated counts, 1 to :data:`MAX_CONCURRENCY` each (a list is taken as is).
+ConcurrencyList = Annotated[list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]], _Items]
+#: ``--rate``: comma-separated finite rates, requests/s, :data:`MIN_RATE_RPS` to :data:`MAX_RATE_RPS`.
+RateList = Annotated[list[Annotated[float, Field(ge=MIN_RATE_RPS, le=MAX_RATE_RPS, allow_inf_nan=False)]], _Items]
+#: ``--workload``: comma-separated non-empty names (which names exist is checked by the workloads).
+NameList = Annotated[list[Annotated[str, Field(min_length=1)]], _Items]
 
 
 def opt(default: Any = ..., *, cli: str, hint: str, **constraints: Any) -> Any:
@@ -90,3 +146,13 @@ class EngineOptions(BaseModel):
             return cls(**values)
         except ValidationError as e:
             raise config_error(e, cls.model_fields) from None
+
+
+def dataset_max_tokens(value: Any, where: str) -> int:
+    """A dataset entry's ``max_tokens``/``output_tokens``: an integer (not a bool) from 1 to
+    :data:`MAX_OUTPUT_TOKENS`. Raises :class:`ConfigError` starting with ``where`` (e.g. ``"dataset
+    d.jsonl: line 3"``); a value past 2^63 used to reach the JSON encoder and end in a traceback."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OUTPUT_TOKENS:
+        raise ConfigError(f"{where}: max_tokens/output_tokens must be an integer from 1 to {MAX_OUTPUT_TOKENS} "
+                          f"(servelab's limit per request), got {_show(value)}")
+    return value

@@ -23,22 +23,35 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import aiohttp
 import orjson
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, ValidationError, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from servelab import __version__
 from servelab.bench import metrics as M
 from servelab.bench.load import LoadModel, run_step
-from servelab.bench.options import MAX_REQUESTS_PER_STEP, config_error, opt
+from servelab.bench.results import SUMMARY_SCHEMA_VERSION, RequestLine, Summary
+from servelab.bench.options import (
+    MAX_BURSTINESS,
+    MAX_CONCURRENCY,
+    MAX_RATE_RPS,
+    MAX_REQUESTS_PER_STEP,
+    MAX_STEP_S,
+    MIN_BURSTINESS,
+    MIN_RATE_RPS,
+    ConcurrencyList,
+    NameList,
+    RateList,
+    config_error,
+    opt,
+)
 from servelab.bench.slo import Objective, apply_gates, evaluate
 from servelab.wire.client import ConfigError, make_session
 from servelab.wire.types import FailureClass, RequestRecord, RequestSpec, ToolCall, WireError
 
-SUMMARY_SCHEMA_VERSION = 1
 _PREPARE_NOTICE_S = 1.0  # building a step's prompts for longer than this shows a progress bar
 
 
@@ -60,26 +73,30 @@ class BenchConfig:
 
     base_url: str
     model: str | None = None
-    workloads: list[str] = field(default_factory=lambda: ["short-qa"])
-    concurrency: list[Annotated[int, Field(ge=1, le=100_000)]] = opt(
+    workloads: NameList = opt(default_factory=lambda: ["short-qa"], cli="--workload", min_length=1,
+                              hint="list built-in sets, e.g. -w short-qa,rag")
+    concurrency: ConcurrencyList = opt(
         default_factory=lambda: [1, 2, 4, 8], cli="--concurrency", min_length=1,
-        hint="list requests in flight, 1 to 100000 each, e.g. --concurrency 1,2,4,8")
-    rates_rps: list[Annotated[float, Field(gt=0, **_FLOAT)]] | None = opt(
-        None, cli="--rate", min_length=1, hint="list finite arrival rates > 0 in requests/s, e.g. --rate 0.5,1,2")
+        hint=f"list requests in flight, 1 to {MAX_CONCURRENCY} each, e.g. --concurrency 1,2,4,8")
+    rates_rps: RateList | None = opt(
+        None, cli="--rate", min_length=1,
+        hint=f"list arrival rates from {MIN_RATE_RPS:g} to {MAX_RATE_RPS:g} requests/s, e.g. --rate 0.5,1,2")
     arrival: Literal["constant", "poisson", "gamma"] = opt(
         "poisson", cli="--arrival", hint="use constant, poisson or gamma")
-    gamma_shape: float = opt(0.5, cli="--burstiness", gt=0, le=1e6, **_FLOAT,
-                             hint="give the gamma shape k > 0 (1 = Poisson, < 1 burstier), e.g. --burstiness 0.5")
-    max_concurrency: int | None = opt(None, cli="--max-concurrency", ge=1, le=100_000,
+    gamma_shape: float = opt(0.5, cli="--burstiness", ge=MIN_BURSTINESS, le=MAX_BURSTINESS, **_FLOAT,
+                             hint=f"give the gamma shape k from {MIN_BURSTINESS:g} to {MAX_BURSTINESS:g} "
+                                  "(1 = Poisson, < 1 burstier), e.g. --burstiness 0.5")
+    max_concurrency: int | None = opt(None, cli="--max-concurrency", ge=1, le=MAX_CONCURRENCY,
                                       hint="give a cap >= 1 on requests in flight, or leave it out for none")
     requests: int | None = opt(32, cli="--requests", ge=1, le=MAX_REQUESTS_PER_STEP,
                                hint=f"give measured requests per step, 1 to {MAX_REQUESTS_PER_STEP}, e.g. -n 32")
-    duration_s: float | None = opt(None, cli="--duration", gt=0, le=7 * 86400, **_FLOAT,
+    duration_s: float | None = opt(None, cli="--duration", gt=0, le=MAX_STEP_S, **_FLOAT,
                                    hint="give seconds per step > 0, e.g. --duration 60")
     warmup: int = opt(2, cli="--warmup", ge=0, le=MAX_REQUESTS_PER_STEP,
                       hint="give warmup requests per step >= 0 (0 = none), e.g. --warmup 2")
     seed: int = opt(0, cli="--seed", ge=0, lt=2**63, hint="give an integer >= 0, e.g. --seed 0")
-    slo: str | None = None
+    slo: str | None = opt(None, cli="--slo", min_length=1, hint="leave --slo out for none, or give e.g. "
+                                                               "--slo 'ttft_p95<=500ms,error_rate<=1%'")
     stop_on_slo: bool = True
     timeout_s: float = opt(600.0, cli="--timeout", gt=0, le=7 * 86400, **_FLOAT,
                            hint="give the per-request limit in seconds, e.g. --timeout 120")
@@ -100,6 +117,16 @@ class BenchConfig:
             if arrivals > MAX_REQUESTS_PER_STEP:
                 raise ValueError(f"--rate {max(self.rates_rps):g} for --duration {self.duration_s:g} s schedules "
                                  f"{arrivals:.3g} arrivals in a step, more than {MAX_REQUESTS_PER_STEP}; lower one")
+        if self.rates_rps:  # the slowest step must expect its arrivals within servelab's horizon
+            lo = min(self.rates_rps)
+            if self.duration_s and lo * self.duration_s < 1:
+                raise ValueError(f"--rate {lo:g} over --duration {self.duration_s:g} s expects "
+                                 f"{lo * self.duration_s:.3g} arrivals, less than one per step; raise the rate "
+                                 "or the duration")
+            if self.requests is not None and (self.requests + self.warmup) / lo > MAX_STEP_S:
+                raise ValueError(f"--rate {lo:g} spreads {self.requests + self.warmup} requests (with warmup) over "
+                                 f"{(self.requests + self.warmup) / lo:.3g} s, more than {MAX_STEP_S} s (7 days) "
+                                 "per step; raise the rate or lower --requests")
         return self
 
     @classmethod
@@ -109,7 +136,7 @@ class BenchConfig:
         try:
             return cls(**values)
         except ValidationError as e:
-            raise config_error(e, cls.__pydantic_fields__) from None  # type: ignore[attr-defined]
+            raise config_error(e, cls.__pydantic_fields__) from None  # type: ignore[attr-defined]  # set by @pydantic_dataclass
 
 
 class CyclicSpecs(Sequence[RequestSpec]):
@@ -149,9 +176,11 @@ def host_identity() -> dict[str, Any]:
             "os": platform.platform(), "python": sys.version.split()[0]}
 
 
-def record_to_json(r: RequestRecord) -> dict[str, Any]:
-    """One ``requests.jsonl`` line. Times: derived metrics in seconds plus raw monotonic-ns stamps;
-    ``chunk_offsets_ms`` are token-chunk arrival times relative to ``sent``."""
+def record_to_json(r: RequestRecord, **extra: Any) -> RequestLine:
+    """One ``requests.jsonl`` line (:class:`~servelab.bench.results.RequestLine`; ``extra`` sets
+    ``step_index``/``step_workload``/``sample_passed``). Times: derived metrics in seconds plus raw
+    monotonic-ns stamps; ``chunk_offsets_ms`` are token-chunk arrival times relative to ``sent``.
+    Write it with :meth:`RequestLine.to_json_bytes` (optional fields only when present)."""
     sent = r.sent_ns or 0
     d: dict[str, Any] = {
         "id": r.request_id, "step": r.step, "workload": r.workload, "warmup": r.warmup,
@@ -166,8 +195,7 @@ def record_to_json(r: RequestRecord) -> dict[str, Any]:
         "schedule_lag_s": M.schedule_lag_s(r), "gate_failures": r.gate_failures,
         "events": r.events, "saw_done": r.saw_done, "response_model": r.response_model,
         "conn_retries": r.conn_retries,
-        "t_ns": {k: getattr(r, f"{k}_ns") for k in ("scheduled", "sent", "headers", "first_byte", "first_event",
-                                                     "first_token", "first_answer", "last_token", "done", "end")},
+        "t_ns": {k: getattr(r, f"{k}_ns") for k in _T_NS},
         "chunk_offsets_ms": [(t - sent) // 1000 / 1000 for t in r.chunk_ns],  # µs resolution
         "text": r.content_text,
     }
@@ -177,42 +205,37 @@ def record_to_json(r: RequestRecord) -> dict[str, Any]:
         d["reasoning"] = r.reasoning_text
     if r.tool_calls:
         d["tool_calls"] = [asdict(t) for t in r.tool_calls.values()]
-    return d
+    d.update(extra)
+    return RequestLine.model_validate(d)
 
 
 _T_NS = ("scheduled", "sent", "headers", "first_byte", "first_event", "first_token", "first_answer", "last_token",
          "done", "end")
-_COPIED = ("status", "finish_reason", "finish_reason_raw", "prompt_tokens", "prompt_tokens_target", "output_tokens",
-           "output_tokens_source", "client_output_tokens", "cached_tokens", "max_tokens", "saw_done",
-           "response_model")
 
 
-def record_from_json(d: dict[str, Any]) -> RequestRecord:
+def record_from_json(line: RequestLine | dict[str, Any]) -> RequestRecord:
     """The :class:`RequestRecord` a ``requests.jsonl`` line (:func:`record_to_json`) was written from,
     as far as the line holds it: every stamp, count and class the summary uses; chunk arrival times
-    at the microsecond resolution they were written with. Raises ``KeyError``/``TypeError``/
-    ``ValueError`` on a line that is not such a record."""
-    r = RequestRecord(request_id=int(d["id"]), workload=str(d["workload"]), step=str(d["step"]),
-                      warmup=bool(d["warmup"]))
-    for k in _COPIED:
-        setattr(r, k, d.get(k))
-    r.saw_done = bool(r.saw_done)
-    r.events = int(d.get("events") or 0)
-    r.conn_retries = int(d.get("conn_retries") or 0)
-    r.failure = FailureClass(d["failure"]) if d.get("failure") is not None else None
-    r.error = WireError(**d["error"]) if d.get("error") else None
-    r.gate_failures = list(d.get("gate_failures") or [])
-    t_ns = d.get("t_ns") or {}
+    at the microsecond resolution they were written with. A parsed dict is validated first (raises
+    :class:`pydantic.ValidationError`, a ``ValueError``, on a line that is not such a record)."""
+    d = line if isinstance(line, RequestLine) else RequestLine.model_validate(line)
+    r = RequestRecord(request_id=d.id, workload=d.workload, step=d.step, warmup=d.warmup)
+    for k in ("status", "finish_reason", "finish_reason_raw", "prompt_tokens", "prompt_tokens_target",
+              "output_tokens", "output_tokens_source", "client_output_tokens", "cached_tokens", "max_tokens",
+              "saw_done", "response_model", "events", "conn_retries"):
+        setattr(r, k, getattr(d, k))
+    r.failure = FailureClass(d.failure) if d.failure is not None else None
+    r.error = WireError(**d.error.model_dump()) if d.error else None
+    r.gate_failures = list(d.gate_failures)
     for k in _T_NS:
-        v = t_ns.get(k)
-        setattr(r, f"{k}_ns", int(v) if v is not None else None)
+        setattr(r, f"{k}_ns", getattr(d.t_ns, k))
     r.scheduled_ns = r.scheduled_ns or 0
     sent = r.sent_ns or 0
-    r.chunk_ns = [sent + round(float(ms) * 1000) * 1000 for ms in d.get("chunk_offsets_ms") or []]
-    r.chunk_tokens = list(d.get("chunk_tokens") or [0] * len(r.chunk_ns))
-    r.content = [d["text"]] if d.get("text") else []
-    r.reasoning = [d["reasoning"]] if d.get("reasoning") else []
-    r.tool_calls = {int(t["index"]): ToolCall(**t) for t in d.get("tool_calls") or []}
+    r.chunk_ns = [sent + round(float(ms) * 1000) * 1000 for ms in d.chunk_offsets_ms]
+    r.chunk_tokens = list(d.chunk_tokens or [0] * len(r.chunk_ns))
+    r.content = [d.text] if d.text else []
+    r.reasoning = [d.reasoning] if d.reasoning else []
+    r.tool_calls = {t.index: ToolCall(**t.model_dump()) for t in d.tool_calls or []}
     return r
 
 
@@ -281,11 +304,14 @@ async def preflight(session: aiohttp.ClientSession, base_url: str, model: str | 
     return model, ident
 
 
-def write_summary(out: Path, summary: dict[str, Any]) -> None:
+def write_summary(out: Path, summary: dict[str, Any] | Summary) -> None:
     """Write ``out/summary.json`` atomically (a temporary file renamed over it): a reader, or a
-    crash mid-write, never sees half a summary."""
+    crash mid-write, never sees half a summary. ``summary`` is validated as a
+    :class:`~servelab.bench.results.Summary` (raises :class:`pydantic.ValidationError` on a field the
+    schema does not know) and written with ``model_dump_json``."""
+    model = summary if isinstance(summary, Summary) else Summary.model_validate(summary)
     tmp = out / "summary.json.tmp"
-    tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    tmp.write_bytes(model.to_json_bytes(indent=2))
     tmp.replace(out / "summary.json")
 
 
@@ -393,9 +419,8 @@ class Bench:
                     rec.output_tokens_source = "tokenizer"
             if not rec.warmup:
                 apply_gates(rec, spec, self.objectives)
-        line = record_to_json(rec)
-        line["step_index"], line["step_workload"] = self._step_index, self._step_workload
-        self._jsonl.write(orjson.dumps(line) + b"\n")  # one write + flush per line: kill -9 keeps every finished one
+        line = record_to_json(rec, step_index=self._step_index, step_workload=self._step_workload)
+        self._jsonl.write(line.to_json_bytes() + b"\n")  # one write + flush per line: kill -9 keeps every finished one
         self._jsonl.flush()
         self.progress("request", rec=rec)
 
@@ -408,7 +433,8 @@ class Bench:
             return c.requests
         assert c.duration_s is not None
         if load.kind == "open":
-            return int(load.rate_rps * c.duration_s * 1.5) + 16  # type: ignore[operator]
+            assert load.rate_rps is not None  # an open loop always has its rate
+            return int(load.rate_rps * c.duration_s * 1.5) + 16
         return 10**7  # closed loop by duration: the deadline ends it; specs are drawn cyclically
 
     async def run(self) -> dict[str, Any]:
@@ -474,7 +500,8 @@ class Bench:
             wload = LoadModel(kind="closed", concurrency=min(len(wu), max(1, load.concurrency)))
             self.progress("step", workload=wname, step=label, warmup=True, total=len(wu))
             wrecs = await run_step(session, c.base_url, model, wu, wload, step=label, warmup=True,
-                                   first_id=self._next_id, timeout_s=c.timeout_s, headers=headers, on_done=self._on_done)
+                                   first_id=self._next_id, timeout_s=c.timeout_s, headers=headers,
+                                   on_done=self._on_done)
             self._next_id += len(wrecs)
         self.progress("step", workload=wname, step=label, warmup=False,
                       total=None if (c.duration_s and c.requests is None) else n, duration_s=c.duration_s)

@@ -28,6 +28,7 @@ import json
 import jsonschema
 
 from servelab.bench import metrics as M
+from servelab.bench.options import split_list
 from servelab.wire.client import ConfigError
 from servelab.wire.types import RequestRecord, RequestSpec
 
@@ -57,13 +58,14 @@ class Objective:
 
 
 def parse_slo(text: str | None) -> list[Objective]:
-    """Parse an SLO string (module doc). Raises :class:`ConfigError` naming the bad part and the fix."""
+    """Parse an SLO string (module doc); ``None`` or ``""`` means no objectives (an experiment's
+    ``slo``; ``servelab bench --slo ''`` is refused by :class:`~servelab.bench.runner.BenchConfig`).
+    Raises :class:`ConfigError` naming the bad part and the fix, also for a list with an empty item
+    (``','``, ``'a,,b'``: :func:`servelab.bench.options.split_list`) that used to mean "no SLO"."""
     if not text:
         return []
     out = []
-    for part in text.split(","):
-        if not part.strip():
-            continue
+    for part in split_list(text, "SLO", _EXAMPLE):
         m = _RX.match(part.lower())
         if not m:
             raise ConfigError(f"invalid SLO {part.strip()!r}: write METRIC_STAT<=VALUE[ms|s|%], {_EXAMPLE}")

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from servelab.bench.options import MAX_MIX_WEIGHT, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS
+from servelab.bench.options import MAX_MIX_WEIGHT, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, dataset_max_tokens, split_list
 from servelab.wire import ConfigError, RequestSpec
 
 if TYPE_CHECKING:
@@ -209,10 +209,10 @@ def parse_length(value: Any, key: str, limit: int = MAX_PROMPT_TOKENS) -> Length
             if len(parts) not in (2, 4) or not all(map(math.isfinite, parts)) or parts[1] < 0:
                 raise bad
             mean, std = parts[0], parts[1]
-            lo, hi = (parts[2], parts[3]) if len(parts) == 4 else (1, mean + 4 * std)
-            if not math.isfinite(hi) or hi > limit:  # mean + 4 std can overflow to inf
+            lo_f, hi_f = (parts[2], parts[3]) if len(parts) == 4 else (1.0, mean + 4 * std)
+            if not math.isfinite(hi_f) or hi_f > limit:  # mean + 4 std can overflow to inf
                 raise too_long
-            return bounded(_normal(mean, std, int(lo), int(hi), bad), hi)
+            return bounded(_normal(mean, std, int(lo_f), int(hi_f), bad), hi_f)
         for sep in ("-", ":", ".."):
             if sep in s:
                 a, _, b = s.partition(sep)
@@ -244,10 +244,7 @@ def parse_ratio(value: str) -> list[tuple[str, int]]:
     """Parse ``"short-qa:5,rag:2"`` into ``[("short-qa", 5), ("rag", 2)]``; raises ConfigError on unknown
     sets, non-integer or negative weights, or an all-zero ratio."""
     out: list[tuple[str, int]] = []
-    for part in str(value).split(","):
-        part = part.strip()
-        if not part:
-            continue
+    for part in split_list(str(value), "--set ratio", "give e.g. ratio=short-qa:5,rag:2"):
         name, sep, w = part.partition(":")
         name = name.strip()
         if name not in _MIXABLE:
@@ -303,7 +300,7 @@ class _TextMaker:
         self._count_cache: dict[str, int] = {}
         if counter is not None:  # per-word token counts, once, in one batch (used only to size the body)
             words = sorted({w.capitalize() for w in _EN_WORDS} | set(_EN_WORDS) | set(_ZH_WORDS))
-            self._word_tokens = dict(zip(words, map(len, counter.encode_batch([" " + w for w in words]))))
+            self._word_tokens = dict(zip(words, map(len, counter.encode_batch([" " + w for w in words])), strict=True))
 
     # -- raw text ---------------------------------------------------------------------------------
     def sentence(self, rng: random.Random) -> str:
@@ -508,8 +505,8 @@ def make_workload(name: str, counter: TokenCounter | None, seed: int = 0, endpoi
         desc = f"{WORKLOADS['mix']}; ratio {','.join(f'{n}:{w}' for n, w in ratio)}"
         return Workload("mix", desc, make, tok_name, {"ratio": ratio, **overrides},
                         max_input_tokens=ctx.max_input_tokens)
-    make = _BUILDERS[name](ctx)
-    return Workload(name, WORKLOADS[name], make, tok_name, dict(overrides), max_input_tokens=ctx.max_input_tokens)
+    return Workload(name, WORKLOADS[name], _BUILDERS[name](ctx), tok_name, dict(overrides),
+                    max_input_tokens=ctx.max_input_tokens)
 
 
 @dataclass
@@ -553,7 +550,8 @@ def _rag(ctx: _Ctx) -> Callable[[int], RequestSpec]:
         rng = _rng(ctx.seed, "rag", i)
         n_in, n_out = inp(rng), out(rng)
         topic = rng.choice(_TOPICS)
-        head = f"Answer the question using only the context passages below. The passages are about {topic}.\n\nContext:\n"
+        head = (f"Answer the question using only the context passages below. The passages are about {topic}."
+                "\n\nContext:\n")
         q = ctx.maker.sentence(rng).rstrip(".!?。！？")
         tail = f"\n\nQuestion: {rng.choice(_QUESTION_STARTS)} {q.lower()}?\nAnswer:"
         text = ctx.maker.fit(rng, n_in, head, tail, para_every=6)
@@ -648,6 +646,54 @@ _BUILDERS: dict[str, Callable[[_Ctx], Callable[[int], RequestSpec]]] = {
 # User datasets
 
 
+def _dataset_entries(p: Path, raw: str, json_list: bool) -> list[tuple[str, Any]]:
+    """``(where, decoded entry)`` of a dataset file's text: the items of a JSON list (``json_list``), else
+    one JSON value per non-blank line. Raises :class:`ConfigError` naming the line for bad JSON."""
+    entries: list[tuple[str, Any]] = []
+    if json_list:
+        try:
+            data = json.loads(raw)
+        except RecursionError:
+            raise ConfigError(f"dataset {p}: JSON nested too deeply to read; entries are prompts or messages, "
+                              f"a few levels deep") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"dataset {p}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}; "
+                              "fix the file or pass JSONL (one object per line)") from None
+        if not isinstance(data, list):
+            raise ConfigError(f"dataset {p}: expected a JSON list of entries")
+        return [(f"entry {k}", obj) for k, obj in enumerate(data)]
+    for lineno, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except RecursionError:
+            raise ConfigError(f"dataset {p}: line {lineno} is JSON nested too deeply to read; each line must be "
+                              'one object like {"prompt": "...", "max_tokens": 128}') from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"dataset {p}: invalid JSON at line {lineno}: {exc.msg}; each line must be one JSON "
+                              'object like {"prompt": "...", "max_tokens": 128}') from None
+        entries.append((f"line {lineno}", obj))
+    return entries
+
+
+def _plain_content(p: Path, where: str, obj: dict[str, Any]) -> Any:
+    """The ``prompt`` (a non-empty string) or ``messages`` (a list of ``{role, content}``, sendable as
+    a body) of a JSONL-style entry. Raises :class:`ConfigError` naming the entry otherwise."""
+    prompt = obj.get("prompt")
+    messages = obj.get("messages")
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    if isinstance(messages, list) and messages:
+        for m in messages:
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m):
+                raise ConfigError(f"dataset {p}: {where}: each message needs 'role' and 'content'")
+        _check_sendable({"messages": messages}, f"dataset {p}: {where}: messages ")  # as in the body
+        return messages
+    raise ConfigError(f"dataset {p}: {where} has no prompt (need a non-empty 'prompt' string or "
+                      "'messages' list)")
+
+
 def load_dataset(path: str, counter: TokenCounter | None, seed: int = 0, endpoint: str = "chat",
                  max_tokens_default: int = 256) -> Workload:
     """Load a user dataset as a :class:`Workload` named ``dataset:<file name>``.
@@ -681,33 +727,7 @@ def load_dataset(path: str, counter: TokenCounter | None, seed: int = 0, endpoin
     stripped = raw.lstrip()
     if not stripped:
         raise ConfigError(f"dataset {p} is empty")
-    entries: list[tuple[str, dict[str, Any]]] = []  # (where, obj)
-    if stripped[0] == "[":
-        try:
-            data = json.loads(raw)
-        except RecursionError:
-            raise ConfigError(f"dataset {p}: JSON nested too deeply to read; entries are prompts or messages, "
-                              f"a few levels deep") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"dataset {p}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}; fix the file "
-                              "or pass JSONL (one object per line)") from None
-        if not isinstance(data, list):
-            raise ConfigError(f"dataset {p}: expected a JSON list of entries")
-        for k, obj in enumerate(data):
-            entries.append((f"entry {k}", obj))
-    else:
-        for lineno, line in enumerate(raw.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except RecursionError:
-                raise ConfigError(f"dataset {p}: line {lineno} is JSON nested too deeply to read; each line must be "
-                                  'one object like {"prompt": "...", "max_tokens": 128}') from None
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"dataset {p}: invalid JSON at line {lineno}: {exc.msg}; each line must be one JSON "
-                                  'object like {"prompt": "...", "max_tokens": 128}') from None
-            entries.append((f"line {lineno}", obj))
+    entries = _dataset_entries(p, raw, json_list=stripped[0] == "[")
     items: list[tuple[Any, int]] = []  # (prompt str or messages list, max_tokens)
     skipped = 0
     for where, obj in entries:
@@ -720,23 +740,9 @@ def load_dataset(path: str, counter: TokenCounter | None, seed: int = 0, endpoin
             else:
                 items.append(got)
             continue
-        prompt = obj.get("prompt")
-        messages = obj.get("messages")
-        if isinstance(prompt, str) and prompt:
-            content: Any = prompt
-        elif isinstance(messages, list) and messages:
-            for m in messages:
-                if not (isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m):
-                    raise ConfigError(f"dataset {p}: {where}: each message needs 'role' and 'content'")
-            _check_sendable({"messages": messages}, f"dataset {p}: {where}: messages ")  # as in the body
-            content = messages
-        else:
-            raise ConfigError(f"dataset {p}: {where} has no prompt (need a non-empty 'prompt' string or "
-                              "'messages' list)")
-        mt = obj.get("max_tokens", obj.get("output_tokens", max_tokens_default))
-        if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
-            raise ConfigError(f"dataset {p}: {where}: max_tokens/output_tokens must be an integer >= 1, got {mt!r}")
-        items.append((content, mt))
+        items.append((_plain_content(p, where, obj),
+                      dataset_max_tokens(obj.get("max_tokens", obj.get("output_tokens", max_tokens_default)),
+                                         f"dataset {p}: {where}")))
     if not items:
         raise ConfigError(f"dataset {p}: no usable entries ({skipped} ShareGPT entries without a human turn); each "
                           'entry needs a {"from": "human", "value": "..."} turn in "conversations"')
@@ -777,9 +783,9 @@ def _sharegpt_item(p: Path, where: str, obj: dict[str, Any], counter: TokenCount
                           and isinstance(t.get("value"), str)), None)
             if reply is None or not reply.strip():
                 mt = max_tokens_default
-            elif counter is not None:
-                mt = max(1, counter.count(reply))
+            elif counter is not None:  # an estimate from the reply: capped at servelab's limit, not refused
+                mt = min(MAX_OUTPUT_TOKENS, max(1, counter.count(reply)))
             else:
-                mt = max(1, round(len(reply.split()) / WORDS_PER_TOKEN))
+                mt = min(MAX_OUTPUT_TOKENS, max(1, round(len(reply.split()) / WORDS_PER_TOKEN)))
             return turn["value"], mt
     return None

@@ -1,7 +1,7 @@
 """The catalogs servelab selects from: inference engines (``engines.yaml``), hardware
 (``hardware.yaml``) and models (``models.yaml``, plus readers of config.json / GGUF headers).
 
-Public functions (each ``find_*`` raises :class:`servelab.wire.client.ConfigError` naming the nearest
+Public functions (each ``find_*`` raises :class:`servelab.wire.errors.ConfigError` naming the nearest
 known names when a name is unknown):
 
 - :func:`load_engines`, :func:`find_engine` — engine projects, their stack layers, tasks, modalities,
@@ -11,7 +11,8 @@ known names when a name is unknown):
 - :func:`load_models`, :func:`find_model` — model entries (``servelab.catalog.models``).
 
 Nothing is fetched at run time: the data files ship with the package. The functions import their
-modules on first use, so ``python -m servelab.catalog.<module>`` runs without import-order warnings.
+modules on first use (a command that needs no catalog does not load one). Module order, no cycles:
+``schema`` <- ``engines``, ``hardware``, ``models`` <- ``params`` <- ``readers`` <- ``resolve``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def load_models(*args: Any, **kwargs: Any) -> Any:
 
 def find_model(name_or_path: str, *args: Any, **kwargs: Any) -> Any:
     """A model by catalog name/alias or by a local path (config.json folder or GGUF file); see
-    :func:`servelab.catalog.models.find_model`. Raises ConfigError with the nearest names."""
-    from servelab.catalog.models import find_model as _find
+    :func:`servelab.catalog.resolve.find_model`. Raises ConfigError with the nearest names."""
+    from servelab.catalog.resolve import find_model as _find
 
     return _find(name_or_path, *args, **kwargs)

@@ -15,11 +15,11 @@ __all__ = ["ENGINES_FILE", "EngineEntry", "find_engine", "load_engines"]
 
 def load_engines() -> list[EngineEntry]:
     """Every engine entry, in file order (validated once per process; entries are frozen).
-    Raises :class:`~servelab.wire.client.ConfigError` if the packaged file is invalid."""
+    Raises :class:`~servelab.wire.errors.ConfigError` if the packaged file is invalid."""
     return list(catalog_entries(ENGINES_FILE, EngineCatalog))
 
 
 def find_engine(name: str) -> EngineEntry:
     """The entry whose name or alias is ``name`` (case, ``-``, ``_`` and spaces ignored).
-    Raises :class:`~servelab.wire.client.ConfigError` with the nearest names when there is none."""
+    Raises :class:`~servelab.wire.errors.ConfigError` with the nearest names when there is none."""
     return lookup(catalog_entries(ENGINES_FILE, EngineCatalog), name, "engine", "servelab catalog engines")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from servelab.catalog.schema import DATA_DIR, HardwareCatalog, HardwareEntry, catalog_entries, lookup
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 HARDWARE_FILE = DATA_DIR / "hardware.yaml"
 
@@ -20,13 +20,13 @@ __all__ = ["HARDWARE_FILE", "HardwareEntry", "find_hardware", "load_hardware", "
 
 def load_hardware() -> list[HardwareEntry]:
     """Every hardware entry, in file order (validated once per process; entries are frozen).
-    Raises :class:`~servelab.wire.client.ConfigError` if the packaged file is invalid."""
+    Raises :class:`~servelab.wire.errors.ConfigError` if the packaged file is invalid."""
     return list(catalog_entries(HARDWARE_FILE, HardwareCatalog))
 
 
 def find_hardware(name: str) -> HardwareEntry:
     """The entry whose name or alias is ``name`` (case, ``-``, ``_`` and spaces ignored).
-    Raises :class:`~servelab.wire.client.ConfigError` with the nearest names when there is none."""
+    Raises :class:`~servelab.wire.errors.ConfigError` with the nearest names when there is none."""
     return lookup(catalog_entries(HARDWARE_FILE, HardwareCatalog), name, "hardware", "servelab catalog hardware")
 
 
@@ -36,7 +36,7 @@ _SPEC = re.compile(r"^\s*(?P<name>[^:]+?)\s*(?::\s*(?P<count>[^:]*?)\s*)?$")
 def parse_hardware_spec(spec: str) -> tuple[HardwareEntry, int]:
     """Parse ``NAME[:COUNT]`` into (entry, device count); COUNT defaults to 1.
 
-    Raises :class:`~servelab.wire.client.ConfigError` (one line) for an empty name, a COUNT that is not
+    Raises :class:`~servelab.wire.errors.ConfigError` (one line) for an empty name, a COUNT that is not
     a whole number ≥ 1, more than one ``:``, an unknown name (nearest names suggested), and a count
     above the entry's ``max_per_node`` × 64 (no catalogued deployment is that large)."""
     m = _SPEC.match(spec or "")

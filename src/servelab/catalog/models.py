@@ -15,40 +15,34 @@ Layer pattern: ``mixer_pattern`` and ``ffn_pattern`` repeat cyclically over ``nu
 character per layer in NVIDIA's Nemotron-H notation (``M`` Mamba-2, ``*`` attention, ``-`` MLP,
 ``E`` MoE; https://huggingface.co/nvidia/Nemotron-H-8B-Base-8K/blob/main/config.json, read 2026-11-30).
 
-:func:`find_model` also accepts a Hugging Face ``config.json`` (or its folder) or a ``.gguf`` file; those
-go through :mod:`servelab.catalog.readers`.
+Names and files (a Hugging Face ``config.json`` or its folder, a ``.gguf`` file) are resolved by
+:func:`servelab.catalog.resolve.find_model`; files go through :mod:`servelab.catalog.readers`. This module
+imports neither (the readers build :class:`ModelEntry` objects from this one).
 """
 
 from __future__ import annotations
 
-import argparse
-import difflib
 import functools
-import json
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from servelab.catalog.schema import DATA_DIR, Sourced, json_schema
-from servelab.wire.client import ConfigError
+from servelab.wire.config import FrozenModel, PublishedSchema, read_yaml_file, validation_error_line
+from servelab.wire.errors import ConfigError
 
 MODELS_FILE = DATA_DIR / "models.yaml"
 MODELS_SCHEMA_FILE = DATA_DIR / "models.schema.json"
 
 Mixer = Literal["full", "sliding", "mla", "mamba2", "none"]
 Ffn = Literal["dense", "moe", "none"]
+_ALL_FULL: tuple[Mixer, ...] = ("full",)  # the default layer pattern: full attention in every layer
 _HYBRID_CHARS: dict[str, tuple[Mixer, Ffn]] = {"M": ("mamba2", "none"), "*": ("full", "none"),
                                                "-": ("none", "dense"), "E": ("none", "moe")}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Attention(_Strict):
+class Attention(FrozenModel):
     """Softmax attention of the full/sliding layers. ``head_dim`` is the K (and Q) head size;
     ``v_head_dim`` defaults to it. ``sliding_window``: tokens a sliding layer attends to.
     ``sinks``: learned attention-sink logits per head (gpt-oss) — parameters only, no KV."""
@@ -73,7 +67,7 @@ class Attention(_Strict):
         return self.v_head_dim or self.head_dim
 
 
-class MLA(_Strict):
+class MLA(FrozenModel):
     """Multi-head latent attention (DeepSeek-V2 §2.1, https://arxiv.org/abs/2405.04434, read
     2026-11-30): the cache holds one compressed latent of ``kv_lora_rank`` plus a shared RoPE key of
     ``qk_rope_head_dim`` per token and layer."""
@@ -86,7 +80,7 @@ class MLA(_Strict):
     v_head_dim: int = Field(ge=1)
 
 
-class SSM(_Strict):
+class SSM(FrozenModel):
     """Mamba-2 mixer (https://arxiv.org/abs/2405.21060, read 2026-11-30). ``d_inner = num_heads *
     head_dim``. Per sequence it keeps a conv state of ``(d_inner + 2*n_groups*d_state) x (conv_kernel-1)``
     and an SSM state of ``num_heads x head_dim x d_state``, constant in context length."""
@@ -104,7 +98,7 @@ class SSM(_Strict):
         return self.num_heads * self.head_dim
 
 
-class MoE(_Strict):
+class MoE(FrozenModel):
     """Mixture of experts. ``experts_per_token``: routed experts active per token; ``shared_experts``
     run for every token (``shared_intermediate`` each, default ``expert_intermediate``).
     ``first_dense_layers``: leading layers with a dense FFN (DeepSeek ``first_k_dense_replace``)."""
@@ -123,7 +117,7 @@ class MoE(_Strict):
         return self
 
 
-class Architecture(_Strict):
+class Architecture(FrozenModel):
     """The backbone (decoder, encoder, or diffusion transformer) of a model.
 
     ``ffn_intermediate``: dense FFN width; ``ffn_gated``: SwiGLU/GeGLU (3 matrices) vs. plain (2).
@@ -143,7 +137,7 @@ class Architecture(_Strict):
     mla: MLA | None = None
     ssm: SSM | None = None
     moe: MoE | None = None
-    mixer_pattern: list[Mixer] = Field(default_factory=lambda: ["full"], min_length=1)
+    mixer_pattern: list[Mixer] = Field(default_factory=lambda: list(_ALL_FULL), min_length=1)
     ffn_pattern: list[Ffn] | None = None
     hybrid_override_pattern: str | None = None
     cross_attention_tokens: int = Field(0, ge=0)
@@ -194,7 +188,7 @@ class Architecture(_Strict):
         return ["dense"] * self.num_layers
 
 
-class Component(_Strict):
+class Component(FrozenModel):
     """A part of the served model besides the backbone: ``role`` vision_encoder, audio_encoder,
     text_encoder, vae, vocoder, projector, mtp (multi-token-prediction module), draft (speculative
     draft model). ``params``: parameter count; ``in_memory``: loaded by default when serving."""
@@ -206,7 +200,7 @@ class Component(_Strict):
     note: str | None = None
 
 
-class PublishedParams(_Strict):
+class PublishedParams(FrozenModel):
     """Parameter counts as the publisher states them (model card / paper)."""
 
     total: float = Field(gt=0)
@@ -214,7 +208,7 @@ class PublishedParams(_Strict):
     note: str | None = None
 
 
-class VideoSpec(_Strict):
+class VideoSpec(FrozenModel):
     """Latent geometry of a video diffusion model: the VAE compresses (t, h, w) by ``vae_stride`` into
     ``latent_channels``, the DiT patchifies by ``patch_size``. Tokens per clip = ceil((frames-1)/st + 1)
     * (H/sh/ph) * (W/sw/pw)."""
@@ -261,7 +255,7 @@ class ModelEntry(Sourced):
         return [a.strip() for a in v if a.strip()]
 
 
-class ModelCatalog(_Strict):
+class ModelCatalog(FrozenModel):
     """The file ``models.yaml``: ``models`` is the list of entries (unique names and aliases)."""
 
     models: list[ModelEntry] = Field(min_length=1)
@@ -278,12 +272,6 @@ class ModelCatalog(_Strict):
         return self
 
 
-def _format_error(e: ValidationError, path: Path) -> str:
-    err = e.errors()[0]
-    loc = ".".join(str(x) for x in err["loc"])
-    return f"{path}: {loc}: {err['msg']} ({len(e.errors())} error(s))"
-
-
 def load_catalog(path: str | Path | None = None) -> ModelCatalog:
     """Read and validate a models YAML file (default: the packaged ``models.yaml``).
 
@@ -291,16 +279,12 @@ def load_catalog(path: str | Path | None = None) -> ModelCatalog:
     read, is not YAML, or fails validation (a missing ``source``/``checked`` included).
     """
     p = Path(path) if path is not None else MODELS_FILE
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(f"cannot read models catalog {p}: {e.strerror or e}") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p} is not valid YAML: {e}") from e
+    raw = read_yaml_file(p, what="models catalog", missing_fix="give a models YAML file (the packaged one: "
+                         "catalog/data/models.yaml)", empty_fix="write a models: list (see catalog/data/models.yaml)")
     try:
         return ModelCatalog.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_format_error(e, p)) from e
+        raise ConfigError(validation_error_line(e, str(p), ModelCatalog)) from None
 
 
 @functools.lru_cache(maxsize=1)
@@ -313,68 +297,13 @@ def load_models() -> list[ModelEntry]:
     return list(_packaged().models)
 
 
-def _index() -> dict[str, ModelEntry]:
-    out: dict[str, ModelEntry] = {}
-    for m in load_models():
-        for key in [m.name, *m.aliases]:
-            out[key.lower()] = m
-    return out
-
-
-def find_model(name_or_path: str | Path) -> ModelEntry:
-    """Resolve a catalog name/alias (case-insensitive), a path to a Hugging Face ``config.json`` or a
-    folder holding one, or a ``.gguf`` file, to a :class:`ModelEntry`.
-
-    Files are read by :func:`servelab.catalog.readers.read_model_file`; the entry it returns has
-    ``source`` = ``file://...`` semantics recorded in ``notes`` (its ``source`` stays an http URL of the
-    format's spec). Raises :class:`ConfigError` naming the closest catalog names (difflib) when the name
-    is unknown and no such file exists, or when a file cannot be read.
-    """
-    key = str(name_or_path).strip()
-    hit = _index().get(key.lower())
-    if hit is not None:
-        return hit
-    p = Path(key).expanduser()
-    if p.exists():
-        from servelab.catalog.readers import read_model_file
-
-        return read_model_file(p)
-    if "/" in key or "\\" in key or p.suffix.lower() in (".gguf", ".json"):
-        raise ConfigError(f"model file {key!r} not found; check the path, or pass a catalog name "
-                          "(`servelab catalog models` lists them)")
-    names = sorted({m.name for m in load_models()} | {a for m in load_models() for a in m.aliases})
-    near = difflib.get_close_matches(key, names, n=3, cutoff=0.4)
-    if not near:
-        near = difflib.get_close_matches(key.lower(), [n.lower() for n in names], n=3, cutoff=0.3)
-    hint = f"; did you mean {', '.join(near)}?" if near else ""
-    raise ConfigError(f"unknown model {key!r}: not in the models catalog and not a config.json/GGUF path{hint} "
-                      "(list them with `servelab catalog models`, or pass a config.json or .gguf path)")
-
-
 def schema_text() -> str:
     """The published JSON Schema of ``models.yaml`` (draft 2020-12) as text."""
-    return json.dumps(json_schema(ModelCatalog), indent=2, ensure_ascii=False) + "\n"
+    return PUBLISHED_SCHEMA.text()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m servelab.catalog.models --write-schema | --check-schema``: regenerate or check
-    ``catalog/data/models.schema.json``. Returns the exit code (1 = stale)."""
-    ap = argparse.ArgumentParser(prog="python -m servelab.catalog.models", description=main.__doc__)
-    ap.add_argument("--write-schema", action="store_true")
-    ap.add_argument("--check-schema", action="store_true")
-    a = ap.parse_args(argv)
-    if a.write_schema:
-        MODELS_SCHEMA_FILE.write_text(schema_text(), encoding="utf-8")
-        print(MODELS_SCHEMA_FILE)
-        return 0
-    if a.check_schema:
-        ok = MODELS_SCHEMA_FILE.exists() and MODELS_SCHEMA_FILE.read_text(encoding="utf-8") == schema_text()
-        if not ok:
-            print(f"{MODELS_SCHEMA_FILE} is out of date; run python -m servelab.catalog.models --write-schema",
-                  file=sys.stderr)
-        return 0 if ok else 1
-    ap.print_help()
-    return 0
+#: ``models.schema.json``, written and checked by ``servelab schema write|check``.
+PUBLISHED_SCHEMA = PublishedSchema(MODELS_SCHEMA_FILE, lambda: json_schema(ModelCatalog))
 
 
 def entry_from_dict(data: dict[str, Any], where: str | None = None) -> ModelEntry:
@@ -384,15 +313,8 @@ def entry_from_dict(data: dict[str, Any], where: str | None = None) -> ModelEntr
     try:
         return ModelEntry.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        label = where or f"model {data.get('name')!r}"
-        raise ConfigError(f"{label}: {'.'.join(str(x) for x in err['loc'])}: {msg}") from None
+        raise ConfigError(validation_error_line(e, where or f"model {data.get('name')!r}", ModelEntry)) from None
 
 
-__all__ = ["MLA", "SSM", "Architecture", "Attention", "Component", "ModelCatalog", "ModelEntry", "MoE",
-           "PublishedParams", "VideoSpec", "entry_from_dict", "find_model", "load_catalog", "load_models",
-           "schema_text"]
-
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["MLA", "PUBLISHED_SCHEMA", "SSM", "Architecture", "Attention", "Component", "ModelCatalog", "ModelEntry",
+           "MoE", "PublishedParams", "VideoSpec", "entry_from_dict", "load_catalog", "load_models", "schema_text"]

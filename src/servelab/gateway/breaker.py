@@ -351,14 +351,14 @@ class BreakerBoard:
         """Read the shared open state of ``names`` (default: every known backend) and open the local
         breaker of each backend another replica opened, for the time left there.
         Returns ``{name: remaining_s}`` of the shared-open ones."""
-        if self.redis is None:
+        if self.redis is None or self._pttl is None:
             return {}
         ns = list(self._breakers) if names is None else list(names)
         if not ns:
             return {}
         pttls = await self._pttl(keys=[self.key(n) for n in ns])
         shared: dict[str, float] = {}
-        for n, ms in zip(ns, pttls):
+        for n, ms in zip(ns, pttls, strict=True):
             ms = int(ms)
             if ms > 0:
                 shared[n] = ms / 1000.0

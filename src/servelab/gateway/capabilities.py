@@ -63,6 +63,15 @@ def _texts(endpoint: str, body: dict[str, Any]) -> list[str]:
     return out
 
 
+#: constrained-decoding fields refused when the model's ``json_schema`` capability is false (besides
+#: ``response_format`` json_schema/json_object): vLLM ``guided_json``/``guided_regex``/``guided_choice``/
+#: ``guided_grammar`` and ``structured_outputs`` (https://docs.vllm.ai/en/latest/features/structured_outputs.html),
+#: llama.cpp ``grammar``/``json_schema`` (tools/server/README.md), SGLang ``regex``/``ebnf``/``json_schema``
+#: (docs/sampling_params.md), TGI ``grammar`` (checked 2026-12-01)
+CONSTRAINED_FIELDS = ("json_schema", "grammar", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                      "structured_outputs", "regex", "ebnf")
+
+
 def prompt_text(endpoint: str, body: dict[str, Any]) -> str:
     """The prompt's text (chat message texts joined by newlines, or the prompt/input strings): what an
     access log may show when a tenant sets ``log_prompts``."""
@@ -235,25 +244,27 @@ def check_request(entry: ModelEntry, endpoint: str, body: dict[str, Any], prompt
             raise bad_request(f"{name} does not accept tools; remove 'tools' or pick a model with tools ({sup})",
                               param="tools", code="tools_not_supported")
         kinds = _parts(body)
-        if ("image_url" in kinds or "input_image" in kinds or "image" in kinds) and "image" not in caps.input_modalities:
+        sends_image = "image_url" in kinds or "input_image" in kinds or "image" in kinds
+        if sends_image and "image" not in caps.input_modalities:
             raise bad_request(f"{name} does not accept images; send text only or pick a vision model ({sup})",
                               param="messages", code="modality_not_supported")
         if ("input_audio" in kinds or "audio_url" in kinds) and "audio" not in caps.input_modalities:
             raise bad_request(f"{name} does not accept audio ({sup})", param="messages", code="modality_not_supported")
     if endpoint in ("chat", "completions"):
         rf = body.get("response_format")
-        wants_schema = (isinstance(rf, dict) and rf.get("type") in ("json_schema", "json_object")) or any(
-            body.get(k) is not None for k in ("guided_json", "structured_outputs", "json_schema"))
-        if wants_schema and not caps.json_schema:
-            raise bad_request(f"{name} does not support structured (JSON-schema) output; remove 'response_format' "
-                              f"or pick a model with json_schema ({sup})", param="response_format",
+        field = "response_format" if isinstance(rf, dict) and rf.get("type") in ("json_schema", "json_object") \
+            else next((k for k in CONSTRAINED_FIELDS if body.get(k) not in (None, "", False)), None)
+        if field is not None and not caps.json_schema:
+            raise bad_request(f"{name} does not support constrained (JSON-schema/grammar) output; remove '{field}' "
+                              f"or pick a model with json_schema ({sup})", param=field,
                               code="json_schema_not_supported")
         if body.get("reasoning_effort") is not None and not caps.reasoning:
             raise bad_request(f"{name} is not a reasoning model; remove 'reasoning_effort' ({sup})",
                               param="reasoning_effort", code="reasoning_not_supported")
     ctx = caps.context_tokens
     if ctx:
-        out = max_tokens if max_tokens is not None else (body.get("max_completion_tokens") or body.get("max_tokens") or 0)
+        asked = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+        out = max_tokens if max_tokens is not None else asked
         out = out if endpoint != "embeddings" and isinstance(out, int) else 0
         if prompt_tokens_est + out > ctx:
             raise GatewayError(400, f"this request needs at least {prompt_tokens_est + out} tokens (prompt at least "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 from servelab.wire.files import install_uvloop
 
 __all__ = ["gateway_command", "serve"]

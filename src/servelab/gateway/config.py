@@ -7,32 +7,30 @@ mistakes (a target naming an unknown backend, a key of an unknown tenant, …). 
 config when a reload fails, and shows that line (log + admin).
 
 ``gateway.schema.json`` next to this module is generated from the models for editors (YAML language
-servers); ``python -m servelab.gateway.config --write-schema`` regenerates it, ``--check`` verifies it.
+servers); ``servelab schema write`` regenerates it, ``servelab schema check`` verifies it.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from servelab.wire import ConfigError
-from servelab.wire.files import read_yaml_file
+from servelab.wire.config import FrozenModel, PublishedSchema, json_schema_of, read_yaml_file, validation_error_line
+from servelab.wire.errors import ConfigError
 
 __all__ = [
     "BACKEND_KINDS", "SCHEMA_PATH", "AdminSection", "Backend", "BreakerSection", "Capabilities", "FallbackStep",
     "GatewayConfig", "HealthSection", "KeyEntry", "LedgerSection", "ModelEntry", "RetrySection", "RoutingSection",
-    "ServerSection", "Shadow", "SharedLimits", "StateSection", "Target", "Tenant", "json_schema", "load_config", "parse_config",
+    "ServerSection", "Shadow", "SharedLimits", "StateSection", "Target", "Tenant", "json_schema", "load_config",
+    "parse_config", "PUBLISHED_SCHEMA",
 ]
 
 #: Engine kinds a backend can be (each has its own readiness endpoint and error dialect, ENGINE_WIRE.md).
 BACKEND_KINDS = ("vllm", "sglang", "tgi", "llamacpp", "ollama", "mock", "openai", "embedder")
-#: The committed JSON Schema (regenerate with ``python -m servelab.gateway.config --write-schema``).
+#: The committed JSON Schema (regenerate with ``servelab schema write``).
 SCHEMA_PATH = Path(__file__).with_name("gateway.schema.json")
 
 _NAME = r"^[A-Za-z0-9_.:-]{1,128}$"
@@ -43,13 +41,7 @@ _ENV = r"^[A-Za-z_][A-Za-z0-9_]*$"
 DEFAULT_REDACT = (r"[\w.+-]+@[\w-]+\.[\w.-]+", r"\b(?:sk|pk|rk)-[A-Za-z0-9_-]{8,}", r"\d[\d -]{7,}\d")
 
 
-class _Strict(BaseModel):
-    """Base: unknown keys are errors (a typo must not be silently ignored); instances are immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ServerSection(_Strict):
+class ServerSection(FrozenModel):
     """Where the gateway listens and the bounds every request must respect.
 
     ``port``/``admin_port`` 0 pick a free port; ``admin_port`` null runs no admin app. ``max_body_bytes``
@@ -107,6 +99,31 @@ class ServerSection(_Strict):
     public_metrics: bool = Field(False, description="also serve /metrics on the API port without auth (it names "
                                  "backends and breaker states); it is always on the admin port, behind the "
                                  "admin token")
+    trusted_proxies: list[str] = Field(default_factory=list, description="addresses/CIDRs of proxies in front of "
+                                       "the gateway; only their X-Forwarded-For is read (servelab.gateway.clientip)")
+    # request bodies and outputs (break-it report on 4b30bb7, defects 3-5; servelab.gateway.bodies,
+    # servelab.gateway.logprobs)
+    request_compression: bool = Field(False, description="accept request bodies with Content-Encoding gzip or "
+                                      "deflate (inflated piece by piece, never past max_body_bytes); false = 415")
+    max_top_logprobs: int = Field(20, ge=0, le=1000, description="largest top_logprobs (chat) / n_probs a request "
+                                  "may ask for (OpenAI: 20), else 400")
+    max_logprobs: int = Field(5, ge=0, le=1000, description="largest logprobs on /v1/completions (OpenAI's legacy "
+                              "maximum: 5), else 400")
+    send_timeout_s: float = Field(60.0, gt=0, le=3600, description="a client that reads nothing of its response "
+                                  "for this long is cut and its upstream released, s (nginx send_timeout: 60)")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for i, net in enumerate(v):
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"trusted_proxies[{i}] {net!r} is not an IP address or CIDR "
+                                 "(e.g. 10.0.0.0/8)") from None
+        return v
 
     @model_validator(mode="after")
     def _default_le_limit(self) -> ServerSection:
@@ -116,7 +133,7 @@ class ServerSection(_Strict):
         return self
 
 
-class AdminSection(_Strict):
+class AdminSection(FrozenModel):
     """The admin API's credential: a bearer token read from the environment variable ``token_env``, or
     checked against ``token_sha256`` (hex SHA-256 of the token) so the file holds no secret."""
 
@@ -124,7 +141,7 @@ class AdminSection(_Strict):
     token_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the admin token")
 
 
-class StateSection(_Strict):
+class StateSection(FrozenModel):
     """Shared state: ``redis_url`` null keeps limits and breaker state in memory (one replica); a Redis URL
     lets N gateway replicas share one limit per key."""
 
@@ -138,7 +155,7 @@ class StateSection(_Strict):
         return v
 
 
-class LedgerSection(_Strict):
+class LedgerSection(FrozenModel):
     """Where one usage row per request is written: SQLite (``sqlite_path``, default ``gateway-usage.db``
     next to the config file) or PostgreSQL (``postgres_dsn``); not both.
 
@@ -169,7 +186,7 @@ class LedgerSection(_Strict):
         return self
 
 
-class Backend(_Strict):
+class Backend(FrozenModel):
     """One engine server. ``base_url`` is its root (``http://127.0.0.1:8001``; a trailing ``/v1`` is
     accepted and dropped): the gateway calls ``{base_url}/v1/chat/completions`` etc. Upstream URLs come
     only from here, never from a request. ``models``: upstream model names it serves. ``weight``: share
@@ -209,7 +226,7 @@ class Backend(_Strict):
         return v
 
 
-class Target(_Strict):
+class Target(FrozenModel):
     """Where a public model can be served: ``backend`` name, the ``model`` name that engine knows
     (default: the backend's first model) and a ``weight`` for weighted splits (canary: 95/5)."""
 
@@ -218,7 +235,7 @@ class Target(_Strict):
     weight: float = Field(1.0, ge=0, description="relative share of traffic")
 
 
-class Capabilities(_Strict):
+class Capabilities(FrozenModel):
     """What a public model supports, declared in the registry and checked before a request reaches an
     engine (docs/gateway-design.md). ``context_tokens`` null = not checked by the gateway (the engine
     still refuses). Prices per million tokens (``currency``); ``typical_*`` latencies as measured by a
@@ -239,7 +256,52 @@ class Capabilities(_Strict):
     risk_notes: str | None = Field(None, description="known risks (quantised, weak at code, …)")
 
 
-class FallbackStep(_Strict):
+class ParamBound(FrozenModel):
+    """Policy for one numeric sampling parameter: ``default`` sent when the request has none; a value
+    outside [``min``, ``max``] is clamped or refused (``on_violation``; null = the policy's)."""
+
+    default: float | None = None
+    min: float | None = None
+    max: float | None = None
+    on_violation: Literal["clamp", "refuse"] | None = None
+
+    @model_validator(mode="after")
+    def _order(self) -> ParamBound:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}")
+        for v in (self.default,):
+            if v is not None and ((self.min is not None and v < self.min) or (self.max is not None and v > self.max)):
+                raise ValueError(f"default {v} is outside [min, max]")
+        return self
+
+
+class StopBound(FrozenModel):
+    """Policy for ``stop``: ``default`` sequences when the request has none; more than ``max_items``
+    are cut to the first ``max_items`` or refused (``on_violation``; null = the policy's)."""
+
+    default: list[str] | None = None
+    max_items: int | None = Field(None, ge=0)
+    on_violation: Literal["clamp", "refuse"] | None = None
+
+
+class SamplingPolicy(FrozenModel):
+    """Defaults and bounds of sampling parameters for a model (``models.<m>.sampling``) or a task
+    (``routing.task_sampling.<task>``); see servelab.gateway.policy. ``max_tokens`` bounds the output
+    over every dialect's length field. ``on_violation``: clamp (default) or refuse with a 400."""
+
+    on_violation: Literal["clamp", "refuse"] = "clamp"
+    temperature: ParamBound | None = None
+    top_p: ParamBound | None = None
+    top_k: ParamBound | None = None
+    min_p: ParamBound | None = None
+    frequency_penalty: ParamBound | None = None
+    presence_penalty: ParamBound | None = None
+    repetition_penalty: ParamBound | None = None
+    max_tokens: ParamBound | None = None
+    stop: StopBound | None = None
+
+
+class FallbackStep(FrozenModel):
     """One step of a fallback chain: another public ``model``, and degrade parameters applied when the
     request is sent there: ``max_tokens`` caps the output, ``params`` overrides body fields."""
 
@@ -248,14 +310,14 @@ class FallbackStep(_Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="body fields overridden on this step")
 
 
-class Shadow(_Strict):
+class Shadow(FrozenModel):
     """Mirror a ``sample_rate`` share of requests to ``target`` (answers discarded, never charged)."""
 
     target: Target
     sample_rate: float = Field(0.0, ge=0, le=1, description="share of requests mirrored (0-1)")
 
 
-class ModelEntry(_Strict):
+class ModelEntry(FrozenModel):
     """A public model name: its targets (weighted), its declared capabilities, its fallback chain and an
     optional shadow target."""
 
@@ -263,10 +325,11 @@ class ModelEntry(_Strict):
     capabilities: Capabilities = Field(default_factory=Capabilities)
     fallback: list[FallbackStep] = Field(default_factory=list)
     shadow: Shadow | None = None
+    sampling: SamplingPolicy | None = Field(None, description="defaults and bounds of sampling parameters")
     description: str | None = None
 
 
-class SharedLimits(_Strict):
+class SharedLimits(FrozenModel):
     """Limits on all keys of a tenant together (null = unlimited); same units as :class:`Tenant`."""
 
     rpm: int | None = Field(None, ge=1, description="requests per minute, all keys together")
@@ -275,7 +338,17 @@ class SharedLimits(_Strict):
     token_budget: int | None = Field(None, ge=1, description="total tokens, all keys together")
 
 
-class Tenant(_Strict):
+class ScopeLimits(FrozenModel):
+    """Limits of one extra scope of a tenant (an application, a model, a client IP; servelab.gateway.scopes):
+    all the tenant's requests in that scope together. No token budget: budgets are durable per key and
+    tenant only (seeded from the ledger)."""
+
+    rpm: int | None = Field(None, ge=1, description="requests per minute")
+    tpm: int | None = Field(None, ge=1, description="tokens per minute")
+    max_concurrency: int | None = Field(None, ge=1, description="requests in flight")
+
+
+class Tenant(FrozenModel):
     """A team or application. ``allowed_models`` (``["*"]`` = every model). Limits apply to *each key* of
     the tenant (the rate-limit identity is the authenticated key; null = unlimited): ``rpm`` requests/min,
     ``tpm`` tokens/min (prompt + output; reserved as prompt estimate + max_tokens, settled to the engine's
@@ -292,6 +365,14 @@ class Tenant(_Strict):
     pools: list[str] | None = Field(None, description="backend pools it may use; null = any")
     log_prompts: bool = Field(False, description="log prompt text (redacted) in the access log")
     redact: list[str] = Field(default_factory=lambda: list(DEFAULT_REDACT), description="regexes to redact")
+    priority: str = Field("standard", pattern=_NAME, description="priority class of its keys (degrade.rules "
+                          "match it); a key's own priority wins")
+    application_limits: dict[str, ScopeLimits] = Field(default_factory=dict, description="per application "
+                                                       "(keys[].application): all its keys together")
+    model_limits: dict[str, ScopeLimits] = Field(default_factory=dict, description="per public model: all the "
+                                                 "tenant's keys together")
+    ip_limits: ScopeLimits | None = Field(None, description="per client IP (server.trusted_proxies decides when "
+                                          "X-Forwarded-For counts): all the tenant's keys together")
 
     @field_validator("redact")
     @classmethod
@@ -304,7 +385,7 @@ class Tenant(_Strict):
         return v
 
 
-class KeyEntry(_Strict):
+class KeyEntry(FrozenModel):
     """An API key declared in the file: its ``id`` (the ``<key_id>`` of ``sk-sl-<key_id>-<secret>``), its
     ``tenant`` and ``sha256`` = hex SHA-256 of the ``<secret>`` part (the secret itself is never stored;
     ``servelab keys generate`` prints a key and its entry). Optional ``allowed_models`` narrows the
@@ -318,9 +399,65 @@ class KeyEntry(_Strict):
     tpm: int | None = Field(None, ge=1, description="override of the tenant's per-key tpm")
     max_concurrency: int | None = Field(None, ge=1, description="override of the tenant's per-key max_concurrency")
     token_budget: int | None = Field(None, ge=1, description="override of the tenant's per-key token_budget")
+    priority: str | None = Field(None, pattern=_NAME, description="priority class (degrade.rules); null = the "
+                                 "tenant's. Bound to the key: no client header can change it")
+    application: str | None = Field(None, pattern=_NAME, description="application this key belongs to "
+                                    "(tenants.<t>.application_limits, access log); bound to the key")
 
 
-class RoutingSection(_Strict):
+class DegradeWhen(FrozenModel):
+    """Pressure on the requested model, as this gateway process sees it; the rule fires when ANY set
+    threshold is reached. ``in_flight``: requests in flight on the model's target backends, summed;
+    ``in_flight_ratio``: that sum over the sum of their ``max_in_flight`` (only when every target backend
+    has one); ``ttft_p95_ms``: P95 of the model's gateway-measured TTFT over the last ``degrade.window_s``
+    (with at least ``degrade.min_samples`` requests)."""
+
+    in_flight: int | None = Field(None, ge=1, description="requests in flight on the model's backends")
+    in_flight_ratio: float | None = Field(None, gt=0, le=1, description="in flight / max_in_flight (0-1]")
+    ttft_p95_ms: float | None = Field(None, gt=0, description="recent TTFT P95 of the model, ms")
+
+    @model_validator(mode="after")
+    def _some(self) -> DegradeWhen:
+        if self.in_flight is None and self.in_flight_ratio is None and self.ttft_p95_ms is None:
+            raise ValueError("set at least one of in_flight, in_flight_ratio, ttft_p95_ms")
+        return self
+
+
+class DegradeRule(FrozenModel):
+    """Under pressure (``when``), requests of the ``priorities`` classes to ``models`` (null = any) are
+    degraded: ``pause`` refuses them all (503 ``model_busy``, e.g. batch traffic), ``route_to`` another
+    (cheaper) public model, ``max_tokens`` caps the output, and prompts above ``max_prompt_tokens`` (the
+    gateway's estimate) are refused with 503 ``long_prompt_refused``, a message saying by how much to
+    shorten; refusals carry ``Retry-After: retry_after_s``. The first matching rule applies
+    (servelab.gateway.degrade)."""
+
+    name: str = Field(pattern=_NAME, description="rule name (metrics and access log)")
+    priorities: list[str] = Field(min_length=1, description="priority classes it applies to")
+    models: list[str] | None = Field(None, description="public models it applies to; null = any")
+    when: DegradeWhen
+    route_to: str | None = Field(None, description="public model to send these requests to")
+    max_tokens: int | None = Field(None, ge=1, description="cap on max_tokens")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="longer prompts are refused")
+    pause: bool = Field(False, description="refuse every request of these classes while pressed (503, Retry-After)")
+    retry_after_s: float = Field(5.0, gt=0, description="Retry-After of a refusal, s")
+
+    @model_validator(mode="after")
+    def _acts(self) -> DegradeRule:
+        if self.route_to is None and self.max_tokens is None and self.max_prompt_tokens is None and not self.pause:
+            raise ValueError("set at least one action: pause, route_to, max_tokens or max_prompt_tokens")
+        return self
+
+
+class DegradeSection(FrozenModel):
+    """Degrade rules by priority class under pressure (issue 14 item 2). ``window_s``/``min_samples``:
+    the TTFT window of ``when.ttft_p95_ms``."""
+
+    rules: list[DegradeRule] = Field(default_factory=list)
+    window_s: float = Field(30.0, gt=0, le=3600, description="TTFT window of ttft_p95_ms, s")
+    min_samples: int = Field(20, ge=1, description="fewest TTFTs in the window before ttft_p95_ms counts")
+
+
+class RoutingSection(FrozenModel):
     """Per-task routing: a request whose ``task_header`` names a task in ``tasks`` and whose body gives
     no model (or ``"auto"``) goes to that public model. ``affinity_chars``: leading prompt characters hashed
     to keep one prefix on one replica (KV/prefix cache reuse; 0 = off, least outstanding requests only);
@@ -333,6 +470,8 @@ class RoutingSection(_Strict):
 
     task_header: str = Field("X-Servelab-Task")
     tasks: dict[str, str] = Field(default_factory=dict, description="task name -> public model")
+    task_sampling: dict[str, SamplingPolicy] = Field(default_factory=dict, description="task name (task_header) "
+                                                     "-> sampling defaults and bounds, on top of the model's")
     affinity_chars: int = Field(256, ge=0, description="prompt characters hashed for prefix affinity; 0 = off")
     balance_factor: float = Field(1.25, ge=1, description="bounded-load factor of prefix affinity (>= 1)")
     session_header: str | None = Field(None, pattern=r"^[A-Za-z0-9-]{1,64}$", description="client header whose "
@@ -342,7 +481,7 @@ class RoutingSection(_Strict):
                                     "key of session_header (same on every replica); unset = a per-process key")
 
 
-class RetrySection(_Strict):
+class RetrySection(FrozenModel):
     """Retries before the first byte reached the client, on connection failures, 429 and 503 only:
     ``attempts`` extra tries, ``backoff_s`` first wait (doubled per try, at most ``backoff_max_s``), and
     ``budget_ratio`` caps retries at that share of requests (no retry storm)."""
@@ -353,7 +492,7 @@ class RetrySection(_Strict):
     budget_ratio: float = Field(0.2, ge=0, le=10)
 
 
-class BreakerSection(_Strict):
+class BreakerSection(FrozenModel):
     """Per-backend circuit breaker: opens after ``consecutive_failures`` or when the error rate over
     ``window_s`` exceeds ``error_rate`` (with at least ``min_requests``), stays open ``open_s``, then
     lets probes through (half-open)."""
@@ -365,7 +504,7 @@ class BreakerSection(_Strict):
     open_s: float = Field(5.0, gt=0)
 
 
-class HealthSection(_Strict):
+class HealthSection(FrozenModel):
     """Active readiness checks of every backend each ``interval_s`` (timeout ``timeout_s``)."""
 
     enabled: bool = True
@@ -373,7 +512,7 @@ class HealthSection(_Strict):
     timeout_s: float = Field(1.0, gt=0)
 
 
-class GatewayConfig(_Strict):
+class GatewayConfig(FrozenModel):
     """The whole gateway file. See each section's class for units and defaults."""
 
     server: ServerSection = Field(default_factory=ServerSection)
@@ -388,6 +527,7 @@ class GatewayConfig(_Strict):
     retry: RetrySection = Field(default_factory=RetrySection)
     breaker: BreakerSection = Field(default_factory=BreakerSection)
     health: HealthSection = Field(default_factory=HealthSection)
+    degrade: DegradeSection = Field(default_factory=DegradeSection)
 
     @field_validator("tenants", "keys", mode="before")
     @classmethod
@@ -418,12 +558,12 @@ class GatewayConfig(_Strict):
             if m.shadow is not None:
                 _check_target(m.shadow.target, backends, f"models.{name}.shadow.target")
         pools = {b.pool for b in self.backends}
-        for tname, t in self.tenants.items():
-            for j, mname in enumerate(t.allowed_models):
+        for tname, ten in self.tenants.items():
+            for j, mname in enumerate(ten.allowed_models):
                 if mname != "*" and mname not in self.models:
                     raise ValueError(f"tenants.{tname}.allowed_models[{j}]: {mname!r} is not a model; "
                                      f"one of {', '.join(self.models)} or '*'")
-            for j, p in enumerate(t.pools or []):
+            for j, p in enumerate(ten.pools or []):
                 if p not in pools:
                     raise ValueError(f"tenants.{tname}.pools[{j}]: no backend is in pool {p!r}; "
                                      f"pools: {', '.join(sorted(pools))}")
@@ -438,6 +578,7 @@ class GatewayConfig(_Strict):
         for task, mname in self.routing.tasks.items():
             if mname not in self.models:
                 raise ValueError(f"routing.tasks.{task}: {mname!r} is not a model; one of {', '.join(self.models)}")
+        _check_model_refs(self)
         return self
 
     def backend(self, name: str) -> Backend:
@@ -457,6 +598,16 @@ class GatewayConfig(_Strict):
         return t is not None and ("*" in t.allowed_models or model in t.allowed_models)
 
 
+def _check_model_refs(cfg: GatewayConfig) -> None:
+    """Every model named by ``tenants.*.model_limits`` and ``degrade.rules`` exists (else ValueError)."""
+    refs = [(f"tenants.{tname}.model_limits", m) for tname, ten in cfg.tenants.items() for m in ten.model_limits]
+    refs += [(f"degrade.rules[{i}] ({rule.name})", m) for i, rule in enumerate(cfg.degrade.rules)
+             for m in [*(rule.models or []), *([rule.route_to] if rule.route_to else [])]]
+    for where, mname in refs:
+        if mname not in cfg.models:
+            raise ValueError(f"{where}: {mname!r} is not a model; one of {', '.join(cfg.models)}")
+
+
 def _check_target(t: Target, backends: dict[str, Backend], where: str) -> None:
     b = backends.get(t.backend)
     if b is None:
@@ -470,48 +621,6 @@ def _check_target(t: Target, backends: dict[str, Backend], where: str) -> None:
 # loading
 
 
-def _loc_path(loc: tuple[Any, ...]) -> str:
-    """pydantic ``loc`` as ``a.b[0].c`` (mapping keys as plain segments)."""
-    out = ""
-    for part in loc:
-        if part == "[key]":
-            continue
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _describe(exc: ValidationError) -> str:
-    """``FIELD.PATH: PROBLEM`` for the first error of ``exc`` (+N more)."""
-    errs = exc.errors(include_url=False)
-    if not errs:
-        return "invalid gateway config"
-    e = errs[0]
-    path = _loc_path(tuple(e.get("loc", ())))
-    typ = e.get("type", "")
-    ctx = e.get("ctx") or {}
-    inp = e.get("input")
-    short = repr(inp) if len(repr(inp)) <= 60 else repr(inp)[:57] + "..."
-    if typ == "extra_forbidden":
-        text = "unknown field; remove it or check its spelling (see gateway.schema.json)"
-    elif typ == "missing":
-        text = "required field is missing; add it"
-    elif typ == "value_error":
-        text = str(ctx.get("error", e.get("msg", "")))
-    elif typ == "too_short":
-        n = ctx.get("min_length", 1)
-        text = f"needs at least {n} item{'s' if n != 1 else ''}, got {ctx.get('actual_length', 0)}; add one"
-    elif typ == "string_pattern_mismatch":
-        text = f"{short} does not match {ctx.get('pattern')}"
-    else:
-        msg = str(e.get("msg", typ))
-        text = (msg[:1].lower() + msg[1:]) + ("" if isinstance(inp, (dict, list)) else f", got {short}")
-    line = f"{path}: {text}" if path and not text.startswith(path) else text
-    return line + (f" (+{len(errs) - 1} more)" if len(errs) > 1 else "")
-
-
 def parse_config(data: Any, source: str = "<config>", base_dir: str | Path | None = None) -> GatewayConfig:
     """Validate a decoded config (a dict). Relative ``ledger.sqlite_path``/``spool_path`` and ``server.access_log``
     are resolved against ``base_dir`` when given. Raises :class:`ConfigError` ``SOURCE: PATH: PROBLEM``."""
@@ -521,7 +630,7 @@ def parse_config(data: Any, source: str = "<config>", base_dir: str | Path | Non
     try:
         cfg = GatewayConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{source}: {_describe(e)}") from None
+        raise ConfigError(validation_error_line(e, source, GatewayConfig)) from None
     if base_dir is not None:
         base = Path(base_dir)
         led = cfg.ledger
@@ -552,34 +661,8 @@ def load_config(path: str | Path) -> GatewayConfig:
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of the gateway file (what ``gateway.schema.json`` holds)."""
-    schema = GatewayConfig.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "servelab gateway config"
-    return schema
+    return json_schema_of(GatewayConfig, "servelab gateway config")
 
 
-def _schema_text() -> str:
-    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m servelab.gateway.config --write-schema | --check``: write or verify gateway.schema.json."""
-    ap = argparse.ArgumentParser(prog="python -m servelab.gateway.config")
-    ap.add_argument("--write-schema", action="store_true", help="regenerate gateway.schema.json")
-    ap.add_argument("--check", action="store_true", help="exit 1 if gateway.schema.json is out of date")
-    a = ap.parse_args(argv)
-    if a.write_schema:
-        SCHEMA_PATH.write_text(_schema_text(), encoding="utf-8")
-        print(f"wrote {SCHEMA_PATH}")
-        return 0
-    if a.check:
-        ok = SCHEMA_PATH.is_file() and SCHEMA_PATH.read_text(encoding="utf-8") == _schema_text()
-        print("gateway.schema.json is current" if ok else
-              "gateway.schema.json is out of date; run python -m servelab.gateway.config --write-schema")
-        return 0 if ok else 1
-    ap.print_help()
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+#: ``gateway.schema.json``, written and checked by ``servelab schema write|check``.
+PUBLISHED_SCHEMA = PublishedSchema(SCHEMA_PATH, json_schema)

@@ -52,7 +52,7 @@ from servelab.engines.base import EngineStartError, RunningEngine
 from servelab.engines.llamacpp import (LlamaCppLauncher, cache_dir, ensure_llama_server, file_sha256,
                                        find_llama_server, llama_server_info)
 from servelab.modelfile.gguf_meta import atomic_write_text, file_lock
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 __all__ = ["EMBEDDING_DIM", "MAX_INPUT_TOKENS", "MODEL_ID", "EmbeddingLauncher", "converter_python",
            "embed_engine_command", "embedding_gguf", "weights_dir"]

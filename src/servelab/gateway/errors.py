@@ -5,19 +5,20 @@ Every error a client sees has the body OpenAI's API uses,
 (https://platform.openai.com/docs/guides/error-codes, checked 2026-11-30), so the official SDKs raise
 their usual exception classes (``BadRequestError``, ``AuthenticationError``, ``RateLimitError`` …).
 Messages say what happened and what to do ("the model is busy, retry in 2 s"); they never carry a stack
-trace, an internal URL, a backend name or an upstream model name (:func:`sanitize_upstream_message`).
+trace, an internal URL, a backend name or an upstream model name; what an engine's error becomes for the
+client is decided in :mod:`servelab.gateway.scrub` (one fixed message per error class, the engine's text
+to the log only).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
 
 import orjson
 
 __all__ = [
-    "GatewayError", "bad_request", "openai_error_body", "sanitize_upstream_message", "upstream_error",
+    "GatewayError", "bad_request", "openai_error_body", "sanitize_upstream_message",
 ]
 
 #: OpenAI error ``type`` by HTTP status (the SDKs pick their exception class from the status).
@@ -102,33 +103,3 @@ def sanitize_upstream_message(message: str, hide: Iterable[str] = (), replace_wi
     if len(text) < 3:
         return None
     return text[:max_chars]
-
-
-def upstream_error(status: int | None, message: str | None, hide: Iterable[str] = (),
-                   retry_after_s: float | None = None, upstream_code: Any = None) -> GatewayError:
-    """Map an engine's error (any ENGINE_WIRE.md dialect, already normalised by
-    :func:`servelab.wire.errors.error_from_body`/``error_from_event``) to what the client sees.
-
-    - 429/503 (overload, case 19): 503 "the model is busy, retry in N s" with ``Retry-After``;
-    - context overflow (case 18; 400/413/422 naming the context): 400 ``context_length_exceeded``;
-    - other 4xx (incl. TGI's 422 validation): 400 with the engine's message, sanitised;
-    - 5xx, errors inside a 200 stream (``status`` 200 or ``None``): 502 "the model failed while answering".
-    """
-    from servelab.wire.errors import is_context_overflow
-    from servelab.wire.types import WireError
-
-    clean = sanitize_upstream_message(message or "", hide)
-    if status in (429, 503):
-        wait = retry_after_s if retry_after_s and retry_after_s > 0 else 1.0
-        return GatewayError(503, f"the model is busy, retry in {max(1, int(-(-wait // 1)))} s",
-                            type="server_error", code="model_busy", retry_after_s=wait)
-    if status is not None and 400 <= status < 500:
-        if (is_context_overflow(WireError(status=status, message=message or "", code=upstream_code))
-                or "context size" in (message or "").lower()):
-            return GatewayError(400, "the prompt plus max_tokens does not fit the model's context"
-                                + (f" ({clean})" if clean else "") + "; shorten the prompt or lower max_tokens",
-                                code="context_length_exceeded", param="messages")
-        return GatewayError(400, clean or "the model rejected the request; check its parameters",
-                            code="upstream_rejected")
-    return GatewayError(502, "the model failed while answering" + (f" ({clean})" if clean else "")
-                        + "; retry the request", type="server_error", code="upstream_error")

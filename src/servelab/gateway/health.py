@@ -197,7 +197,7 @@ class HealthChecker:
         """Check every backend once, concurrently: ``{name: passed}``."""
         names = list(self.backends)
         res = await asyncio.gather(*(self.check_once(n) for n in names))
-        return dict(zip(names, res))
+        return dict(zip(names, res, strict=True))
 
     async def _loop(self, name: str, offset_s: float) -> None:
         await asyncio.sleep(offset_s)

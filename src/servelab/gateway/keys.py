@@ -66,7 +66,7 @@ def parse_key(key: str) -> tuple[str, str] | None:
     return key_id, secret
 
 
-def check_key_id(key_id: str) -> str:
+def check_key_id(key_id: object) -> str:
     """Return ``key_id`` if valid (1-64 of ``A-Z a-z 0-9 _``) else raise ``ValueError`` saying so."""
     if not isinstance(key_id, str) or not _KEY_ID.match(key_id):
         raise ValueError(f"key id {key_id!r} is invalid: use 1-64 letters, digits or '_' (no '-')")
@@ -196,7 +196,7 @@ class KeyStore:
         get = k.get if isinstance(k, Mapping) else (lambda n, d=None: getattr(k, n, d))
         key_id = get("id") or get("key_id")
         try:
-            check_key_id(key_id)
+            key_id = check_key_id(key_id)
         except ValueError as e:
             raise ValueError(f"keys: {e}") from None
         tenant, sha = get("tenant"), str(get("sha256") or "").lower()
@@ -289,7 +289,8 @@ class KeyStore:
     async def create(self, tenant: str, allowed_models: Iterable[str] | None = None,
                      limits: Mapping[str, int | None] | None = None, key_id: str | None = None) -> NewKey:
         """Create a key for ``tenant``, persist its hash, make it usable at once; the secret is returned
-        only here. Raises ``ValueError`` for an unknown tenant, a bad or taken ``key_id`` or bad limits."""
+        only here. Raises ``ValueError`` for an unknown tenant, a bad or taken ``key_id``, bad limits, or
+        ``allowed_models`` the tenant may not use (a key never widens its tenant's list)."""
         if not isinstance(tenant, str) or not tenant.strip():
             raise ValueError("tenant: give the name of a tenant from the config")
         if self.tenants is not None and tenant not in self.tenants:
@@ -301,8 +302,14 @@ class KeyStore:
         if unknown:
             raise ValueError(f"unknown limit(s) {unknown}; use {list(LIMIT_FIELDS)}")
         lim = Limits.from_obj(limits)  # validates the values
-        clean = {k: v for k, v in (limits or {}).items() if v is not None}
+        clean: dict[str, int | None] = {k: v for k, v in (limits or {}).items() if v is not None}
         models = None if allowed_models is None else tuple(allowed_models)
+        pol = (self.tenants or {}).get(tenant)
+        if models is not None and pol is not None and pol.allowed_models is not None:
+            denied = sorted(set(models) - set(pol.allowed_models) - {"*"})
+            if denied or "*" in models:
+                raise ValueError(f"allowed_models {denied or ['*']} are not allowed for tenant {tenant!r} (it may use "
+                                 f"{list(pol.allowed_models)}); give a subset of those, or null for all of them")
         secret = secrets.token_hex(SECRET_BYTES)
         rec = KeyRecord(key_id, tenant, hash_secret(secret), models, clean, time.time())
         if self.ledger is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import urllib.error
+import urllib.parse
 import urllib.request
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +20,7 @@ import orjson
 import typer
 
 from servelab.gateway.keys import SECRET_BYTES, check_key_id, format_key, hash_secret
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 __all__ = ["keys_app"]
 
@@ -126,7 +127,7 @@ def list_command(admin_url: str = _URL_OPT, token_env: str = _TOKEN_OPT, as_json
 def revoke_command(key_id: str = typer.Argument(..., help="Id of the key to revoke."),
                    admin_url: str = _URL_OPT, token_env: str = _TOKEN_OPT) -> None:
     """Revoke a key at once (also a key from the config file: the revocation is persisted)."""
-    _admin("DELETE", f"/admin/keys/{urllib.request.quote(key_id, safe='')}", admin_url, token_env)
+    _admin("DELETE", f"/admin/keys/{urllib.parse.quote(key_id, safe='')}", admin_url, token_env)
     typer.echo(f"revoked {key_id}")
 
 

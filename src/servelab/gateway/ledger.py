@@ -25,6 +25,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
@@ -424,6 +425,8 @@ class PostgresLedger:
         self.pool_max_size = pool_max_size
         self.max_pending_rows = max_pending_rows
         self.dropped_rows = 0
+        #: [monotonic start, failed writes] of the PostgreSQL outage in progress (None: up)
+        self._down: list[float] | None = None
         self._pool: Any = None
         self._buf: list[tuple[Any, ...]] = []
         self._flush_lock = asyncio.Lock()
@@ -435,6 +438,9 @@ class PostgresLedger:
         database cannot be reached."""
         import asyncpg
 
+        # asyncpg's pool logs a traceback per broken connection while the database is down; the
+        # flusher's own one line per outage says it (above)
+        logging.getLogger("asyncpg.pool").setLevel(logging.CRITICAL)
         self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_max_size)
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", self._LOCK_ID)
@@ -472,7 +478,21 @@ class PostgresLedger:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.error("ledger: PostgreSQL write failed, %d rows kept for the next try: %s", len(self._buf), e)
+                # one line per outage (the flusher retries every flush_interval_s), a summary when it ends
+                down = self._down
+                if down is None:
+                    self._down = [time.monotonic(), 1]
+                    log.error("ledger: PostgreSQL write failed, %d rows kept, retrying every %g s quietly until "
+                              "it is back: %s", len(self._buf), self.flush_interval_s, str(e).splitlines()[0][:200]
+                              if str(e) else type(e).__name__)
+                else:
+                    down[1] += 1
+                continue
+            down = self._down
+            if down is not None:
+                self._down = None
+                log.warning("ledger: PostgreSQL is back after %.1f s (%d failed writes); buffered rows written",
+                            time.monotonic() - down[0], down[1])
 
     async def flush(self) -> None:
         """Write every buffered row; raises the database error (rows stay buffered) on failure."""

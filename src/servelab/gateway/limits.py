@@ -27,6 +27,10 @@ Algorithm (both implementations, identical semantics)
   the ledger's sums per key (:meth:`servelab.gateway.ledger.SqliteLedger.budget_spend`), so a budget
   survives a restart, a crash and a Redis without persistence (as LiteLLM keeps spend in its database,
   https://docs.litellm.ai/docs/proxy/db_info, checked 2026-12-01). Seeding never lowers a counter.
+  With Redis, seeding also sets a marker per tenant (``<prefix>:{<tenant>}:seeded``, no TTL); the admit
+  script refuses a budgeted scope whose tenant has no marker (Redis was flushed, restarted without
+  persistence, or the marker evicted), and :class:`RedisLimiter` then seeds again from the ledger
+  (:attr:`RedisLimiter.budget_source`) before admitting, so spend the ledger counted is never forgotten.
 
 Time: :class:`RedisLimiter` reads the clock with Redis ``TIME`` inside the script (microseconds), so N
 gateway replicas with skewed clocks share one timeline; the invariant above holds on the Redis clock,
@@ -36,8 +40,11 @@ its network round trip to the gateway and the gateway's to Redis. Every admissio
 later fails upstream or is cancelled (as with OpenAI's limits).
 :class:`MemoryLimiter` uses ``time.monotonic()`` of its process (one replica).
 
-Scopes: ``limits`` apply to the key alone; ``tenant_limits`` (optional) to all keys of the tenant together.
-Both are checked and reserved atomically: either every scope admits and reserves, or nothing changes.
+Scopes: ``limits`` apply to the key alone; ``tenant_limits`` (optional) to all keys of the tenant together;
+``extra`` scopes (``(kind, name, Limits)``, built by :mod:`servelab.gateway.scopes`) to all the tenant's
+requests of one application (``app``), one public model (``model``) or one client IP (``ip``). All are
+checked and reserved atomically: either every scope admits and reserves, or nothing changes. Every scope
+lives inside its tenant's Redis hash tag, so one script still touches one Cluster slot.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ import math
 import secrets
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -122,10 +129,16 @@ class LimitExceeded(GatewayError):
         self.scope = scope
 
 
+#: How each scope is named to the client in a 429 (``{tenant}`` and ``{name}`` filled in).
+_WHO = {"key": "this API key", "tenant": "your team ({tenant})", "app": "your application ({name})",
+        "model": "the model {name} for your team", "ip": "your network address"}
+
+
 def _reject(kind: str, scope: str, tenant: str, limit: int, used: int, reserve: int,
-            wait_s: float | None) -> LimitExceeded:
-    """The user-facing 429 for ``kind`` (rpm|tpm|tpm_too_large|concurrency|budget)."""
-    who = "this API key" if scope == "key" else f"your team ({tenant})"
+            wait_s: float | None, name: str = "") -> LimitExceeded:
+    """The user-facing 429 for ``kind`` (rpm|tpm|tpm_too_large|concurrency|budget) on ``scope`` (key,
+    tenant, app, model, ip; ``name``: the app, model or IP)."""
+    who = _WHO.get(scope, "this API key").format(tenant=tenant, name=name)
     retry = f"; retry in {max(1, math.ceil(wait_s))} s" if wait_s is not None else ""
     if kind == "rpm":
         return LimitExceeded("rpm", scope, f"Rate limit reached for requests per minute (RPM) on {who}: "
@@ -171,7 +184,8 @@ class Limiter(Protocol):
     """What the server needs from a limiter (see the module docstring for semantics)."""
 
     async def admit(self, key_id: str, tenant: str, model: str, reserve_tokens: int, limits: Limits,
-                    tenant_limits: Limits | None = None) -> Admission: ...
+                    tenant_limits: Limits | None = None,
+                    extra: Sequence[tuple[str, str, Limits]] = ()) -> Admission: ...
 
     async def settle(self, admission: Admission, used_tokens: int) -> float: ...
 
@@ -195,8 +209,9 @@ def _begin_settle(admission: Admission, used_tokens: int) -> None:
 
 @dataclass
 class _MemScope:
-    name: str  # "key" | "tenant"
+    name: str  # "key" | "tenant" | "app" | "model" | "ip"
     limits: Limits
+    label: str = ""  # the app, model or IP of an extra scope (shown in its 429)
     rpm_log: deque[float] = field(default_factory=deque)  # admission times (monotonic s)
     tpm_log: dict[str, tuple[float, int]] = field(default_factory=dict)  # uid -> (time, tokens), in order
     tpm_sum: int = 0
@@ -233,8 +248,10 @@ class MemoryLimiter:
         return s
 
     async def admit(self, key_id: str, tenant: str, model: str, reserve_tokens: int, limits: Limits,
-                    tenant_limits: Limits | None = None) -> Admission:
-        """Admit or raise :class:`LimitExceeded` (429) naming the limit. Checks key scope, then tenant."""
+                    tenant_limits: Limits | None = None,
+                    extra: Sequence[tuple[str, str, Limits]] = ()) -> Admission:
+        """Admit or raise :class:`LimitExceeded` (429) naming the limit. Checks key scope, then tenant,
+        then the ``extra`` scopes in order."""
         _check_args(reserve_tokens)
         now = time.monotonic()
         scopes = []
@@ -242,28 +259,33 @@ class MemoryLimiter:
             scopes.append(self._scope("key", f"{tenant}\0{key_id}", limits))
         if tenant_limits is not None and not tenant_limits.unlimited:
             scopes.append(self._scope("tenant", tenant, tenant_limits))
+        for kind, name, lim in extra:
+            if not lim.unlimited:
+                sc = self._scope(kind, f"{tenant}\0{name}", lim)
+                sc.label = name
+                scopes.append(sc)
         cutoff = now - self.window_s
         for s in scopes:
             lim = s.limits
             s.trim(cutoff)
             if lim.rpm is not None and len(s.rpm_log) >= lim.rpm:
                 wait = s.rpm_log[0] + self.window_s - now if s.rpm_log else None
-                raise _reject("rpm", s.name, tenant, lim.rpm, len(s.rpm_log), reserve_tokens, wait)
+                raise _reject("rpm", s.name, tenant, lim.rpm, len(s.rpm_log), reserve_tokens, wait, s.label)
             if lim.tpm is not None and s.tpm_sum + reserve_tokens > lim.tpm:
                 if reserve_tokens > lim.tpm:
-                    raise _reject("tpm_too_large", s.name, tenant, lim.tpm, s.tpm_sum, reserve_tokens, None)
+                    raise _reject("tpm_too_large", s.name, tenant, lim.tpm, s.tpm_sum, reserve_tokens, None, s.label)
                 need, acc, wait = s.tpm_sum + reserve_tokens - lim.tpm, 0, self.window_s
                 for t, tok in s.tpm_log.values():
                     acc += tok
                     if acc >= need:
                         wait = t + self.window_s - now
                         break
-                raise _reject("tpm", s.name, tenant, lim.tpm, s.tpm_sum, reserve_tokens, wait)
+                raise _reject("tpm", s.name, tenant, lim.tpm, s.tpm_sum, reserve_tokens, wait, s.label)
             if lim.max_concurrency is not None and len(s.in_flight) >= lim.max_concurrency:
                 raise _reject("concurrency", s.name, tenant, lim.max_concurrency, len(s.in_flight),
-                              reserve_tokens, 1.0)
+                              reserve_tokens, 1.0, s.label)
             if lim.token_budget is not None and s.spent + reserve_tokens > lim.token_budget:
-                raise _reject("budget", s.name, tenant, lim.token_budget, s.spent, reserve_tokens, None)
+                raise _reject("budget", s.name, tenant, lim.token_budget, s.spent, reserve_tokens, None, s.label)
         adm = Admission(key_id, tenant, model, reserve_tokens, time.time())
         taken = []
         for s in scopes:
@@ -298,10 +320,11 @@ class MemoryLimiter:
                 s.spent += delta
         return time.time()
 
-    async def seed_budgets(self, spend: Mapping[tuple[str, str], int]) -> None:
+    async def seed_budgets(self, spend: Mapping[tuple[str, str], int], tenants: Sequence[str] = ()) -> None:
         """Raise the budget counters to the ledger's spend: ``spend`` maps ``(tenant, key_id)`` to tokens
         (the key scope gets its own sum, the tenant scope the sum of its keys). A counter already higher
-        (requests in flight) keeps its value. Call before the first :meth:`admit`."""
+        (requests in flight) keeps its value. Call before the first :meth:`admit`. ``tenants``: unused here
+        (the Redis limiter marks them seeded)."""
         for kind, name, tokens in _budget_scopes(spend):
             s = self._scope(kind, name, Limits())
             s.spent = max(s.spent, tokens)
@@ -331,7 +354,8 @@ if seed > cur then redis.call('SET', KEYS[1], seed) end
 return math.max(cur, seed)
 """
 
-# KEYS per scope (5): rpm log, tpm log, tpm sum, concurrency leases, budget counter.
+# KEYS per scope (5): rpm log, tpm log, tpm sum, concurrency leases, budget counter; then optionally the
+# tenant's "seeded" marker (KEYS[n * 5 + 1]): when given and absent, nothing is admitted ('unseeded').
 # ARGV: uid, reserve, window_us, lease_us, nscopes, then per scope: rpm, tpm, conc, budget (-1 = none).
 # Returns {1, now_us} when admitted, {0, scope_index, kind, used, wait_us, now_us} when rejected.
 _ADMIT_LUA = """
@@ -340,6 +364,8 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local uid, reserve = ARGV[1], tonumber(ARGV[2])
 local window, lease, n = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local cutoff = now - window
+local marker = KEYS[n * 5 + 1]
+if marker and redis.call('EXISTS', marker) == 0 then return {0, 0, 'unseeded', 0, -1, now} end
 local function tokens(member) return tonumber(string.match(member, ':(%d+)$')) end
 for i = 0, n - 1 do
   local k, a = i * 5, 6 + i * 4
@@ -466,46 +492,66 @@ class RedisLimiter:
         self._admit = self._redis.register_script(_ADMIT_LUA)
         self._settle = self._redis.register_script(_SETTLE_LUA)
         self._seed = self._redis.register_script(_SEED_LUA)
+        #: ``async () -> {(tenant, key_id): tokens}``: the ledger's budget spend (the gateway sets it to
+        #: the ledger's ``budget_spend``); with it, budgeted admits check the tenant's seeded marker
+        self.budget_source: Any = None
+        self._reseed_lock: Any = None
+
+    def _marker(self, tenant: str) -> str:
+        """The tenant's "budgets seeded from the ledger" marker key (same hash tag as its scopes)."""
+        return f"{self.prefix}:{{{_tag(tenant)}}}:seeded"
 
     def _keys(self, kind: str, tenant: str, key_id: str) -> list[str]:
-        base = f"{self.prefix}:{{{_tag(tenant)}}}:" + ("t" if kind == "tenant" else f"k:{key_id}")
+        """The 5 Redis keys of a scope; ``key_id`` is the key id, or the app/model/IP of an extra scope."""
+        tail = {"tenant": "t", "key": f"k:{key_id}"}.get(kind) or f"x:{kind}:{_tag(key_id)}"
+        base = f"{self.prefix}:{{{_tag(tenant)}}}:" + tail
         return [f"{base}:rpm", f"{base}:tpm", f"{base}:tpm_sum", f"{base}:conc", f"{base}:budget"]
 
     async def admit(self, key_id: str, tenant: str, model: str, reserve_tokens: int, limits: Limits,
-                    tenant_limits: Limits | None = None) -> Admission:
+                    tenant_limits: Limits | None = None,
+                    extra: Sequence[tuple[str, str, Limits]] = ()) -> Admission:
         """Admit or raise :class:`LimitExceeded` (429, names the limit; ``retry_after_s`` when waiting
-        helps). Unlimited scopes cost no Redis call."""
+        helps). Unlimited scopes cost no Redis call. ``extra``: (kind, name, limits) scopes of the tenant
+        (module doc), checked in the same script."""
         _check_args(reserve_tokens)
-        scopes = []
+        scopes: list[tuple[str, Limits, str]] = []
         if not limits.unlimited:
-            scopes.append(("key", limits))
+            scopes.append(("key", limits, key_id))
         if tenant_limits is not None and not tenant_limits.unlimited:
-            scopes.append(("tenant", tenant_limits))
+            scopes.append(("tenant", tenant_limits, ""))
+        scopes += [(kind, lim, name) for kind, name, lim in extra if not lim.unlimited]
         if not scopes:
             return Admission(key_id, tenant, model, reserve_tokens, time.time())
         keys: list[str] = []
         argv: list[Any] = [None, reserve_tokens, int(self.window_s * 1e6), int(self.lease_s * 1e6), len(scopes)]
-        for kind, lim in scopes:
-            keys += self._keys(kind, tenant, key_id)
+        for kind, lim, name in scopes:
+            keys += self._keys(kind, tenant, name)
             argv += [-1 if v is None else v for v in _fields(lim)]
         adm = Admission(key_id, tenant, model, reserve_tokens, 0.0)
         argv[0] = adm.uid
+        budgeted = self.budget_source is not None and any(lim.token_budget is not None for _, lim, _ in scopes)
+        unavailable = GatewayError(503, "the service cannot check usage limits right now; retry in a few seconds",
+                                   type="server_error", code="limits_unavailable", retry_after_s=2.0)
         try:
-            res = await self._admit(keys=keys, args=argv)
+            res = await self._admit(keys=keys + [self._marker(tenant)] if budgeted else keys, args=argv)
+            if int(res[0]) == 0 and _s(res[2]) == "unseeded":
+                await self._reseed(tenant)
+                res = await self._admit(keys=keys + [self._marker(tenant)], args=argv)
+                if int(res[0]) == 0 and _s(res[2]) == "unseeded":
+                    raise RuntimeError("budget counters could not be seeded from the ledger")
         except Exception as e:  # redis.exceptions.RedisError, OSError: no limiter -> no admission
             log.error("limits: Redis at %s failed on admit: %s", safe_url(self.url), e)
-            raise GatewayError(503, "the service cannot check usage limits right now; retry in a few seconds",
-                               type="server_error", code="limits_unavailable", retry_after_s=2.0) from None
+            raise unavailable from None
         if int(res[0]) == 0:
             i, kind, used, wait_us = int(res[1]), _s(res[2]), int(res[3]), float(res[4])
-            scope_kind, lim = scopes[i]
+            scope_kind, lim, name = scopes[i]
             limit = {"rpm": lim.rpm, "tpm": lim.tpm, "tpm_too_large": lim.tpm,
                      "concurrency": lim.max_concurrency, "budget": lim.token_budget}[kind]
             raise _reject(kind, scope_kind, tenant, int(limit or 0), used, reserve_tokens,
-                          max(wait_us, 1000.0) / 1e6 if wait_us >= 0 else None)
+                          max(wait_us, 1000.0) / 1e6 if wait_us >= 0 else None, name)
         adm.admitted_ts = int(res[1]) / 1e6
         adm._scopes = (keys, tuple((lim.tpm is not None, lim.max_concurrency is not None,
-                                    lim.token_budget is not None) for _, lim in scopes))
+                                    lim.token_budget is not None) for _, lim, _ in scopes))
         return adm
 
     async def settle(self, admission: Admission, used_tokens: int) -> float:
@@ -527,18 +573,35 @@ class RedisLimiter:
                       safe_url(self.url), admission.uid, self.lease_s, e)
             return time.time()
 
-    async def seed_budgets(self, spend: Mapping[tuple[str, str], int]) -> None:
+    async def seed_budgets(self, spend: Mapping[tuple[str, str], int], tenants: Sequence[str] = ()) -> None:
         """As :meth:`MemoryLimiter.seed_budgets`, on the Redis counters (one script per counter, in one
-        pipeline; a counter other replicas already raised above the ledger's sum keeps its value).
+        pipeline; a counter other replicas already raised above the ledger's sum keeps its value), then
+        the seeded marker of every tenant in ``spend`` and ``tenants`` (module doc).
         Raises the Redis error when Redis cannot be reached."""
         pipe = self._redis.pipeline(transaction=False)
-        n = 0
         for kind, name, tokens in _budget_scopes(spend):
             tenant, _, key_id = name.partition("\0")
             await self._seed(keys=[self._keys(kind, tenant, key_id)[4]], args=[tokens], client=pipe)
-            n += 1
-        if n:
-            await pipe.execute()
+        for tenant in sorted({t for t, _ in spend} | set(tenants)):
+            pipe.set(self._marker(tenant), "1")  # after the counters: a replica seeing it sees them seeded
+        await pipe.execute()
+
+    async def _reseed(self, tenant: str) -> None:
+        """Redis lost the tenant's marker (flushed or restarted empty): seed every budget again from
+        :attr:`budget_source` (one at a time; a concurrent admit finds it done). Raises what the ledger or
+        Redis raises (the admit then answers 503: fail closed)."""
+        import asyncio
+
+        if self._reseed_lock is None:
+            self._reseed_lock = asyncio.Lock()
+        async with self._reseed_lock:
+            if await self._redis.exists(self._marker(tenant)):
+                return
+            spend = await self.budget_source()
+            await self.seed_budgets(spend, (tenant,))
+            log.warning("limits: Redis at %s had lost the budget counters (flushed or restarted empty); "
+                        "seeded again from the ledger (%d keys, %d tokens)", safe_url(self.url), len(spend),
+                        sum(spend.values()))
 
     async def close(self) -> None:
         """Close the Redis connection pool."""

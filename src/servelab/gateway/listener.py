@@ -19,6 +19,15 @@ over 8,190 bytes, i.e. the API key) and answers a 400 that echoes them. :class:`
   Apache ``mod_reqtimeout``'s body limit plays that role). A ``Content-Length`` larger than what is sent
   ends here. While the gateway itself is not reading (aiohttp paused the socket because the handler
   has not consumed the buffer yet) the gap does not run.
+- **Send timeout** ``send_timeout_s``: a client that reads nothing of its response for this long is cut
+  (the transport aborted, so the handler is cancelled and its upstream response closed, which frees the
+  engine's slot), like nginx ``send_timeout`` (default 60 s; "set only between two successive write
+  operations ... If the client does not receive anything within this time, the connection is closed",
+  https://nginx.org/en/docs/http/ngx_http_core_module.html#send_timeout, checked 2026-12-01). The timer
+  runs only while the transport's write buffer is above its high-water mark (asyncio's
+  ``pause_writing``) and stops at ``resume_writing``; when it fires and the buffer has shrunk since it
+  was armed (the client took some bytes) it is armed again, so a slow client that keeps reading is never
+  cut, and a stream whose client keeps up costs no timer at all.
 - **Keep-alive idle timeout** ``keepalive_timeout_s``: aiohttp's own ``keepalive_timeout`` (nginx
   ``keepalive_timeout`` 75 s; Envoy ``idle_timeout`` 1 h).
 - **Connection cap** ``max_connections`` per port: at the cap, the oldest connection that is idle
@@ -49,11 +58,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
+import sys
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import http_exceptions as hx
 from aiohttp import web
@@ -68,8 +79,17 @@ __all__ = ["EVENTS", "LOG_BURST", "LOG_WINDOW_S", "GuardedHandler", "GuardedRunn
 
 log = logging.getLogger("servelab.gateway.listener")
 
+if sys.platform == "linux":
+    import fcntl
+    import termios
+
+    #: the ioctl that reads a TCP socket's send queue (Linux SIOCOUTQ == TIOCOUTQ, man 7 tcp)
+    _SIOCOUTQ: int | None = termios.TIOCOUTQ
+else:  # elsewhere only the transport's own buffer counts
+    _SIOCOUTQ = None
+
 #: reasons passed to ``on_event``
-EVENTS = ("idle_timeout", "header_timeout", "body_timeout", "refused", "evicted", "bad_request")
+EVENTS = ("idle_timeout", "header_timeout", "body_timeout", "refused", "evicted", "bad_request", "send_timeout")
 #: at most this many connection-level log lines per :data:`LOG_WINDOW_S` per port
 LOG_BURST = 10
 LOG_WINDOW_S = 10.0
@@ -86,6 +106,7 @@ class ListenerSettings:
     body_total_timeout_s: float = 120.0
     keepalive_timeout_s: float = 30.0
     max_connections: int = 512
+    send_timeout_s: float = 60.0
 
 
 def settings_for(server: Any, name: str, nofile: int | None = None) -> ListenerSettings:
@@ -106,7 +127,8 @@ def settings_for(server: Any, name: str, nofile: int | None = None) -> ListenerS
                         "with an upstream connection each); raise ulimit -n or lower it", cap, nofile, fit)
     return ListenerSettings(name=name, header_timeout_s=server.header_timeout_s, body_timeout_s=server.body_timeout_s,
                             body_total_timeout_s=server.body_total_timeout_s,
-                            keepalive_timeout_s=server.keepalive_timeout_s, max_connections=cap)
+                            keepalive_timeout_s=server.keepalive_timeout_s, max_connections=cap,
+                            send_timeout_s=getattr(server, "send_timeout_s", 60.0))
 
 
 class RateLimitedLog:
@@ -223,7 +245,8 @@ class GuardedHandler(RequestHandler):
     """aiohttp's per-connection protocol with the header/body timeouts, the connection cap and the
     quiet parser-error handling of this module (see the module doc). Built by :class:`_GuardedServer`."""
 
-    __slots__ = ("_g", "_g_timer", "_g_due", "_g_hdr_at", "_g_body", "_g_body_last", "_g_body_end", "_g_idle")
+    __slots__ = ("_g", "_g_timer", "_g_due", "_g_hdr_at", "_g_body", "_g_body_last", "_g_body_end", "_g_idle",
+                 "_g_send_timer", "_g_send_left")
 
     def __init__(self, manager: Server, guard: _Guard, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -235,6 +258,8 @@ class GuardedHandler(RequestHandler):
         self._g_body_last = 0.0
         self._g_body_end = 0.0
         self._g_idle = True  # no byte of a next request since accept / the last response (evictable)
+        self._g_send_timer: asyncio.TimerHandle | None = None  # armed only while writing is paused
+        self._g_send_left = (0, 0)  # _g_unsent() when that timer was armed
 
     # ------------------------------------------------------------------ accept: the cap
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -264,7 +289,7 @@ class GuardedHandler(RequestHandler):
         g = self._g
         self._manager = None  # connection_lost then does nothing
         try:
-            transport.write(g.refusal)  # type: ignore[attr-defined]
+            cast(asyncio.WriteTransport, transport).write(g.refusal)  # a TCP transport: it writes
         except Exception:  # the peer is already gone
             pass
         transport.close()
@@ -278,6 +303,9 @@ class GuardedHandler(RequestHandler):
         if self._g_timer is not None:
             self._g_timer.cancel()
             self._g_timer = None
+        if self._g_send_timer is not None:
+            self._g_send_timer.cancel()
+            self._g_send_timer = None
         self._g_body = None
         super().connection_lost(exc)
 
@@ -320,6 +348,55 @@ class GuardedHandler(RequestHandler):
             self._g_idle = True
             self._g_hdr_at = 0.0
         return res
+
+    # ------------------------------------------------------------------ writes: the send timeout
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._g_send_timer is None and self._manager is not None:
+            self._g_send_arm()
+
+    def _g_unsent(self) -> tuple[int, int]:
+        """(bytes in the transport's buffer, bytes in the kernel's send queue): on Linux ``SIOCOUTQ``
+        (unsent + unacknowledged, man 7 tcp), else 0. Either shrinking means the client took bytes: the
+        kernel's when it reads (and, with a large loopback send buffer, long before the transport's
+        shrinks); the transport's when the kernel takes more. aiohttp may add to the transport's buffer
+        while writing is paused, and the kernel's grows as it takes from the transport, so each is
+        compared on its own."""
+        tr = self.transport
+        if tr is None:
+            return (0, 0)
+        n = tr.get_write_buffer_size()
+        k = 0
+        sock = tr.get_extra_info("socket")
+        if _SIOCOUTQ is not None and sock is not None:
+            try:
+                k = struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0]
+            except (OSError, ValueError):
+                pass
+        return (n, k)
+
+    def _g_send_arm(self) -> None:
+        self._g_send_left = self._g_unsent()
+        self._g_send_timer = self._loop.call_later(self._g.settings.send_timeout_s, self._g_send_expired)
+
+    def resume_writing(self) -> None:
+        if self._g_send_timer is not None:
+            self._g_send_timer.cancel()
+            self._g_send_timer = None
+        super().resume_writing()
+
+    def _g_send_expired(self) -> None:
+        self._g_send_timer = None
+        now = self._g_unsent()
+        if self.transport is not None and (now[0] < self._g_send_left[0] or now[1] < self._g_send_left[1]):
+            self._g_send_arm()  # some bytes left for the client since: it reads, slowly (not cut)
+            return
+        g = self._g
+        g.event("send_timeout")
+        g.ratelog("%s port: cut a connection from %s: it read nothing of its response for %g s "
+                  "(server.send_timeout_s)", g.settings.name, _peer(self.transport), g.settings.send_timeout_s)
+        if self.transport is not None:
+            self.transport.abort()  # connection_lost cancels the handler: its upstream is closed
 
     # ------------------------------------------------------------------ the one timer
     def _g_arm(self, when: float) -> None:
@@ -448,6 +525,9 @@ class GuardedRunner(web.AppRunner):
     def __init__(self, app: web.Application, settings: ListenerSettings, *,
                  on_event: Callable[[str, str], None] | None = None, **kwargs: Any) -> None:
         kwargs["keepalive_timeout"] = settings.keepalive_timeout_s
+        # aiohttp would inflate a compressed request body in the loop, before the handler could refuse it;
+        # bodies are inflated (or refused) by servelab.gateway.bodies instead
+        kwargs.setdefault("auto_decompress", False)
         super().__init__(app, **kwargs)
         self.guard = _Guard(settings, on_event)
 
@@ -464,5 +544,6 @@ class GuardedRunner(web.AppRunner):
     async def _make_server(self) -> Server:
         srv = await super()._make_server()
         srv.__class__ = _GuardedServer  # same state, only the protocol factory differs
-        srv._guard = self.guard  # type: ignore[attr-defined]
-        return srv
+        guarded = cast(_GuardedServer, srv)
+        guarded._guard = self.guard
+        return guarded

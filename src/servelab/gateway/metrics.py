@@ -18,7 +18,9 @@ Names (all prefixed ``servelab_gateway_``; seconds and token counts as the suffi
   ``config_reloads_total{result}`` counter (ok, error); ``connection_events_total{port,reason}`` counter
   (``api``/``admin``; ``idle_timeout``, ``header_timeout``, ``body_timeout``, ``refused``, ``evicted``,
   ``bad_request``) and
-  ``connections{port}`` gauge (open client connections, set when scraped).
+  ``connections{port}`` gauge (open client connections, set when scraped); ``degraded_total{model,rule,action}``
+  counter (degrade actions applied under pressure: ``pause``, ``route``, ``cap_max_tokens``,
+  ``refuse_long_prompt``; registered by :class:`servelab.gateway.degrade.Degrader` in this registry).
 
 Each gateway has its own :class:`prometheus_client.CollectorRegistry` (several gateways in one test
 process do not collide). Bucket edges: TTFT 1 ms-60 s, inter-token 0.5 ms-2.5 s, chosen to resolve the
@@ -113,9 +115,10 @@ class HistogramBatch:
     def __init__(self, child: Any) -> None:
         self._child = child
         bounds = getattr(child, "_upper_bounds", None)
-        ok = bounds is not None and hasattr(child, "_buckets") and hasattr(child, "_sum")
-        self._bounds: list[float] | None = list(bounds) if ok else None
-        self._counts = [0] * len(bounds) if ok else []
+        if not (hasattr(child, "_buckets") and hasattr(child, "_sum")):
+            bounds = None
+        self._bounds: list[float] | None = list(bounds) if bounds is not None else None
+        self._counts = [0] * len(self._bounds) if self._bounds is not None else []
         self._sum = 0.0
 
     def add(self, value_s: float, n: int = 1) -> None:

@@ -59,7 +59,7 @@ from typing import Any
 
 from servelab.gateway.breaker import BreakerBoard
 from servelab.gateway.errors import GatewayError
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 __all__ = ["Backend", "FallbackSpec", "Lease", "LoadTracker", "ModelRoute", "RoutePlan", "Router",
            "ShadowSpec", "Target", "TargetSpec", "affinity_text", "hrw_order", "stable_unit"]
@@ -307,7 +307,7 @@ class _Group:
 
 
 class Router:
-    """Routing table built from plain descriptors. Raises :class:`~servelab.wire.client.ConfigError` (a
+    """Routing table built from plain descriptors. Raises :class:`~servelab.wire.errors.ConfigError` (a
     ``ValueError``) naming the bad entry: duplicate backend, unknown backend/model in a target, fallback
     or task, negative weight, a model whose weights are all 0, ``balance_factor`` < 1.
 
@@ -355,7 +355,8 @@ class Router:
         self.tasks = dict(tasks or {})
         for tag, model in self.tasks.items():
             if model not in self.models:
-                raise ConfigError(f"routing.tasks.{tag}: unknown model {model!r}; known: {', '.join(sorted(self.models))}")
+                raise ConfigError(f"routing.tasks.{tag}: unknown model {model!r}; "
+                                  f"known: {', '.join(sorted(self.models))}")
         if balance_factor < 1:
             raise ConfigError(f"routing.balance_factor {balance_factor} must be >= 1")
         if affinity_chars < 0:
@@ -371,7 +372,8 @@ class Router:
     def _check_target(self, where: str, backend: str, model: str) -> None:
         b = self.backends.get(backend)
         if b is None:
-            raise ConfigError(f"{where}: unknown backend {backend!r}; known: {', '.join(sorted(self.backends)) or 'none'}")
+            raise ConfigError(f"{where}: unknown backend {backend!r}; "
+                              f"known: {', '.join(sorted(self.backends)) or 'none'}")
         if b.models and model not in b.models:
             raise ConfigError(f"{where}: backend {backend!r} does not list model {model!r} "
                               f"(its models: {', '.join(b.models)}); add it to backends.{backend}.models")

@@ -56,7 +56,9 @@ from servelab.gateway import capabilities as caps_mod
 from servelab.gateway import lengths
 from servelab.gateway.breaker import BreakerBoard, BreakerSettings, RetryBudget, backoff_s
 from servelab.gateway.config import GatewayConfig, load_config
-from servelab.gateway.errors import GatewayError, bad_request, upstream_error
+from servelab.gateway import bodies, clientip, degrade, logprobs, policy, scopes, scrub
+from servelab.gateway.served import ServedCount, choices_per_prompt
+from servelab.gateway.errors import GatewayError, bad_request
 from servelab.gateway.limits import safe_url
 from servelab.gateway.fdbudget import is_local_resource_error
 from servelab.gateway.listener import GuardedRunner, settings_for
@@ -65,7 +67,6 @@ from servelab.gateway.routing import Backend as RouteBackend
 from servelab.gateway.routing import FallbackSpec, LoadTracker, ModelRoute, Router, ShadowSpec, Target, TargetSpec
 from servelab.gateway.routing import affinity_text
 from servelab.wire.client import ConfigError
-from servelab.wire.errors import error_from_body, error_from_event
 from servelab.wire.types import normalize_finish
 
 __all__ = ["Gateway", "RELOAD_POLL_S", "map_finish_bytes", "openai_finish"]
@@ -125,7 +126,7 @@ def _count_token_events(block: bytes) -> int:
     """Token-carrying events in ``block`` by a bytes count (no JSON parse): ``data:`` lines that are not
     ``[DONE]``, an empty delta or empty content (the hot path's estimate, module doc)."""
     return (block.count(b"data:") - block.count(b"data: [DONE]") - block.count(b'"delta":{}')
-            - block.count(b'"content":""'))
+            - block.count(b'"content":""') - block.count(b'"text":""'))
 
 
 class _Snapshot:
@@ -220,11 +221,23 @@ class _Req:
     client_rid: str | None = None
     #: the output bound per sequence this request reserved (tokens); what is forwarded never exceeds it
     out_cap: int = 0
+    #: what a degrade rule did (degrade.Decision.log_record), for the access log
+    degraded: dict[str, Any] | None = None
+    #: the client IP limits count (servelab.gateway.clientip) and the key's application
+    client_ip: str | None = None
+    application: str | None = None
+    #: sampling defaults applied and values clamped (policy.Applied.log_record)
+    policy: dict[str, Any] | None = None
+    #: usage per choice and request-wide (servelab.gateway.served): what n > 1 / prompt lists served
+    tally: ServedCount | None = None
+    #: the output bound forwarded to the engine on the attempt that answered (tokens per sequence)
+    sent_cap: int = 0
 
 
 class _UpstreamFailed(Exception):
     """An attempt failed before any byte reached the client; ``retry`` says whether another target may
-    be tried (connection failure, 429, 503), ``error`` is what the client gets if none is left."""
+    be tried (connection failure, timeout, engine 429/5xx or an error answer: degrade.another_target),
+    ``error`` is what the client gets if none is left."""
 
     def __init__(self, error: GatewayError, retry: bool, reason: str) -> None:
         super().__init__(error.message)
@@ -285,7 +298,7 @@ def _client_request_id(request: web.Request) -> str | None:
 def _listener_fields(s: Any) -> tuple[Any, ...]:
     """The ``server`` fields the listeners take at start (a change needs a restart)."""
     return (s.admin_host, s.header_timeout_s, s.body_timeout_s, s.body_total_timeout_s, s.keepalive_timeout_s,
-            s.max_connections, s.admin_max_connections)
+            s.max_connections, s.admin_max_connections, s.send_timeout_s)
 
 
 def _error_response(e: GatewayError, rid: str) -> web.Response:
@@ -323,6 +336,7 @@ class Gateway:
         self.admin_port = config.server.admin_port if admin_port == -1 else admin_port
         self.admin_host = admin_host or config.server.admin_host  # never follows host: admin stays on loopback
         self.metrics = GatewayMetrics()
+        self._degrade = degrade.Degrader(self.metrics.registry)  # survives reloads (its TTFT window)
         # with state.redis_url the breakers' open states are shared by every replica using that Redis
         self._redis: Any = None
         if config.state.redis_url:
@@ -378,6 +392,11 @@ class Gateway:
         (the usual base_url mistake) is told so."""
         path = request.path[:200]
         allowed = _ROUTES.get(path)
+        if allowed is not None and allowed == request.method:
+            # routed by the raw path, decoded only here: /v1/chat%2Fcompletions (break-it report on 4b30bb7)
+            e = GatewayError(404, f"no such endpoint: {request.raw_path[:200]} (an encoded '/' is not a path "
+                             f"separator); send {request.method} {path} with plain slashes", code="unknown_path")
+            return _error_response(e, _request_id(request))
         if allowed is not None:
             e = GatewayError(405, f"{path} takes {allowed} requests, not {request.method}",
                              code="method_not_allowed")
@@ -409,8 +428,12 @@ class Gateway:
             from servelab.gateway.journal import DurableLedger
             from servelab.gateway.ledger import PostgresLedger, SqliteLedger
 
-            store = (PostgresLedger(cfg.ledger.postgres_dsn) if cfg.ledger.postgres_dsn
-                     else SqliteLedger(cfg.ledger.sqlite_path))
+            store: PostgresLedger | SqliteLedger
+            if cfg.ledger.postgres_dsn:
+                store = PostgresLedger(cfg.ledger.postgres_dsn)
+            else:
+                assert cfg.ledger.sqlite_path is not None  # LedgerSection sets it when there is no postgres_dsn
+                store = SqliteLedger(cfg.ledger.sqlite_path)
             # write-ahead journal: a crash or a database outage loses no usage (servelab.gateway.journal)
             self._ledger = (DurableLedger(store, cfg.ledger.spool_path, cfg.ledger.fsync_interval_s)
                             if cfg.ledger.spool_path else store)
@@ -462,13 +485,15 @@ class Gateway:
             return
         try:
             spend = await spend_fn()
-            await seed(spend)
+            await seed(spend, tuple(self.snap.cfg.tenants))
         except Exception as e:  # fail closed: a budget that forgot its spend is no budget
             raise ConfigError(f"token budgets: cannot load their spend from the ledger into the limiter "
                               f"({_reason(e)}); "
                               "check ledger.* and state.redis_url") from None
         if spend:
             log.info("budgets: spend of %d keys (%d tokens) loaded from the ledger", len(spend), sum(spend.values()))
+        if hasattr(self._limiter, "budget_source"):  # RedisLimiter: seeds again if Redis loses the counters
+            self._limiter.budget_source = spend_fn
 
     def _new_keystore(self, cfg: GatewayConfig) -> Any:
         from servelab.gateway.keys import KeyStore
@@ -516,8 +541,12 @@ class Gateway:
         """Stop accepting, let in-flight requests finish (``shutdown_grace_s``), flush the ledger."""
         if self._watch_task is not None:
             self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._watch_task
+            except asyncio.CancelledError:
+                pass
+            except Exception as e:  # noqa: BLE001 - a dead watcher must not skip the shutdown grace below
+                log.error("config watcher had stopped: %s", _reason(e))
             self._watch_task = None
         if self._admin_runner is not None:
             await self._admin_runner.cleanup()
@@ -604,10 +633,14 @@ class Gateway:
             cfg = load_config(self.config_path)
             snap = self._build(cfg)
             breaker_settings = _breaker_settings(cfg)
-        except (ConfigError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - any failure (RecursionError from deep YAML, MemoryError)
+            # leaves the running config in force; ConfigError/ValueError already name the field
+            msg = str(e) if isinstance(e, (ConfigError, ValueError)) else (
+                f"{self.config_path}: cannot be loaded ({_reason(e)}); fix the file (too deeply nested or "
+                "too large?) and save it again")
             self.metrics.reloads.labels("error").inc()
-            log.error("config reload (%s) failed, keeping version %d: %s", source, self.snap.version, e)
-            self.last_reload = {"ok": False, "version": self.snap.version, "at": time.time(), "error": str(e),
+            log.error("config reload (%s) failed, keeping version %d: %s", source, self.snap.version, msg)
+            self.last_reload = {"ok": False, "version": self.snap.version, "at": time.time(), "error": msg,
                                 "source": source}
             return self.last_reload
         warnings = [f"{name} changed: restart the gateway to apply it"
@@ -644,11 +677,17 @@ class Gateway:
         return self.last_reload
 
     async def _watch_loop(self) -> None:
+        """Poll the file every :data:`RELOAD_POLL_S`; reload on a change. Never dies of a failed reload
+        (one line logged; the next change is tried again)."""
         while True:
             await asyncio.sleep(RELOAD_POLL_S)
-            sig = self._signature()
-            if sig is not None and sig != self._file_sig:
-                await self.reload("file change")
+            try:
+                sig = self._signature()
+                if sig is not None and sig != self._file_sig:
+                    await self.reload("file change")
+            except Exception as e:  # noqa: BLE001 - the watcher outlives any one bad file
+                self._file_sig = self._signature()
+                log.error("config watch: reload failed, keeping version %d: %s", self.snap.version, _reason(e))
 
     def install_signal_handlers(self, stop: Callable[[], None]) -> None:
         """SIGHUP -> reload; SIGINT/SIGTERM -> ``stop()``. Call inside the running loop (CLI)."""
@@ -731,6 +770,19 @@ class Gateway:
             return False
         return snap.cfg.tenant_may_use(key.tenant, model)
 
+    def _degrade_hook(self, snap: _Snapshot, key: Any, r: _Req) -> degrade.Decision | None:
+        """The degrade decision for request ``r`` of ``key`` (servelab.gateway.degrade): sets ``r.degraded``
+        and ``r.model`` (a ``route_to``), raises its refusal; None when no rule applies."""
+        deg = self._degrade.decide(snap.cfg, key, r.model, r.prompt_est, self.load.outstanding,
+                                   lambda m: self._may_use(snap, key, m))
+        if deg is None:
+            return None
+        r.degraded = deg.log_record()
+        if deg.refusal is not None:
+            raise deg.refusal
+        r.model = deg.model
+        return deg
+
     # ------------------------------------------------------------------ the hot path
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "chat")
@@ -749,7 +801,8 @@ class Gateway:
         try:
             key = await self._authenticate(request)
             r.key_id, r.tenant = key.key_id, key.tenant
-            body = await self._read_json(request, snap.cfg.server.max_body_bytes, snap.cfg.server.max_json_depth)
+            body = await self._read_json(request, snap.cfg.server.max_body_bytes, snap.cfg.server.max_json_depth,
+                                         snap.cfg.server.request_compression)
             model = body.get("model")
             task = request.headers.get(snap.cfg.routing.task_header)
             if model in (None, "", "auto") and task and task in snap.cfg.routing.tasks:
@@ -767,10 +820,15 @@ class Gateway:
                 raise GatewayError(403, f"this API key may not use the model '{model}'; GET /v1/models lists "
                                    "the models it may use", code="model_not_allowed", param="model")
             server = snap.cfg.server
+            pol = policy.apply(body, policy.bounds_for(snap.cfg, model, task), endpoint)  # sampling per model/task
             want = caps_mod.validate_request(endpoint, body, server.max_tokens_limit, server.engine_length_fields)
+            logprobs.check_logprobs(endpoint, body, server.max_top_logprobs, server.max_logprobs)  # 400 above caps
             asked = want.max_tokens  # the LARGEST bound over every dialect's length fields (lengths.py)
             seqs = caps_mod.output_sequences(endpoint, body)
             r.prompt_est = caps_mod.estimate_prompt_tokens(endpoint, body)
+            r.tally = ServedCount(choices_per_prompt(endpoint, body, seqs), seqs)
+            deg = self._degrade_hook(snap, key, r)  # under pressure, by the key's priority class
+            model, entry = r.model, snap.cfg.models[r.model]
             out_cap = 0
             if endpoint != "embeddings":
                 limit = server.max_tokens_limit
@@ -788,6 +846,9 @@ class Gateway:
                 out_cap = asked if asked is not None else default_cap
                 if want.unbounded:  # n_predict/num_predict -1: "no limit" = the gateway's default
                     out_cap = max(out_cap, default_cap)
+                out_cap = pol.output_cap(out_cap, asked, max(1, limit // seqs))  # policy, then degrade
+                r.policy = pol.log_record()
+                out_cap = degrade.cap(out_cap, deg)
             caps_mod.check_request(entry, endpoint, body, r.prompt_est, model_name=model, max_tokens=out_cap)
             if endpoint != "embeddings":  # one bound, in the gateway's form; each attempt maps it (lengths.py)
                 lengths.canonicalise(body, out_cap, want.min_tokens)
@@ -799,9 +860,14 @@ class Gateway:
                 for pat in snap.redact.get(key.tenant, ()):
                     text = pat.sub("[REDACTED]", text)
                 r.prompt_text = text
+            r.client_ip = clientip.client_ip(request.remote, request.headers.getall("X-Forwarded-For", ()),
+                                             clientip.trusted_networks(tuple(server.trusted_proxies)))
+            r.application = scopes.application_of(snap.cfg, key.key_id)
+            extra = scopes.extra_scopes(snap.cfg, key.key_id, key.tenant, model, r.client_ip)
             try:
                 admission = await self._limiter.admit(key.key_id, key.tenant, model, r.prompt_est + out_cap * seqs,
-                                                      key.limits, key.tenant_limits)
+                                                      key.limits, key.tenant_limits,
+                                                      **({"extra": extra} if extra else {}))
             except GatewayError as e:
                 if e.status == 429:
                     self.metrics.limit_rejections.labels(getattr(e, "limit", "other")).inc()
@@ -825,32 +891,21 @@ class Gateway:
         except Exception:  # a bug must not reach the client as a stack trace
             log.exception("request %s failed inside the gateway", r.rid)
             r.status, r.outcome, r.error_code = 500, "error", "internal_error"
-            e = GatewayError(500, "the gateway failed on this request; retry, and report the request id "
-                             f"{r.rid} if it persists", code="internal_error")
-            return _error_response(e, r.rid)
+            err = GatewayError(500, "the gateway failed on this request; retry, and report the request id "
+                               f"{r.rid} if it persists", code="internal_error")
+            return _error_response(err, r.rid)
         finally:
             if in_flight is not None:
                 in_flight.dec()
             self._finish(snap, r, admission)
 
-    async def _read_json(self, request: web.Request, limit: int, max_depth: int = 64) -> dict[str, Any]:
-        """The body as a JSON object. Raises GatewayError 413 above ``limit`` bytes, 400 ``invalid_json``
-        for bad JSON or a non-object, 400 ``json_too_deep`` when nested deeper than ``max_depth``."""
-        too_big = GatewayError(413, f"the request body is larger than this gateway's limit of {limit} bytes; "
-                               "send a shorter prompt", code="request_too_large")
-        if request.content_length is not None and request.content_length > limit:
-            raise too_big
-        chunks = []
-        size = 0
-        while True:
-            chunk = await request.content.read(65536)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > limit:
-                raise too_big
-            chunks.append(chunk)
-        raw = b"".join(chunks)
+    async def _read_json(self, request: web.Request, limit: int, max_depth: int = 64,
+                         compressed: bool = False) -> dict[str, Any]:
+        """The body as a JSON object. Raises GatewayError 413 above ``limit`` bytes (also once inflated),
+        415/400 for a Content-Encoding refused or corrupt (``compressed``: server.request_compression;
+        servelab.gateway.bodies), 400 ``invalid_json`` for bad JSON or a non-object, 400
+        ``json_too_deep`` when nested deeper than ``max_depth``."""
+        raw = await bodies.read_body(request, limit, compressed)
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
@@ -883,6 +938,16 @@ class Gateway:
             "e2e_ms": round(e2e_ns / 1e6, 3), "prompt_tokens": r.prompt_tokens,
             "completion_tokens": r.completion_tokens, "charged_tokens": used, "retries": r.retries,
             "fallback": r.fallback, "config_version": snap.version, "client_request_id": r.client_rid}
+        if r.degraded is not None:
+            rec["degraded"] = r.degraded
+        if r.client_ip is not None:
+            rec["client_ip"] = r.client_ip
+        if r.policy is not None:
+            rec["policy"] = r.policy
+        if r.application is not None:
+            rec["application"] = r.application
+        if r.status == 200 and r.model != "-":
+            self._degrade.observe(r.model, r.ttft_ns)
         if r.prompt_text is not None:
             rec["prompt"] = r.prompt_text
         self._access.write(rec)
@@ -894,7 +959,8 @@ class Gateway:
         """Tokens charged: the engine's usage; else prompt estimate + forwarded token chunks if anything
         was served; else 0 (module doc)."""
         if r.prompt_tokens is not None or r.completion_tokens is not None:
-            return (r.prompt_tokens or 0) + (r.completion_tokens or 0)
+            # never below the token events forwarded (each carried one token at least; served.py)
+            return (r.prompt_tokens or 0) + max(r.completion_tokens or 0, r.token_events)
         if r.served:
             return r.prompt_est + r.token_events
         return 0
@@ -904,7 +970,8 @@ class Gateway:
         """(prompt, completion) tokens of the ledger row: the engine's usage, else the prompt estimate and
         the token chunks forwarded if anything was served, else 0."""
         pt = r.prompt_tokens if r.prompt_tokens is not None else (r.prompt_est if r.served else 0)
-        ct = r.completion_tokens if r.completion_tokens is not None else (r.token_events if r.served else 0)
+        ct = (max(r.completion_tokens, r.token_events) if r.completion_tokens is not None
+              else (r.token_events if r.served else 0))
         return pt, ct
 
     def _journal_admit(self, r: _Req, admission: Any) -> None:
@@ -965,7 +1032,8 @@ class Gateway:
         if plan.shadow is not None:
             self._spawn(self._shadow(snap, plan.shadow, body, r))
         retry = snap.cfg.retry
-        client_usage = isinstance(body.get("stream_options"), dict) and bool(body["stream_options"].get("include_usage"))
+        client_usage = (isinstance(body.get("stream_options"), dict)
+                        and bool(body["stream_options"].get("include_usage")))
         tried = 0
         last: _UpstreamFailed | None = None
         for target in targets:
@@ -1014,6 +1082,8 @@ class Gateway:
         up = target.request_body(body)
         if r is not None and r.out_cap:
             up = lengths.for_backend(target.kind, r.endpoint, up, r.out_cap)
+            r.sent_cap = next((v for f in ("max_completion_tokens", "max_tokens")
+                               if isinstance(v := up.get(f), int) and not isinstance(v, bool)), r.out_cap)
         if stream:
             so = up.get("stream_options")
             up["stream_options"] = {**(so if isinstance(so, dict) else {}), "include_usage": True}
@@ -1047,11 +1117,11 @@ class Gateway:
             status = resp.status
             if status >= 300:
                 raw = await resp.read()
-                err = error_from_body(raw, status)
-                gerr = upstream_error(status, err.message, snap.hide, _retry_after(resp), err.code)
+                gerr = scrub.from_body(raw, status, r.rid, target.backend, snap.hide, _retry_after(resp),
+                                       caps_mod.prompt_text(r.endpoint, body) if status < 500 else None)
                 # 429: the engine is busy, not broken (retried/fallen back, but no breaker failure)
                 outcome = "neutral" if status == 429 else ("failure" if status >= 500 else "success")
-                raise _UpstreamFailed(gerr, status in (429, 503), str(status))
+                raise _UpstreamFailed(gerr, degrade.another_target(gerr), str(status))
             r.backend, r.upstream_model = target.backend, target.upstream_model
             r.model_field = b'"model":' + orjson.dumps(target.public_model)
             ctype = resp.headers.get("Content-Type", "")
@@ -1068,7 +1138,7 @@ class Gateway:
             if r.served:
                 raise
             raise _UpstreamFailed(GatewayError(504, "the model did not answer in time; retry, or lower max_tokens",
-                                               type="server_error", code="upstream_timeout"), False, "timeout") from None
+                                               type="server_error", code="upstream_timeout"), True, "timeout") from None
         except asyncio.CancelledError:
             outcome = "neutral"
             raise
@@ -1102,9 +1172,12 @@ class Gateway:
             ev = orjson.loads(raw)
         except orjson.JSONDecodeError:
             ev = None
-        err = error_from_event(ev, 200) if isinstance(ev, dict) else None
-        if err is not None or not isinstance(ev, dict):
-            raise _UpstreamFailed(upstream_error(502, err.message if err else None, snap.hide), False, "protocol")
+        gerr = (scrub.from_event(ev, r.rid, r.backend, snap.hide) if isinstance(ev, dict)
+                else scrub.from_body(raw, 200, r.rid, r.backend, snap.hide))  # engine text: log only
+        if gerr is not None:
+            raise _UpstreamFailed(gerr, degrade.another_target(gerr), "protocol")
+        if r.tally is not None:
+            r.tally.take_whole(ev, r.sent_cap or r.out_cap)  # per-choice lower bounds (served.py)
         usage = ev.get("usage")
         if isinstance(usage, dict):
             self._take_usage(r, usage)
@@ -1115,7 +1188,15 @@ class Gateway:
                             headers={"X-Request-ID": r.rid}), True
 
     @staticmethod
-    def _take_usage(r: _Req, usage: dict[str, Any]) -> None:
+    def _take_usage(r: _Req, usage: dict[str, Any], choices: Any = None) -> None:
+        """Record one ``usage`` (``choices``: its event's choices, None for a whole answer). Multi-sequence
+        requests are tallied per choice (servelab.gateway.served): llama-server counts one choice per usage."""
+        if r.tally is not None and r.tally.sequences > 1:
+            if choices is not None:
+                r.tally.take(usage, choices)
+            r.prompt_tokens = r.tally.prompt(r.prompt_est)
+            r.completion_tokens = r.tally.completion()
+            return
         pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
         if isinstance(pt, int):
             r.prompt_tokens = pt
@@ -1124,8 +1205,9 @@ class Gateway:
         elif r.endpoint == "embeddings" and isinstance(pt, int):
             r.completion_tokens = 0
 
-    async def _pipe_stream(self, request: web.Request, snap: _Snapshot, r: _Req, resp: aiohttp.ClientResponse,
-                           client_usage: bool) -> tuple[web.StreamResponse, bool | None]:
+    async def _pipe_stream(  # noqa: C901 - the per-chunk hot loop, kept whole: each split adds calls per chunk
+            self, request: web.Request, snap: _Snapshot, r: _Req, resp: aiohttp.ClientResponse,
+            client_usage: bool) -> tuple[web.StreamResponse, bool | None]:
         """Forward the SSE body read by read. Returns (response, complete): complete is False when the
         stream ended in an error event or was cut off (the client then got a clean error event + [DONE]),
         None when the client went away (says nothing about the backend).
@@ -1165,7 +1247,7 @@ class Gateway:
                     block = _public_model(block, r)
                 if error is not None and out is None and not block:
                     # nothing sent yet: the client gets a proper HTTP error instead of a 200 stream
-                    raise _UpstreamFailed(error, False, "stream_error")
+                    raise _UpstreamFailed(error, degrade.another_target(error), "stream_error")
                 # charged before the write: a client that leaves during it still pays for what the engine
                 # already produced and the gateway received
                 r.token_events += ntok
@@ -1182,7 +1264,7 @@ class Gateway:
                         # this function closes the upstream response, which cancels the engine's work
                         r.outcome = "client_disconnect"
                         self._charge_unread(snap, r, buf, resp, client_usage, chat)
-                        return out, None
+                        return (out if out is not None else web.Response(status=499)), None
                 if ntok > 0:
                     t = _now()
                     if not first:
@@ -1269,14 +1351,14 @@ class Gateway:
             if not isinstance(ev, dict):
                 kept.append(ev_bytes)
                 continue
-            err = error_from_event(ev, 200)
-            if err is not None:
+            gerr = scrub.from_event(ev, r.rid, r.backend, snap.hide)  # engine text: log only
+            if gerr is not None:
                 head = b"\n\n".join(kept) + b"\n\n" if kept else b""
-                return head, ntok, upstream_error(None, err.message, snap.hide), done
+                return head, ntok, gerr, done
             choices = ev.get("choices")
             usage = ev.get("usage")
             if isinstance(usage, dict):
-                self._take_usage(r, usage)
+                self._take_usage(r, usage, choices if isinstance(choices, list) else [])
                 if not choices and not client_usage:
                     changed = True
                     continue

@@ -84,7 +84,8 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
     """
     p = Path(path).expanduser()
     if not p.exists():
-        raise ConfigError(f"model file {str(p)!r} not found: it does not exist; pass a .gguf model, e.g. {_EXAMPLE_MODEL}")
+        raise ConfigError(f"model file {str(p)!r} not found: it does not exist; pass a .gguf model, "
+                          f"e.g. {_EXAMPLE_MODEL}")
     if p.is_dir():
         raise ConfigError(f"{str(p)!r} is a folder, not a GGUF file; pass the path of a .gguf model file")
     try:
@@ -115,7 +116,8 @@ class _Reader:
 
     def _need(self, n: int) -> None:
         if n < 0 or self.pos + n > len(self.buf):
-            raise ConfigError(f"{self.path} is a truncated or corrupt GGUF file (metadata runs past the end at byte {self.pos})")
+            raise ConfigError(f"{self.path} is a truncated or corrupt GGUF file (metadata runs past the end at "
+                              f"byte {self.pos})")
 
     def scalar(self, vtype: int) -> Any:
         fmt = _SCALAR_FMT[vtype]
@@ -182,7 +184,8 @@ def _walk(path: str | os.PathLike[str], want: set[str] | None, short_max: int,
         r.pos = 4
         version = r.scalar(_UINT32)
         if version < 2:
-            raise ConfigError(f"{p}: GGUF version {version} is too old (servelab reads v2 and v3); re-convert the model")
+            raise ConfigError(f"{p}: GGUF version {version} is too old (servelab reads v2 and v3); "
+                              "re-convert the model")
         tensor_count = r.scalar(_UINT64)
         kv_count = r.scalar(_UINT64)
         out: dict[str, Any] = {}
@@ -286,7 +289,8 @@ def _store_field(real: str, st: os.stat_result, field: str, value: Any) -> None:
         with file_lock(cache_dir() / ".sha256.lock"):
             data = _load_hash_cache()  # re-read under the lock: another process may have added entries
             entry = data.get(real)
-            if not isinstance(entry, dict) or entry.get("size") != st.st_size or entry.get("mtime_ns") != st.st_mtime_ns:
+            if not (isinstance(entry, dict) and entry.get("size") == st.st_size
+                    and entry.get("mtime_ns") == st.st_mtime_ns):
                 entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
             entry[field] = value
             data[real] = entry
@@ -383,7 +387,7 @@ def model_summary(path: str | os.PathLike[str], cache: bool = True) -> dict[str,
     meta["file_type_name"] = file_type_name(kv.get("general.file_type"))
     tmpl = kv.get("tokenizer.chat_template")
     meta["has_chat_template"] = isinstance(tmpl, str) and bool(tmpl)
-    if meta["has_chat_template"]:
+    if isinstance(tmpl, str) and tmpl:
         meta["chat_template_sha256"] = hashlib.sha256(tmpl.encode()).hexdigest()
     if "tokenizer.ggml.tokens" in lens:
         meta["vocab_size"] = lens["tokenizer.ggml.tokens"]

@@ -138,7 +138,8 @@ def load_tokenizer(spec: str | os.PathLike[str] | None = None) -> TokenCounter:
             ggufs = sorted(path.glob("*.gguf"))
             if len(ggufs) == 1:
                 return _from_gguf(ggufs[0])
-            raise ConfigError(f"{path} has no tokenizer.json; pass a tokenizer.json, a folder with one, or a .gguf model")
+            raise ConfigError(f"{path} has no tokenizer.json; pass a tokenizer.json, a folder with one, "
+                              "or a .gguf model")
         return _from_hf_json(tj)
     if is_gguf(path):
         return _from_gguf(path)
@@ -311,7 +312,7 @@ def _build_spm(meta: dict[str, Any], arrays: dict[str, Any]) -> Tokenizer:
     # Control/unknown pieces are special; user-defined pieces are plain added tokens. Both are matched in
     # the raw (unnormalised) text before BPE, like llama.cpp's tokenizer_st_partition.
     added = []
-    for i, (t, ty) in enumerate(zip(tokens, types)):
+    for t, ty in zip(tokens, types, strict=False):  # a shorter type list: the rest are normal tokens
         if ty in (_CONTROL, _UNKNOWN, _USER_DEFINED) and t:
             added.append(AddedToken(t, special=ty != _USER_DEFINED, normalized=False))
     tok.add_tokens(added)
@@ -361,7 +362,7 @@ def _build_gpt2(meta: dict[str, Any], arrays: dict[str, Any]) -> Tokenizer:
     ])
     tok.decoder = decoders.ByteLevel()
     added = [AddedToken(t, special=ty != _USER_DEFINED, normalized=False)
-             for t, ty in zip(tokens, types) if ty in (_CONTROL, _UNKNOWN, _USER_DEFINED) and t]
+             for t, ty in zip(tokens, types, strict=False) if ty in (_CONTROL, _UNKNOWN, _USER_DEFINED) and t]
     tok.add_tokens(added)
     _set_bos_post(tok, meta, tokens)
     return tok

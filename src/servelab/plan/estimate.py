@@ -37,7 +37,7 @@ from servelab.plan.layouts import Layout, candidate_layouts, default_layout, val
 from servelab.plan.llamacpp import LlamaCppMemory, llamacpp_memory
 from servelab.plan.memory import active_params, params_by_part, weight_bytes_by_part
 from servelab.plan.roofline import Roofline, roofline
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 GIB = 1024**3
 GPU_UTILIZATION = {"vllm": 0.9, "sglang": 0.88}
@@ -65,7 +65,7 @@ def _hardware(hw: Any) -> Any:
 def _model(m: Any) -> ModelEntry:
     if isinstance(m, ModelEntry):
         return m
-    from servelab.catalog.models import find_model
+    from servelab.catalog.resolve import find_model
 
     return find_model(str(m))
 
@@ -162,7 +162,7 @@ class CapacityPlan:
 
     def render(self) -> Any:
         """A rich renderable: the per-device memory table, the verdict, and the roofline floors."""
-        from rich.console import Group
+        from rich.console import Group, RenderableType
         from rich.table import Table
         from rich.text import Text
 
@@ -177,7 +177,8 @@ class CapacityPlan:
                 t.add_row(f"weights: {part}", f"{b / GIB:.3f}", "params x bytes/weight, sharded by layout")
         t.add_row("KV / state needed", f"{d.kv_needed_bytes / GIB:.3f}",
                   f"{self.concurrency} seq x {self.context_tokens} tokens, per attention kind")
-        t.add_row("activations (prefill peak)", f"{d.activation_bytes / GIB:.3f}", "estimate" if self.engine != "llamacpp" else "llama.cpp compute + output buffers")
+        t.add_row("activations (prefill peak)", f"{d.activation_bytes / GIB:.3f}",
+                  "estimate" if self.engine != "llamacpp" else "llama.cpp compute + output buffers")
         if d.graph_bytes:
             t.add_row("CUDA graphs", f"{d.graph_bytes / GIB:.3f}", "estimate")
         if d.comm_bytes:
@@ -186,24 +187,26 @@ class CapacityPlan:
             t.add_row("runtime reserve", f"{d.reserve_bytes / GIB:.3f}", "outside the engine's budget")
         t.add_row("needed", f"{d.needed_bytes / GIB:.3f}", "")
         t.add_row("device memory", f"{d.capacity_bytes / GIB:.3f}", "")
-        verdict = Text(("FITS" if self.fits else "DOES NOT FIT") + f": max concurrent sequences at {self.context_tokens} "
-                       f"tokens = {self.max_concurrent_sequences if self.max_concurrent_sequences is not None else 'not cache-bound'}",
+        seqs = self.max_concurrent_sequences if self.max_concurrent_sequences is not None else "not cache-bound"
+        verdict = Text(("FITS" if self.fits else "DOES NOT FIT")
+                       + f": max concurrent sequences at {self.context_tokens} tokens = {seqs}",
                        style="bold green" if self.fits else "bold red")
-        lines = [t, verdict]
+        lines: list[RenderableType] = [t, verdict]
         for r in self.reasons:
             lines.append(Text(f"  - {r}"))
         if not self.fits:
             lines.append(Text(f"  smallest layout that fits: {self.smallest_layout} "
                               f"({self.smallest_layout.devices} x {self.hardware_name})" if self.smallest_layout
                               else "  no layout of this hardware up to 64 devices fits"))
-        r = self.roofline
+        roof = self.roofline
         rt = Table(title="roofline floors (no engine beats these)", title_justify="left")
         rt.add_column("quantity")
         rt.add_column("value", justify="right")
-        rt.add_row("TPOT floor at this concurrency", f"{r.decode_step_s * 1e3:.2f} ms")
-        rt.add_row("tokens/s per sequence (max)", f"{r.per_sequence_tokens_per_s:.1f}")
-        rt.add_row("tokens/s aggregate (max)", f"{r.aggregate_tokens_per_s * self.layout.dp:.1f}")
-        rt.add_row("prefill of one prompt (min)", f"{r.prefill_s:.3f} s" if r.prefill_s is not None else "unknown peak FLOP/s")
+        rt.add_row("TPOT floor at this concurrency", f"{roof.decode_step_s * 1e3:.2f} ms")
+        rt.add_row("tokens/s per sequence (max)", f"{roof.per_sequence_tokens_per_s:.1f}")
+        rt.add_row("tokens/s aggregate (max)", f"{roof.aggregate_tokens_per_s * self.layout.dp:.1f}")
+        rt.add_row("prefill of one prompt (min)",
+                   f"{roof.prefill_s:.3f} s" if roof.prefill_s is not None else "unknown peak FLOP/s")
         lines.append(rt)
         if self.llamacpp is not None:
             lines.append(_llamacpp_table(self.llamacpp, self.kv_precision))
@@ -253,7 +256,8 @@ def _stage_weights(model: ModelEntry, parts: dict[str, float], layout: Layout) -
         # shrinks only by num_kv_heads, not by tp
         at = a.attention
         mixers = a.layer_mixers()
-        kv_params = (mixers.count("full") + mixers.count("sliding")) * a.hidden_size * at.num_kv_heads * (at.head_dim + at.v_dim)
+        attn_layers = mixers.count("full") + mixers.count("sliding")
+        kv_params = attn_layers * a.hidden_size * at.num_kv_heads * (at.head_dim + at.v_dim)
         n_attn = params_by_part(model)["attention"]
         kv_bytes = parts["attention"] * kv_params / n_attn if n_attn else 0.0
         attention += kv_bytes * (kv_heads_per_device(at.num_kv_heads, tp) / at.num_kv_heads - 1 / tp)
@@ -273,8 +277,9 @@ def _stage_weights(model: ModelEntry, parts: dict[str, float], layout: Layout) -
     return out
 
 
-def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurrency: int, precision: str | None = "bf16",
-             kv_precision: str | None = None, tp: int | None = None, pp: int = 1, ep: int | None = None, dp: int = 1,
+def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurrency: int,
+             precision: str | None = "bf16", kv_precision: str | None = None, tp: int | None = None, pp: int = 1,
+             ep: int | None = None, dp: int = 1,
              engine: str | None = None, parallel: int | None = None, ctx_size: int | None = None,
              kv_unified: bool = False, gpu_memory_utilization: float | None = None,
              max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS, find_smallest: bool = True) -> CapacityPlan:
@@ -337,7 +342,8 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
         np_ = parallel or concurrency
         llm = llamacpp_memory(m, ctx_size if ctx_size is not None else context_tokens * np_, np_, kv_unified,
                               kv_prec, kv_prec, weight_precision=precision)
-        dev_w = {k: v * (llm.model_bytes / max(1.0, sum(parts_b.values()))) / layout.devices for k, v in parts_b.items()}
+        scale = llm.model_bytes / max(1.0, sum(parts_b.values()))
+        dev_w = {k: v * scale / layout.devices for k, v in parts_b.items()}
         kv_need = llm.context_bytes / layout.devices
         act = (llm.compute_bytes + llm.output_bytes) / layout.devices
         graph = comm = reserve = 0.0
@@ -404,7 +410,8 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
     plan = CapacityPlan(model=m, hardware_name=str(getattr(hw, "name", "device")), count=count, layout=layout,
                         engine=engine, precision=("as in the GGUF file" if llm is not None and not any(
                             n.startswith("weights estimated") for n in llm.notes) else precision),
-                        kv_precision=kv_prec, context_tokens=context_tokens, concurrency=concurrency, device=dev, state_per_sequence=state.as_dict(),
+                        kv_precision=kv_prec, context_tokens=context_tokens, concurrency=concurrency, device=dev,
+                        state_per_sequence=state.as_dict(),
                         max_concurrent_sequences=max_seqs, fits=fits, reasons=reasons, roofline=rl, notes=notes,
                         llamacpp=llm)
     if not fits and find_smallest and engine != "llamacpp":

@@ -60,8 +60,8 @@ class SequenceState:
     def as_dict(self) -> dict[str, float]:
         """JSON-able by-kind dict (bytes)."""
         return {"full_attention_bytes": self.full_bytes, "sliding_window_bytes": self.sliding_bytes,
-                "mla_bytes": self.mla_bytes, "ssm_state_bytes": self.ssm_bytes, "cross_attention_bytes": self.cross_bytes,
-                "total_bytes": self.total_bytes}
+                "mla_bytes": self.mla_bytes, "ssm_state_bytes": self.ssm_bytes,
+                "cross_attention_bytes": self.cross_bytes, "total_bytes": self.total_bytes}
 
 
 def kv_heads_per_device(num_kv_heads: int, tp: int) -> int:
@@ -110,7 +110,8 @@ def sequence_state(model: ModelEntry, context_tokens: int, kv_precision: str = "
             cross = len(mixers) * a.cross_attention_tokens * per_tok
     if a.mla is not None:
         m = a.mla
-        mla = mixers.count("mla") * tokens_held(engine, context_tokens, None) * (m.kv_lora_rank + m.qk_rope_head_dim) * b
+        per_token = (m.kv_lora_rank + m.qk_rope_head_dim) * b
+        mla = mixers.count("mla") * tokens_held(engine, context_tokens, None) * per_token
     if a.ssm is not None:
         s = a.ssm
         heads = max(1, s.num_heads // tp)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servelab.catalog.models import ModelEntry
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from servelab.catalog.models import ModelEntry
 from servelab.plan.memory import weight_bytes_by_part
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 MIB = 1024 * 1024
 _PAD = 256
@@ -147,7 +147,8 @@ def llamacpp_memory(model: ModelEntry, ctx_size: int, n_parallel: int = 1, kv_un
     if layers_swa:
         assert a.attention is not None and a.attention.sliding_window is not None
         n_swa = a.attention.sliding_window
-        cells_swa = n_ctx_seq if swa_full else _pad(min(n_ctx_seq, n_swa * (n_parallel if kv_unified else 1) + n_ubatch))
+        swa_need = n_swa * (n_parallel if kv_unified else 1) + n_ubatch
+        cells_swa = n_ctx_seq if swa_full else _pad(min(n_ctx_seq, swa_need))
     kv_base = layers_base * n_ctx_seq * n_stream * row
     kv_swa = layers_swa * cells_swa * n_stream * row
     rec_layers = mixers.count("mamba2")
@@ -166,9 +167,9 @@ def llamacpp_memory(model: ModelEntry, ctx_size: int, n_parallel: int = 1, kv_un
         notes.append(f"weights estimated at {weight_precision} (pass the .gguf file for exact bytes)")
     return LlamaCppMemory(n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_seq=n_parallel, n_stream=n_stream, kv_unified=kv_unified,
                           cells_base=n_ctx_seq if layers_base else 0, cells_swa=cells_swa, layers_base=layers_base,
-                          layers_swa=layers_swa, layers_recurrent=rec_layers, kv_base_bytes=kv_base, kv_swa_bytes=kv_swa,
-                          recurrent_bytes=recurrent, output_bytes=output, compute_bytes=compute, model_bytes=weights,
-                          notes=notes)
+                          layers_swa=layers_swa, layers_recurrent=rec_layers, kv_base_bytes=kv_base,
+                          kv_swa_bytes=kv_swa, recurrent_bytes=recurrent, output_bytes=output, compute_bytes=compute,
+                          model_bytes=weights, notes=notes)
 
 
 # ---------------------------------------------------------------------------------------------------

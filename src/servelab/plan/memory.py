@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from servelab.catalog.params import (PARTS, active_params, attention_params, cross_attention_params, ffn_params,
                                      layer_params, params_by_part, total_params)
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 __all__ = ["PARTS", "active_params", "attention_params", "cross_attention_params", "ffn_params", "layer_params",
            "params_by_part", "total_params", "weight_bytes_by_part", "weight_bytes_per_param", "kv_bytes_per_element",

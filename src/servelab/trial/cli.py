@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from servelab.wire.client import ConfigError
+from servelab.wire.errors import ConfigError
 
 
 def trial_command(
@@ -20,6 +20,8 @@ def trial_command(
     no_report: bool = typer.Option(False, "--no-report", help="Skip report.html (write it later with "
                                    "'servelab report RUN')."),
     no_index: bool = typer.Option(False, "--no-index", help="Do not add the record to the records database."),
+    check: bool = typer.Option(False, "--check", help="Only validate the experiment and print it back as YAML "
+                               "(with every default filled in); start nothing."),
 ) -> None:
     """Run the selection experiment: launch each candidate, time its cold start, smoke-test the needed
     sub-features, gate on quality, raise load 1, 2, 4, 8 … until an SLO breaks, run the stated arrival
@@ -28,6 +30,9 @@ def trial_command(
     from servelab.trial.spec import default_experiment, load_experiment
 
     exp = load_experiment(file) if file else default_experiment()
+    if check:
+        print(exp.to_yaml(), end="")
+        return
     run_dir = Path(out or f"runs/trial-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
     if run_dir.exists() and (run_dir / "record.json").exists():
         raise ConfigError(f"--out {run_dir} already holds a trial (record.json); choose a new folder")
@@ -47,12 +52,12 @@ def trial_command(
     except KeyboardInterrupt:
         print(f"interrupted: finished steps are kept under {run_dir}/candidates/", file=sys.stderr)
         sys.exit(130)
-    d = record["decision"]
+    d = record.decision
     print("\ndecision:")
-    for name, v in d["verdicts"].items():
-        print(f"  {name}: {v['verdict'].upper()} — {'; '.join(v['reasons'])}")
-    for c in d.get("comparisons", []):
-        print(f"  {c['a']} vs {c['b']}: {c['note']}")
+    for name, v in d.verdicts.items():
+        print(f"  {name}: {v.verdict.upper()} — {'; '.join(v.reasons)}")
+    for c in d.comparisons:
+        print(f"  {c.a} vs {c.b}: {c.note}")
     if not no_index:
         from servelab.trial.records import index_record
 
@@ -78,7 +83,8 @@ def report_command(run: str = typer.Argument(..., help="Trial run folder (holds 
 def compare_command(
     run_a: str = typer.Argument(..., help="First trial run folder."),
     run_b: str = typer.Argument(..., help="Second trial run folder."),
-    out: str = typer.Option(None, "--out", "-o", help="HTML file (default compare-<A>-<B>.html in the current folder)."),
+    out: str = typer.Option(None, "--out", "-o",
+                            help="HTML file (default compare-<A>-<B>.html in the current folder)."),
 ) -> None:
     """Set two trials side by side in one self-contained HTML page."""
     from servelab.trial.report import write_compare

@@ -24,18 +24,22 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
-
-import orjson
+from typing import Any, NamedTuple
 
 from servelab import __version__
 from servelab.bench.load import LoadModel
+from servelab.bench.results import RequestLine, ServerFigure, StepSummary, Summary
 from servelab.bench.runner import Bench, BenchConfig, host_identity
 from servelab.bench.slo import Objective
 from servelab.engines import registry
 from servelab.engines.url import UrlFields
+from servelab.engines.registry import EngineIdentity
+from servelab.trial.results import (RECORD_SCHEMA_VERSION, Budget, CandidateIdentity, CandidateResult, ColdStart, Cost,
+                                    EngineExit, EnvironmentRow, EvidenceRow, GoalRow, Host, IdentityRow, Interrupted,
+                                    JsonObject, MethodRow, MetricsSample, Quality, QualityCheck, ResultsRow,
+                                    SmokeCheck, TrialRecord, write_record)
 from servelab.trial.spec import Candidate, Experiment, Goal, Sample
 from servelab.wire.client import ConfigError, make_session, send
 from servelab.wire.types import RequestRecord, RequestSpec
@@ -66,14 +70,25 @@ def trial_objectives(goal: Goal) -> list[Objective]:
     return objs
 
 
-def bench_load(models: list[LoadModel]) -> dict[str, Any]:
-    """:class:`BenchConfig` keyword arguments for the load steps ``models`` (all closed loop or all open
-    loop, as :meth:`Steps.load_models` and :meth:`Experiment.arrival_load` give them)."""
+class BenchLoad(NamedTuple):
+    """The :class:`BenchConfig` load fields for a list of load steps: ``concurrency`` (closed loop) or
+    ``rates_rps`` (open loop, req/s) with the arrival process of the first step."""
+
+    concurrency: list[int] | None
+    rates_rps: list[float] | None
+    arrival: str = "poisson"
+    gamma_shape: float = 0.5
+    max_concurrency: int | None = None
+
+
+def bench_load(models: list[LoadModel]) -> BenchLoad:
+    """:class:`BenchLoad` for the load steps ``models`` (all closed loop or all open loop, as
+    :meth:`Steps.load_models` and :meth:`Experiment.arrival_load` give them)."""
     if all(m.kind == "closed" for m in models):
-        return {"concurrency": [m.concurrency for m in models], "rates": None}
+        return BenchLoad([m.concurrency for m in models], None)
     first = models[0]
-    return {"concurrency": None, "rates": [float(m.rate_rps or 0) for m in models], "arrival": first.arrival,
-            "gamma_shape": first.gamma_shape, "max_concurrency": first.max_concurrency}
+    return BenchLoad(None, [float(m.rate_rps or 0) for m in models], first.arrival, first.gamma_shape,
+                     first.max_concurrency)
 
 
 class MetricsSampler(threading.Thread):
@@ -89,7 +104,7 @@ class MetricsSampler(threading.Thread):
         self.metrics = metrics if metrics is not None else registry.all_metrics()
         self._keep = self.metrics.names()
         self.step: str | None = None
-        self.samples: list[dict[str, Any]] = []
+        self.samples: list[MetricsSample] = []
         self.peak_rss_bytes = 0
         self._stop_evt = threading.Event()
 
@@ -110,9 +125,9 @@ class MetricsSampler(threading.Thread):
         except Exception:  # noqa: BLE001 — no /metrics, or the engine died: keep going
             m = {}
         keep = {k: v for k, v in m.items() if k.split("{")[0] in self._keep}
-        s = {"t_unix_s": time.time(), "step": self.step, "rss_bytes": rss, "metrics": keep}
+        s = MetricsSample(t_unix_s=time.time(), step=self.step, rss_bytes=rss, metrics=keep)
         self.samples.append(s)
-        f.write(orjson.dumps(s) + b"\n")
+        f.write(s.to_json_bytes() + b"\n")
         f.flush()
 
     def stop(self) -> None:
@@ -120,24 +135,25 @@ class MetricsSampler(threading.Thread):
         self._stop_evt.set()
         self.join(timeout=5)
 
-    def per_step(self) -> dict[str, dict[str, Any]]:
-        """``{step_label: {metric: {"mean", "max"} | {"increase"}}}`` over the samples of each step."""
-        by: dict[str, list[dict[str, Any]]] = {}
+    def per_step(self) -> dict[str, dict[str, ServerFigure]]:
+        """``{step_label: {metric: ServerFigure}}`` over the samples of each step: gauges ``mean``/``max``,
+        counters ``increase`` over ``span_s``; ``rss_bytes`` its ``max``."""
+        by: dict[str, list[MetricsSample]] = {}
         for s in self.samples:
-            if s["step"]:
-                by.setdefault(s["step"], []).append(s)
-        out: dict[str, dict[str, Any]] = {}
+            if s.step:
+                by.setdefault(s.step, []).append(s)
+        out: dict[str, dict[str, ServerFigure]] = {}
         for step, ss in by.items():
-            agg: dict[str, Any] = {}
-            names = {k for s in ss for k in s["metrics"]}
+            agg: dict[str, ServerFigure] = {}
+            names = {k for s in ss for k in s.metrics}
             for k in sorted(names):
-                vals = [s["metrics"][k] for s in ss if k in s["metrics"]]
+                vals = [s.metrics[k] for s in ss if k in s.metrics]
                 base = k.split("{")[0]
                 if base in self.metrics.counters:
-                    agg[k] = {"increase": vals[-1] - vals[0], "span_s": ss[-1]["t_unix_s"] - ss[0]["t_unix_s"]}
+                    agg[k] = ServerFigure(increase=vals[-1] - vals[0], span_s=ss[-1].t_unix_s - ss[0].t_unix_s)
                 else:
-                    agg[k] = {"mean": sum(vals) / len(vals), "max": max(vals)}
-            agg["rss_bytes"] = {"max": max(s["rss_bytes"] for s in ss)}
+                    agg[k] = ServerFigure(mean=sum(vals) / len(vals), max=max(vals))
+            agg["rss_bytes"] = ServerFigure(max=max(s.rss_bytes for s in ss))
             out[step] = agg
         return out
 
@@ -195,16 +211,17 @@ class TrialRunner:
 
         return factory
 
-    def _tokenizer_for(self, identity: dict[str, Any]) -> Any:
+    def _tokenizer_for(self, identity: CandidateIdentity) -> Any:
         """The workload tokenizer: the first candidate's GGUF or HF folder; the same for every candidate
         so that all see the same prompts (one factor at a time)."""
         if self.counter is not None:
             return self.counter
         from servelab.modelfile.tokenizer import load_tokenizer
 
-        path = ((identity.get("model") or {}).get("path") or (identity.get("model") or {}).get("hf_dir"))
+        model = identity.model or {}
+        path = model.get("path") or model.get("hf_dir")
         try:
-            if path and os.path.exists(path):
+            if isinstance(path, str) and path and os.path.exists(path):
                 self.counter = load_tokenizer(path)
         except ConfigError:
             self.counter = None
@@ -212,17 +229,18 @@ class TrialRunner:
 
     def _bench(self, base_url: str, model: str | None, out: Path, *, workloads: list[str],
                load: list[LoadModel], requests: int, warmup: int, objectives: list[Objective], stop_on_slo: bool,
-               seed: int, sampler: Any = None, overrides: dict[str, Any] | None = None, api_key: str | None = None,
-               seeded: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+               seed: int, sampler: MetricsSampler | None = None, overrides: Mapping[str, Any] | None = None,
+               api_key: str | None = None,
+               seeded: bool = False, on_step: Callable[[StepSummary], None] | None = None) -> Summary:
         lk = bench_load(load)
-        cfg = BenchConfig(base_url=base_url, model=model, workloads=workloads, concurrency=lk["concurrency"] or [1],
-                          rates_rps=lk["rates"], arrival=lk.get("arrival", "poisson"),
-                          gamma_shape=lk.get("gamma_shape", 0.5), requests=requests,
-                          max_concurrency=lk.get("max_concurrency"),
-                          warmup=warmup, seed=seed, slo=",".join(o.name for o in objectives),
+        cfg = BenchConfig(base_url=base_url, model=model, workloads=workloads, concurrency=lk.concurrency or [1],
+                          rates_rps=lk.rates_rps, arrival=lk.arrival,  # type: ignore[arg-type]  # a LoadModel's
+                          gamma_shape=lk.gamma_shape, requests=requests,  # arrival is one BenchConfig accepts
+                          max_concurrency=lk.max_concurrency,
+                          warmup=warmup, seed=seed, slo=",".join(o.name for o in objectives) or None,
                           stop_on_slo=stop_on_slo, timeout_s=self.exp.timeout_s,
                           ignore_eos=self.exp.ignore_eos, api_key=api_key,
-                          out=str(out), workload_overrides=overrides or {})
+                          out=str(out), workload_overrides=dict(overrides or {}))
         factory = self._factory(seeded=seeded)
         if overrides:
             base = factory
@@ -239,56 +257,56 @@ class TrialRunner:
             if event == "step" and sampler is not None:
                 sampler.step = None if kw["warmup"] else f"{kw['workload']}/{kw['step']}"
             elif event == "step_done" and on_step is not None:
-                on_step(kw["summary"])
+                on_step(StepSummary.model_validate(kw["summary"]))
 
         bench = Bench(cfg, objectives, factory, counter=self.counter, progress=progress)
         asyncio.run(bench.run())
         if sampler is not None:
             sampler.step = None
-        return bench.summary
+        return Summary.model_validate(bench.summary)
 
     # ---------------------------------------------------------------- phases
     def smoke(self, base_url: str, model: str | None, checks: tuple[str, ...], api_key: str | None,
-              path: Path) -> dict[str, Any]:
-        """Smoke tests; returns ``{check: {"ok": bool, "detail": str}}`` (docs/record-schema.md) and writes
+              path: Path) -> dict[str, SmokeCheck]:
+        """Smoke tests; returns ``{check: SmokeCheck}`` (docs/record-schema.md) and writes
         every smoke request to ``path`` (JSONL, the requests.jsonl format)."""
         return asyncio.run(_smoke(base_url, model, checks, api_key, path))
 
-    def quality(self, base_url: str, model: str | None, cand_dir: Path, api_key: str | None) -> dict[str, Any]:
+    def quality(self, base_url: str, model: str | None, cand_dir: Path, api_key: str | None) -> Quality:
         """Quality gate: business samples (regex/schema checks, ``goal.quality.samples``) and the
         schema-valid share of ``goal.quality.structured_requests`` requests of the structured set."""
         q = self.exp.goal.quality
-        checks: list[dict[str, Any]] = []
+        checks: list[QualityCheck] = []
         samples_path = cand_dir / "quality.jsonl"  # docs/record-schema.md: the quality-gate sample requests
         samples_path.write_bytes(b"")
         if q.samples:
             res = asyncio.run(_samples(base_url, model, q.samples, api_key, samples_path))
-            checks.append({"name": "samples_pass_fraction", "value": res, "limit": q.samples_pass_min,
-                           "ok": res >= q.samples_pass_min})
+            checks.append(QualityCheck(name="samples_pass_fraction", value=res, limit=q.samples_pass_min,
+                                       ok=res >= q.samples_pass_min))
         if "structured" in [w.label for w in self.exp.workloads]:
             s = self._bench(base_url, model, cand_dir / "quality", workloads=["structured"],
                             load=[LoadModel(kind="closed", concurrency=1)], requests=q.structured_requests,
                             warmup=0, objectives=[], stop_on_slo=False, seed=self.exp.seed + 424242,
                             api_key=api_key, seeded=True)
-            st = s["steps"][0]
-            c = st["counts"]
-            valid = c["submitted"] - c["failed_total"] - _schema_failures(cand_dir / "quality" / "requests.jsonl")
-            frac = valid / c["submitted"] if c["submitted"] else 0.0
-            checks.append({"name": "structured_valid_fraction", "value": frac, "limit": q.structured_valid_min,
-                           "ok": frac >= q.structured_valid_min})
-        return {"passed": all(c["ok"] for c in checks), "checks": checks}
+            c = s.steps[0].counts
+            valid = c.submitted - c.failed_total - _schema_failures(cand_dir / "quality" / "requests.jsonl")
+            frac = valid / c.submitted if c.submitted else 0.0
+            checks.append(QualityCheck(name="structured_valid_fraction", value=frac, limit=q.structured_valid_min,
+                                       ok=frac >= q.structured_valid_min))
+        return Quality(passed=all(c.ok for c in checks), checks=checks)
 
     def run_candidate(self, cand: Candidate,
-                      host: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-        """One candidate through the whole flow. Returns (identity, result, evidence files)."""
+                      host: Host) -> tuple[CandidateIdentity, CandidateResult, dict[str, str]]:
+        """One candidate through the whole flow. Returns (identity, result, evidence files: key ->
+        path relative to the run folder)."""
         name = cand.name
         kind = cand.kind
         cdir = self.out / "candidates" / name
         cdir.mkdir(parents=True, exist_ok=True)
         settings = cand.recorded_settings()
-        identity: dict[str, Any] = {"engine_kind": cand.engine, "settings": settings}
-        result: dict[str, Any] = {"status": "failed", "reason": None, "cold_start": {}, "smoke": {},
-                                  "quality": {}, "steps": [], "peak_rss_bytes": None}
+        identity = CandidateIdentity(engine_kind=cand.engine, settings=settings)
+        result = CandidateResult(status="failed", reason=None, cold_start=ColdStart(), smoke={}, quality=None,
+                                 steps=[], peak_rss_bytes=None)
         files: dict[str, str] = {}
         running = None
         ext = cand if isinstance(cand, UrlFields) else None  # a server servelab does not start
@@ -300,46 +318,26 @@ class TrialRunner:
                     raise ConfigError(f"candidate {name!r}: engine kind {cand.engine!r} is not launched by servelab "
                                       "and has no url")
                 base_url, model = ext.url.rstrip("/"), ext.model_name
-                identity.update({"url": base_url, "engine": None, "model": {"name": model}})
+                identity.url, identity.engine, identity.model = base_url, None, {"name": model}
                 self.say(f"[{name}] using existing server {base_url}")
             else:
                 self.say(f"[{name}] starting {cand.engine} {settings}")
                 running = kind.launch(cand.settings, model=cand.model, log_dir=str(cdir / "engine"))
                 base_url, model = running.base_url, None
-                identity.update({"engine": running.identity, "model": running.identity.get("model")})
-                result["cold_start"] = dict(running.cold_start)
+                engine = EngineIdentity.model_validate(running.identity)
+                identity.engine, identity.model = engine, engine.model
+                result.cold_start = ColdStart.model_validate(running.cold_start)
                 try:
                     running.measure_first_token(timeout_s=120)
                 except Exception as e:  # noqa: BLE001 — recorded, the smoke test will say more
                     self.say(f"[{name}] first token failed: {e}")
-                result["cold_start"] = dict(running.cold_start)
+                cold = result.cold_start = ColdStart.model_validate(running.cold_start)
                 files["engine_log"] = str(Path(running.log_path).relative_to(self.out))
-                self.say(f"[{name}] ready: health {result['cold_start'].get('health_s', 0):.1f} s, first token "
-                         f"{result['cold_start'].get('first_token_s', float('nan')):.1f} s after process start")
+                self.say(f"[{name}] ready: health {cold.health_s or 0:.1f} s, first token "
+                         f"{cold.first_token_s if cold.first_token_s is not None else float('nan'):.1f} s "
+                         "after process start")
             self._tokenizer_for(identity)
-            result["smoke"] = self.smoke(base_url, model, tuple(self.exp.goal.quality.smoke), api_key,
-                                         cdir / "smoke.jsonl")
-            files["smoke"] = f"candidates/{name}/smoke.jsonl"
-            bad = [k for k, v in result["smoke"].items() if not v["ok"]]
-            if bad:
-                result["status"] = "excluded"
-                result["reason"] = "smoke test failed: " + "; ".join(f"{k}: {result['smoke'][k]['detail']}" for k in bad)
-                self.say(f"[{name}] excluded: {result['reason']}")
-                return identity, result, files
-            self.say(f"[{name}] smoke tests passed: {', '.join(result['smoke'])}")
-            result["quality"] = self.quality(base_url, model, cdir, api_key)
-            files["quality"] = f"candidates/{name}/quality.jsonl"
-            if (cdir / "quality" / "requests.jsonl").exists():
-                files["quality_structured"] = f"candidates/{name}/quality/requests.jsonl"
-            self.say(f"[{name}] quality gate: " + ", ".join(
-                f"{c['name']} {c['value']:.2f} (min {c['limit']:.2f}) {'ok' if c['ok'] else 'FAILED'}"
-                for c in result["quality"]["checks"]))
-            if not result["quality"]["passed"]:
-                bad_q = [c for c in result["quality"]["checks"] if not c["ok"]]
-                result["status"] = "excluded"
-                result["reason"] = "quality gate failed: " + "; ".join(
-                    f"{c['name']} {c['value']:.2f} < {c['limit']:.2f}" for c in bad_q)
-                self.say(f"[{name}] excluded: {result['reason']}")
+            if not self._gates(name, base_url, model, api_key, result, files):
                 return identity, result, files
             if running is not None:
                 sampler = MetricsSampler(running, cdir / "server_metrics.jsonl", metrics=kind.metrics)
@@ -353,9 +351,9 @@ class TrialRunner:
                                   on_step=lambda st: self.say(_step_line(name, st)))
             files["steps"] = f"candidates/{name}/steps/requests.jsonl"
             per_step = sampler.per_step() if sampler is not None else {}
-            for s in summary["steps"]:
-                s["server"] = per_step.get(f"{s['workload']}/{s['step']}", {})
-            result["steps"] = summary["steps"]
+            for st in summary.steps:
+                st.server = per_step.get(st.label, {})
+            result.steps = summary.steps
             if running is not None and not running.alive:
                 raise EngineDied(f"engine process exited during the load steps (exit code {running.process.poll()})")
             at = exp.arrival_test
@@ -367,38 +365,68 @@ class TrialRunner:
                                   requests=at.requests, warmup=0, objectives=self.objectives, stop_on_slo=False,
                                   seed=exp.seed + 7777, sampler=sampler,
                                   overrides={**at.set, "ratio": exp.arrival_mix}, api_key=api_key)
-                result["arrival_run"] = arr["steps"][0] if arr["steps"] else None
+                result.arrival_run = arr.steps[0] if arr.steps else None
                 files["arrival"] = f"candidates/{name}/arrival/requests.jsonl"
-                if result["arrival_run"]:
-                    self.say(_step_line(name, result["arrival_run"]))
+                if result.arrival_run is not None:
+                    self.say(_step_line(name, result.arrival_run))
             if running is not None and not running.alive:
                 raise EngineDied(f"engine process exited during the arrival test (exit code {running.process.poll()})")
-            result["status"] = "ranked"
+            result.status = "ranked"
         except EngineDied as e:
-            result["status"], result["reason"] = "failed", str(e)
+            result.status, result.reason = "failed", str(e)
             self.say(f"[{name}] failed: {e}")
         except ConfigError as e:
             if ext is None or kind.launched:
                 raise
             # an external server that is down or not OpenAI-compatible fails this candidate, not the trial
-            result["status"], result["reason"] = "failed", f"external server {ext.url}: {e}"
-            self.say(f"[{name}] failed: {result['reason']}")
+            result.status, result.reason = "failed", f"external server {ext.url}: {e}"
+            self.say(f"[{name}] failed: {result.reason}")
         except Exception as e:  # noqa: BLE001 — one candidate's failure must not end the trial
-            result["status"], result["reason"] = "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            self.say(f"[{name}] failed: {result['reason']}")
+            result.status, result.reason = "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self.say(f"[{name}] failed: {result.reason}")
         finally:
             if sampler is not None:
                 sampler.stop()
-                result["peak_rss_bytes"] = sampler.peak_rss_bytes or None
+                result.peak_rss_bytes = sampler.peak_rss_bytes or None
             if running is not None:
-                if result["peak_rss_bytes"] is None:
+                if result.peak_rss_bytes is None:
                     try:
-                        result["peak_rss_bytes"] = running.peak_rss_bytes() or None
+                        result.peak_rss_bytes = running.peak_rss_bytes() or None
                     except Exception:  # noqa: BLE001
                         pass
                 running.stop()
-                result["engine_exit"] = {"returncode": running.returncode, "alive_after_stop": running.alive}
+                result.engine_exit = EngineExit(returncode=running.returncode, alive_after_stop=running.alive)
         return identity, result, files
+
+    def _gates(self, name: str, base_url: str, model: str | None, api_key: str | None, result: CandidateResult,
+               files: dict[str, str]) -> bool:
+        """Smoke tests, then the quality gate, into ``result`` (and their request files into ``files``);
+        ``False`` (with ``result`` excluded and its reason) when one failed."""
+        cdir = self.out / "candidates" / name
+        smoke = result.smoke = self.smoke(base_url, model, tuple(self.exp.goal.quality.smoke), api_key,
+                                          cdir / "smoke.jsonl")
+        files["smoke"] = f"candidates/{name}/smoke.jsonl"
+        bad = [k for k, v in smoke.items() if not v.ok]
+        if bad:
+            result.status = "excluded"
+            result.reason = "smoke test failed: " + "; ".join(f"{k}: {smoke[k].detail}" for k in bad)
+            self.say(f"[{name}] excluded: {result.reason}")
+            return False
+        self.say(f"[{name}] smoke tests passed: {', '.join(smoke)}")
+        quality = result.quality = self.quality(base_url, model, cdir, api_key)
+        files["quality"] = f"candidates/{name}/quality.jsonl"
+        if (cdir / "quality" / "requests.jsonl").exists():
+            files["quality_structured"] = f"candidates/{name}/quality/requests.jsonl"
+        self.say(f"[{name}] quality gate: " + ", ".join(
+            f"{c.name} {c.value or 0:.2f} (min {c.limit or 0:.2f}) {'ok' if c.ok else 'FAILED'}"
+            for c in quality.checks))
+        if not quality.passed:
+            result.status = "excluded"
+            result.reason = "quality gate failed: " + "; ".join(
+                f"{c.name} {c.value or 0:.2f} < {c.limit or 0:.2f}" for c in quality.checks if not c.ok)
+            self.say(f"[{name}] excluded: {result.reason}")
+            return False
+        return True
 
     def preflight(self) -> None:
         """Bad input that can be found before any engine starts: a fixed ``settings.port`` already in
@@ -416,104 +444,98 @@ class TrialRunner:
                 raise ConfigError(f"candidates[{i}].settings.port: port {port} is already in use on 127.0.0.1; "
                                   f"choose a free port or leave it null to pick one")
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> TrialRecord:
         """Run every candidate, decide, and write ``record.json``; returns the record."""
         from servelab.trial.decide import decide, effective_step
 
         self.preflight()
         self.out.mkdir(parents=True, exist_ok=True)
         t0 = time.time()
-        host = host_identity()
-        identities: dict[str, Any] = {}
-        results: dict[str, Any] = {}
-        files: dict[str, Any] = {}
+        host = Host.model_validate(host_identity())
+        identities: dict[str, CandidateIdentity] = {}
+        results: dict[str, CandidateResult] = {}
+        files: dict[str, dict[str, str]] = {}
         error_budget = self.exp.goal.error_budget
         interrupted: str | None = None
         for cand in self.exp.candidates:
             if interrupted is not None:
-                identities[cand.name] = {"engine_kind": cand.engine}
-                results[cand.name] = {"status": "failed", "reason": "not run: the trial was interrupted before "
-                                      "this candidate started", "steps": []}
+                identities[cand.name] = CandidateIdentity(engine_kind=cand.engine)
+                results[cand.name] = CandidateResult(status="failed", reason="not run: the trial was interrupted "
+                                                     "before this candidate started", steps=[])
                 files[cand.name] = {}
                 continue
             try:
                 ident, res, f = self.run_candidate(cand, host)
             except KeyboardInterrupt:
                 interrupted = cand.name
-                identities[cand.name] = {"engine_kind": cand.engine}
-                results[cand.name] = {"status": "failed", "steps": [],
-                                      "reason": "interrupted (Ctrl-C) during this candidate; the requests it "
-                                                f"finished are in candidates/{cand.name}/steps/requests.jsonl"}
+                identities[cand.name] = CandidateIdentity(engine_kind=cand.engine)
+                results[cand.name] = CandidateResult(
+                    status="failed", steps=[], reason="interrupted (Ctrl-C) during this candidate; the requests "
+                    f"it finished are in candidates/{cand.name}/steps/requests.jsonl")
                 files[cand.name] = {}
                 self.say(f"[{cand.name}] interrupted; writing a partial record")
                 continue
-            if res["status"] == "ranked":
-                res.update(effective_step(res["steps"], self.objectives, error_budget))
+            if res.status == "ranked":
+                res.apply(effective_step(res.steps, self.objectives, error_budget))
                 price = self.exp.goal.budget.price_per_hour
-                tps = (res.get("effective_throughput") or {}).get("output_tokens_per_s")
-                res["cost"] = {"per_1m_output_tokens": (price / 3600 / tps * 1e6) if price and tps else None,
-                               "price_per_hour": price}
+                tps = res.effective_throughput.output_tokens_per_s if res.effective_throughput else None
+                res.cost = Cost(per_1m_output_tokens=(price / 3600 / tps * 1e6) if price and tps else None,
+                                price_per_hour=price)
             identities[cand.name] = ident
             results[cand.name] = res
             files[cand.name] = f
         t1 = time.time()
         goal, environment, method = self._goal(), self._environment(host), self._method(t0, t1)
         decision = decide(results, identities, goal=goal, environment=environment, method=method)
-        record = {
-            "schema_version": 1,
-            "trial_id": self.out.name,
-            "created_unix_s": t0,
-            "servelab_version": __version__,
-            "goal": goal,
-            "identity": {"candidates": identities},
-            "environment": environment,
-            "method": method,
-            "results": {"candidates": results},
-            "evidence": {"run_dir": str(self.out.resolve()), "experiment": "experiment.yaml", "files": files,
-                         "reproduce": f"servelab trial {self.out / 'experiment.yaml'} --out {self.out}-rerun"},
-            "decision": decision,
-        }
+        record = TrialRecord(
+            schema_version=RECORD_SCHEMA_VERSION, trial_id=self.out.name, created_unix_s=t0,
+            servelab_version=__version__, goal=goal, identity=IdentityRow(candidates=identities),
+            environment=environment, method=method, results=ResultsRow(candidates=results),
+            evidence=EvidenceRow(run_dir=str(self.out.resolve()), experiment="experiment.yaml", files=files,
+                                 reproduce=f"servelab trial {self.out / 'experiment.yaml'} --out {self.out}-rerun"),
+            decision=decision)
         if interrupted is not None:
-            record["interrupted"] = {"candidate": interrupted, "note": "partial record: the trial was stopped by "
-                                     "the user; candidates after it did not run, so the decision covers only "
-                                     "the candidates that finished"}
-        (self.out / "record.json").write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2
-                                                            | orjson.OPT_SERIALIZE_NUMPY))
+            record.interrupted = Interrupted(candidate=interrupted, note="partial record: the trial was stopped by "
+                                             "the user; candidates after it did not run, so the decision covers "
+                                             "only the candidates that finished")
+        write_record(record, self.out)
         if interrupted is not None:
             raise TrialInterrupted(record)
         return record
 
-    def _environment(self, host: dict[str, Any]) -> dict[str, Any]:
-        return {"host": host, "gpu": None, "instances": 1,
-                "parallel_layout": "one engine process per candidate, one at a time, CPU only (no TP/PP/EP/DP)"}
+    def _environment(self, host: Host) -> EnvironmentRow:
+        return EnvironmentRow(host=host, gpu=None, instances=1,
+                              parallel_layout="one engine process per candidate, one at a time, CPU only "
+                                              "(no TP/PP/EP/DP)")
 
-    def _goal(self) -> dict[str, Any]:
+    def _goal(self) -> GoalRow:
         g = self.exp.goal
-        return {"task": g.task, "quality_gates": g.quality.model_dump(mode="json"),
-                "slo": [o.name for o in self.objectives], "error_budget": g.error_budget,
-                "expected_rate_rps": g.expected_rate_rps, "mix": g.mix, "burstiness": g.burstiness,
-                "budget": g.budget.model_dump(mode="json")}
+        return GoalRow(task=g.task, quality_gates=g.quality.model_dump(mode="json"),
+                       slo=[o.name for o in self.objectives], error_budget=g.error_budget,
+                       expected_rate_rps=g.expected_rate_rps, mix=g.mix, burstiness=g.burstiness,
+                       budget=Budget.model_validate(g.budget.model_dump(mode="json")))
 
-    def _method(self, t0: float, t1: float) -> dict[str, Any]:
+    def _method(self, t0: float, t1: float) -> MethodRow:
         e = self.exp
-        return {"warmup_requests": e.warmup, "requests_per_step": e.requests_per_step,
-                "steps": e.steps.model_dump(mode="json"), "workloads": [w.label for w in e.workloads],
-                "seed": e.seed, "arrival_test": e.arrival_test.model_dump(mode="json", by_alias=False),
-                "ignore_eos": e.ignore_eos, "timeout_s": e.timeout_s,
-                "cache_state": "prompts differ per step (seeded), identical across candidates; engine prompt/prefix "
-                               "cache left at the engine's default; warmup requests before each step excluded",
-                "token_definition": "output tokens = server usage.completion_tokens (reasoning included); prompt "
-                                    "lengths exact in the workload tokenizer "
-                                    f"({getattr(self.counter, 'name', 'none: approximate')}); client count kept "
-                                    "as a cross-check",
-                "started_unix_s": t0, "finished_unix_s": t1, "duration_s": t1 - t0}
+        return MethodRow(
+            warmup_requests=e.warmup, requests_per_step=e.requests_per_step, steps=e.steps.model_dump(mode="json"),
+            workloads=[w.label for w in e.workloads], seed=e.seed,
+            arrival_test=e.arrival_test.model_dump(mode="json", by_alias=False),
+            ignore_eos=e.ignore_eos, timeout_s=e.timeout_s,
+            cache_state="prompts differ per step (seeded), identical across candidates; engine prompt/prefix "
+                        "cache left at the engine's default; warmup requests before each step excluded",
+            token_definition="output tokens = server usage.completion_tokens (reasoning included); prompt "
+                             "lengths exact in the workload tokenizer "
+                             f"({getattr(self.counter, 'name', 'none: approximate')}); client count kept "
+                             "as a cross-check",
+            started_unix_s=t0, finished_unix_s=t1, duration_s=t1 - t0)
 
 
 class TrialInterrupted(KeyboardInterrupt):
     """Raised by :meth:`TrialRunner.run` after Ctrl-C, once the partial ``record.json`` is written
-    (``.record`` holds it, with ``record["interrupted"]`` naming the candidate that was running)."""
+    (``.record`` holds it, with ``record.interrupted`` naming the candidate that was running)."""
 
-    def __init__(self, record: dict[str, Any]) -> None:
+    def __init__(self, record: TrialRecord) -> None:
         super().__init__("trial interrupted")
         self.record = record
 
@@ -522,29 +544,29 @@ class EngineDied(RuntimeError):
     """The candidate's engine process exited while it was being measured."""
 
 
-def _step_line(name: str, s: dict[str, Any]) -> str:
-    if s.get("skipped"):
-        return f"[{name}] {s['workload']} {s['step']}: skipped ({s.get('skipped_reason')})"
-    c = s["counts"]
+def _step_line(name: str, s: StepSummary) -> str:
+    if s.skipped:
+        return f"[{name}] {s.workload} {s.step}: skipped ({s.skipped_reason})"
+    c = s.counts
 
-    def ms(x: Any) -> str:
+    def ms(x: float | None) -> str:
         return "-" if x is None else f"{x * 1000:.0f} ms"
 
-    tps = s["throughput"]["output_tokens_per_s"]
-    slo = "" if not s.get("slo") else (" SLO met" if s["slo_met"] else " SLO BROKEN: " + ", ".join(
-        f"{v['objective']} (was {v['value']:.3g})" if v["value"] is not None else v["objective"]
-        for v in s["slo"] if not v["met"]))
-    return (f"[{name}] {s['workload']} {s['step']}: {c['succeeded']}/{c['submitted']} ok, TTFT p95 "
-            f"{ms(s['ttft_s']['p95'])}, ITL p95 {ms(s['itl_s']['p95'])}, {tps or 0:.1f} out tok/s{slo}")
+    tps = s.throughput.output_tokens_per_s
+    slo = "" if not s.slo else (" SLO met" if s.slo_met else " SLO BROKEN: " + ", ".join(
+        f"{v.objective} (was {v.value:.3g})" if v.value is not None else v.objective
+        for v in s.slo if not v.met))
+    return (f"[{name}] {s.workload} {s.step}: {c.succeeded}/{c.submitted} ok, TTFT p95 "
+            f"{ms(s.ttft_s.p95)}, ITL p95 {ms(s.itl_s.p95)}, {tps or 0:.1f} out tok/s{slo}")
 
 
 def _schema_failures(jsonl: Path) -> int:
+    """Measured, succeeded requests of a ``requests.jsonl`` whose answer was not schema-valid JSON."""
     n = 0
     with open(jsonl, "rb") as f:
-        for line in f:
-            d = orjson.loads(line)
-            if not d["warmup"] and d["failure"] is None and (
-                    {"json_invalid", "json_schema_mismatch"} & set(d["gate_failures"])):
+        for raw in f:
+            d = RequestLine.model_validate_json(raw)
+            if not d.warmup and d.failure is None and {"json_invalid", "json_schema_mismatch"} & set(d.gate_failures):
                 n += 1
     return n
 
@@ -568,7 +590,7 @@ async def _model_name(session: Any, base_url: str, model: str | None, api_key: s
 
 
 async def _smoke(base_url: str, model: str | None, checks: tuple[str, ...], api_key: str | None,
-                 path: Path) -> dict[str, Any]:
+                 path: Path) -> dict[str, SmokeCheck]:
     """The smoke checks; every request sent is written to ``path`` (JSONL, requests.jsonl format), also
     when a check raises."""
     sent: list[RequestRecord] = []
@@ -578,14 +600,14 @@ async def _smoke(base_url: str, model: str | None, checks: tuple[str, ...], api_
         from servelab.bench.runner import record_to_json
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"".join(orjson.dumps(record_to_json(r)) + b"\n" for r in sent))
+        path.write_bytes(b"".join(record_to_json(r).to_json_bytes() + b"\n" for r in sent))
 
 
 async def _smoke_checks(base_url: str, model: str | None, checks: tuple[str, ...], api_key: str | None,
-                        sent: list[RequestRecord]) -> dict[str, Any]:
+                        sent: list[RequestRecord]) -> dict[str, SmokeCheck]:
     import jsonschema
 
-    res: dict[str, Any] = {}
+    res: dict[str, SmokeCheck] = {}
     async with make_session() as session:
         m = await _model_name(session, base_url, model, api_key)
         story = RequestSpec(endpoint="chat", max_tokens=40, extra={"temperature": 0},
@@ -593,13 +615,13 @@ async def _smoke_checks(base_url: str, model: str | None, checks: tuple[str, ...
         r = await _one(session, base_url, m, story, api_key, 0, sent)
         if "streaming" in checks:
             ok = r.failure is None and len(r.chunk_ns) >= 2 and r.finish_reason is not None
-            res["streaming"] = {"ok": ok, "detail": (f"{len(r.chunk_ns)} token chunks, finish {r.finish_reason}"
-                                                     if r.failure is None else _fail_text(r))}
+            res["streaming"] = SmokeCheck(ok=ok, detail=(f"{len(r.chunk_ns)} token chunks, finish {r.finish_reason}"
+                                                         if r.failure is None else _fail_text(r)))
         if "usage" in checks:
             ok = r.failure is None and r.output_tokens_source == "usage"
-            res["usage"] = {"ok": ok, "detail": (f"usage.completion_tokens={r.output_tokens}" if ok else
-                                                 "no usage in the stream (stream_options.include_usage ignored)"
-                                                 if r.failure is None else _fail_text(r))}
+            res["usage"] = SmokeCheck(ok=ok, detail=(f"usage.completion_tokens={r.output_tokens}" if ok else
+                                                     "no usage in the stream (stream_options.include_usage ignored)"
+                                                     if r.failure is None else _fail_text(r)))
         if "json_schema" in checks:
             detail = ""
             ok = False
@@ -619,19 +641,19 @@ async def _smoke_checks(base_url: str, model: str | None, checks: tuple[str, ...
                     break
                 except (ValueError, jsonschema.ValidationError) as e:
                     detail = f"answer not valid against the schema ({type(e).__name__}): {jr.content_text[:60]!r}"
-            res["json_schema"] = {"ok": ok, "detail": detail}
+            res["json_schema"] = SmokeCheck(ok=ok, detail=detail)
         if "stop" in checks:
             res["stop"] = await _stop_check(session, base_url, m, r, story, api_key, sent)
     return res
 
 
 async def _stop_check(session: Any, base_url: str, m: str, r: RequestRecord, story: RequestSpec,
-                      api_key: str | None, sent: list[RequestRecord] | None = None) -> dict[str, Any]:
+                      api_key: str | None, sent: list[RequestRecord] | None = None) -> SmokeCheck:
     """Greedy decoding twice: the second time with a stop string taken from the first answer's middle;
     the engine must end the answer right before it, with finish reason ``stop``."""
     text = r.content_text
     if r.failure is not None or len(text) < 8:
-        return {"ok": False, "detail": "no reference answer to take a stop string from"}
+        return SmokeCheck(ok=False, detail="no reference answer to take a stop string from")
     rng = random.Random(0)
     piece, k = "", -1
     for _ in range(50):
@@ -640,15 +662,15 @@ async def _stop_check(session: Any, base_url: str, m: str, r: RequestRecord, sto
         if piece.strip() and text.find(piece) == k:
             break
     else:
-        return {"ok": False, "detail": "no unique stop string in the reference answer"}
+        return SmokeCheck(ok=False, detail="no unique stop string in the reference answer")
     spec = RequestSpec(endpoint="chat", max_tokens=story.max_tokens, messages=story.messages,
                        extra={**story.extra, "stop": [piece]})
     s = await _one(session, base_url, m, spec, api_key, 20, sent)
     if s.failure is not None:
-        return {"ok": False, "detail": _fail_text(s)}
+        return SmokeCheck(ok=False, detail=_fail_text(s))
     got = s.content_text
     ok = piece not in got and s.finish_reason == "stop" and text.startswith(got.rstrip()) and len(got) <= k + 1
-    return {"ok": ok, "detail": f"stop={piece!r}: answer {len(got)} chars (expected {k}), finish {s.finish_reason}"}
+    return SmokeCheck(ok=ok, detail=f"stop={piece!r}: answer {len(got)} chars (expected {k}), finish {s.finish_reason}")
 
 
 async def _samples(base_url: str, model: str | None, samples: list[Sample], api_key: str | None,
@@ -662,7 +684,7 @@ async def _samples(base_url: str, model: str | None, samples: list[Sample], api_
         with open(path, "wb") as f:
             for i, s in enumerate(samples):
                 schema = s.expect_json_schema
-                extra: dict[str, Any] = {"temperature": 0}
+                extra: JsonObject = {"temperature": 0}
                 if schema:
                     extra["response_format"] = {"type": "json_schema",
                                                 "json_schema": {"name": "sample", "schema": schema, "strict": True}}
@@ -673,13 +695,11 @@ async def _samples(base_url: str, model: str | None, samples: list[Sample], api_
                 if ok and schema:
                     ok = _json_valid(r.content_text, schema)
                 passed += ok
-                d = record_to_json(r)
-                d["sample_passed"] = ok
-                f.write(orjson.dumps(d) + b"\n")
+                f.write(record_to_json(r, sample_passed=bool(ok)).to_json_bytes() + b"\n")
     return passed / len(samples) if samples else 1.0
 
 
-def _json_valid(text: str, schema: dict[str, Any]) -> bool:
+def _json_valid(text: str, schema: JsonObject) -> bool:
     import jsonschema
 
     try:

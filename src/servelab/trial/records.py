@@ -16,8 +16,10 @@ only historical reference): a candidate row is historical when a NEWER trial (la
 then larger ``trial_id``) has a candidate of the same name whose engine binary sha256, engine version or
 model sha256 differs — each compared only when both sides recorded it. A trial is historical when it
 has candidates and all of them are historical. The flags are recomputed on every :func:`index_record`
-and exposed by the queries (``show_record`` adds ``"historical"`` and ``"historical_candidates"`` to
-the record it returns), never written into ``record.json``.
+and exposed by the queries (:func:`show_record` returns them beside the record), never written into
+``record.json``. Records are read as :class:`~servelab.trial.results.TrialRecord` (older schema versions
+migrated); the queries return typed rows (:class:`IndexedTrial`, :class:`ShownRecord`,
+:class:`RecordsComparison`).
 """
 
 from __future__ import annotations
@@ -29,12 +31,16 @@ import time
 from contextlib import closing
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
+from pydantic import Field, JsonValue
 
+from servelab.bench.results import ResultModel
+from servelab.engines.registry import EngineIdentity
 from servelab.trial.decide import compare_identities, engine_facts
-from servelab.wire.client import ConfigError
+from servelab.trial.results import CandidateIdentity, JsonObject, TrialRecord, read_record
+from servelab.wire.errors import ConfigError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS trials (
@@ -88,41 +94,33 @@ def _connect(db: str | os.PathLike[str] | None) -> sqlite3.Connection:
         p.parent.mkdir(parents=True, exist_ok=True)
         con = sqlite3.connect(p, timeout=30)
     except (OSError, sqlite3.Error) as e:
-        raise ConfigError(f"cannot open the records database {p} ({e}); set SERVELAB_RECORDS_DB to a writable path") from None
+        raise ConfigError(f"cannot open the records database {p} ({e}); "
+                          "set SERVELAB_RECORDS_DB to a writable path") from None
     con.row_factory = sqlite3.Row
     con.execute("PRAGMA foreign_keys = ON")
     con.executescript(_SCHEMA)
     return con
 
 
-def _load_record(run_dir: Path) -> dict[str, Any]:
+def _load_record(run_dir: Path) -> TrialRecord:
     f = run_dir / "record.json"
-    try:
-        with open(f, encoding="utf-8") as fh:
-            rec = json.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"{f} does not exist; pass a trial run folder (it holds record.json)") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{f} is not a readable JSON record ({e})") from None
-    if not isinstance(rec, dict):
-        raise ConfigError(f"{f} is not a trial record (expected a JSON object)")
-    return rec
+    if not f.is_file():
+        raise ConfigError(f"{f} does not exist; pass a trial run folder (it holds record.json)")
+    return read_record(f)
 
 
-def _decision_summary(rec: dict[str, Any]) -> tuple[str, Optional[str]]:
-    dec = rec.get("decision") or {}
-    verdicts = dec.get("verdicts") or {}
-    results = (rec.get("results") or {}).get("candidates") or {}
-    adopt = dec.get("adopt") or next((n for n, v in verdicts.items() if v.get("verdict") == "adopt"), None)
+def _decision_summary(rec: TrialRecord) -> tuple[str, Optional[str]]:
+    dec = rec.decision
+    adopt = dec.adopt or next((n for n, v in dec.verdicts.items() if v.verdict == "adopt"), None)
     parts = []
     for verdict in ("adopt", "backup", "exclude"):
-        names = [n for n, v in verdicts.items() if v.get("verdict") == verdict]
+        names = [n for n, v in dec.verdicts.items() if v.verdict == verdict]
         if not names:
             continue
         if verdict == "adopt":
-            eff = (results.get(adopt) or {}).get("effective_throughput") or {}
-            tps = eff.get("output_tokens_per_s")
-            at = eff.get("at_step")
+            eff = rec.result(adopt).effective_throughput if adopt else None
+            tps = eff.output_tokens_per_s if eff else None
+            at = eff.at_step if eff else None
             parts.append(f"adopt {adopt}" + (f" ({tps:.1f} tok/s at {at})" if tps is not None else ""))
         else:
             parts.append(f"{verdict} {', '.join(names)}")
@@ -137,7 +135,7 @@ def _mark_historical(con: sqlite3.Connection) -> None:
     for r in rows:
         by_name.setdefault(r["name"], []).append(r)
 
-    def _key(r: sqlite3.Row) -> tuple:
+    def _key(r: sqlite3.Row) -> tuple[float, str]:
         return (r["created_unix_s"] if r["created_unix_s"] is not None else 0.0, r["trial_id"])
 
     def _differs(a: sqlite3.Row, b: sqlite3.Row) -> bool:
@@ -155,43 +153,38 @@ def _mark_historical(con: sqlite3.Connection) -> None:
 
 def index_record(run_dir: str | os.PathLike[str], db: str | os.PathLike[str] | None = None) -> str:
     """Index ``run_dir/record.json`` (insert or replace its rows), recompute the historical flags and
-    return the trial id (``record["trial_id"]``, else the folder's name)."""
+    return the trial id (``record.trial_id``, else the folder's name). Raises :class:`ConfigError`
+    when the folder holds no readable trial record."""
     rd = Path(run_dir).expanduser().resolve()
     rec = _load_record(rd)
-    tid = str(rec.get("trial_id") or rd.name)
-    goal = rec.get("goal") or {}
-    results = (rec.get("results") or {}).get("candidates") or {}
-    idents = (rec.get("identity") or {}).get("candidates") or {}
-    verdicts = (rec.get("decision") or {}).get("verdicts") or {}
+    tid = str(rec.trial_id or rd.name)
     summary, adopt = _decision_summary(rec)
-    names = list(dict.fromkeys([*results, *idents]))
-    created = rec.get("created_unix_s")
+    names = list(dict.fromkeys([*rec.results.candidates, *rec.identity.candidates]))
+    created = rec.created_unix_s
     if created is None:
-        created = (rec.get("method") or {}).get("started_unix_s") or (rd / "record.json").stat().st_mtime
+        created = rec.method.started_unix_s or (rd / "record.json").stat().st_mtime
     with closing(_connect(db)) as con, con:
         con.execute("DELETE FROM candidates WHERE trial_id=?", (tid,))
         con.execute("INSERT OR REPLACE INTO trials (trial_id, run_dir, created_unix_s, name, task, "
                     "decision_summary, adopt, n_candidates, indexed_unix_s, historical) "
                     "VALUES (?,?,?,?,?,?,?,?,?,0)",
-                    (tid, str(rd), float(created), rec.get("name") or goal.get("name") or tid,
-                     goal.get("task"), summary, adopt, len(names), time.time()))
+                    (tid, str(rd), float(created), tid, rec.goal.task, summary, adopt, len(names), time.time()))
         for n in names:
-            r = results.get(n) or {}
-            ident = idents.get(n) or {}
-            e = engine_facts(ident.get("engine"))
-            model = ident.get("model") or (ident.get("engine") or {}).get("model") or {}
-            eff = r.get("effective_throughput") or {}
-            tail = r.get("tail_latency") or {}
+            r = rec.result(n)
+            ident = rec.ident(n)
+            e = engine_facts(ident.engine)
+            model = ident.model or (ident.engine.model if ident.engine is not None else None) or {}
+            eff = r.effective_throughput
+            v = rec.decision.verdict_of(n)
             con.execute("INSERT INTO candidates (trial_id, name, status, verdict, engine_kind, engine_version, "
                         "binary_sha256, model_sha256, settings_json, effective_tok_s, at_step, ttft_p95_s) "
                         "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                        (tid, n, r.get("status"), (verdicts.get(n) or {}).get("verdict"),
-                         None if e["kind"] is None else str(e["kind"]),
-                         None if e["version"] is None else str(e["version"]), e["binary_sha256"],
-                         model.get("sha256") if isinstance(model, dict) else None,
-                         json.dumps(ident.get("settings") or {}, sort_keys=True),
-                         eff.get("output_tokens_per_s"), eff.get("at_step") or r.get("max_step_meeting_slo"),
-                         tail.get("ttft_p95_s")))
+                        (tid, n, r.status if n in rec.results.candidates else None, v.verdict if v else None,
+                         e.kind, e.version, e.binary_sha256, model.get("sha256"),
+                         json.dumps(ident.settings, sort_keys=True),
+                         eff.output_tokens_per_s if eff else None,
+                         (eff.at_step if eff else None) or r.max_step_meeting_slo,
+                         r.tail_latency.ttft_p95_s if r.tail_latency else None))
         _mark_historical(con)
     return tid
 
@@ -217,41 +210,130 @@ def _resolve(con: sqlite3.Connection, key: str | os.PathLike[str], db: str | os.
     return row
 
 
-def _trial_dict(row: sqlite3.Row, cands: list[sqlite3.Row]) -> dict[str, Any]:
-    return {"trial_id": row["trial_id"], "run_dir": row["run_dir"], "created_unix_s": row["created_unix_s"],
-            "name": row["name"], "task": row["task"], "decision": row["decision_summary"],
-            "adopt": row["adopt"], "n_candidates": row["n_candidates"], "historical": bool(row["historical"]),
-            "candidates": [_cand_dict(c) for c in cands]}
+class IndexedCandidate(ResultModel):
+    """One candidate row of the index (figures as the record held them)."""
+
+    name: str
+    status: str | None = None
+    verdict: str | None = None
+    engine_kind: str | None = None
+    engine_version: str | None = None
+    binary_sha256: str | None = None
+    model_sha256: str | None = None
+    settings: JsonObject = Field(default_factory=dict)
+    effective_tok_s: float | None = None
+    at_step: str | None = None
+    ttft_p95_s: float | None = None
+    historical: bool = False
 
 
-def _cand_dict(c: sqlite3.Row) -> dict[str, Any]:
-    return {"name": c["name"], "status": c["status"], "verdict": c["verdict"], "engine_kind": c["engine_kind"],
-            "engine_version": c["engine_version"], "binary_sha256": c["binary_sha256"],
-            "model_sha256": c["model_sha256"], "settings": json.loads(c["settings_json"] or "{}"),
-            "effective_tok_s": c["effective_tok_s"], "at_step": c["at_step"], "ttft_p95_s": c["ttft_p95_s"],
-            "historical": bool(c["historical"])}
+class IndexedTrial(ResultModel):
+    """One trial row of the index with its candidates; ``decision`` is a one-line summary."""
+
+    trial_id: str
+    run_dir: str
+    created_unix_s: float | None = None
+    name: str | None = None
+    task: str | None = None
+    decision: str | None = None
+    adopt: str | None = None
+    n_candidates: int = 0
+    historical: bool = False
+    candidates: list[IndexedCandidate] = Field(default_factory=list)
+
+
+class ShownRecord(ResultModel):
+    """:func:`show_record`: the trial's record, whether it (and each candidate) is historical, its index row."""
+
+    record: TrialRecord
+    historical: bool
+    historical_candidates: dict[str, bool]
+    index: IndexedTrial
+
+    def as_json(self) -> JsonObject:
+        """The record as written plus ``historical``, ``historical_candidates`` and ``index``."""
+        out: JsonObject = self.record.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        out.update({"historical": self.historical, "historical_candidates": dict(self.historical_candidates),
+                    "index": self.index.model_dump(mode="json")})
+        return out
+
+
+class SideFigures(ResultModel):
+    """One trial's figures of a candidate in :func:`compare_records`."""
+
+    effective_tok_s: float | None = None
+    at_step: str | None = None
+    ttft_p95_s: float | None = None
+    verdict: str | None = None
+    status: str | None = None
+    historical: bool = False
+
+
+class CandidateChange(ResultModel):
+    """A candidate present in both compared trials: its figures in each, the throughput change (%)
+    and which identity factors differ (:func:`servelab.trial.decide.compare_identities`)."""
+
+    name: str
+    a: SideFigures
+    b: SideFigures
+    tok_s_change_pct: float | None = None
+    differs_in: list[str] = Field(default_factory=list)
+    details: dict[str, list[JsonValue]] = Field(default_factory=dict)
+    note: str = ""
+
+
+class TrialHead(ResultModel):
+    """A compared trial: id, date, adopted candidate, historical flag, run folder."""
+
+    trial_id: str
+    created_unix_s: float | None = None
+    adopt: str | None = None
+    historical: bool = False
+    run_dir: str
+
+
+class RecordsComparison(ResultModel):
+    """:func:`compare_records`: the two trials, every candidate in both, and those in only one."""
+
+    a: TrialHead
+    b: TrialHead
+    candidates: list[CandidateChange] = Field(default_factory=list)
+    only_in_a: list[str] = Field(default_factory=list)
+    only_in_b: list[str] = Field(default_factory=list)
+
+
+def _trial_row(row: sqlite3.Row, cands: list[sqlite3.Row]) -> IndexedTrial:
+    return IndexedTrial(trial_id=row["trial_id"], run_dir=row["run_dir"], created_unix_s=row["created_unix_s"],
+                        name=row["name"], task=row["task"], decision=row["decision_summary"], adopt=row["adopt"],
+                        n_candidates=row["n_candidates"], historical=bool(row["historical"]),
+                        candidates=[_cand_row(c) for c in cands])
+
+
+def _cand_row(c: sqlite3.Row) -> IndexedCandidate:
+    return IndexedCandidate(name=c["name"], status=c["status"], verdict=c["verdict"], engine_kind=c["engine_kind"],
+                            engine_version=c["engine_version"], binary_sha256=c["binary_sha256"],
+                            model_sha256=c["model_sha256"], settings=json.loads(c["settings_json"] or "{}"),
+                            effective_tok_s=c["effective_tok_s"], at_step=c["at_step"], ttft_p95_s=c["ttft_p95_s"],
+                            historical=bool(c["historical"]))
 
 
 def _cands(con: sqlite3.Connection, tid: str) -> list[sqlite3.Row]:
     return con.execute("SELECT * FROM candidates WHERE trial_id=? ORDER BY rowid", (tid,)).fetchall()
 
 
-def list_records(db: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
-    """Every indexed trial, newest first: ``{"trial_id", "run_dir", "created_unix_s", "name", "task",
-    "decision", "adopt", "n_candidates", "historical", "candidates": [{name, status, verdict,
-    engine_kind, engine_version, binary_sha256, model_sha256, settings, effective_tok_s, at_step,
-    ttft_p95_s, historical}]}``."""
+def list_records(db: str | os.PathLike[str] | None = None) -> list[IndexedTrial]:
+    """Every indexed trial (:class:`IndexedTrial`, with its candidates), newest first."""
     with closing(_connect(db)) as con:
         rows = con.execute("SELECT * FROM trials ORDER BY created_unix_s DESC, trial_id DESC").fetchall()
-        return [_trial_dict(r, _cands(con, r["trial_id"])) for r in rows]
+        return [_trial_row(r, _cands(con, r["trial_id"])) for r in rows]
 
 
 def show_record(trial_id_or_run_dir: str | os.PathLike[str], db: str | os.PathLike[str] | None = None
-                ) -> dict[str, Any]:
-    """The trial's ``record.json`` plus ``"historical"`` (bool), ``"historical_candidates"``
-    (name -> bool) and ``"index"`` (its index row). Accepts a trial id, a unique id prefix, or a run
-    folder (indexed first if it is not yet). Raises :class:`ConfigError` for an unknown trial or a
-    run folder whose ``record.json`` is gone."""
+                ) -> ShownRecord:
+    """The trial's record (:class:`ShownRecord`: the record, ``historical``, ``historical_candidates``
+    name -> bool, its ``index`` row). Accepts a trial id, a unique id prefix, or a run folder (indexed
+    first if it is not yet). Raises :class:`ConfigError` for an unknown trial or a run folder whose
+    ``record.json`` is gone."""
     key = str(trial_id_or_run_dir)
     p = Path(key).expanduser()
     if (p / "record.json").is_file():
@@ -262,48 +344,46 @@ def show_record(trial_id_or_run_dir: str | os.PathLike[str], db: str | os.PathLi
     with closing(_connect(db)) as con:
         row = _resolve(con, key, db)
         cands = _cands(con, row["trial_id"])
-    rec = _load_record(Path(row["run_dir"]))
-    rec["historical"] = bool(row["historical"])
-    rec["historical_candidates"] = {c["name"]: bool(c["historical"]) for c in cands}
-    rec["index"] = _trial_dict(row, cands)
-    return rec
+    return ShownRecord(record=_load_record(Path(row["run_dir"])), historical=bool(row["historical"]),
+                       historical_candidates={c["name"]: bool(c["historical"]) for c in cands},
+                       index=_trial_row(row, cands))
 
 
-def _ident_from_row(c: dict[str, Any]) -> dict[str, Any]:
-    return {"engine": {"kind": c["engine_kind"], "version": c["engine_version"],
-                       "binary_sha256": c["binary_sha256"]},
-            "model": {"sha256": c["model_sha256"]}, "settings": c["settings"]}
+def _ident_from_row(c: IndexedCandidate) -> CandidateIdentity:
+    engine = None
+    if c.engine_kind is not None or c.engine_version is not None or c.binary_sha256 is not None:
+        name = c.engine_kind or "unknown"
+        engine = EngineIdentity(kind=name, engine=name, version=c.engine_version, binary_sha256=c.binary_sha256)
+    return CandidateIdentity(engine=engine, model={"sha256": c.model_sha256}, settings=c.settings)
 
 
 def compare_records(a: str | os.PathLike[str], b: str | os.PathLike[str],
-                    db: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Compare two indexed trials from the index alone (the run folders may be gone).
-
-    Returns ``{"a": {trial_id, created_unix_s, adopt, historical}, "b": {…}, "candidates": [{"name",
-    "a": {effective_tok_s, at_step, ttft_p95_s, verdict, status, historical}, "b": {…},
-    "tok_s_change_pct", "differs_in", "details", "note"}], "only_in_a", "only_in_b"}`` for every
-    candidate name present in both."""
+                    db: str | os.PathLike[str] | None = None) -> RecordsComparison:
+    """Compare two indexed trials from the index alone (the run folders may be gone): every candidate
+    name present in both, with its figures in each trial and the identity factors that differ.
+    Raises :class:`ConfigError` for an unknown trial."""
     with closing(_connect(db)) as con:
         ra, rb = _resolve(con, a, db), _resolve(con, b, db)
-        ca = {c["name"]: _cand_dict(c) for c in _cands(con, ra["trial_id"])}
-        cb = {c["name"]: _cand_dict(c) for c in _cands(con, rb["trial_id"])}
-    fields = ("effective_tok_s", "at_step", "ttft_p95_s", "verdict", "status", "historical")
+        ca = {c["name"]: _cand_row(c) for c in _cands(con, ra["trial_id"])}
+        cb = {c["name"]: _cand_row(c) for c in _cands(con, rb["trial_id"])}
+    fields = set(SideFigures.model_fields)
     out = []
     for n in [n for n in ca if n in cb]:
         x, y = ca[n], cb[n]
         cmp = compare_identities(_ident_from_row(x), _ident_from_row(y), ra["trial_id"], rb["trial_id"])
         change = None
-        if x["effective_tok_s"] and y["effective_tok_s"] is not None:
-            change = (y["effective_tok_s"] / x["effective_tok_s"] - 1) * 100
-        out.append({"name": n, "a": {k: x[k] for k in fields}, "b": {k: y[k] for k in fields},
-                    "tok_s_change_pct": change, **cmp})
+        if x.effective_tok_s and y.effective_tok_s is not None:
+            change = (y.effective_tok_s / x.effective_tok_s - 1) * 100
+        out.append(CandidateChange(name=n, a=SideFigures(**x.model_dump(include=fields)),
+                                   b=SideFigures(**y.model_dump(include=fields)), tok_s_change_pct=change,
+                                   differs_in=cmp.differs_in, details=cmp.details, note=cmp.note))
 
-    def _head(r: sqlite3.Row) -> dict[str, Any]:
-        return {"trial_id": r["trial_id"], "created_unix_s": r["created_unix_s"], "adopt": r["adopt"],
-                "historical": bool(r["historical"]), "run_dir": r["run_dir"]}
+    def _head(r: sqlite3.Row) -> TrialHead:
+        return TrialHead(trial_id=r["trial_id"], created_unix_s=r["created_unix_s"], adopt=r["adopt"],
+                         historical=bool(r["historical"]), run_dir=r["run_dir"])
 
-    return {"a": _head(ra), "b": _head(rb), "candidates": out,
-            "only_in_a": [n for n in ca if n not in cb], "only_in_b": [n for n in cb if n not in ca]}
+    return RecordsComparison(a=_head(ra), b=_head(rb), candidates=out,
+                             only_in_a=[n for n in ca if n not in cb], only_in_b=[n for n in cb if n not in ca])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -335,7 +415,7 @@ def list_command(db: Optional[Path] = _DB_OPT,
 
     rows = list_records(db)
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
         return
     if not rows:
         typer.echo(f"no trials in {_db_path(db)}: run 'servelab trial' (or 'servelab records index RUN')")
@@ -344,9 +424,9 @@ def list_command(db: Optional[Path] = _DB_OPT,
     for col in ("id", "date", "name", "adopt", "candidates", "historical"):
         t.add_column(col)
     for r in rows:
-        cands = ", ".join(f"{c['name']}:{c['verdict'] or c['status'] or '?'}" for c in r["candidates"])
-        t.add_row(r["trial_id"], _date(r["created_unix_s"]), str(r["name"] or ""), str(r["adopt"] or "-"),
-                  cands or "-", "yes" if r["historical"] else "no")
+        cands = ", ".join(f"{c.name}:{c.verdict or c.status or '?'}" for c in r.candidates)
+        t.add_row(r.trial_id, _date(r.created_unix_s), str(r.name or ""), str(r.adopt or "-"),
+                  cands or "-", "yes" if r.historical else "no")
     Console(width=200).print(t)
 
 
@@ -355,35 +435,34 @@ def show_command(trial: str = typer.Argument(..., help="Trial id (or a unique pr
                  db: Optional[Path] = _DB_OPT,
                  as_json: bool = typer.Option(False, "--json", help="Print the whole record as JSON.")) -> None:
     """Show one trial: its decision, candidates and where its evidence lies."""
-    rec = show_record(trial, db)
+    shown = show_record(trial, db)
     if as_json:
-        typer.echo(json.dumps(rec, indent=2, ensure_ascii=False))
+        typer.echo(json.dumps(shown.as_json(), indent=2, ensure_ascii=False))
         return
-    idx = rec["index"]
-    lines = [f"trial {idx['trial_id']}  {_date(idx['created_unix_s'])}"
-             + ("  [HISTORICAL: a newer trial used another engine or weights]" if rec["historical"] else ""),
-             f"run folder: {idx['run_dir']}"]
-    if idx.get("task"):
-        lines.append(f"task: {idx['task']}")
-    slo = (rec.get("goal") or {}).get("slo")
-    if slo:
-        lines.append(f"SLO: {', '.join(slo) if isinstance(slo, list) else slo}")
-    lines.append(f"decision: {idx['decision']}")
-    dec = rec.get("decision") or {}
-    for c in idx["candidates"]:
-        lines.append(f"  {c['name']}: {c['verdict'] or c['status'] or '?'}, {_tps(c['effective_tok_s'])} tok/s at "
-                     f"{c['at_step'] or '-'}, ttft_p95 {c['ttft_p95_s'] if c['ttft_p95_s'] is not None else '-'} s, "
-                     f"{c['engine_kind'] or '?'} {c['engine_version'] or ''}, model sha256 "
-                     f"{(c['model_sha256'] or '?')[:12]}" + ("  (historical)" if c["historical"] else ""))
-        for reason in ((dec.get("verdicts") or {}).get(c["name"]) or {}).get("reasons") or []:
+    idx, rec = shown.index, shown.record
+    lines = [f"trial {idx.trial_id}  {_date(idx.created_unix_s)}"
+             + ("  [HISTORICAL: a newer trial used another engine or weights]" if shown.historical else ""),
+             f"run folder: {idx.run_dir}"]
+    if idx.task:
+        lines.append(f"task: {idx.task}")
+    if rec.goal.slo:
+        lines.append(f"SLO: {', '.join(rec.goal.slo)}")
+    lines.append(f"decision: {idx.decision}")
+    dec = rec.decision
+    for c in idx.candidates:
+        lines.append(f"  {c.name}: {c.verdict or c.status or '?'}, {_tps(c.effective_tok_s)} tok/s at "
+                     f"{c.at_step or '-'}, ttft_p95 {c.ttft_p95_s if c.ttft_p95_s is not None else '-'} s, "
+                     f"{c.engine_kind or '?'} {c.engine_version or ''}, model sha256 "
+                     f"{(c.model_sha256 or '?')[:12]}" + ("  (historical)" if c.historical else ""))
+        v = dec.verdict_of(c.name)
+        for reason in v.reasons if v else []:
             lines.append(f"      - {reason}")
-    for cmp in dec.get("comparisons") or []:
-        lines.append(f"  {cmp.get('a')} vs {cmp.get('b')}: {cmp.get('note')}")
-    if dec.get("scope"):
-        lines.append(f"scope: {dec['scope']}")
-    repro = (rec.get("evidence") or {}).get("reproduce")
-    if repro:
-        lines.append(f"reproduce: {repro}")
+    for cmp in dec.comparisons:
+        lines.append(f"  {cmp.a} vs {cmp.b}: {cmp.note}")
+    if dec.scope:
+        lines.append(f"scope: {dec.scope}")
+    if rec.evidence.reproduce:
+        lines.append(f"reproduce: {rec.evidence.reproduce}")
     typer.echo("\n".join(lines))
 
 
@@ -398,25 +477,23 @@ def compare_command(a: str = typer.Argument(..., help="First trial id or run fol
 
     res = compare_records(a, b, db)
     if as_json:
-        typer.echo(json.dumps(res, indent=2))
+        typer.echo(res.model_dump_json(indent=2))
         return
-    ta, tb = res["a"]["trial_id"], res["b"]["trial_id"]
-    t = Table(title=f"{ta} (A) vs {tb} (B)")
+    t = Table(title=f"{res.a.trial_id} (A) vs {res.b.trial_id} (B)")
     for col in ("candidate", "tok/s A", "tok/s B", "change", "ttft_p95 A", "ttft_p95 B", "verdict A",
                 "verdict B", "what differs"):
         t.add_column(col)
-    for c in res["candidates"]:
-        ch = c["tok_s_change_pct"]
-        t.add_row(c["name"], _tps(c["a"]["effective_tok_s"]), _tps(c["b"]["effective_tok_s"]),
+    for c in res.candidates:
+        ch = c.tok_s_change_pct
+        t.add_row(c.name, _tps(c.a.effective_tok_s), _tps(c.b.effective_tok_s),
                   "-" if ch is None else f"{ch:+.1f}%",
-                  "-" if c["a"]["ttft_p95_s"] is None else f"{c['a']['ttft_p95_s']:.3g} s",
-                  "-" if c["b"]["ttft_p95_s"] is None else f"{c['b']['ttft_p95_s']:.3g} s",
-                  str(c["a"]["verdict"] or c["a"]["status"] or "-"), str(c["b"]["verdict"] or c["b"]["status"] or "-"),
-                  c["note"])
+                  "-" if c.a.ttft_p95_s is None else f"{c.a.ttft_p95_s:.3g} s",
+                  "-" if c.b.ttft_p95_s is None else f"{c.b.ttft_p95_s:.3g} s",
+                  str(c.a.verdict or c.a.status or "-"), str(c.b.verdict or c.b.status or "-"), c.note)
     con = Console(width=200)
     con.print(t)
-    if res["only_in_a"] or res["only_in_b"]:
-        con.print(f"only in A: {', '.join(res['only_in_a']) or '-'}; only in B: {', '.join(res['only_in_b']) or '-'}")
+    if res.only_in_a or res.only_in_b:
+        con.print(f"only in A: {', '.join(res.only_in_a) or '-'}; only in B: {', '.join(res.only_in_b) or '-'}")
 
 
 @records_app.command("index")
@@ -426,4 +503,5 @@ def index_command(run_dir: Path = typer.Argument(..., help="Trial run folder (ho
     typer.echo(index_record(run_dir, db))
 
 
-__all__ = ["compare_records", "default_db_path", "index_record", "list_records", "records_app", "show_record"]
+__all__ = ["CandidateChange", "IndexedCandidate", "IndexedTrial", "RecordsComparison", "ShownRecord", "compare_records",
+           "default_db_path", "index_record", "list_records", "records_app", "show_record"]

@@ -5,9 +5,12 @@
 every chart as a ``<div>`` + inline script, so the file needs no network (no CDN, no web font). Links to
 evidence files are relative to the run folder, so the folder can be moved or archived as a whole.
 
-The report reads only ``record.json`` and the per-request JSONL files that ``record["evidence"]["files"]``
-names; missing or malformed pieces (a skipped step, an excluded candidate without steps, a lost JSONL
-file, an engine without ``/metrics``) are shown as such, never raised.
+The report reads only ``record.json`` (as a :class:`~servelab.trial.results.TrialRecord`, records of
+schema version 1 migrated on read) and the per-request JSONL files that ``record.evidence.files`` names
+(as :class:`~servelab.bench.results.RequestLine`). Missing pieces (a skipped step, an excluded candidate
+without steps, a lost JSONL file or a damaged line in it, an engine without ``/metrics``) are shown as
+such, never raised; a ``record.json`` that is not a trial record is one :class:`ConfigError` line naming
+the first bad field.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,11 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from pydantic import BaseModel, JsonValue, ValidationError
+
+from servelab.bench.results import RequestLine, StepSummary
 from servelab.bench.slo import parse_slo
+from servelab.trial.results import CandidateResult, JsonObject, TrialRecord, Verdict, read_record
 from servelab.wire import ConfigError
 
 __all__ = ["load_record", "write_report", "write_compare", "render_report", "render_compare"]
@@ -65,24 +72,14 @@ if(d){d.textContent+='Chart script error: '+(e.message||e)+'\\n';}});</script>""
 
 # ----------------------------------------------------------------------------------------- public API
 
-def load_record(run_dir: str | Path) -> dict[str, Any]:
-    """Read ``run_dir/record.json`` (docs/record-schema.md) and return it as a dict.
+def load_record(run_dir: str | Path) -> TrialRecord:
+    """Read ``run_dir/record.json`` (docs/record-schema.md) as a :class:`TrialRecord`, records of
+    older schema versions migrated (:func:`servelab.trial.results.read_record`).
 
-    Raises :class:`servelab.wire.ConfigError` when ``run_dir`` is not a folder, has no ``record.json``
-    or the file is not a JSON object.
+    Raises :class:`servelab.wire.ConfigError` when ``run_dir`` has no ``record.json``, the file is not
+    a JSON object, or it is not a trial record (one line naming the first bad field).
     """
-    run = Path(run_dir)
-    path = run / "record.json"
-    if not path.is_file():
-        raise ConfigError(f"{run} has no record.json: is it a trial run folder? "
-                          "Give the folder that `servelab trial` printed (it holds record.json).")
-    try:
-        rec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path} is not readable JSON ({e}); rerun the trial or restore the file") from None
-    if not isinstance(rec, dict):
-        raise ConfigError(f"{path} is not a JSON object; rerun the trial or restore the file")
-    return rec
+    return read_record(Path(run_dir) / "record.json" if Path(run_dir).is_dir() else Path(run_dir))
 
 
 def render_report(run_dir: str | Path) -> str:
@@ -92,7 +89,7 @@ def render_report(run_dir: str | Path) -> str:
     """
     run = Path(run_dir)
     rec = load_record(run)
-    return _page(f"servelab trial {rec.get('trial_id') or run.name}", _report_body(run, rec))
+    return _page(f"servelab trial {rec.trial_id or run.name}", _report_body(run, rec))
 
 
 def write_report(run_dir: str | Path) -> Path:
@@ -119,7 +116,7 @@ def render_compare(run_a: str | Path, run_b: str | Path) -> str:
     """Return the side-by-side page of two run folders as one HTML string (see :func:`write_compare`)."""
     ra, rb = Path(run_a), Path(run_b)
     a, b = load_record(ra), load_record(rb)
-    return _page(f"servelab compare {a.get('trial_id') or ra.name} vs {b.get('trial_id') or rb.name}",
+    return _page(f"servelab compare {a.trial_id or ra.name} vs {b.trial_id or rb.name}",
                  _compare_body(ra, a, rb, b))
 
 
@@ -144,14 +141,6 @@ def write_compare(run_a: str | Path, run_b: str | Path, out_path: str | Path) ->
 
 def _e(x: Any) -> str:
     return html.escape("" if x is None else str(x), quote=True)
-
-
-def _d(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
-
-
-def _l(x: Any) -> list[Any]:
-    return x if isinstance(x, list) else []
 
 
 def _num(x: Any) -> float | None:
@@ -210,12 +199,13 @@ class _Raw(str):
     """Already-escaped HTML for :func:`_table`."""
 
 
-def _kv(d: dict[str, Any], label: str = "field", value: str = "value") -> str:
-    rows = []
+def _kv(d: JsonObject, label: str = "field", value: str = "value") -> str:
+    rows: list[tuple[str, object]] = []
     for k, v in d.items():
         if isinstance(v, (dict, list)):
-            v = _Raw(f"<code>{_e(json.dumps(v, ensure_ascii=False, default=str))}</code>")
-        rows.append((k, v))
+            rows.append((k, _Raw(f"<code>{_e(json.dumps(v, ensure_ascii=False, default=str))}</code>")))
+        else:
+            rows.append((k, v))
     return _table((label, value), rows)
 
 
@@ -224,19 +214,18 @@ def _verdict_badge(v: str | None) -> _Raw:
     return _Raw(f'<span class="verdict" style="background:{VERDICT_COLOR.get(v, "#57606a")}">{_e(v)}</span>')
 
 
-def _step_x(step: dict[str, Any]) -> float | None:
+def _step_x(step: StepSummary) -> float | None:
     """The load value of a step: concurrency (closed loop) or rate in req/s (open loop)."""
-    load = _d(step.get("load"))
-    v = _num(load.get("concurrency")) if load.get("kind") != "open" else _num(load.get("rate_rps"))
+    load = step.load
+    v = _num(load.concurrency) if load.kind != "open" else _num(load.rate_rps)
     if v is None:
-        m = re.fullmatch(r"[cr]([0-9.]+)", str(step.get("step", "")))
+        m = re.fullmatch(r"[cr]([0-9.]+)", step.step)
         v = float(m.group(1)) if m else None
     return v
 
 
-def _axis_title(steps: list[dict[str, Any]]) -> str:
-    kinds = {_d(s.get("load")).get("kind") or ("open" if str(s.get("step", "")).startswith("r") else "closed")
-             for s in steps}
+def _axis_title(steps: list[StepSummary]) -> str:
+    kinds = {s.load.kind for s in steps}
     if kinds == {"open"}:
         return "arrival rate (req/s)"
     if kinds == {"closed"} or not kinds:
@@ -244,15 +233,13 @@ def _axis_title(steps: list[dict[str, Any]]) -> str:
     return "concurrency or rate (req/s)"
 
 
-def _slo_limits(rec: dict[str, Any]) -> tuple[dict[tuple[str, str], float], float | None, list[str]]:
-    """``({(metric, stat): limit_s}, error_rate_limit, objective names)`` from ``goal.slo`` (a list of
-    strings or one comma-joined string); unparsable parts are skipped (the report never raises)."""
-    raw = _d(rec.get("goal")).get("slo")
-    parts = raw.split(",") if isinstance(raw, str) else [str(p) for p in _l(raw)]
+def _slo_limits(rec: TrialRecord) -> tuple[dict[tuple[str, str], float], float | None, list[str]]:
+    """``({(metric, stat): limit_s}, error_rate_limit, objective names)`` from ``goal.slo``;
+    unparsable parts are skipped (the report never raises)."""
     lat: dict[tuple[str, str], float] = {}
     err = None
     names = []
-    for p in parts:
+    for p in rec.goal.slo:
         try:
             objs = parse_slo(p)
         except ConfigError:
@@ -266,25 +253,12 @@ def _slo_limits(rec: dict[str, Any]) -> tuple[dict[tuple[str, str], float], floa
     return lat, err, names
 
 
-def _candidates(rec: dict[str, Any]) -> list[str]:
-    """Candidate names: ranking order first, then the rest as the record lists them."""
-    res = _d(_d(rec.get("results")).get("candidates"))
-    ident = _d(_d(rec.get("identity")).get("candidates"))
-    ranking = [str(n) for n in _l(_d(rec.get("decision")).get("ranking"))]
-    names = list(dict.fromkeys(ranking + list(res) + list(ident)))
-    return names
+def _workloads(steps: list[StepSummary]) -> list[str]:
+    return list(dict.fromkeys(s.workload for s in steps))
 
 
-def _ran_steps(cand: dict[str, Any]) -> list[dict[str, Any]]:
-    return [s for s in _l(cand.get("steps")) if isinstance(s, dict) and not s.get("skipped")]
-
-
-def _workloads(steps: list[dict[str, Any]]) -> list[str]:
-    return list(dict.fromkeys(str(s.get("workload", "?")) for s in steps))
-
-
-def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], str | None]:
-    """Rows of a JSONL file and a note (missing file, bad lines) or None."""
+def _read_jsonl(path: Path) -> tuple[list[RequestLine], str | None]:
+    """Request lines of a JSONL file and a note (missing file, bad lines) or None."""
     if not path.is_file():
         return [], f"{path.name} not found"
     rows, bad = [], 0
@@ -295,20 +269,17 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], str | None]:
                 if not line:
                     continue
                 try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
+                    rows.append(RequestLine.model_validate_json(line))
+                except ValidationError:
                     bad += 1
-                    continue
-                if isinstance(obj, dict):
-                    rows.append(obj)
     except OSError as e:
         return [], f"cannot read {path.name}: {e}"
     return rows, (f"{bad} unreadable line(s) skipped" if bad else None)
 
 
-def _safe_rel(run: Path, rel: Any) -> Path | None:
+def _safe_rel(run: Path, rel: str | None) -> Path | None:
     """``run/rel`` when ``rel`` is a relative path inside the run folder, else None."""
-    if not isinstance(rel, str) or not rel:
+    if not rel:
         return None
     p = Path(rel)
     if p.is_absolute() or ".." in p.parts:
@@ -339,25 +310,29 @@ def _colors(names: list[str]) -> dict[str, str]:
     return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
 
 
-def _latency_fig(series: list[tuple[str, str, list[dict[str, Any]]]], key: str, metric: str, title: str,
-                 limits: dict[tuple[str, str], float], workloads: list[str], pcts=PCTS) -> go.Figure:
+Series = list[tuple[str, str, list[StepSummary]]]
+"""Chart series: (label, colour, the steps that ran)."""
+
+
+def _latency_fig(series: Series, key: str, metric: str, title: str, limits: dict[tuple[str, str], float],
+                 workloads: list[str], pcts: tuple[tuple[str, str], ...] = PCTS) -> go.Figure:
     """Subplot per workload; one line per (label, percentile). ``series`` = [(label, color, steps)]."""
     fig = make_subplots(rows=1, cols=max(len(workloads), 1), subplot_titles=workloads or [""],
                         shared_yaxes=True)
-    all_steps = []
+    all_steps: list[StepSummary] = []
     for label, color, steps in series:
         all_steps += steps
         for ci, wl in enumerate(workloads, start=1):
-            pts = sorted(((x, s) for s in steps if str(s.get("workload", "?")) == wl
+            pts = sorted(((x, s) for s in steps if s.workload == wl
                           and (x := _step_x(s)) is not None), key=lambda t: t[0])
             for p, dash in pcts:
-                ys = [_num(_d(s.get(key)).get(p)) for _, s in pts]
+                ys = [_num(getattr(s.dist(key), p)) for _, s in pts]
                 if not any(y is not None for y in ys):
                     continue
                 fig.add_trace(go.Scatter(
                     x=[x for x, _ in pts], y=ys, mode="lines+markers", name=f"{label} {p}",
                     legendgroup=f"{label} {p}", showlegend=ci == 1,
-                    line={"color": color, "dash": dash}, text=[s.get("step") for _, s in pts],
+                    line={"color": color, "dash": dash}, text=[s.step for _, s in pts],
                     hovertemplate=f"{_e(label)} {p}<br>%{{text}}: %{{y:.3f}} s<extra>{_e(wl)}</extra>"),
                     row=1, col=ci)
     for (m, stat), lim in limits.items():
@@ -372,23 +347,24 @@ def _latency_fig(series: list[tuple[str, str, list[dict[str, Any]]]], key: str, 
     return fig
 
 
-def _throughput_fig(series: list[tuple[str, str, list[dict[str, Any]]]], workloads: list[str]) -> go.Figure:
+def _throughput_fig(series: Series, workloads: list[str]) -> go.Figure:
     fig = make_subplots(rows=1, cols=max(len(workloads), 1), subplot_titles=workloads or [""],
                         shared_yaxes=True)
-    all_steps = []
+    all_steps: list[StepSummary] = []
     for label, color, steps in series:
         all_steps += steps
         for ci, wl in enumerate(workloads, start=1):
-            pts = sorted(((x, s) for s in steps if str(s.get("workload", "?")) == wl
+            pts = sorted(((x, s) for s in steps if s.workload == wl
                           and (x := _step_x(s)) is not None), key=lambda t: t[0])
             for what, dash in (("throughput", "solid"), ("goodput", "dot")):
-                ys = [_num(_d(s.get(what)).get("output_tokens_per_s")) for _, s in pts]
+                ys = [_num((s.throughput if what == "throughput" else s.goodput).output_tokens_per_s)
+                      for _, s in pts]
                 if not any(y is not None for y in ys):
                     continue
                 fig.add_trace(go.Scatter(
                     x=[x for x, _ in pts], y=ys, mode="lines+markers", name=f"{label} {what}",
                     legendgroup=f"{label} {what}", showlegend=ci == 1, line={"color": color, "dash": dash},
-                    text=[s.get("step") for _, s in pts],
+                    text=[s.step for _, s in pts],
                     hovertemplate=f"{_e(label)} {what}<br>%{{text}}: %{{y:.1f}} tok/s<extra>{_e(wl)}</extra>"),
                     row=1, col=ci)
     fig.update_layout(title="Output throughput and goodput vs load (tokens/s)")
@@ -399,82 +375,71 @@ def _throughput_fig(series: list[tuple[str, str, list[dict[str, Any]]]], workloa
 
 # ----------------------------------------------------------------------------------------- report body
 
-def _decision_html(rec: dict[str, Any], names: list[str], heading: str = "h2") -> str:
-    dec = _d(rec.get("decision"))
-    res = _d(_d(rec.get("results")).get("candidates"))
-    verdicts = _d(dec.get("verdicts"))
-    ranking = [str(n) for n in _l(dec.get("ranking"))]
+def _decision_html(rec: TrialRecord, names: list[str], heading: str = "h2") -> str:
+    dec = rec.decision
     out = [f"<{heading}>Decision</{heading}>"]
-    intr = _d(rec.get("interrupted"))
-    if intr:
-        out.append(f'<p class="bad"><b>Partial trial</b>: interrupted while <b>{_e(intr.get("candidate"))}</b> ran; '
-                   f'{_e(intr.get("note"))}.</p>')
-    if ranking:
+    intr = rec.interrupted
+    if intr is not None:
+        out.append(f'<p class="bad"><b>Partial trial</b>: interrupted while <b>{_e(intr.candidate)}</b> ran; '
+                   f'{_e(intr.note)}.</p>')
+    if dec.ranking:
         out.append("<p><b>Ranking</b> (effective output throughput at the highest load step that met every "
-                   "SLO; ties by tail latency): " + " &gt; ".join(f"<b>{_e(n)}</b>" for n in ranking) + "</p>")
+                   "SLO; ties by tail latency): " + " &gt; ".join(f"<b>{_e(n)}</b>" for n in dec.ranking) + "</p>")
     else:
         out.append('<p class="bad"><b>No candidate was ranked</b>: none passed the smoke, quality and error '
                    "gates.</p>")
     cards = []
     for n in names:
-        v = _d(verdicts.get(n))
-        c = _d(res.get(n))
-        reasons = [str(r) for r in _l(v.get("reasons"))]
-        if not reasons and c.get("reason"):
-            reasons = [str(c["reason"])]
-        eff = _d(c.get("effective_throughput"))
-        status = c.get("status") or "—"
-        facts = f'<div class="muted">status: {_e(status)}'
-        if eff:
-            facts += (f"; effective {_fmt(eff.get('output_tokens_per_s'))} output tok/s "
-                      f"(goodput {_fmt(eff.get('goodput_output_tokens_per_s'))}) at {_e(eff.get('at_step'))}")
-        if c.get("broken_at"):
-            facts += f"; SLO broken at {_e(c.get('broken_at'))}"
+        v = dec.verdict_of(n)
+        c = rec.results.candidates.get(n)
+        reasons = list(v.reasons) if v else []
+        if not reasons and c is not None and c.reason:
+            reasons = [c.reason]
+        eff = c.effective_throughput if c is not None else None
+        facts = f'<div class="muted">status: {_e(c.status if c is not None else "—")}'
+        if eff is not None:
+            facts += (f"; effective {_fmt(eff.output_tokens_per_s)} output tok/s "
+                      f"(goodput {_fmt(eff.goodput_output_tokens_per_s)}) at {_e(eff.at_step)}")
+        if c is not None and c.broken_at:
+            facts += f"; SLO broken at {_e(c.broken_at)}"
         facts += "</div>"
         rs = "".join(f"<li>{_e(r)}</li>" for r in reasons) or '<li class="muted">no reason recorded</li>'
-        cards.append(f'<div class="card"><div><b>{_e(n)}</b> {_verdict_badge(v.get("verdict"))}</div>{facts}'
-                     f"<ul>{rs}</ul></div>")
+        cards.append(f'<div class="card"><div><b>{_e(n)}</b> {_verdict_badge(v.verdict if v else None)}</div>'
+                     f"{facts}<ul>{rs}</ul></div>")
     out.append(f'<div class="cards">{"".join(cards)}</div>')
-    if dec.get("scope"):
-        out.append(f"<p><b>Scope of validity:</b> {_e(dec.get('scope'))}</p>")
-    rc = [str(r) for r in _l(dec.get("recheck_when"))]
-    if rc:
-        out.append("<p><b>Re-check when:</b></p><ul>" + "".join(f"<li>{_e(r)}</li>" for r in rc) + "</ul>")
-    comps = [c for c in _l(dec.get("comparisons")) if isinstance(c, dict)]
-    if comps:
+    if dec.scope:
+        out.append(f"<p><b>Scope of validity:</b> {_e(dec.scope)}</p>")
+    if dec.recheck_when:
+        out.append("<p><b>Re-check when:</b></p><ul>" + "".join(f"<li>{_e(r)}</li>" for r in dec.recheck_when)
+                   + "</ul>")
+    if dec.comparisons:
         out.append("<p><b>What differs between candidates</b> (one factor at a time makes a comparison "
                    "causal):</p>")
         out.append(_table(("A", "B", "differs in", "note"),
-                          ((c.get("a"), c.get("b"), ", ".join(map(str, _l(c.get("differs_in")))) or "—",
-                            c.get("note") or "") for c in comps)))
-    if rec.get("historical"):
+                          ((c.a, c.b, ", ".join(c.differs_in) or "—", c.note) for c in dec.comparisons)))
+    if rec.historical:
         out.append('<p class="bad"><b>Historical record:</b> a newer trial of the same candidate name has a '
                    "different engine or weights identity.</p>")
     return "\n".join(out)
 
 
-def _steps_table(cand: dict[str, Any]) -> str:
-    rows = []
-    for s in _l(cand.get("steps")):
-        if not isinstance(s, dict):
-            continue
-        if s.get("skipped"):
-            rows.append((s.get("workload"), s.get("step"), _Raw(f'<span class="muted">skipped: '
-                         f'{_e(s.get("skipped_reason") or "an earlier step broke an SLO")}</span>'),
+def _steps_table(cand: CandidateResult) -> str:
+    rows: list[tuple[object, ...]] = []
+    for s in cand.steps:
+        if s.skipped:
+            rows.append((s.workload, s.step, _Raw(f'<span class="muted">skipped: '
+                         f'{_e(s.skipped_reason or "an earlier step broke an SLO")}</span>'),
                          "", "", "", "", "", "", "", "", ""))
             continue
-        c = _d(s.get("counts"))
-        met = s.get("slo_met")
-        broken = [o.get("objective") for o in _l(s.get("slo")) if isinstance(o, dict) and o.get("met") is False]
+        c = s.counts
+        met = s.slo_met
+        broken = [o.objective for o in s.slo if o.met is False]
         met_cell = _Raw('<span class="ok">yes</span>') if met else (
-            _Raw(f'<span class="bad">no: {_e(", ".join(map(str, broken)) or "see SLO list")}</span>')
+            _Raw(f'<span class="bad">no: {_e(", ".join(broken) or "see SLO list")}</span>')
             if met is False else "—")
-        rows.append((s.get("workload"), s.get("step"), c.get("submitted"), c.get("succeeded"),
-                     c.get("failed_total"), c.get("good"),
-                     _fmt(_d(s.get("ttft_s")).get("p95")), _fmt(_d(s.get("itl_s")).get("p95")),
-                     _fmt(_d(s.get("e2e_s")).get("p99")),
-                     _fmt(_d(s.get("throughput")).get("output_tokens_per_s")),
-                     _fmt(_d(s.get("goodput")).get("output_tokens_per_s")), met_cell))
+        rows.append((s.workload, s.step, c.submitted, c.succeeded, c.failed_total, c.good,
+                     _fmt(s.ttft_s.p95), _fmt(s.itl_s.p95), _fmt(s.e2e_s.p99),
+                     _fmt(s.throughput.output_tokens_per_s), _fmt(s.goodput.output_tokens_per_s), met_cell))
     if not rows:
         return '<p class="muted">No load steps were run.</p>'
     return _table(("workload", "step", "submitted", "succeeded", "failed", "good", "TTFT p95 (s)",
@@ -482,16 +447,14 @@ def _steps_table(cand: dict[str, Any]) -> str:
                   rows, num_cols=range(2, 11))
 
 
-def _ttft_cdf_fig(run: Path, rec: dict[str, Any], names: list[str],
+def _ttft_cdf_fig(run: Path, rec: TrialRecord, names: list[str],
                   limits: dict[tuple[str, str], float]) -> tuple[go.Figure | None, list[str]]:
-    files = _d(_d(rec.get("evidence")).get("files"))
-    res = _d(_d(rec.get("results")).get("candidates"))
     notes = []
     data: dict[str, dict[str, list[float]]] = {}
     for n in names:
-        if not _ran_steps(_d(res.get(n))):
+        if not rec.result(n).ran_steps():
             continue
-        path = _safe_rel(run, _d(files.get(n)).get("steps"))
+        path = _safe_rel(run, rec.evidence.files.get(n, {}).get("steps"))
         if path is None:
             notes.append(f"{n}: no steps requests.jsonl in evidence.files")
             continue
@@ -500,10 +463,10 @@ def _ttft_cdf_fig(run: Path, rec: dict[str, Any], names: list[str],
             notes.append(f"{n}: {note}")
         per: dict[str, list[float]] = {}
         for r in rows:
-            t = _num(r.get("ttft_s"))
-            if r.get("warmup") or r.get("failure") is not None or t is None:
+            t = _num(r.ttft_s)
+            if r.warmup or r.failure is not None or t is None:
                 continue
-            per.setdefault(str(r.get("step", "?")), []).append(t)
+            per.setdefault(r.step or "?", []).append(t)
         if per:
             data[n] = per
     if not data:
@@ -529,23 +492,23 @@ def _ttft_cdf_fig(run: Path, rec: dict[str, Any], names: list[str],
     return fig, notes
 
 
-def _errors_fig(names: list[str], res: dict[str, Any]) -> go.Figure | None:
-    cols = [n for n in names if _ran_steps(_d(res.get(n)))]
+def _errors_fig(names: list[str], rec: TrialRecord) -> go.Figure | None:
+    cols = [n for n in names if rec.result(n).ran_steps()]
     if not cols:
         return None
     fig = make_subplots(rows=1, cols=len(cols), subplot_titles=cols, shared_yaxes=True)
     classes = list(FAIL_CLASSES)
     for n in cols:
-        for s in _ran_steps(_d(res.get(n))):
-            classes += [k for k in _d(_d(s.get("counts")).get("failed")) if k not in classes]
+        for s in rec.result(n).ran_steps():
+            classes += [k for k in s.counts.failed if k not in classes]
     for ci, n in enumerate(cols, start=1):
-        steps = _ran_steps(_d(res.get(n)))
-        xs = [f"{s.get('workload', '?')}/{s.get('step', '?')}" for s in steps]
-        ok = [_num(_d(s.get("counts")).get("succeeded")) or 0 for s in steps]
+        steps = rec.result(n).ran_steps()
+        xs = [f"{s.workload}/{s.step}" for s in steps]
+        ok = [float(s.counts.succeeded) or 0 for s in steps]
         fig.add_trace(go.Bar(x=xs, y=ok, name="succeeded", marker_color="#8fd19e", legendgroup="succeeded",
                              showlegend=ci == 1), row=1, col=ci)
         for k, cls in enumerate(classes):
-            ys = [_num(_d(_d(s.get("counts")).get("failed")).get(cls)) or 0 for s in steps]
+            ys = [float(s.counts.failed.get(cls, 0)) or 0 for s in steps]
             fig.add_trace(go.Bar(x=xs, y=ys, name=cls, legendgroup=cls, showlegend=ci == 1,
                                  marker_color=PALETTE[(k + 1) % len(PALETTE)]), row=1, col=ci)
     fig.update_layout(barmode="stack", title="Requests per step by outcome (failures by class)")
@@ -553,16 +516,20 @@ def _errors_fig(names: list[str], res: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
-def _cold_fig(names: list[str], res: dict[str, Any]) -> tuple[go.Figure | None, list[str]]:
+def _cold_fig(names: list[str], rec: TrialRecord) -> tuple[go.Figure | None, list[str]]:
     parts = (("port_open_s", "port open"), ("health_s", "health OK"), ("first_token_s", "first token"))
-    have = [n for n in names if any(_num(_d(_d(res.get(n)).get("cold_start")).get(k)) is not None
-                                    for k, _ in parts)]
+
+    def cold(n: str, k: str) -> float | None:
+        c = rec.result(n).cold_start
+        return _num(getattr(c, k)) if c is not None else None
+
+    have = [n for n in names if any(cold(n, k) is not None for k, _ in parts)]
     missing = [n for n in names if n not in have]
     if not have:
         return None, missing
     fig = go.Figure()
     for i, (k, label) in enumerate(parts):
-        ys = [_num(_d(_d(res.get(n)).get("cold_start")).get(k)) for n in have]
+        ys = [cold(n, k) for n in have]
         fig.add_trace(go.Bar(x=have, y=ys, name=label, marker_color=PALETTE[i],
                              text=[_fmt(y) for y in ys], textposition="outside",
                              hovertemplate=f"%{{x}} {label}: %{{y:.2f}} s<extra></extra>"))
@@ -572,18 +539,18 @@ def _cold_fig(names: list[str], res: dict[str, Any]) -> tuple[go.Figure | None, 
 
 
 # server metric name fragments -> (client figure label, how to read it from a step summary)
-_SERVER_MATCH = (
-    (("time_to_first_token", "ttft"), "client TTFT mean (s)", lambda s: _d(s.get("ttft_s")).get("mean")),
+_SERVER_MATCH: tuple[tuple[tuple[str, ...], str, Callable[[StepSummary], float | None]], ...] = (
+    (("time_to_first_token", "ttft"), "client TTFT mean (s)", lambda s: s.ttft_s.mean),
     (("predicted_tokens_seconds", "per_user", "tokens_per_second_per"), "client decode tok/s per request (mean)",
-     lambda s: _d(s.get("output_tps_per_user")).get("mean")),
+     lambda s: s.output_tps_per_user.mean),
     (("generation_throughput", "generation_tokens_per", "output_tokens_per"), "client output tok/s",
-     lambda s: _d(s.get("throughput")).get("output_tokens_per_s")),
-    (("e2e_request_latency", "request_latency"), "client E2E mean (s)", lambda s: _d(s.get("e2e_s")).get("mean")),
-    (("time_per_output_token", "inter_token"), "client TPOT mean (s)", lambda s: _d(s.get("tpot_s")).get("mean")),
+     lambda s: s.throughput.output_tokens_per_s),
+    (("e2e_request_latency", "request_latency"), "client E2E mean (s)", lambda s: s.e2e_s.mean),
+    (("time_per_output_token", "inter_token"), "client TPOT mean (s)", lambda s: s.tpot_s.mean),
 )
 
 
-def _client_counterpart(metric: str, step: dict[str, Any]) -> tuple[str, Any]:
+def _client_counterpart(metric: str, step: StepSummary) -> tuple[str, float | None]:
     m = metric.lower()
     for keys, label, get in _SERVER_MATCH:
         if any(k in m for k in keys):
@@ -591,25 +558,24 @@ def _client_counterpart(metric: str, step: dict[str, Any]) -> tuple[str, Any]:
     return "server only (queue, running, KV use …)", None
 
 
-def _client_server_html(names: list[str], res: dict[str, Any], ident: dict[str, Any]) -> str:
+def _client_server_html(names: list[str], rec: TrialRecord) -> str:
     out = []
     for n in names:
-        c = _d(res.get(n))
-        steps = _ran_steps(c)
-        engine = _d(_d(ident.get(n)).get("engine"))
-        kind = engine.get("kind") or engine.get("name") or "engine"
+        c = rec.result(n)
+        steps = c.ran_steps()
+        engine = rec.ident(n).engine
+        kind = engine.kind if engine is not None else "engine"
         out.append(f"<h3>{_e(n)} <span class='muted'>({_e(kind)})</span></h3>")
         if not steps:
-            out.append(f'<p class="muted">No load steps ran ({_e(c.get("status") or "not run")}'
-                       f'{": " + _e(c.get("reason")) if c.get("reason") else ""}).</p>')
+            out.append(f'<p class="muted">No load steps ran ({_e(c.status or "not run")}'
+                       f'{": " + _e(c.reason) if c.reason else ""}).</p>')
             continue
         rows = []
         for s in steps:
-            for metric, v in sorted(_d(s.get("server")).items()):
-                v = _d(v) if isinstance(v, dict) else {"mean": v}
+            for metric, v in sorted(s.server.items()):
                 label, cv = _client_counterpart(metric, s)
-                rows.append((f"{s.get('workload', '?')}/{s.get('step', '?')}", _Raw(f"<code>{_e(metric)}</code>"),
-                             _fmt(v.get("mean")), _fmt(v.get("max")), label, _fmt(cv) if label[:6] == "client" else ""))
+                rows.append((f"{s.workload}/{s.step}", _Raw(f"<code>{_e(metric)}</code>"),
+                             _fmt(v.mean), _fmt(v.max), label, _fmt(cv) if label[:6] == "client" else ""))
         if not rows:
             out.append('<p class="muted">Server-side metrics: not offered by this engine (no /metrics figures '
                        "were recorded during the steps).</p>")
@@ -619,80 +585,75 @@ def _client_server_html(names: list[str], res: dict[str, Any], ident: dict[str, 
     return "\n".join(out)
 
 
-def _identity_rows(names: list[str], ident: dict[str, Any]) -> str:
+def _identity_rows(names: list[str], rec: TrialRecord) -> str:
     rows = []
     for n in names:
-        i = _d(ident.get(n))
-        eng, model = _d(i.get("engine")), _d(i.get("model"))
+        i = rec.ident(n)
+        eng, model = i.engine, i.model or {}
         sha = str(model.get("sha256") or "")
-        bsha = str(eng.get("binary_sha256") or eng.get("sha256") or "")
-        settings = i.get("settings")
-        rows.append((n, eng.get("kind") or "—", eng.get("version") or "—", bsha[:12] or "—",
-                     Path(str(model.get("path"))).name if model.get("path") else "—", sha[:12] or "—",
-                     _Raw(f"<code>{_e(json.dumps(settings, default=str))}</code>") if settings else "—",
-                     i.get("url") or "launched by servelab"))
+        bsha = str((eng.binary_sha256 if eng is not None else None) or "")
+        path = model.get("path")
+        rows.append((n, eng.kind if eng is not None else "—", (eng.version if eng is not None else None) or "—",
+                     bsha[:12] or "—", Path(str(path)).name if path else "—", sha[:12] or "—",
+                     _Raw(f"<code>{_e(json.dumps(i.settings, default=str))}</code>") if i.settings else "—",
+                     i.url or "launched by servelab"))
     return _table(("candidate", "engine", "engine version", "binary sha256", "model", "model sha256",
                    "settings", "URL"), rows)
 
 
-def _results_rows(names: list[str], res: dict[str, Any], currency: str) -> str:
+def _results_rows(rec: TrialRecord) -> str:
     rows = []
-    for n in names:
-        c = _d(res.get(n))
-        tl, eff = _d(c.get("tail_latency")), _d(c.get("effective_throughput"))
-        q = _d(c.get("quality"))
-        qtxt = ("passed" if q.get("passed") else "failed") if q else "not run"
-        smoke = _d(c.get("smoke"))
-        bad_smoke = [k for k, v in smoke.items() if not _d(v).get("ok")]
-        stxt = ("failed: " + ", ".join(bad_smoke)) if bad_smoke else ("passed" if smoke else "not run")
-        rows.append((n, c.get("status") or "—", c.get("reason") or "", stxt, qtxt, _pct(c.get("error_rate")),
-                     _fmt(tl.get("ttft_p95_s")), _fmt(tl.get("itl_p95_s")), _fmt(tl.get("e2e_p99_s")),
-                     _fmt(eff.get("output_tokens_per_s")), _fmt(eff.get("goodput_output_tokens_per_s")),
-                     eff.get("at_step") or "—", c.get("broken_at") or "—", _bytes(c.get("peak_rss_bytes")),
-                     _fmt(_d(c.get("cost")).get("per_1m_output_tokens"))))
+    for n in rec.names():
+        c = rec.result(n)
+        tl, eff = c.tail_latency, c.effective_throughput
+        qtxt = ("passed" if c.quality.passed else "failed") if c.quality is not None else "not run"
+        bad_smoke = [k for k, v in c.smoke.items() if not v.ok]
+        stxt = ("failed: " + ", ".join(bad_smoke)) if bad_smoke else ("passed" if c.smoke else "not run")
+        rows.append((n, c.status or "—", c.reason or "", stxt, qtxt, _pct(c.error_rate),
+                     _fmt(tl.ttft_p95_s if tl else None), _fmt(tl.itl_p95_s if tl else None),
+                     _fmt(tl.e2e_p99_s if tl else None), _fmt(eff.output_tokens_per_s if eff else None),
+                     _fmt(eff.goodput_output_tokens_per_s if eff else None), (eff.at_step if eff else None) or "—",
+                     c.broken_at or "—", _bytes(c.peak_rss_bytes),
+                     _fmt(c.cost.per_1m_output_tokens if c.cost else None)))
     return _table(("candidate", "status", "reason", "smoke", "quality", "error rate", "TTFT p95 (s)",
                    "ITL p95 (s)", "E2E p99 (s)", "eff. throughput (out tok/s)", "eff. goodput (out tok/s)",
-                   "at step", "broken at", "peak RSS", f"cost ({currency}/1M out tok)"), rows,
-                  num_cols=(5, 6, 7, 8, 9, 10, 13, 14))
+                   "at step", "broken at", "peak RSS", f"cost ({rec.goal.budget.currency or 'USD'}/1M out tok)"),
+                  rows, num_cols=(5, 6, 7, 8, 9, 10, 13, 14))
 
 
-def _quality_html(names: list[str], res: dict[str, Any]) -> str:
+def _quality_html(rec: TrialRecord) -> str:
     rows = []
-    for n in names:
-        c = _d(res.get(n))
-        for k, v in _d(c.get("smoke")).items():
-            v = _d(v)
-            rows.append((n, f"smoke: {k}", _Raw('<span class="ok">ok</span>' if v.get("ok") else
-                                                 '<span class="bad">failed</span>'), v.get("detail") or "", "", ""))
-        for ch in _l(_d(c.get("quality")).get("checks")):
-            ch = _d(ch)
-            rows.append((n, f"quality: {ch.get('name')}", _Raw('<span class="ok">ok</span>' if ch.get("ok") else
-                                                               '<span class="bad">failed</span>'),
-                         "", _fmt(ch.get("value")), _fmt(ch.get("limit"))))
+    ok_html, bad_html = _Raw('<span class="ok">ok</span>'), _Raw('<span class="bad">failed</span>')
+    for n in rec.names():
+        c = rec.result(n)
+        for k, v in c.smoke.items():
+            rows.append((n, f"smoke: {k}", ok_html if v.ok else bad_html, v.detail, "", ""))
+        for ch in c.quality.checks if c.quality is not None else []:
+            rows.append((n, f"quality: {ch.name}", ok_html if ch.ok else bad_html, "", _fmt(ch.value),
+                         _fmt(ch.limit)))
     if not rows:
         return '<p class="muted">No smoke or quality results recorded.</p>'
     return _table(("candidate", "check", "result", "detail", "value", "limit"), rows, num_cols=(4, 5))
 
 
-def _evidence_html(run: Path, rec: dict[str, Any]) -> str:
-    ev = _d(rec.get("evidence"))
+def _evidence_html(run: Path, rec: TrialRecord) -> str:
+    ev = rec.evidence
     out = []
     rows = []
-    if ev.get("experiment"):
-        rel = str(ev["experiment"])
-        rows.append(("trial", "experiment", _link(run, rel)))
-    for n, fs in _d(ev.get("files")).items():
-        for k, rel in _d(fs).items():
+    if ev.experiment:
+        rows.append(("trial", "experiment", _link(run, ev.experiment)))
+    for n, fs in ev.files.items():
+        for k, rel in fs.items():
             rows.append((n, k, _link(run, rel)))
     out.append(_table(("candidate", "file", "path (relative to the run folder)"), rows))
-    if ev.get("reproduce"):
-        out.append(f"<p><b>Reproduce:</b> <code>{_e(ev.get('reproduce'))}</code></p>")
-    if ev.get("run_dir"):
-        out.append(f'<p class="muted">Recorded run folder: <code>{_e(ev.get("run_dir"))}</code></p>')
+    if ev.reproduce:
+        out.append(f"<p><b>Reproduce:</b> <code>{_e(ev.reproduce)}</code></p>")
+    if ev.run_dir:
+        out.append(f'<p class="muted">Recorded run folder: <code>{_e(ev.run_dir)}</code></p>')
     return "\n".join(out)
 
 
-def _link(run: Path, rel: Any) -> _Raw:
+def _link(run: Path, rel: str) -> _Raw:
     p = _safe_rel(run, rel)
     if p is None:
         return _Raw(f"<code>{_e(rel)}</code>")
@@ -700,21 +661,33 @@ def _link(run: Path, rel: Any) -> _Raw:
     return _Raw(f'<a href="{_e(Path(str(rel)).as_posix())}">{_e(rel)}</a>{exists}')
 
 
-def _report_body(run: Path, rec: dict[str, Any]) -> str:
-    names = _candidates(rec)
-    res = _d(_d(rec.get("results")).get("candidates"))
-    ident = _d(_d(rec.get("identity")).get("candidates"))
-    goal, env, method = _d(rec.get("goal")), _d(rec.get("environment")), _d(rec.get("method"))
+def _dump(m: BaseModel) -> JsonObject:
+    """A row of the record as written (keys it did not set left out)."""
+    return m.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def _verdict(rec: TrialRecord, n: str) -> Verdict | None:
+    return rec.decision.verdict_of(n)
+
+
+def _series(rec: TrialRecord, label: Callable[[str], str], colors: Callable[[int, str], str]) -> Series:
+    """One chart series per candidate of ``rec`` that ran load steps."""
+    return [(label(n), colors(i, n), steps) for i, n in enumerate(rec.names())
+            if (steps := rec.result(n).ran_steps())]
+
+
+def _report_body(run: Path, rec: TrialRecord) -> str:
+    names = rec.names()
+    goal, env = rec.goal, rec.environment
     limits, err_limit, slo_names = _slo_limits(rec)
     colors = _colors(names)
     charts = _Charts()
-    ranked_steps = [(n, colors[n], _ran_steps(_d(res.get(n)))) for n in names]
-    series = [t for t in ranked_steps if t[2]]
+    series = _series(rec, lambda n: n, lambda i, n: colors[n])
     workloads = list(dict.fromkeys(w for _, _, st in series for w in _workloads(st)))
 
-    out = [f"<h1>servelab trial <code>{_e(rec.get('trial_id') or run.name)}</code></h1>",
-           f'<p class="muted">task: {_e(goal.get("task") or "—")} · SLO: {_e(", ".join(slo_names) or "none")}'
-           f' · created {_e(_when(rec.get("created_unix_s")))} · {len(names)} candidate(s)</p>',
+    out = [f"<h1>servelab trial <code>{_e(rec.trial_id or run.name)}</code></h1>",
+           f'<p class="muted">task: {_e(goal.task or "—")} · SLO: {_e(", ".join(slo_names) or "none")}'
+           f' · created {_e(_when(rec.created_unix_s))} · {len(names)} candidate(s)</p>',
            '<nav><a href="#decision">decision</a><a href="#charts">charts</a><a href="#steps">steps</a>'
            '<a href="#client-server">client vs server</a><a href="#record">record</a></nav>',
            '<div id="js-errors"></div>',
@@ -731,17 +704,19 @@ def _report_body(run: Path, rec: dict[str, Any]) -> str:
             out.append(charts.html(cdf, height=400))
         for note in notes:
             out.append(f'<p class="muted">TTFT CDF: {_e(note)}</p>')
-        ef = _errors_fig(names, res)
+        ef = _errors_fig(names, rec)
         if ef is not None:
             out.append(charts.html(ef, height=400))
     else:
         out.append('<p class="bad">No candidate ran a load step, so there are no load charts.</p>')
-    not_run = [n for n in names if not _ran_steps(_d(res.get(n)))]
-    for n in not_run:
-        c = _d(res.get(n))
-        out.append(f'<p class="muted"><b>{_e(n)}</b>: no load steps ({_e(c.get("status") or "not run")}'
-                   f'{": " + _e(c.get("reason")) if c.get("reason") else ""}).</p>')
-    cold, missing = _cold_fig(names, res)
+    for n in names:
+        c = rec.result(n)
+        if c.ran_steps():
+            continue
+        status = c.status if n in rec.results.candidates else "not run"
+        out.append(f'<p class="muted"><b>{_e(n)}</b>: no load steps ({_e(status)}'
+                   f'{": " + _e(c.reason) if c.reason else ""}).</p>')
+    cold, missing = _cold_fig(names, rec)
     if cold is not None:
         out.append(charts.html(cold, height=360))
     for n in missing:
@@ -753,23 +728,23 @@ def _report_body(run: Path, rec: dict[str, Any]) -> str:
     if err_limit is not None:
         out.append(f'<p class="muted">Error budget: error rate ≤ {_pct(err_limit)} per step.</p>')
     for n in names:
-        c = _d(res.get(n))
-        out.append(f"<h3>{_e(n)} {_verdict_badge(_d(_d(_d(rec.get('decision')).get('verdicts')).get(n)).get('verdict'))}"
-                   f"</h3>")
-        if c.get("reason"):
-            out.append(f'<p class="bad">{_e(c.get("status") or "")}: {_e(c.get("reason"))}</p>')
+        c = rec.result(n)
+        v = _verdict(rec, n)
+        out.append(f"<h3>{_e(n)} {_verdict_badge(v.verdict if v else None)}</h3>")
+        if c.reason:
+            out.append(f'<p class="bad">{_e(c.status)}: {_e(c.reason)}</p>')
         out.append(_steps_table(c))
-        arr = _d(c.get("arrival_run"))
-        if arr and not arr.get("skipped"):
-            cnt = _d(arr.get("counts"))
+        arr = c.arrival_run
+        if arr is not None and not arr.skipped:
+            cnt = arr.counts
             out.append("<p><b>Arrival-rate run</b> (stated rate, bursts and mix):</p>")
             out.append(_table(("step", "submitted", "succeeded", "failed", "TTFT p95 (s)", "E2E p99 (s)",
                                "throughput (out tok/s)", "goodput (out tok/s)", "SLO met"),
-                              [(arr.get("step"), cnt.get("submitted"), cnt.get("succeeded"), cnt.get("failed_total"),
-                                _fmt(_d(arr.get("ttft_s")).get("p95")), _fmt(_d(arr.get("e2e_s")).get("p99")),
-                                _fmt(_d(arr.get("throughput")).get("output_tokens_per_s")),
-                                _fmt(_d(arr.get("goodput")).get("output_tokens_per_s")),
-                                {True: "yes", False: "no"}.get(arr.get("slo_met"), "—"))],
+                              [(arr.step, cnt.submitted, cnt.succeeded, cnt.failed_total,
+                                _fmt(arr.ttft_s.p95), _fmt(arr.e2e_s.p99),
+                                _fmt(arr.throughput.output_tokens_per_s), _fmt(arr.goodput.output_tokens_per_s),
+                                {True: "yes", False: "no"}.get(arr.slo_met, "—") if arr.slo_met is not None
+                                else "—")],
                               num_cols=range(1, 8)))
     out.append("</section>")
 
@@ -777,63 +752,56 @@ def _report_body(run: Path, rec: dict[str, Any]) -> str:
                '<p class="muted">Client figures are measured by servelab at the socket; server figures are the '
                "engine's own /metrics, sampled during each step (mean and max over the samples). A large gap "
                "in TTFT points at queueing or network outside the engine's own timer.</p>")
-    out.append(_client_server_html(names, res, ident))
+    out.append(_client_server_html(names, rec))
     out.append("</section>")
 
-    host = _d(env.get("host"))
-    budget = _d(goal.get("budget"))
+    host = env.host
     out.append('<section id="record"><h2>Evidence record (000 §12 rows)</h2>')
-    out.append("<h3>Goal</h3>" + _kv(goal))
-    out.append("<h3>Identity</h3>" + _identity_rows(names, ident))
+    out.append("<h3>Goal</h3>" + _kv(_dump(goal)))
+    out.append("<h3>Identity</h3>" + _identity_rows(names, rec))
     out.append("<h3>Environment</h3>" + _table(("field", "value"), [
-        ("CPU", host.get("cpu") or "—"), ("logical cores", host.get("logical_cores") or "—"),
-        ("RAM", _bytes(host.get("ram_bytes"))), ("OS", host.get("os") or "—"),
-        ("Python", host.get("python") or "—"),
-        ("GPU", _Raw(f"<code>{_e(json.dumps(env.get('gpu'), default=str))}</code>") if env.get("gpu") else "none"),
-        ("instances", env.get("instances") or "—"), ("parallel layout", env.get("parallel_layout") or "—")]))
-    m = dict(method)
+        ("CPU", host.cpu or "—"), ("logical cores", host.logical_cores or "—"),
+        ("RAM", _bytes(host.ram_bytes)), ("OS", host.os or "—"), ("Python", host.python or "—"),
+        ("GPU", _Raw(f"<code>{_e(json.dumps(env.gpu, default=str))}</code>") if env.gpu else "none"),
+        ("instances", env.instances or "—"), ("parallel layout", env.parallel_layout or "—")]))
+    m = _dump(rec.method)
     for k in ("started_unix_s", "finished_unix_s"):
         if k in m:
             m[k] = _when(m[k])
     out.append("<h3>Method</h3>" + _kv(m))
-    out.append("<h3>Results</h3>" + _results_rows(names, res, str(budget.get("currency") or "USD")))
-    out.append("<h4>Smoke and quality checks</h4>" + _quality_html(names, res))
+    out.append("<h3>Results</h3>" + _results_rows(rec))
+    out.append("<h4>Smoke and quality checks</h4>" + _quality_html(rec))
     out.append("<h3>Evidence</h3>" + _evidence_html(run, rec))
     out.append("<h3>Decision</h3>" + _table(("candidate", "verdict", "reasons"), [
-        (n, _verdict_badge(_d(_d(_d(rec.get("decision")).get("verdicts")).get(n)).get("verdict")),
-         "; ".join(map(str, _l(_d(_d(_d(rec.get("decision")).get("verdicts")).get(n)).get("reasons")))))
+        (n, _verdict_badge(v.verdict if (v := _verdict(rec, n)) else None), "; ".join(v.reasons) if v else "")
         for n in names]))
     out.append("</section>")
+    version = str(rec.schema_version) if rec.read_version == rec.schema_version else \
+        f"{rec.read_version}, read as {rec.schema_version}"
     out.append(f'<p class="muted">Generated by servelab from record.json (schema '
-               f'{_e(rec.get("schema_version"))}) with {charts.count} chart(s). Opens offline.</p>')
+               f'{_e(version)}) with {charts.count} chart(s). Opens offline.</p>')
     return f'<main data-charts="{charts.count}">' + "\n".join(out) + "</main>"
 
 
 # ----------------------------------------------------------------------------------------- compare body
 
-def _compare_body(ra: Path, a: dict[str, Any], rb: Path, b: dict[str, Any]) -> str:
+def _compare_body(ra: Path, a: TrialRecord, rb: Path, b: TrialRecord) -> str:
     charts = _Charts()
-    ida, idb = a.get("trial_id") or ra.name, b.get("trial_id") or rb.name
+    ida, idb = a.trial_id or ra.name, b.trial_id or rb.name
     la, _, sa = _slo_limits(a)
     lb, _, sb = _slo_limits(b)
     limits = dict(la)
     limits.update({k: v for k, v in lb.items() if k not in limits})
-    series = []
-    i = 0
-    for tag, rec in (("A", a), ("B", b)):
-        res = _d(_d(rec.get("results")).get("candidates"))
-        for n in _candidates(rec):
-            steps = _ran_steps(_d(res.get(n)))
-            if steps:
-                series.append((f"{tag}:{n}", PALETTE[i % len(PALETTE)], steps))
-            i += 1
+    offset = len(a.names())
+    series = (_series(a, lambda n: f"A:{n}", lambda i, n: PALETTE[i % len(PALETTE)])
+              + _series(b, lambda n: f"B:{n}", lambda i, n: PALETTE[(offset + i) % len(PALETTE)]))
     workloads = list(dict.fromkeys(w for _, _, st in series for w in _workloads(st)))
     out = [f"<h1>servelab compare: A <code>{_e(ida)}</code> vs B <code>{_e(idb)}</code></h1>",
            f'<p class="muted">A: {_e(ra)} · SLO {_e(", ".join(sa) or "none")}<br>B: {_e(rb)} · SLO '
            f'{_e(", ".join(sb) or "none")}</p>', '<div id="js-errors"></div>',
            '<div class="cols">',
-           f"<div><h2>A: {_e(ida)}</h2>{_decision_html(a, _candidates(a), 'h3')}</div>",
-           f"<div><h2>B: {_e(idb)}</h2>{_decision_html(b, _candidates(b), 'h3')}</div>", "</div>",
+           f"<div><h2>A: {_e(ida)}</h2>{_decision_html(a, a.names(), 'h3')}</div>",
+           f"<div><h2>B: {_e(idb)}</h2>{_decision_html(b, b.names(), 'h3')}</div>", "</div>",
            "<h2>Overlaid curves</h2>"]
     if series:
         out.append('<p class="muted">Colour per A:/B: candidate; P95 solid, P99 dashed (E2E). SLO limits from '
@@ -849,36 +817,34 @@ def _compare_body(ra: Path, a: dict[str, Any], rb: Path, b: dict[str, Any]) -> s
         out.append('<p class="bad">Neither trial has a load step to plot.</p>')
     out.append("<h2>Results</h2><div class='cols'>")
     for tag, rec in (("A", a), ("B", b)):
-        out.append(f"<div><h3>{tag}</h3>" + _results_rows(_candidates(rec), _d(_d(rec.get("results"))
-                   .get("candidates")), str(_d(_d(rec.get("goal")).get("budget")).get("currency") or "USD"))
-                   + "</div>")
+        out.append(f"<div><h3>{tag}</h3>" + _results_rows(rec) + "</div>")
     out.append("</div>")
     out.append("<h2>What differs between A and B</h2>" + _diff_table(a, b))
     return f'<main data-charts="{charts.count}">' + "\n".join(out) + "</main>"
 
 
-def _flat(x: Any, prefix: str = "") -> dict[str, Any]:
+def _flat(x: JsonValue, prefix: str = "") -> JsonObject:
     if isinstance(x, dict):
-        out: dict[str, Any] = {}
+        out: JsonObject = {}
         for k, v in x.items():
             out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
         return out
     return {prefix: x}
 
 
-def _diff_table(a: dict[str, Any], b: dict[str, Any]) -> str:
+def _diff_table(a: TrialRecord, b: TrialRecord) -> str:
     rows = []
     for section in ("goal", "environment", "method"):
-        fa, fb = _flat(_d(a.get(section))), _flat(_d(b.get(section)))
+        fa, fb = _flat(_dump(getattr(a, section))), _flat(_dump(getattr(b, section)))
         for k in sorted(set(fa) | set(fb)):
             if k.endswith("_unix_s") or k == "duration_s":
                 continue
             if fa.get(k) != fb.get(k):
                 rows.append((f"{section}.{k}", json.dumps(fa.get(k), default=str), json.dumps(fb.get(k), default=str)))
-    ia = _d(_d(a.get("identity")).get("candidates"))
-    ib = _d(_d(b.get("identity")).get("candidates"))
+    ia, ib = a.identity.candidates, b.identity.candidates
     for n in sorted(set(ia) | set(ib)):
-        fa, fb = _flat(_d(ia.get(n))), _flat(_d(ib.get(n)))
+        fa = _flat(_dump(ia[n])) if n in ia else {}
+        fb = _flat(_dump(ib[n])) if n in ib else {}
         for k in sorted(set(fa) | set(fb)):
             if fa.get(k) != fb.get(k):
                 va, vb = json.dumps(fa.get(k), default=str), json.dumps(fb.get(k), default=str)

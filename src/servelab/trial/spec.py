@@ -12,8 +12,8 @@ Public API:
   ``experiment.yaml: candidates[0].settings.paralel: unknown field (did you mean 'parallel'?)``.
 - :func:`default_experiment` is the built-in experiment (``servelab trial`` with no file).
 - :meth:`Experiment.to_yaml` writes an experiment back (it loads to an equal :class:`Experiment`).
-- :func:`json_schema` is the JSON Schema for editors; ``python -m servelab.trial.spec --write-schema``
-  regenerates the committed ``experiment.schema.json`` next to this module (``--check`` verifies it).
+- :func:`json_schema` is the JSON Schema for editors; ``servelab schema write`` regenerates the committed
+  ``experiment.schema.json`` next to this module (``servelab schema check`` verifies it).
 
 Relative paths in a file (``model``, ``dataset``) are relative to the file's folder and are stored
 absolute after loading. Units are in the field names (``_s`` seconds, ``_ms`` milliseconds, ``_rps``
@@ -22,20 +22,15 @@ requests per second) or in the field descriptions.
 
 from __future__ import annotations
 
-import argparse
 import copy
-import difflib
-import json
 import os
 import re
-import sys
-import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, GetCoreSchemaHandler, ValidationError,
+from pydantic import (BaseModel, Discriminator, Field, GetCoreSchemaHandler, ValidationError,
                       ValidationInfo, WithJsonSchema, create_model, field_validator, model_validator)
 
 from servelab.bench.load import LoadModel
@@ -47,18 +42,19 @@ from servelab.engines.mocklaunch import MockSettings
 from servelab.engines.registry import ENV_NAME_PATTERN, EngineKind, EngineSettings
 from servelab.engines.url import UrlSettings
 from servelab.engines.vllm import VllmSettings
-from servelab.wire import ConfigError
-from servelab.wire.files import read_yaml_file
+from servelab.wire.config import (PublishedSchema, StrictModel, json_schema_of, read_yaml_file, suggest,
+                                  validation_error_line)
+from servelab.wire.errors import ConfigError
 
 __all__ = [
-    "ENGINES", "SCHEMA_PATH", "AnyCandidate", "ArrivalTest", "Budget", "Candidate", "Experiment", "Goal",
+    "SCHEMA_PATH", "AnyCandidate", "ArrivalTest", "Budget", "Candidate", "Experiment", "Goal",
     "LlamaCppCandidate", "LlamaCppSettings", "MockCandidate", "MockSettings", "Quality", "Sample", "Steps",
     "UrlCandidate", "UrlSettings", "VllmCandidate", "VllmSettings", "WorkloadItem", "candidate_model",
     "candidate_union", "default_experiment",
-    "describe_validation_error", "json_schema", "load_experiment",
+    "describe_validation_error", "json_schema", "load_experiment", "PUBLISHED_SCHEMA",
 ]
 
-#: The committed JSON Schema file (regenerate with ``python -m servelab.trial.spec --write-schema``).
+#: The committed JSON Schema file (regenerate with ``servelab schema write``).
 SCHEMA_PATH = Path(__file__).with_name("experiment.schema.json")
 
 _NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
@@ -70,13 +66,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 _ENV_NAME = ENV_NAME_PATTERN
+#: sub-features the smoke test can require of a candidate
+SmokeCheck = Literal["streaming", "usage", "json_schema", "stop"]
+_ALL_SMOKE: tuple[SmokeCheck, ...] = ("streaming", "usage", "json_schema", "stop")
 _MIXABLE = ("short-qa", "rag", "long-gen", "structured")
-
-
-class _Strict(BaseModel):
-    """Base: unknown keys are errors (a typo must not be ignored silently)."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
 def _resolve_path(value: str, info: ValidationInfo, what: str, fix: str) -> str:
@@ -92,17 +85,11 @@ def _resolve_path(value: str, info: ValidationInfo, what: str, fix: str) -> str:
     return str(p)
 
 
-def _suggest(word: str, choices: typing.Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
-    m = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {m[0]!r}?)" if m else ""
-
-
 # ---------------------------------------------------------------------------------------------------
 # goal
 
 
-class Sample(_Strict):
+class Sample(StrictModel):
     """One business sample of the quality gate: a request and a check on its answer.
 
     Give exactly one of ``prompt`` (a user message) or ``messages`` (a chat, ``[{role, content}]``), and
@@ -159,7 +146,7 @@ class Sample(_Strict):
         return self
 
 
-class Quality(_Strict):
+class Quality(StrictModel):
     """Quality gates. A candidate that fails one is excluded from the ranking, with the reason.
 
     ``structured_valid_min``: minimum fraction (0-1) of schema-valid answers among the
@@ -175,12 +162,12 @@ class Quality(_Strict):
     structured_requests: int = Field(8, ge=1, description="requests of the structured set sent by the quality gate")
     samples: list[Sample] = Field(default_factory=list, description="business samples: request + check")
     samples_pass_min: float = Field(0.0, ge=0, le=1, description="min fraction of samples passing (0 = informational)")
-    smoke: list[Literal["streaming", "usage", "json_schema", "stop"]] = Field(
-        default_factory=lambda: ["streaming", "usage", "json_schema", "stop"],
+    smoke: list[SmokeCheck] = Field(
+        default_factory=lambda: list(_ALL_SMOKE),
         description="sub-features the smoke test requires (a failure excludes the candidate)")
 
 
-class Budget(_Strict):
+class Budget(StrictModel):
     """Budget of the trial. ``max_minutes``: wall-clock limit in minutes (``None`` = none);
     ``price_per_hour``: cost of the machine per hour in ``currency`` (``None`` = no cost figures)."""
 
@@ -202,7 +189,7 @@ _SLO_SCHEMA = WithJsonSchema({
 })
 
 
-class Goal(_Strict):
+class Goal(StrictModel):
     """What the chosen engine must achieve.
 
     - ``task``: free text (shown in the record and report).
@@ -270,7 +257,7 @@ class Goal(_Strict):
 # candidates
 
 
-class Candidate(_Strict):
+class Candidate(StrictModel):
     """Common fields of a candidate (one engine kind + model + settings).
 
     ``name``: unique, ``[A-Za-z0-9_.-]+``. ``engine``: a kind of :mod:`servelab.engines.registry`
@@ -337,10 +324,11 @@ def candidate_model(kind: str | EngineKind) -> type[Candidate]:
     # the kind's own fields come after name/engine/model (pydantic orders fields by reversed MRO)
     bases: tuple[type[BaseModel], ...] = (Candidate,) if k.candidate_fields is None else (k.candidate_fields, Candidate)
     name = "".join(p[:1].upper() + p[1:] for p in re.split(r"[^A-Za-z0-9]+", k.kind) if p) + "Candidate"
-    model: type[Candidate] = create_model(  # type: ignore[call-overload]
-        name, __base__=bases, __module__=__name__, __doc__=f"``engine: {k.kind}`` — {k.summary}",
-        engine=(Literal[k.kind], Field(description=f"engine kind: {k.kind}")),  # type: ignore[valid-type]
-        settings=(k.Settings, Field(default_factory=k.Settings, description=f"{k.title} settings")))
+    fields: dict[str, Any] = {
+        "engine": (Literal[k.kind], Field(description=f"engine kind: {k.kind}")),
+        "settings": (k.Settings, Field(default_factory=k.Settings, description=f"{k.title} settings"))}
+    model = typing.cast("type[Candidate]", create_model(
+        name, __base__=bases, __module__=__name__, __doc__=f"``engine: {k.kind}`` — {k.summary}", **fields))
     _CANDIDATE_MODELS[k.kind] = (k, model)
     return model
 
@@ -348,7 +336,7 @@ def candidate_model(kind: str | EngineKind) -> type[Candidate]:
 def candidate_union() -> Any:
     """``Annotated[Union[<candidate model of every registered kind>], Discriminator("engine")]``."""
     models = tuple(candidate_model(k) for k in registry.kinds())
-    return Annotated[Union[models], Discriminator("engine")]  # type: ignore[valid-type]
+    return Annotated[Union[models], Discriminator("engine")]
 
 
 class _CandidateUnion:
@@ -357,6 +345,10 @@ class _CandidateUnion:
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> Any:
         return handler.generate_schema(candidate_union())
+
+    def resolved_type(self) -> Any:
+        """The union this marker stands for now (read by :func:`servelab.wire.config.error_problem`)."""
+        return candidate_union()
 
 
 #: a candidate of any registered kind, chosen by ``engine``
@@ -371,14 +363,15 @@ MockCandidate = candidate_model("mock")
 # workloads, steps, arrival test
 
 
-class WorkloadItem(_Strict):
+class WorkloadItem(StrictModel):
     """One workload: a built-in set by ``name`` (a key of :data:`servelab.bench.workloads.WORKLOADS`)
     with optional ``set`` overrides (the bench's ``--set``: ``input_tokens``, ``output_tokens`` in
     tokens, ``ratio``, ``lang``, …), or a ``dataset`` (JSONL/ShareGPT file, relative to the experiment
     file) whose entries without a length get ``max_tokens_default`` tokens. In YAML a bare name
     (``short-qa``) means ``{name: short-qa}``."""
 
-    name: Annotated[str | None, WithJsonSchema({"anyOf": [{"type": "string", "enum": list(WORKLOADS)}, {"type": "null"}],
+    name: Annotated[str | None, WithJsonSchema({"anyOf": [{"type": "string", "enum": list(WORKLOADS)},
+                                                          {"type": "null"}],
                                                 "default": None, "description": "built-in workload set"})] = None
     set: dict[str, Any] = Field(default_factory=dict, description="workload parameter overrides (bench --set)")
     dataset: str | None = Field(None, description="JSONL or ShareGPT JSON file instead of a built-in set")
@@ -393,7 +386,7 @@ class WorkloadItem(_Strict):
     @classmethod
     def _known(cls, v: str | None) -> str | None:
         if v is not None and v not in WORKLOADS:
-            raise ValueError(f"unknown workload {v!r}{_suggest(v, WORKLOADS)}; choose from {', '.join(WORKLOADS)}"
+            raise ValueError(f"unknown workload {v!r}{suggest(v, WORKLOADS)}; choose from {', '.join(WORKLOADS)}"
                              " or give {dataset: FILE}")
         return v
 
@@ -402,7 +395,8 @@ class WorkloadItem(_Strict):
     def _dataset_exists(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is None:
             return None
-        return _resolve_path(v, info, "dataset", "give an existing JSONL/ShareGPT file (relative to the experiment file)")
+        return _resolve_path(v, info, "dataset",
+                             "give an existing JSONL/ShareGPT file (relative to the experiment file)")
 
     @model_validator(mode="after")
     def _one_source(self) -> WorkloadItem:
@@ -433,7 +427,7 @@ class WorkloadItem(_Strict):
         return {"anyOf": [{"type": "string", "enum": list(WORKLOADS), "description": "a built-in set by name"}, obj]}
 
 
-class Steps(_Strict):
+class Steps(StrictModel):
     """The load steps, raised in order until an SLO or the error budget breaks.
 
     Exactly one of ``concurrency`` (closed loop: that many requests in flight; ints >= 1) or ``rates``
@@ -453,7 +447,7 @@ class Steps(_Strict):
         levels = self.levels
         if not levels:
             raise ValueError("give at least one step")
-        if any(b <= a for a, b in zip(levels, levels[1:])):
+        if any(b <= a for a, b in zip(levels, levels[1:], strict=False)):
             raise ValueError(f"steps must be strictly increasing (load is raised step by step), got {levels}")
         return self
 
@@ -476,7 +470,7 @@ class Steps(_Strict):
                           max_concurrency=self.max_concurrency) for r in self.rates or []]
 
 
-class ArrivalTest(_Strict):
+class ArrivalTest(StrictModel):
     """The run at the stated arrival rate (``goal.expected_rate_rps``, gamma arrivals of shape
     ``goal.burstiness``, workload ``mix`` of ratio ``goal.mix``) after the load steps.
 
@@ -507,7 +501,7 @@ def _default_workloads() -> list[WorkloadItem]:
     return [WorkloadItem(name="short-qa"), WorkloadItem(name="structured")]
 
 
-class Experiment(_Strict):
+class Experiment(StrictModel):
     """A selection experiment (docs/experiment.md).
 
     ``name``: ``[A-Za-z0-9_.-]+`` (default: the file name). ``goal``: :class:`Goal`. ``candidates``: at
@@ -545,8 +539,8 @@ class Experiment(_Strict):
         wseen: dict[str, int] = {}
         for i, w in enumerate(self.workloads):
             if w.label in wseen:
-                raise ValueError(f"workloads[{i}]: workload {w.label!r} is listed twice (also workloads[{wseen[w.label]}]);"
-                                 " list each once")
+                raise ValueError(f"workloads[{i}]: workload {w.label!r} is listed twice "
+                                 f"(also workloads[{wseen[w.label]}]); list each once")
             wseen[w.label] = i
         if self.arrival_test.enabled:
             if self.goal.expected_rate_rps is None:
@@ -611,138 +605,15 @@ registry.subscribe(_rebuild_on_registry_change)
 # loading and errors
 
 
-def _unwrap(t: Any) -> tuple[Any, str | None]:
-    """Strip ``Annotated`` (returning a discriminator if one is set) and ``X | None``."""
-    disc = None
-    while True:
-        origin = typing.get_origin(t)
-        if origin is Annotated:
-            args = typing.get_args(t)
-            t = args[0]
-            for meta in args[1:]:
-                if isinstance(meta, _CandidateUnion):
-                    t = candidate_union()
-                d = getattr(meta, "discriminator", None)
-                if isinstance(d, str):
-                    disc = d
-            continue
-        if origin in (Union, types.UnionType):
-            members = [a for a in typing.get_args(t) if a is not type(None)]
-            if len(members) == 1:
-                t = members[0]
-                continue
-        return t, disc
-
-
-def _walk(loc: tuple[Any, ...]) -> tuple[str, Any]:
-    """Render a pydantic ``loc`` as ``a.b[0].c`` (dropping union tags) and return the type reached
-    (a model class when the path ends on one)."""
-    t: Any = Experiment
-    disc: str | None = None
-    path = ""
-    for part in loc:
-        if part == "[key]":  # pydantic's marker for an error in a mapping's key
-            continue
-        t, d = _unwrap(t)
-        disc = d or disc
-        origin = typing.get_origin(t)
-        if isinstance(part, str) and origin in (Union, types.UnionType) and disc:
-            chosen = None
-            for m in typing.get_args(t):
-                if isinstance(m, type) and issubclass(m, BaseModel) and disc in m.model_fields:
-                    if part in typing.get_args(m.model_fields[disc].annotation):
-                        chosen = m
-            if chosen is not None:
-                t, disc = chosen, None
-                continue
-        if isinstance(part, int):
-            path += f"[{part}]"
-            t = typing.get_args(t)[0] if origin in (list, tuple) and typing.get_args(t) else Any
-            continue
-        path += f".{part}" if path else str(part)
-        if isinstance(t, type) and issubclass(t, BaseModel):
-            f = next((f for n, f in t.model_fields.items() if (f.alias or n) == part or n == part), None)
-            t = f.annotation if f is not None else Any
-        elif origin is dict:
-            t = typing.get_args(t)[1]
-        else:
-            t = Any
-        disc = None
-    t, _ = _unwrap(t)
-    return path, t
-
-
-def _field_names(model: Any) -> list[str]:
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        return [f.alias or n for n, f in model.model_fields.items()]
-    return []
-
-
-def _short(v: Any) -> str:
-    r = repr(v)
-    return r if len(r) <= 60 else r[:57] + "..."
-
-
-def _describe_one(err: Any) -> str:
-    loc = tuple(err.get("loc", ()))
-    typ = err.get("type", "")
-    ctx = err.get("ctx") or {}
-    inp = err.get("input")
-    if typ == "extra_forbidden":
-        path, _ = _walk(loc)
-        _, parent = _walk(loc[:-1])
-        names = _field_names(parent)
-        hint = _suggest(str(loc[-1]), names) if names else ""
-        if not hint and names:
-            hint = f" (valid: {', '.join(names)})"
-        return f"{path}: unknown field{hint}"
-    path, _ = _walk(loc)
-    if typ in ("union_tag_invalid", "union_tag_not_found"):
-        key = str(ctx.get("discriminator", "engine")).strip("'")
-        path = f"{path}.{key}" if path else key
-        tags = re.findall(r"'([^']*)'", str(ctx.get("expected_tags", ""))) or [k.kind for k in registry.kinds()]
-        if typ == "union_tag_not_found":
-            text = f"required field is missing; use one of {', '.join(tags)}"
-        else:
-            tag = ctx.get("tag")
-            text = f"{tag!r} is not one of {', '.join(tags)}{_suggest(str(tag), tags)}"
-    elif typ == "missing":
-        text = "required field is missing; add it"
-    elif typ == "literal_error":
-        choices = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
-        text = f"{_short(inp)} is not one of {', '.join(choices)}{_suggest(str(inp), choices)}"
-    elif typ in ("value_error", "assertion_error"):
-        text = str(ctx.get("error", err.get("msg", "")))
-    elif typ in ("model_type", "model_attributes_type", "dict_type"):
-        text = f"expected a mapping (key: value), got {type(inp).__name__} {_short(inp)}"
-    elif typ == "list_type":
-        text = f"expected a list, got {type(inp).__name__} {_short(inp)}"
-    elif typ == "string_pattern_mismatch":
-        pattern = ctx.get("pattern")
-        text = f"{_short(inp)} does not match {pattern}"
-        if pattern == _NAME_PATTERN:
-            text += "; use letters, digits, '_', '.' or '-'"
-        elif pattern == _ENV_NAME:
-            text += "; an environment variable name is letters, digits and '_', not starting with a digit"
-    elif typ == "too_short":
-        n = ctx.get("min_length", 1)
-        text = f"needs at least {n} item{'s' if n != 1 else ''}, got {ctx.get('actual_length', 0)}; add one"
-    else:
-        msg = str(err.get("msg", typ))
-        msg = msg[:1].lower() + msg[1:]
-        text = f"{msg}, got {_short(inp)}" if not isinstance(inp, (dict, list)) else msg
-    # a cross-field check of the whole experiment (empty loc) names its own path in the text
-    return f"{path}: {text}" if path else text
+#: Fixes appended when a string does not match one of these patterns.
+_PATTERN_HINTS = {_NAME_PATTERN: "use letters, digits, '_', '.' or '-'",
+                  _ENV_NAME: "an environment variable name is letters, digits and '_', not starting with a digit"}
 
 
 def describe_validation_error(exc: ValidationError, source: str) -> str:
     """One line for a pydantic :class:`ValidationError` of an :class:`Experiment`:
     ``SOURCE: PATH: PROBLEM; FIX`` for the first error, plus ``(+N more)`` when there are others."""
-    errs = exc.errors(include_url=False)
-    if not errs:
-        return f"{source}: invalid experiment"
-    line = f"{source}: {_describe_one(errs[0])}"
-    return line + (f" (+{len(errs) - 1} more)" if len(errs) > 1 else "")
+    return validation_error_line(exc, source, Experiment, pattern_hints=_PATTERN_HINTS)
 
 
 def load_experiment(path: str | os.PathLike[str]) -> Experiment:
@@ -785,7 +656,8 @@ _DEFAULT: dict[str, Any] = {
             "samples": [
                 {"name": "say-ok", "prompt": "Reply with the single word OK.", "expect_regex": "(?i)\\bok\\b",
                  "max_tokens": 8},
-                {"name": "json-city", "prompt": "Paris is the capital of France. Give the city and the country as JSON.",
+                {"name": "json-city",
+                 "prompt": "Paris is the capital of France. Give the city and the country as JSON.",
                  "expect_json_schema": {"type": "object",
                                         "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
                                         "required": ["city", "country"], "additionalProperties": False},
@@ -832,41 +704,8 @@ def default_experiment() -> Experiment:
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of the experiment file, from the pydantic models."""
-    s = Experiment.model_json_schema(by_alias=True)
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "servelab experiment",
-            **{k: v for k, v in s.items() if k != "title"}}
+    return json_schema_of(Experiment, "servelab experiment")
 
 
-def _schema_text() -> str:
-    return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m servelab.trial.spec --write-schema | --check | FILE``: regenerate or check
-    experiment.schema.json, or validate an experiment file (prints it back as YAML). Returns the exit code."""
-    ap = argparse.ArgumentParser(prog="python -m servelab.trial.spec", description=main.__doc__)
-    ap.add_argument("--write-schema", action="store_true", help=f"write {SCHEMA_PATH.name}")
-    ap.add_argument("--check", action="store_true", help=f"exit 1 if {SCHEMA_PATH.name} is out of date")
-    ap.add_argument("file", nargs="?", help="experiment file to validate")
-    a = ap.parse_args(argv)
-    if a.write_schema:
-        SCHEMA_PATH.write_text(_schema_text(), encoding="utf-8")
-        print(SCHEMA_PATH)
-    if a.check:
-        ok = SCHEMA_PATH.exists() and SCHEMA_PATH.read_text(encoding="utf-8") == _schema_text()
-        if not ok:
-            print(f"{SCHEMA_PATH} is out of date; run python -m servelab.trial.spec --write-schema", file=sys.stderr)
-            return 1
-    if a.file:
-        try:
-            print(load_experiment(a.file).to_yaml(), end="")
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    if not (a.write_schema or a.check or a.file):
-        ap.print_help()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+#: ``experiment.schema.json``, written and checked by ``servelab schema write|check``.
+PUBLISHED_SCHEMA = PublishedSchema(SCHEMA_PATH, json_schema)

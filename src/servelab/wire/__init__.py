@@ -1,10 +1,12 @@
-"""The shared wire layer: OpenAI types, SSE stream accumulation, the async client, error normalisation.
+"""The shared layer: OpenAI types, SSE stream accumulation, the async client, errors (:class:`ConfigError`
+and engine error normalisation), config files (strict models, YAML, one-line validation errors, published
+JSON Schemas: :mod:`servelab.wire.config`) and the Prometheus text reader (:mod:`servelab.wire.prometheus`).
 
 Every other part (bench, trial, gateway, engines) imports from here and not from each other.
 """
 
-from servelab.wire.client import ConfigError, build_body, make_session, normalize_base_url, send
-from servelab.wire.errors import error_from_body, error_from_event
+from servelab.wire.client import build_body, make_session, normalize_base_url, send
+from servelab.wire.errors import ConfigError, error_from_body, error_from_event
 from servelab.wire.stream import StreamParser, apply_event
 from servelab.wire.types import FailureClass, RequestRecord, RequestSpec, ToolCall, WireError, normalize_finish
 

@@ -15,15 +15,12 @@ from typing import Any
 import aiohttp
 import orjson
 
+from servelab.wire.errors import ConfigError as ConfigError  # re-exported: it lived here before wire/errors.py
 from servelab.wire.errors import error_from_body
 from servelab.wire.stream import StreamParser, apply_event, finalize_tool_calls
 from servelab.wire.types import FailureClass, RequestRecord, RequestSpec, WireError
 
 _now = time.monotonic_ns
-
-
-class ConfigError(ValueError):
-    """Bad user input (URL, option, file). The CLI prints its message as one line and exits 2."""
 
 
 def normalize_base_url(url: str) -> str:

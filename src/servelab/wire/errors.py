@@ -1,6 +1,7 @@
-"""Error normalisation across engine dialects (ENGINE_WIRE.md cases 15, 17, 18, 19).
+"""servelab's errors: :class:`ConfigError` (bad user input, every part raises it) and the normalisation
+of engine error bodies across dialects (ENGINE_WIRE.md cases 15, 17, 18, 19).
 
-Three body shapes exist in the wild:
+Three error body shapes exist in the wild:
 
 - nested ``{"error": {"message", "type", "code"}}`` — OpenAI, vLLM, llama-server, Ollama (``code`` int or str);
 - flat ``{"object": "error", "message", "type", "code"}`` — SGLang, old vLLM;
@@ -14,6 +15,15 @@ from typing import Any
 import orjson
 
 from servelab.wire.types import WireError
+
+__all__ = ["RETRYABLE_STATUS", "ConfigError", "error_from_body", "error_from_event", "is_context_overflow"]
+
+
+class ConfigError(ValueError):
+    """Bad user input (a URL, an option, a file, a field): its message is one line that names the problem
+    and the fix. The ``servelab`` CLI prints it as ``servelab: error: MESSAGE`` and exits 2; the gateway
+    shows it in its log and admin API when a reload fails."""
+
 
 #: Statuses worth a retry before the first byte (ENGINE_WIRE.md case 19).
 RETRYABLE_STATUS = frozenset({429, 503})

@@ -126,68 +126,73 @@ def apply_event(rec: RequestRecord, ev: dict[str, Any], t_ns: int, state: Stream
     usage = ev.get("usage")
     choices = ev.get("choices")
     carried = False
-    if choices:
-        for ch in choices:
-            if not isinstance(ch, dict):
-                continue
-            delta = ch.get("delta")
-            if delta:
-                content = delta.get("content")
-                if content:
-                    rec.content.append(content)
-                    if rec.first_answer_ns is None:
-                        rec.first_answer_ns = t_ns
-                    carried = True
-                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                if reasoning:
-                    rec.reasoning.append(reasoning)
-                    carried = True
-                tcs = delta.get("tool_calls")
-                if tcs:
-                    _join_tool_calls(rec, tcs)
-                    carried = True
-            else:
-                text = ch.get("text")
-                if text:
-                    rec.content.append(text)
-                    if rec.first_answer_ns is None:
-                        rec.first_answer_ns = t_ns
-                    carried = True
-                msg = ch.get("message")  # a non-streamed body parsed through the same path
-                if isinstance(msg, dict):
-                    if msg.get("content"):
-                        rec.content.append(msg["content"])
-                        rec.first_answer_ns = rec.first_answer_ns or t_ns
-                        carried = True
-                    r = msg.get("reasoning_content") or msg.get("reasoning")
-                    if r:
-                        rec.reasoning.append(r)
-                        carried = True
-                    if msg.get("tool_calls"):
-                        _join_tool_calls(rec, msg["tool_calls"])
-                        carried = True
-            fr = ch.get("finish_reason")
-            if fr:
-                rec.finish_reason_raw = fr
-                rec.finish_reason = normalize_finish(fr)
+    for ch in choices or ():
+        if not isinstance(ch, dict):
+            continue
+        delta = ch.get("delta")
+        carried = (_apply_delta(rec, delta, t_ns) if delta else _apply_whole(rec, ch, t_ns)) or carried
+        fr = ch.get("finish_reason")
+        if fr:
+            rec.finish_reason_raw = fr
+            rec.finish_reason = normalize_finish(fr)
     if carried:
-        if rec.first_token_ns is None:
-            rec.first_token_ns = t_ns
-        rec.last_token_ns = t_ns
-        rec.chunk_ns.append(t_ns)
-        k = 0
-        if usage and state is not None:
-            ct = usage.get("completion_tokens")
-            if isinstance(ct, int):
-                # only continuous usage (on every token chunk from the first) says what one chunk carried;
-                # a total that first appears on the last chunk (TGI/llama-server /v1/completions, case 24)
-                # covers the whole stream, not that chunk
-                if state._prev_completion_tokens or len(rec.chunk_ns) == 1:
-                    k = ct - state._prev_completion_tokens
-                state._prev_completion_tokens = ct
-        rec.chunk_tokens.append(k if k > 0 else 0)
+        _count_token_chunk(rec, usage, t_ns, state)
     if usage:
         rec.usage = usage
+
+
+def _apply_delta(rec: RequestRecord, delta: dict[str, Any], t_ns: int) -> bool:
+    """Apply a chat chunk's ``delta`` (content, reasoning, tool-call fragments); True when it carried any."""
+    return _apply_parts(rec, delta, t_ns, delta.get("content"))
+
+
+def _apply_parts(rec: RequestRecord, part: dict[str, Any], t_ns: int, text: Any) -> bool:
+    """Append answer ``text``, ``part``'s reasoning and its tool calls to ``rec``; True when any was there."""
+    carried = False
+    if text:
+        rec.content.append(text)
+        if rec.first_answer_ns is None:
+            rec.first_answer_ns = t_ns
+        carried = True
+    reasoning = part.get("reasoning_content") or part.get("reasoning")
+    if reasoning:
+        rec.reasoning.append(reasoning)
+        carried = True
+    tcs = part.get("tool_calls")
+    if tcs:
+        _join_tool_calls(rec, tcs)
+        carried = True
+    return carried
+
+
+def _apply_whole(rec: RequestRecord, ch: dict[str, Any], t_ns: int) -> bool:
+    """Apply a completions chunk's ``text``, or the ``message`` of a non-streamed body parsed through the
+    same path; True when it carried anything."""
+    carried = _apply_parts(rec, {}, t_ns, ch.get("text"))
+    msg = ch.get("message")
+    if isinstance(msg, dict):
+        carried = _apply_parts(rec, msg, t_ns, msg.get("content")) or carried
+    return carried
+
+
+def _count_token_chunk(rec: RequestRecord, usage: Any, t_ns: int, state: StreamParser | None) -> None:
+    """Record a token-carrying event at ``t_ns``: first/last token times, the chunk's arrival, and how
+    many tokens it carried when cumulative ``usage`` says so (else 0)."""
+    if rec.first_token_ns is None:
+        rec.first_token_ns = t_ns
+    rec.last_token_ns = t_ns
+    rec.chunk_ns.append(t_ns)
+    k = 0
+    if usage and state is not None:
+        ct = usage.get("completion_tokens")
+        if isinstance(ct, int):
+            # only continuous usage (on every token chunk from the first) says what one chunk carried;
+            # a total that first appears on the last chunk (TGI/llama-server /v1/completions, case 24)
+            # covers the whole stream, not that chunk
+            if state._prev_completion_tokens or len(rec.chunk_ns) == 1:
+                k = ct - state._prev_completion_tokens
+            state._prev_completion_tokens = ct
+    rec.chunk_tokens.append(k if k > 0 else 0)
 
 
 def _join_tool_calls(rec: RequestRecord, tcs: list[Any]) -> None:
