@@ -39,7 +39,7 @@ def trial_command(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "experiment.yaml").write_text(exp.to_yaml(), encoding="utf-8")
     n = len(exp.candidates)
-    print(f"trial {getattr(exp, 'name', '') or ''}: {n} candidate{'s' if n != 1 else ''} -> {run_dir}", flush=True)
+    print(f"trial {exp.name or ''}: {n} candidate{'s' if n != 1 else ''} -> {run_dir}", flush=True)
     runner = TrialRunner(exp, run_dir, progress=lambda s: print(s, flush=True))
     from servelab.trial.flow import TrialInterrupted
 
