@@ -95,8 +95,9 @@ async def _post(session: aiohttp.ClientSession, url: str) -> None:
 # timing agreement
 
 TTFT_MS, ITL_MS, OUT = 20, 10, 16
-#: (concurrency, requests, tolerance in ms) from the issue: 1 ms at concurrency 1, 5 ms at 64.
-LEVELS = {1: (1, 10, 1.0), 64: (64, 128, 5.0)}
+#: (concurrency, requests, tolerance in ms) from the issue: 1 ms at concurrency 1, 5 ms at 64. Three
+#: requests per worker at 64, so every worker's middle request runs while all 64 streams are open.
+LEVELS = {1: (1, 10, 1.0), 64: (64, 192, 5.0)}
 
 
 async def _measure(base_url: str, root: str, conc: int, n_req: int) -> tuple[list[RequestRecord], dict[str, Any]]:
@@ -107,7 +108,12 @@ async def _measure(base_url: str, root: str, conc: int, n_req: int) -> tuple[lis
         await send(session, base_url, "m", spec, RequestRecord(request_id=-1))
         await _post(session, root + "/mock/reset")
         per_worker = n_req // conc
-        stagger_s = ITL_MS / 1000.0 / conc  # spread the workers over one ITL so chunk writes interleave
+        # Closed-loop workers in steady state start their requests spread over one request's lifetime;
+        # spreading the first starts the same way keeps that spread (and the chunk writes interleaved).
+        # Starting all 64 within one ITL instead makes the client spend ~20 ms of CPU on 64 request
+        # sends inside 10 ms, which delays reading the other streams by 6-10 ms (measured here): that is
+        # a burst of request starts, not concurrency 64, and it is documented in the README (Mock engine).
+        stagger_s = (TTFT_MS + (OUT - 1) * ITL_MS) / 1000.0 / conc
 
         async def worker(w: int) -> None:
             await asyncio.sleep(w * stagger_s)
