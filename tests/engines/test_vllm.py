@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servelab.engines import vllm
+from servelab.engines.probe import probe_sync
 from servelab.engines.vllm import DEFAULT_ENV, GEMMA_CHAT_TEMPLATE, VllmLauncher
 from servelab.wire import ConfigError, RequestRecord, RequestSpec, make_session, send
 
@@ -233,6 +234,17 @@ def test_streamed_chat_metrics_and_identity(engine, hf_dir: Path) -> None:  # no
     assert ident["settings"]["max_num_seqs"] == 4 and ident["settings"]["max_model_len"] == 1024
     assert ident["port"] == engine.port and ident["pid"] == engine.pid
     assert engine.argv[1:3] == ["-c", vllm._GUARD] and ident["argv"][6:9] == ["-m", "vllm.entrypoints.openai.api_server", "--model"]
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_probe_fills_identity_from_the_server_alone(engine, hf_dir: Path) -> None:  # noqa: ANN001
+    """``engine: url`` identity: kind, version and model facts from vLLM's own endpoints."""
+    got = probe_sync(engine.base_url)
+    assert got.kind == "vllm" and got.engine == "vLLM"
+    assert got.facts["version"].source == "GET /version"
+    assert got.value("version") == engine.identity["engine_version"]
+    assert got.value("model_path") == str(hf_dir) and got.value("context_tokens") == 1024
 
 
 def _alive(pids: list[int]) -> list[int]:

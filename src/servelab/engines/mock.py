@@ -32,6 +32,7 @@ import typer
 from aiohttp import web
 from pydantic import Field
 
+from servelab.engines.mockinfo import info_routes, model_card
 from servelab.wire.files import install_uvloop
 
 _now = time.monotonic_ns
@@ -591,6 +592,8 @@ class MockServer:
         r.add_get("/mock/records", self._records)
         r.add_get("/mock/stats", self._stats)
         r.add_post("/mock/reset", self._reset)
+        for method, path, handler in info_routes(self.config.dialect, self.config.model, self.config.context_tokens):
+            r.add_route(method, path, handler)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
         await self._runner.setup()
         fam = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -631,7 +634,7 @@ class MockServer:
     # -- small endpoints
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
-            {"id": self.config.model, "object": "model", "created": 0, "owned_by": "servelab-mock"}]},
+            model_card(self.config.dialect, self.config.model, self.config.context_tokens)]},
             dumps=lambda o: orjson.dumps(o).decode())
 
     async def _health(self, request: web.Request) -> web.Response:
