@@ -78,7 +78,8 @@ class MockConfig:
     users. ``context_tokens`` > 0 is the model's context window: a request whose prompt words (+ its
     ``max_tokens``, except on llama-server, which checks the prompt only) exceed it gets the dialect's
     context-overflow error (ENGINE_WIRE.md case 18: 400 on vLLM/SGLang/llama-server with their wording and
-    llama-server's ``n_prompt_tokens``/``n_ctx``, 422 on TGI; Ollama truncates silently, so it answers).
+    llama-server's ``n_prompt_tokens``/``n_ctx``, 422 on TGI; Ollama truncates silently, so it answers and
+    its usage counts ``context_tokens`` prompt tokens).
     Raises nothing itself; :func:`validate_config` checks the values.
     """
 
@@ -724,6 +725,8 @@ class MockServer:
             finally:
                 self.running -= 1
         overflow = context_overflow(cfg, body, rec.prompt_tokens)
+        if overflow is None and cfg.dialect == "ollama" and 0 < cfg.context_tokens < rec.prompt_tokens:
+            rec.prompt_tokens = cfg.context_tokens  # Ollama keeps the last num_ctx tokens, says nothing
         if overflow is not None:
             rec.status = overflow[0]
             rec.done_ns = _now()
