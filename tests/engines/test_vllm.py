@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from servelab.engines import vllm
 from servelab.engines.probe import probe_sync
+from servelab.trial.template_check import check_template
 from servelab.engines.vllm import DEFAULT_ENV, GEMMA_CHAT_TEMPLATE, VllmLauncher
 from servelab.wire import ConfigError, RequestRecord, RequestSpec, make_session, send
 
@@ -245,6 +246,15 @@ def test_probe_fills_identity_from_the_server_alone(engine, hf_dir: Path) -> Non
     assert got.facts["version"].source == "GET /version"
     assert got.value("version") == engine.identity["engine_version"]
     assert got.value("model_path") == str(hf_dir) and got.value("context_tokens") == 1024
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_template_check_through_tokenize(engine) -> None:  # noqa: ANN001
+    """vLLM shows its rendered prompt through /tokenize + /detokenize: started with Gemma's template, the
+    chat-template check finds it equal to the reference."""
+    got = check_template(engine.base_url, "gemma-3-270m", GEMMA_CHAT_TEMPLATE, bos_token="<bos>", eos_token="<eos>")
+    assert got.verdict == "equal", got
 
 
 def _alive(pids: list[int]) -> list[int]:
