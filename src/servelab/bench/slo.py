@@ -29,6 +29,7 @@ import jsonschema
 
 from servelab.bench import metrics as M
 from servelab.bench.options import split_list
+from servelab.bench.tools import tool_call_failures
 from servelab.wire.client import ConfigError
 from servelab.wire.types import RequestRecord, RequestSpec
 
@@ -137,8 +138,9 @@ def evaluate(objectives: list[Objective], summary: dict[str, Any]) -> list[dict[
 
 def apply_gates(rec: RequestRecord, spec: RequestSpec, objectives: list[Objective]) -> None:
     """Set ``rec.gate_failures`` (list of short reasons) for a succeeded request: schema-valid JSON
-    for structured specs, no truncation unless ``spec.allow_truncation``, invalid tool-call
-    arguments, and per-request latency limits (module doc). Failed requests are left alone."""
+    for structured specs, no truncation unless ``spec.allow_truncation``, tool calls checked against the
+    offered tools (:func:`servelab.bench.tools.tool_call_failures`; without offered tools, arguments that
+    are not JSON), and per-request latency limits (module doc). Failed requests are left alone."""
     if rec.failure is not None:
         return
     fails = rec.gate_failures
@@ -157,7 +159,10 @@ def apply_gates(rec: RequestRecord, spec: RequestSpec, objectives: list[Objectiv
                 jsonschema.validate(doc, spec.json_schema)
             except jsonschema.ValidationError:
                 fails.append("json_schema_mismatch")
-    if any(tc.arguments_valid is False for tc in rec.tool_calls.values()):
+    tool_fails = tool_call_failures(rec, spec)  # offered tools: names, JSON, each tool's schema
+    if tool_fails:
+        fails.extend(tool_fails)
+    elif not spec.extra.get("tools") and any(tc.arguments_valid is False for tc in rec.tool_calls.values()):
         fails.append("tool_call_invalid")
     for o in objectives:
         if o.metric in ("ttft", "ttfat", "e2e", "schedule_lag"):

@@ -12,6 +12,7 @@ name                input (``_tokens``)                          output (``max_t
 ``structured``      uniform 64-256 (text to extract from)        uniform 128-256, JSON schema
 ``mix``             the four above by ``ratio``                  (per set)
 ``shared-prefix``   ``prefix_tokens`` shared + ``suffix_tokens``  uniform 32-64
+``tools``           uniform 64-256 + a request for one tool      uniform 128-256, tool calls gated
 ==================  ===========================================  ==============================
 
 **What the input target counts.** ``RequestSpec.prompt_tokens_target`` is the number of tokens of the
@@ -54,6 +55,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from servelab.bench.tools import ASKS as TOOL_ASKS
+from servelab.bench.tools import TOOLS, tool_choice_for
 from servelab.bench.options import MAX_MIX_WEIGHT, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, dataset_max_tokens, split_list
 from servelab.wire import ConfigError, RequestSpec
 
@@ -67,6 +70,8 @@ WORKLOADS: dict[str, str] = {
     "structured": "JSON-schema output (response_format json_schema, strict; input 64-256, output 128-256)",
     "mix": "the four sets above mixed by ratio (default short-qa:5,rag:2,long-gen:1,structured:2)",
     "shared-prefix": "N shared long prefixes (1024 tokens) + short distinct suffixes: prefix-cache effects",
+    "tools": "tool calling: 4 tools with nested schemas offered, tool_choice auto/required/named in turn "
+             "(input 64-256, output 128-256); every call checked against its tool's schema",
 }
 
 DEFAULT_RATIO = "short-qa:5,rag:2,long-gen:1,structured:2"
@@ -636,9 +641,26 @@ def _fit_suffix(maker: _TextMaker, rng: random.Random, head: str, total: int) ->
     return maker.fit(rng, total, head)
 
 
+def _tools(ctx: _Ctx) -> Callable[[int], RequestSpec]:
+    if ctx.endpoint != "chat":
+        raise ConfigError("the tools workload needs --endpoint chat (tools are a chat-completions feature)")
+    inp, out = ctx.length("input_tokens", "64-256"), ctx.length("output_tokens", "128-256")
+
+    def make(i: int) -> RequestSpec:
+        rng = _rng(ctx.seed, "tools", i)
+        n_in, n_out = inp(rng), out(rng)
+        k = rng.randrange(len(TOOLS))
+        head = "Background notes (may be irrelevant):\n"
+        tail = f"\n\nUse the right tool for this request: {TOOL_ASKS[k]}"
+        text = ctx.maker.fit(rng, n_in, head, tail)
+        extra = {**ctx.extra, "tools": json.loads(json.dumps(TOOLS)), "tool_choice": tool_choice_for(i, k)}
+        return _spec("chat", text, n_out, "tools", ctx.target(n_in), False, extra)
+    return make
+
+
 _BUILDERS: dict[str, Callable[[_Ctx], Callable[[int], RequestSpec]]] = {
     "short-qa": _short_qa, "rag": _rag, "long-gen": _long_gen, "structured": _structured,
-    "shared-prefix": _shared_prefix,
+    "shared-prefix": _shared_prefix, "tools": _tools,
 }
 
 

@@ -105,6 +105,9 @@ class MockConfig:
                                                                             "(null = by dialect)")] = None
     model: Annotated[str, Field(min_length=1, description="model name listed by /v1/models")] = "mock"
     invalid_json: Annotated[bool, Field(description="answer schema requests with broken JSON")] = False
+    bad_tool_call: Annotated[Literal["none", "json", "schema", "name"], Field(
+        description="tool calls with arguments cut short (json), arguments against the schema (schema) or "
+                    "an unknown function name (name)")] = "none"
     crash_after_requests: Annotated[int | None, Field(ge=0, description="exit while answering request N+1 "
                                                                         "(null = never)")] = None
     error_message: Annotated[str | None, Field(min_length=1, description="text of injected errors "
@@ -224,21 +227,33 @@ def _object_from_schema(schema: Any) -> dict[str, Any]:
         t = p.get("type")
         if isinstance(t, list):
             t = next((x for x in t if x != "null"), "string")
-        if "enum" in p and p["enum"]:
-            out[name] = p["enum"][0]
-        elif t == "integer":
-            out[name] = i
-        elif t == "number":
-            out[name] = i + 0.5
-        elif t == "boolean":
-            out[name] = True
-        elif t == "array":
-            out[name] = []
-        elif t == "object":
-            out[name] = _object_from_schema(p)
-        else:
-            out[name] = f"tok{i}"
+        out[name] = _value_from_schema(p, t, i)
     return out or {"answer": "mock"}
+
+
+def _value_from_schema(p: dict[str, Any], t: Any, i: int) -> Any:
+    """One value of type ``t`` for property schema ``p``: an enum's first member, a number within
+    ``minimum``/``maximum``, an array of ``minItems`` items, a nested object, else ``"tok<i>"``."""
+    if "enum" in p and p["enum"]:
+        return p["enum"][0]
+    if t in ("integer", "number"):
+        v: float = i if t == "integer" else i + 0.5
+        lo, hi = p.get("minimum"), p.get("maximum")
+        v = max(v, lo) if isinstance(lo, int | float) else v
+        v = min(v, hi) if isinstance(hi, int | float) else v
+        return int(v) if t == "integer" else v
+    if t == "boolean":
+        return True
+    if t == "array":
+        n = p.get("minItems", 0)
+        raw_items = p.get("items")
+        items: dict[str, Any] = raw_items if isinstance(raw_items, dict) else {}
+        it = items.get("type")
+        return [_value_from_schema(items, it, j) if it != "object" else _object_from_schema(items)
+                for j in range(n if isinstance(n, int) else 0)]
+    if t == "object":
+        return _object_from_schema(p)
+    return f"tok{i}"
 
 
 def _break_json(text: str) -> str:
@@ -310,6 +325,12 @@ def _plan(cfg: MockConfig, body: dict[str, Any], chat: bool) -> _Plan:
             plan.named_tool = True
         plan.tool_name = str(fn.get("name") or "tool")
         args = orjson.dumps(_object_from_schema(fn.get("parameters"))).decode()
+        if cfg.bad_tool_call == "json":
+            args = _break_json(args)
+        elif cfg.bad_tool_call == "schema":
+            args = orjson.dumps({"unexpected_field": True}).decode()  # required fields missing
+        elif cfg.bad_tool_call == "name":
+            plan.tool_name += "_not_offered"
         # fragments on vLLM/SGLang/llama-server/TGI, one whole call on Ollama (cases 13-14)
         pieces += [("t", p) for p in ([args] if cfg.dialect == "ollama" else _split(args, 6))]
     elif isinstance(rf, dict) and rf.get("type") in ("json_schema", "json_object"):
@@ -1024,6 +1045,9 @@ def mock_engine_command(
         help="Model name listed by /v1/models (any requested name is echoed)."),
     invalid_json: bool = typer.Option(False, "--invalid-json",
         help="Answer response_format json_schema/json_object requests with JSON cut short (not parseable)."),
+    bad_tool_call: str = typer.Option("none", "--bad-tool-call",
+        help="Tool calls that a gate must catch: json (arguments cut short), schema (arguments missing the "
+             "required fields), name (a function that was not offered); none = valid calls."),
     crash_after_requests: int | None = typer.Option(None, "--crash-after-requests",
         help="After this many completion requests (count), exit with status 3 in the middle of answering the next "
              "one; unset = never."),
@@ -1043,7 +1067,8 @@ def mock_engine_command(
                      seed=seed, fail_http_rate=fail_http_rate, fail_http_status=fail_http_status,
                      stream_error_rate=stream_error_rate, cut_rate=cut_rate, hang_rate=hang_rate, hang_s=hang_s,
                      max_inflight=max_inflight, overload_status=overload_status, model=model,
-                     invalid_json=invalid_json, crash_after_requests=crash_after_requests,
+                     invalid_json=invalid_json, bad_tool_call=typing.cast(Any, bad_tool_call),
+                     crash_after_requests=crash_after_requests,
                      error_message=error_message, context_tokens=context_tokens)
     try:
         validate_config(cfg)
