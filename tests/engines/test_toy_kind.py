@@ -17,8 +17,9 @@ from pydantic import Field
 
 from servelab.engines.base import RunningEngine
 from servelab.engines.mocklaunch import MockLauncher
-from servelab.engines.registry import (EngineIdentity, EngineKind, EngineSettings, PortSetting, Readiness,
-                                       ServerMetrics, ready_timeout_setting, register, unregister)
+from servelab.engines.kind import (EngineIdentity, EngineKind, EngineSettings, PortSetting, Readiness,
+                                   ServerMetrics, ready_timeout_setting)
+from servelab.engines.registry import register, unregister
 from servelab.trial.results import TrialRecord
 
 pytestmark = pytest.mark.timeout(300)
@@ -31,13 +32,14 @@ class ToySettings(EngineSettings):
     """Toy engine settings: ``speed`` (``fast`` = 1 ms between tokens, ``slow`` = 20 ms), ``answer_tokens``
     (tokens per answer), ``port`` and ``ready_timeout_s`` like every launched kind."""
 
-    speed: Literal["fast", "slow"] = Field("fast", description="fast: 1 ms/token, slow: 20 ms/token")
+    speed: Literal["fast", "slow"] = Field("fast", description="fast: 2 ms to the first token, then 1 ms/token; "
+                                                               "slow: 20 ms and 20 ms/token")
     answer_tokens: int = Field(12, ge=1, le=64, description="tokens per answer")
     port: PortSetting = None
     ready_timeout_s: float = ready_timeout_setting(60.0)
 
 
-class ToyKind(EngineKind):
+class ToyKind(EngineKind[ToySettings]):
     """``engine: toy`` — the mock engine dressed as a new engine kind."""
 
     kind = "toy"
@@ -50,9 +52,8 @@ class ToyKind(EngineKind):
 
     def launch(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
                **kwargs: Any) -> RunningEngine:
-        s = self.parse(settings)
-        assert isinstance(s, ToySettings)
-        eng = MockLauncher({"itl_ms": 1.0 if s.speed == "fast" else 20.0, "ttft_ms": 2.0,
+        s = self.parse(settings)  # a ToySettings (EngineKind is generic over its settings model)
+        eng = MockLauncher({"itl_ms": 1.0 if s.speed == "fast" else 20.0, "ttft_ms": 2.0 if s.speed == "fast" else 20.0,
                             "output_tokens": s.answer_tokens, "model": "toy-model"},
                            port=s.port, ready_timeout_s=s.ready_timeout_s, log_dir=log_dir).start()
         eng.identity = EngineIdentity(
@@ -117,7 +118,7 @@ def test_a_trial_runs_the_new_kind(trial: tuple[TrialRecord, Path]) -> None:
     record, out = trial
     res = record.results.candidates
     assert res["quick"].status == "ranked" and res["lazy"].status == "ranked"
-    assert record.decision.ranking[0] == "quick"  # 1 ms vs 20 ms between tokens
+    assert record.decision.ranking[0] == "quick"  # 2 ms vs 20 ms to the first token, 1 vs 20 ms between tokens
     cmp = record.decision.comparisons[0]
     assert cmp.differs_in == ["settings.answer_tokens", "settings.speed"], cmp
     for name in ("quick", "lazy"):
@@ -143,3 +144,51 @@ def test_unregistering_removes_the_kind() -> None:
     kind = register(ToyKind(), replace=True)
     unregister(kind.kind)
     assert "toy" not in spec.ENGINES and "ToySettings" not in spec.json_schema()["$defs"]
+
+
+def test_a_package_adds_a_kind_through_an_entry_point(tmp_path: Path) -> None:
+    """Another package declares `[project.entry-points."servelab.engines"]`: the registry loads its kind
+    (found by importlib.metadata in an installed distribution's entry_points.txt), the experiment
+    accepts it, and a broken entry point is named when a candidate asks for it (servelab still runs).
+    In a fresh interpreter: the registry of this one is left as it is."""
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "toyeng_ep.py").write_text(textwrap.dedent("""
+        from servelab.engines.kind import EngineKind, EngineSettings
+
+        class EpSettings(EngineSettings):
+            pass
+
+        class EpKind(EngineKind[EpSettings]):
+            kind = "ep-toy"
+            title = "entry-point toy"
+            Settings = EpSettings
+            launched = False
+        """))
+    dist = tmp_path / "toyeng-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyeng\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[servelab.engines]\nep-toy = toyeng_ep:EpKind\n"
+                                           "broken = toyeng_ep:NoSuchKind\n")
+    code = textwrap.dedent("""
+        from servelab.engines import registry
+        from servelab.trial.spec import Experiment
+        from servelab.wire import ConfigError
+        assert "ep-toy" in registry.names() and registry.names()[:4] == registry.BUILTIN_ORDER
+        e = Experiment.model_validate({"candidates": [{"name": "a", "engine": "ep-toy"}],
+                                       "arrival_test": {"enabled": False}})
+        assert type(e.candidates[0].settings).__name__ == "EpSettings"
+        assert "toyeng" in registry.load_errors()["broken"]
+        try:
+            registry.get("broken")
+        except ConfigError as err:
+            print("ERR", err)
+        """)
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ERR engine kind 'broken' did not load: entry point broken=toyeng_ep:NoSuchKind (toyeng)" in r.stdout

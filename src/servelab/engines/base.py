@@ -519,7 +519,7 @@ class EngineLauncher(abc.ABC):
 
     Subclasses set :attr:`name` and implement :meth:`start` (typically: resolve binary and model,
     build argv, call :func:`spawn_on_port`, fill ``identity`` from a
-    :class:`servelab.engines.registry.EngineIdentity`). A launcher is reusable: each :meth:`start`
+    :class:`servelab.engines.kind.EngineIdentity`). A launcher is reusable: each :meth:`start`
     call starts a new process. The engine kind that uses it is declared in the same module
     (docs/adding-an-engine.md).
     """

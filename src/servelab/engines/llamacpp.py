@@ -38,8 +38,8 @@ from pydantic import Field
 
 from servelab.engines.base import (EngineLauncher, RunningEngine, log_dir_or_temp, run_logged, runtime_identity,
                                    spawn_on_port)
-from servelab.engines.registry import (EngineIdentity, EngineKind, EngineSettings, PortSetting, ServerMetrics,
-                                       ready_timeout_setting, register)
+from servelab.engines.kind import (EngineIdentity, EngineKind, EngineSettings, PortSetting, ServerMetrics,
+                                   ready_timeout_setting)
 from servelab.modelfile.gguf_meta import atomic_write_text as _atomic_write_text
 from servelab.modelfile.gguf_meta import cache_dir, check_gguf, model_summary, sha256_file
 from servelab.modelfile.gguf_meta import file_lock as _file_lock
@@ -564,7 +564,7 @@ class LlamaCppSettings(EngineSettings):
     ready_timeout_s: float = ready_timeout_setting(300.0)
 
 
-class LlamaCppKind(EngineKind):
+class LlamaCppKind(EngineKind[LlamaCppSettings]):
     """``engine: llamacpp``: llama-server built and cached by servelab; ``model`` a GGUF file
     (``None`` = Gemma 3 270M Q4_K_M)."""
 
@@ -574,12 +574,9 @@ class LlamaCppKind(EngineKind):
     Settings = LlamaCppSettings
     metrics = LLAMACPP_METRICS
 
-    def launch(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
-               **kwargs: Any) -> RunningEngine:
+    def launcher(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
+                 **kwargs: Any) -> LlamaCppLauncher:
         """:class:`LlamaCppLauncher` with ``settings`` (:class:`LlamaCppSettings`); ``kwargs`` go to it."""
         s = self.parse(settings)
-        assert isinstance(s, LlamaCppSettings)
-        return LlamaCppLauncher(model, log_dir=log_dir, **{**kwargs, **s.model_dump()}).start()
+        return LlamaCppLauncher(model, log_dir=log_dir, **{**kwargs, **s.model_dump()})
 
-
-register(LlamaCppKind())

@@ -23,8 +23,8 @@ import servelab
 from servelab.engines.base import (EngineLauncher, RunningEngine, log_dir_or_temp, runtime_identity,
                                    spawn_on_port)
 from servelab.engines.mock import MockConfig, check_failure_rates
-from servelab.engines.registry import (EngineIdentity, EngineKind, EngineSettings, PortSetting, ServerMetrics,
-                                       parse_settings, ready_timeout_setting, register)
+from servelab.engines.kind import (EngineIdentity, EngineKind, EngineSettings, PortSetting, ServerMetrics,
+                                   ready_timeout_setting)
 from servelab.wire.errors import ConfigError
 
 __all__ = ["MOCK_SETTINGS", "MockKind", "MockLauncher", "MockSettings", "check_mock_settings", "mock_argv"]
@@ -102,7 +102,7 @@ class MockLauncher(EngineLauncher):
         ready_timeout_s: seconds to wait for ``/health`` 200 (default: the setting, 60).
         python: interpreter to run (default: this one, ``sys.executable``).
 
-    The started engine's ``identity`` is an :class:`~servelab.engines.registry.EngineIdentity` dump:
+    The started engine's ``identity`` is an :class:`~servelab.engines.kind.EngineIdentity` dump:
     ``kind`` ``"mock"``, ``engine`` ``"servelab-mock"``, ``version`` servelab's, ``settings`` (every
     setting, host and port as used), ``argv``, ``model`` ``{"path": None, "sha256": None}``, and
     ``host``, ``port``, ``base_url``, ``pid``, ``log_path``, ``started_at``.
@@ -157,7 +157,7 @@ class MockLauncher(EngineLauncher):
 # the engine kind ``mock``
 # ---------------------------------------------------------------------------------------------------
 
-class MockKind(EngineKind):
+class MockKind(EngineKind[_MockLaunch]):
     """``engine: mock``: servelab's mock engine in its own process (calibration, failure injection); no
     ``model`` (name the served model with ``settings.model``)."""
 
@@ -167,11 +167,6 @@ class MockKind(EngineKind):
     Settings = MockSettings
     takes_model = False
 
-    def parse(self, settings: Mapping[str, Any] | EngineSettings | None) -> MockSettings:
-        """``settings`` validated into :class:`MockSettings` (see :meth:`EngineKind.parse`)."""
-        parsed: MockSettings = parse_settings(MockSettings, settings, self.kind)
-        return parsed
-
     @property
     def metrics(self) -> ServerMetrics:  # type: ignore[override]  # computed per call: kinds register at run time
         """The mock answers /metrics in the dialect it speaks: any known engine's names."""
@@ -179,14 +174,12 @@ class MockKind(EngineKind):
 
         return any_server_metrics()
 
-    def launch(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
-               **kwargs: Any) -> RunningEngine:
+    def launcher(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
+                 **kwargs: Any) -> MockLauncher:
         """:class:`MockLauncher` with ``settings`` (:data:`MockSettings`); ``kwargs`` go to it (``host``,
         ``port``, ``ready_timeout_s``, ``python``). Raises :class:`ConfigError` when ``model`` is given."""
         if model is not None:
             raise ConfigError(f"the mock engine takes no model file (got {model!r}); "
                               "name its model with settings={'model': NAME}")
-        return MockLauncher(self.parse(settings), log_dir=log_dir, **kwargs).start()
+        return MockLauncher(self.parse(settings), log_dir=log_dir, **kwargs)
 
-
-register(MockKind())

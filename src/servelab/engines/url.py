@@ -14,8 +14,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, Field, field_validator
 
-from servelab.engines.registry import (ENV_NAME_PATTERN, EngineKind, EngineSettings, ServerMetrics, kinds,
-                                       register)
+from servelab.engines.kind import ENV_NAME_PATTERN, EngineKind, EngineSettings, ServerMetrics
 from servelab.wire.config import StrictModel
 
 __all__ = ["SGLANG_METRICS", "TGI_METRICS", "UrlFields", "UrlKind", "UrlSettings", "any_server_metrics"]
@@ -52,7 +51,7 @@ class UrlFields(StrictModel):
         return v.strip().rstrip("/")
 
 
-class UrlKind(EngineKind):
+class UrlKind(EngineKind[UrlSettings]):
     """``engine: url``: an existing OpenAI-compatible server at ``url``."""
 
     kind = "url"
@@ -72,8 +71,8 @@ class UrlKind(EngineKind):
 def any_server_metrics() -> ServerMetrics:
     """Every launched kind's metric names plus SGLang's and TGI's, for a server of unknown make (``url``)
     or one that speaks several engines' dialects (``mock``)."""
+    from servelab.engines.registry import kinds  # at call time: the registry loads this module
+
     return ServerMetrics.merged([*(k.metrics for k in kinds() if k.launched and k.kind != "mock"),
                                  SGLANG_METRICS, TGI_METRICS])
 
-
-register(UrlKind())

