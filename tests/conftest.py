@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -83,3 +85,36 @@ def mock_engine() -> Iterator:
     yield factory
     for mp in started:
         stop_mock_process(mp.proc)
+
+
+@contextlib.contextmanager
+def high_priority(*pids: int) -> Any:
+    """Make wake-ups of this process and ``pids`` prompt while timing, where the OS allows it.
+
+    On a busy shared 2-core box a plain process often waits 1-5 ms to run after its socket became
+    readable (measured here: ~3 % of 5 ms sleeps overslept by >1 ms, even at nice -10), which is noise
+    about the box, not about the client or the mock. Real-time FIFO scheduling (bounded by the kernel's
+    RT throttling; both processes sleep almost all the time) is used when permitted, else nice -10, else
+    nothing. Measured values and tolerances are unchanged. The old policies are restored afterwards.
+    """
+    undo: list[Callable[[], None]] = []
+    for pid in (0, *pids):
+        try:
+            old_policy, old_param = os.sched_getscheduler(pid), os.sched_getparam(pid)
+            os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(10))
+            undo.append(lambda pid=pid, p=old_policy, q=old_param: os.sched_setscheduler(pid, p, q))
+            continue
+        except (PermissionError, OSError, AttributeError):
+            pass
+        try:
+            old_nice = os.getpriority(os.PRIO_PROCESS, pid)
+            os.setpriority(os.PRIO_PROCESS, pid, -10)
+            undo.append(lambda pid=pid, n=old_nice: os.setpriority(os.PRIO_PROCESS, pid, n))
+        except (PermissionError, OSError):
+            pass
+    try:
+        yield
+    finally:
+        for fn in undo:
+            with contextlib.suppress(OSError):
+                fn()
