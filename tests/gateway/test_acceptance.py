@@ -2,7 +2,7 @@
 
 * the official ``openai`` SDK against the gateway: chat (stream and not), completions, embeddings, tool
   calls and errors, with mock engines of every dialect and the REAL llama-server (Gemma 3 270M for text,
-  all-MiniLM-L6-v2 for embeddings, see servelab.gateway.embedder) behind it;
+  all-MiniLM-L6-v2 for embeddings, see servelab.engines.embedder) behind it;
 * chunks out = chunks in, and inter-chunk timing through the gateway within 1 ms of the engine's own
   write times (the mock records when it wrote every chunk);
 * ledger rows equal the engines' usage exactly for the completed ones of 2,000 mixed requests, and
@@ -40,7 +40,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from servelab.engines.llamacpp import LlamaCppLauncher, find_llama_server
-from servelab.gateway.embedder import MAX_INPUT_TOKENS, MODEL_ID, EmbeddingLauncher
+from servelab.engines.embedder import MAX_INPUT_TOKENS, MODEL_ID, EmbeddingLauncher
 from servelab.wire import RequestRecord, RequestSpec, make_session, send
 
 openai = pytest.importorskip("openai")

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -271,3 +272,57 @@ def test_postgres_outage_is_one_line_and_a_summary(tmp_path: Path, mock_engine) 
     err = gw.stderr()
     assert err.count("PostgreSQL write failed") == 1 and "PostgreSQL is back after" in err, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
+
+
+def _get(url: str, key: str | None = None) -> tuple[int, dict[str, str], dict[str, Any]]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, dict(r.headers), orjson.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), orjson.loads(e.read())
+
+
+def test_gateway_starts_while_postgres_is_down_and_serves_once_it_is_back(tmp_path: Path, mock_engine) -> None:
+    """Issue 9: the gateway refused to start while PostgreSQL was down (a crash loop under an orchestrator).
+    Now it starts, is not ready (/health 503 naming the field, requests 503 + Retry-After with nothing
+    internal) until the database answers, then serves and writes usage to it."""
+    eng = mock_engine("--dialect", "vllm", "--output-tokens", "3")
+    key, entry = gateway_key("k1", "t")
+    with postgres_cluster() as pg:
+        _pg(pg, "stop")
+        gw = start_gateway(_config(eng.root, entry, {"token_budget": 10_000}, ledger={"postgres_dsn": pg.dsn}),
+                           tmp_path / "gw")
+        try:
+            st, _, health = _get(gw.url.removesuffix("/v1") + "/health")
+            assert st == 503 and health["status"] == "unavailable", health
+            assert any("ledger.postgres_dsn" in r and "unreachable" in r for r in health["reasons"]), health
+            assert _get(gw.url.removesuffix("/v1") + "/health/live")[0] == 200
+            req = urllib.request.Request(f"{gw.url}/chat/completions", data=orjson.dumps(
+                {"model": "m", "messages": PROMPT, "max_tokens": 3}), headers={
+                "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=10)
+                raise AssertionError("served while the ledger was down at start")
+            except urllib.error.HTTPError as e:
+                body = e.read()
+                assert e.code == 503 and e.headers.get("Retry-After"), (e.code, body)
+            err = orjson.loads(body)["error"]
+            assert err["code"] == "service_starting", err
+            assert str(pg.port) not in err["message"] and "postgres" not in err["message"].lower(), err
+            st, _, adm = _get(f"{gw.admin_url}/admin/keys", ADMIN_TOKEN)
+            assert st == 503 and adm["error"]["code"] == "database_unavailable", adm
+            _pg(pg, "start")
+            deadline = time.monotonic() + 30
+            while _get(gw.url.removesuffix("/v1") + "/health")[0] != 200:
+                assert time.monotonic() < deadline, gw.stderr()
+                time.sleep(0.3)
+            total, _ = _finished(gw, key, 2, 3)
+            assert total > 0
+            deadline = time.monotonic() + 10
+            while _usage(gw).get("ok", {}).get("requests") != 2:
+                assert time.monotonic() < deadline, _usage(gw)
+                time.sleep(0.3)
+            assert "the gateway starts but answers 503" in gw.stderr() and "gateway is ready" in gw.stderr()
+        finally:
+            stop_gateway(gw.proc)

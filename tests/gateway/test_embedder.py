@@ -1,4 +1,4 @@
-"""The local embedding backend (servelab.gateway.embedder): all-MiniLM-L6-v2 converted with llama.cpp's
+"""The local embedding backend (servelab.engines.embedder): all-MiniLM-L6-v2 converted with llama.cpp's
 own script and served by the REAL llama-server, checked against reference vectors computed with
 transformers (tests/gateway/make_embedding_reference.py -> data/embedding_reference.json).
 
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from servelab.engines.llamacpp import find_llama_server
-from servelab.gateway import embedder
-from servelab.gateway.embedder import EMBEDDING_DIM, MAX_INPUT_TOKENS, MODEL_ID, EmbeddingLauncher
+from servelab.engines import embedder
+from servelab.engines.embedder import EMBEDDING_DIM, MAX_INPUT_TOKENS, MODEL_ID, EmbeddingLauncher
 from servelab.wire import ConfigError
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "embedding_reference.json").read_text(encoding="utf-8"))

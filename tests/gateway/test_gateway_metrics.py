@@ -1,32 +1,37 @@
-"""GatewayMetrics' batched histogram observations equal one observe() per value."""
+"""GatewayMetrics' counting histogram (inter-token gaps) exposes exactly what prometheus-client's own
+Histogram exposes for the same observations."""
 
 from __future__ import annotations
 
 import random
 
-from servelab.gateway.metrics import GatewayMetrics, HistogramBatch
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from servelab.gateway.metrics import _ITL_BUCKETS_S, GatewayMetrics
 
 
-def test_histogram_batch_equals_observe_per_value() -> None:
-    one, batched = GatewayMetrics(), GatewayMetrics()
+def test_counting_histogram_equals_prometheus_histogram() -> None:
+    ref_reg = CollectorRegistry()
+    ref = Histogram("servelab_gateway_inter_token_seconds", "Time between token chunks at the gateway", ("model",),
+                    buckets=_ITL_BUCKETS_S, registry=ref_reg)
+    ours = GatewayMetrics()
     rng = random.Random(1)
     values = [rng.choice([0.0, 0.0005, 0.001, 2.5, 99.0]) if rng.random() < 0.2 else rng.expovariate(50)
               for _ in range(2000)]  # includes values exactly on bucket edges and above the last one
-    b = HistogramBatch(batched.model("m")[1])
-    for v in values:
-        one.model("m")[1].observe(v)
-        b.add(v)
-    b.add(0.01, 3)
+    for i, v in enumerate(values):
+        model = "a" if i % 3 else "b"
+        ref.labels(model).observe(v)
+        ours.model(model)[1].observe(v)
+    ours.model("a")[1].add(0.01, 3)
     for _ in range(3):
-        one.model("m")[1].observe(0.01)
-    assert batched.expose() != one.expose()  # nothing reaches the histogram before the flush
-    b.flush()
-    b.flush()  # a second flush adds nothing
-    pick = lambda m: sorted(ln for ln in m.expose().decode().splitlines()  # noqa: E731
-                            if ln.startswith("servelab_gateway_inter_token_seconds") and "_created" not in ln)
-    got, want = pick(batched), pick(one)
-    assert len(want) > 10
-    for g, w in zip(got, want):
+        ref.labels("a").observe(0.01)
+    pick = lambda text: sorted(ln for ln in text.decode().splitlines()  # noqa: E731
+                               if ln.startswith("servelab_gateway_inter_token_seconds") and "_created" not in ln)
+    got, want = pick(ours.expose()), pick(generate_latest(ref_reg))
+    assert len(want) == 2 * (len(_ITL_BUCKETS_S) + 3)  # buckets, +Inf, _count, _sum per model
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
         gk, gv = g.rsplit(" ", 1)
         wk, wv = w.rsplit(" ", 1)
         assert gk == wk and abs(float(gv) - float(wv)) <= 1e-9 * max(1.0, abs(float(wv))), (g, w)
+    assert "# TYPE servelab_gateway_inter_token_seconds histogram" in ours.expose().decode()

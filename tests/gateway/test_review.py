@@ -16,7 +16,8 @@ from typing import Any
 import orjson
 import pytest
 import yaml
-from conftest import ADMIN_TOKEN, gateway_key
+from conftest import ADMIN_TOKEN, gateway_key, start_gateway, stop_gateway
+from gateway.test_server import post
 
 from services import postgres_cluster
 
@@ -39,10 +40,11 @@ def _config(tmp: Path, **over: Any) -> dict[str, Any]:
     return cfg
 
 
-def _run_cli(tmp: Path, cfg: dict[str, Any], timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+def _run_cli(tmp: Path, cfg: dict[str, Any], timeout_s: float = 60,
+             admin_token: str = ADMIN_TOKEN) -> subprocess.CompletedProcess[str]:
     p = tmp / "g.yaml"
     p.write_text(yaml.safe_dump(cfg))
-    env = dict(os.environ, SERVELAB_ADMIN_TOKEN=ADMIN_TOKEN)
+    env = dict(os.environ, SERVELAB_ADMIN_TOKEN=admin_token)
     return subprocess.run([sys.executable, "-m", "servelab.cli", "gateway", "--config", str(p)],
                           capture_output=True, text=True, timeout=timeout_s, env=env)
 
@@ -65,6 +67,15 @@ def test_unwritable_ledger_path_is_named_not_a_port_problem(tmp_path: Path) -> N
     _assert_one_line(r, "ledger.sqlite_path", str(blocker / "usage.db"))
 
 
+@pytest.mark.parametrize("token", ["x", "0123456789abcde"])
+def test_short_admin_token_is_refused_at_start(tmp_path: Path, token: str) -> None:
+    """Issue 9: a 1-character admin token only warned; anything under 16 characters is now refused."""
+    r = _run_cli(tmp_path, _config(tmp_path), admin_token=token)
+    _assert_one_line(r, "SERVELAB_ADMIN_TOKEN", f"is {len(token)} characters", "shorter than 16")
+    if len(token) > 1:
+        assert token not in r.stderr, r.stderr  # the refused token is never echoed
+
+
 def test_unreachable_redis_is_refused_at_start(tmp_path: Path) -> None:
     r = _run_cli(tmp_path, _config(tmp_path, state={"redis_url": f"redis://:hunter2@127.0.0.1:{_free_port()}/0"}))
     _assert_one_line(r, "state.redis_url", "redis_url: null")
@@ -72,10 +83,16 @@ def test_unreachable_redis_is_refused_at_start(tmp_path: Path) -> None:
 
 
 def test_unreachable_postgres_is_named(tmp_path: Path) -> None:
+    """PostgreSQL down at start: the gateway starts not ready (test_durability has the whole outage) and
+    names the field in /health and its log, never the password."""
     dsn = f"postgresql://postgres:hunter2@127.0.0.1:{_free_port()}/servelab"
-    r = _run_cli(tmp_path, _config(tmp_path, ledger={"postgres_dsn": dsn}))
-    _assert_one_line(r, "ledger.postgres_dsn")
-    assert "hunter2" not in r.stderr
+    gw = start_gateway(_config(tmp_path, ledger={"postgres_dsn": dsn}), tmp_path / "gw")
+    try:
+        st, _, raw = post(gw.url.removesuffix("/v1") + "/health", None)
+        assert st == 503 and b"ledger.postgres_dsn" in raw and b"unreachable" in raw, raw
+        assert b"hunter2" not in raw and "hunter2" not in gw.stderr(), (raw, gw.stderr())
+    finally:
+        stop_gateway(gw.proc)
 
 
 def test_postgres_wrong_database_and_role_one_line_no_traceback(tmp_path: Path) -> None:
@@ -232,7 +249,8 @@ def test_removing_the_last_config_key_leaves_an_empty_section_that_loads(tmp_pat
     from servelab.gateway.config import load_config
 
     cfg = _config(tmp_path)
-    text = yaml.safe_dump({k: v for k, v in cfg.items() if k != "keys"}) + "keys:\n  # all keys made with servelab keys create\n"
+    text = (yaml.safe_dump({k: v for k, v in cfg.items() if k != "keys"})
+            + "keys:\n  # all keys made with servelab keys create\n")
     p = tmp_path / "g.yaml"
     p.write_text(text)
     assert load_config(p).keys == []

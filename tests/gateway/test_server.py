@@ -233,7 +233,7 @@ def test_stream_passthrough_same_events_as_direct(env: Any, dialect: str) -> Non
 
 
 def test_finish_reasons_mapped_to_openai_and_other_bytes_untouched() -> None:
-    from servelab.gateway.server import map_finish_bytes
+    from servelab.gateway.relay import map_finish_bytes
 
     common = (b'data: {"choices":[{"index":0,"delta":{"content":" a"},"finish_reason":null}]}\n\n'
               b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')

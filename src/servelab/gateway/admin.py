@@ -18,6 +18,9 @@ Endpoints (JSON in and out; errors use the OpenAI error body):
 - ``GET /admin/backends`` -> ``{"backends": ...}`` from the server's backend-state hook.
 - ``GET /admin/usage?group_by=key_id,model&since_ts=&until_ts=`` -> ``{"totals": [...]}`` (ledger sums);
   ``since_ts``/``until_ts`` are finite epoch seconds >= 0 with ``since_ts <= until_ts`` (else 400).
+- ``GET /admin/shadow?model=&agree=0.9`` -> :class:`servelab.gateway.shadow.ShadowReport` (old vs new per
+  model over the mirrored requests this replica recorded; ``agree``: similarity in [0, 1] that counts as
+  the same answer, else 400).
 
 Input is validated like the config file: ``limits`` by the config's own model (each of ``rpm``, ``tpm``,
 ``max_concurrency``, ``token_budget`` a whole number >= 1 or null, as ``tenants.*`` in the config; 0 is
@@ -49,11 +52,13 @@ from servelab.gateway.keys import KeyStore
 from servelab.gateway.ledger import Ledger
 from servelab.wire.errors import ConfigError
 
-__all__ = ["make_admin_app"]
+__all__ = ["ADMIN_TOKEN_MIN_CHARS", "admin_token_digest", "make_admin_app"]
 
 log = logging.getLogger("servelab.gateway.admin")
 
 Hook = Callable[[], Any | Awaitable[Any]]
+#: the shortest admin token accepted (characters); 16 hex characters = 64 bits
+ADMIN_TOKEN_MIN_CHARS = 16
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -116,11 +121,15 @@ async def _call(hook: Hook) -> Any:
 
 def admin_token_digest(token_env: str | None = "SERVELAB_ADMIN_TOKEN", token_sha256: str | None = None) -> bytes:
     """The SHA-256 digest the admin credential is checked against: of the token in env var ``token_env``,
-    else ``token_sha256`` (hex). Raises :class:`ConfigError` (one line, with the fix) when neither is set."""
+    else ``token_sha256`` (hex). Raises :class:`ConfigError` (one line, with the fix) when neither is set
+    or the token is shorter than :data:`ADMIN_TOKEN_MIN_CHARS` (a guessable admin credential is refused
+    at start, not warned about)."""
     token = os.environ.get(token_env, "") if token_env else ""
     if token.strip():
-        if len(token.strip()) < 16:
-            log.warning("admin: the token in %s is shorter than 16 characters; use a long random one", token_env)
+        if len(token.strip()) < ADMIN_TOKEN_MIN_CHARS:
+            raise ConfigError(f"admin: the token in {token_env} is {len(token.strip())} characters, shorter than "
+                              f"{ADMIN_TOKEN_MIN_CHARS}; export a long random one, e.g. {token_env}="
+                              "$(python -c 'import secrets; print(secrets.token_hex(32))')")
         return hashlib.sha256(token.strip().encode()).digest()
     if token_sha256:
         try:
@@ -218,10 +227,32 @@ def _usage_query(q: Any) -> tuple[tuple[str, ...], float | None, float | None]:
     return group_by, since, until
 
 
+def _shadow_handler(shadow_hook: Callable[[str | None, float], Any] | None) -> Any:
+    """The ``GET /admin/shadow`` handler over ``shadow_hook`` (501 without one)."""
+
+    async def shadow(request: web.Request) -> web.Response:
+        if shadow_hook is None:
+            return _error(501, "this gateway has no shadow report", "not_supported")
+        q = request.query
+        try:
+            agree = float(q.get("agree", "0.9"))
+        except ValueError:
+            return _error(400, f"agree: {q['agree'][:40]!r} is not a number; give a similarity in [0, 1], e.g. 0.9",
+                          "bad_query")
+        try:
+            rep = shadow_hook(q.get("model") or None, agree)
+        except ValueError as e:
+            return _error(400, str(e), "bad_query")
+        return _json(rep.model_dump(mode="json") if hasattr(rep, "model_dump") else rep)
+
+    return shadow
+
+
 def make_admin_app(keystore: KeyStore | Any, token_env: str | None = "SERVELAB_ADMIN_TOKEN", *,
                    token_sha256: str | None = None, reload_hook: Hook | None = None,
                    backends_hook: Hook | None = None, ledger: Ledger | None = None,
-                   tenants_hook: Callable[[], Any] | None = None) -> web.Application:
+                   tenants_hook: Callable[[], Any] | None = None,
+                   shadow_hook: Callable[[str | None, float], Any] | None = None) -> web.Application:
     """Build the admin :class:`aiohttp.web.Application` (the caller runs it on the admin port).
 
     ``keystore``: the server's :class:`KeyStore` (create/revoke take effect at once on this replica).
@@ -231,7 +262,9 @@ def make_admin_app(keystore: KeyStore | Any, token_env: str | None = "SERVELAB_A
     ``token_env`` / ``token_sha256``: the credential (see :func:`admin_token_digest`; raises
     :class:`ConfigError` when missing). ``reload_hook()``: reloads the config, returns a JSON-able summary,
     raises :class:`ConfigError` for an invalid file. ``backends_hook()``: JSON-able backend state.
-    ``ledger``: for ``GET /admin/usage``. Hooks may be plain or async callables; a missing one answers 501.
+    ``ledger``: for ``GET /admin/usage``. ``shadow_hook(model, agree)``: the shadow report (a pydantic
+    model or JSON-able value) for ``GET /admin/shadow``, raising ValueError for a bad ``agree``.
+    Hooks may be plain or async callables; a missing one answers 501.
     """
     if not isinstance(keystore, KeyStore) and hasattr(keystore, "keystore"):
         gw = keystore
@@ -239,6 +272,7 @@ def make_admin_app(keystore: KeyStore | Any, token_env: str | None = "SERVELAB_A
         token_env, token_sha256 = gw.config.admin.token_env, gw.config.admin.token_sha256
         reload_hook, backends_hook = gw.reload, gw.backend_states
         tenants_hook = lambda: gw.config.tenants  # noqa: E731 (read at each call: follows reloads)
+        shadow_hook = getattr(getattr(gw, "shadows", None), "report", None)
     digest = admin_token_digest(token_env, token_sha256)
 
     errors = _errors_middleware(_db_errors())
@@ -306,4 +340,5 @@ def make_admin_app(keystore: KeyStore | Any, token_env: str | None = "SERVELAB_A
     app.router.add_post("/admin/reload", reload)
     app.router.add_get("/admin/backends", backends)
     app.router.add_get("/admin/usage", usage)
+    app.router.add_get("/admin/shadow", _shadow_handler(shadow_hook))
     return app

@@ -2,6 +2,9 @@
 
 Prints ``servelab gateway listening on http://HOST:PORT/v1 (admin http://HOST:PORT2)`` once both ports are
 bound (tests and scripts wait for that line). SIGHUP or saving the file reloads the config atomically.
+
+``servelab gateway shadow-report``: the old-vs-new report of shadow traffic from a running gateway's admin
+port (``GET /admin/shadow``, :mod:`servelab.gateway.shadow`), as a table or ``--json``.
 """
 
 from __future__ import annotations
@@ -9,15 +12,20 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from servelab.wire.errors import ConfigError
 from servelab.wire.files import install_uvloop
 
-__all__ = ["gateway_command", "serve"]
+__all__ = ["gateway_app", "gateway_command", "serve", "shadow_report_command"]
+
+gateway_app = typer.Typer(add_completion=False, rich_markup_mode=None,
+                          help="Run the OpenAI-compatible gateway (--config FILE), or report on a running one.")
 
 
 def serve(config_path: str | Path, host: str | None = None, port: int | None = None,
@@ -65,8 +73,11 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     asyncio.run(main())
 
 
+@gateway_app.callback(invoke_without_command=True)
 def gateway_command(
-    config: Path = typer.Option(..., "--config", "-c", help="Gateway YAML file (example: examples/gateway.yaml)."),
+    ctx: typer.Context,
+    config: Path | None = typer.Option(None, "--config", "-c", help="Gateway YAML file (example: "
+                                       "examples/gateway.yaml); required to run the gateway."),
     host: str | None = typer.Option(None, "--host", help="Address to bind [default: server.host of the file]."),
     port: int | None = typer.Option(None, "--port", help="API port; 0 = a free port [default: server.port]."),
     admin_port: int | None = typer.Option(None, "--admin-port", help="Admin API port [default: server.admin_port]."),
@@ -76,8 +87,85 @@ def gateway_command(
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error (stderr)."),
 ) -> None:
     """Run the OpenAI-compatible gateway over the engines in --config (SIGHUP or a saved file reloads it)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if config is None:
+        raise ConfigError("servelab gateway needs --config FILE (example: examples/gateway.yaml); "
+                          "or run `servelab gateway shadow-report` against a running gateway")
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         raise ConfigError(f"--log-level {log_level!r} is not one of debug, info, warning, error")
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(config, host, port, -1 if admin_port is None else admin_port, no_admin, admin_host)
+
+
+@gateway_app.command("shadow-report")
+def shadow_report_command(
+    admin_url: str | None = typer.Option(None, "--admin-url", help="The gateway's admin URL [default: "
+                                         "$SERVELAB_ADMIN_URL or http://127.0.0.1:8081]."),
+    token_env: str = typer.Option("SERVELAB_ADMIN_TOKEN", "--token-env",
+                                  help="Environment variable holding the admin token."),
+    model: str | None = typer.Option(None, "--model", help="Only this public model."),
+    agree: float = typer.Option(0.9, "--agree", help="Text similarity (0-1) that counts as the same answer."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Old (primary) vs new (shadow) per model: TTFT/E2E percentiles, token and text differences."""
+    import urllib.parse
+
+    import orjson
+
+    from servelab.gateway.keys_cli import admin_request
+    from servelab.gateway.shadow import ShadowReport
+
+    q = urllib.parse.urlencode({"agree": agree, **({"model": model} if model else {})})
+    rep = ShadowReport.model_validate(admin_request("GET", f"/admin/shadow?{q}", admin_url, token_env))
+    if as_json:
+        print(orjson.dumps(rep.model_dump(mode="json"), option=orjson.OPT_INDENT_2).decode())
+        return
+    print(format_shadow_report(rep))
+
+
+def format_shadow_report(rep: Any) -> str:
+    """``rep`` (:class:`~servelab.gateway.shadow.ShadowReport`) as a plain-text table: per model one row
+    per side (targets, n, TTFT and E2E P50/P99 in ms, mean completion tokens, errors) and a line of
+    deltas (shadow - primary) with the text agreement rate."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if not rep.models:
+        return ("no shadow samples yet: set models.<name>.shadow (target, sample_rate > 0) and send traffic; "
+                "each replica reports the requests it mirrored")
+    console = Console(width=160, record=True, file=open(os.devnull, "w"))  # noqa: SIM115 - rendered to text
+    for m in rep.models:
+        t = Table(title=f"{m.model}: {m.samples} mirrored, {m.compared} compared (both complete)")
+        for col in ("side", "targets", "n", "TTFT P50 ms", "TTFT P99 ms", "E2E P50 ms", "E2E P99 ms",
+                    "tokens mean", "errors"):
+            t.add_column(col)
+        for name, side in (("primary (old)", m.primary), ("shadow (new)", m.shadow)):
+            t.add_row(name, ", ".join(side.targets), str(side.e2e_ms.n if side.e2e_ms else 0),
+                      _ms(side.ttft_ms, "p50_ms"), _ms(side.ttft_ms, "p99_ms"), _ms(side.e2e_ms, "p50_ms"),
+                      _ms(side.e2e_ms, "p99_ms"), _num(side.completion_tokens_mean), str(side.errors))
+        console.print(t)
+        console.print(f"shadow - primary: TTFT P50 {_delta(m.ttft_p50_delta_ms)} ms, P99 "
+                      f"{_delta(m.ttft_p99_delta_ms)} ms; E2E P50 {_delta(m.e2e_p50_delta_ms)} ms, P99 "
+                      f"{_delta(m.e2e_p99_delta_ms)} ms; completion tokens {_delta(m.completion_tokens_delta_mean)} "
+                      f"per request; text agreement "
+                      f"{_pct(m.text_agreement_rate)} (similarity >= {rep.agree_threshold}), identical "
+                      f"{_pct(m.text_exact_rate)}, mean similarity {_num(m.text_similarity_mean)}")
+    return console.export_text()
+
+
+def _ms(s: Any, attr: str) -> str:
+    return "-" if s is None else f"{getattr(s, attr):.1f}"
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}" if abs(v) >= 1 else f"{v:.3f}"
+
+
+def _delta(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.1f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.1f}%"

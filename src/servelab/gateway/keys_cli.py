@@ -22,7 +22,7 @@ import typer
 from servelab.gateway.keys import SECRET_BYTES, check_key_id, format_key, hash_secret
 from servelab.wire.errors import ConfigError
 
-__all__ = ["keys_app"]
+__all__ = ["admin_request", "keys_app"]
 
 keys_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                        help="Create, list and revoke gateway API keys (through the gateway's admin port).")
@@ -33,7 +33,7 @@ _TOKEN_OPT = typer.Option("SERVELAB_ADMIN_TOKEN", "--token-env", help="Environme
 _JSON_OPT = typer.Option(False, "--json", help="Print the answer as JSON.")
 
 
-def _admin(method: str, path: str, admin_url: str | None, token_env: str, body: Any = None,
+def admin_request(method: str, path: str, admin_url: str | None, token_env: str, body: Any = None,
            timeout_s: float = 10.0) -> Any:
     """One admin request; returns the decoded JSON answer or raises :class:`ConfigError` (one line)."""
     base = (admin_url or os.environ.get("SERVELAB_ADMIN_URL") or "http://127.0.0.1:8081").rstrip("/")
@@ -94,7 +94,7 @@ def create_command(
             raise ConfigError(f"--key-id: {e}") from None
     limits = {k: v for k, v in (("rpm", rpm), ("tpm", tpm), ("max_concurrency", max_concurrency),
                                 ("token_budget", token_budget)) if v is not None}
-    res = _admin("POST", "/admin/keys", admin_url, token_env,
+    res = admin_request("POST", "/admin/keys", admin_url, token_env,
                  {"tenant": tenant, "allowed_models": _models_arg(models), "key_id": key_id, "limits": limits})
     if as_json:
         typer.echo(orjson.dumps(res).decode())
@@ -108,7 +108,7 @@ def create_command(
 @keys_app.command("list")
 def list_command(admin_url: str = _URL_OPT, token_env: str = _TOKEN_OPT, as_json: bool = _JSON_OPT) -> None:
     """List keys (ids, tenants, models, state; never secrets)."""
-    res = _admin("GET", "/admin/keys", admin_url, token_env)
+    res = admin_request("GET", "/admin/keys", admin_url, token_env)
     if as_json:
         typer.echo(orjson.dumps(res).decode())
         return
@@ -127,7 +127,7 @@ def list_command(admin_url: str = _URL_OPT, token_env: str = _TOKEN_OPT, as_json
 def revoke_command(key_id: str = typer.Argument(..., help="Id of the key to revoke."),
                    admin_url: str = _URL_OPT, token_env: str = _TOKEN_OPT) -> None:
     """Revoke a key at once (also a key from the config file: the revocation is persisted)."""
-    _admin("DELETE", f"/admin/keys/{urllib.parse.quote(key_id, safe='')}", admin_url, token_env)
+    admin_request("DELETE", f"/admin/keys/{urllib.parse.quote(key_id, safe='')}", admin_url, token_env)
     typer.echo(f"revoked {key_id}")
 
 

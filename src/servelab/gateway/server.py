@@ -1,33 +1,34 @@
-"""The gateway's aiohttp server: the OpenAI API in front of many engines, and its hot path.
+"""The gateway's aiohttp server: the OpenAI API in front of many engines; lifecycle, hot reload and the
+per-request orchestration of the modules that do each job.
 
-Per request (``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``):
-auth (key -> tenant) -> body size (413) -> JSON + field types (400) -> model resolution (task header,
-404, 403) -> capability registry (400) -> limits admit (429) -> route plan -> upstream attempts
-(retries with backoff only before the first byte reached the client, on connection failures, 429, 503;
-then the fallback chain) -> pass-through -> usage -> ledger row + limits settle (exactly once, also on
-errors and client disconnects) -> one JSON access-log line.
+Per request (``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``), each step in its
+own module:
 
-Streaming pass-through: every upstream read that completes at least one SSE event is written to the
-client at once (``X-Accel-Buffering: no``, one ``write`` per upstream read, bytes unchanged except an
-engine-specific ``finish_reason`` such as TGI's ``stop_sequence``, mapped to OpenAI's by :func:`openai_finish`
-in the few chunks that carry a finish reason as a string; the same in whole answers). The gateway
-parses only what it must: every event until the first token (to time TTFT at the first token-carrying
-chunk, ENGINE_WIRE.md case 1), and afterwards only blocks that contain ``"usage":{`` or ``"error"``
-(a bytes search first, ``orjson`` only on a hit). Upstream always gets ``stream_options.include_usage``
-(case 9); the usage-only chunk (``choices: []``, case 7) is removed when the client did not ask for it.
-An error inside a 200 stream (case 15, any dialect) becomes one clean OpenAI error event followed by
-``data: [DONE]``; an upstream that stops mid-way gets the same treatment.
+1. admission (:mod:`servelab.gateway.admission`): auth, body checks, model, policy, degrade, output
+   bound, limits (401/413/415/400/404/403/429);
+2. the write-ahead journal row (:mod:`servelab.gateway.accounting`, servelab.gateway.journal);
+3. upstream selection, retry and fallback (:mod:`servelab.gateway.upstream`), and the shadow copy
+   (:mod:`servelab.gateway.shadow`);
+4. the relay of the answer, streamed or whole (:mod:`servelab.gateway.relay`, one SSE splitter in
+   :mod:`servelab.gateway.sse`);
+5. metrics and one JSON access-log line (:mod:`servelab.gateway.accesslog`) at once; limits settle and the
+   ledger row in a task that survives the handler's cancellation (:mod:`servelab.gateway.accounting`).
 
-Accounting: tokens come from the engine's ``usage``. When it never arrived (client disconnected, upstream
-cut off), the gateway charges the prompt estimate (:func:`~servelab.gateway.capabilities.estimate_prompt_tokens`,
-a lower bound) plus one token per token-carrying chunk it forwarded: what it saw being served, never the
-reservation. A request that reached no engine (refused, or every attempt failed before any byte) is
-charged 0.
+Start-up: a misconfigured part (bad DSN, wrong database or role, unwritable path, Redis unreachable, an
+admin token under 16 characters) stops the start with one line naming the field. PostgreSQL that is
+merely down (connection refused or timed out) does not: the gateway starts, binds its ports and is not
+ready (``/health`` 503 naming ``ledger.postgres_dsn``; API requests 503 ``service_starting`` with
+``Retry-After``; admin keys/usage 503 ``database_unavailable``) while it retries the database
+(:data:`LEDGER_RETRY_S` doubling to :data:`LEDGER_RETRY_MAX_S`); once it answers, keys created through
+the admin API and token-budget spend are loaded from it and the replica serves. Nothing is served
+before: keys kept only in the database would be refused and budgets could not be enforced (they fail
+closed). An outage after start is absorbed by the write-ahead journal (servelab.gateway.journal).
 
 Hot reload (:meth:`Gateway.reload`, on SIGHUP or a change of the file's mtime/size/content): a new
-:class:`_Snapshot` is built from the new file and swapped in with one assignment; each request holds the
-snapshot it started with until it ends, so in-flight streams keep their config. A bad file leaves the
-running config in force; the error line is logged and kept in :attr:`Gateway.last_reload`.
+:class:`~servelab.gateway.snapshot.Snapshot` is built from the new file and swapped in with one
+assignment; each request holds the snapshot it started with until it ends, so in-flight streams keep
+their config. A bad file leaves the running config in force; the error line is logged and kept in
+:attr:`Gateway.last_reload`.
 """
 
 from __future__ import annotations
@@ -35,249 +36,53 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import hmac
 import logging
-import os
 import re
 import secrets
 import signal
-import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from servelab.gateway import capabilities as caps_mod
-from servelab.gateway import lengths
-from servelab.gateway.breaker import BreakerBoard, BreakerSettings, RetryBudget, backoff_s
+from servelab.gateway import degrade
+from servelab.gateway.accesslog import AccessLog, access_record
+from servelab.gateway.accounting import journal_admit, settle, used_tokens
+from servelab.gateway.admission import Admitter, may_use_model
+from servelab.gateway.breaker import BreakerBoard, RetryBudget
 from servelab.gateway.config import GatewayConfig, load_config
-from servelab.gateway import bodies, clientip, degrade, logprobs, policy, scopes, scrub
-from servelab.gateway.served import ServedCount, choices_per_prompt
-from servelab.gateway.errors import GatewayError, bad_request
-from servelab.gateway.limits import safe_url
-from servelab.gateway.fdbudget import is_local_resource_error
+from servelab.gateway.errors import GatewayError
+from servelab.gateway.ledger import Ledger
+from servelab.gateway.limits import Admission, Limiter, safe_url
 from servelab.gateway.listener import GuardedRunner, settings_for
-from servelab.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics, HistogramBatch
-from servelab.gateway.routing import Backend as RouteBackend
-from servelab.gateway.routing import FallbackSpec, LoadTracker, ModelRoute, Router, ShadowSpec, Target, TargetSpec
-from servelab.gateway.routing import affinity_text
+from servelab.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
+from servelab.gateway.relay import Relay, map_finish_bytes, openai_finish
+from servelab.gateway.reqstate import RequestState
+from servelab.gateway.routing import LoadTracker
+from servelab.gateway.shadow import ShadowBook, ShadowSide
+from servelab.gateway.snapshot import Snapshot, breaker_settings
+from servelab.gateway.upstream import Upstream, reason
 from servelab.wire.client import ConfigError
-from servelab.wire.types import normalize_finish
 
-__all__ = ["Gateway", "RELOAD_POLL_S", "map_finish_bytes", "openai_finish"]
+__all__ = ["Gateway", "LEDGER_RETRY_MAX_S", "LEDGER_RETRY_S", "RELOAD_POLL_S", "map_finish_bytes", "openai_finish"]
 
 log = logging.getLogger("servelab.gateway")
 _now = time.monotonic_ns
 
 #: How often the config file is checked for changes (seconds).
 RELOAD_POLL_S = 1.0
+#: First wait before the ledger is tried again when PostgreSQL was down at start (seconds; doubles)
+LEDGER_RETRY_S = 0.5
+#: Longest wait between ledger tries (seconds)
+LEDGER_RETRY_MAX_S = 5.0
 _RID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_DONE = b"data: [DONE]\n\n"
-_STALE = (aiohttp.ServerDisconnectedError,)
-_CONNECT_ERRORS = (aiohttp.ClientConnectionError, ConnectionError, OSError)
-_ENDPOINT_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 #: the public routes and their method (for the 404/405 answers)
 _ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/embeddings": "POST", "/v1/models": "GET",
            "/health": "GET", "/health/live": "GET", "/metrics": "GET"}
-#: OpenAI's finish reasons (https://platform.openai.com/docs/api-reference/chat/object, checked 2026-11-30)
-_OPENAI_FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
-#: a finish reason given as a JSON string: unescaped quotes cannot occur inside a JSON string value, so
-#: this matches real ``finish_reason`` keys only, never text that mentions one
-_FINISH_RE = re.compile(rb'("finish_reason":\s*")([^"\\]*)(")')
-_FINISH_MARKS = (b'"finish_reason":"', b'"finish_reason": "')
-#: a top-level or nested ``"model": "<string>"`` member; a key is preceded by ``{`` or ``,`` (whitespace
-#: allowed), which an escaped quote inside a string value never is, so generated text is never touched
-_MODEL_RE = re.compile(rb'(?<=[{,])(\s*)"model"\s*:\s*"(?:[^"\\]|\\.)*"')
-
-
-def openai_finish(raw: str) -> str:
-    """An engine's finish reason as OpenAI's: ``stop_sequence``/``eos_token``/``eos`` -> ``stop``,
-    ``max_tokens`` -> ``length`` (:data:`servelab.wire.types.FINISH_ALIASES`, ENGINE_WIRE.md case 11);
-    OpenAI's own values unchanged. Values with no OpenAI meaning (vLLM ``abort``, ``repetition``, anything
-    unknown) are passed on unchanged rather than given a meaning they may not have."""
-    if raw in _OPENAI_FINISH:
-        return raw
-    n = normalize_finish(raw)
-    return n if n in _OPENAI_FINISH else raw
-
-
-def _finish_sub(m: re.Match[bytes]) -> bytes:
-    v = m.group(2).decode("utf-8", "replace")
-    w = openai_finish(v)
-    return m.group(0) if w == v else m.group(1) + w.encode() + m.group(3)
-
-
-def map_finish_bytes(data: bytes) -> bytes:
-    """``data`` (SSE events or a JSON body) with every ``"finish_reason":"<engine value>"`` mapped by
-    :func:`openai_finish`; every other byte unchanged (the same object when nothing needed mapping)."""
-    if not any(mark in data for mark in _FINISH_MARKS):
-        return data
-    out = _FINISH_RE.sub(_finish_sub, data)
-    return data if out == data else out
-
-
-def _count_token_events(block: bytes) -> int:
-    """Token-carrying events in ``block`` by a bytes count (no JSON parse): ``data:`` lines that are not
-    ``[DONE]``, an empty delta or empty content (the hot path's estimate, module doc)."""
-    return (block.count(b"data:") - block.count(b"data: [DONE]") - block.count(b'"delta":{}')
-            - block.count(b'"content":""') - block.count(b'"text":""'))
-
-
-class _Snapshot:
-    """Everything derived from one config file; never mutated after it is built, so a request can keep
-    using the one it started with while a reload installs the next."""
-
-    def __init__(self, cfg: GatewayConfig, version: int, breakers: BreakerBoard, load: LoadTracker) -> None:
-        self.cfg = cfg
-        self.version = version
-        self.backends = {b.name: b for b in cfg.backends}
-        route_backends = [RouteBackend(name=b.name, kind=b.kind, base_url=b.base_url, models=tuple(b.models),
-                                       max_in_flight=b.max_in_flight or 0, pool=b.pool,
-                                       health_path=b.health_path or ("/health" if b.kind == "embedder" else None))
-                          for b in cfg.backends]
-        self.route_backends = route_backends
-        for b in cfg.backends:  # every backend has a breaker from the start (shared-state sync, metrics)
-            breakers.get(b.name)
-        routes = []
-        for name, m in cfg.models.items():
-            sh = None
-            if m.shadow is not None:
-                sh = ShadowSpec(m.shadow.target.backend, cfg.upstream_model(m.shadow.target), m.shadow.sample_rate)
-            routes.append(ModelRoute(
-                name=name,
-                targets=tuple(TargetSpec(t.backend, cfg.upstream_model(t),
-                                         t.weight * self.backends[t.backend].weight) for t in m.targets),
-                fallback=tuple(FallbackSpec(f.model, f.max_tokens, dict(f.params)) for f in m.fallback),
-                shadow=sh))
-        self.router = Router(route_backends, routes, tasks=cfg.routing.tasks, breakers=breakers, load=load,
-                             affinity_chars=cfg.routing.affinity_chars,
-                             balance_factor=cfg.routing.balance_factor)
-        self.timeouts = {b.name: aiohttp.ClientTimeout(total=None, sock_connect=b.connect_timeout_s,
-                                                       connect=None, sock_read=b.read_timeout_s)
-                         for b in cfg.backends}
-        self.auth_headers: dict[str, dict[str, str]] = {}
-        for b in cfg.backends:
-            key = os.environ.get(b.api_key_env, "") if b.api_key_env else ""
-            self.auth_headers[b.name] = {"Authorization": f"Bearer {key}"} if key else {}
-        # strings never shown to a client: backend names, upstream model names, URLs
-        hide = {b.name for b in cfg.backends} | {b.base_url for b in cfg.backends}
-        hide |= {mname for b in cfg.backends for mname in b.models if mname not in cfg.models}
-        self.hide = tuple(sorted(hide, key=len, reverse=True))
-        self.redact = {t: [re.compile(p) for p in ten.redact] for t, ten in cfg.tenants.items()}
-        self.pool_of = {b.name: b.pool for b in cfg.backends}
-        self.model_cards = {name: _model_card(name, m) for name, m in cfg.models.items()}
-        self.retry_budget: RetryBudget | None = None  # set by the Gateway (kept across reloads)
-
-
-def _breaker_settings(cfg: GatewayConfig) -> BreakerSettings:
-    bs = cfg.breaker
-    return BreakerSettings(consecutive_failures=bs.consecutive_failures, error_rate=bs.error_rate,
-                           window_s=bs.window_s, min_requests=bs.min_requests, open_s=bs.open_s)
-
-
-def _model_card(name: str, m: Any) -> dict[str, Any]:
-    c = m.capabilities
-    return {"id": name, "object": "model", "created": 0, "owned_by": "servelab",
-            "capabilities": c.model_dump(mode="json"), **({"description": m.description} if m.description else {})}
-
-
-@dataclass(slots=True)
-class _Req:
-    """Per-request state kept for the access log, metrics, ledger and settle."""
-
-    rid: str
-    endpoint: str
-    t0_ns: int
-    ts: float
-    key_id: str = "-"
-    tenant: str = "-"
-    model: str = "-"
-    backend: str | None = None
-    upstream_model: str | None = None
-    status: int = 0
-    outcome: str = "ok"
-    error_code: str | None = None
-    ttft_ns: int | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    prompt_est: int = 0
-    token_events: int = 0
-    served: bool = False
-    retries: int = 0
-    fallback: bool = False
-    stream: bool = False
-    prompt_text: str | None = None
-    #: ``"model":"<public name>"`` as JSON bytes: replaces the engine's own model name in what is forwarded
-    model_field: bytes = b""
-    #: the engine's own ``"model":...`` member as last seen (exact bytes), for the fast replace
-    model_seen: bytes = b""
-    #: the client's own X-Request-ID (validated), logged apart from ``rid``
-    client_rid: str | None = None
-    #: the output bound per sequence this request reserved (tokens); what is forwarded never exceeds it
-    out_cap: int = 0
-    #: what a degrade rule did (degrade.Decision.log_record), for the access log
-    degraded: dict[str, Any] | None = None
-    #: the client IP limits count (servelab.gateway.clientip) and the key's application
-    client_ip: str | None = None
-    application: str | None = None
-    #: sampling defaults applied and values clamped (policy.Applied.log_record)
-    policy: dict[str, Any] | None = None
-    #: usage per choice and request-wide (servelab.gateway.served): what n > 1 / prompt lists served
-    tally: ServedCount | None = None
-    #: the output bound forwarded to the engine on the attempt that answered (tokens per sequence)
-    sent_cap: int = 0
-
-
-class _UpstreamFailed(Exception):
-    """An attempt failed before any byte reached the client; ``retry`` says whether another target may
-    be tried (connection failure, timeout, engine 429/5xx or an error answer: degrade.another_target),
-    ``error`` is what the client gets if none is left."""
-
-    def __init__(self, error: GatewayError, retry: bool, reason: str) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.retry = retry
-        self.reason = reason
-
-
-class _AccessLog:
-    """One JSON line per request to stderr or a file (``server.access_log``); writes are unbuffered
-    bytes so a crash loses no finished request's line."""
-
-    def __init__(self, where: str | None) -> None:
-        self.where = where
-        self._f: IO[bytes] | None = None
-        if where == "-":
-            self._f = sys.stderr.buffer
-        elif where:
-            Path(where).parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(where, "ab", buffering=0)  # noqa: SIM115 - closed in close()
-
-    def write(self, rec: dict[str, Any]) -> None:
-        if self._f is not None:
-            try:
-                self._f.write(orjson.dumps(rec) + b"\n")
-                if self.where == "-":
-                    self._f.flush()
-            except (OSError, ValueError) as e:  # a full disk must not fail requests
-                log.warning("access log write failed: %s", e)
-
-    def close(self) -> None:
-        if self._f is not None and self.where not in (None, "-"):
-            self._f.close()
-        self._f = None
-
-
-def _reason(e: BaseException) -> str:
-    """One line for an exception: its class and first message line (OSError: its strerror)."""
-    msg = (e.strerror if isinstance(e, OSError) and e.strerror else str(e)).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0]}" if msg else type(e).__name__
 
 
 def _request_id(request: web.Request) -> str:
@@ -306,12 +111,22 @@ def _error_response(e: GatewayError, rid: str) -> web.Response:
                         headers={"X-Request-ID": rid, **e.headers()})
 
 
-def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
-    v = resp.headers.get("Retry-After")
+def _starting() -> GatewayError:
+    """The answer to requests while the replica is not ready (PostgreSQL down at start): nothing internal."""
+    return GatewayError(503, "the service is starting and cannot take requests yet; retry in 2 s",
+                        type="server_error", code="service_starting", retry_after_s=2.0)
+
+
+def _database_down(e: BaseException) -> bool:
+    """True when ``e`` says PostgreSQL is not answering (connection refused/reset, timeout, the server
+    starting or shutting down), not that the DSN is wrong (unknown database, role, password)."""
+    if isinstance(e, (OSError, TimeoutError)):
+        return True
     try:
-        return float(v) if v is not None else None
-    except ValueError:
-        return None
+        import asyncpg
+    except ImportError:  # pragma: no cover - asyncpg is a dependency
+        return False
+    return isinstance(e, (asyncpg.CannotConnectNowError, asyncpg.ConnectionDoesNotExistError))
 
 
 class Gateway:
@@ -328,8 +143,9 @@ class Gateway:
     """
 
     def __init__(self, config: GatewayConfig, config_path: str | Path | None = None, *, host: str | None = None,
-                 port: int | None = None, admin_port: int | None = -1, ledger: Any = None, limiter: Any = None,
-                 keystore: Any = None, watch: bool = True, admin_host: str | None = None) -> None:
+                 port: int | None = None, admin_port: int | None = -1, ledger: Ledger | None = None,
+                 limiter: Limiter | None = None, keystore: Any = None, watch: bool = True,
+                 admin_host: str | None = None) -> None:
         self.config_path = Path(config_path) if config_path is not None else None
         self.host = host or config.server.host
         self.port = config.server.port if port is None else port
@@ -343,36 +159,42 @@ class Gateway:
             import redis.asyncio as aioredis
 
             self._redis = aioredis.from_url(config.state.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-        self.breakers = BreakerBoard(_breaker_settings(config), redis=self._redis)
+        self.breakers = BreakerBoard(breaker_settings(config), redis=self._redis)
         self.load = LoadTracker()
         self._version = 0
         self.snap = self._build(config)
         self.retry_budget = RetryBudget(ratio=config.retry.budget_ratio)
         self.last_reload: dict[str, Any] = {"ok": True, "version": 1, "at": time.time(), "error": None,
                                             "source": "start"}
-        self._ledger = ledger
-        self._limiter = limiter
+        self._ledger: Any = ledger  # Ledger; DurableLedger adds admit/settle (journal.py)
+        self._limiter: Any = limiter  # Limiter; RedisLimiter adds seed_budgets/budget_source
         self._keystore = keystore
         self._own_keystore = False
         self._watch = watch and self.config_path is not None
         self._file_sig = self._signature()
-        self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
         self._health: Any = None
         self._readiness: Any = None  # readiness.Readiness, made at the first /health
+        #: why this replica cannot serve yet (PostgreSQL down at start), None once it can
+        self.not_ready: str | None = None
+        self._ledger_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watch_task: asyncio.Task[None] | None = None
-        self._access = _AccessLog(config.server.access_log)
-        self._shadow_sem = asyncio.Semaphore(16)
-        #: HMAC key of routing.session_header when its env var is unset (this process only)
-        self._session_secret = secrets.token_bytes(32)
+        self._access = AccessLog(config.server.access_log)
+        #: mirrored requests' old-vs-new samples (GET /admin/shadow, servelab gateway shadow-report)
+        self.shadows = ShadowBook()
+        self.admitter = Admitter(self.metrics, self._degrade, self.load)
+        self.relay = Relay(self.metrics)
+        # session_secret: HMAC key of routing.session_header when its env var is unset (this process only)
+        self.upstream = Upstream(self.metrics, self.relay, self.retry_budget, self.shadows, self._spawn,
+                                 session_secret=secrets.token_bytes(32))
         self.app = self._make_app()
 
     # ------------------------------------------------------------------ lifecycle
-    def _build(self, cfg: GatewayConfig) -> _Snapshot:
+    def _build(self, cfg: GatewayConfig) -> Snapshot:
         self._version += 1
-        return _Snapshot(cfg, self._version, self.breakers, self.load)
+        return Snapshot(cfg, self._version, self.breakers, self.load)
 
     def _make_app(self) -> web.Application:
         app = web.Application(client_max_size=1 << 40)  # bodies are bounded per request (413), not here
@@ -414,7 +236,7 @@ class Gateway:
         """Open the ledger, limiter, key store, upstream session and health checks; bind the API (and
         admin) ports. Raises :class:`OSError` when a port cannot be bound, ConfigError for bad parts."""
         cfg = self.snap.cfg
-        self._session = aiohttp.ClientSession(
+        self.upstream.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=30),
             cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, skip_auto_headers=("User-Agent",))
         if self._redis is not None:
@@ -422,7 +244,7 @@ class Gateway:
                 await self._redis.ping()
             except Exception as e:  # redis.exceptions.RedisError, OSError
                 raise ConfigError(f"state.redis_url: cannot reach Redis at {safe_url(cfg.state.redis_url or '')} "
-                                  f"({_reason(e)}); start Redis there, or set state.redis_url: null "
+                                  f"({reason(e)}); start Redis there, or set state.redis_url: null "
                                   "(one replica, limits and breakers in memory)") from None
         if self._ledger is None:
             from servelab.gateway.journal import DurableLedger
@@ -437,30 +259,26 @@ class Gateway:
             # write-ahead journal: a crash or a database outage loses no usage (servelab.gateway.journal)
             self._ledger = (DurableLedger(store, cfg.ledger.spool_path, cfg.ledger.fsync_interval_s)
                             if cfg.ledger.spool_path else store)
-            try:
-                await self._ledger.start()
-            except ConfigError:
-                raise
-            except Exception as e:  # sqlite3.Error, OSError, asyncpg errors: name the field, not a port
-                if cfg.ledger.postgres_dsn:
-                    raise ConfigError(f"ledger.postgres_dsn: cannot use PostgreSQL at "
-                                      f"{safe_url(cfg.ledger.postgres_dsn)} ({_reason(e)}); check host, port, "
-                                      "user and database (createdb it first), or use ledger.sqlite_path") from None
-                raise ConfigError(f"ledger.sqlite_path: cannot open {cfg.ledger.sqlite_path} ({_reason(e)}); "
-                                  "give a path in a writable folder") from None
+            down = await self._start_ledger(cfg)
         else:
             await self._ledger.start()
+            down = None
         if self._limiter is None:
             from servelab.gateway.limits import MemoryLimiter, RedisLimiter
 
             self._limiter = RedisLimiter(cfg.state.redis_url) if cfg.state.redis_url else MemoryLimiter()
-        await self._seed_budgets()
         if self._keystore is None:
             self._keystore = self._new_keystore(cfg)
             self._own_keystore = True
-        start = getattr(self._keystore, "start", None)
-        if start is not None:
-            await start()
+        if down is None:
+            await self._start_after_ledger()
+        else:  # PostgreSQL is down: serve nothing until it answers, but start (module doc "Start-up")
+            self.not_ready = down
+            log.warning("%s; the gateway starts but answers 503 (and /health is not ready) until it is reachable",
+                        down)
+            self._ledger_task = asyncio.get_running_loop().create_task(self._wait_for_ledger(cfg),
+                                                                       name="servelab-ledger-wait")
+        self.admitter.keystore, self.admitter.limiter = self._keystore, self._limiter
         await self.breakers.start()  # Redis sync of open states (no-op without state.redis_url)
         await self._start_health()
         self._runner = GuardedRunner(self.app, settings_for(cfg.server, "api"), on_event=self._conn_event,
@@ -476,6 +294,55 @@ class Gateway:
             self._watch_task = asyncio.get_running_loop().create_task(self._watch_loop())
         log.info("gateway listening on http://%s:%d/v1 (config version %d)", self.host, self.port, self.snap.version)
 
+    async def _start_ledger(self, cfg: GatewayConfig) -> str | None:
+        """Start the ledger built from ``cfg``. Returns None when it started, or the reason line when
+        PostgreSQL is down (connection refused or timed out: an outage that ends by itself); raises
+        ConfigError naming the field for everything else (wrong database, role or password, unwritable
+        SQLite path), which waiting would not fix."""
+        try:
+            await self._ledger.start()
+            return None
+        except ConfigError:
+            raise
+        except Exception as e:  # sqlite3.Error, OSError, asyncpg errors: name the field, not a port
+            if cfg.ledger.postgres_dsn:
+                where = f"ledger.postgres_dsn: PostgreSQL at {safe_url(cfg.ledger.postgres_dsn)}"
+                if _database_down(e):
+                    return f"{where} is unreachable ({reason(e)})"
+                raise ConfigError(f"{where} cannot be used ({reason(e)}); check host, port, user and database "
+                                  "(createdb it first), or use ledger.sqlite_path") from None
+            raise ConfigError(f"ledger.sqlite_path: cannot open {cfg.ledger.sqlite_path} ({reason(e)}); "
+                              "give a path in a writable folder") from None
+
+    async def _start_after_ledger(self) -> None:
+        """The start-up steps that need the ledger: budgets seeded from its spend, keys loaded from it."""
+        await self._seed_budgets()
+        start = getattr(self._keystore, "start", None)
+        if start is not None:
+            await start()
+
+    async def _wait_for_ledger(self, cfg: GatewayConfig) -> None:
+        """Retry the ledger every :data:`LEDGER_RETRY_S` (doubling to :data:`LEDGER_RETRY_MAX_S`) until it
+        starts, then finish the start-up and clear :attr:`not_ready`. A configuration error found then
+        (e.g. the database exists no more) is logged and retried like an outage."""
+        wait = LEDGER_RETRY_S
+        while True:
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, LEDGER_RETRY_MAX_S)
+            try:
+                down = await self._start_ledger(cfg)
+                if down is not None:
+                    self.not_ready = down
+                    continue
+                await self._start_after_ledger()
+            except Exception as e:  # noqa: BLE001 - keep waiting; one line per try
+                self.not_ready = str(e) if isinstance(e, ConfigError) else f"ledger: {reason(e)}"
+                log.error("start-up: %s", self.not_ready)
+                continue
+            self.not_ready = None
+            log.info("ledger reachable: the gateway is ready")
+            return
+
     async def _seed_budgets(self) -> None:
         """Token budgets count the ledger's spend (durable; survives restarts and a Redis without
         persistence): the limiter's counters are raised to the ledger's sums (limits.py module doc)."""
@@ -488,7 +355,7 @@ class Gateway:
             await seed(spend, tuple(self.snap.cfg.tenants))
         except Exception as e:  # fail closed: a budget that forgot its spend is no budget
             raise ConfigError(f"token budgets: cannot load their spend from the ledger into the limiter "
-                              f"({_reason(e)}); "
+                              f"({reason(e)}); "
                               "check ledger.* and state.redis_url") from None
         if spend:
             log.info("budgets: spend of %d keys (%d tokens) loaded from the ledger", len(spend), sum(spend.values()))
@@ -515,14 +382,25 @@ class Gateway:
         adm = self.snap.cfg.admin
         admin_app = make_admin_app(self._keystore, adm.token_env, token_sha256=adm.token_sha256,
                                    reload_hook=self._admin_reload, backends_hook=self.backend_states,
-                                   ledger=self._ledger)
+                                   ledger=self._ledger, shadow_hook=self.shadows.report)
         admin_app.router.add_get("/metrics", self._metrics_ep)  # behind the admin token (its middleware)
+        admin_app.middlewares.append(self._admin_not_ready)  # inside the token check
         self._admin_runner = GuardedRunner(admin_app, settings_for(self.snap.cfg.server, "admin"),
                                            on_event=self._conn_event, access_log=None)
         await self._admin_runner.setup()
         site = web.TCPSite(self._admin_runner, self.admin_host, self.admin_port, reuse_address=True)
         await site.start()
         self.admin_port = self._admin_runner.addresses[0][1]
+
+    @web.middleware
+    async def _admin_not_ready(self, request: web.Request,
+                               handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """Keys and usage need the ledger: 503 ``database_unavailable`` while it was down since start."""
+        if self.not_ready is not None and request.path.startswith(("/admin/keys", "/admin/usage")):
+            e = GatewayError(503, f"the usage database is not reachable yet ({self.not_ready}); retry in 2 s",
+                             type="server_error", code="database_unavailable", retry_after_s=2.0)
+            return _error_response(e, _request_id(request))
+        return await handler(request)
 
     async def _start_health(self) -> None:
         cfg = self.snap.cfg
@@ -546,8 +424,13 @@ class Gateway:
             except asyncio.CancelledError:
                 pass
             except Exception as e:  # noqa: BLE001 - a dead watcher must not skip the shutdown grace below
-                log.error("config watcher had stopped: %s", _reason(e))
+                log.error("config watcher had stopped: %s", reason(e))
             self._watch_task = None
+        if self._ledger_task is not None:
+            self._ledger_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._ledger_task
+            self._ledger_task = None
         if self._admin_runner is not None:
             await self._admin_runner.cleanup()
             self._admin_runner = None
@@ -559,9 +442,9 @@ class Gateway:
         if self._health is not None:
             await self._health.close()
             self._health = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self.upstream.session is not None:
+            await self.upstream.session.close()
+            self.upstream.session = None
         await self.breakers.close()
         if self._redis is not None:
             with contextlib.suppress(Exception):
@@ -602,7 +485,7 @@ class Gateway:
                          "breaker": br.get(b.name, {"state": "closed"}), "health": hs.get(b.name)}
                 for b in self.snap.cfg.backends}
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         t = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
@@ -632,11 +515,11 @@ class Gateway:
         try:
             cfg = load_config(self.config_path)
             snap = self._build(cfg)
-            breaker_settings = _breaker_settings(cfg)
+            new_breakers = breaker_settings(cfg)
         except Exception as e:  # noqa: BLE001 - any failure (RecursionError from deep YAML, MemoryError)
             # leaves the running config in force; ConfigError/ValueError already name the field
             msg = str(e) if isinstance(e, (ConfigError, ValueError)) else (
-                f"{self.config_path}: cannot be loaded ({_reason(e)}); fix the file (too deeply nested or "
+                f"{self.config_path}: cannot be loaded ({reason(e)}); fix the file (too deeply nested or "
                 "too large?) and save it again")
             self.metrics.reloads.labels("error").inc()
             log.error("config reload (%s) failed, keeping version %d: %s", source, self.snap.version, msg)
@@ -663,12 +546,12 @@ class Gateway:
                 return self.last_reload
         self.snap = snap  # the atomic swap: new requests see the new config, running ones keep theirs
         if old.breaker != cfg.breaker:
-            self.breakers.reconfigure(breaker_settings)  # thresholds change, breaker states stay
+            self.breakers.reconfigure(new_breakers)  # thresholds change, breaker states stay
         self.retry_budget.ratio = cfg.retry.budget_ratio
         if old.server.access_log != cfg.server.access_log:
-            old_log, self._access = self._access, _AccessLog(cfg.server.access_log)
+            old_log, self._access = self._access, AccessLog(cfg.server.access_log)
             old_log.close()
-        if (old.backends != cfg.backends or old.health != cfg.health) and self._session is not None:
+        if (old.backends != cfg.backends or old.health != cfg.health) and self.upstream.session is not None:
             await self._start_health()
         self.metrics.reloads.labels("ok").inc()
         log.info("config reloaded (%s): version %d", source, snap.version)
@@ -687,7 +570,7 @@ class Gateway:
                     await self.reload("file change")
             except Exception as e:  # noqa: BLE001 - the watcher outlives any one bad file
                 self._file_sig = self._signature()
-                log.error("config watch: reload failed, keeping version %d: %s", self.snap.version, _reason(e))
+                log.error("config watch: reload failed, keeping version %d: %s", self.snap.version, reason(e))
 
     def install_signal_handlers(self, stop: Callable[[], None]) -> None:
         """SIGHUP -> reload; SIGINT/SIGTERM -> ``stop()``. Call inside the running loop (CLI)."""
@@ -710,6 +593,8 @@ class Gateway:
             self._readiness = Readiness(self._redis, self._ledger)
         checks = await self._readiness.checks()
         reasons = [] if up else ["no backend is up"]
+        if self.not_ready is not None:
+            reasons.append(f"starting: {self.not_ready}; requests get 503 until it answers")
         if checks.get("redis", "ok") != "ok":
             reasons.append(f"Redis (state.redis_url) is {checks['redis']}: limits cannot be checked")
         degraded = [f"ledger is {checks['ledger']}: usage is kept locally until it is back"] \
@@ -745,43 +630,18 @@ class Gateway:
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
 
-    async def _authenticate(self, request: web.Request) -> Any:
-        info = self._keystore.authenticate(request.headers.get("Authorization"))
-        if asyncio.iscoroutine(info):
-            info = await info
-        return info
-
     async def _models(self, request: web.Request) -> web.Response:
         rid = _request_id(request)
         try:
-            key = await self._authenticate(request)
+            if self.not_ready is not None:
+                raise _starting()
+            key = await self.admitter.authenticate(request)
         except GatewayError as e:
             return _error_response(e, rid)
         snap = self.snap
-        data = [card for name, card in snap.model_cards.items() if self._may_use(snap, key, name)]
+        data = [card for name, card in snap.model_cards.items() if may_use_model(snap, key, name)]
         return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type="application/json",
                             headers={"X-Request-ID": rid})
-
-    @staticmethod
-    def _may_use(snap: _Snapshot, key: Any, model: str) -> bool:
-        """The key's own list (already intersected with its tenant's by the key store) and the tenant's
-        list in the config in force."""
-        if key.allowed_models is not None and model not in key.allowed_models:
-            return False
-        return snap.cfg.tenant_may_use(key.tenant, model)
-
-    def _degrade_hook(self, snap: _Snapshot, key: Any, r: _Req) -> degrade.Decision | None:
-        """The degrade decision for request ``r`` of ``key`` (servelab.gateway.degrade): sets ``r.degraded``
-        and ``r.model`` (a ``route_to``), raises its refusal; None when no rule applies."""
-        deg = self._degrade.decide(snap.cfg, key, r.model, r.prompt_est, self.load.outstanding,
-                                   lambda m: self._may_use(snap, key, m))
-        if deg is None:
-            return None
-        r.degraded = deg.log_record()
-        if deg.refusal is not None:
-            raise deg.refusal
-        r.model = deg.model
-        return deg
 
     # ------------------------------------------------------------------ the hot path
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -795,88 +655,19 @@ class Gateway:
 
     async def _handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         snap = self.snap  # this request's config for its whole life
-        r = _Req(_request_id(request), endpoint, _now(), time.time(), client_rid=_client_request_id(request))
-        admission = None
+        r = RequestState(_request_id(request), endpoint, _now(), time.time(), client_rid=_client_request_id(request))
+        admission: Admission | None = None
         in_flight = None
         try:
-            key = await self._authenticate(request)
-            r.key_id, r.tenant = key.key_id, key.tenant
-            body = await self._read_json(request, snap.cfg.server.max_body_bytes, snap.cfg.server.max_json_depth,
-                                         snap.cfg.server.request_compression)
-            model = body.get("model")
-            task = request.headers.get(snap.cfg.routing.task_header)
-            if model in (None, "", "auto") and task and task in snap.cfg.routing.tasks:
-                model = snap.cfg.routing.tasks[task]
-            if not isinstance(model, str) or not model:
-                raise bad_request("'model' must be a model name (GET /v1/models lists yours)", param="model",
-                                  code="invalid_type")
-            model = snap.router.resolve_model(model, task)
-            entry = snap.cfg.models.get(model)
-            if entry is None:
-                raise GatewayError(404, f"the model '{model}' does not exist; GET /v1/models lists the models "
-                                   "you can use", code="model_not_found", param="model")
-            r.model = model
-            if not self._may_use(snap, key, model):
-                raise GatewayError(403, f"this API key may not use the model '{model}'; GET /v1/models lists "
-                                   "the models it may use", code="model_not_allowed", param="model")
-            server = snap.cfg.server
-            pol = policy.apply(body, policy.bounds_for(snap.cfg, model, task), endpoint)  # sampling per model/task
-            want = caps_mod.validate_request(endpoint, body, server.max_tokens_limit, server.engine_length_fields)
-            logprobs.check_logprobs(endpoint, body, server.max_top_logprobs, server.max_logprobs)  # 400 above caps
-            asked = want.max_tokens  # the LARGEST bound over every dialect's length fields (lengths.py)
-            seqs = caps_mod.output_sequences(endpoint, body)
-            r.prompt_est = caps_mod.estimate_prompt_tokens(endpoint, body)
-            r.tally = ServedCount(choices_per_prompt(endpoint, body, seqs), seqs)
-            deg = self._degrade_hook(snap, key, r)  # under pressure, by the key's priority class
-            model, entry = r.model, snap.cfg.models[r.model]
-            out_cap = 0
-            if endpoint != "embeddings":
-                limit = server.max_tokens_limit
-                if seqs > limit or (asked is not None and asked * seqs > limit):
-                    which = "n" if seqs > limit or "n" in body else "prompt"
-                    raise bad_request(
-                        f"{seqs} sequences x max_tokens {asked or 1} is above this gateway's limit of {limit} "
-                        f"output tokens per request (max_tokens applies to each of the {seqs} sequences: n choices"
-                        f"{' per prompt' if endpoint == 'completions' else ''}); lower n or max_tokens",
-                        param=which, code="max_tokens_too_large")
-                default_cap = max(1, (server.default_max_tokens or limit) // seqs)
-                ctx = entry.capabilities.context_tokens
-                if ctx:  # the injected default must still fit the context
-                    default_cap = max(1, min(default_cap, ctx - r.prompt_est))
-                out_cap = asked if asked is not None else default_cap
-                if want.unbounded:  # n_predict/num_predict -1: "no limit" = the gateway's default
-                    out_cap = max(out_cap, default_cap)
-                out_cap = pol.output_cap(out_cap, asked, max(1, limit // seqs))  # policy, then degrade
-                r.policy = pol.log_record()
-                out_cap = degrade.cap(out_cap, deg)
-            caps_mod.check_request(entry, endpoint, body, r.prompt_est, model_name=model, max_tokens=out_cap)
-            if endpoint != "embeddings":  # one bound, in the gateway's form; each attempt maps it (lengths.py)
-                lengths.canonicalise(body, out_cap, want.min_tokens)
-            r.out_cap = out_cap
-            r.stream = endpoint != "embeddings" and body.get("stream") is True
-            tenant_cfg = snap.cfg.tenants.get(key.tenant)
-            if tenant_cfg is not None and tenant_cfg.log_prompts:
-                text = caps_mod.prompt_text(endpoint, body)
-                for pat in snap.redact.get(key.tenant, ()):
-                    text = pat.sub("[REDACTED]", text)
-                r.prompt_text = text
-            r.client_ip = clientip.client_ip(request.remote, request.headers.getall("X-Forwarded-For", ()),
-                                             clientip.trusted_networks(tuple(server.trusted_proxies)))
-            r.application = scopes.application_of(snap.cfg, key.key_id)
-            extra = scopes.extra_scopes(snap.cfg, key.key_id, key.tenant, model, r.client_ip)
-            try:
-                admission = await self._limiter.admit(key.key_id, key.tenant, model, r.prompt_est + out_cap * seqs,
-                                                      key.limits, key.tenant_limits,
-                                                      **({"extra": extra} if extra else {}))
-            except GatewayError as e:
-                if e.status == 429:
-                    self.metrics.limit_rejections.labels(getattr(e, "limit", "other")).inc()
-                raise
-            self._journal_admit(r, admission)  # write-ahead: on disk before anything is forwarded
-            in_flight = self.metrics.model(model)[3]
+            if self.not_ready is not None:
+                raise _starting()
+            adm = await self.admitter.check(request, snap, r, endpoint)
+            admission = await self.admitter.reserve(adm, r.model)
+            journal_admit(self._ledger, r, admission)  # write-ahead: on disk before anything is forwarded
+            in_flight = self.metrics.model(r.model)[3]
             in_flight.inc()
             self.retry_budget.record_request()
-            return await self._proxy(request, snap, r, body, task, key)
+            return await self.upstream.proxy(request, snap, r, adm.body, adm.task, adm.key)
         except GatewayError as e:
             r.status = e.status
             r.outcome = "error"
@@ -899,24 +690,7 @@ class Gateway:
                 in_flight.dec()
             self._finish(snap, r, admission)
 
-    async def _read_json(self, request: web.Request, limit: int, max_depth: int = 64,
-                         compressed: bool = False) -> dict[str, Any]:
-        """The body as a JSON object. Raises GatewayError 413 above ``limit`` bytes (also once inflated),
-        415/400 for a Content-Encoding refused or corrupt (``compressed``: server.request_compression;
-        servelab.gateway.bodies), 400 ``invalid_json`` for bad JSON or a non-object, 400
-        ``json_too_deep`` when nested deeper than ``max_depth``."""
-        raw = await bodies.read_body(request, limit, compressed)
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise bad_request(f"the body is not valid JSON ({str(e).split(':')[0]}); send a JSON object",
-                              code="invalid_json") from None
-        if not isinstance(body, dict):
-            raise bad_request("the body must be a JSON object", code="invalid_json")
-        caps_mod.check_depth(raw, body, max_depth)
-        return body
-
-    def _finish(self, snap: _Snapshot, r: _Req, admission: Any) -> None:
+    def _finish(self, snap: Snapshot, r: RequestState, admission: Admission | None) -> None:
         """Metrics + access log now; settle + ledger in a task that survives the handler's cancellation."""
         e2e_ns = _now() - r.t0_ns
         if r.status == 0:
@@ -925,511 +699,21 @@ class Gateway:
         m.requests.labels(r.model, r.backend or "none", str(r.status)).inc()
         if r.model != "-":
             m.model(r.model)[2].observe(e2e_ns / 1e9)
-        used = self._used_tokens(r)
+        used = used_tokens(r)
         if r.prompt_tokens is not None:
             m.tokens.labels(r.model, "prompt").inc(r.prompt_tokens)
         if r.completion_tokens is not None:
             m.tokens.labels(r.model, "completion").inc(r.completion_tokens)
-        rec: dict[str, Any] = {
-            "ts": round(r.ts, 3), "request_id": r.rid, "key_id": r.key_id, "tenant": r.tenant, "model": r.model,
-            "backend": r.backend, "endpoint": r.endpoint, "stream": r.stream, "status": r.status,
-            "outcome": r.outcome, "error_code": r.error_code,
-            "ttft_ms": round(r.ttft_ns / 1e6, 3) if r.ttft_ns is not None else None,
-            "e2e_ms": round(e2e_ns / 1e6, 3), "prompt_tokens": r.prompt_tokens,
-            "completion_tokens": r.completion_tokens, "charged_tokens": used, "retries": r.retries,
-            "fallback": r.fallback, "config_version": snap.version, "client_request_id": r.client_rid}
-        if r.degraded is not None:
-            rec["degraded"] = r.degraded
-        if r.client_ip is not None:
-            rec["client_ip"] = r.client_ip
-        if r.policy is not None:
-            rec["policy"] = r.policy
-        if r.application is not None:
-            rec["application"] = r.application
         if r.status == 200 and r.model != "-":
             self._degrade.observe(r.model, r.ttft_ns)
-        if r.prompt_text is not None:
-            rec["prompt"] = r.prompt_text
-        self._access.write(rec)
+        self._access.write(access_record(r, e2e_ns, snap.version, used))
+        if r.shadow is not None:  # a mirrored request: its primary side, for the shadow report
+            r.shadow.primary_done(ShadowSide(
+                backend=r.backend, upstream_model=r.upstream_model, status=r.status,
+                complete=r.status == 200 and r.outcome == "ok",
+                ttft_ms=r.ttft_ns / 1e6 if r.ttft_ns is not None else None, e2e_ms=e2e_ns / 1e6,
+                completion_tokens=r.completion_tokens if r.completion_tokens is not None
+                else (r.token_events if r.served else None),
+                error=r.error_code or (None if r.outcome == "ok" else r.outcome)))
         if admission is not None:
-            self._spawn(self._settle(snap, r, admission, used))
-
-    @staticmethod
-    def _used_tokens(r: _Req) -> int:
-        """Tokens charged: the engine's usage; else prompt estimate + forwarded token chunks if anything
-        was served; else 0 (module doc)."""
-        if r.prompt_tokens is not None or r.completion_tokens is not None:
-            # never below the token events forwarded (each carried one token at least; served.py)
-            return (r.prompt_tokens or 0) + max(r.completion_tokens or 0, r.token_events)
-        if r.served:
-            return r.prompt_est + r.token_events
-        return 0
-
-    @staticmethod
-    def _billed(r: _Req) -> tuple[int, int]:
-        """(prompt, completion) tokens of the ledger row: the engine's usage, else the prompt estimate and
-        the token chunks forwarded if anything was served, else 0."""
-        pt = r.prompt_tokens if r.prompt_tokens is not None else (r.prompt_est if r.served else 0)
-        ct = (max(r.completion_tokens, r.token_events) if r.completion_tokens is not None
-              else (r.token_events if r.served else 0))
-        return pt, ct
-
-    def _journal_admit(self, r: _Req, admission: Any) -> None:
-        """The write-ahead row of an admitted request (outcome ``incomplete``, its reservation), with a
-        probe of what it served so far (servelab.gateway.journal)."""
-        admit = getattr(self._ledger, "admit", None)
-        if admit is None:
-            return
-        from servelab.gateway.ledger import UsageRow
-
-        def live() -> dict[str, Any]:
-            pt, ct = self._billed(r)
-            return {"prompt_tokens": pt, "completion_tokens": ct, "status": r.status, "backend": r.backend,
-                    "upstream_model": r.upstream_model}
-
-        admit(str(getattr(admission, "uid", id(admission))), UsageRow(
-            request_id=r.rid, ts=r.ts, key_id=r.key_id, tenant=r.tenant, model=r.model, backend=None,
-            upstream_model=None, prompt_tokens=0, completion_tokens=0,
-            reserved_tokens=getattr(admission, "reserved_tokens", 0), status=0, outcome="incomplete"), live)
-
-    async def _settle(self, snap: _Snapshot, r: _Req, admission: Any, used: int) -> None:
-        from servelab.gateway.ledger import UsageRow, token_cost
-
-        try:
-            await self._limiter.settle(admission, used)
-        except Exception as e:
-            log.error("limits settle failed for request %s: %s", r.rid, e)
-        pt, ct = self._billed(r)
-        entry = snap.cfg.models.get(r.model)
-        c = entry.capabilities if entry is not None else None
-        cost = token_cost(pt, ct, c.price_in_per_1m if c else None, c.price_out_per_1m if c else None)
-        row = UsageRow(
-            request_id=r.rid, ts=r.ts, key_id=r.key_id, tenant=r.tenant, model=r.model, backend=r.backend,
-            upstream_model=r.upstream_model, prompt_tokens=pt, completion_tokens=ct,
-            reserved_tokens=getattr(admission, "reserved_tokens", 0), status=r.status,
-            outcome=r.outcome if r.outcome in ("ok", "error", "client_disconnect") else "error", cost=cost)
-        try:
-            settle = getattr(self._ledger, "settle", None)  # DurableLedger: the journal's final line too
-            jid = str(getattr(admission, "uid", id(admission)))
-            await (settle(jid, row) if settle is not None else self._ledger.record(row))
-        except Exception as e:
-            log.error("ledger write failed for request %s: %s", r.rid, e)
-
-    # ------------------------------------------------------------------ upstream
-    async def _proxy(self, request: web.Request, snap: _Snapshot, r: _Req, body: dict[str, Any],
-                     task: str | None, key: Any = None) -> web.StreamResponse:
-        tenant = snap.cfg.tenants.get(r.tenant)
-        pools = set(tenant.pools) if tenant is not None and tenant.pools is not None else None
-        # every model the request can reach is checked against the key's and tenant's permissions
-        may_use = (lambda m: self._may_use(snap, key, m)) if key is not None else (
-            lambda m: snap.cfg.tenant_may_use(r.tenant, m))
-        plan = snap.router.plan(r.model, body, task, affinity_text(body), self._split_key(snap, request, r),
-                                may_use=may_use, pools=pools)
-        for m in plan.denied:
-            self.metrics.fallbacks_denied.labels(r.model, m).inc()
-            log.info("request %s: fallback %s of %s skipped: key %s may not use it", r.rid, m, r.model, r.key_id)
-        targets = list(plan.targets)
-        if plan.shadow is not None:
-            self._spawn(self._shadow(snap, plan.shadow, body, r))
-        retry = snap.cfg.retry
-        client_usage = (isinstance(body.get("stream_options"), dict)
-                        and bool(body["stream_options"].get("include_usage")))
-        tried = 0
-        last: _UpstreamFailed | None = None
-        for target in targets:
-            if tried > retry.attempts:
-                break
-            lease = snap.router.acquire(target)
-            if lease is None:  # saturated (max_in_flight) or breaker open: next target, no attempt spent
-                continue
-            if tried > 0:
-                if not self.retry_budget.try_retry():
-                    lease.release("neutral")
-                    break
-                r.retries += 1
-                self.metrics.retries.labels(r.model, last.reason if last else "other").inc()
-                await asyncio.sleep(backoff_s(tried, retry.backoff_s, retry.backoff_max_s))
-            tried += 1
-            try:
-                resp = await self._attempt(request, snap, r, target, body, client_usage, lease)
-                if target.public_model != r.model:
-                    r.fallback = True
-                    self.metrics.fallbacks.labels(r.model).inc()
-                return resp
-            except _UpstreamFailed as f:
-                last = f
-                if not f.retry:
-                    raise f.error from None
-        if last is not None:
-            raise last.error
-        raise GatewayError(503, "the model is busy or temporarily unavailable, retry in 1 s", type="server_error",
-                           code="model_busy", retry_after_s=1.0)
-
-    def _split_key(self, snap: _Snapshot, request: web.Request, r: _Req) -> str | None:
-        """The key of the canary split / shadow draw: None (random per request) unless
-        ``routing.session_header`` is set and sent, then HMAC-SHA256(session secret, key id + value)
-        (config.RoutingSection): stable per session, not computable by the client."""
-        header = snap.cfg.routing.session_header
-        value = request.headers.get(header) if header else None
-        if not value:
-            return None
-        secret = os.environ.get(snap.cfg.routing.session_secret_env, "").encode() or self._session_secret
-        return hmac.new(secret, f"{r.key_id}\x00{value}".encode(), hashlib.sha256).hexdigest()
-
-    def _upstream_body(self, target: Target, body: dict[str, Any], stream: bool, r: _Req | None = None) -> bytes:
-        """The bytes sent to ``target``: its model name and overrides, exactly one output bound in the
-        field its kind reads, never above the request's reserved ``r.out_cap`` (lengths.for_backend)."""
-        up = target.request_body(body)
-        if r is not None and r.out_cap:
-            up = lengths.for_backend(target.kind, r.endpoint, up, r.out_cap)
-            r.sent_cap = next((v for f in ("max_completion_tokens", "max_tokens")
-                               if isinstance(v := up.get(f), int) and not isinstance(v, bool)), r.out_cap)
-        if stream:
-            so = up.get("stream_options")
-            up["stream_options"] = {**(so if isinstance(so, dict) else {}), "include_usage": True}
-        return orjson.dumps(up)
-
-    async def _attempt(self, request: web.Request, snap: _Snapshot, r: _Req, target: Target, body: dict[str, Any],
-                       client_usage: bool, lease: Any) -> web.StreamResponse:
-        """One upstream try. Raises :class:`_UpstreamFailed` when nothing reached the client yet."""
-        assert self._session is not None
-        url = snap.backends[target.backend].base_url + _ENDPOINT_PATH[r.endpoint]
-        data = self._upstream_body(target, body, r.stream, r)
-        headers = {"Content-Type": "application/json", "X-Request-ID": r.rid, **snap.auth_headers[target.backend]}
-        if r.client_rid is not None:  # validated charset and length: safe to pass on, apart from ours
-            headers["X-Client-Request-ID"] = r.client_rid
-        if r.stream:
-            headers["Accept"] = "text/event-stream"
-        outcome = "failure"
-        resp = None
-        try:
-            for stale in range(3):
-                try:
-                    resp = await self._session.post(url, data=data, headers=headers,
-                                                    timeout=snap.timeouts[target.backend])
-                    break
-                except _STALE:
-                    if stale == 2:
-                        raise
-                    # a pooled keep-alive connection the engine had closed (llama-server closes after
-                    # each stream): nothing was sent or answered, so a fresh connection is no retry
-            assert resp is not None
-            status = resp.status
-            if status >= 300:
-                raw = await resp.read()
-                gerr = scrub.from_body(raw, status, r.rid, target.backend, snap.hide, _retry_after(resp),
-                                       caps_mod.prompt_text(r.endpoint, body) if status < 500 else None)
-                # 429: the engine is busy, not broken (retried/fallen back, but no breaker failure)
-                outcome = "neutral" if status == 429 else ("failure" if status >= 500 else "success")
-                raise _UpstreamFailed(gerr, degrade.another_target(gerr), str(status))
-            r.backend, r.upstream_model = target.backend, target.upstream_model
-            r.model_field = b'"model":' + orjson.dumps(target.public_model)
-            ctype = resp.headers.get("Content-Type", "")
-            if r.stream and "text/event-stream" in ctype:
-                out, ok = await self._pipe_stream(request, snap, r, resp, client_usage)
-            else:
-                out, ok = await self._pipe_whole(snap, r, resp)
-            outcome = "neutral" if ok is None else ("success" if ok else "failure")
-            return out
-        except _UpstreamFailed:
-            raise
-        except TimeoutError:
-            outcome = "failure"
-            if r.served:
-                raise
-            raise _UpstreamFailed(GatewayError(504, "the model did not answer in time; retry, or lower max_tokens",
-                                               type="server_error", code="upstream_timeout"), True, "timeout") from None
-        except asyncio.CancelledError:
-            outcome = "neutral"
-            raise
-        except _CONNECT_ERRORS as e:
-            if is_local_resource_error(e):  # EMFILE/ENFILE here: our problem, never the engine's breaker
-                outcome = "neutral"
-                if r.served:
-                    raise
-                log.warning("request %s: no file descriptor or buffer left for an upstream connection (%s)",
-                            r.rid, _reason(e))
-                raise _UpstreamFailed(GatewayError(503, "the gateway is overloaded, retry in 1 s", type="server_error",
-                                                   code="gateway_overloaded", retry_after_s=1.0),
-                                      False, "local") from None
-            if r.served:
-                raise
-            log.info("request %s: backend %s unreachable: %s", r.rid, target.backend, type(e).__name__)
-            raise _UpstreamFailed(GatewayError(503, "the model is temporarily unavailable, retry in 1 s",
-                                               type="server_error", code="model_unavailable", retry_after_s=1.0),
-                                  True, "connect") from None
-        finally:
-            if resp is not None:
-                resp.close()
-            lease.release(outcome)
-
-    async def _pipe_whole(self, snap: _Snapshot, r: _Req,
-                          resp: aiohttp.ClientResponse) -> tuple[web.StreamResponse, bool]:
-        """A whole JSON answer (non-streamed request, or an engine that ignored ``stream``): forwarded
-        unchanged after its usage is read, except engine finish reasons mapped to OpenAI's."""
-        raw = await resp.read()
-        try:
-            ev = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            ev = None
-        gerr = (scrub.from_event(ev, r.rid, r.backend, snap.hide) if isinstance(ev, dict)
-                else scrub.from_body(raw, 200, r.rid, r.backend, snap.hide))  # engine text: log only
-        if gerr is not None:
-            raise _UpstreamFailed(gerr, degrade.another_target(gerr), "protocol")
-        if r.tally is not None:
-            r.tally.take_whole(ev, r.sent_cap or r.out_cap)  # per-choice lower bounds (served.py)
-        usage = ev.get("usage")
-        if isinstance(usage, dict):
-            self._take_usage(r, usage)
-        r.served = True
-        r.status = 200
-        r.ttft_ns = _now() - r.t0_ns
-        return web.Response(body=_public_model(map_finish_bytes(raw), r), content_type="application/json",
-                            headers={"X-Request-ID": r.rid}), True
-
-    @staticmethod
-    def _take_usage(r: _Req, usage: dict[str, Any], choices: Any = None) -> None:
-        """Record one ``usage`` (``choices``: its event's choices, None for a whole answer). Multi-sequence
-        requests are tallied per choice (servelab.gateway.served): llama-server counts one choice per usage."""
-        if r.tally is not None and r.tally.sequences > 1:
-            if choices is not None:
-                r.tally.take(usage, choices)
-            r.prompt_tokens = r.tally.prompt(r.prompt_est)
-            r.completion_tokens = r.tally.completion()
-            return
-        pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if isinstance(pt, int):
-            r.prompt_tokens = pt
-        if isinstance(ct, int):
-            r.completion_tokens = ct
-        elif r.endpoint == "embeddings" and isinstance(pt, int):
-            r.completion_tokens = 0
-
-    async def _pipe_stream(  # noqa: C901 - the per-chunk hot loop, kept whole: each split adds calls per chunk
-            self, request: web.Request, snap: _Snapshot, r: _Req, resp: aiohttp.ClientResponse,
-            client_usage: bool) -> tuple[web.StreamResponse, bool | None]:
-        """Forward the SSE body read by read. Returns (response, complete): complete is False when the
-        stream ended in an error event or was cut off (the client then got a clean error event + [DONE]),
-        None when the client went away (says nothing about the backend).
-        Raises :class:`_UpstreamFailed` when it fails before any byte reached the client."""
-        out: web.StreamResponse | None = None
-        buf = b""
-        first = False
-        saw_done = False
-        saw_finish = False
-        last_ns = 0
-        ttft_h, itl_h, _, _ = self.metrics.model(r.model)
-        itl = HistogramBatch(itl_h)  # flushed when the stream ends
-        chat = r.endpoint == "chat"
-        error: GatewayError | None = None
-        cut = False
-        try:
-            async for data in resp.content.iter_any():
-                buf = buf + data if buf else data
-                end = buf.rfind(b"\n\n")
-                if end < 0:
-                    if b"\r\n\r\n" not in buf:
-                        continue
-                    buf = buf.replace(b"\r\n", b"\n")
-                    end = buf.rfind(b"\n\n")
-                block, buf = buf[:end + 2], buf[end + 2:]
-                if not first or b'"usage":{' in block or b'"usage": {' in block or b'"error"' in block:
-                    block, ntok, error, done = self._inspect(block, snap, r, client_usage, chat)
-                    saw_done = saw_done or done
-                else:
-                    ntok = _count_token_events(block)
-                    if block.endswith(_DONE):
-                        saw_done = True
-                if b'"finish_reason":"' in block or b'"finish_reason": "' in block:
-                    saw_finish = True
-                    block = map_finish_bytes(block)  # TGI "stop_sequence" -> "stop"
-                if b'"model"' in block:
-                    block = _public_model(block, r)
-                if error is not None and out is None and not block:
-                    # nothing sent yet: the client gets a proper HTTP error instead of a 200 stream
-                    raise _UpstreamFailed(error, degrade.another_target(error), "stream_error")
-                # charged before the write: a client that leaves during it still pays for what the engine
-                # already produced and the gateway received
-                r.token_events += ntok
-                if block:
-                    try:
-                        if out is None:
-                            out, _ = await self._prepare(request, r)  # headers leave with this block
-                        # aiohttp writes one chunked frame per call and waits only when the socket's
-                        # buffer is above its limit; writing to the transport directly measured no
-                        # faster here (benches/gateway_overhead.py, 2026-11-30) and bypassed its API
-                        await out.write(block)
-                    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-                        # the client went away without the handler being cancelled: stop here; leaving
-                        # this function closes the upstream response, which cancels the engine's work
-                        r.outcome = "client_disconnect"
-                        self._charge_unread(snap, r, buf, resp, client_usage, chat)
-                        return (out if out is not None else web.Response(status=499)), None
-                if ntok > 0:
-                    t = _now()
-                    if not first:
-                        first = True
-                        r.ttft_ns = t - r.t0_ns
-                        ttft_h.observe(r.ttft_ns / 1e9)
-                        ntok -= 1
-                    elif last_ns:
-                        itl.add((t - last_ns) / 1e9 / ntok, ntok)
-                    last_ns = t
-                if saw_done or error is not None:
-                    break
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as e:
-            if out is None:
-                raise
-            log.info("request %s: upstream stream broke after the first byte: %s", r.rid, type(e).__name__)
-            cut = True
-        except asyncio.CancelledError:  # the client went away (handler cancelled)
-            if out is not None:
-                self._charge_unread(snap, r, buf, resp, client_usage, chat)
-            raise
-        finally:
-            itl.flush()
-        if error is None and not saw_done and not saw_finish:
-            cut = True
-        if out is None:  # an empty 200 body
-            raise _UpstreamFailed(GatewayError(502, "the model closed the connection without answering; retry",
-                                               type="server_error", code="upstream_error"), True, "connect")
-        if error is None and cut:
-            error = GatewayError(502, "the model stopped answering mid-way; retry the request", type="server_error",
-                                 code="upstream_cut_off")
-        if error is not None:
-            self.metrics.stream_errors.labels(r.model, r.backend or "none").inc()
-            r.outcome = "error"
-            r.error_code = error.code
-            await out.write(error.event() + _DONE)
-        elif buf.strip():
-            await out.write(buf)
-        await out.write_eof()
-        return out, error is None
-
-    def _charge_unread(self, snap: _Snapshot, r: _Req, buf: bytes, resp: aiohttp.ClientResponse,
-                       client_usage: bool, chat: bool) -> None:
-        """The client left mid-stream: also charge the complete events the engine already delivered to
-        this process but that were not forwarded (``buf`` and the upstream read buffer; a usage chunk among
-        them is taken as usage). An incomplete trailing event is not charged: what it is cannot be told."""
-        with contextlib.suppress(Exception):
-            buf += resp.content.read_nowait()
-        end = buf.replace(b"\r\n", b"\n").rfind(b"\n\n")
-        if end >= 0:
-            _, ntok, _, _ = self._inspect(buf.replace(b"\r\n", b"\n")[:end + 2], snap, r, client_usage, chat)
-            r.token_events += ntok
-
-    async def _prepare(self, request: web.Request, r: _Req) -> tuple[web.StreamResponse, Any]:
-        """The 200 SSE response, prepared: (response, its payload writer)."""
-        out = web.StreamResponse(status=200, headers={**_SSE_HEADERS, "X-Request-ID": r.rid})
-        out.enable_chunked_encoding()
-        writer = await out.prepare(request)
-        r.served = True
-        r.status = 200
-        return out, writer
-
-    def _inspect(self, block: bytes, snap: _Snapshot, r: _Req, client_usage: bool,
-                 chat: bool) -> tuple[bytes, int, GatewayError | None, bool]:
-        """Slow path for one block of complete events: find usage, errors, token-carrying events; drop
-        the usage-only chunk unless the client asked for usage. Returns (bytes to forward, token events,
-        error, saw [DONE])."""
-        kept: list[bytes] = []
-        ntok = 0
-        done = False
-        changed = False
-        for ev_bytes in block.split(b"\n\n"):
-            if not ev_bytes.strip():
-                continue
-            payload = b"\n".join(line[5:].lstrip(b" ") for line in ev_bytes.split(b"\n") if line.startswith(b"data:"))
-            if payload == b"[DONE]":
-                done = True
-                kept.append(ev_bytes)
-                continue
-            try:
-                ev = orjson.loads(payload) if payload else None
-            except orjson.JSONDecodeError:
-                ev = None
-            if not isinstance(ev, dict):
-                kept.append(ev_bytes)
-                continue
-            gerr = scrub.from_event(ev, r.rid, r.backend, snap.hide)  # engine text: log only
-            if gerr is not None:
-                head = b"\n\n".join(kept) + b"\n\n" if kept else b""
-                return head, ntok, gerr, done
-            choices = ev.get("choices")
-            usage = ev.get("usage")
-            if isinstance(usage, dict):
-                self._take_usage(r, usage, choices if isinstance(choices, list) else [])
-                if not choices and not client_usage:
-                    changed = True
-                    continue
-            if choices and _carries_token(choices, chat):
-                ntok += 1
-            kept.append(ev_bytes)
-        if not changed and kept:
-            return block, ntok, None, done
-        return (b"\n\n".join(kept) + b"\n\n") if kept else b"", ntok, None, done
-
-    # ------------------------------------------------------------------ shadow
-    async def _shadow(self, snap: _Snapshot, target: Target, body: dict[str, Any], r: _Req) -> None:
-        """Send a copy to the shadow target (non-streamed, answer discarded, never charged); at most 16
-        at a time, dropped beyond that so shadows never queue behind each other."""
-        if self._shadow_sem.locked() or self._session is None:
-            return
-        async with self._shadow_sem:
-            lease = snap.router.acquire(target)
-            if lease is None:
-                return
-            outcome = "neutral"
-            try:
-                up = target.request_body(body)
-                if r.out_cap:
-                    up = lengths.for_backend(target.kind, r.endpoint, up, r.out_cap)
-                up["stream"] = False
-                up.pop("stream_options", None)
-                url = snap.backends[target.backend].base_url + _ENDPOINT_PATH[r.endpoint]
-                async with self._session.post(url, data=orjson.dumps(up), timeout=snap.timeouts[target.backend],
-                                              headers={"Content-Type": "application/json",
-                                                       "X-Request-ID": r.rid + "-shadow",
-                                                       **snap.auth_headers[target.backend]}) as resp:
-                    await resp.read()
-                    outcome = "success" if resp.status < 500 else "failure"
-                    self.metrics.requests.labels(r.model, target.backend, f"shadow_{resp.status}").inc()
-            except (aiohttp.ClientError, OSError, TimeoutError):
-                outcome = "failure"
-            finally:
-                lease.release(outcome)
-
-
-def _public_model(data: bytes, r: _Req) -> bytes:
-    """``data`` (a JSON body or SSE events) with every ``"model"`` member set to the public model that
-    answered: the engine's own name (llama-server: its GGUF path; vLLM: ``--served-model-name``) is an
-    internal detail, and OpenAI clients read ``model`` back for logs and cost."""
-    if not r.model_field:
-        return data
-    seen = r.model_seen
-    if seen:  # hot path: the engine repeats the same member in every chunk; bytes.replace is ~20x the regex
-        out = data.replace(seen, r.model_field)
-        if out is not data or seen == r.model_field:
-            return out
-
-    def sub(m: re.Match[bytes]) -> bytes:
-        r.model_seen = m.group(0)[len(m.group(1)):]
-        return m.group(1) + r.model_field
-
-    return _MODEL_RE.sub(sub, data)
-
-
-def _carries_token(choices: Any, chat: bool) -> bool:
-    """True when a chunk's choices carry generated text, reasoning or a tool-call fragment."""
-    for ch in choices:
-        if not isinstance(ch, dict):
-            continue
-        if chat:
-            d = ch.get("delta")
-            if isinstance(d, dict) and (d.get("content") or d.get("reasoning_content") or d.get("reasoning")
-                                        or d.get("tool_calls")):
-                return True
-        elif ch.get("text"):
-            return True
-    return False
-
+            self._spawn(settle(self._ledger, self._limiter, snap, r, admission, used))

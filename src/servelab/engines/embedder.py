@@ -276,7 +276,7 @@ def embed_engine_command(
             signal.signal(s, h)
 
 
-def _main(argv: list[str] | None = None) -> Any:  # ``python -m servelab.gateway.embedder``
+def _main(argv: list[str] | None = None) -> Any:  # ``python -m servelab.engines.embedder``
     app = typer.Typer(add_completion=False)
     app.command()(embed_engine_command)
     try:
