@@ -29,8 +29,18 @@ req/core-s by LiteLLM's (issue 4's target: >= 5x; added TTFT P99 <= 2 ms at 256 
 Placement on this 2-core box: the proxy under test on ``--proxy-cpu`` (1), the mock and the client on
 ``--client-cpu`` (0), for every target alike. The "direct check" lines say whether the direct baseline
 itself kept the mock's schedule at each step (client + mock core not saturated; with ``--itl-ms 20`` at
-256 streams it was not: direct TTFT P50 79 ms for a 50 ms mock), so the added numbers are the proxy's. Both proxies run with their default logging to a file
-and one worker process. Artefacts (bench run folders, configs, logs) stay in ``--workdir``.
+256 streams it was not: direct TTFT P50 79 ms for a 50 ms mock), so the added numbers are the proxy's.
+Both proxies run with their default logging to a file and one worker process. Artefacts (bench run
+folders, configs, logs) stay in ``--workdir``.
+
+Several gateway workers (``--gateway-workers 1,2,1,2``): the ``servelab`` target runs once per entry, in
+that order (alternate them: this box is noisy), each as ``servelab gateway --workers N`` with
+``state.redis_url`` set to a redis-server this script starts on the client CPU (also for N = 1, so
+the configs are the same; with no limits configured no request touches Redis). Every worker is pinned
+to ``--proxy-cpu`` with the supervisor (taskset is inherited), so ``req/core-s`` compares the cost per
+request of N processes sharing a core with one process; rows are named ``servelab-w<N>`` (``#k`` for the
+k-th run of the same N), and a closing line gives each run's req/core-s against the mean of the 1-worker
+runs (issue 15 item 6: within 10 %). ``--rps-only`` skips the latency part.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -106,7 +117,10 @@ class Proxy:
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float,
-                headers: dict[str, str] | None = None) -> None:
+                headers: dict[str, str] | None = None, line: str | None = None) -> None:
+    """Until ``url`` answers 200 and, with ``line``, the log holds it (``servelab gateway --workers N``
+    prints its ``listening on`` line once every worker is up: /health answers as soon as worker 0 is,
+    and the others' start-up CPU must not fall into the measured window)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         if proc.poll() is not None:
@@ -114,7 +128,7 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: f
                              + log.read_text(errors="replace")[-3000:])
         try:
             with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2) as r:
-                if r.status == 200:
+                if r.status == 200 and (line is None or line in log.read_text(errors="replace")):
                     return
         except (urllib.error.URLError, OSError):
             pass
@@ -148,9 +162,33 @@ def start_litellm(mock_url: str, work: Path, cpu: int) -> Proxy:
     return Proxy("litellm", f"http://127.0.0.1:{port}/v1", key, proc, log)
 
 
-def start_servelab(mock_url: str, work: Path, cpu: int, tag: str) -> Proxy:
+def start_redis(work: Path, cpu: int) -> tuple[subprocess.Popen[bytes], str]:
+    """A redis-server without persistence on a free port, pinned to ``cpu``: (process, URL)."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        sys.exit("--gateway-workers needs redis-server on PATH (scripts/setup.sh installs it: apt-get install -y "
+                 "redis-server)")
+    port = free_port()
+    proc = _spawn([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"], cpu,
+                  work / "redis.log")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            import socket
+
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    sys.exit(f"redis-server did not start: {(work / 'redis.log').read_text(errors='replace')[-500:]}")
+
+
+def start_servelab(mock_url: str, work: Path, cpu: int, tag: str, workers: int = 0,
+                   redis_url: str | None = None) -> Proxy:
     """``servelab gateway`` on one core: one backend (the mock), public model ``m``, one key, no limits,
-    SQLite ledger and JSON access log in ``work`` (its defaults)."""
+    SQLite ledger and JSON access log in ``work`` (its defaults). ``workers`` > 0: ``--workers N`` with
+    ``state.redis_url`` = ``redis_url`` (0: the plain command, no Redis)."""
     secret = secrets.token_hex(32)  # the gateway requires 64 hex characters
     port = free_port()
     cfg = {"server": {"host": "127.0.0.1", "port": port, "admin_port": None, "max_tokens_limit": 4096,
@@ -161,11 +199,14 @@ def start_servelab(mock_url: str, work: Path, cpu: int, tag: str) -> Proxy:
            "models": {MODEL: {"targets": [{"backend": "mock", "model": MODEL}]}},
            "tenants": {"bench": {"allowed_models": ["*"]}},
            "keys": [{"id": "bench", "tenant": "bench", "sha256": hashlib.sha256(secret.encode()).hexdigest()}]}
+    if workers:
+        cfg["state"] = {"redis_url": redis_url}
     path = work / f"gateway-{tag}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     log = work / f"gateway-{tag}.log"
-    proc = _spawn([str(SERVELAB), "gateway", "--config", str(path)], cpu, log)
-    _wait_ready(f"http://127.0.0.1:{port}/health", proc, log, 60)
+    proc = _spawn([str(SERVELAB), "gateway", "--config", str(path),
+                   *(["--workers", str(workers)] if workers else [])], cpu, log)
+    _wait_ready(f"http://127.0.0.1:{port}/health", proc, log, 60, line="listening on")
     return Proxy("servelab", f"http://127.0.0.1:{port}/v1", f"sk-sl-bench-{secret}", proc, log)
 
 
@@ -200,93 +241,36 @@ def _steps(summary: dict[str, Any], key: int | None = None) -> dict[int, dict[st
             if not s.get("skipped")}  # with ``key``: the last step wins (the first one was the warm-up)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--targets", default="direct,servelab,litellm", help="comma list: direct,servelab,litellm")
-    ap.add_argument("--concurrency", default="1,16,64,256", help="concurrent streams per step")
-    ap.add_argument("--requests-per-stream", type=int, default=4, help="measured requests per step = this x "
-                    "streams (at least --min-requests)")
-    ap.add_argument("--min-requests", type=int, default=200)
-    ap.add_argument("--ttft-ms", type=float, default=50.0, help="mock time to first token, ms")
-    ap.add_argument("--itl-ms", type=float, default=50.0, help="mock delay between tokens, ms (50: 256 streams "
-                    "= ~5k chunks/s, which the client + mock core carries without queueing; see the direct check)")
-    ap.add_argument("--output-tokens", default="8-24", help="tokens per answer (one per chunk): N, or LO-HI drawn "
-                    "uniformly per request, so closed-loop streams do not stay in lockstep (equal lengths make all "
-                    "streams of a step arrive in the same millisecond, every round)")
-    ap.add_argument("--loop", choices=("open", "closed"), default="open",
-                    help="latency part: open = Poisson arrivals at streams / mean request time (streams in flight "
-                         "on average, independent phases); closed = that many workers. A closed loop on a fixed "
-                         "TTFT/ITL schedule keeps every stream's chunks in the same millisecond forever (durations "
-                         "are multiples of the ITL), which measures burst queueing, not per-chunk cost")
-    ap.add_argument("--rps-concurrency", type=int, default=64, help="streams in the throughput run")
-    ap.add_argument("--rps-duration-s", type=float, default=10.0, help="seconds of the throughput run")
-    ap.add_argument("--proxy-cpu", type=int, default=1)
-    ap.add_argument("--client-cpu", type=int, default=0)
-    ap.add_argument("--workdir", default=None, help="artefacts folder (default: a new temp dir)")
-    a = ap.parse_args()
-    targets = [t.strip() for t in a.targets.split(",") if t.strip()]
-    if targets[0] != "direct":
-        targets = ["direct", *[t for t in targets if t != "direct"]]
-    bad = set(targets) - {"direct", "servelab", "litellm"}
-    if bad:
-        ap.error(f"unknown target(s) {', '.join(sorted(bad))}; choose from direct, servelab, litellm")
-    conc = [int(x) for x in a.concurrency.split(",")]
-    out_lo, out_hi = (int(x) for x in (str(a.output_tokens).split("-") * 2)[:2])
-    # the mock's cap is out_hi; each request's max_tokens picks its length. Mean request duration -> the
-    # open-loop rate that keeps `c` streams in flight on average (Little's law: L = lambda * W)
-    mean_s = (a.ttft_ms + ((out_lo + out_hi) / 2 - 1) * a.itl_ms) / 1e3
-    work = Path(a.workdir or tempfile.mkdtemp(prefix="gateway-overhead-"))
-    work.mkdir(parents=True, exist_ok=True)
-    print(f"workdir {work}; mock ttft {a.ttft_ms} ms, itl {a.itl_ms} ms, {a.output_tokens} tokens; "
-          f"proxy on CPU {a.proxy_cpu}, mock + client on CPU {a.client_cpu}", flush=True)
-    lat_mock = MockLauncher({"ttft_ms": a.ttft_ms, "itl_ms": a.itl_ms, "output_tokens": out_hi,
-                             "model": MODEL}, log_dir=work).start()
-    rps_mock = MockLauncher({"output_tokens": out_hi, "model": MODEL}, log_dir=work).start()
-    for eng in (lat_mock, rps_mock):
-        os.sched_setaffinity(eng.process.pid, {a.client_cpu})
-    lat: dict[str, dict[int, dict[str, Any]]] = {}
-    rps: dict[str, tuple[float, float]] = {}
+def _worker_targets(ap: argparse.ArgumentParser, spec: str | None) -> dict[str, int]:
+    """``--gateway-workers 1,2,1`` -> ``{"servelab-w1#1": 1, "servelab-w2": 2, "servelab-w1#2": 1}`` (in order)."""
+    if not spec:
+        return {}
     try:
-        for t in targets:
-            for phase, mock in (("latency", lat_mock), ("rps", rps_mock)):
-                p: Proxy
-                if t == "direct":
-                    p = Proxy("direct", mock.base_url, None, None, None)
-                elif t == "litellm":
-                    p = start_litellm(mock.base_url, work, a.proxy_cpu)
-                else:
-                    p = start_servelab(mock.base_url, work, a.proxy_cpu, phase)
-                try:
-                    print(f"[{t}] {phase} ...", flush=True)
-                    if phase == "latency":
-                        # one step per concurrency, each its own bench run so request counts can differ
-                        lat[t] = {}
-                        for c in conc:
-                            n = max(a.min_requests, a.requests_per_stream * c)
-                            psutil.cpu_percent(percpu=True)  # starts the per-CPU busy-share interval
-                            rate = c / mean_s if a.loop == "open" else None
-                            s = run_bench(p, work / f"{t}-c{c}", a.client_cpu, [c], n, None, warmup=c,
-                                          output_tokens=a.output_tokens, rate_rps=rate)  # every connection warm
-                            busy = psutil.cpu_percent(percpu=True)
-                            lat[t].update(_steps(s, c))
-                            lat[t][c]["cpu_busy_pct"] = {"client": busy[a.client_cpu], "proxy": busy[a.proxy_cpu]}
-                    else:
-                        cpu0 = p.cpu_s()
-                        s = run_bench(p, work / f"{t}-rps", a.client_cpu, [a.rps_concurrency], None,
-                                      a.rps_duration_s, warmup=a.rps_concurrency, output_tokens=a.output_tokens)
-                        cpu = p.cpu_s() - cpu0
-                        step = _steps(s)[a.rps_concurrency]
-                        # the proxy's CPU covers warmup + measured requests: count both
-                        lines = (work / f"{t}-rps" / "requests.jsonl").read_bytes().splitlines()
-                        served = sum(1 for ln in lines if json.loads(ln)["failure"] is None)
-                        rps[t] = (step["throughput"]["requests_per_s"] or 0.0,
-                                  served / cpu if cpu > 0 else float("nan"))
-                finally:
-                    p.stop()
-    finally:
-        lat_mock.stop()
-        rps_mock.stop()
+        counts = [int(x) for x in spec.split(",")]
+    except ValueError:
+        ap.error(f"--gateway-workers {spec!r}: give worker counts like 1,2,1,2")
+    if not counts or min(counts) < 1:
+        ap.error("--gateway-workers: every count must be >= 1")
+    out: dict[str, int] = {}
+    seen: dict[int, int] = {}
+    for n in counts:
+        seen[n] = seen.get(n, 0) + 1
+        out[f"servelab-w{n}" + (f"#{seen[n]}" if counts.count(n) > 1 else "")] = n
+    return out
 
+
+def _print_worker_ratio(gw_workers: dict[str, int], rps: dict[str, tuple[float, float]]) -> None:
+    ones = [rps[t][1] for t, n in gw_workers.items() if n == 1 and t in rps]
+    if ones:
+        base = sum(ones) / len(ones)
+        print(f"\nreq/core-s against the mean of the 1-worker runs ({base:.1f}): "
+              + ", ".join(f"{t} {rps[t][1]:.1f} ({(rps[t][1] / base - 1) * 100:+.1f} %)" for t in gw_workers
+                          if t in rps))
+
+
+def _print_latency(a: argparse.Namespace, lat: dict[str, dict[int, dict[str, Any]]], conc: list[int],
+                   targets: list[str], mean_s: float) -> None:
+    """The latency table (target minus direct) and the direct check (is the client + mock core queueing?)."""
     loop = (f"open loop, Poisson arrivals at streams / {mean_s:.2f} s" if a.loop == "open" else "closed loop")
     print(f"\nLatency (ms; {loop}; mock TTFT {a.ttft_ms:g} ms, ITL {a.itl_ms:g} ms, {a.output_tokens} tokens)")
     hdr = f"{'streams':>7} {'target':<9} {'n':>5} {'fail':>4} {'TTFT p50':>9} {'TTFT p99':>9} {'chunk p99':>9} " \
@@ -320,6 +304,112 @@ def main() -> None:
               f"schedule; CPU {a.client_cpu} busy {d['cpu_busy_pct']['client']:.0f} % -> "
               + ("SATURATED: the client + mock core queues, added numbers at this step are not the proxy's "
                  "alone; raise --itl-ms or lower the streams" if saturated else "not saturated"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--targets", default="direct,servelab,litellm", help="comma list: direct,servelab,litellm")
+    ap.add_argument("--concurrency", default="1,16,64,256", help="concurrent streams per step")
+    ap.add_argument("--requests-per-stream", type=int, default=4, help="measured requests per step = this x "
+                    "streams (at least --min-requests)")
+    ap.add_argument("--min-requests", type=int, default=200)
+    ap.add_argument("--ttft-ms", type=float, default=50.0, help="mock time to first token, ms")
+    ap.add_argument("--itl-ms", type=float, default=50.0, help="mock delay between tokens, ms (50: 256 streams "
+                    "= ~5k chunks/s, which the client + mock core carries without queueing; see the direct check)")
+    ap.add_argument("--output-tokens", default="8-24", help="tokens per answer (one per chunk): N, or LO-HI drawn "
+                    "uniformly per request, so closed-loop streams do not stay in lockstep (equal lengths make all "
+                    "streams of a step arrive in the same millisecond, every round)")
+    ap.add_argument("--loop", choices=("open", "closed"), default="open",
+                    help="latency part: open = Poisson arrivals at streams / mean request time (streams in flight "
+                         "on average, independent phases); closed = that many workers. A closed loop on a fixed "
+                         "TTFT/ITL schedule keeps every stream's chunks in the same millisecond forever (durations "
+                         "are multiples of the ITL), which measures burst queueing, not per-chunk cost")
+    ap.add_argument("--rps-concurrency", type=int, default=64, help="streams in the throughput run")
+    ap.add_argument("--rps-duration-s", type=float, default=10.0, help="seconds of the throughput run")
+    ap.add_argument("--proxy-cpu", type=int, default=1)
+    ap.add_argument("--client-cpu", type=int, default=0)
+    ap.add_argument("--workdir", default=None, help="artefacts folder (default: a new temp dir)")
+    ap.add_argument("--gateway-workers", default=None, help="comma list of worker counts for the servelab target, "
+                    "run in this order (e.g. 1,2,1,2), each with Redis (module doc); default: one plain run")
+    ap.add_argument("--rps-only", action="store_true", help="only the throughput part")
+    a = ap.parse_args()
+    targets = [t.strip() for t in a.targets.split(",") if t.strip()]
+    if targets[0] != "direct":
+        targets = ["direct", *[t for t in targets if t != "direct"]]
+    bad = set(targets) - {"direct", "servelab", "litellm"}
+    if bad:
+        ap.error(f"unknown target(s) {', '.join(sorted(bad))}; choose from direct, servelab, litellm")
+    gw_workers = _worker_targets(ap, a.gateway_workers)  # target label -> --workers (servelab-w<N>[#k])
+    if gw_workers:
+        i = targets.index("servelab") if "servelab" in targets else len(targets)
+        targets = [*targets[:i], *gw_workers, *targets[i + 1:]]
+    conc = [int(x) for x in a.concurrency.split(",")]
+    out_lo, out_hi = (int(x) for x in (str(a.output_tokens).split("-") * 2)[:2])
+    # the mock's cap is out_hi; each request's max_tokens picks its length. Mean request duration -> the
+    # open-loop rate that keeps `c` streams in flight on average (Little's law: L = lambda * W)
+    mean_s = (a.ttft_ms + ((out_lo + out_hi) / 2 - 1) * a.itl_ms) / 1e3
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="gateway-overhead-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"workdir {work}; mock ttft {a.ttft_ms} ms, itl {a.itl_ms} ms, {a.output_tokens} tokens; "
+          f"proxy on CPU {a.proxy_cpu}, mock + client on CPU {a.client_cpu}", flush=True)
+    lat_mock = MockLauncher({"ttft_ms": a.ttft_ms, "itl_ms": a.itl_ms, "output_tokens": out_hi,
+                             "model": MODEL}, log_dir=work).start()
+    rps_mock = MockLauncher({"output_tokens": out_hi, "model": MODEL}, log_dir=work).start()
+    for eng in (lat_mock, rps_mock):
+        os.sched_setaffinity(eng.process.pid, {a.client_cpu})
+    redis_proc, redis_url = start_redis(work, a.client_cpu) if gw_workers else (None, None)
+    lat: dict[str, dict[int, dict[str, Any]]] = {}
+    rps: dict[str, tuple[float, float]] = {}
+    try:
+        for t in targets:
+            phases = (("rps", rps_mock),) if a.rps_only else (("latency", lat_mock), ("rps", rps_mock))
+            for phase, mock in phases:
+                p: Proxy
+                if t == "direct":
+                    p = Proxy("direct", mock.base_url, None, None, None)
+                elif t == "litellm":
+                    p = start_litellm(mock.base_url, work, a.proxy_cpu)
+                elif t in gw_workers:
+                    p = start_servelab(mock.base_url, work, a.proxy_cpu, f"{phase}-{t}", gw_workers[t], redis_url)
+                    p.name = t
+                else:
+                    p = start_servelab(mock.base_url, work, a.proxy_cpu, phase)
+                try:
+                    print(f"[{t}] {phase} ...", flush=True)
+                    if phase == "latency":
+                        # one step per concurrency, each its own bench run so request counts can differ
+                        lat[t] = {}
+                        for c in conc:
+                            n = max(a.min_requests, a.requests_per_stream * c)
+                            psutil.cpu_percent(percpu=True)  # starts the per-CPU busy-share interval
+                            rate = c / mean_s if a.loop == "open" else None
+                            s = run_bench(p, work / f"{t}-c{c}", a.client_cpu, [c], n, None, warmup=c,
+                                          output_tokens=a.output_tokens, rate_rps=rate)  # every connection warm
+                            busy = psutil.cpu_percent(percpu=True)
+                            lat[t].update(_steps(s, c))
+                            lat[t][c]["cpu_busy_pct"] = {"client": busy[a.client_cpu], "proxy": busy[a.proxy_cpu]}
+                    else:
+                        cpu0 = p.cpu_s()
+                        s = run_bench(p, work / f"{t}-rps", a.client_cpu, [a.rps_concurrency], None,
+                                      a.rps_duration_s, warmup=a.rps_concurrency, output_tokens=a.output_tokens)
+                        cpu = p.cpu_s() - cpu0
+                        step = _steps(s)[a.rps_concurrency]
+                        # the proxy's CPU covers warmup + measured requests: count both
+                        lines = (work / f"{t}-rps" / "requests.jsonl").read_bytes().splitlines()
+                        served = sum(1 for ln in lines if json.loads(ln)["failure"] is None)
+                        rps[t] = (step["throughput"]["requests_per_s"] or 0.0,
+                                  served / cpu if cpu > 0 else float("nan"))
+                finally:
+                    p.stop()
+    finally:
+        lat_mock.stop()
+        rps_mock.stop()
+        if redis_proc is not None:
+            redis_proc.terminate()
+            redis_proc.wait(10)
+
+    if lat:
+        _print_latency(a, lat, conc, targets, mean_s)
     print(f"\nThroughput ({a.rps_concurrency} streams, {a.rps_duration_s:g} s, zero-delay mock, "
           f"{a.output_tokens} tokens; proxy alone on CPU {a.proxy_cpu})")
     print(f"{'target':<9} {'req/s':>8} {'req/core-s':>11}")
@@ -327,6 +417,7 @@ def main() -> None:
         if t in rps:
             r, per_core = rps[t]
             print(f"{t:<9} {r:>8.1f} {'' if t == 'direct' else f'{per_core:.1f}':>11}")
+    _print_worker_ratio(gw_workers, rps)
     if "servelab" in rps and "litellm" in rps:
         print(f"\nservelab / LiteLLM: req/s {rps['servelab'][0] / rps['litellm'][0]:.1f}x, "
               f"req per proxy core-second {rps['servelab'][1] / rps['litellm'][1]:.1f}x (target >= 5x)")

@@ -5,7 +5,14 @@ Fields of a line (:func:`access_record`; docs/gateway-design.md): ``ts`` (epoch 
 (``ok``/``error``/``client_disconnect``), ``error_code``, ``ttft_ms``, ``e2e_ms``, ``prompt_tokens``,
 ``completion_tokens``, ``charged_tokens``, ``retries``, ``fallback``, ``config_version``,
 ``client_request_id``; when they apply: ``degraded`` (degrade.Decision.log_record), ``client_ip``,
-``policy`` (policy.Applied.log_record), ``application``, ``prompt`` (tenants with ``log_prompts``, redacted).
+``policy`` (policy.Applied.log_record), ``application``, ``prompt`` (tenants with ``log_prompts``, redacted),
+``worker`` (the worker index under ``servelab gateway --workers N``).
+
+Several workers write one file: each opens it with ``O_APPEND`` and writes every line with one
+``write(2)`` call, so lines never interleave or overwrite each other (POSIX: with ``O_APPEND`` "the file
+offset shall be set to the end of the file prior to each write and no intervening file modification
+operation shall occur between changing the file offset and the write operation",
+https://pubs.opengroup.org/onlinepubs/9799919799/functions/write.html, read 2026-12-01).
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ class AccessLog:
     """One JSON line per request to stderr or a file (``server.access_log``); writes are unbuffered
     bytes so a crash loses no finished request's line."""
 
-    def __init__(self, where: str | None) -> None:
+    def __init__(self, where: str | None, worker: int | None = None) -> None:
         self.where = where
+        self.worker = worker
         self._f: IO[bytes] | None = None
         if where == "-":
             self._f = sys.stderr.buffer
@@ -39,6 +47,8 @@ class AccessLog:
 
     def write(self, rec: dict[str, Any]) -> None:
         if self._f is not None:
+            if self.worker is not None:
+                rec["worker"] = self.worker
             try:
                 self._f.write(orjson.dumps(rec) + b"\n")
                 if self.where == "-":

@@ -2,6 +2,8 @@
 
 Prints ``servelab gateway listening on http://HOST:PORT/v1 (admin http://HOST:PORT2)`` once both ports are
 bound (tests and scripts wait for that line). SIGHUP or saving the file reloads the config atomically.
+``--workers N`` runs N gateway processes on the same port under a supervisor (:mod:`servelab.gateway.workers`;
+N > 1 needs ``state.redis_url``); the line then ends with ``[N workers: pids ...]``.
 
 ``servelab gateway shadow-report``: the old-vs-new report of shadow traffic from a running gateway's admin
 port (``GET /admin/shadow``, :mod:`servelab.gateway.shadow`), as a table or ``--json``.
@@ -24,17 +26,25 @@ from servelab.wire.files import install_uvloop
 
 __all__ = ["gateway_app", "gateway_command", "serve", "shadow_report_command"]
 
+
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 gateway_app = typer.Typer(add_completion=False, rich_markup_mode=None,
                           help="Run the OpenAI-compatible gateway (--config FILE), or report on a running one.")
 
 
 def serve(config_path: str | Path, host: str | None = None, port: int | None = None,
-          admin_port: int | None = -1, no_admin: bool = False, admin_host: str | None = None) -> None:
+          admin_port: int | None = -1, no_admin: bool = False, admin_host: str | None = None,
+          worker: int | None = None) -> None:
     """Load ``config_path`` and serve until SIGINT/SIGTERM (blocking; uvloop when installed).
 
     ``admin_port`` -1 = from the file; ``no_admin`` runs no admin app; ``admin_host`` None = the file's
     ``server.admin_host`` (default 127.0.0.1, whatever ``host`` is). Raises :class:`ConfigError` for a
-    bad config, a missing admin token or a port that cannot be bound.
+    bad config, a missing admin token or a port that cannot be bound. ``worker``: this process's index
+    under a :class:`~servelab.gateway.workers.Supervisor` (None = the only process).
     """
     from servelab.gateway.config import load_config
     from servelab.gateway.server import Gateway
@@ -44,7 +54,7 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
 
     async def main() -> None:
         gw = Gateway(cfg, config_path, host=host, port=port, admin_port=None if no_admin else admin_port,
-                     admin_host=admin_host)
+                     admin_host=admin_host, worker=worker)
         try:
             await gw.start()
         except OSError as e:
@@ -85,6 +95,12 @@ def gateway_command(
                                           "server.admin_host, 127.0.0.1; --host does not change it]."),
     no_admin: bool = typer.Option(False, "--no-admin", help="Run without the admin API."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error (stderr)."),
+    workers: str = typer.Option("1", "--workers", help="Gateway processes serving the one port (SO_REUSEPORT), "
+                                "each with its own event loop; 'auto' = one per CPU this process may use "
+                                f"({_cpus()} here) when state.redis_url is set, else 1. N > 1 needs "
+                                "state.redis_url (limits, budgets and breakers shared in Redis)."),
+    worker_index: int | None = typer.Option(None, "--worker-index", hidden=True,
+                                            help="Set by the supervisor: this worker's index."),
 ) -> None:
     """Run the OpenAI-compatible gateway over the engines in --config (SIGHUP or a saved file reloads it)."""
     if ctx.invoked_subcommand is not None:
@@ -96,7 +112,24 @@ def gateway_command(
     if not isinstance(level, int):
         raise ConfigError(f"--log-level {log_level!r} is not one of debug, info, warning, error")
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(config, host, port, -1 if admin_port is None else admin_port, no_admin, admin_host)
+    if worker_index is None and workers != "1":
+        from servelab.gateway.config import load_config
+        from servelab.gateway.workers import Supervisor, check_workers, parse_workers
+
+        n = parse_workers(workers)
+        cfg = load_config(config)
+        if workers == "auto" and not cfg.state.redis_url and n > 1:
+            logging.getLogger("servelab.gateway").warning(
+                "--workers auto: 1 worker, not %d: limits are in memory without state.redis_url and cannot be "
+                "shared; set state.redis_url to run on every core", n)
+            n = 1
+        check_workers(n, cfg.state.redis_url)
+        if n > 1:
+            sup = Supervisor(config, n, host or cfg.server.host, cfg.server.port if port is None else port,
+                             None if no_admin else (-1 if admin_port is None else admin_port), admin_host,
+                             cfg.server.shutdown_grace_s, log_level)
+            raise typer.Exit(sup.run())
+    serve(config, host, port, -1 if admin_port is None else admin_port, no_admin, admin_host, worker_index)
 
 
 @gateway_app.command("shadow-report")

@@ -27,20 +27,43 @@ process do not collide). Bucket edges: TTFT 1 ms-60 s, inter-token 0.5 ms-2.5 s,
 gateway's own overhead (target: added TTFT P99 <= 2 ms) and engine-scale latencies alike. Every family
 goes through prometheus-client's public API; ``inter_token_seconds`` is a :class:`CountingHistogram`
 (a custom collector: one ``bisect`` per token instead of ``Histogram.observe``'s lock and scan).
+
+Several worker processes (``servelab gateway --workers N``, :mod:`servelab.gateway.workers`): the
+supervisor sets ``PROMETHEUS_MULTIPROC_DIR`` for every worker, so prometheus-client keeps counters,
+histograms and gauges in per-process files there (its multiprocess mode,
+https://prometheus.github.io/client_python/multiprocess/, read 2026-12-01) and :meth:`GatewayMetrics.expose`
+renders all workers' families summed through its ``MultiProcessCollector`` (gauges: ``in_flight`` and
+``connections`` summed over live workers, ``breaker_state`` the maximum over live workers). The custom
+``inter_token_seconds`` collector writes its counts to ``itl_<pid>.json`` in that folder every
+:data:`FLUSH_S` (:meth:`GatewayMetrics.flush`) and the exposition sums every worker's file (the scraped
+worker's own counts live), so another worker's inter-token counts can be up to :data:`FLUSH_S` old.
+Counts of a worker that died stay in the sum (counters never go back).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from bisect import bisect_left
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["CONTENT_TYPE_LATEST", "CountingHistogram", "GatewayMetrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "FLUSH_S", "CountingHistogram", "GatewayMetrics", "multiprocess_dir"]
+
+#: seconds between a worker's writes of its inter-token counts (and connection gauge) in multiprocess mode
+FLUSH_S = 1.0
+
+
+def multiprocess_dir() -> str | None:
+    """``PROMETHEUS_MULTIPROC_DIR`` when set (several workers), else None (one process)."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 _TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -70,7 +93,8 @@ class GatewayMetrics:
                              buckets=_E2E_BUCKETS_S, registry=r)
         self.tokens = Counter(p + "tokens_total", "Tokens as reported by the engines", ("model", "direction"),
                               registry=r)
-        self.in_flight = Gauge(p + "in_flight", "Requests in flight", ("model",), registry=r)
+        self.in_flight = Gauge(p + "in_flight", "Requests in flight", ("model",), registry=r,
+                               multiprocess_mode="livesum")
         self.retries = Counter(p + "retries_total", "Upstream retries before the first byte", ("model", "reason"),
                                registry=r)
         self.fallbacks = Counter(p + "fallbacks_total", "Requests answered by a fallback model", ("model",),
@@ -78,14 +102,17 @@ class GatewayMetrics:
         self.fallbacks_denied = Counter(p + "fallbacks_denied_total", "Fallback steps left out because the "
                                         "key/tenant may not use that model", ("model", "fallback"), registry=r)
         self.breaker_state = Gauge(p + "breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open",
-                                   ("backend",), registry=r)
+                                   ("backend",), registry=r, multiprocess_mode="livemax")
         self.limit_rejections = Counter(p + "limit_rejections_total", "Requests refused by a limit", ("limit",),
                                         registry=r)
         self.reloads = Counter(p + "config_reloads_total", "Config reloads by result", ("result",), registry=r)
         self.connection_events = Counter(p + "connection_events_total", "Connections closed or refused by the "
                                          "listener (servelab.gateway.listener.EVENTS)", ("port", "reason"),
                                          registry=r)
-        self.connections = Gauge(p + "connections", "Open client connections", ("port",), registry=r)
+        self.connections = Gauge(p + "connections", "Open client connections", ("port",), registry=r,
+                                 multiprocess_mode="livesum")
+        self.multiproc_dir = multiprocess_dir()
+        self._flushed = -1.0
         self._children: dict[str, tuple[Any, Any, Any, Any]] = {}
 
     def model(self, model: str) -> tuple[Any, Any, Any, Any]:
@@ -102,8 +129,55 @@ class GatewayMetrics:
             self.breaker_state.labels(name).set(_BREAKER_VALUE.get(s, 0))
 
     def expose(self) -> bytes:
-        """The Prometheus text exposition of every family."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition of every family (of every worker in multiprocess mode)."""
+        if self.multiproc_dir is None:
+            return generate_latest(self.registry)
+        from prometheus_client import multiprocess
+
+        self.flush()
+        reg = CollectorRegistry()
+        multiprocess.MultiProcessCollector(reg, self.multiproc_dir)
+        reg.register(_MergedHistogram(self.itl, self.multiproc_dir))
+        return generate_latest(reg)
+
+    def flush(self) -> None:
+        """Multiprocess mode: write this worker's inter-token counts to ``itl_<pid>.json`` (atomically,
+        only when they changed). No-op in one process."""
+        if self.multiproc_dir is None:
+            return
+        state = [[list(v), c.counts, c.sum] for v, c in self.itl._children.items()]
+        total = sum(sum(c.counts) + c.sum for c in self.itl._children.values())
+        if total == self._flushed:
+            return
+        path = Path(self.multiproc_dir) / f"itl_{os.getpid()}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(state))
+        os.replace(tmp, path)
+        self._flushed = total
+
+
+class _MergedHistogram:
+    """``inter_token_seconds`` summed over every worker's ``itl_<pid>.json`` (multiprocess mode)."""
+
+    def __init__(self, itl: CountingHistogram, folder: str) -> None:
+        self.itl, self.folder = itl, Path(folder)
+
+    def describe(self) -> list[HistogramMetricFamily]:
+        return self.itl.describe()
+
+    def collect(self) -> list[HistogramMetricFamily]:
+        merged: dict[tuple[str, ...], CountingHistogram._Child] = {}
+        for f in sorted(self.folder.glob("itl_*.json")):
+            try:
+                rows = orjson.loads(f.read_bytes())
+            except (OSError, orjson.JSONDecodeError):
+                continue  # a worker replacing it right now: counted at the next scrape
+            for values, counts, total in rows:
+                c = merged.setdefault(tuple(values), CountingHistogram._Child(self.itl.bounds))
+                if len(counts) == len(c.counts):
+                    c.counts = [a + b for a, b in zip(c.counts, counts, strict=True)]
+                    c.sum += total
+        return self.itl.family(merged)
 
 
 class CountingHistogram:
@@ -158,8 +232,12 @@ class CountingHistogram:
 
     def collect(self) -> list[HistogramMetricFamily]:
         """The family with every child's cumulative buckets, sum and count."""
+        return self.family(self._children)
+
+    def family(self, children: dict[tuple[str, ...], CountingHistogram._Child]) -> list[HistogramMetricFamily]:
+        """``children`` (label values -> counts) as the exposed family."""
         fam = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for values, c in self._children.items():
+        for values, c in children.items():
             acc, buckets = 0, []
             for bound, k in zip(c.bounds, c.counts, strict=True):
                 acc += k

@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import re
 import secrets
 import signal
@@ -68,7 +69,8 @@ from servelab.gateway.snapshot import Snapshot, breaker_settings
 from servelab.gateway.upstream import Upstream, reason
 from servelab.wire.client import ConfigError
 
-__all__ = ["Gateway", "LEDGER_RETRY_MAX_S", "LEDGER_RETRY_S", "RELOAD_POLL_S", "map_finish_bytes", "openai_finish"]
+__all__ = ["Gateway", "LEDGER_RETRY_MAX_S", "LEDGER_RETRY_S", "RELOAD_POLL_S", "WORKER_KEYS_REFRESH_S",
+           "map_finish_bytes", "openai_finish"]
 
 log = logging.getLogger("servelab.gateway")
 _now = time.monotonic_ns
@@ -129,6 +131,10 @@ def _database_down(e: BaseException) -> bool:
     return isinstance(e, (asyncpg.CannotConnectNowError, asyncpg.ConnectionDoesNotExistError))
 
 
+#: seconds between key reloads from the ledger in each worker under ``--workers N``
+WORKER_KEYS_REFRESH_S = 1.0
+
+
 class Gateway:
     """One gateway: the OpenAI app (:attr:`app`), optionally the admin app, shared upstream session,
     limiter, ledger, key store, breakers, health checks and the hot-reloadable config.
@@ -140,12 +146,20 @@ class Gateway:
     :class:`~servelab.gateway.listener.GuardedRunner` (timeouts, connection cap, quiet parser errors).
     Components can be injected (tests, embedding): ``ledger``, ``limiter``, ``keystore``. Use
     ``await start()`` / ``await close()``.
+
+    ``worker``: this process's index under ``servelab gateway --workers N`` (:mod:`servelab.gateway.workers`;
+    None = the only process): the API port is bound with SO_REUSEPORT (every worker binds the same
+    port, the kernel spreads connections), access-log lines carry ``worker``, worker ``i > 0`` journals
+    in ``<spool_path>/worker-<i>`` (each worker replays only its own predecessor's segments), an admin
+    reload also asks the supervisor (SIGUSR1) to reload the other workers, and in prometheus-client's
+    multiprocess mode the inter-token counts are flushed every :data:`~servelab.gateway.metrics.FLUSH_S`.
     """
 
     def __init__(self, config: GatewayConfig, config_path: str | Path | None = None, *, host: str | None = None,
                  port: int | None = None, admin_port: int | None = -1, ledger: Ledger | None = None,
                  limiter: Limiter | None = None, keystore: Any = None, watch: bool = True,
-                 admin_host: str | None = None) -> None:
+                 admin_host: str | None = None, worker: int | None = None) -> None:
+        self.worker = worker
         self.config_path = Path(config_path) if config_path is not None else None
         self.host = host or config.server.host
         self.port = config.server.port if port is None else port
@@ -181,7 +195,8 @@ class Gateway:
         self._ledger_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watch_task: asyncio.Task[None] | None = None
-        self._access = AccessLog(config.server.access_log)
+        self._access = AccessLog(config.server.access_log, worker)
+        self._flush_task: asyncio.Task[None] | None = None
         #: mirrored requests' old-vs-new samples (GET /admin/shadow, servelab gateway shadow-report)
         self.shadows = ShadowBook()
         self.admitter = Admitter(self.metrics, self._degrade, self.load)
@@ -257,8 +272,10 @@ class Gateway:
                 assert cfg.ledger.sqlite_path is not None  # LedgerSection sets it when there is no postgres_dsn
                 store = SqliteLedger(cfg.ledger.sqlite_path)
             # write-ahead journal: a crash or a database outage loses no usage (servelab.gateway.journal)
-            self._ledger = (DurableLedger(store, cfg.ledger.spool_path, cfg.ledger.fsync_interval_s)
-                            if cfg.ledger.spool_path else store)
+            spool = cfg.ledger.spool_path
+            if spool and self.worker:  # worker 0 keeps the folder itself (its segments: the one-process ones)
+                spool = str(Path(spool) / f"worker-{self.worker}")
+            self._ledger = (DurableLedger(store, spool, cfg.ledger.fsync_interval_s) if spool else store)
             down = await self._start_ledger(cfg)
         else:
             await self._ledger.start()
@@ -285,13 +302,16 @@ class Gateway:
                                      access_log=None, handler_cancellation=True,
                                      shutdown_timeout=cfg.server.shutdown_grace_s)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=2048, reuse_address=True)
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=2048, reuse_address=True,
+                           reuse_port=True if self.worker is not None else None)
         await site.start()
         self.port = self._runner.addresses[0][1]
         if self.admin_port is not None:
             await self._start_admin()
         if self._watch:
             self._watch_task = asyncio.get_running_loop().create_task(self._watch_loop())
+        if self.metrics.multiproc_dir is not None:
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush_loop())
         log.info("gateway listening on http://%s:%d/v1 (config version %d)", self.host, self.port, self.snap.version)
 
     async def _start_ledger(self, cfg: GatewayConfig) -> str | None:
@@ -318,7 +338,10 @@ class Gateway:
         """The start-up steps that need the ledger: budgets seeded from its spend, keys loaded from it."""
         await self._seed_budgets()
         start = getattr(self._keystore, "start", None)
-        if start is not None:
+        if start is not None and self.worker is not None:
+            # keys created or revoked through worker 0's admin port reach the other workers within this
+            await start(refresh_interval_s=WORKER_KEYS_REFRESH_S)
+        elif start is not None:
             await start()
 
     async def _wait_for_ledger(self, cfg: GatewayConfig) -> None:
@@ -372,6 +395,9 @@ class Gateway:
 
     async def _admin_reload(self) -> dict[str, Any]:
         res = await self.reload("admin")
+        if self.worker is not None and res["ok"]:
+            with contextlib.suppress(OSError):  # the supervisor sends SIGHUP to the other workers
+                os.kill(os.getppid(), signal.SIGUSR1)
         if not res["ok"]:
             raise ConfigError(res["error"])
         return res
@@ -417,6 +443,11 @@ class Gateway:
 
     async def close(self) -> None:
         """Stop accepting, let in-flight requests finish (``shutdown_grace_s``), flush the ledger."""
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._flush_task
+            self._flush_task = None
         if self._watch_task is not None:
             self._watch_task.cancel()
             try:
@@ -455,6 +486,20 @@ class Gateway:
                 with contextlib.suppress(Exception):
                     await closer()
         self._access.close()
+        with contextlib.suppress(OSError):
+            self.metrics.flush()  # a worker's last inter-token counts stay in the merged view
+
+    async def _flush_loop(self) -> None:
+        """Multiprocess mode: this worker's connection gauges and inter-token counts to the shared folder."""
+        from servelab.gateway.metrics import FLUSH_S
+
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            try:
+                self._set_gauges()
+                self.metrics.flush()
+            except OSError as e:
+                log.warning("metrics flush failed: %s", e)
 
     # public accessors for the admin app
     @property
@@ -549,7 +594,7 @@ class Gateway:
             self.breakers.reconfigure(new_breakers)  # thresholds change, breaker states stay
         self.retry_budget.ratio = cfg.retry.budget_ratio
         if old.server.access_log != cfg.server.access_log:
-            old_log, self._access = self._access, AccessLog(cfg.server.access_log)
+            old_log, self._access = self._access, AccessLog(cfg.server.access_log, self.worker)
             old_log.close()
         if (old.backends != cfg.backends or old.health != cfg.health) and self.upstream.session is not None:
             await self._start_health()
@@ -621,11 +666,14 @@ class Gateway:
     def _conn_event(self, port: str, reason: str) -> None:
         self.metrics.connection_events.labels(port, reason).inc()
 
-    async def _metrics_ep(self, request: web.Request) -> web.Response:
+    def _set_gauges(self) -> None:
         self.metrics.set_breakers({n: s["state"] for n, s in self.breakers.snapshot().items()})
         for port, runner in (("api", self._runner), ("admin", self._admin_runner)):
             if isinstance(runner, GuardedRunner):
                 self.metrics.connections.labels(port).set(runner.connections())
+
+    async def _metrics_ep(self, request: web.Request) -> web.Response:
+        self._set_gauges()
         resp = web.Response(body=self.metrics.expose())
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
