@@ -165,6 +165,9 @@ class RunningEngine:
         self.identity: dict[str, Any] = {}
         self.cold_start: dict[str, float] = {}
         self.returncode: int | None = None
+        #: the signal :meth:`stop` sends first and the seconds it waits before SIGKILL (``None`` = its argument)
+        self.stop_signal: int = signal.SIGTERM
+        self.stop_grace_s: float | None = None
         self._peak_seen = 0
         self._peak_final: int | None = None
         self._stopped = False
@@ -206,8 +209,9 @@ class RunningEngine:
         return procs
 
     def stop(self, timeout_s: float = 10) -> int | None:
-        """Stop the server: SIGTERM to its process group, wait up to ``timeout_s`` seconds, then
-        SIGKILL the group and every descendant still alive. Idempotent; safe from atexit.
+        """Stop the server: :attr:`stop_signal` (SIGTERM) to its process group, wait up to ``timeout_s``
+        seconds (:attr:`stop_grace_s` when set), then SIGKILL the group and every descendant still alive.
+        Idempotent; safe from atexit.
 
         Returns the exit status (negative = killed by that signal), ``None`` if it could not be reaped.
         """
@@ -235,11 +239,12 @@ class RunningEngine:
 
             if self.process.poll() is None or group_is_ours():
                 try:
-                    os.killpg(pgid, signal.SIGTERM)
+                    os.killpg(pgid, self.stop_signal)
                 except (ProcessLookupError, PermissionError):
                     pass
+            grace_s = self.stop_grace_s if self.stop_grace_s is not None else timeout_s
             try:
-                self.returncode = self.process.wait(timeout=max(0.0, timeout_s))
+                self.returncode = self.process.wait(timeout=max(0.0, grace_s))
             except subprocess.TimeoutExpired:
                 pass
             # whatever is left of the group, and descendants that made their own session, get SIGKILL
@@ -416,9 +421,9 @@ def _port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
 def spawn_engine(name: str, argv: Sequence[str], *, host: str, port: int, log_path: str | os.PathLike[str],
                  env: Mapping[str, str] | None = None, ready_timeout_s: float = 300.0,
                  health_path: str = "/health", poll_interval_s: float = 0.05, model_name: str = "default",
-                 cwd: str | os.PathLike[str] | None = None) -> RunningEngine:
+                 cwd: str | os.PathLike[str] | None = None, ready_status: int = 200) -> RunningEngine:
     """Start ``argv`` in its own session, stdout+stderr appended to ``log_path``, and wait until
-    ``GET http://host:port{health_path}`` answers 200.
+    ``GET http://host:port{health_path}`` answers ``ready_status`` (200).
 
     Times in the returned engine's ``cold_start`` are seconds since just before ``Popen``.
     Connection refused, timeouts and non-200 answers (llama-server: 503 ``Loading model``) while
@@ -473,7 +478,7 @@ def spawn_engine(name: str, argv: Sequence[str], *, host: str, port: int, log_pa
             except (OSError, urllib.error.URLError) as e:
                 last_status = f"{type(e).__name__}: {e}"
             else:
-                if status == 200:
+                if status == ready_status:
                     eng.cold_start["health_s"] = time.monotonic() - t0
                     return eng
                 last_status = f"HTTP {status} {body[:80].decode('utf-8', 'replace').strip()}"
@@ -491,7 +496,7 @@ def spawn_on_port(name: str, argv_for: Callable[[int], Sequence[str]], *, host: 
 
     ``argv_for(port)`` builds the command line and ``log_path_for(port)`` the log file for a port;
     ``spawn_kwargs`` go to :func:`spawn_engine` (``env``, ``ready_timeout_s``, ``health_path``,
-    ``model_name``, ``cwd``). Raises :class:`EngineStartError` from the last attempt (a fixed port is
+    ``model_name``, ``cwd``, ``ready_status``). Raises :class:`EngineStartError` from the last attempt (a fixed port is
     tried once)."""
     tries = 1 if port is not None else max(1, attempts)
     for attempt in range(tries):

@@ -3,8 +3,9 @@ imitates, in that engine's documented shape (sources in :mod:`servelab.engines.p
 probing is tested against exactly what the engines publish.
 
 Every version string names the mock (``servelab-mock-<version>``), so a mock is never mistaken for a
-real engine in a record; the model path is the configured ``model``; ``context_tokens`` (0 = none)
-gives the context fields (4096 when 0).
+real engine in a record; the model path is the configured ``model``; ``context_tokens`` gives the
+context fields, which are ``null`` when it is 0 (no limit: a made-up number would make clients refuse
+long prompts the mock accepts).
 
 Routes per dialect: ``vllm`` ``GET /version`` (and ``/v1/models`` carries ``owned_by: vllm``, ``root``,
 ``max_model_len``); ``sglang`` ``GET /get_model_info``, ``GET /get_server_info``; ``tgi`` ``GET /info``;
@@ -27,8 +28,9 @@ MOCK_VERSION = f"servelab-mock-{__version__}"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _ctx(context_tokens: int) -> int:
-    return context_tokens or 4096
+def _ctx(context_tokens: int) -> int | None:
+    """The context the mock states: ``context_tokens``, or ``None`` (not stated) when it has no limit."""
+    return context_tokens or None
 
 
 def model_card(dialect: str, model: str, context_tokens: int) -> dict[str, Any]:
@@ -37,8 +39,8 @@ def model_card(dialect: str, model: str, context_tokens: int) -> dict[str, Any]:
     if dialect == "vllm":
         card.update(owned_by="vllm", root=model, parent=None, max_model_len=_ctx(context_tokens), permission=[])
     elif dialect == "llamacpp":
-        card.update(owned_by="llamacpp", meta={"n_ctx": _ctx(context_tokens), "n_ctx_train": _ctx(context_tokens),
-                                               "n_params": 0, "size": 0})
+        card.update(owned_by="llamacpp", meta={"n_ctx": _ctx(context_tokens) or 0,
+                                               "n_ctx_train": _ctx(context_tokens) or 0, "n_params": 0, "size": 0})
     return card
 
 
@@ -64,12 +66,12 @@ def info_routes(dialect: str, model: str, context_tokens: int) -> list[tuple[str
         return [("GET", "/info", _json({
             "model_id": model, "model_sha": None, "model_pipeline_tag": "text-generation",
             "max_concurrent_requests": 128, "max_best_of": 2, "max_stop_sequences": 4,
-            "max_input_tokens": ctx - 1, "max_total_tokens": ctx, "validation_workers": 2,
+            "max_input_tokens": ctx - 1 if ctx else None, "max_total_tokens": ctx, "validation_workers": 2,
             "max_client_batch_size": 4, "router": "text-generation-router", "version": MOCK_VERSION,
             "sha": None, "docker_label": None}))]
     if dialect == "llamacpp":
         return [("GET", "/props", _json({
-            "default_generation_settings": {"n_ctx": ctx, "params": {}}, "total_slots": 1,
+            "default_generation_settings": {"n_ctx": ctx or 0, "params": {}}, "total_slots": 1,
             "model_path": model, "model_alias": model, "build_info": MOCK_VERSION,
             "modalities": {"vision": False, "audio": False}}))]
     if dialect == "ollama":

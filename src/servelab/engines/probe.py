@@ -84,6 +84,8 @@ _GETS = ("/props", "/version", "/get_model_info", "/get_server_info", "/info", "
 
 
 def _put(facts: dict[str, Fact], name: str, value: Any, source: str) -> None:
+    if name.endswith("_tokens") and not isinstance(value, bool) and isinstance(value, int | float) and value <= 0:
+        return  # a context of 0 tokens is "not stated", not a fact
     if isinstance(value, bool) or (isinstance(value, int | float | str) and value != ""):
         facts.setdefault(name, Fact(value=value, source=source))
 

@@ -55,6 +55,7 @@ BUILTIN_KINDS: dict[str, str] = {
     "vllm": "servelab.engines.vllm:VllmKind",
     "url": "servelab.engines.url:UrlKind",
     "mock": "servelab.engines.mocklaunch:MockKind",
+    "command": "servelab.engines.command:CommandKind",
 }
 BUILTIN_ORDER = tuple(BUILTIN_KINDS)
 #: the entry-point group other packages declare their kinds in
