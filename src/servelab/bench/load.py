@@ -101,30 +101,38 @@ async def run_step(session: aiohttp.ClientSession, base_url: str, model: str, sp
                    first_id: int = 0, timeout_s: float = 600.0, drain_s: float = 30.0,
                    headers: dict[str, str] | None = None,
                    on_done: Callable[[RequestRecord, RequestSpec], None] | None = None,
-                   records: list[RequestRecord] | None = None) -> list[RequestRecord]:
+                   records: list[RequestRecord] | None = None, start_ns: int | None = None,
+                   offsets_ns: Sequence[int] | None = None, ids: Sequence[int] | None = None,
+                   dispatch_lags_ns: list[int] | None = None) -> list[RequestRecord]:
     """Run one load step and return every started request's record (in id order).
 
     ``on_done(rec, spec)`` is called as each request ends (used to append to requests.jsonl at once,
-    so a crash or Ctrl-C keeps every finished request). Records get ids ``first_id, first_id+1, …``.
-    Cancellation of this coroutine cancels all in-flight requests (they are returned as
-    ``cancelled`` through ``on_done`` before the cancellation propagates).
+    so a crash or Ctrl-C keeps every finished request). Records get ids ``first_id, first_id+1, …``,
+    or ``ids[i]`` for ``specs[i]`` when ``ids`` is given (a worker's share of a step keeps the ids the
+    single-process run gives the same requests). Cancellation of this coroutine cancels all in-flight
+    requests (they are returned as ``cancelled`` through ``on_done`` before the cancellation propagates).
+
+    A worker of a multi-process run (:mod:`servelab.bench.workers`) passes ``start_ns``, the step's
+    common start on this host's ``time.monotonic_ns()`` clock (default: now, plus 2 ms in an open loop),
+    and, open loop, ``offsets_ns``: the intended send offsets from ``start_ns`` of ``specs`` (its share
+    of the one global :func:`arrival_offsets_s` draw; default: drawn here from ``seed``). The duration
+    limit counts from ``start_ns``. ``dispatch_lags_ns`` (open loop), when given, receives for each
+    arrival how many ns after its intended time the loop woke to send it: the generator's own lateness,
+    before any wait for a ``max_concurrency`` slot.
     """
     if records is None:  # a caller may pass its own list to see the records of an interrupted step
         records = []
     inflight: set[asyncio.Task[None]] = set()
-    offs_ns: list[int] = []
-    if load.kind == "open":
-        if not load.rate_rps:
-            raise ValueError("open loop needs rate_rps")
-        # drawn before the clock starts, so the draw itself cannot delay the first arrivals
-        offs_ns = (arrival_offsets_s(len(specs), load.rate_rps, load.arrival, seed, load.gamma_shape)
-                   * 1e9).astype(np.int64).tolist()
-    t0 = _now() + (_START_LEAD_NS if offs_ns else 0)
+    offs_ns = _schedule(load, len(specs), seed, offsets_ns)
+    if start_ns is not None:
+        t0 = start_ns
+    else:
+        t0 = _now() + (_START_LEAD_NS if load.kind == "open" else 0)
     deadline = t0 + int(load.duration_s * 1e9) if load.duration_s else None
 
     async def one(i: int, spec: RequestSpec, scheduled_ns: int, sem: asyncio.Semaphore | None) -> None:
-        rec = RequestRecord(request_id=first_id + i, workload=spec.workload, step=step, warmup=warmup,
-                            scheduled_ns=scheduled_ns)
+        rec = RequestRecord(request_id=first_id + i if ids is None else ids[i], workload=spec.workload, step=step,
+                            warmup=warmup, scheduled_ns=scheduled_ns)
         records.append(rec)
         try:
             if sem is not None:
@@ -139,6 +147,8 @@ async def run_step(session: aiohttp.ClientSession, base_url: str, model: str, sp
     try:
         if load.kind == "closed":
             it = iter(enumerate(specs))
+            if start_ns is not None:
+                await sleep_until_ns(t0)
 
             async def worker() -> None:
                 for i, spec in it:
@@ -157,6 +167,8 @@ async def run_step(session: aiohttp.ClientSession, base_url: str, model: str, sp
                 if deadline is not None and sched >= deadline:
                     break
                 await sleep_until_ns(sched)
+                if dispatch_lags_ns is not None:
+                    dispatch_lags_ns.append(_now() - sched)
                 task = asyncio.ensure_future(one(i, spec, sched, sem))
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
@@ -170,6 +182,22 @@ async def run_step(session: aiohttp.ClientSession, base_url: str, model: str, sp
         raise
     records.sort(key=lambda r: r.request_id)
     return records
+
+
+def _schedule(load: LoadModel, n: int, seed: int, offsets_ns: Sequence[int] | None) -> Sequence[int]:
+    """The open-loop send offsets (ns) of a step's ``n`` requests: ``offsets_ns`` as given, or drawn from
+    ``seed``; empty for a closed loop. Raises ``ValueError`` for an open loop without a rate or with
+    the wrong number of offsets."""
+    if load.kind != "open":
+        return []
+    if not load.rate_rps:
+        raise ValueError("open loop needs rate_rps")
+    if offsets_ns is not None:
+        if len(offsets_ns) != n:
+            raise ValueError(f"{len(offsets_ns)} send offsets for {n} requests")
+        return offsets_ns
+    # drawn before the clock starts, so the draw itself cannot delay the first arrivals
+    return (arrival_offsets_s(n, load.rate_rps, load.arrival, seed, load.gamma_shape) * 1e9).astype(np.int64).tolist()
 
 
 _START_LEAD_NS = 2_000_000  # open loop: the first arrival is 2 ms after the step's setup, not during it

@@ -8,6 +8,9 @@ Definitions follow the metric table of ../shared/seeds/000_30165fea2e674ab9.txt 
 2026-11-30): TTFT ends at the first *generated token*, never at HTTP headers, the first byte or an empty
 role chunk; a stream chunk is not necessarily one token; aggregate throughput uses a fixed, stated
 window; failed, truncated and timed-out requests are reported next to the successes.
+Every distribution's P50/P95/P99 carries its 95 % confidence interval (:func:`percentile_cis`, from
+:mod:`servelab.bench.intervals`: distribution-free, from order statistics; unbounded where the sample
+is too small), so no percentile is reported as a bare number.
 TPOT's formula is the one used by vLLM's ``benchmark_serving`` and by the NVIDIA GenAI-Perf/AIPerf
 metric docs: ``(e2e - ttft) / (output_tokens - 1)`` (https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/perf_analyzer/genai-perf/docs/metrics.html
 , read 2026-11-30).
@@ -21,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from servelab.bench.intervals import quantile_interval
 from servelab.wire.types import FailureClass, RequestRecord
 
 NS = 1e9
@@ -123,18 +127,35 @@ def output_tps_per_user(r: RequestRecord) -> float | None:
     return None if not t else 1.0 / t
 
 
-def stats(values: list[float] | np.ndarray) -> dict[str, float | int | None]:
-    """count/mean/min/max/P50/P90/P95/P99 of ``values`` (seconds or whatever unit they carry).
+#: The percentiles that carry a 95 % confidence interval (``p50_ci`` …) in every distribution.
+CI_KEYS = ("p50", "p95", "p99")
+
+
+def percentile_cis(values: list[float] | np.ndarray, n_eff: int | None = None) -> dict[str, dict[str, Any]]:
+    """``{"p50_ci": …, "p95_ci": …, "p99_ci": …}``: the 95 % interval of each percentile of ``values``
+    (:func:`servelab.bench.intervals.quantile_interval`; ``lo``/``hi`` ``None`` where the sample cannot
+    bound that side; ``n_eff`` for clustered values, e.g. the requests behind per-token ITL)."""
+    out: dict[str, dict[str, Any]] = {}
+    for k in CI_KEYS:
+        b = quantile_interval(values, int(k[1:]) / 100, n_eff=n_eff)
+        out[f"{k}_ci"] = {"lo": b.lo, "hi": b.hi, "level": b.level, "n": b.n, "method": b.method}
+    return out
+
+
+def stats(values: list[float] | np.ndarray, n_eff: int | None = None) -> dict[str, Any]:
+    """count/mean/min/max/P50/P90/P95/P99 of ``values`` (seconds or whatever unit they carry), and the
+    95 % interval of P50/P95/P99 (:func:`percentile_cis`; ``n_eff``: see there).
 
     Percentiles use linear interpolation between closest ranks (numpy's default ``linear`` method,
-    Hyndman & Fan type 7). An empty input gives ``count: 0`` and ``None`` elsewhere.
+    Hyndman & Fan type 7). An empty input gives ``count: 0`` and ``None`` elsewhere (no intervals).
     """
     a = np.asarray(values, dtype=float)
     if a.size == 0:
         return {"count": 0, **{k: None for k in STAT_KEYS[1:]}}
     p = np.percentile(a, [50, 90, 95, 99])
     return {"count": int(a.size), "mean": float(a.mean()), "min": float(a.min()), "max": float(a.max()),
-            "p50": float(p[0]), "p90": float(p[1]), "p95": float(p[2]), "p99": float(p[3])}
+            "p50": float(p[0]), "p90": float(p[1]), "p95": float(p[2]), "p99": float(p[3]),
+            **percentile_cis(a, n_eff)}
 
 
 @dataclass
@@ -223,8 +244,8 @@ def summarize(recs: list[RequestRecord]) -> dict[str, Any]:
         "ttfat_s": stats(col(ttfat_s, ok)),
         "e2e_s": stats(col(e2e_s, ok)),
         "tpot_s": stats(col(tpot_s, ok)),
-        "itl_s": stats(itl_tok),
-        "itl_chunk_s": stats(itl_chunk),
+        "itl_s": stats(itl_tok, n_eff=len([r for r in ok if len(r.chunk_ns) > 1])),  # gaps cluster by request
+        "itl_chunk_s": stats(itl_chunk, n_eff=len([r for r in ok if len(r.chunk_ns) > 1])),
         "itl_token_method": dict(methods),
         "schedule_lag_s": stats(col(schedule_lag_s, measured)),
         "output_tps_per_user": stats(col(output_tps_per_user, ok)),

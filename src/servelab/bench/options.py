@@ -22,6 +22,8 @@ Limits servelab sets itself (documented in docs/summary-schema.md and the README
   --burstiness`` takes the same gamma shape, without bounds
   (https://docs.vllm.ai/en/v0.11.2/cli/bench/serve/, read 2026-12-01).
 - :data:`MAX_CONCURRENCY`: 100,000 requests in flight.
+- :data:`MAX_WORKERS`: 4,096 load-generator workers (``--workers``, ``--workers-per-node``): far above the cores
+  of any one host or the CPUs of a test cluster; a typo such as ``--workers 40000`` is refused, not spawned.
 - :data:`MAX_STEP_S`: 7 days per step (``--duration``; an open-loop step's ``(requests + warmup) / rate``);
   with ``--duration`` the slowest rate must expect at least one arrival (``rate * duration >= 1``).
 
@@ -50,6 +52,7 @@ MIN_BURSTINESS = 0.01
 MAX_BURSTINESS = 100.0
 MAX_CONCURRENCY = 100_000
 MAX_STEP_S = 7 * 86400
+MAX_WORKERS = 4096
 
 
 def split_list(text: Any, flag: str | None = None, fix: str | None = None) -> list[str]:

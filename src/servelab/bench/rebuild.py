@@ -9,6 +9,12 @@ sweep the run's ``config.json`` describes (SLO-skipped steps included), and carr
 ``"rebuilt": {...}`` saying so; a step with fewer measured requests than planned is ``partial``.
 Requests that were in flight at the crash never finished and are not in the file: they are missing
 from the rebuilt counts (the summary says how many lines it read, not how many were sent).
+
+A run with several load-generator workers (``--workers``, ``--ray``) is rebuilt the same way as the
+bench summarised it: from all lines together, each worker's stamps aligned to its start
+(:func:`servelab.bench.merge.summary_record`); what only the workers measured (their CPU use, the
+saturation verdict, lost parts) is not in ``requests.jsonl`` and is kept from the old summary when it
+is there.
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ from typing import Any
 
 import orjson
 
-from servelab.bench.runner import (BenchConfig, new_summary, plan_loads, record_from_json, skipped_step,
-                                   step_summary, write_summary)
+from servelab.bench.merge import summary_record
+from servelab.bench.runner import BenchConfig, new_summary, plan_loads, skipped_step, step_summary, write_summary
 from servelab.bench.slo import parse_slo
 from servelab.wire.client import ConfigError
 from servelab.wire.types import RequestRecord
@@ -68,7 +74,7 @@ def read_requests(path: Path) -> Lines:
         last = lineno == len(parts)  # no newline after it: the write may have been cut by the crash
         try:
             d = orjson.loads(part)
-            rec = record_from_json(d)
+            rec = summary_record(d)  # stamps of several workers aligned as the live bench aligned them
             index = int(d["step_index"])
         except orjson.JSONDecodeError:
             if last:
@@ -136,7 +142,12 @@ def rebuild_summary(run_dir: str | Path) -> tuple[dict[str, Any], Lines]:
             partial = (measured < cfg.requests) if cfg.requests is not None else (
                 k == last_index and old.get("complete") is not True)
             started = old_steps.get((wname, load.label), {}).get("started_unix_s")
+            old_step = old_steps.get((wname, load.label), {})
+            partial = partial or bool(old_step.get("lost"))
             step = step_summary(wname, load, recs, objectives, tokenizer, started, partial=partial)
+            for key in ("workers", "lost", "saturation"):  # measured by the workers, not in requests.jsonl
+                if old_step.get(key):
+                    step[key] = old_step[key]
             summary["steps"].append(step)
             complete = complete and not partial
             if objectives and not step["slo_met"] and cfg.stop_on_slo and not partial:
@@ -147,6 +158,8 @@ def rebuild_summary(run_dir: str | Path) -> tuple[dict[str, Any], Lines]:
     summary["complete"] = complete
     if isinstance(old.get("finished_unix_s"), (int, float)):
         summary["finished_unix_s"] = old["finished_unix_s"]
+    if isinstance(old.get("generator"), dict):
+        summary["generator"] = old["generator"]
     summary["rebuilt"] = {"from": "requests.jsonl", "lines": found.lines,
                           "truncated_last_line": found.truncated_last_line, "partial": not complete,
                           "rebuilt_unix_s": time.time()}

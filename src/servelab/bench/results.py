@@ -20,10 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from servelab.wire.config import PublishedSchema, json_schema_of
 
 __all__ = ["PUBLISHED_SCHEMA", "SUMMARY_SCHEMA_PATH", "SUMMARY_SCHEMA_VERSION", "Counts", "Dist", "Goodput", "LoadInfo",
-           "Rebuilt", "RequestError", "RequestLine", "ServerFigure", "SloCheck", "StepSummary", "Summary",
-           "TNs", "Throughput", "TokenCheck", "Tokens", "ToolCallLine"]
+           "Generator", "GeneratorWorker", "Interval", "LostPart", "Rebuilt", "RequestError", "Saturation",
+           "RequestLine", "ServerFigure", "SloCheck", "Steady", "StepSummary", "Summary",
+           "TNs", "Throughput", "TokenCheck", "Tokens", "ToolCallLine", "WorkerStep"]
 
-SUMMARY_SCHEMA_VERSION = 1
+SUMMARY_SCHEMA_VERSION = 2
+"""1: servelab 0.1; 2: percentile intervals (``Dist.p50_ci`` …) and ``StepSummary.steady``. Both read."""
 #: the committed JSON Schema of ``summary.json`` (generated from :class:`Summary`)
 SUMMARY_SCHEMA_PATH = Path(__file__).with_name("summary.schema.json")
 
@@ -38,9 +40,23 @@ class ResultModel(BaseModel):
         return self.model_dump_json(by_alias=True, exclude_unset=True, indent=indent).encode()
 
 
+class Interval(ResultModel):
+    """A 95 % confidence interval (:mod:`servelab.bench.intervals`): ``lo``/``hi`` in the unit of the
+    figure it belongs to, ``None`` on a side the sample cannot bound (``hi`` of a P95 from fewer than
+    72 values); ``n`` the sample size; ``method`` ``order-statistics`` (percentiles, distribution-free),
+    ``t-blocks`` (time blocks of one run) or ``t-repeats`` (independent repeats)."""
+
+    lo: float | None = None
+    hi: float | None = None
+    level: float = 0.95
+    n: int = 0
+    method: str = ""
+
+
 class Dist(ResultModel):
     """A distribution (:func:`servelab.bench.metrics.stats`): ``count`` values, the rest ``None``
-    when ``count`` is 0. Unit: that of the field holding it (``ttft_s``: seconds)."""
+    when ``count`` is 0. Unit: that of the field holding it (``ttft_s``: seconds). ``p50_ci``,
+    ``p95_ci``, ``p99_ci``: each percentile's 95 % :class:`Interval` (summary schema 2; absent in 1)."""
 
     count: int = 0
     mean: float | None = None
@@ -50,6 +66,14 @@ class Dist(ResultModel):
     p90: float | None = None
     p95: float | None = None
     p99: float | None = None
+    p50_ci: Interval | None = None
+    p95_ci: Interval | None = None
+    p99_ci: Interval | None = None
+
+    def ci(self, stat: str) -> Interval | None:
+        """The interval of percentile ``stat`` (``"p95"``), ``None`` when none was computed."""
+        value = getattr(self, f"{stat}_ci", None) if f"{stat}_ci" in type(self).model_fields else None
+        return value if isinstance(value, Interval) else None
 
 
 class Counts(ResultModel):
@@ -132,10 +156,122 @@ class ServerFigure(ResultModel):
     span_s: float | None = None
 
 
+class WorkerStep(ResultModel):
+    """One load-generator worker's part of a step (:mod:`servelab.bench.workers`; a single-process run
+    has one, worker 0). ``assigned``: requests given to it (``None`` for a closed loop bounded by
+    ``--duration``, which has no fixed count); ``finished``: its lines in ``requests.jsonl``;
+    ``cpu_fraction``: its process's CPU seconds (user + system, all threads) over the wall seconds from
+    the step's start to its end, of one core; ``schedule_lag_p99_s``: P99 of its requests' schedule lag;
+    ``dispatch_lag_p99_s`` (open loop): P99 of how late its event loop woke for an arrival (the
+    generator's own lateness, without waits for a ``--max-concurrency`` slot); ``start_late_s``: how
+    far past the common start instant it began (the start message came late); ``lost``: it died during
+    the step (``lost_reason`` says how)."""
+
+    worker: int
+    host: str
+    pid: int | None = None
+    concurrency: int | None = None
+    assigned: int | None = None
+    finished: int = 0
+    cpu_s: float | None = None
+    wall_s: float | None = None
+    cpu_fraction: float | None = None
+    schedule_lag_p99_s: float | None = None
+    dispatch_lag_p99_s: float | None = None
+    start_late_s: float | None = None
+    lost: bool = False
+    lost_reason: str | None = None
+
+
+class LostPart(ResultModel):
+    """The part of a step a dead worker took with it: its ``finished`` requests are in the step's
+    statistics; ``missing`` (``assigned - finished``; ``None`` when the step had no fixed count) were
+    never finished: in flight when it died, or never sent. The step is ``partial``."""
+
+    worker: int
+    host: str
+    pid: int | None = None
+    assigned: int | None = None
+    finished: int = 0
+    missing: int | None = None
+    reason: str = ""
+
+
+class Saturation(ResultModel):
+    """Was the load generator, not the server, the limit of this step? ``generator_bound`` when a
+    worker's ``cpu_fraction`` reached ``cpu_bound_fraction`` or the lag figure ``lag_metric`` passed
+    ``lag_bound_s`` (``servelab bench --lag-bound-ms``); ``reasons`` names each worker and figure.
+    A generator-bound step's latencies and throughput describe the client: do not publish them as the
+    server's."""
+
+    generator_bound: bool = False
+    reasons: list[str] = Field(default_factory=list)
+    lag_metric: str | None = None
+    lag_value_s: float | None = None
+    lag_bound_s: float | None = None
+    cpu_bound_fraction: float | None = None
+
+
+class GeneratorWorker(ResultModel):
+    """A load-generator worker of the run: where it ran and its clock. ``same_clock``: it shares the
+    coordinator's monotonic clock (same host kernel, by boot id); ``wall_offset_s``: its wall clock
+    minus the coordinator's, measured at start from the round trip with the smallest ``rtt_s``
+    (reported only: nothing is computed from cross-host clock differences)."""
+
+    worker: int
+    host: str
+    pid: int | None = None
+    node_id: str | None = None
+    same_clock: bool = True
+    wall_offset_s: float | None = None
+    rtt_s: float | None = None
+
+
+class Generator(ResultModel):
+    """How the load was generated: ``mode`` ``process`` (one process), ``processes`` (``--workers N`` on
+    this host) or ``ray`` (``--ray ADDRESS``: Ray actors); ``hosts``: distinct hosts of the workers;
+    ``clock``: how the step windows were measured across workers."""
+
+    mode: Literal["process", "processes", "ray"] = "process"
+    workers: list[GeneratorWorker] = Field(default_factory=list)
+    ray_address: str | None = None
+    hosts: int = 1
+    clock: str | None = None
+
+
+class Steady(ResultModel):
+    """The steady window of a step (:func:`servelab.bench.steady.steady_window`): the time the load
+    was at its target — closed loop: all ``target_inflight`` requests in flight, from the moment the
+    last of the first ``target_inflight`` was sent to the first end after the last send; open loop: from
+    the first to the last arrival. ``ramp_s`` before it and ``drain_s`` after it (to the last end) are
+    reported apart and not in its throughput. ``output_tokens_per_s``: output tokens generated (by
+    their chunk arrival times) inside the window / its length; ``output_tokens_per_s_ci``: t interval
+    over ``blocks`` equal time blocks of the window (batch means); ``None`` with fewer than 2 blocks.
+    ``requests_per_s``: requests completed in the window / its length. ``start_ns``/``stop_ns``: the
+    window on the load generator's monotonic clock (``time.monotonic_ns()``, as ``requests.jsonl``)."""
+
+    target_inflight: int | None = None
+    start_ns: int | None = None
+    stop_ns: int | None = None
+    start_offset_s: float | None = None
+    steady_s: float | None = None
+    ramp_s: float | None = None
+    drain_s: float | None = None
+    output_tokens: float | None = None
+    output_tokens_per_s: float | None = None
+    output_tokens_per_s_ci: Interval | None = None
+    requests_per_s: float | None = None
+    blocks: list[float] = Field(default_factory=list)
+    note: str | None = None
+
+
 class StepSummary(ResultModel):
     """One workload x load step of ``summary.json`` (docs/summary-schema.md). A skipped step holds
     only ``workload``, ``step``, ``load``, ``skipped`` and ``skipped_reason``. ``server`` is added by
-    the trial (engine ``/metrics`` during the step, by metric name)."""
+    the trial (engine ``/metrics`` during the step, by metric name), as are ``steady`` (the steady
+    window, :class:`Steady`), ``repeat`` (the 0-based repeat round it ran in) and, for a ``mix`` step,
+    ``by_class``: the same figures for the requests of each set in the mix (``short-qa``,
+    ``structured``), measured while they ran together."""
 
     workload: str
     step: str
@@ -162,6 +298,12 @@ class StepSummary(ResultModel):
     slo: list[SloCheck] = Field(default_factory=list)
     slo_met: bool | None = None
     server: dict[str, ServerFigure] = Field(default_factory=dict)
+    workers: list[WorkerStep] = Field(default_factory=list)
+    lost: list[LostPart] = Field(default_factory=list)
+    saturation: Saturation | None = None
+    steady: Steady | None = None
+    by_class: dict[str, StepSummary] = Field(default_factory=dict)
+    repeat: int | None = None
 
     def dist(self, metric: str) -> Dist:
         """The distribution named ``metric`` (``"ttft"`` or ``"ttft_s"``); an empty one when unknown."""
@@ -198,6 +340,7 @@ class Summary(ResultModel):
     rebuilt: Rebuilt | None = None
     started_unix_s: float | None = None
     finished_unix_s: float | None = None
+    generator: Generator | None = None
     steps: list[StepSummary] = Field(default_factory=list)
 
 
@@ -238,7 +381,10 @@ class ToolCallLine(ResultModel):
 class RequestLine(ResultModel):
     """One line of ``requests.jsonl`` (also ``smoke.jsonl`` / ``quality.jsonl`` in a trial), as
     :func:`servelab.bench.runner.record_to_json` writes it (docs/summary-schema.md lists the fields).
-    ``step_index``/``step_workload`` are set by the bench for load-step requests; ``sample_passed``
+    ``step_index``/``step_workload`` are set by the bench for load-step requests; ``worker``/``host`` name the
+    load-generator worker that sent it and its machine, and ``t0_ns`` is that worker's start instant
+    of the step on its own monotonic clock (several workers only: stamps of two hosts are compared only
+    as offsets from their ``t0_ns``, :mod:`servelab.bench.merge`); ``sample_passed``
     by the trial's quality samples."""
 
     id: int
@@ -276,6 +422,9 @@ class RequestLine(ResultModel):
     step_index: int | None = None
     step_workload: str | None = None
     sample_passed: bool | None = None
+    worker: int | None = None
+    host: str | None = None
+    t0_ns: int | None = None
 
 
 PUBLISHED_SCHEMA = PublishedSchema(SUMMARY_SCHEMA_PATH, lambda: json_schema_of(Summary, "servelab bench summary.json"))

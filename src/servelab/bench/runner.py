@@ -21,7 +21,8 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, field
+from dataclasses import asdict, dataclass, field
+from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,14 +33,20 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from servelab import __version__
 from servelab.bench import metrics as M
-from servelab.bench.load import LoadModel, run_step
-from servelab.bench.results import SUMMARY_SCHEMA_VERSION, RequestLine, Summary
+from servelab.bench.lines import HOSTNAME, finish_record, record_from_json, record_to_json
+from servelab.bench.load import LoadModel, arrival_offsets_s, run_step
+from servelab.bench.merge import clock_note, summary_record
+from servelab.bench.results import (SUMMARY_SCHEMA_VERSION, Generator, GeneratorWorker, LostPart, RequestLine, Summary,
+                                    WorkerStep)
+from servelab.bench.saturation import DEFAULT_LAG_BOUND_S, CpuMeter, saturation, worker_step
+from servelab.bench.workers import LocalPool, Pool, RunContext, plan_step
 from servelab.bench.options import (
     MAX_BURSTINESS,
     MAX_CONCURRENCY,
     MAX_RATE_RPS,
     MAX_REQUESTS_PER_STEP,
     MAX_STEP_S,
+    MAX_WORKERS,
     MIN_BURSTINESS,
     MIN_RATE_RPS,
     ConcurrencyList,
@@ -48,9 +55,13 @@ from servelab.bench.options import (
     config_error,
     opt,
 )
-from servelab.bench.slo import Objective, apply_gates, evaluate
+from servelab.bench.slo import Objective, evaluate
 from servelab.wire.client import ConfigError, make_session
-from servelab.wire.types import FailureClass, RequestRecord, RequestSpec, ToolCall, WireError
+from servelab.wire.types import RequestRecord, RequestSpec
+
+__all__ = ["Bench", "BenchConfig", "CyclicSpecs", "host_identity", "make_pool", "make_run_dir", "new_summary",
+           "plan_loads", "preflight", "record_from_json", "record_to_json", "skipped_step", "step_summary",
+           "token_check", "write_summary"]
 
 _PREPARE_NOTICE_S = 1.0  # building a step's prompts for longer than this shows a progress bar
 
@@ -107,6 +118,27 @@ class BenchConfig:
     workload_overrides: dict[str, Any] = field(default_factory=dict)
     api_key: str | None = None
     out: str = opt("runs/bench", cli="--out", min_length=1, hint="name a run directory, e.g. --out runs/r1")
+    workers: int = opt(1, cli="--workers", ge=1, le=MAX_WORKERS,
+                       hint=f"give load-generator processes (or Ray actors), 1 to {MAX_WORKERS}, e.g. --workers 4")
+    workers_per_node: int | None = opt(None, cli="--workers-per-node", ge=1, le=MAX_WORKERS,
+                                       hint="give Ray actors per cluster node, e.g. --workers-per-node 2 (with --ray)")
+    ray: str | None = opt(None, cli="--ray", min_length=1,
+                          hint="give the Ray cluster address, e.g. --ray auto or --ray 10.0.0.1:6379")
+    lag_bound_ms: float = opt(DEFAULT_LAG_BOUND_S * 1e3, cli="--lag-bound-ms", gt=0, le=3.6e6, **_FLOAT,
+                              hint="give the schedule-lag P99 (ms) above which a step is generator-bound, "
+                                   "e.g. --lag-bound-ms 1")
+
+    @model_validator(mode="after")
+    def _workers(self) -> BenchConfig:
+        if self.workers_per_node is not None and self.ray is None:
+            raise ValueError("--workers-per-node places Ray actors on every node: add --ray ADDRESS "
+                             "(or use --workers N for processes on this host)")
+        if self.workers_per_node is not None and self.workers != 1:
+            raise ValueError("give --workers N (in total) or --workers-per-node N (with --ray), not both")
+        if self.max_concurrency is not None and self.max_concurrency < self.workers:
+            raise ValueError(f"--max-concurrency {self.max_concurrency} is split among the workers, so it must be at "
+                             f"least --workers {self.workers}; raise it or lower --workers")
+        return self
 
     @model_validator(mode="after")
     def _requests_or_duration(self) -> BenchConfig:
@@ -174,69 +206,6 @@ def host_identity() -> dict[str, Any]:
         pass
     return {"cpu": cpu, "logical_cores": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total,
             "os": platform.platform(), "python": sys.version.split()[0]}
-
-
-def record_to_json(r: RequestRecord, **extra: Any) -> RequestLine:
-    """One ``requests.jsonl`` line (:class:`~servelab.bench.results.RequestLine`; ``extra`` sets
-    ``step_index``/``step_workload``/``sample_passed``). Times: derived metrics in seconds plus raw
-    monotonic-ns stamps; ``chunk_offsets_ms`` are token-chunk arrival times relative to ``sent``.
-    Write it with :meth:`RequestLine.to_json_bytes` (optional fields only when present)."""
-    sent = r.sent_ns or 0
-    d: dict[str, Any] = {
-        "id": r.request_id, "step": r.step, "workload": r.workload, "warmup": r.warmup,
-        "status": r.status, "failure": r.failure.value if r.failure else None,
-        "error": asdict(r.error) if r.error else None,
-        "finish_reason": r.finish_reason, "finish_reason_raw": r.finish_reason_raw,
-        "prompt_tokens": r.prompt_tokens, "prompt_tokens_target": r.prompt_tokens_target,
-        "output_tokens": r.output_tokens, "output_tokens_source": r.output_tokens_source,
-        "client_output_tokens": r.client_output_tokens, "cached_tokens": r.cached_tokens,
-        "max_tokens": r.max_tokens,
-        "ttft_s": M.ttft_s(r), "ttfat_s": M.ttfat_s(r), "e2e_s": M.e2e_s(r), "tpot_s": M.tpot_s(r),
-        "schedule_lag_s": M.schedule_lag_s(r), "gate_failures": r.gate_failures,
-        "events": r.events, "saw_done": r.saw_done, "response_model": r.response_model,
-        "conn_retries": r.conn_retries,
-        "t_ns": {k: getattr(r, f"{k}_ns") for k in _T_NS},
-        "chunk_offsets_ms": [(t - sent) // 1000 / 1000 for t in r.chunk_ns],  # µs resolution
-        "text": r.content_text,
-    }
-    if any(r.chunk_tokens):
-        d["chunk_tokens"] = r.chunk_tokens
-    if r.reasoning:
-        d["reasoning"] = r.reasoning_text
-    if r.tool_calls:
-        d["tool_calls"] = [asdict(t) for t in r.tool_calls.values()]
-    d.update(extra)
-    return RequestLine.model_validate(d)
-
-
-_T_NS = ("scheduled", "sent", "headers", "first_byte", "first_event", "first_token", "first_answer", "last_token",
-         "done", "end")
-
-
-def record_from_json(line: RequestLine | dict[str, Any]) -> RequestRecord:
-    """The :class:`RequestRecord` a ``requests.jsonl`` line (:func:`record_to_json`) was written from,
-    as far as the line holds it: every stamp, count and class the summary uses; chunk arrival times
-    at the microsecond resolution they were written with. A parsed dict is validated first (raises
-    :class:`pydantic.ValidationError`, a ``ValueError``, on a line that is not such a record)."""
-    d = line if isinstance(line, RequestLine) else RequestLine.model_validate(line)
-    r = RequestRecord(request_id=d.id, workload=d.workload, step=d.step, warmup=d.warmup)
-    for k in ("status", "finish_reason", "finish_reason_raw", "prompt_tokens", "prompt_tokens_target",
-              "output_tokens", "output_tokens_source", "client_output_tokens", "cached_tokens", "max_tokens",
-              "saw_done", "response_model", "events", "conn_retries"):
-        setattr(r, k, getattr(d, k))
-    r.failure = FailureClass(d.failure) if d.failure is not None else None
-    r.error = WireError(**d.error.model_dump()) if d.error else None
-    r.gate_failures = list(d.gate_failures)
-    for k in _T_NS:
-        setattr(r, f"{k}_ns", getattr(d.t_ns, k))
-    r.scheduled_ns = r.scheduled_ns or 0
-    sent = r.sent_ns or 0
-    r.chunk_ns = [sent + round(float(ms) * 1000) * 1000 for ms in d.chunk_offsets_ms]
-    r.chunk_tokens = list(d.chunk_tokens or [0] * len(r.chunk_ns))
-    r.content = [d.text] if d.text else []
-    r.reasoning = [d.reasoning] if d.reasoning else []
-    r.tool_calls = {t.index: ToolCall(**t.model_dump()) for t in d.tool_calls or []}
-    return r
 
 
 async def preflight(session: aiohttp.ClientSession, base_url: str, model: str | None,
@@ -390,9 +359,61 @@ def token_check(recs: list[RequestRecord], tokenizer: str | None) -> dict[str, A
             "max_abs_diff_tokens": max(abs(d) for d in diffs)}
 
 
+@dataclass
+class SeenRequest:
+    """What the ``request`` progress event carries in a multi-worker run (the record itself stays in the
+    worker): ``failure``, the failure class, or ``None`` for a success."""
+
+    failure: str | None = None
+
+
+@dataclass
+class _StepRun:
+    """What one load step left: its records (single process) or lines (workers), the worker reports,
+    the lost parts, and the single process's dispatch-lag samples."""
+
+    records: list[RequestRecord] = dc_field(default_factory=list)
+    lines: list[bytes] = dc_field(default_factory=list)
+    workers: list[WorkerStep] = dc_field(default_factory=list)
+    lost: list[LostPart] = dc_field(default_factory=list)
+    dispatch_ns: list[int] | None = None
+
+    def finished(self) -> list[RequestRecord]:
+        """The finished records, aligned for summaries (:func:`servelab.bench.merge.summary_record`)."""
+        if self.lines:
+            return sorted((summary_record(RequestLine.model_validate_json(b)) for b in self.lines),
+                          key=lambda r: r.request_id)
+        return [r for r in self.records if r.end_ns is not None]
+
+
+def _line_id(line: bytes) -> int:
+    """The request id of a ``requests.jsonl`` line (written first: ``{"id":123,...``)."""
+    if line.startswith(b'{"id":'):
+        end = line.find(b",", 6)
+        if end > 6:
+            return int(line[6:end])
+    return int(orjson.loads(line)["id"])
+
+
+def make_pool(cfg: BenchConfig) -> Pool | None:
+    """The load-generator workers ``cfg`` asks for: Ray actors (``--ray``), processes on this host
+    (``--workers N`` > 1), or ``None`` (this process sends the load itself)."""
+    if cfg.ray is not None:
+        from servelab.bench.rayrun import RayPool
+
+        return RayPool(cfg.ray, cfg.workers, cfg.workers_per_node)
+    if cfg.workers > 1:
+        return LocalPool(cfg.workers)
+    return None
+
+
 class Bench:
     """A benchmark run (see module doc). ``run()`` returns the summary dict and leaves the run
-    directory complete; progress is reported through ``progress(event, **info)`` callbacks."""
+    directory complete; progress is reported through ``progress(event, **info)`` callbacks.
+
+    With ``cfg.workers > 1`` or ``cfg.ray`` the load is sent by workers (:mod:`servelab.bench.workers`,
+    :mod:`servelab.bench.rayrun`) and this process coordinates: it splits each step, writes every
+    worker's lines to ``requests.jsonl`` as they arrive and summarises all of them together."""
 
     def __init__(self, cfg: BenchConfig, objectives: list[Objective], workload_factory: Callable[..., Any],
                  counter: Any = None, engine_identity: dict[str, Any] | None = None,
@@ -409,20 +430,21 @@ class Bench:
         self._jsonl: Any = None
         self._next_id = 0
         self._step_index, self._step_workload = 0, ""
+        self._pool: Pool | None = None
 
     def _on_done(self, rec: RequestRecord, spec: RequestSpec) -> None:
-        if rec.failure is None:
-            if self.counter is not None:
-                rec.client_output_tokens = self.counter.count(rec.content_text + rec.reasoning_text)
-                if rec.output_tokens_source == "chunks":  # no usage came: the tokenizer is the better fallback
-                    rec.output_tokens = rec.client_output_tokens
-                    rec.output_tokens_source = "tokenizer"
-            if not rec.warmup:
-                apply_gates(rec, spec, self.objectives)
-        line = record_to_json(rec, step_index=self._step_index, step_workload=self._step_workload)
+        finish_record(rec, spec, self.counter, self.objectives)
+        line = record_to_json(rec, step_index=self._step_index, step_workload=self._step_workload, worker=0,
+                              host=HOSTNAME)
         self._jsonl.write(line.to_json_bytes() + b"\n")  # one write + flush per line: kill -9 keeps every finished one
         self._jsonl.flush()
         self.progress("request", rec=rec)
+
+    def _on_line(self, worker: int, failed: bool, line: bytes, run: _StepRun) -> None:
+        self._jsonl.write(line + b"\n")  # as it arrives: a worker or coordinator killed later loses nothing written
+        self._jsonl.flush()
+        run.lines.append(line)
+        self.progress("request", rec=SeenRequest("failed" if failed else None))
 
     def _write_summary(self) -> None:
         write_summary(self.out, self.summary)
@@ -438,7 +460,8 @@ class Bench:
         return 10**7  # closed loop by duration: the deadline ends it; specs are drawn cyclically
 
     async def run(self) -> dict[str, Any]:
-        """Run every workload's sweep; returns the summary (also written to ``summary.json``)."""
+        """Run every workload's sweep; returns the summary (also written to ``summary.json``).
+        Raises :class:`ConfigError` (one line) when the server or the workers cannot be used."""
         c = self.cfg
         headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else None
         cfg_json = asdict(c)
@@ -459,30 +482,128 @@ class Bench:
                                         "count kept as a cross-check"}
             (self.out / "identity.json").write_bytes(orjson.dumps(identity, option=orjson.OPT_INDENT_2))
             self.summary = new_summary(model, c.base_url, self.objectives)
-            self._write_summary()
-            self._jsonl = open(self.out / "requests.jsonl", "ab")
+            self._pool = make_pool(c)
             try:
-                for wi, wname in enumerate(c.workloads):
-                    broken_at: str | None = None
-                    for si, load in enumerate(loads):
-                        if broken_at is not None:
-                            skipped = skipped_step(wname, load, broken_at)
-                            self.summary["steps"].append(skipped)
-                            self.progress("step_done", summary=skipped)
-                            continue
-                        self._step_index, self._step_workload = wi * len(loads) + si, wname
-                        step = await self._run_one(session, model, headers, wname, wi, si, load, max_conc)
-                        self.summary["steps"].append(step)
-                        self._write_summary()
-                        self.progress("step_done", summary=step)
-                        if self.objectives and not step["slo_met"] and c.stop_on_slo:
-                            broken_at = load.label
-                self.summary["complete"] = True
-            finally:
-                self.summary["finished_unix_s"] = time.time()
+                self.summary["generator"] = await self._start_generator(model, headers)
                 self._write_summary()
-                self._jsonl.close()
+                self._jsonl = open(self.out / "requests.jsonl", "ab")
+                try:
+                    await self._sweep(session, model, headers, loads, max_conc)
+                finally:
+                    self.summary["finished_unix_s"] = time.time()
+                    self._write_summary()
+                    self._jsonl.close()
+            finally:
+                if self._pool is not None:
+                    await self._pool.close()
         return self.summary
+
+    async def _start_generator(self, model: str, headers: dict[str, str] | None) -> dict[str, Any]:
+        """Start the workers (when any) and describe the load generator for ``summary["generator"]``."""
+        c = self.cfg
+        if self._pool is None:
+            gen = Generator(mode="process", hosts=1,
+                            workers=[GeneratorWorker(worker=0, host=HOSTNAME, pid=os.getpid(), same_clock=True)])
+            return gen.model_dump(exclude_none=True)
+        ctx = RunContext(base_url=c.base_url, model=model, headers=headers, timeout_s=c.timeout_s,
+                         objectives=self.objectives, counter=self.counter)
+        try:
+            workers = await self._pool.start(ctx)
+        except RuntimeError as e:
+            raise ConfigError(f"{e}; see the worker's output above") from None
+        if c.max_concurrency is not None and c.max_concurrency < len(workers):
+            raise ConfigError(f"--max-concurrency {c.max_concurrency} is split among the {len(workers)} workers, so it "
+                              "must be at least that many; raise it or use fewer workers")
+        hosts = {w.host for w in workers}
+        gen = Generator(mode=self._pool.mode, workers=workers, ray_address=self._pool.address, hosts=len(hosts),
+                        clock=clock_note(hosts))
+        return gen.model_dump(exclude_none=True)
+
+    async def _sweep(self, session: aiohttp.ClientSession, model: str, headers: dict[str, str] | None,
+                     loads: list[LoadModel], max_conc: int) -> None:
+        c = self.cfg
+        for wi, wname in enumerate(c.workloads):
+            broken_at: str | None = None
+            for si, load in enumerate(loads):
+                if broken_at is not None:
+                    skipped = skipped_step(wname, load, broken_at)
+                    self.summary["steps"].append(skipped)
+                    self.progress("step_done", summary=skipped)
+                    continue
+                self._step_index, self._step_workload = wi * len(loads) + si, wname
+                step = await self._run_one(session, model, headers, wname, wi, si, load, max_conc)
+                self.summary["steps"].append(step)
+                self._write_summary()
+                self.progress("step_done", summary=step)
+                # a step with a lost worker is partial: its SLO verdict is unknown, not broken
+                if self.objectives and not step["slo_met"] and c.stop_on_slo and not step.get("lost"):
+                    broken_at = load.label
+        self.summary["complete"] = not any(s.get("partial") for s in self.summary["steps"])
+
+    async def _load(self, session: aiohttp.ClientSession, model: str, headers: dict[str, str] | None,
+                    specs: Sequence[RequestSpec], n: int, load: LoadModel, label: str, *, warmup: bool,
+                    seed: int, run: _StepRun) -> None:
+        """Send one step (or its warmup) of ``n`` requests from ``specs`` (cycled when shorter), here or
+        through the workers; fills ``run``."""
+        c = self.cfg
+        if self._pool is None:
+            meter = CpuMeter().start()
+            run.dispatch_ns = [] if load.kind == "open" else None
+            seq = specs if len(specs) == n else CyclicSpecs(list(specs), n)
+            recs = await run_step(session, c.base_url, model, seq, load, step=label, seed=seed, warmup=warmup,
+                                  first_id=self._next_id, timeout_s=c.timeout_s, headers=headers,
+                                  on_done=self._on_done, records=run.records, dispatch_lags_ns=run.dispatch_ns)
+            self._next_id += len(recs)
+            lags = [x for x in (M.schedule_lag_s(r) for r in recs) if x is not None]
+            run.workers = [worker_step(0, HOSTNAME, meter, concurrency=load.concurrency if load.kind == "closed"
+                                       else load.max_concurrency, assigned=n if c.requests is not None else None,
+                                       finished=len(recs), schedule_lags_s=lags, dispatch_lags_ns=run.dispatch_ns)]
+            return
+        offsets = None
+        if load.kind == "open":
+            assert load.rate_rps is not None
+            offsets = (arrival_offsets_s(n, load.rate_rps, load.arrival, seed, load.gamma_shape) * 1e9
+                       ).astype("int64").tolist()
+        alive = list(self._pool.alive)
+        if not alive:
+            raise ConfigError("every load-generator worker was lost; see the summary's lost parts")
+        tasks = plan_step(load, list(specs), n, alive, first_id=self._next_id, step=label,
+                          step_index=self._step_index, step_workload=self._step_workload, warmup=warmup,
+                          offsets_ns=offsets, fixed_count=c.requests is not None or load.kind == "open")
+        first = self._next_id
+        try:
+            outcomes = await self._pool.run_step(tasks, lambda k, failed, line: self._on_line(k, failed, line, run))
+        finally:  # ids stay unique: a closed loop ended by --duration used those up to its highest
+            self._next_id = first + (n if c.requests is not None or load.kind == "open"
+                                     else max([_line_id(b) - first + 1 for b in run.lines] + [0]))
+        for k, task in tasks.items():
+            o = outcomes[k]
+            if o.report is not None:
+                run.workers.append(o.report)
+                continue
+            host = next((w["host"] for w in self.summary.get("generator", {}).get("workers", []) if w["worker"] == k),
+                        "?")
+            reason = o.lost_reason or "lost"
+            run.workers.append(WorkerStep(worker=k, host=host, assigned=task.assigned, finished=o.lines, lost=True,
+                                          lost_reason=reason))
+            run.lost.append(LostPart(worker=k, host=host, assigned=task.assigned, finished=o.lines,
+                                     missing=None if task.assigned is None else task.assigned - o.lines,
+                                     reason=reason + (" (during the warmup)" if warmup else "")))
+
+    def _step(self, wname: str, load: LoadModel, run: _StepRun, t_start: float, partial: bool = False
+              ) -> dict[str, Any]:
+        recs = run.finished()
+        step = step_summary(wname, load, recs, self.objectives, self._tokenizer, t_start,
+                            partial=partial or bool(run.lost))
+        step["workers"] = [w.model_dump(exclude_none=True) for w in run.workers]
+        if run.lost:
+            step["lost"] = [x.model_dump(exclude_none=True) for x in run.lost]
+        if run.workers:
+            sat = saturation([w for w in run.workers if not w.lost], kind=load.kind,
+                             capped=bool(load.max_concurrency), schedule_lag_p99_s=step["schedule_lag_s"]["p99"],
+                             lag_bound_s=self.cfg.lag_bound_ms / 1e3, dispatch_lags_ns=run.dispatch_ns)
+            step["saturation"] = sat.model_dump(exclude_none=True)
+        return step
 
     async def _run_one(self, session: aiohttp.ClientSession, model: str, headers: dict[str, str] | None,
                        wname: str, wi: int, si: int, load: LoadModel, max_conc: int) -> dict[str, Any]:
@@ -493,33 +614,26 @@ class Bench:
         pool_n = min(n, 512) if c.duration_s else n
         label = load.label
         pool = await self._build_specs(wl, pool_n, f"{wname} {label}")
-        specs: Sequence[RequestSpec] = pool if pool_n == n else CyclicSpecs(pool, n)
+        run = _StepRun()
         if c.warmup:
             wu = await self._build_specs(self.workload_factory(wname, seed=step_seed + 7), c.warmup,
                                          f"{wname} {label} warmup")
             wload = LoadModel(kind="closed", concurrency=min(len(wu), max(1, load.concurrency)))
             self.progress("step", workload=wname, step=label, warmup=True, total=len(wu))
-            wrecs = await run_step(session, c.base_url, model, wu, wload, step=label, warmup=True,
-                                   first_id=self._next_id, timeout_s=c.timeout_s, headers=headers,
-                                   on_done=self._on_done)
-            self._next_id += len(wrecs)
+            warm = _StepRun()
+            await self._load(session, model, headers, wu, len(wu), wload, label, warmup=True, seed=0, run=warm)
+            run.lost += warm.lost  # a worker lost in the warmup is named in the step it did not take part in
         self.progress("step", workload=wname, step=label, warmup=False,
                       total=None if (c.duration_s and c.requests is None) else n, duration_s=c.duration_s)
         t_start = time.time()
-        partial: list[RequestRecord] = []
         try:
-            recs = await run_step(session, c.base_url, model, specs, load, step=label, seed=step_seed,
-                                  first_id=self._next_id, timeout_s=c.timeout_s, headers=headers,
-                                  on_done=self._on_done, records=partial)
+            await self._load(session, model, headers, pool, n, load, label, warmup=False, seed=step_seed, run=run)
         except asyncio.CancelledError:
             # interrupted (Ctrl-C): summarise what finished, marked partial, before giving up
-            done = [r for r in partial if r.end_ns is not None]
-            if done:
-                self.summary["steps"].append(step_summary(wname, load, done, self.objectives, self._tokenizer,
-                                                          t_start, partial=True))
+            if run.lines or any(r.end_ns is not None for r in run.records):
+                self.summary["steps"].append(self._step(wname, load, run, t_start, partial=True))
             raise
-        self._next_id += len(recs)
-        return step_summary(wname, load, recs, self.objectives, self._tokenizer, t_start)
+        return self._step(wname, load, run, t_start)
 
     def _check_fits(self, server: dict[str, Any]) -> None:
         """Raise :class:`ConfigError` when a workload's prompts can reach the server's context per
