@@ -66,6 +66,10 @@ def step(conc: int, *, tps: float, ttft95: float, itl95: float = 0.05, e2e99: fl
         "goodput": {"requests_per_s": tps / 40, "output_tokens_per_s": tps if good is None else good,
                     "good_fraction": 1.0},
         "slo": checks, "slo_met": all(c["met"] for c in checks),
+        # the steady window the trial adds: 4 time blocks spread ±3 % around the step's rate
+        "steady": {"target_inflight": conc, "steady_s": 8.0, "ramp_s": 1.0, "drain_s": 1.0,
+                   "output_tokens_per_s": tps, "requests_per_s": tps / 40,
+                   "blocks": [tps * f for f in (0.97, 1.01, 0.99, 1.03)]},
     }
 
 
@@ -87,8 +91,12 @@ def test_effective_step_single_workload_breaks_on_ttft():
     assert r["broken_at"] == "c8"
     assert [b["metric"] for b in r["broken_by"]] == ["ttft_p95"]
     assert r["broken_by"][0]["text"] == "ttft_p95 4.1 s > 3 s"
-    assert r["effective_throughput"] == {"output_tokens_per_s": 81.2, "goodput_output_tokens_per_s": 81.2,
-                                         "requests_per_s": pytest.approx(81.2 / 40), "at_step": "c4"}
+    et = r["effective_throughput"]
+    assert (et["output_tokens_per_s"], et["goodput_output_tokens_per_s"], et["at_step"], et["workload"]) == \
+        (81.2, 81.2, "c4", "short-qa")
+    assert et["requests_per_s"] == pytest.approx(81.2 / 40) and et["basis"] == "steady window"
+    assert et["samples"] == pytest.approx([81.2 * f for f in (0.97, 1.01, 0.99, 1.03)])
+    assert r["ranked_on"] == "short-qa" and r["per_workload"] == {}
     assert r["tail_latency"]["ttft_p95_s"] == 1.9
     assert r["tail_latency"]["e2e_p99_s"] == 6.0
     assert r["error_rate"] == 0.0  # the skipped step counts nowhere
@@ -125,6 +133,50 @@ def test_objectives_reevaluated_on_step_statistics():
     assert r["broken_by"][0]["text"] == "ttft_p95 1.1 s > 0.5 s"
 
 
+def test_two_workloads_run_one_after_another_are_never_summed():
+    """Acceptance: an old-style sum is impossible by construction: without the mix run together there
+    is no combined figure, and each workload's own sweep is reported apart."""
+    steps = [step(1, tps=50.0, ttft95=0.4), step(2, tps=83.9, ttft95=0.9),
+             step(1, tps=30.0, ttft95=0.6, workload="structured"), step(2, tps=49.1, ttft95=1.2, workload="structured")]
+    r = eff(steps)
+    assert r["ranked_on"] is None
+    assert r["effective_throughput"]["output_tokens_per_s"] is None  # not 133.0
+    assert r["per_workload"]["short-qa"]["output_tokens_per_s"] == 83.9
+    assert r["per_workload"]["structured"]["output_tokens_per_s"] == 49.1
+    d = dec({"x": cand(steps)}, {})
+    assert d["ranking"] == [] and "never together" in d["verdicts"]["x"]["reasons"][0]
+    # with the mix run concurrently, the ranked figure is that one run's, whatever the per-workload ones
+    mix = [step(1, tps=60.0, ttft95=0.5, workload="mix"), step(2, tps=71.0, ttft95=1.0, workload="mix")]
+    r = eff(steps + mix)
+    assert r["ranked_on"] == "mix" and r["effective_throughput"]["output_tokens_per_s"] == 71.0
+    assert set(r["per_workload"]) == {"short-qa", "structured"}
+
+
+def test_repeats_average_and_carry_an_interval():
+    steps = [step(1, tps=60.0, ttft95=0.5, workload="mix") | {"repeat": 0},
+             step(1, tps=66.0, ttft95=0.7, workload="mix") | {"repeat": 1}]
+    r = eff(steps)
+    et = r["effective_throughput"]
+    assert et["output_tokens_per_s"] == pytest.approx(63.0) and et["per_repeat"] == [60.0, 66.0]
+    assert et["repeats"] == 2 and et["output_tokens_per_s_ci"]["method"] == "t-repeats"
+    assert et["output_tokens_per_s_ci"]["lo"] < 60.0 and et["output_tokens_per_s_ci"]["hi"] > 66.0
+    assert len(et["samples"]) == 8  # 4 blocks of each repeat
+    assert r["tail_latency"]["ttft_p95_s"] == 0.7  # the worse repeat
+
+
+def test_slo_verdicts_by_interval():
+    s = step(1, tps=50.0, ttft95=1.9)
+    s["ttft_s"]["p95_ci"] = {"lo": 1.5, "hi": None, "level": 0.95, "n": 8, "method": "order-statistics"}
+    s["itl_s"]["p95_ci"] = {"lo": 0.04, "hi": 0.06, "level": 0.95, "n": 8, "method": "order-statistics"}
+    r = eff([s])
+    v = {x["objective"]: x["verdict"] for x in r["slo_verdicts"]}
+    assert v == {"ttft_p95<=3s": "undetermined", "itl_p95<=0.3s": "met", "error_rate<=5%": "undetermined"}
+    assert r["levels"][0]["met"] is True and r["levels"][0]["verdict"] == "undetermined"
+    s2 = step(1, tps=50.0, ttft95=4.0)
+    s2["ttft_s"]["p95_ci"] = {"lo": 3.5, "hi": None, "level": 0.95, "n": 8, "method": "order-statistics"}
+    assert eff([s2])["levels"][0]["verdict"] == "broken"
+
+
 def test_effective_step_two_workloads_every_workload_must_meet():
     steps = [
         step(1, tps=50.0, ttft95=0.4), step(2, tps=65.0, ttft95=0.9), step(4, tps=80.0, ttft95=1.8),
@@ -139,10 +191,9 @@ def test_effective_step_two_workloads_every_workload_must_meet():
     assert r["broken_by"][0]["workload"] == "structured"
     assert r["broken_by"][0]["text"] == "ttft_p95 3.4 s > 3 s (structured)"
     at = r["effective_throughput"]
-    assert at["output_tokens_per_s"] == pytest.approx(65.0 + 40.0)  # sum over workloads
-    assert at["goodput_output_tokens_per_s"] == pytest.approx(65.0 + 36.0)
-    assert at["at_step"] == "c2"
-    assert r["tail_latency"]["ttft_p95_s"] == 1.2  # the worst workload
+    assert at["output_tokens_per_s"] is None and at["at_step"] == "c2"  # never the sum over workloads
+    assert r["per_workload"]["structured"]["broken_at"] == "c4"
+    assert r["per_workload"]["short-qa"]["max_step_meeting_slo"] == "c4"
 
 
 def test_level_missing_a_workload_does_not_meet():
@@ -158,7 +209,7 @@ def test_no_step_meets():
     assert r["max_step_meeting_slo"] is None
     assert r["broken_at"] == "c1"
     assert r["effective_throughput"]["output_tokens_per_s"] is None
-    assert r["tail_latency"] == {"ttft_p95_s": None, "itl_p95_s": None, "e2e_p99_s": None}
+    assert {k: v for k, v in r["tail_latency"].items() if v is not None} == {}
     assert eff([])["error_rate"] is None
 
 
@@ -228,12 +279,16 @@ def test_decide_ranks_by_effective_throughput_and_explains():
     v = d["verdicts"]
     assert list(v) == list(cands)
     assert v["slots4"]["verdict"] == "adopt"
-    assert v["slots4"]["reasons"][0] == ("highest effective throughput at the SLO: 81.2 tok/s at c4 "
-                                         "(ttft_p95 1.9 s ≤ 3 s, itl_p95 0.05 s ≤ 0.3 s, error_rate 0% ≤ 5%)")
+    assert v["slots4"]["reasons"][0].startswith("highest output tok/s at the SLO: 81.2 tok/s (95 % CI ")
+    assert ("at c4 (workload short-qa, steady window, 1 repeat(s)); SLO: ttft_p95 1.9 s ≤ 3 s"
+            in v["slots4"]["reasons"][0])
+    assert "significantly better than slots1: slots4 sustains 1.40× slots1's output tok/s (95 % CI" \
+        in v["slots4"]["reasons"][1]
+    assert d["significant"] is True and d["differences"][0]["ratio"] == pytest.approx(81.2 / 58.0, rel=1e-3)
     assert any("load beyond c4 broke the SLO at c8: ttft_p95 4.1 s > 3 s" == r for r in v["slots4"]["reasons"])
     assert v["slots1"]["verdict"] == "backup"
-    assert v["slots1"]["reasons"][0].startswith("ranked 2 of 2: 58.0 tok/s at c2")
-    assert "28.6% below slots4 (81.2 tok/s)" in v["slots1"]["reasons"][0]
+    assert v["slots1"]["reasons"][0].startswith("ranked 2 of 2: 58 tok/s (95 % CI")
+    assert "slots4 sustains 1.40× slots1's output tok/s" in v["slots1"]["reasons"][0]
     assert v["badjson"] == {"verdict": "exclude", "reasons": [
         "excluded: smoke test json_schema failed: response is not valid JSON (Expecting value: line 1)"]}
     assert v["slow"] == {"verdict": "exclude", "reasons": ["no load step met the SLO: ttft_p95 4.1 s > 3 s at c1"]}
@@ -253,19 +308,21 @@ def test_excluded_candidate_with_good_numbers_is_not_ranked():
     d = dec({"fast": fast, "ok": cand([step(1, tps=50.0, ttft95=0.4)])}, {})
     assert d["ranking"] == ["ok"] and d["adopt"] == "ok"
     assert d["verdicts"]["fast"]["reasons"] == ["excluded: quality gate: structured_valid 0.5 < 0.8"]
-    assert d["verdicts"]["ok"]["reasons"][0].startswith("the only candidate that met the SLO: 50.0 tok/s at c1")
+    assert d["verdicts"]["ok"]["reasons"][0].startswith("the only candidate that met the SLO: 50 tok/s (95 % CI")
 
 
-def test_tie_within_two_percent_broken_by_ttft_then_e2e():
+def test_no_significant_difference_ranked_by_the_tie_break_ttft_then_e2e():
     a = cand([step(1, tps=80.0, ttft95=1.9)])
-    b = cand([step(1, tps=79.0, ttft95=1.2)])  # 1.25% lower throughput, lower TTFT P95
-    c = cand([step(1, tps=70.0, ttft95=0.2)])  # clearly lower throughput: no tie
+    b = cand([step(1, tps=79.0, ttft95=1.2)])  # 1.25% lower throughput (blocks spread ±3 %), lower TTFT P95
+    c = cand([step(1, tps=70.0, ttft95=0.2)])  # clearly lower throughput: significant
     d = dec({"a": a, "b": b, "c": c}, {})
     assert d["ranking"] == ["b", "a", "c"]
-    assert "tied within 2% with a (80.0 tok/s); chosen for lower TTFT P95: 1.2 s vs 1.9 s" in d["verdicts"]["b"]["reasons"]
-    assert "within 2% of b (79.0 tok/s) but ranked after it for lower TTFT P95: 1.2 s vs 1.9 s" \
-        in d["verdicts"]["a"]["reasons"][0]
-    assert "11.4% below b" in d["verdicts"]["c"]["reasons"][0]
+    assert d["significant"] is False and d["tie_break"].startswith("lower TTFT P95")
+    assert any(r.startswith("no significant difference between b and a in output tok/s") and
+               "ranked first by the tie-break" in r and "lower TTFT P95: 1.2 s vs 1.9 s" in r
+               for r in d["verdicts"]["b"]["reasons"])
+    assert "ranked after b by the tie-break: lower TTFT P95: 1.2 s vs 1.9 s" in d["verdicts"]["a"]["reasons"][0]
+    assert "a sustains 1.14× c's output tok/s" in d["verdicts"]["c"]["reasons"][0]
     # equal TTFT: E2E P99 decides
     e = cand([step(1, tps=80.0, ttft95=1.0, e2e99=9.0)])
     f = cand([step(1, tps=79.5, ttft95=1.0, e2e99=5.0)])
@@ -319,3 +376,14 @@ def test_decide_comparisons_cover_every_pair():
     assert pairs[("p1", "p4t4")]["note"].startswith("2 factors differ (settings.parallel, settings.threads)")
     d = dec(cands, {"p1": ids["p1"]})
     assert any(c["note"].startswith("cannot compare: no identity recorded for") for c in d["comparisons"])
+
+
+def test_mix_skipped_for_budget_is_said_not_summed():
+    steps = [step(1, tps=50.0, ttft95=0.4), step(1, tps=30.0, ttft95=0.6, workload="structured"),
+             {**skipped(1, "mix"), "skipped_reason": "trial budget spent (goal.budget.max_minutes)"}]
+    r = eff(steps)
+    assert r["ranked_on"] is None and r["effective_throughput"]["output_tokens_per_s"] is None
+    assert r["max_step_meeting_slo"] == "c1"  # the per-workload levels still met
+    d = dec({"x": cand(steps)}, {})
+    assert d["ranking"] == []
+    assert "the mix run together was skipped: trial budget spent" in d["verdicts"]["x"]["reasons"][0]

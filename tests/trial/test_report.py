@@ -69,10 +69,11 @@ def test_report_content(run: Path) -> None:
         assert h in text
     assert "a5fd3b62230a" in text and "b7150" in text                        # identity, short
     assert 'href="candidates/llama-4slot/steps/requests.jsonl"' in text      # relative evidence links
-    # SLO limits drawn on latency charts; 3 latency + throughput + CDF + errors + cold start
+    # SLO limits drawn on latency charts; Pareto + 3 latency + throughput + CDF + errors + cold start
     assert "SLO ttft_p95 ≤ 2 s" in text and "SLO itl_p95 ≤ 0.3 s" in text
-    assert _chart_count(text) == 7
-    assert text.count('class="plotly-graph-div"') == 7
+    assert "Pareto: output tok\\u002fs per user" in text and "SLO region: ≥ 3.33 tok\\u002fs per user" in text
+    assert _chart_count(text) == 8
+    assert text.count('class="plotly-graph-div"') == 8
     # self-contained: plotly embedded once, no external src/href, no URL outside the bundle
     assert text.count('<script id="plotly-js">') == 1
     assert text.count("plotly.js v") <= 2
@@ -182,3 +183,53 @@ def test_compare_renders_in_chromium(run: Path, tmp_path: Path) -> None:
     res = _chromium_run(page, tmp_path / "profile", "--dump-dom")
     assert res.returncode == 0, res.stderr[-2000:]
     _assert_rendered(res.stdout, _chart_count(page.read_text()))
+
+
+MOCK_EXP = """
+name: report-mocks
+goal:
+  slo: "ttft_p95<=2s,itl_p95<=50ms,error_rate<=5%"
+  quality: {smoke: [streaming, usage], structured_valid_min: 0.5}
+  mix: "short-qa:3,structured:1"
+  expected_rate_rps: 4
+  budget: {price_per_hour: 3.0, currency: EUR}
+candidates:
+  - {name: quick, engine: mock, settings: {ttft_ms: 10, itl_ms: 5, output_tokens: 16}}
+  - {name: steady, engine: mock, price_per_hour: 1.5, settings: {ttft_ms: 10, itl_ms: 8, output_tokens: 16}}
+workloads: [short-qa, structured]
+steps: {concurrency: [1, 2]}
+requests_per_step: 8
+warmup: 1
+timeout_s: 20
+arrival_test: {enabled: true, requests: 8}
+capacity: {requests: 8, max_probes: 3}
+"""
+
+
+def test_report_with_intervals_pareto_capacity_and_cost_renders_in_chromium(tmp_path: Path) -> None:
+    """A record of this schema (mix run together, repeats, capacity search, declared prices): the
+    report shows the Pareto chart with error bars, the capacity probes and the cost table, and every
+    chart draws in headless Chromium."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(textwrap.dedent(MOCK_EXP))
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(run), "--no-report"],
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "SERVELAB_RECORDS_DB": str(tmp_path / "records.db")})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    page = write_report(run)
+    text = page.read_text()
+    assert "Pareto: output tok\\u002fs per user" in text and "\"error_x\"" in text and "\"error_y\"" in text
+    assert "SLO region: ≥ 20 tok\\u002fs per user" in text
+    assert "Capacity search (open loop)" in text
+    assert "Is the winner significantly better?" in text and "Tie-break (no significant difference)" in text
+    assert 'id="cost"' in text and "EUR/h" in text and "per 10k out tok" in text
+    assert "What the budget allowed" in text
+    res = _chromium_run(page, tmp_path / "profile-dom", "--dump-dom")
+    assert res.returncode == 0, res.stderr[-2000:]
+    _assert_rendered(res.stdout, _chart_count(text))

@@ -63,8 +63,9 @@ def test_default_experiment_is_the_documented_one() -> None:
     assert (e.candidates[0].settings.parallel, e.candidates[0].settings.ctx_size) == (1, 8192)
     assert (e.candidates[1].settings.parallel, e.candidates[1].settings.ctx_size) == (4, 8192)
     assert [w.label for w in e.workloads] == ["short-qa", "structured"]
-    assert e.steps.concurrency == [1, 2, 4, 8] and e.steps.kind == "closed"
-    assert [m.label for m in e.steps.load_models()] == ["c1", "c2", "c4", "c8"]
+    assert e.steps.concurrency == [1, 2, 4] and e.steps.kind == "closed"
+    assert [m.label for m in e.steps.load_models()] == ["c1", "c2", "c4"]
+    assert (e.mix_sweep, e.repeats, e.capacity.requests, e.capacity.max_probes) == (True, 3, 8, 3)
     assert (e.requests_per_step, e.warmup, e.arrival_test.requests) == (8, 1, 12)
     assert [o.name for o in e.goal.objectives] == ["ttft_p95<=3s", "itl_p95<=0.4s", "error_rate<=1%"]
     lm = e.arrival_load()
@@ -396,7 +397,7 @@ def test_settings_models_are_the_launchers_own() -> None:
 
     assert S.LlamaCppSettings is llamacpp.LlamaCppSettings and S.VllmSettings is vllm.VllmSettings
     assert S.MockSettings is mocklaunch.MockSettings and S.UrlSettings is url.UrlSettings
-    assert S.ENGINES == ("llamacpp", "vllm", "url", "mock")
+    assert S.ENGINES == ("llamacpp", "vllm", "url", "mock", "command")
     for cls, kind in ((LlamaCppCandidate, "llamacpp"), (VllmCandidate, "vllm"), (UrlCandidate, "url"),
                       (MockCandidate, "mock")):
         assert cls is S.candidate_model(kind)
@@ -420,3 +421,29 @@ def test_quality_structured_requests_is_a_field(tmp_path: Path) -> None:
     assert e.goal.quality.structured_requests == 3
     msg = error_of(tmp_path, mutate(MINIMAL, lambda d: d["goal"].update(quality={"structured_requests": 0})))
     assert msg.startswith("goal.quality.structured_requests: input should be greater than or equal to 1"), msg
+
+
+def test_model_a_kind_cannot_use_is_refused_at_load(tmp_path: Path) -> None:
+    """`model` for the mock (its model is named in settings) and a non-GGUF file for a url candidate
+    (a copy of the served weights) are refused when the file loads, with the field path."""
+    (tmp_path / "notes.txt").write_text("not weights")
+    msg = error_of(tmp_path, """
+        goal: {expected_rate_rps: 1}
+        candidates:
+          - {name: a, engine: mock, model: notes.txt}
+        """)
+    assert msg.startswith("candidates[0].model: engine 'mock' takes no model file"), msg
+    msg = error_of(tmp_path, """
+        goal: {expected_rate_rps: 1}
+        candidates:
+          - {name: a, engine: url, url: "http://127.0.0.1:9/v1", model: notes.txt}
+        """)
+    assert msg.startswith("candidates[0].model: 'notes.txt' is not a GGUF file"), msg
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    e = load_experiment(write(tmp_path, """
+        goal: {expected_rate_rps: 1}
+        candidates:
+          - {name: a, engine: url, url: "http://127.0.0.1:9/v1", model: hf}
+        """))
+    assert e.candidates[0].model == str(folder)

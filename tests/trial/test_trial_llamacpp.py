@@ -40,6 +40,8 @@ seed: 0
 timeout_s: 120
 ignore_eos: true
 arrival_test: {enabled: true, requests: 4}
+repeats: 2
+capacity: {requests: 4, max_probes: 2}
 """
 
 

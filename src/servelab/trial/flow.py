@@ -18,28 +18,36 @@ index are written (:func:`run_trial`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import random
 import re
 import threading
 import time
+import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from servelab import __version__
 from servelab.bench.load import LoadModel
-from servelab.bench.results import RequestLine, ServerFigure, StepSummary, Summary
-from servelab.bench.runner import Bench, BenchConfig, host_identity
+from servelab.bench.results import Interval, LoadInfo, RequestLine, ServerFigure, StepSummary, Summary
+from servelab.bench.runner import Bench, BenchConfig, host_identity, write_summary
 from servelab.bench.slo import Objective
 from servelab.engines import registry
 from servelab.engines.url import UrlFields
 from servelab.engines.registry import EngineIdentity
-from servelab.trial.results import (RECORD_SCHEMA_VERSION, Budget, CandidateIdentity, CandidateResult, ColdStart, Cost,
-                                    EngineExit, EnvironmentRow, EvidenceRow, GoalRow, Host, IdentityRow, Interrupted,
-                                    JsonObject, MethodRow, MetricsSample, Quality, QualityCheck, ResultsRow,
-                                    SmokeCheck, TrialRecord, write_record)
+from servelab.trial.identity import fill_identity
+from servelab.trial.lifecycle import run_lifecycle
+from servelab.trial.reliability import EngineWatch, current_engine, end_watch, watch_engine
+from servelab.trial.results import (RECORD_SCHEMA_VERSION, Budget, BudgetUse, CandidateIdentity, CandidateResult,
+                                    Capacity,
+                                    ColdStart, EngineExit, EnvironmentRow, EvidenceRow, GoalRow, Host,
+                                    IdentityRow, Interrupted, JsonObject, MethodRow, MetricsSample, Quality,
+                                    Probe, QualityCheck, ResultsRow, SmokeCheck, TrialRecord, write_record)
+from servelab.trial.annotate import annotate
+from servelab.trial.mixload import experiment_mix
 from servelab.trial.spec import Candidate, Experiment, Goal, Sample
 from servelab.wire.client import ConfigError, make_session, send
 from servelab.wire.types import RequestRecord, RequestSpec
@@ -158,6 +166,100 @@ class MetricsSampler(threading.Thread):
         return out
 
 
+@dataclasses.dataclass
+class _StepClock:
+    """The load step a bench run is in (``WORKLOAD/STEP``) and when it started on the budget clock."""
+
+    key: str | None = None
+    started: float = 0.0
+
+
+class BudgetSpent(Exception):
+    """Raised by the trial's bench progress callback before a load step that the remaining budget
+    cannot hold: the bench stops there (its summary keeps the steps that ran) and the flow records
+    the rest as skipped for budget. ``what``: ``WORKLOAD/STEP``; ``estimate_s``: the step's estimate."""
+
+    def __init__(self, what: str, estimate_s: float) -> None:
+        super().__init__(what)
+        self.what, self.estimate_s = what, estimate_s
+
+
+class TrialBudget:
+    """The wall-clock budget of a trial, ``goal.budget.max_minutes`` (``None`` = no limit).
+
+    Before each piece of work the flow asks :meth:`allows` with an estimate of its wall time in
+    seconds, from what this trial has measured so far:
+
+    - a candidate: the mean, over the candidates before it, of the time from its launch to the end of
+      its first load step (launch, cold start, smoke tests, quality gate, first step); 0 for the first;
+    - a load step: this candidate's previous step of the same workload (closed loop: a fixed number of
+      requests takes about as long at the next level once the engine is saturated), else the same step
+      of an earlier candidate, else 0;
+    - the arrival test: ``requests / expected_rate_rps`` plus the slowest E2E of the last load step.
+
+    Work starts while the remaining budget exceeds its estimate; otherwise it is not started and is
+    named in :attr:`skipped` (``CANDIDATE``, ``CANDIDATE/WORKLOAD/STEP`` or ``CANDIDATE/arrival``).
+    Work already running is never cut, so a trial ends at most one piece of work past its budget.
+    ``clock``: seconds, monotonic (a test passes a fake one).
+    """
+
+    def __init__(self, max_minutes: float | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit_s = None if max_minutes is None else float(max_minutes) * 60.0
+        self.clock = clock
+        self.t0 = clock()
+        self.skipped: list[str] = []
+        self._steps: dict[tuple[str, str, str], float] = {}  # (candidate, workload, step) -> seconds, in order
+        self._to_first_step: dict[str, float] = {}  # candidate -> launch .. end of its first load step, seconds
+
+    def elapsed_s(self) -> float:
+        """Seconds since the trial started."""
+        return self.clock() - self.t0
+
+    def remaining_s(self) -> float | None:
+        """Seconds left (negative once overspent); ``None`` without a budget."""
+        return None if self.limit_s is None else self.limit_s - self.elapsed_s()
+
+    def allows(self, estimate_s: float) -> bool:
+        """Whether work estimated at ``estimate_s`` seconds may start (always without a budget)."""
+        rem = self.remaining_s()
+        return rem is None or rem > max(0.0, estimate_s)
+
+    def skip(self, what: str) -> None:
+        """Record that ``what`` was not started for budget."""
+        self.skipped.append(what)
+
+    def record_step(self, candidate: str, workload: str, step: str, seconds: float, started_at: float) -> None:
+        """A load step of ``candidate`` took ``seconds`` (warmup included); ``started_at`` is the clock
+        time the candidate started (for its time to the first step)."""
+        self._steps[(candidate, workload, step)] = seconds
+        self._to_first_step.setdefault(candidate, self.clock() - started_at)
+
+    def step_estimate_s(self, candidate: str, workload: str, step: str) -> float:
+        """Estimated seconds of ``candidate``'s step ``workload/step`` (see the class doc)."""
+        own = [d for (c, w, _), d in self._steps.items() if c == candidate and w == workload]
+        if own:
+            return own[-1]
+        same = [d for (_, w, st), d in self._steps.items() if w == workload and st == step]
+        return same[-1] if same else 0.0
+
+    def candidate_estimate_s(self) -> float:
+        """Estimated seconds from a candidate's launch to the end of its first load step."""
+        t = list(self._to_first_step.values())
+        return sum(t) / len(t) if t else 0.0
+
+    def use(self) -> BudgetUse | None:
+        """The record's ``method.budget`` (``None`` without a budget)."""
+        if self.limit_s is None:
+            return None
+        spent = self.elapsed_s()
+        note = ""
+        if self.skipped:
+            note = (f"trial budget of {self.limit_s / 60:g} min (goal.budget.max_minutes) spent: not started "
+                    f"for budget: {', '.join(self.skipped)}; the decision covers only the work that ran")
+        return BudgetUse(limit_s=self.limit_s, spent_s=spent, exhausted=bool(self.skipped), skipped=list(self.skipped),
+                         note=note)
+
+
 class TrialRunner:
     """Runs one experiment (a validated :class:`servelab.trial.spec.Experiment`) into ``out``.
 
@@ -172,6 +274,7 @@ class TrialRunner:
         self.say = progress
         self.objectives = trial_objectives(exp.goal)
         self.counter: Any = None
+        self.budget = TrialBudget(exp.goal.budget.max_minutes)
 
     # ---------------------------------------------------------------- helpers
     def _factory(self, seeded: bool = False) -> Callable[..., Any]:
@@ -204,6 +307,8 @@ class TrialRunner:
 
         def factory(name: str, seed: int) -> Any:
             w = table.get(name)
+            if name == "mix" and w is None:  # the goal's mix of the experiment's own workloads (trial.mixload)
+                return experiment_mix(factory, self.exp.arrival_mix, seed)
             if w is not None and w.dataset is not None:
                 return W.load_dataset(w.dataset, self.counter, seed=seed, max_tokens_default=w.max_tokens_default)
             return W.make_workload(name, self.counter, seed=seed, ignore_eos=ignore_eos,
@@ -230,9 +335,15 @@ class TrialRunner:
     def _bench(self, base_url: str, model: str | None, out: Path, *, workloads: list[str],
                load: list[LoadModel], requests: int, warmup: int, objectives: list[Objective], stop_on_slo: bool,
                seed: int, sampler: MetricsSampler | None = None, overrides: Mapping[str, Any] | None = None,
-               api_key: str | None = None,
-               seeded: bool = False, on_step: Callable[[StepSummary], None] | None = None) -> Summary:
+               api_key: str | None = None, seeded: bool = False,
+               on_step: Callable[[StepSummary], None] | None = None, budget_for: tuple[str, float] | None = None,
+               spread: bool = False) -> Summary:
+        """One bench run of ``workloads`` x ``load`` into ``out``. ``budget_for`` = (candidate name, its
+        start on the budget clock): each step is first checked against :attr:`budget`; when one does not
+        fit, it and every later step are recorded as skipped for budget (and ``summary.json`` says so).
+        ``spread``: send the load from the experiment's ``load_generator`` (workers, Ray actors)."""
         lk = bench_load(load)
+        gen = self.exp.load_generator if spread else None
         cfg = BenchConfig(base_url=base_url, model=model, workloads=workloads, concurrency=lk.concurrency or [1],
                           rates_rps=lk.rates_rps, arrival=lk.arrival,  # type: ignore[arg-type]  # a LoadModel's
                           gamma_shape=lk.gamma_shape, requests=requests,  # arrival is one BenchConfig accepts
@@ -240,7 +351,9 @@ class TrialRunner:
                           warmup=warmup, seed=seed, slo=",".join(o.name for o in objectives) or None,
                           stop_on_slo=stop_on_slo, timeout_s=self.exp.timeout_s,
                           ignore_eos=self.exp.ignore_eos, api_key=api_key,
-                          out=str(out), workload_overrides=dict(overrides or {}))
+                          out=str(out), workload_overrides=dict(overrides or {}),
+                          workers=gen.workers if gen else 1, workers_per_node=gen.workers_per_node if gen else None,
+                          ray=gen.ray if gen else None)
         factory = self._factory(seeded=seeded)
         if overrides:
             base = factory
@@ -248,29 +361,75 @@ class TrialRunner:
             def factory(name: str, seed: int) -> Any:  # noqa: F811 — mix overrides for the arrival run
                 from servelab.bench import workloads as W
 
-                if name == "mix":
+                if name == "mix" and set(overrides) - {"ratio"}:  # arrival_test.set: the built-in mix with them
                     return W.make_workload("mix", self.counter, seed=seed, ignore_eos=self.exp.ignore_eos,
                                            **overrides)
                 return base(name, seed)
 
+        budget = self.budget
+        current = _StepClock()
+
         def progress(event: str, **kw: Any) -> None:
-            if event == "step" and sampler is not None:
-                sampler.step = None if kw["warmup"] else f"{kw['workload']}/{kw['step']}"
-            elif event == "step_done" and on_step is not None:
-                on_step(StepSummary.model_validate(kw["summary"]))
+            if event == "step":
+                key = f"{kw['workload']}/{kw['step']}"
+                if budget_for is not None and current.key != key:  # the first event of a new step
+                    current.key = key
+                    est = budget.step_estimate_s(budget_for[0], kw["workload"], kw["step"])
+                    if not budget.allows(est):
+                        raise BudgetSpent(key, est)
+                    current.started = budget.clock()
+                if sampler is not None:
+                    sampler.step = None if kw["warmup"] else key
+            elif event == "step_done":
+                st = StepSummary.model_validate(kw["summary"])
+                if budget_for is not None and not st.skipped:
+                    budget.record_step(budget_for[0], st.workload, st.step, budget.clock() - current.started,
+                                       budget_for[1])
+                if on_step is not None:
+                    on_step(st)
 
         bench = Bench(cfg, objectives, factory, counter=self.counter, progress=progress)
-        asyncio.run(bench.run())
+        stopped: BudgetSpent | None = None
+        try:
+            asyncio.run(bench.run())
+        except BudgetSpent as e:
+            stopped = e
         if sampler is not None:
             sampler.step = None
-        return Summary.model_validate(bench.summary)
+        summary = Summary.model_validate(bench.summary)
+        if stopped is not None and budget_for is not None:
+            self._skip_for_budget(summary, budget_for[0], workloads, load, stopped, on_step)
+            write_summary(out, summary)
+        return summary
+
+    def _skip_for_budget(self, summary: Summary, cand: str, workloads: list[str], load: list[LoadModel],
+                         stopped: BudgetSpent, on_step: Callable[[StepSummary], None] | None) -> None:
+        """Complete ``summary.steps`` (in workload x step order) with a skipped entry for every step
+        that did not run once :class:`BudgetSpent` stopped the sweep; each is named in the budget."""
+        rem = self.budget.remaining_s() or 0.0
+        reason = (f"trial budget spent (goal.budget.max_minutes): {max(rem, 0):.0f} s left when step "
+                  f"{stopped.what} was due, estimated {stopped.estimate_s:.0f} s")
+        ran = {(s.workload, s.step): s for s in summary.steps}
+        steps: list[StepSummary] = []
+        for w in workloads:
+            for ld in load:
+                st = ran.get((w, ld.label))
+                if st is None:
+                    st = StepSummary(workload=w, step=ld.label, load=LoadInfo.model_validate(dataclasses.asdict(ld)),
+                                     skipped=True, skipped_reason=reason)
+                    self.budget.skip(f"{cand}/{w}/{ld.label}")
+                    if on_step is not None:
+                        on_step(st)
+                steps.append(st)
+        summary.steps = steps
+        summary.stopped_by = "budget"
 
     # ---------------------------------------------------------------- phases
     def smoke(self, base_url: str, model: str | None, checks: tuple[str, ...], api_key: str | None,
               path: Path) -> dict[str, SmokeCheck]:
         """Smoke tests; returns ``{check: SmokeCheck}`` (docs/record-schema.md) and writes
         every smoke request to ``path`` (JSONL, the requests.jsonl format)."""
-        return asyncio.run(_smoke(base_url, model, checks, api_key, path))
+        return asyncio.run(_smoke(base_url, model, checks, api_key, path, self.exp.timeout_s))
 
     def quality(self, base_url: str, model: str | None, cand_dir: Path, api_key: str | None) -> Quality:
         """Quality gate: business samples (regex/schema checks, ``goal.quality.samples``) and the
@@ -280,9 +439,8 @@ class TrialRunner:
         samples_path = cand_dir / "quality.jsonl"  # docs/record-schema.md: the quality-gate sample requests
         samples_path.write_bytes(b"")
         if q.samples:
-            res = asyncio.run(_samples(base_url, model, q.samples, api_key, samples_path))
-            checks.append(QualityCheck(name="samples_pass_fraction", value=res, limit=q.samples_pass_min,
-                                       ok=res >= q.samples_pass_min))
+            res = asyncio.run(_samples(base_url, model, q.samples, api_key, samples_path, self.exp.timeout_s))
+            checks.append(_gate("samples_pass_fraction", res, q.samples_pass_min))
         if "structured" in [w.label for w in self.exp.workloads]:
             s = self._bench(base_url, model, cand_dir / "quality", workloads=["structured"],
                             load=[LoadModel(kind="closed", concurrency=1)], requests=q.structured_requests,
@@ -291,8 +449,7 @@ class TrialRunner:
             c = s.steps[0].counts
             valid = c.submitted - c.failed_total - _schema_failures(cand_dir / "quality" / "requests.jsonl")
             frac = valid / c.submitted if c.submitted else 0.0
-            checks.append(QualityCheck(name="structured_valid_fraction", value=frac, limit=q.structured_valid_min,
-                                       ok=frac >= q.structured_valid_min))
+            checks.append(_gate("structured_valid_fraction", frac, q.structured_valid_min))
         return Quality(passed=all(c.ok for c in checks), checks=checks)
 
     def run_candidate(self, cand: Candidate,
@@ -301,6 +458,7 @@ class TrialRunner:
         path relative to the run folder)."""
         name = cand.name
         kind = cand.kind
+        started = self.budget.clock()
         cdir = self.out / "candidates" / name
         cdir.mkdir(parents=True, exist_ok=True)
         settings = cand.recorded_settings()
@@ -312,13 +470,15 @@ class TrialRunner:
         ext = cand if isinstance(cand, UrlFields) else None  # a server servelab does not start
         api_key = os.environ.get(ext.api_key_env) if ext is not None and ext.api_key_env else None
         sampler: MetricsSampler | None = None
+        watch: EngineWatch | None = None
         try:
             if not kind.launched:
                 if ext is None:
                     raise ConfigError(f"candidate {name!r}: engine kind {cand.engine!r} is not launched by servelab "
                                       "and has no url")
                 base_url, model = ext.url.rstrip("/"), ext.model_name
-                identity.url, identity.engine, identity.model = base_url, None, {"name": model}
+                identity.url, identity.engine = base_url, None
+                identity.model = {"name": model, **_local_weights(cand.model)}
                 self.say(f"[{name}] using existing server {base_url}")
             else:
                 self.say(f"[{name}] starting {cand.engine} {settings}")
@@ -336,6 +496,7 @@ class TrialRunner:
                 self.say(f"[{name}] ready: health {cold.health_s or 0:.1f} s, first token "
                          f"{cold.first_token_s if cold.first_token_s is not None else float('nan'):.1f} s "
                          "after process start")
+            fill_identity(identity, base_url, api_key, cand.declared, cand.price_per_hour)  # facts + sources
             self._tokenizer_for(identity)
             if not self._gates(name, base_url, model, api_key, result, files):
                 return identity, result, files
@@ -343,34 +504,43 @@ class TrialRunner:
                 sampler = MetricsSampler(running, cdir / "server_metrics.jsonl", metrics=kind.metrics)
                 sampler.start()
                 files["server_metrics"] = f"candidates/{name}/server_metrics.jsonl"
+                watch = watch_engine(cand, running, sampler, str(cdir / "engine"))  # crashes, restart: once
             exp = self.exp
             summary = self._bench(base_url, model, cdir / "steps", workloads=[w.label for w in exp.workloads],
                                   load=exp.steps.load_models(exp.goal.burstiness), requests=exp.requests_per_step,
                                   warmup=exp.warmup, objectives=self.objectives, stop_on_slo=exp.stop_on_slo,
                                   seed=exp.seed, sampler=sampler, api_key=api_key,
-                                  on_step=lambda st: self.say(_step_line(name, st)))
+                                  on_step=lambda st: self.say(_step_line(name, st)), budget_for=(name, started),
+                                  spread=True)
+            running = current_engine(watch, running)  # the restarted one when it crashed and came back
             files["steps"] = f"candidates/{name}/steps/requests.jsonl"
+            annotate(summary.steps, cdir / "steps" / "requests.jsonl", self.objectives, 0)
+            result.steps = summary.steps
+            if running is not None and not running.alive:
+                raise EngineDied(f"engine process exited during the load steps (exit code {running.process.poll()})")
+            if exp.mix_sweep and summary.stopped_by != "budget":
+                summary.steps += self._mix_sweep(name, base_url, model, api_key, sampler, files, 0, started)
+            elif exp.mix_sweep:  # the budget ran out in the per-workload sweeps: the mix is recorded as skipped
+                self.budget.skip(f"{name}/mix")
+                summary.steps += [StepSummary(workload="mix", step=m.label, skipped=True,
+                                              load=LoadInfo.model_validate(dataclasses.asdict(m)),
+                                              skipped_reason="trial budget spent (goal.budget.max_minutes)")
+                                  for m in exp.steps.load_models(exp.goal.burstiness)]
             per_step = sampler.per_step() if sampler is not None else {}
             for st in summary.steps:
                 st.server = per_step.get(st.label, {})
             result.steps = summary.steps
             if running is not None and not running.alive:
-                raise EngineDied(f"engine process exited during the load steps (exit code {running.process.poll()})")
-            at = exp.arrival_test
-            if at.enabled:
-                load = exp.arrival_load()
-                self.say(f"[{name}] arrival test: {load.rate_rps:g} req/s, gamma burstiness {exp.goal.burstiness}, "
-                         f"mix {exp.arrival_mix}")
-                arr = self._bench(base_url, model, cdir / "arrival", workloads=["mix"], load=[load],
-                                  requests=at.requests, warmup=0, objectives=self.objectives, stop_on_slo=False,
-                                  seed=exp.seed + 7777, sampler=sampler,
-                                  overrides={**at.set, "ratio": exp.arrival_mix}, api_key=api_key)
-                result.arrival_run = arr.steps[0] if arr.steps else None
-                files["arrival"] = f"candidates/{name}/arrival/requests.jsonl"
-                if result.arrival_run is not None:
-                    self.say(_step_line(name, result.arrival_run))
-            if running is not None and not running.alive:
-                raise EngineDied(f"engine process exited during the arrival test (exit code {running.process.poll()})")
+                raise EngineDied(f"engine process exited during the mix sweep (exit code {running.process.poll()})")
+            if not any(not st.skipped for st in summary.steps):
+                result.status = "failed"
+                result.reason = (f"not run: the trial budget ({exp.goal.budget.max_minutes:g} min, "
+                                 "goal.budget.max_minutes) was spent before its first load step")
+                self.say(f"[{name}] {result.reason}")
+                return identity, result, files
+            self._open_loop(name, base_url, model, api_key, sampler, result, files, running, summary)
+            running, watch = end_watch(watch, running, result), None  # deliberate restarts below are no crashes
+            result.lifecycle, running = run_lifecycle(exp.lifecycle, cand, running, str(cdir / "engine"))
             result.status = "ranked"
         except EngineDied as e:
             result.status, result.reason = "failed", str(e)
@@ -385,6 +555,7 @@ class TrialRunner:
             result.status, result.reason = "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             self.say(f"[{name}] failed: {result.reason}")
         finally:
+            running = end_watch(watch, running, result)  # result.reliability; the engine to stop
             if sampler is not None:
                 sampler.stop()
                 result.peak_rss_bytes = sampler.peak_rss_bytes or None
@@ -397,6 +568,174 @@ class TrialRunner:
                 running.stop()
                 result.engine_exit = EngineExit(returncode=running.returncode, alive_after_stop=running.alive)
         return identity, result, files
+
+    def _open_loop(self, name: str, base_url: str, model: str | None, api_key: str | None,
+                   sampler: MetricsSampler | None, result: CandidateResult, files: dict[str, str], running: Any,
+                   summary: Summary) -> None:
+        """After the load steps: the arrival test, then the capacity search, each when enabled (and the
+        budget allows); raises :class:`EngineDied` when the engine exited meanwhile."""
+        exp = self.exp
+        for what, enabled, run in (
+                ("the arrival test", exp.arrival_test.enabled and self._arrival_fits(name, summary), self._arrival),
+                ("the capacity search", exp.capacity.enabled, self._capacity)):
+            if not enabled:
+                continue
+            run(name, base_url, model, api_key, sampler, result, files)
+            if running is not None and not running.alive:
+                raise EngineDied(f"engine process exited during {what} (exit code {running.process.poll()})")
+
+    def _mix_sweep(self, name: str, base_url: str, model: str | None, api_key: str | None,
+                   sampler: MetricsSampler | None, files: dict[str, str], repeat: int,
+                   started: float, levels: list[LoadModel] | None = None) -> list[StepSummary]:
+        """The goal's mix run concurrently at every load step (:mod:`servelab.trial.mixload`; ``levels``:
+        only those), repeat round ``repeat`` (0-based; the same prompts every round), annotated with its
+        steady windows and per-class figures; its requests into ``files`` (``mix``, ``mix_r2`` …)."""
+        exp = self.exp
+        sub = "mix" if repeat == 0 else f"mix-r{repeat + 1}"
+        out = self.out / "candidates" / name / sub
+        tag = "" if exp.repeats == 1 else f" (repeat {repeat + 1}/{exp.repeats})"
+        summary = self._bench(base_url, model, out, workloads=["mix"],
+                              load=levels if levels is not None else exp.steps.load_models(exp.goal.burstiness),
+                              requests=exp.requests_per_step, warmup=exp.warmup, objectives=self.objectives,
+                              stop_on_slo=exp.stop_on_slo, seed=exp.seed + 31337, sampler=sampler, api_key=api_key,
+                              on_step=lambda st: self.say(_step_line(name, st) + tag), budget_for=(name, started))
+        annotate(summary.steps, out / "requests.jsonl", self.objectives, repeat)
+        files[sub.replace("-", "_")] = f"candidates/{name}/{sub}/requests.jsonl"
+        return summary.steps
+
+    def _repeat(self, cand: Candidate, result: CandidateResult, files: dict[str, str], repeat: int) -> None:
+        """Repeat round ``repeat`` of ``cand``'s mix at the level round 0 found effective, on a freshly
+        started engine (the experiment's ``repeats``; run after every candidate's round 0, so rounds
+        interleave A B A B). Steps are added to ``result.steps``; nothing runs when round 0 met no
+        level; a failure is said and leaves the earlier rounds standing."""
+        from servelab.trial.decide import effective_step
+
+        name, kind = cand.name, cand.kind
+        round0 = [s for s in result.steps if s.workload == "mix" and (s.repeat or 0) == 0]
+        level = effective_step(round0, self.objectives, self.exp.goal.error_budget).max_step_meeting_slo
+        levels = [m for m in self.exp.steps.load_models(self.exp.goal.burstiness) if m.label == level]
+        mix0 = [s for s in round0 if not s.skipped and s.step == level]
+        est = sum(self.budget.step_estimate_s(name, "mix", s.step) for s in mix0)
+        est += (result.cold_start.health_s or 0.0) if result.cold_start is not None else 0.0
+        if not mix0 or not self.budget.allows(est):
+            if mix0:
+                self.budget.skip(f"{name}/mix/repeat{repeat + 1}")
+                self.say(f"[{name}] repeat {repeat + 1} not run: trial budget (estimated {est:.0f} s)")
+            return
+        ext = cand if isinstance(cand, UrlFields) else None
+        api_key = os.environ.get(ext.api_key_env) if ext is not None and ext.api_key_env else None
+        running = None
+        try:
+            if kind.launched:
+                running = kind.launch(cand.settings, model=cand.model,
+                                      log_dir=str(self.out / "candidates" / name / f"engine-r{repeat + 1}"))
+                base_url, model = running.base_url, None
+            else:
+                assert ext is not None
+                base_url, model = ext.url.rstrip("/"), ext.model_name
+            self.say(f"[{name}] repeat {repeat + 1}/{self.exp.repeats} of the mix at {level}")
+            result.steps += self._mix_sweep(name, base_url, model, api_key, None, files, repeat, self.budget.clock(),
+                                            levels)
+        except Exception as e:  # noqa: BLE001 — a failed repeat leaves the earlier rounds standing
+            self.say(f"[{name}] repeat {repeat + 1} failed: {type(e).__name__}: {e}")
+        finally:
+            if running is not None:
+                running.stop()
+
+    def _capacity(self, name: str, base_url: str, model: str | None, api_key: str | None,
+                  sampler: MetricsSampler | None, result: CandidateResult, files: dict[str, str]) -> None:
+        """The capacity search (:mod:`servelab.trial.capacity`) on the goal's mix into
+        ``result.capacity``; each probe's requests under ``candidates/NAME/capacity/``. Probes stop
+        when the trial budget cannot hold the next one (said in ``capacity.note``)."""
+        from servelab.trial.capacity import search
+        from servelab.trial.decide import effective_step
+
+        exp, cap = self.exp, self.exp.capacity
+        mix = [s for s in result.steps if s.workload == "mix" and not s.skipped]
+        start = cap.start_rps or exp.goal.expected_rate_rps or max(
+            (s.throughput.requests_per_s or 0.0 for s in mix), default=0.0) or 1.0
+        k = exp.goal.burstiness
+        arrival = {"goal": "poisson" if k == 1 else "gamma", "poisson": "poisson", "constant": "constant"}[cap.arrival]
+        tail = max((s.e2e_s.max or 0.0 for s in mix), default=0.0)
+        cdir = self.out / "candidates" / name / "capacity"
+        out_of_budget: list[float] = []
+
+        def probe(rate: float) -> Probe:
+            est = cap.requests / rate + tail
+            if out_of_budget or not self.budget.allows(est):
+                out_of_budget.append(rate)
+                return Probe(rate_rps=rate, held=False, broken_by=["not run: trial budget"])
+            load = LoadModel(kind="open", rate_rps=rate, arrival=arrival, gamma_shape=k)
+            pdir = cdir / f"r{rate:.4g}"
+            summ = self._bench(base_url, model, pdir, workloads=["mix"], load=[load], requests=cap.requests, warmup=0,
+                               objectives=self.objectives, stop_on_slo=False, seed=exp.seed + 4242, sampler=sampler,
+                               api_key=api_key)
+            st = summ.steps[0]
+            annotate([st], pdir / "requests.jsonl", self.objectives)
+            eff = effective_step([st], self.objectives, exp.goal.error_budget)
+            held = eff.max_step_meeting_slo is not None
+            files[f"capacity_r{rate:.4g}"] = f"candidates/{name}/capacity/r{rate:.4g}/requests.jsonl"
+            tps = st.steady.output_tokens_per_s if st.steady is not None else None
+            p = Probe(rate_rps=rate, held=held, achieved_rps=st.throughput.requests_per_s,
+                      output_tokens_per_s=tps if tps is not None else st.throughput.output_tokens_per_s,
+                      broken_by=[b.text for b in eff.broken_by], step=st.step)
+            verdict = "held" if held else "broke: " + "; ".join(p.broken_by)
+            self.say(f"[{name}] capacity probe {rate:.3g} req/s: {verdict}")
+            return p
+
+        if not self.budget.allows(cap.requests / start + tail):
+            self.budget.skip(f"{name}/capacity")
+            result.capacity = Capacity(arrival=arrival, requests_per_probe=cap.requests,
+                                       note="not run: the trial budget was spent (goal.budget.max_minutes)")
+            self.say(f"[{name}] capacity search not run: trial budget spent")
+            return
+        self.say(f"[{name}] capacity search from {start:.3g} req/s ({arrival} arrivals, {cap.requests} requests per "
+                 f"probe, at most {cap.max_probes} probes)")
+        found = search(probe, start, max_probes=cap.max_probes, tolerance=cap.tolerance)
+        found.arrival, found.requests_per_probe = arrival, cap.requests
+        if out_of_budget:  # only the probes that ran count: the held/broke bracket from them alone
+            self.budget.skip(f"{name}/capacity")
+            kept = [p for p in found.probes if p.rate_rps not in out_of_budget]
+            held = max((p.rate_rps for p in kept if p.held), default=None)
+            broke = min((p.rate_rps for p in kept if not p.held and (held is None or p.rate_rps > held)), default=None)
+            best = max((p for p in kept if p.held), key=lambda p: p.rate_rps, default=None)
+            found = Capacity(rate_rps=held, broke_at_rps=broke, arrival=arrival, requests_per_probe=cap.requests,
+                             interval=None if held is None else Interval(lo=held, hi=broke, level=1.0, n=len(kept),
+                                                                         method="bracket"),
+                             output_tokens_per_s=best.output_tokens_per_s if best else None, probes=kept,
+                             note=f"search cut short by the trial budget after {len(kept)} probe(s)"
+                                  + ("" if held is not None else "; none held"))
+        result.capacity = found
+
+    def _arrival(self, name: str, base_url: str, model: str | None, api_key: str | None,
+                 sampler: MetricsSampler | None, result: CandidateResult, files: dict[str, str]) -> None:
+        """The arrival test of ``name`` into ``result.arrival_run`` (its requests into ``files``)."""
+        exp, at = self.exp, self.exp.arrival_test
+        load = exp.arrival_load()
+        self.say(f"[{name}] arrival test: {load.rate_rps:g} req/s, gamma burstiness {exp.goal.burstiness}, "
+                 f"mix {exp.arrival_mix}")
+        arr = self._bench(base_url, model, self.out / "candidates" / name / "arrival", workloads=["mix"], load=[load],
+                          requests=at.requests, warmup=0, objectives=self.objectives, stop_on_slo=False,
+                          seed=exp.seed + 7777, sampler=sampler, overrides={**at.set, "ratio": exp.arrival_mix},
+                          api_key=api_key, spread=True)
+        result.arrival_run = arr.steps[0] if arr.steps else None
+        files["arrival"] = f"candidates/{name}/arrival/requests.jsonl"
+        if result.arrival_run is not None:
+            self.say(_step_line(name, result.arrival_run))
+
+    def _arrival_fits(self, name: str, summary: Summary) -> bool:
+        """Whether the budget allows ``name``'s arrival test (see :class:`TrialBudget`); when not, it
+        is recorded as skipped for budget and ``False`` returned."""
+        exp = self.exp
+        ran = [s for s in summary.steps if not s.skipped]
+        tail = ran[-1].e2e_s.max or 0.0 if ran else 0.0
+        est = exp.arrival_test.requests / (exp.goal.expected_rate_rps or 1.0) + tail
+        if summary.stopped_by != "budget" and self.budget.allows(est):
+            return True
+        self.budget.skip(f"{name}/arrival")
+        self.say(f"[{name}] arrival test not run: trial budget spent (estimated {est:.0f} s, "
+                 f"{max(self.budget.remaining_s() or 0.0, 0):.0f} s left)")
+        return False
 
     def _gates(self, name: str, base_url: str, model: str | None, api_key: str | None, result: CandidateResult,
                files: dict[str, str]) -> bool:
@@ -417,9 +756,7 @@ class TrialRunner:
         files["quality"] = f"candidates/{name}/quality.jsonl"
         if (cdir / "quality" / "requests.jsonl").exists():
             files["quality_structured"] = f"candidates/{name}/quality/requests.jsonl"
-        self.say(f"[{name}] quality gate: " + ", ".join(
-            f"{c.name} {c.value or 0:.2f} (min {c.limit or 0:.2f}) {'ok' if c.ok else 'FAILED'}"
-            for c in quality.checks))
+        self.say(f"[{name}] quality gate: " + ", ".join(_gate_text(c) for c in quality.checks))
         if not quality.passed:
             result.status = "excluded"
             result.reason = "quality gate failed: " + "; ".join(
@@ -450,6 +787,7 @@ class TrialRunner:
 
         self.preflight()
         self.out.mkdir(parents=True, exist_ok=True)
+        self.budget = TrialBudget(self.exp.goal.budget.max_minutes, self.budget.clock)
         t0 = time.time()
         host = Host.model_validate(host_identity())
         identities: dict[str, CandidateIdentity] = {}
@@ -464,6 +802,18 @@ class TrialRunner:
                                                      "before this candidate started", steps=[])
                 files[cand.name] = {}
                 continue
+            est = self.budget.candidate_estimate_s()
+            if not self.budget.allows(est):
+                self.budget.skip(cand.name)
+                identities[cand.name] = CandidateIdentity(engine_kind=cand.engine)
+                results[cand.name] = CandidateResult(
+                    status="failed", steps=[], cold_start=None,
+                    reason=f"not run: the trial budget ({self.exp.goal.budget.max_minutes:g} min, "
+                    f"goal.budget.max_minutes) had {max(self.budget.remaining_s() or 0.0, 0):.0f} s left, "
+                    f"less than a candidate takes to its first load step here (~{est:.0f} s)")
+                files[cand.name] = {}
+                self.say(f"[{cand.name}] {results[cand.name].reason}")
+                continue
             try:
                 ident, res, f = self.run_candidate(cand, host)
             except KeyboardInterrupt:
@@ -475,20 +825,24 @@ class TrialRunner:
                 files[cand.name] = {}
                 self.say(f"[{cand.name}] interrupted; writing a partial record")
                 continue
-            if res.status == "ranked":
-                res.apply(effective_step(res.steps, self.objectives, error_budget))
-                price = self.exp.goal.budget.price_per_hour
-                tps = res.effective_throughput.output_tokens_per_s if res.effective_throughput else None
-                res.cost = Cost(per_1m_output_tokens=(price / 3600 / tps * 1e6) if price and tps else None,
-                                price_per_hour=price)
             identities[cand.name] = ident
             results[cand.name] = res
             files[cand.name] = f
+        for r in range(1, self.exp.repeats if interrupted is None else 1):  # rounds interleave: A B A B
+            for cand in self.exp.candidates:
+                if results[cand.name].status == "ranked":
+                    self._repeat(cand, results[cand.name], files[cand.name], r)
+        for cand in self.exp.candidates:
+            res = results[cand.name]
+            if res.status == "ranked":
+                res.apply(effective_step(res.steps, self.objectives, error_budget))
+                self._economics(cand, res)
         t1 = time.time()
         goal, environment, method = self._goal(), self._environment(host), self._method(t0, t1)
         decision = decide(results, identities, goal=goal, environment=environment, method=method)
+        self._budget_in_decision(decision, method.budget)
         record = TrialRecord(
-            schema_version=RECORD_SCHEMA_VERSION, trial_id=self.out.name, created_unix_s=t0,
+            schema_version=RECORD_SCHEMA_VERSION, trial_id=self.out.name, name=self.exp.name, created_unix_s=t0,
             servelab_version=__version__, goal=goal, identity=IdentityRow(candidates=identities),
             environment=environment, method=method, results=ResultsRow(candidates=results),
             evidence=EvidenceRow(run_dir=str(self.out.resolve()), experiment="experiment.yaml", files=files,
@@ -502,6 +856,50 @@ class TrialRunner:
         if interrupted is not None:
             raise TrialInterrupted(record)
         return record
+
+    def _economics(self, cand: Candidate, res: CandidateResult) -> None:
+        """Arrival-run verdicts by interval, cost per 10k/1M output tokens and replicas for the peak
+        (:mod:`servelab.trial.economics`) of a ranked candidate, into ``res``."""
+        from servelab.trial.decide import objective_verdicts
+        from servelab.trial.economics import cost, replicas
+
+        g = self.exp.goal
+        if res.arrival_run is not None and not res.arrival_run.skipped:
+            res.arrival_verdicts = objective_verdicts(res.arrival_run, self.objectives)
+        cap, eff = res.capacity, res.effective_throughput
+        price = cand.price_per_hour if cand.price_per_hour is not None else g.budget.price_per_hour
+        if cap is not None and cap.rate_rps is not None and cap.output_tokens_per_s:
+            hi = cap.output_tokens_per_s * cap.broke_at_rps / cap.rate_rps if cap.broke_at_rps else None
+            ci = Interval(lo=cap.output_tokens_per_s, hi=hi, level=1.0, n=len(cap.probes), method="bracket")
+            res.cost = cost(price, g.budget.currency, cap.output_tokens_per_s, ci,
+                            f"capacity at the SLO, {cap.rate_rps:.3g} req/s open loop")
+        elif eff is not None:
+            res.cost = cost(price, g.budget.currency, eff.output_tokens_per_s, eff.output_tokens_per_s_ci,
+                            f"effective throughput at {eff.at_step} (closed loop; no capacity search)")
+        peak = g.peak_rate_rps or g.expected_rate_rps
+        if cap is not None and cap.rate_rps is not None:
+            res.replicas = replicas(peak, g.headroom, cap.rate_rps, cap.broke_at_rps,
+                                    "capacity at the SLO (open-loop search)")
+        elif eff is not None and eff.requests_per_s:
+            rci = eff.requests_per_s_ci
+            res.replicas = replicas(peak, g.headroom, rci.lo if rci is not None and rci.lo else eff.requests_per_s,
+                                    rci.hi if rci is not None else None,
+                                    f"completed requests/s at {eff.at_step} (closed loop; no capacity search)")
+
+    def _budget_in_decision(self, decision: Any, use: BudgetUse | None) -> None:
+        """Say in the decision what the budget left out: each affected candidate's verdict gets a
+        reason naming its skipped work, and the scope ends with the budget note."""
+        if use is None or not use.exhausted:
+            return
+        for name, verdict in decision.verdicts.items():
+            mine = [w.split("/", 1)[1] for w in use.skipped if w.startswith(name + "/")]
+            if mine:
+                verdict.reasons.append(f"not run for budget: {', '.join(mine)} (goal.budget.max_minutes); its "
+                                       "figures cover only the steps that ran")
+        note = f"{use.note[:1].upper()}{use.note[1:]}."
+        scope = (decision.scope or "").rstrip()
+        decision.scope = f"{scope}{'' if scope.endswith('.') else '.'} {note}" if scope else note
+        self.say(f"budget: {use.note}")
 
     def _environment(self, host: Host) -> EnvironmentRow:
         return EnvironmentRow(host=host, gpu=None, instances=1,
@@ -528,7 +926,9 @@ class TrialRunner:
                              "lengths exact in the workload tokenizer "
                              f"({getattr(self.counter, 'name', 'none: approximate')}); client count kept "
                              "as a cross-check",
-            started_unix_s=t0, finished_unix_s=t1, duration_s=t1 - t0)
+            started_unix_s=t0, finished_unix_s=t1, duration_s=t1 - t0, budget=self.budget.use(),
+            repeats=e.repeats, mix_sweep=e.mix_sweep,
+            capacity_search=e.capacity.model_dump(mode="json") if e.capacity.enabled else {})
 
 
 class TrialInterrupted(KeyboardInterrupt):
@@ -542,6 +942,34 @@ class TrialInterrupted(KeyboardInterrupt):
 
 class EngineDied(RuntimeError):
     """The candidate's engine process exited while it was being measured."""
+
+
+def _local_weights(path: str | None) -> JsonObject:
+    """Identity of a local copy of a server's weights (``model`` of an ``engine: url`` candidate): a GGUF
+    file's ``path``, ``size_bytes``, ``sha256`` and metadata, or an HF folder as ``hf_dir``; ``{}`` for
+    ``None``. The workload tokenizer is read from it (exact prompt lengths)."""
+    if path is None:
+        return {}
+    if Path(path).is_dir():
+        return {"hf_dir": path}
+    from servelab.engines.llamacpp import model_identity
+
+    return typing.cast(JsonObject, json.loads(json.dumps(model_identity(path), default=str)))
+
+
+def _gate(name: str, value: float, minimum: float) -> QualityCheck:
+    """A quality-gate figure against its minimum; a minimum of 0 cannot fail: ``informational``."""
+    informational = minimum <= 0
+    return QualityCheck(name=name, value=value, limit=minimum, ok=informational or value >= minimum,
+                        informational=informational)
+
+
+def _gate_text(c: QualityCheck) -> str:
+    """``structured_valid_fraction 0.75 (min 0.50) ok`` / ``... FAILED`` / ``samples_pass_fraction 0.50
+    (informational: no minimum)``."""
+    if c.informational:
+        return f"{c.name} {c.value or 0:.2f} (informational: no minimum)"
+    return f"{c.name} {c.value or 0:.2f} (min {c.limit or 0:.2f}) {'ok' if c.ok else 'FAILED'}"
 
 
 def _step_line(name: str, s: StepSummary) -> str:
@@ -572,12 +1000,15 @@ def _schema_failures(jsonl: Path) -> int:
 
 
 async def _one(session: Any, base_url: str, model: str, spec: RequestSpec, api_key: str | None,
-               i: int, sent: list[RequestRecord] | None = None) -> RequestRecord:
-    rec = RequestRecord(request_id=i, workload="smoke")
+               i: int, sent: list[RequestRecord] | None = None, *, timeout_s: float,
+               workload: str = "smoke") -> RequestRecord:
+    """Send one gate request (``timeout_s``: the experiment's per-request timeout, seconds); ``sent``
+    collects the record before it is sent, so a request that raises is still written."""
+    rec = RequestRecord(request_id=i, workload=workload)
     hdrs = {"Authorization": f"Bearer {api_key}"} if api_key else None
     if sent is not None:
         sent.append(rec)
-    await send(session, base_url, model, spec, rec, timeout_s=120, headers=hdrs)
+    await send(session, base_url, model, spec, rec, timeout_s=timeout_s, headers=hdrs)
     return rec
 
 
@@ -590,12 +1021,12 @@ async def _model_name(session: Any, base_url: str, model: str | None, api_key: s
 
 
 async def _smoke(base_url: str, model: str | None, checks: tuple[str, ...], api_key: str | None,
-                 path: Path) -> dict[str, SmokeCheck]:
+                 path: Path, timeout_s: float) -> dict[str, SmokeCheck]:
     """The smoke checks; every request sent is written to ``path`` (JSONL, requests.jsonl format), also
     when a check raises."""
     sent: list[RequestRecord] = []
     try:
-        return await _smoke_checks(base_url, model, checks, api_key, sent)
+        return await _smoke_checks(base_url, model, checks, api_key, sent, timeout_s)
     finally:
         from servelab.bench.runner import record_to_json
 
@@ -604,7 +1035,7 @@ async def _smoke(base_url: str, model: str | None, checks: tuple[str, ...], api_
 
 
 async def _smoke_checks(base_url: str, model: str | None, checks: tuple[str, ...], api_key: str | None,
-                        sent: list[RequestRecord]) -> dict[str, SmokeCheck]:
+                        sent: list[RequestRecord], timeout_s: float) -> dict[str, SmokeCheck]:
     import jsonschema
 
     res: dict[str, SmokeCheck] = {}
@@ -612,7 +1043,7 @@ async def _smoke_checks(base_url: str, model: str | None, checks: tuple[str, ...
         m = await _model_name(session, base_url, model, api_key)
         story = RequestSpec(endpoint="chat", max_tokens=40, extra={"temperature": 0},
                             messages=[{"role": "user", "content": "Write a short story about a cat."}])
-        r = await _one(session, base_url, m, story, api_key, 0, sent)
+        r = await _one(session, base_url, m, story, api_key, 0, sent, timeout_s=timeout_s)
         if "streaming" in checks:
             ok = r.failure is None and len(r.chunk_ns) >= 2 and r.finish_reason is not None
             res["streaming"] = SmokeCheck(ok=ok, detail=(f"{len(r.chunk_ns)} token chunks, finish {r.finish_reason}"
@@ -631,7 +1062,7 @@ async def _smoke_checks(base_url: str, model: str | None, checks: tuple[str, ...
                     "response_format": {"type": "json_schema", "json_schema": {
                         "name": "answer", "schema": _SMOKE_SCHEMA, "strict": True}}},
                     messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}])
-                jr = await _one(session, base_url, m, spec, api_key, 10 + attempt, sent)
+                jr = await _one(session, base_url, m, spec, api_key, 10 + attempt, sent, timeout_s=timeout_s)
                 if jr.failure is not None:
                     detail = _fail_text(jr)
                     continue
@@ -643,12 +1074,13 @@ async def _smoke_checks(base_url: str, model: str | None, checks: tuple[str, ...
                     detail = f"answer not valid against the schema ({type(e).__name__}): {jr.content_text[:60]!r}"
             res["json_schema"] = SmokeCheck(ok=ok, detail=detail)
         if "stop" in checks:
-            res["stop"] = await _stop_check(session, base_url, m, r, story, api_key, sent)
+            res["stop"] = await _stop_check(session, base_url, m, r, story, api_key, sent, timeout_s)
     return res
 
 
 async def _stop_check(session: Any, base_url: str, m: str, r: RequestRecord, story: RequestSpec,
-                      api_key: str | None, sent: list[RequestRecord] | None = None) -> SmokeCheck:
+                      api_key: str | None, sent: list[RequestRecord] | None = None,
+                      timeout_s: float = 120.0) -> SmokeCheck:
     """Greedy decoding twice: the second time with a stop string taken from the first answer's middle;
     the engine must end the answer right before it, with finish reason ``stop``."""
     text = r.content_text
@@ -665,7 +1097,7 @@ async def _stop_check(session: Any, base_url: str, m: str, r: RequestRecord, sto
         return SmokeCheck(ok=False, detail="no unique stop string in the reference answer")
     spec = RequestSpec(endpoint="chat", max_tokens=story.max_tokens, messages=story.messages,
                        extra={**story.extra, "stop": [piece]})
-    s = await _one(session, base_url, m, spec, api_key, 20, sent)
+    s = await _one(session, base_url, m, spec, api_key, 20, sent, timeout_s=timeout_s)
     if s.failure is not None:
         return SmokeCheck(ok=False, detail=_fail_text(s))
     got = s.content_text
@@ -674,7 +1106,9 @@ async def _stop_check(session: Any, base_url: str, m: str, r: RequestRecord, sto
 
 
 async def _samples(base_url: str, model: str | None, samples: list[Sample], api_key: str | None,
-                   path: Path) -> float:
+                   path: Path, timeout_s: float) -> float:
+    """Send each business sample (``timeout_s`` per request) and return the fraction that passed; each
+    request is written to ``path`` with ``workload`` ``sample:<name>`` (``s<index>`` when unnamed)."""
     from servelab.bench.runner import record_to_json
 
     passed = 0
@@ -690,7 +1124,8 @@ async def _samples(base_url: str, model: str | None, samples: list[Sample], api_
                                                 "json_schema": {"name": "sample", "schema": schema, "strict": True}}
                 msgs = s.messages or [{"role": "user", "content": s.prompt}]
                 spec = RequestSpec(endpoint="chat", max_tokens=s.max_tokens, messages=msgs, extra=extra)
-                r = await _one(session, base_url, m, spec, api_key, i)
+                r = await _one(session, base_url, m, spec, api_key, i, timeout_s=timeout_s,
+                               workload=f"sample:{s.name or f's{i}'}")
                 ok = r.failure is None and re.search(s.expect_regex or "", r.content_text) is not None
                 if ok and schema:
                     ok = _json_valid(r.content_text, schema)

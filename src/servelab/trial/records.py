@@ -7,7 +7,8 @@ Database: ``$SERVELAB_RECORDS_DB`` if set, else ``${SERVELAB_HOME:-~/.local/shar
 (folders created). Tables:
 
 - ``trials(trial_id PK, run_dir, created_unix_s, name, task, decision_summary, adopt, n_candidates,
-  indexed_unix_s, historical)``
+  indexed_unix_s, historical)``; ``name`` is the experiment's name (``record.name``; the trial id for
+  records written before it was recorded)
 - ``candidates(trial_id, name, status, verdict, engine_kind, engine_version, binary_sha256,
   model_sha256, settings_json, effective_tok_s, at_step, ttft_p95_s, historical, PK(trial_id, name))``
 
@@ -168,7 +169,8 @@ def index_record(run_dir: str | os.PathLike[str], db: str | os.PathLike[str] | N
         con.execute("INSERT OR REPLACE INTO trials (trial_id, run_dir, created_unix_s, name, task, "
                     "decision_summary, adopt, n_candidates, indexed_unix_s, historical) "
                     "VALUES (?,?,?,?,?,?,?,?,?,0)",
-                    (tid, str(rd), float(created), tid, rec.goal.task, summary, adopt, len(names), time.time()))
+                    (tid, str(rd), float(created), rec.name or tid, rec.goal.task, summary, adopt, len(names),
+                     time.time()))
         for n in names:
             r = rec.result(n)
             ident = rec.ident(n)

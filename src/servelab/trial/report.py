@@ -329,10 +329,13 @@ def _latency_fig(series: Series, key: str, metric: str, title: str, limits: dict
                 ys = [_num(getattr(s.dist(key), p)) for _, s in pts]
                 if not any(y is not None for y in ys):
                     continue
+                cis = [s.dist(key).ci(p) for _, s in pts]
                 fig.add_trace(go.Scatter(
                     x=[x for x, _ in pts], y=ys, mode="lines+markers", name=f"{label} {p}",
-                    legendgroup=f"{label} {p}", showlegend=ci == 1,
-                    line={"color": color, "dash": dash}, text=[s.step for _, s in pts],
+                    legendgroup=f"{label} {p}", showlegend=ci == 1, error_y=_err(ys, cis),
+                    line={"color": color, "dash": dash},
+                    text=[f"{s.step}{'' if s.repeat is None else f' r{s.repeat + 1}'} ({_ci_text(c, ' s')})"
+                          for (_, s), c in zip(pts, cis, strict=True)],
                     hovertemplate=f"{_e(label)} {p}<br>%{{text}}: %{{y:.3f}} s<extra>{_e(wl)}</extra>"),
                     row=1, col=ci)
     for (m, stat), lim in limits.items():
@@ -361,8 +364,12 @@ def _throughput_fig(series: Series, workloads: list[str]) -> go.Figure:
                       for _, s in pts]
                 if not any(y is not None for y in ys):
                     continue
+                if what == "throughput":  # the steady window's figure and its interval, where the trial added one
+                    ys = [_total_tps(s)[0] for _, s in pts]
+                cis = [_total_tps(s)[1] if what == "throughput" else None for _, s in pts]
                 fig.add_trace(go.Scatter(
                     x=[x for x, _ in pts], y=ys, mode="lines+markers", name=f"{label} {what}",
+                    error_y=_err(ys, cis),
                     legendgroup=f"{label} {what}", showlegend=ci == 1, line={"color": color, "dash": dash},
                     text=[s.step for _, s in pts],
                     hovertemplate=f"{_e(label)} {what}<br>%{{text}}: %{{y:.1f}} tok/s<extra>{_e(wl)}</extra>"),
@@ -371,6 +378,179 @@ def _throughput_fig(series: Series, workloads: list[str]) -> go.Figure:
     fig.update_xaxes(title_text=_axis_title(all_steps), type="log", dtick=math.log10(2))
     fig.update_yaxes(title_text="output tokens/s", rangemode="tozero", col=1)
     return fig
+
+
+def _err(ys: list[float | None], cis: list[Any]) -> dict[str, Any] | None:
+    """Plotly asymmetric error bars from intervals (``lo``/``hi``; an unbounded side draws no bar)."""
+    up: list[float | None] = []
+    down: list[float | None] = []
+    any_ci = False
+    for y, ci in zip(ys, cis, strict=True):
+        if y is None or ci is None:
+            up.append(None)
+            down.append(None)
+            continue
+        any_ci = True
+        up.append(None if ci.hi is None else max(ci.hi - y, 0.0))
+        down.append(None if ci.lo is None else max(y - ci.lo, 0.0))
+    if not any_ci:
+        return None
+    return {"type": "data", "symmetric": False, "array": up, "arrayminus": down, "thickness": 1, "width": 3}
+
+
+def _ci_text(ci: Any, unit: str = "") -> str:
+    if ci is None:
+        return "no interval"
+    lo = "unbounded" if ci.lo is None else f"{ci.lo:.3g}"
+    hi = "unbounded" if ci.hi is None else f"{ci.hi:.3g}"
+    return f"95 % CI {lo}–{hi}{unit}"
+
+
+def _total_tps(s: StepSummary) -> tuple[float | None, Any]:
+    """Total output tok/s of a step (steady window when the trial added one) and its interval."""
+    st = s.steady
+    if st is not None and st.output_tokens_per_s is not None:
+        return st.output_tokens_per_s, st.output_tokens_per_s_ci
+    return _num(s.throughput.output_tokens_per_s), None
+
+
+def _pareto_steps(c: CandidateResult) -> list[StepSummary]:
+    """The steps a candidate's Pareto points come from: its ranked workload (the mix), else all."""
+    ran = c.ran_steps()
+    ranked = c.ranked_on or (c.effective_throughput.workload if c.effective_throughput else None)
+    mine = [s for s in ran if s.workload == ranked] if ranked else []
+    return mine or ran
+
+
+def _frontier(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The non-dominated points (higher total and higher per-user both better), by total."""
+    out: list[tuple[float, float]] = []
+    for x, y in sorted(pts, key=lambda p: (-p[0], -p[1])):
+        if not out or y > out[-1][1]:
+            out.append((x, y))
+    return sorted(out)
+
+
+def _pareto_fig(rec: TrialRecord, names: list[str], colors: dict[str, str],
+                limits: dict[tuple[str, str], float]) -> go.Figure | None:
+    """Output tok/s per user (median, P50 of ``output_tps_per_user``) against total output tok/s, one
+    point per step and repeat, per candidate; error bars are the 95 % intervals; the frontier of each
+    candidate is drawn; the per-user speed the ITL/TPOT limit implies is shaded as the SLO region."""
+    fig = go.Figure()
+    drawn = False
+    for n in names:
+        steps = _pareto_steps(rec.result(n))
+        xs, ys, xci, yci, text = [], [], [], [], []
+        for s in steps:
+            x, ci = _total_tps(s)
+            d = s.output_tps_per_user
+            y = _num(d.p50)
+            if x is None or y is None:
+                continue
+            xs.append(x)
+            ys.append(y)
+            xci.append(ci)
+            yci.append(d.ci("p50"))
+            rep = "" if s.repeat is None else f" r{s.repeat + 1}"
+            text.append(f"{s.workload}/{s.step}{rep}: total {x:.1f} tok/s ({_ci_text(ci)}), per user "
+                        f"{y:.1f} tok/s ({_ci_text(d.ci('p50'))})")
+        if not xs:
+            continue
+        drawn = True
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=n, marker={"color": colors[n], "size": 9},
+                                 error_x=_err(list(xs), xci), error_y=_err(list(ys), yci), text=text,
+                                 hovertemplate="%{text}<extra>" + _e(n) + "</extra>"))
+        fr = _frontier(list(zip(xs, ys, strict=True)))
+        if len(fr) > 1:
+            fig.add_trace(go.Scatter(x=[p[0] for p in fr], y=[p[1] for p in fr], mode="lines", showlegend=False,
+                                     line={"color": colors[n], "dash": "dot"}, hoverinfo="skip"))
+    if not drawn:
+        return None
+    per_token = [lim for (m, st), lim in limits.items() if m in ("itl", "tpot")]
+    if per_token:
+        floor = 1.0 / min(per_token)
+        fig.add_hrect(y0=floor, y1=1.0, yref="y", fillcolor="#1a7f37", opacity=0.08, line_width=0,
+                      layer="below")
+        fig.add_hline(y=floor, line={"color": "#1a7f37", "dash": "dashdot", "width": 1.5},
+                      annotation_text=f"SLO region: ≥ {floor:.3g} tok/s per user (ITL/TPOT ≤ {min(per_token):g} s)",
+                      annotation_position="top left", annotation_font={"color": "#1a7f37", "size": 11})
+        fig.update_yaxes(range=[0, None])
+    fig.update_layout(title="Pareto: output tok/s per user (median) vs total output tok/s, one point per step")
+    fig.update_xaxes(title_text="total output tokens/s (steady window)", rangemode="tozero")
+    fig.update_yaxes(title_text="output tokens/s per user (P50)", rangemode="tozero")
+    return fig
+
+
+def _capacity_fig(rec: TrialRecord, names: list[str], colors: dict[str, str]) -> go.Figure | None:
+    """Each candidate's capacity probes: offered rate vs completed rate, held (circle) or broke (x)."""
+    fig = go.Figure()
+    drawn = False
+    for n in names:
+        cap = rec.result(n).capacity
+        if cap is None or not cap.probes:
+            continue
+        drawn = True
+        for held in (True, False):
+            ps = [p for p in cap.probes if p.held is held]
+            if not ps:
+                continue
+            fig.add_trace(go.Scatter(
+                x=[p.rate_rps for p in ps], y=[p.achieved_rps for p in ps], mode="markers",
+                name=f"{n} {'held' if held else 'broke'}",
+                marker={"color": colors[n], "size": 10, "symbol": "circle" if held else "x"},
+                text=[f"probe {cap.probes.index(p) + 1}: {p.rate_rps:.3g} req/s "
+                      + ("held" if held else "broke: " + "; ".join(p.broken_by)) for p in ps],
+                hovertemplate="%{text}<extra>" + _e(n) + "</extra>"))
+        if cap.rate_rps is not None:
+            fig.add_vline(x=cap.rate_rps, line={"color": colors[n], "dash": "dash", "width": 1.5},
+                          annotation_text=f"{n}: {cap.rate_rps:.3g} req/s", annotation_font={"color": colors[n]})
+    if not drawn:
+        return None
+    fig.update_layout(title="Capacity search (open loop): offered vs completed requests/s per probe")
+    fig.update_xaxes(title_text="offered arrival rate (req/s)", rangemode="tozero")
+    fig.update_yaxes(title_text="completed requests/s", rangemode="tozero")
+    return fig
+
+
+def _money(x: float | None) -> str:
+    return "—" if x is None else f"{x:.4g}"
+
+
+def _cost_html(rec: TrialRecord, names: list[str]) -> str:
+    """Cost per 10k / 1M output tokens, capacity at the SLO and replicas for the peak, with intervals."""
+    rows = []
+    for n in names:
+        c = rec.result(n)
+        cost, cap, rep = c.cost, c.capacity, c.replicas
+        if cost is None and cap is None and rep is None:
+            continue
+
+        def rng(ci: Any) -> str:
+            if ci is None or (ci.lo is None and ci.hi is None):
+                return "—"
+            lo = _money(ci.lo) if ci.lo is not None else "unbounded"
+            return f"{lo}–{_money(ci.hi) if ci.hi is not None else 'unbounded'}"
+
+        capt = "—"
+        if cap is not None:
+            capt = (f"{cap.rate_rps:.3g} [{cap.rate_rps:.3g}, {cap.broke_at_rps:.3g})" if cap.rate_rps is not None
+                    and cap.broke_at_rps is not None else f"≥ {cap.rate_rps:.3g}" if cap.rate_rps is not None
+                    else (cap.note or "—"))
+        rept = "—"
+        if rep is not None and rep.replicas is not None:
+            rept = f"{rep.replicas}" + (f" ({rep.lo}–{rep.hi})" if rep.lo is not None and rep.lo != rep.hi else "")
+            rept += f" for {_fmt(rep.peak_rps)} req/s at {rep.headroom:.0%} headroom"
+        rows.append((n, _money(cost.price_per_hour) if cost else "—", _fmt(cost.tokens_per_s) if cost else "—",
+                     cost.basis if cost else "—", _money(cost.per_10k_output_tokens) if cost else "—",
+                     rng(cost.per_10k_ci) if cost else "—", _money(cost.per_1m_output_tokens) if cost else "—",
+                     rng(cost.per_1m_ci) if cost else "—", capt, rept))
+    if not rows:
+        return ('<p class="muted">No cost figures: declare <code>price_per_hour</code> per candidate or in '
+                "<code>goal.budget</code>; no capacity search ran.</p>")
+    cur = rec.goal.budget.currency or "USD"
+    return _table(("candidate", f"price ({cur}/h)", "out tok/s", "basis", "per 10k out tok", "95 % CI",
+                   "per 1M out tok", "95 % CI", "capacity at SLO (req/s) [held, broke)", "replicas for the peak"),
+                  rows, num_cols=(1, 2, 4, 6))
 
 
 # ----------------------------------------------------------------------------------------- report body
@@ -383,8 +563,10 @@ def _decision_html(rec: TrialRecord, names: list[str], heading: str = "h2") -> s
         out.append(f'<p class="bad"><b>Partial trial</b>: interrupted while <b>{_e(intr.candidate)}</b> ran; '
                    f'{_e(intr.note)}.</p>')
     if dec.ranking:
-        out.append("<p><b>Ranking</b> (effective output throughput at the highest load step that met every "
-                   "SLO; ties by tail latency): " + " &gt; ".join(f"<b>{_e(n)}</b>" for n in dec.ranking) + "</p>")
+        out.append("<p><b>Ranking</b> (what each engine sustained on the goal's mix run together, at the highest "
+                   "load step that met every SLO; a candidate is behind only when the difference's 95 % interval "
+                   "excludes 1, else the tie-break orders them): "
+                   + " &gt; ".join(f"<b>{_e(n)}</b>" for n in dec.ranking) + "</p>")
     else:
         out.append('<p class="bad"><b>No candidate was ranked</b>: none passed the smoke, quality and error '
                    "gates.</p>")
@@ -399,7 +581,8 @@ def _decision_html(rec: TrialRecord, names: list[str], heading: str = "h2") -> s
         facts = f'<div class="muted">status: {_e(c.status if c is not None else "—")}'
         if eff is not None:
             facts += (f"; effective {_fmt(eff.output_tokens_per_s)} output tok/s "
-                      f"(goodput {_fmt(eff.goodput_output_tokens_per_s)}) at {_e(eff.at_step)}")
+                      f"({_e(_ci_text(eff.output_tokens_per_s_ci))}; goodput {_fmt(eff.goodput_output_tokens_per_s)}) "
+                      f"at {_e(eff.at_step)}" + (f" on {_e(eff.workload)}" if eff.workload else ""))
         if c is not None and c.broken_at:
             facts += f"; SLO broken at {_e(c.broken_at)}"
         facts += "</div>"
@@ -407,6 +590,17 @@ def _decision_html(rec: TrialRecord, names: list[str], heading: str = "h2") -> s
         cards.append(f'<div class="card"><div><b>{_e(n)}</b> {_verdict_badge(v.verdict if v else None)}</div>'
                      f"{facts}<ul>{rs}</ul></div>")
     out.append(f'<div class="cards">{"".join(cards)}</div>')
+    if dec.differences:
+        sig = {True: "yes", False: "no: the ranking between them is by the tie-break"}.get(bool(dec.significant))
+        out.append(f"<p><b>Is the winner significantly better?</b> {_e(sig)}</p><ul>"
+                   + "".join(f"<li>{_e(d.text)}</li>" for d in dec.differences) + "</ul>")
+    if dec.tie_break:
+        out.append(f'<p class="muted">Tie-break (no significant difference): {_e(dec.tie_break)}.</p>')
+    if dec.comparability is not None and dec.comparability.note:
+        cls = "muted" if dec.comparability.same_tokenizer else "bad"
+        out.append(f'<p class="{cls}"><b>Token comparability:</b> {_e(dec.comparability.note)}</p>')
+    if dec.budget_note:
+        out.append(f'<p class="muted"><b>What the budget allowed:</b> {_e(dec.budget_note)}.</p>')
     if dec.scope:
         out.append(f"<p><b>Scope of validity:</b> {_e(dec.scope)}</p>")
     if dec.recheck_when:
@@ -437,14 +631,32 @@ def _steps_table(cand: CandidateResult) -> str:
         met_cell = _Raw('<span class="ok">yes</span>') if met else (
             _Raw(f'<span class="bad">no: {_e(", ".join(broken) or "see SLO list")}</span>')
             if met is False else "—")
-        rows.append((s.workload, s.step, c.submitted, c.succeeded, c.failed_total, c.good,
-                     _fmt(s.ttft_s.p95), _fmt(s.itl_s.p95), _fmt(s.e2e_s.p99),
-                     _fmt(s.throughput.output_tokens_per_s), _fmt(s.goodput.output_tokens_per_s), met_cell))
+        tps, tci = _total_tps(s)
+        st = s.steady
+        window = (f"ramp {_fmt(st.ramp_s)} s, steady {_fmt(st.steady_s)} s, drain {_fmt(st.drain_s)} s"
+                  if st is not None and st.steady_s is not None else "—")
+        rows.append((s.workload, s.step + ("" if s.repeat is None else f" r{s.repeat + 1}"), c.submitted, c.succeeded,
+                     c.failed_total, c.good, _with_ci(s.ttft_s.p95, s.ttft_s.ci("p95")),
+                     _with_ci(s.itl_s.p95, s.itl_s.ci("p95")), _with_ci(s.e2e_s.p99, s.e2e_s.ci("p99")),
+                     _with_ci(tps, tci), window, _fmt(s.goodput.output_tokens_per_s), met_cell))
     if not rows:
         return '<p class="muted">No load steps were run.</p>'
-    return _table(("workload", "step", "submitted", "succeeded", "failed", "good", "TTFT p95 (s)",
-                   "ITL p95 (s)", "E2E p99 (s)", "throughput (out tok/s)", "goodput (out tok/s)", "SLO met"),
-                  rows, num_cols=range(2, 11))
+    return _table(("workload", "step", "submitted", "succeeded", "failed", "good", "TTFT p95 (s) [95 % CI]",
+                   "ITL p95 (s) [95 % CI]", "E2E p99 (s) [95 % CI]", "throughput (out tok/s) [95 % CI]",
+                   "window", "goodput (out tok/s)", "SLO met"),
+                  rows, num_cols=range(2, 10))
+
+
+def _with_ci(v: Any, ci: Any) -> str:
+    """``1.9 [1.2–∞)``: a figure never shown bare: with its 95 % interval (``∞`` / ``0`` where the sample
+    cannot bound that side), or ``1.9 [no interval]``."""
+    if _num(v) is None:
+        return "—"
+    if ci is None:
+        return f"{_fmt(v)} [no interval]"
+    lo = "?" if ci.lo is None else _fmt(ci.lo)
+    hi = "∞" if ci.hi is None else _fmt(ci.hi)
+    return f"{_fmt(v)} [{lo}–{hi}{')' if ci.hi is None else ']'}"
 
 
 def _ttft_cdf_fig(run: Path, rec: TrialRecord, names: list[str],
@@ -610,8 +822,10 @@ def _results_rows(rec: TrialRecord) -> str:
         bad_smoke = [k for k, v in c.smoke.items() if not v.ok]
         stxt = ("failed: " + ", ".join(bad_smoke)) if bad_smoke else ("passed" if c.smoke else "not run")
         rows.append((n, c.status or "—", c.reason or "", stxt, qtxt, _pct(c.error_rate),
-                     _fmt(tl.ttft_p95_s if tl else None), _fmt(tl.itl_p95_s if tl else None),
-                     _fmt(tl.e2e_p99_s if tl else None), _fmt(eff.output_tokens_per_s if eff else None),
+                     _with_ci(tl.ttft_p95_s, tl.ttft_p95_ci) if tl else "—",
+                     _with_ci(tl.itl_p95_s, tl.itl_p95_ci) if tl else "—",
+                     _with_ci(tl.e2e_p99_s, tl.e2e_p99_ci) if tl else "—",
+                     _with_ci(eff.output_tokens_per_s, eff.output_tokens_per_s_ci) if eff else "—",
                      _fmt(eff.goodput_output_tokens_per_s if eff else None), (eff.at_step if eff else None) or "—",
                      c.broken_at or "—", _bytes(c.peak_rss_bytes),
                      _fmt(c.cost.per_1m_output_tokens if c.cost else None)))
@@ -688,7 +902,8 @@ def _report_body(run: Path, rec: TrialRecord) -> str:
     out = [f"<h1>servelab trial <code>{_e(rec.trial_id or run.name)}</code></h1>",
            f'<p class="muted">task: {_e(goal.task or "—")} · SLO: {_e(", ".join(slo_names) or "none")}'
            f' · created {_e(_when(rec.created_unix_s))} · {len(names)} candidate(s)</p>',
-           '<nav><a href="#decision">decision</a><a href="#charts">charts</a><a href="#steps">steps</a>'
+           '<nav><a href="#decision">decision</a><a href="#charts">charts</a><a href="#cost">cost</a>'
+           '<a href="#steps">steps</a>'
            '<a href="#client-server">client vs server</a><a href="#record">record</a></nav>',
            '<div id="js-errors"></div>',
            f'<section id="decision">{_decision_html(rec, names)}</section>',
@@ -696,9 +911,19 @@ def _report_body(run: Path, rec: TrialRecord) -> str:
     if series:
         out.append('<p class="muted">Each line is one candidate (colour); dotted = P50, solid = P95, dashed = '
                    "P99. The red dash-dot line is the SLO limit. Skipped steps have no point.</p>")
+        pareto = _pareto_fig(rec, names, colors, limits)
+        if pareto is not None:
+            out.append('<p class="muted">Pareto view: each point is one load step (and repeat) of the ranked '
+                       "workload; error bars are 95 % intervals (time blocks of the steady window; order "
+                       "statistics of the per-user speeds); the dotted line joins each candidate's "
+                       "non-dominated points.</p>")
+            out.append(charts.html(pareto, height=440))
         for key, metric, title in LATENCIES:
             out.append(charts.html(_latency_fig(series, key, metric, title, limits, workloads)))
         out.append(charts.html(_throughput_fig(series, workloads)))
+        capfig = _capacity_fig(rec, names, colors)
+        if capfig is not None:
+            out.append(charts.html(capfig, height=380))
         cdf, notes = _ttft_cdf_fig(run, rec, names, limits)
         if cdf is not None:
             out.append(charts.html(cdf, height=400))
@@ -724,6 +949,9 @@ def _report_body(run: Path, rec: TrialRecord) -> str:
                    "or it did not start).</p>")
     out.append("</section>")
 
+    out.append('<section id="cost"><h2>Cost, capacity and replicas</h2>')
+    out.append(_cost_html(rec, names))
+    out.append("</section>")
     out.append('<section id="steps"><h2>Steps per candidate</h2>')
     if err_limit is not None:
         out.append(f'<p class="muted">Error budget: error rate ≤ {_pct(err_limit)} per step.</p>')
@@ -741,7 +969,8 @@ def _report_body(run: Path, rec: TrialRecord) -> str:
             out.append(_table(("step", "submitted", "succeeded", "failed", "TTFT p95 (s)", "E2E p99 (s)",
                                "throughput (out tok/s)", "goodput (out tok/s)", "SLO met"),
                               [(arr.step, cnt.submitted, cnt.succeeded, cnt.failed_total,
-                                _fmt(arr.ttft_s.p95), _fmt(arr.e2e_s.p99),
+                                _with_ci(arr.ttft_s.p95, arr.ttft_s.ci("p95")),
+                                _with_ci(arr.e2e_s.p99, arr.e2e_s.ci("p99")),
                                 _fmt(arr.throughput.output_tokens_per_s), _fmt(arr.goodput.output_tokens_per_s),
                                 {True: "yes", False: "no"}.get(arr.slo_met, "—") if arr.slo_met is not None
                                 else "—")],

@@ -17,6 +17,10 @@ Schema versions:
 - **2**: ``engine`` is always an :class:`~servelab.engines.registry.EngineIdentity` (``kind`` the
   registry kind, ``engine`` the engine's name) or ``null``; ``quality`` is ``null`` when not run;
   ``goal.slo`` is a list. :func:`migrate` turns a version 1 record into version 2 on read.
+- **3**: intervals on every figure (percentiles, throughput, cost), the ranked workload (the goal's
+  mix run concurrently), SLO verdicts by interval, per-workload capacities apart, capacity in
+  requests/s, replicas, ranked differences with significance, tokenizer comparability. Only fields
+  were added: a version 2 record reads as version 3 with them empty.
 """
 
 from __future__ import annotations
@@ -27,15 +31,18 @@ from typing import Any, Literal
 
 from pydantic import Field, JsonValue, PrivateAttr, ValidationError
 
-from servelab.bench.results import ResultModel, StepSummary
+from servelab.bench.results import Interval, ResultModel, StepSummary
+from servelab.engines.probe import Fact, ProbedIdentity
 from servelab.engines.registry import EngineIdentity
+from servelab.trial.lifecycle import LifecycleResult
+from servelab.trial.reliability import Reliability
 from servelab.wire.config import PublishedSchema, json_schema_of, validation_error_line
 from servelab.wire.errors import ConfigError
 
-__all__ = ["RECORD_SCHEMA_PATH", "RECORD_SCHEMA_VERSION", "Break", "CandidateIdentity", "CandidateResult",
+__all__ = ["RECORD_SCHEMA_PATH", "RECORD_SCHEMA_VERSION", "Break", "BudgetUse", "CandidateIdentity", "CandidateResult",
            "Comparison", "Decision", "EffectiveStep", "Level", "MetricsSample", "TrialRecord", "migrate", "read_record"]
 
-RECORD_SCHEMA_VERSION = 2
+RECORD_SCHEMA_VERSION = 3
 #: the committed JSON Schema of ``record.json`` (generated from :class:`TrialRecord`)
 RECORD_SCHEMA_PATH = Path(__file__).with_name("record.schema.json")
 
@@ -53,12 +60,14 @@ class SmokeCheck(ResultModel):
 
 
 class QualityCheck(ResultModel):
-    """One quality-gate figure (a fraction in 0..1) against its minimum ``limit``."""
+    """One quality-gate figure (a fraction in 0..1) against its minimum ``limit``. ``informational``:
+    the minimum is 0, so the figure is reported but cannot exclude the candidate (``ok`` is then true)."""
 
     name: str
     value: float | None = None
     limit: float | None = None
     ok: bool = False
+    informational: bool = False
 
 
 class Quality(ResultModel):
@@ -79,20 +88,66 @@ class ColdStart(ResultModel):
 
 
 class EffectiveThroughput(ResultModel):
-    """Throughput at ``at_step``, the highest load level that met every SLO (summed over workloads)."""
+    """What the engine sustained at ``at_step``, the highest load level of the ranked ``workload`` that
+    met every SLO: one run of ``workload`` (``mix``: the goal's mix run concurrently; or the only
+    workload) — never a sum of runs. ``basis`` says which window: ``steady`` (in-flight at its target,
+    ramp-up and drain left out; docs/summary-schema.md) or ``step`` (the step window, when no steady
+    window could be formed). With repeats, the figure is the mean of the ``per_repeat`` values and
+    ``*_ci`` their t interval (``t-repeats``); from one run, the batch-means interval of its time blocks
+    (``t-blocks``); goodput is the steady rate times the step's good share of output tokens, its
+    interval likewise. ``samples``: the block rates (tokens/s) of every repeat, which the comparison
+    between candidates uses (:func:`servelab.bench.intervals.ratio_interval`)."""
 
     output_tokens_per_s: float | None = None
     goodput_output_tokens_per_s: float | None = None
     requests_per_s: float | None = None
     at_step: str | None = None
+    workload: str | None = None
+    basis: str | None = None
+    repeats: int | None = None
+    output_tokens_per_s_ci: Interval | None = None
+    goodput_output_tokens_per_s_ci: Interval | None = None
+    requests_per_s_ci: Interval | None = None
+    per_repeat: list[float] = Field(default_factory=list)
+    samples: list[float] = Field(default_factory=list)
+    sample_repeats: list[int] = Field(default_factory=list)
+    request_samples: list[float] = Field(default_factory=list)
 
 
 class TailLatency(ResultModel):
-    """Worst over workloads, at the effective level, seconds."""
+    """Worst over the repeats at the effective level of the ranked workload, seconds, each with its
+    95 % interval (``None`` side: the sample cannot bound it)."""
 
     ttft_p95_s: float | None = None
     itl_p95_s: float | None = None
     e2e_p99_s: float | None = None
+    ttft_p95_ci: Interval | None = None
+    itl_p95_ci: Interval | None = None
+    e2e_p99_ci: Interval | None = None
+
+
+class ObjectiveVerdict(ResultModel):
+    """One SLO objective at a level, by its interval: ``verdict`` ``met`` (the interval lies within the
+    limit), ``broken`` (it lies beyond) or ``undetermined`` (it straddles the limit or is unbounded on
+    the deciding side: the sample is too small to say); ``value`` is the point estimate (worst repeat)."""
+
+    objective: str
+    value: float | None = None
+    limit: float | None = None
+    ci: Interval | None = None
+    verdict: Literal["met", "broken", "undetermined"] = "undetermined"
+    workload: str | None = None
+
+
+class WorkloadCapacity(ResultModel):
+    """One workload's own sweep, reported apart from the ranked figure (never added to it): its
+    highest level meeting every SLO, where it broke, and its throughput there (one run, steady window)."""
+
+    max_step_meeting_slo: str | None = None
+    broken_at: str | None = None
+    output_tokens_per_s: float | None = None
+    output_tokens_per_s_ci: Interval | None = None
+    requests_per_s: float | None = None
 
 
 class Break(ResultModel):
@@ -107,11 +162,14 @@ class Break(ResultModel):
 
 
 class Level(ResultModel):
-    """One load level (``c4``) of a candidate: whether it ran, met, and the workloads that ran at it."""
+    """One load level (``c4``) of a candidate's ranked workload: whether it ran, met every SLO on the
+    point estimates (``met``), the interval ``verdict`` (``met`` / ``broken`` / ``undetermined``, the
+    weakest over its objectives and repeats) and the workloads that ran at it."""
 
     step: str
     ran: bool = False
     met: bool = False
+    verdict: Literal["met", "broken", "undetermined"] | None = None
     workloads: list[str] = Field(default_factory=list)
 
 
@@ -125,13 +183,69 @@ class EffectiveStep(ResultModel):
     tail_latency: TailLatency = Field(default_factory=TailLatency)
     error_rate: float | None = None
     levels: list[Level] = Field(default_factory=list)
+    ranked_on: str | None = None
+    slo_verdicts: list[ObjectiveVerdict] = Field(default_factory=list)
+    per_workload: dict[str, WorkloadCapacity] = Field(default_factory=dict)
 
 
 class Cost(ResultModel):
-    """``per_1m_output_tokens`` at the effective throughput, in ``goal.budget.currency``."""
+    """Cost of output tokens in ``currency`` at ``price_per_hour`` (declared per candidate, or
+    ``goal.budget.price_per_hour``): ``price_per_hour / 3600 / tokens_per_s * N`` for N = 10 000 and
+    1 000 000, at ``tokens_per_s`` (``basis``: the capacity at the SLO, else the effective throughput);
+    the intervals follow from the throughput's (a higher rate is a lower cost)."""
 
     per_1m_output_tokens: float | None = None
     price_per_hour: float | None = None
+    currency: str | None = None
+    per_10k_output_tokens: float | None = None
+    per_10k_ci: Interval | None = None
+    per_1m_ci: Interval | None = None
+    tokens_per_s: float | None = None
+    basis: str | None = None
+
+
+class Probe(ResultModel):
+    """One open-loop run of the capacity search at ``rate_rps``: ``held`` when every objective held
+    (point estimates, error budget included), the ``step`` summary label it is recorded under, the
+    completed requests/s and the objectives that broke."""
+
+    rate_rps: float
+    held: bool = False
+    achieved_rps: float | None = None
+    output_tokens_per_s: float | None = None
+    broken_by: list[str] = Field(default_factory=list)
+    step: str | None = None
+
+
+class Capacity(ResultModel):
+    """The highest arrival rate (requests/s, open loop, the goal's arrival process and mix) whose
+    objectives held (:mod:`servelab.trial.capacity`): bracketed by doubling, then bisected.
+    ``rate_rps`` is the highest rate that held; the true capacity lies in ``[rate_rps, broke_at_rps)``
+    (the search interval, ``interval``); ``probes`` in the order run; ``note`` when the search could
+    not bracket (``held_at_max``: no rate up to the search's ceiling broke)."""
+
+    rate_rps: float | None = None
+    broke_at_rps: float | None = None
+    interval: Interval | None = None
+    output_tokens_per_s: float | None = None
+    probes: list[Probe] = Field(default_factory=list)
+    arrival: str | None = None
+    requests_per_probe: int | None = None
+    note: str | None = None
+
+
+class Replicas(ResultModel):
+    """Engine instances (of this candidate on this hardware) for the goal's peak rate:
+    ``ceil(peak_rps / (capacity_rps * (1 - headroom)))``; ``lo``/``hi`` from the capacity's interval;
+    ``basis`` names the capacity used."""
+
+    peak_rps: float
+    headroom: float
+    replicas: int | None = None
+    lo: int | None = None
+    hi: int | None = None
+    capacity_rps: float | None = None
+    basis: str | None = None
 
 
 class EngineExit(ResultModel):
@@ -162,8 +276,18 @@ class CandidateResult(ResultModel):
     error_rate: float | None = None
     levels: list[Level] = Field(default_factory=list)
     arrival_run: StepSummary | None = None
+    arrival_verdicts: list[ObjectiveVerdict] = Field(default_factory=list)
+    ranked_on: str | None = None
+    slo_verdicts: list[ObjectiveVerdict] = Field(default_factory=list)
+    per_workload: dict[str, WorkloadCapacity] = Field(default_factory=dict)
+    capacity: Capacity | None = None
+    replicas: Replicas | None = None
     cost: Cost | None = None
     engine_exit: EngineExit | None = None
+    #: crashes/OOMs/restarts and per-step timeouts and stream interruptions (servelab.trial.reliability)
+    reliability: Reliability | None = None
+    #: restart under load and cancellation, when the experiment's lifecycle options ask (servelab.trial.lifecycle)
+    lifecycle: LifecycleResult | None = None
 
     def ran_steps(self) -> list[StepSummary]:
         """The load steps that ran (skipped ones left out)."""
@@ -185,6 +309,10 @@ class CandidateIdentity(ResultModel):
     engine: EngineIdentity | None = None
     model: JsonObject | None = None
     url: str | None = None
+    #: every identity fact with how it was learned (launcher, the server's endpoint, declared): servelab.trial.identity
+    facts: dict[str, Fact] = Field(default_factory=dict)
+    #: what the server said about itself (servelab.engines.probe)
+    probe: ProbedIdentity | None = None
 
 
 class MetricsSample(ResultModel):
@@ -246,8 +374,23 @@ class EnvironmentRow(ResultModel):
     parallel_layout: str | None = None
 
 
+class BudgetUse(ResultModel):
+    """How the trial used ``goal.budget.max_minutes`` (only when it is set): ``limit_s`` (the budget,
+    seconds), ``spent_s`` (wall time of the trial), ``exhausted`` (work was skipped for it) and
+    ``skipped``: what did not start, as ``CANDIDATE`` (not launched), ``CANDIDATE/WORKLOAD/STEP`` (a
+    load step) or ``CANDIDATE/arrival`` (the arrival test), in order; ``note`` says it in words."""
+
+    limit_s: float
+    spent_s: float | None = None
+    exhausted: bool = False
+    skipped: list[str] = Field(default_factory=list)
+    note: str = ""
+
+
 class MethodRow(ResultModel):
-    """口径: warmup, samples, steps, workloads, seed, arrival test, cache state, token definition, times."""
+    """口径: warmup, samples, steps, workloads, seed, arrival test, cache state, token definition, times;
+    ``repeats`` (interleaved rounds of the ranked mix level), ``mix_sweep`` (the mix run together at every
+    step) and ``capacity_search`` (its settings; ``{}`` = not run)."""
 
     warmup_requests: int | None = None
     requests_per_step: int | None = None
@@ -262,6 +405,10 @@ class MethodRow(ResultModel):
     started_unix_s: float | None = None
     finished_unix_s: float | None = None
     duration_s: float | None = None
+    budget: BudgetUse | None = None
+    repeats: int | None = None
+    mix_sweep: bool | None = None
+    capacity_search: JsonObject = Field(default_factory=dict)
 
 
 class ResultsRow(ResultModel):
@@ -296,8 +443,35 @@ class Comparison(ResultModel):
     note: str = ""
 
 
+class Difference(ResultModel):
+    """Ranked candidate ``a`` against the next one ``b`` on ``metric`` (``output_tokens_per_s``, or
+    ``requests_per_s`` when their tokenizers differ): ``ratio`` a/b with its 95 % interval, whether it
+    is ``significant`` (the interval excludes 1), and ``text`` (``"np4 sustains 1.9× np1's output
+    tok/s (95 % CI 1.6–2.3×)"`` or ``"no significant difference …"``)."""
+
+    a: str
+    b: str
+    metric: str
+    ratio: float | None = None
+    ci: Interval | None = None
+    significant: bool = False
+    text: str = ""
+
+
+class Comparability(ResultModel):
+    """Whether token/s can be compared across candidates: ``same_tokenizer`` (same weights sha256 or
+    tokenizer), ``groups`` (tokenizer key -> candidates) and the ``note`` the decision states."""
+
+    same_tokenizer: bool = True
+    groups: dict[str, list[str]] = Field(default_factory=dict)
+    note: str = ""
+
+
 class Decision(ResultModel):
-    """决策: ranking, the adopted candidate, verdicts, comparisons, scope, re-check conditions."""
+    """决策: ranking, the adopted candidate, verdicts, comparisons, scope, re-check conditions;
+    ``differences`` between adjacent ranked candidates with intervals, ``significant`` (whether the
+    adopted candidate is significantly better than the next), the documented ``tie_break``,
+    ``comparability`` of token counts and ``budget_note`` (what the trial's time budget allowed)."""
 
     ranking: list[str] = Field(default_factory=list)
     adopt: str | None = None
@@ -305,6 +479,11 @@ class Decision(ResultModel):
     comparisons: list[Comparison] = Field(default_factory=list)
     scope: str | None = None
     recheck_when: list[str] = Field(default_factory=list)
+    differences: list[Difference] = Field(default_factory=list)
+    significant: bool | None = None
+    tie_break: str | None = None
+    comparability: Comparability | None = None
+    budget_note: str | None = None
 
     def verdict_of(self, name: str) -> Verdict | None:
         """The verdict of candidate ``name``, if any."""
@@ -323,6 +502,7 @@ class TrialRecord(ResultModel):
 
     schema_version: int = RECORD_SCHEMA_VERSION
     trial_id: str | None = None
+    name: str | None = None  # the experiment's name (``name`` of the experiment file)
     created_unix_s: float | None = None
     servelab_version: str | None = None
     goal: GoalRow = Field(default_factory=GoalRow)
@@ -378,14 +558,17 @@ def _engine_v1(e: Any, engine_kind: Any) -> Any:
 
 
 def migrate(raw: dict[str, Any]) -> dict[str, Any]:
-    """A parsed ``record.json`` of any known schema version as a version-2 dict (module doc); a
-    version-2 record is returned unchanged. Raises :class:`ConfigError` for a newer version."""
+    """A parsed ``record.json`` of any known schema version as a current-version dict (module doc); a
+    current record is returned unchanged (version 2 needs only its number changed). Raises
+    :class:`ConfigError` for a newer version."""
     version = raw.get("schema_version", 1)
     if not isinstance(version, int) or version > RECORD_SCHEMA_VERSION:
         raise ConfigError(f"record.json has schema version {version!r}; this servelab reads versions 1 to "
                           f"{RECORD_SCHEMA_VERSION}: upgrade servelab")
     if version == RECORD_SCHEMA_VERSION:
         return raw
+    if version == 2:
+        return {**raw, "schema_version": RECORD_SCHEMA_VERSION}
     rec = json.loads(json.dumps(raw))  # a deep copy: the caller's dict stays as read
     goal = rec.get("goal")
     if isinstance(goal, dict) and isinstance(goal.get("slo"), str):

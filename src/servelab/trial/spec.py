@@ -42,12 +42,14 @@ from servelab.engines.mocklaunch import MockSettings
 from servelab.engines.registry import ENV_NAME_PATTERN, EngineKind, EngineSettings
 from servelab.engines.url import UrlSettings
 from servelab.engines.vllm import VllmSettings
+from servelab.trial.identity import Declared
+from servelab.trial.lifecycle import LifecycleOptions
 from servelab.wire.config import (PublishedSchema, StrictModel, json_schema_of, read_yaml_file, suggest,
                                   validation_error_line)
 from servelab.wire.errors import ConfigError
 
 __all__ = [
-    "SCHEMA_PATH", "AnyCandidate", "ArrivalTest", "Budget", "Candidate", "Experiment", "Goal",
+    "SCHEMA_PATH", "AnyCandidate", "ArrivalTest", "Budget", "Candidate", "CapacitySearch", "Experiment", "Goal",
     "LlamaCppCandidate", "LlamaCppSettings", "MockCandidate", "MockSettings", "Quality", "Sample", "Steps",
     "UrlCandidate", "UrlSettings", "VllmCandidate", "VllmSettings", "WorkloadItem", "candidate_model",
     "candidate_union", "default_experiment",
@@ -205,6 +207,9 @@ class Goal(StrictModel):
     - ``mix``: workload ratio of the arrival test, ``"short-qa:3,structured:1"`` (sets short-qa, rag,
       long-gen, structured); ``None`` = the experiment's mixable workloads, weight 1 each.
     - ``budget``: :class:`Budget`.
+    - ``peak_rate_rps``: the peak arrival rate (requests/s) the replicas are planned for (003 §21);
+      ``None`` = ``expected_rate_rps``. ``headroom``: fraction of a replica's capacity at the SLO left
+      free at that peak (default 0.3: plan each replica to 70 % of its capacity).
     """
 
     task: str | None = Field(None, description="what the service does (free text)")
@@ -216,6 +221,9 @@ class Goal(StrictModel):
     mix: str | None = Field(None, description="arrival-test ratio, e.g. short-qa:3,structured:1",
                             examples=["short-qa:3,structured:1"])
     budget: Budget = Field(default_factory=Budget)
+    peak_rate_rps: float | None = Field(None, gt=0, description="peak arrival rate to plan replicas for, requests/s "
+                                                                "(null = expected_rate_rps)")
+    headroom: float = Field(0.3, ge=0, lt=1, description="fraction of each replica's capacity kept free at the peak")
 
     @field_validator("slo", mode="before")
     @classmethod
@@ -264,14 +272,21 @@ class Candidate(StrictModel):
     (built in: ``llamacpp``, ``vllm``, ``url``, ``mock``). ``model``: a local model file or folder (must
     exist; relative to the experiment file); ``None`` = the engine default (llamacpp: Gemma 3 270M GGUF;
     vllm: the HF folder servelab converts from that GGUF; url/mock: no local weights). ``settings``:
-    the kind's ``Settings`` model. The concrete class of each kind is built from the registry by
-    :func:`candidate_model` (:data:`LlamaCppCandidate`, :data:`VllmCandidate`, :data:`UrlCandidate`,
-    :data:`MockCandidate` …).
+    the kind's ``Settings`` model. ``price_per_hour``: what this candidate's hardware costs per hour
+    (declared: hardware-specific; ``None`` = ``goal.budget.price_per_hour``). The concrete class of
+    each kind is built from the registry by :func:`candidate_model` (:data:`LlamaCppCandidate`,
+    :data:`VllmCandidate`, :data:`UrlCandidate`, :data:`MockCandidate` …).
     """
 
     name: str = Field(pattern=_NAME_PATTERN, description="unique candidate name, [A-Za-z0-9_.-]+")
     engine: str
     model: str | None = Field(None, description="model file/folder; null = engine default")
+    price_per_hour: float | None = Field(None, ge=0, description="hardware price per hour, in goal.budget.currency "
+                                                                 "(null = goal.budget.price_per_hour)")
+    restart: Literal["never", "once"] = Field("never", description="once: an engine that exits during the load "
+                                                                 "steps is started again once (recovery time recorded)")
+    declared: Declared | None = Field(None, description="facts the server cannot tell (image digest, GPUs, TP/PP/DP); "
+                                                        "recorded with source 'declared'")
     if typing.TYPE_CHECKING:  # the field is added per kind by candidate_model (narrowed to kind.Settings)
         settings: EngineSettings
 
@@ -280,9 +295,23 @@ class Candidate(StrictModel):
     def _model_exists(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is None:
             return None
-        return _resolve_path(v, info, "model path",
+        engine = info.data.get("engine")
+        kind = registry.get(engine) if isinstance(engine, str) and engine in registry.names() else None
+        if kind is not None and kind.launched and not kind.takes_model:
+            raise ValueError(f"engine {engine!r} takes no model file; remove model (the {kind.title} engine "
+                             "names its model in settings)")
+        path = _resolve_path(v, info, "model path",
                              "give an existing model file or folder (relative to the experiment file), "
                              "or null for the engine default")
+        if kind is not None and not kind.launched and Path(path).is_file():  # url: a copy of the served weights
+            from servelab.modelfile.gguf_meta import check_gguf
+
+            try:
+                check_gguf(path)
+            except ConfigError:
+                raise ValueError(f"{v!r} is not a GGUF file; give the local copy of the served weights as a GGUF "
+                                 "file or an HF folder, or null") from None
+        return path
 
     @property
     def kind(self) -> EngineKind:
@@ -489,6 +518,24 @@ class ArrivalTest(StrictModel):
         return self.set
 
 
+class CapacitySearch(StrictModel):
+    """The open-loop search for the highest arrival rate whose objectives hold
+    (:mod:`servelab.trial.capacity`), on the goal's mix, after the load steps.
+
+    ``enabled`` (default true); ``requests``: requests per probe (default 12); ``max_probes``: probes
+    at most (default 4: bracketing by doubling, then bisection); ``start_rps``: the first rate
+    (``None`` = ``goal.expected_rate_rps``, else the completed requests/s at the ranked level);
+    ``tolerance``: stop bisecting when the bracket is this narrow, relative (default 0.05);
+    ``arrival``: ``goal`` (gamma of shape ``goal.burstiness``), ``poisson`` or ``constant``."""
+
+    enabled: bool = Field(True, description="run the capacity search")
+    requests: int = Field(12, ge=2, description="requests per probe")
+    max_probes: int = Field(4, ge=1, le=30, description="probes at most")
+    start_rps: float | None = Field(None, gt=0, description="first rate, requests/s (null = expected rate)")
+    tolerance: float = Field(0.05, gt=0, lt=1, description="relative width of the bracket to stop at")
+    arrival: Literal["goal", "poisson", "constant"] = Field("goal", description="arrival process of the probes")
+
+
 # ---------------------------------------------------------------------------------------------------
 # experiment
 
@@ -499,6 +546,27 @@ def _default_steps() -> Steps:
 
 def _default_workloads() -> list[WorkloadItem]:
     return [WorkloadItem(name="short-qa"), WorkloadItem(name="structured")]
+
+
+class LoadGenerator(StrictModel):
+    """Who sends the load of the load steps and the arrival test (``servelab bench --workers/--ray``,
+    docs/distributed-bench.md): ``workers`` processes on this host (default 1: the trial's own process),
+    or with ``ray`` (a Ray cluster address, or ``auto``) that many Ray actors in total, or
+    ``workers_per_node`` actors on every node. The quality gate and the smoke tests always run in the
+    trial's process (a handful of requests)."""
+
+    workers: int = Field(1, ge=1, le=4096, description="load-generator processes (or Ray actors in total)")
+    workers_per_node: int | None = Field(None, ge=1, le=4096, description="Ray actors on every node (with ray)")
+    ray: str | None = Field(None, min_length=1, description="Ray cluster address (HOST:PORT or auto)")
+
+    @model_validator(mode="after")
+    def _ray_needed(self) -> LoadGenerator:
+        if self.workers_per_node is not None and self.ray is None:
+            raise ValueError("load_generator.workers_per_node places Ray actors on every node: set "
+                             "load_generator.ray (a cluster address or auto)")
+        if self.workers_per_node is not None and self.workers != 1:
+            raise ValueError("load_generator: give workers (in total) or workers_per_node, not both")
+        return self
 
 
 class Experiment(StrictModel):
@@ -512,7 +580,18 @@ class Experiment(StrictModel):
     ``warmup``: requests before each step, excluded (default 2). ``seed``: request and arrival seed.
     ``timeout_s``: per-request timeout, seconds (default 120). ``ignore_eos``: ask engines for exact output
     lengths (not for structured requests). ``stop_on_slo``: skip higher steps after the first broken one
-    (default true). ``arrival_test``: :class:`ArrivalTest`.
+    (default true). ``arrival_test``: :class:`ArrivalTest`. ``mix_sweep``: run the goal's mix of the
+    experiment's own workloads (``goal.mix``, each set with its ``set`` overrides) concurrently at every
+    load step — the figure candidates are ranked on (default true; off, a single workload is ranked on
+    its own sweep and several are not ranked: their separate runs are never added). ``repeats``: runs
+    of the ranked mix level per candidate (default 3), round by round across candidates (A B A B): the
+    first round sweeps every level; each later one, on a freshly started engine, re-runs the level the
+    first round found effective (the figure the ranking compares). Three is the fewest with which the
+    spread between rounds can be estimated (two leave a candidate-specific run effect unseen and let
+    noise pass for a difference; tests/trial/test_significance.py). Gates, per-workload sweeps, arrival
+    test and capacity search run once.
+    ``capacity``: :class:`CapacitySearch`. ``load_generator``: :class:`LoadGenerator` (several processes
+    or a Ray cluster for the load steps and the arrival test).
     """
 
     name: str | None = Field(None, pattern=_NAME_PATTERN, description="experiment name; default: the file name")
@@ -527,6 +606,14 @@ class Experiment(StrictModel):
     ignore_eos: bool = Field(True, description="exact output lengths (ignore_eos) except structured requests")
     stop_on_slo: bool = Field(True, description="skip higher steps after the first step that breaks an SLO")
     arrival_test: ArrivalTest = Field(default_factory=ArrivalTest)
+    repeats: int = Field(3, ge=1, le=20, description="runs of the ranked mix level per candidate, interleaved "
+                                                     "across candidates (A B A B)")
+    mix_sweep: bool = Field(True, description="run the goal's mix concurrently at every load step (the ranked figure)")
+    capacity: CapacitySearch = Field(default_factory=CapacitySearch)
+    lifecycle: LifecycleOptions = Field(default_factory=LifecycleOptions,
+                                        description="restart under load and cancellation (off by default)")
+    load_generator: LoadGenerator = Field(default_factory=LoadGenerator,
+                                          description="processes or Ray actors that send the load steps' load")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Experiment:
@@ -678,7 +765,7 @@ _DEFAULT: dict[str, Any] = {
         {"name": "short-qa", "set": {"input_tokens": 64, "output_tokens": 48}},
         {"name": "structured", "set": {"input_tokens": "64-128", "output_tokens": 128}},
     ],
-    "steps": {"concurrency": [1, 2, 4, 8]},
+    "steps": {"concurrency": [1, 2, 4]},
     "requests_per_step": 8,
     "warmup": 1,
     "seed": 0,
@@ -686,15 +773,22 @@ _DEFAULT: dict[str, Any] = {
     "ignore_eos": True,
     "stop_on_slo": True,
     "arrival_test": {"enabled": True, "requests": 12},
+    "repeats": 3,
+    "mix_sweep": True,
+    "capacity": {"enabled": True, "requests": 8, "max_probes": 3, "start_rps": None, "tolerance": 0.05,
+                 "arrival": "goal"},
 }
 
 
 def default_experiment() -> Experiment:
     """The built-in experiment ``servelab trial`` runs without a file (``examples/llamacpp-slots.yaml``):
     llama-server + Gemma 3 270M with 1 slot (``np1``, ctx 4096) vs 4 parallel slots (``np4``, ctx 8192),
-    short-qa (64 in / 48 out tokens) + structured, concurrency 1, 2, 4, 8, 8 requests per step, warmup 1,
-    SLO ``ttft_p95<=3s,itl_p95<=400ms,error_rate<=1%``, arrival test 12 requests at 0.5 rps (gamma k 0.5,
-    mix short-qa:3,structured:1). Sized to finish in under 10 minutes on 2 CPU cores."""
+    short-qa (64 in / 48 out tokens) + structured, each swept alone and then as the mix short-qa:3,structured:1
+    run together (the ranked figure), concurrency 1, 2, 4 with 8 requests per step, warmup 1, the mix's effective
+    level repeated 3 times interleaved (np1 np4 np1 np4 …), SLO ``ttft_p95<=3s,itl_p95<=400ms,error_rate<=1%``,
+    arrival test 12 requests at 0.5 rps (gamma k 0.5), capacity search of at most 3 probes of 8 requests.
+    Sized to finish in under 10 minutes on 2 CPU cores (``goal.budget.max_minutes`` 10 skips what does
+    not fit and says so)."""
     return Experiment.model_validate(copy.deepcopy(_DEFAULT))
 
 

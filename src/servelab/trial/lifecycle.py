@@ -1,0 +1,270 @@
+"""Lifecycle measurements of a launched engine (issue 11 item 5; seed 003 §19): restart under load and
+cancellation.
+
+- :func:`restart_under_load`: ``clients`` closed-loop streaming clients run for ``duration_s``; after
+  ``restart_at_s`` the engine is stopped and started again on the same port (the clients keep their URL).
+  Reported (:class:`RestartUnderLoad`): requests that succeeded and failed, the engine's down time
+  (stop sent -> ready again), the longest gap with no successful request completing, and the time from
+  the restart to the first success after it.
+- :func:`cancellation`: ``clients`` long streaming requests start; once each has its first token, a
+  ``share`` of them disconnect (the client closes the connection). An engine that notices the
+  disconnect frees those sequences: its running-requests gauge (the kind's
+  :attr:`~servelab.engines.kind.ServerMetrics.running`, e.g. llama.cpp ``llamacpp:requests_processing``)
+  drops to the clients still connected, and, once those finish, back to its baseline. Reported
+  (:class:`Cancellation`): the gauge before, at the disconnect, the time for it to drop by the number
+  who left, and the time back to baseline — ``None`` when it did not within ``settle_timeout_s`` (an
+  engine that keeps decoding for clients that left wastes capacity).
+
+Both take a running :class:`~servelab.engines.base.RunningEngine` and talk to it with
+:func:`servelab.wire.send` (aiohttp); times are seconds (``time.monotonic``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import Field
+
+from servelab.bench.results import ResultModel
+from servelab.wire import RequestRecord, RequestSpec, make_session, send
+from servelab.wire.config import StrictModel
+
+__all__ = ["Cancellation", "LifecycleOptions", "LifecycleResult", "RestartUnderLoad", "cancellation",
+           "restart_under_load", "run_lifecycle", "running_metric_for"]
+
+
+class RestartUnderLoad(ResultModel):
+    """What a restart of the engine during steady load did (see the module doc); seconds."""
+
+    clients: int
+    duration_s: float
+    restart_at_s: float
+    requests_ok: int = 0
+    requests_failed: int = 0
+    failed_by_class: dict[str, int] = {}
+    down_s: float | None = None
+    longest_gap_s: float | None = None
+    first_success_after_restart_s: float | None = None
+    restart_error: str | None = None
+
+
+class Cancellation(ResultModel):
+    """What the engine's running gauge did when a share of its clients disconnected mid-stream."""
+
+    metric: str
+    clients: int
+    cancelled: int
+    baseline: float | None = None
+    running_at_cancel: float | None = None
+    drop_s: float | None = None
+    baseline_return_s: float | None = None
+    completed: int = 0
+    note: str | None = None
+
+
+def _spec(max_tokens: int, prompt: str = "Write a long story about a lighthouse keeper.") -> RequestSpec:
+    return RequestSpec(endpoint="chat", max_tokens=max_tokens, messages=[{"role": "user", "content": prompt}],
+                       extra={"ignore_eos": True})
+
+
+def restart_under_load(engine: Any, relaunch: Callable[[int], Any], *, clients: int = 2, duration_s: float = 20.0,
+                       restart_at_s: float = 5.0, max_tokens: int = 16, timeout_s: float = 60.0,
+                       after_s: float = 5.0, model: str | None = None) -> tuple[RestartUnderLoad, Any]:
+    """Run the restart-under-load measurement on ``engine`` (see the module doc). ``relaunch(port)``
+    starts the same engine on ``port`` and returns it ready. The clients run for ``duration_s`` and at
+    least ``after_s`` past the restarted engine's readiness. Returns the result and the engine that
+    runs at the end (the relaunched one; the caller stops it). Raises nothing for what the engine does;
+    a relaunch that fails is in ``restart_error`` (and the returned engine is the stopped old one)."""
+    res = RestartUnderLoad(clients=clients, duration_s=duration_s, restart_at_s=restart_at_s)
+    box: dict[str, Any] = {"engine": engine}
+    t0 = time.monotonic()
+    marks: dict[str, float] = {}
+
+    def restarter() -> None:
+        time.sleep(max(0.0, restart_at_s - (time.monotonic() - t0)))
+        marks["stop"] = time.monotonic()
+        port = engine.port
+        engine.stop()
+        try:
+            new = relaunch(port)
+        except Exception as e:  # noqa: BLE001 — reported
+            res.restart_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            return
+        marks["ready"] = time.monotonic()
+        box["engine"] = new
+
+    done: list[tuple[float, bool, str | None]] = []  # (end time, ok, failure class)
+
+    def running() -> bool:  # until duration_s, and at least after_s past the restarted engine's readiness
+        now = time.monotonic()
+        if now - t0 < duration_s:
+            return True
+        if th.is_alive():
+            return now - t0 < duration_s + 900  # a relaunch that hangs does not hold the run forever
+        return "ready" in marks and now < marks["ready"] + after_s
+
+    async def client(session: Any, k: int) -> None:
+        while running():
+            rec = RequestRecord(request_id=k, workload="restart")
+            await send(session, engine.base_url, model or engine.model_name, _spec(max_tokens), rec,
+                       timeout_s=timeout_s)
+            done.append((time.monotonic(), rec.ok, None if rec.ok else (rec.failure.value if rec.failure else "?")))
+            if not rec.ok:
+                await asyncio.sleep(0.2)  # a down engine refuses at once: retry at 5/s per client, not in a spin
+
+    async def main() -> None:
+        async with make_session() as s:
+            await asyncio.gather(*(client(s, k) for k in range(clients)))
+
+    th = threading.Thread(target=restarter, daemon=True)
+    th.start()
+    asyncio.run(main())
+    th.join(timeout=600)
+    res.requests_ok = sum(ok for _, ok, _ in done)
+    res.requests_failed = len(done) - res.requests_ok
+    for _, ok, cls in done:
+        if not ok and cls:
+            res.failed_by_class[cls] = res.failed_by_class.get(cls, 0) + 1
+    if "stop" in marks and "ready" in marks:
+        res.down_s = round(marks["ready"] - marks["stop"], 3)
+    ok_times = sorted(t for t, ok, _ in done if ok)
+    edges = [t0, *ok_times, max((t for t, _, _ in done), default=t0)]
+    res.longest_gap_s = round(max(b - a for a, b in zip(edges, edges[1:], strict=False)), 3) if ok_times else None
+    after = [t for t in ok_times if "stop" in marks and t > marks["stop"]]
+    if after:
+        res.first_success_after_restart_s = round(after[0] - marks["stop"], 3)
+    return res, box["engine"]
+
+
+def _gauge(engine: Any, name: str) -> float | None:
+    try:
+        m = engine.read_metrics(timeout_s=2.0)
+    except Exception:  # noqa: BLE001 — engine busy or gone
+        return None
+    vals = [v for k, v in m.items() if k.split("{")[0] == name]
+    return sum(vals) if vals else None
+
+
+def cancellation(engine: Any, running_metric: str, *, clients: int = 4, share: float = 0.5, max_tokens: int = 256,
+                 settle_timeout_s: float = 60.0, poll_s: float = 0.1, model: str | None = None) -> Cancellation:
+    """Run the cancellation measurement on ``engine`` (see the module doc): ``clients`` streams of
+    ``max_tokens`` (EOS ignored), ``round(share * clients)`` of them disconnect after their first token.
+    ``running_metric``: the engine's running-requests gauge name. Raises :class:`ValueError` for a
+    share outside (0, 1] or fewer than one client."""
+    if clients < 1 or not 0 < share <= 1:
+        raise ValueError(f"cancellation needs clients >= 1 and 0 < share <= 1, got {clients}, {share}")
+    n_cancel = max(1, round(share * clients))
+    res = Cancellation(metric=running_metric, clients=clients, cancelled=n_cancel,
+                       baseline=_gauge(engine, running_metric))
+    first: list[asyncio.Event] = []
+
+    async def main() -> None:
+        async with make_session() as s:
+            recs = [RequestRecord(request_id=k, workload="cancel") for k in range(clients)]
+            first.extend(asyncio.Event() for _ in range(clients))
+
+            def on_chunk(k: int) -> Callable[[RequestRecord], None]:
+                def f(r: RequestRecord) -> None:
+                    if r.first_token_ns is not None:
+                        first[k].set()
+                return f
+
+            tasks = [asyncio.create_task(send(s, engine.base_url, model or engine.model_name, _spec(max_tokens),
+                                              recs[k], timeout_s=settle_timeout_s * 4, on_chunk=on_chunk(k)))
+                     for k in range(clients)]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in first)), timeout=settle_timeout_s)
+            res.running_at_cancel = await asyncio.to_thread(_gauge, engine, running_metric)
+            t_cancel = time.monotonic()
+            for t in tasks[:n_cancel]:
+                t.cancel()
+            expected = (res.running_at_cancel or clients) - n_cancel
+            base = res.baseline or 0.0
+            while time.monotonic() - t_cancel < settle_timeout_s:
+                g = await asyncio.to_thread(_gauge, engine, running_metric)
+                now = time.monotonic() - t_cancel
+                if g is not None and res.drop_s is None and g <= max(expected, base):
+                    res.drop_s = round(now, 3)
+                if g is not None and g <= base and all(t.done() for t in tasks[n_cancel:]):
+                    res.baseline_return_s = round(now, 3)
+                    if res.drop_s is None:
+                        res.drop_s = res.baseline_return_s
+                    break
+                await asyncio.sleep(poll_s)
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            res.completed = sum(r.ok for r in recs)
+
+    try:
+        asyncio.run(main())
+    except TimeoutError:
+        res.note = f"not every client got a first token within {settle_timeout_s:g} s"
+    if res.baseline_return_s is None and res.note is None:
+        res.note = (f"the running gauge did not come back to its baseline within {settle_timeout_s:g} s: the "
+                    "engine kept decoding for clients that left")
+    return res
+
+
+# ---------------------------------------------------------------------------------------------------
+# in the trial: experiment options and the per-candidate result
+# ---------------------------------------------------------------------------------------------------
+
+class LifecycleOptions(StrictModel):
+    """``lifecycle`` of the experiment: both measurements are off by default (each stops or loads the
+    engine for tens of seconds); they run on launched candidates after the load steps."""
+
+    restart_under_load: bool = Field(False, description="stop and start the engine during steady load")
+    cancellation: bool = Field(False, description="a share of clients disconnect mid-stream")
+    cancel_share: float = Field(0.5, gt=0, le=1, description="share of the 4 cancellation clients that disconnect")
+
+
+class LifecycleResult(ResultModel):
+    """``results.candidates.<name>.lifecycle``: what ran of :class:`LifecycleOptions`."""
+
+    restart_under_load: RestartUnderLoad | None = None
+    cancellation: Cancellation | None = None
+    skipped: str | None = None
+
+
+def running_metric_for(engine: Any, preferred: str | None) -> str | None:
+    """The running-requests gauge ``engine`` exposes: ``preferred`` (the kind's) when its ``/metrics``
+    has it, else the first of every registered kind's running gauge, SGLang's, TGI's and the mock's."""
+    from servelab.engines.registry import kinds
+    from servelab.engines.url import SGLANG_METRICS, TGI_METRICS
+
+    try:
+        page = {k.split("{")[0] for k in engine.read_metrics(timeout_s=5.0)}
+    except Exception:  # noqa: BLE001 — no /metrics
+        return None
+    names = [preferred, *(k.metrics.running for k in kinds() if k.kind not in ("url", "command", "mock")),
+             SGLANG_METRICS.running, TGI_METRICS.running, "mock_requests_running"]
+    return next((n for n in names if n and n in page), None)
+
+
+def run_lifecycle(opts: LifecycleOptions, cand: Any, running: Any,
+                  log_dir: str) -> tuple[LifecycleResult | None, Any]:
+    """The enabled lifecycle measurements on a launched candidate's ``running`` engine (``None``: a
+    server servelab did not start; nothing runs). Returns the result (``None`` when none is enabled)
+    and the engine that runs afterwards (restart under load replaces it)."""
+    if running is None or not (opts.cancellation or opts.restart_under_load):
+        return None, running
+    out = LifecycleResult()
+    if opts.cancellation:
+        metric = running_metric_for(running, cand.kind.metrics.running)
+        if metric is None:
+            out.skipped = "cancellation: the engine exposes no running-requests gauge on /metrics"
+        else:
+            out.cancellation = cancellation(running, metric, clients=4, share=opts.cancel_share)
+    if opts.restart_under_load:
+        def relaunch(port: int) -> Any:
+            return cand.kind.launch(cand.settings.model_copy(update={"port": port}), model=cand.model,
+                                    log_dir=log_dir)
+
+        out.restart_under_load, running = restart_under_load(running, relaunch, clients=2, duration_s=12.0,
+                                                             restart_at_s=3.0, max_tokens=8)
+    return out, running
