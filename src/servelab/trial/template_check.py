@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Required, TypedDict
 
 import aiohttp
 import orjson
@@ -38,13 +38,23 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel, Field
 
-__all__ = ["CONVERSATIONS", "TemplateCheck", "TemplateComparison", "check_template", "render_template",
+__all__ = ["CONVERSATIONS", "ChatMessage", "TemplateCheck", "TemplateComparison", "check_template", "render_template",
            "template_family"]
 
 Verdict = Literal["equal", "different", "unknown"]
 
+
+class ChatMessage(TypedDict, total=False):
+    """One OpenAI chat message as templates read it: ``role`` (``system``/``user``/``assistant``/``tool``),
+    ``content`` (text), and for assistant turns that call tools ``tool_calls``; ``name`` for a tool."""
+
+    role: Required[str]
+    content: str
+    name: str
+    tool_calls: list[Any]
+
 #: the fixed conversations: a single question, a system prompt, several turns
-CONVERSATIONS: dict[str, list[dict[str, Any]]] = {
+CONVERSATIONS: dict[str, list[ChatMessage]] = {
     "single_user": [{"role": "user", "content": "What is the capital of France?"}],
     "system_user": [{"role": "system", "content": "Answer in one word."},
                     {"role": "user", "content": "What colour is the sky?"}],
@@ -91,7 +101,7 @@ def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
-def render_template(source: str, messages: list[dict[str, Any]], *, bos_token: str = "", eos_token: str = "",
+def render_template(source: str, messages: list[ChatMessage], *, bos_token: str = "", eos_token: str = "",
                     add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None) -> str:
     """The prompt ``source`` (a jinja2 chat template) makes of ``messages``, as transformers renders it.
 
@@ -129,7 +139,7 @@ async def _post(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Any
 
 
 async def _served(s: aiohttp.ClientSession, root: str, base_url: str, model: str,
-                  messages: list[dict[str, Any]]) -> tuple[str | None, str]:
+                  messages: list[ChatMessage]) -> tuple[str | None, str]:
     """``(prompt, how)``: the server's own rendering, or ``(None, why not)``."""
     try:
         got = await _post(s, root + "/apply-template", {"messages": messages})
@@ -165,7 +175,7 @@ def _compare(name: str, expected: str, served: str) -> TemplateComparison:
 
 
 async def _check(base_url: str, model: str, reference: str | None, bos_token: str, eos_token: str,
-                 conversations: dict[str, list[dict[str, Any]]], timeout_s: float) -> tuple[
+                 conversations: dict[str, list[ChatMessage]], timeout_s: float) -> tuple[
                      list[tuple[str, str | None, str]], str | None]:
     root = base_url.rstrip("/").removesuffix("/v1")
     async with aiohttp.ClientSession(headers={"Content-Type": "application/json"},
@@ -184,7 +194,7 @@ async def _check(base_url: str, model: str, reference: str | None, bos_token: st
 
 def check_template(base_url: str, model: str, reference_template: str | None, *, reference: str = "declared",
                    bos_token: str = "", eos_token: str = "",
-                   conversations: dict[str, list[dict[str, Any]]] | None = None,
+                   conversations: dict[str, list[ChatMessage]] | None = None,
                    timeout_s: float = 30.0) -> TemplateCheck:
     """Compare the server at ``base_url`` (OpenAI API root) with ``reference_template`` (jinja2 source, or
     ``None`` when the model has none) over ``conversations`` (default :data:`CONVERSATIONS`).
