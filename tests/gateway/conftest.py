@@ -53,8 +53,14 @@ def _load_root_conftest() -> Any:
     return sys.modules[name]
 
 
-start_mock_process = _load_root_conftest().start_mock_process
-stop_mock_process = _load_root_conftest().stop_mock_process
+# Once this file is collected it is the module "conftest" for every later ``from conftest import ...``
+# (tests/trial/ included), so it re-exports the root helpers by name.
+_ROOT = _load_root_conftest()
+MockProcess = _ROOT.MockProcess
+high_priority = _ROOT.high_priority
+start_mock_process = _ROOT.start_mock_process
+stop_mock_process = _ROOT.stop_mock_process
+stop_process = _ROOT.stop_process
 
 _LISTEN = re.compile(rb"listening on (http://\S+/v1)(?: \(admin (http://\S+)\))?")
 ADMIN_TOKEN = "test-admin-token-" + "0" * 16

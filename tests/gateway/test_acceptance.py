@@ -34,8 +34,7 @@ import aiohttp
 import numpy as np
 import orjson
 import pytest
-from conftest import gateway_key, start_gateway, start_mock_process, stop_gateway, stop_mock_process
-from engines.test_mock import high_priority
+from conftest import gateway_key, high_priority, start_gateway, start_mock_process, stop_gateway, stop_mock_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
