@@ -138,6 +138,14 @@ class MetricsSampler(threading.Thread):
         f.write(s.to_json_bytes() + b"\n")
         f.flush()
 
+    def boundary(self, step: str | None) -> None:
+        """Label later samples ``step`` and take one sample now: called at a measured step's start and end,
+        so a step shorter than ``interval_s`` still has a first and a last sample (counter increases
+        then span the whole step)."""
+        self.step = step
+        with open(self.path, "ab") as f:
+            self.sample(f)
+
     def stop(self) -> None:
         """Stop polling and wait for the thread."""
         self._stop_evt.set()
@@ -379,8 +387,14 @@ class TrialRunner:
                         raise BudgetSpent(key, est)
                     current.started = budget.clock()
                 if sampler is not None:
-                    sampler.step = None if kw["warmup"] else key
+                    label = None if kw["warmup"] else key
+                    if label is not None and sampler.step != label:
+                        sampler.boundary(label)  # the step's first sample
+                    else:
+                        sampler.step = label
             elif event == "step_done":
+                if sampler is not None and sampler.step is not None:
+                    sampler.boundary(sampler.step)  # the step's last sample
                 st = StepSummary.model_validate(kw["summary"])
                 if budget_for is not None and not st.skipped:
                     budget.record_step(budget_for[0], st.workload, st.step, budget.clock() - current.started,
