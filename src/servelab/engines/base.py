@@ -47,6 +47,7 @@ import psutil
 from servelab.wire.prometheus import parse_prometheus_text
 
 __all__ = [
+    "GUARD_SCRIPT",
     "EngineLauncher", "EngineStartError", "RunningEngine", "free_port", "log_dir_or_temp",
     "spawn_engine", "spawn_on_port", "tail_lines",
 ]
@@ -609,3 +610,30 @@ def run_logged(cmd: Sequence[str], log: Path, progress: Callable[[str], None], l
     if rc != 0:
         tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
         raise RuntimeError(f"{label} failed with status {rc}; log {log}:\n" + "\n".join(tail))
+
+
+#: Run as ``python -c GUARD_SCRIPT PARENT_PID WATCH [--] SERVER_ARGV...`` in front of a server whose workers
+#: outlive it (vLLM's EngineCore and Worker processes survive a SIGKILL of servelab: the kernel's
+#: parent-death signal only reaches the direct child). The guard leads the process group; when its parent
+#: dies (PR_SET_PDEATHSIG=SIGUSR1, armed only when WATCH=1, i.e. started from the main thread, the same rule
+#: as spawn_engine) it SIGKILLs the whole group. SIGTERM/SIGINT/SIGQUIT/SIGHUP (stop() signals the whole
+#: group) are left to the server: the guard waits for it and exits with its status. An optional ``--``
+#: separates the guard's arguments from the server's argv.
+GUARD_SCRIPT = r"""
+import ctypes, os, signal, subprocess, sys
+parent, watch, argv = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3:]
+if argv[:1] == ["--"]:
+    argv = argv[1:]
+def kill_group(*_):
+    os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGUSR1, kill_group)
+if watch:
+    ctypes.CDLL(None).prctl(1, int(signal.SIGUSR1), 0, 0, 0)
+    if os.getppid() != parent:
+        kill_group()
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+    signal.signal(s, lambda *_: None)
+p = subprocess.Popen(argv)
+rc = p.wait()
+sys.exit(rc if rc >= 0 else 128 - rc)
+"""

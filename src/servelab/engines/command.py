@@ -38,8 +38,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import psutil
 from pydantic import Field, WithJsonSchema, field_validator, model_validator
 
-from servelab.engines.base import (EngineLauncher, EngineStartError, RunningEngine, free_port, log_dir_or_temp,
-                                   runtime_identity, spawn_on_port, tail_lines)
+from servelab.engines.base import (GUARD_SCRIPT, EngineLauncher, EngineStartError, RunningEngine, free_port,
+                                   log_dir_or_temp, runtime_identity, spawn_on_port, tail_lines)
 from servelab.engines.kind import (ENV_NAME_PATTERN, EngineIdentity, EngineKind, EngineSettings, PortSetting,
                                    Readiness, ServerMetrics)
 from servelab.engines.probe import Fact, ProbedIdentity, probe_sync
@@ -345,24 +345,8 @@ def _port_taken(host: str, port: int) -> bool:
     return False
 
 
-#: guard in front of the engine (``guard: true``): see :data:`servelab.engines.vllm._GUARD`; argv is
-#: ``python -c GUARD PARENT_PID WATCH -- ENGINE_ARGV...``
-_GUARD = r"""
-import ctypes, os, signal, subprocess, sys
-parent, watch, argv = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[4:]
-def kill_group(*_):
-    os.killpg(0, signal.SIGKILL)
-signal.signal(signal.SIGUSR1, kill_group)
-if watch:
-    ctypes.CDLL(None).prctl(1, int(signal.SIGUSR1), 0, 0, 0)
-    if os.getppid() != parent:
-        kill_group()
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
-    signal.signal(s, lambda *_: None)
-p = subprocess.Popen(argv)
-rc = p.wait()
-sys.exit(rc if rc >= 0 else 128 - rc)
-"""
+#: the guard in front of the engine (``guard: true``): :data:`servelab.engines.base.GUARD_SCRIPT`
+_GUARD = GUARD_SCRIPT
 
 
 class CommandLauncher(EngineLauncher):

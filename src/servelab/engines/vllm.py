@@ -49,8 +49,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, WithJsonSchema, field_validator
 
-from servelab.engines.base import (EngineLauncher, RunningEngine, log_dir_or_temp, run_logged, runtime_identity,
-                                   spawn_on_port)
+from servelab.engines.base import (GUARD_SCRIPT, EngineLauncher, RunningEngine, log_dir_or_temp, run_logged,
+                                   runtime_identity, spawn_on_port)
 from servelab.engines.kind import (ENV_NAME_PATTERN, EngineIdentity, EngineKind, EngineSettings, PortSetting,
                                    ServerMetrics, ready_timeout_setting)
 from servelab.modelfile.gguf_meta import atomic_write_text, cache_dir, check_gguf, file_lock, sha256_file
@@ -561,28 +561,8 @@ class VllmSettings(EngineSettings):
         return v
 
 
-#: Run as ``python -c _GUARD PARENT_PID WATCH SERVER_ARGV...`` in front of the server. vLLM's EngineCore and
-#: Worker processes outlive the API server when servelab is SIGKILLed (measured here: the kernel's
-#: parent-death signal only reaches the direct child). The guard leads the process group; when its
-#: parent dies (PR_SET_PDEATHSIG=SIGUSR1, only armed when WATCH=1, i.e. started from the main thread,
-#: the same rule as spawn_engine) it SIGKILLs the whole group. SIGTERM/SIGINT (stop() signals the
-#: whole group) are left to the server: the guard waits for it and exits with its status.
-_GUARD = r"""
-import ctypes, os, signal, subprocess, sys
-parent, watch, argv = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3:]
-def kill_group(*_):
-    os.killpg(0, signal.SIGKILL)
-signal.signal(signal.SIGUSR1, kill_group)
-if watch:
-    ctypes.CDLL(None).prctl(1, int(signal.SIGUSR1), 0, 0, 0)
-    if os.getppid() != parent:
-        kill_group()
-signal.signal(signal.SIGTERM, lambda *_: None)
-signal.signal(signal.SIGINT, lambda *_: None)
-p = subprocess.Popen(argv)
-rc = p.wait()
-sys.exit(rc if rc >= 0 else 128 - rc)
-"""
+#: the guard in front of the server (:data:`servelab.engines.base.GUARD_SCRIPT`)
+_GUARD = GUARD_SCRIPT
 
 
 class VllmLauncher(EngineLauncher):
