@@ -2,93 +2,23 @@
 ``ray start --block`` process on this machine (1 CPU each, small memory: fits a 2-core CI box), so one
 load-generator actor lands on each node. Checks merged counts against the mock's own count, the open-loop
 schedule against a single process with the same seed, and percentiles against the concatenated records.
-The cluster is torn down at the end, every process of it (each node runs in a session of its own)."""
+The cluster (tests/raycluster.py) is torn down at the end, every process of it."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from servelab.engines.base import free_port
+import raycluster
 from test_bench_workers import assert_pooled_percentiles, bench, intended_offsets, load, mock_requests
-
-RAY = Path(sys.executable).with_name("ray")
-NODE_ARGS = ["--num-cpus", "1", "--memory", str(1 << 30), "--object-store-memory", str(80 << 20),
-             "--disable-usage-stats", "--block"]
-
-
-def _session_pids(sid: int) -> list[int]:
-    import psutil
-
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            pass
-    return out
-
-
-def _stop_session(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the node's whole session (ray start and every daemon it started), SIGKILL what is left."""
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and _session_pids(proc.pid):
-            time.sleep(0.2)
-        if not _session_pids(proc.pid):
-            break
-    proc.wait(10)
-
-
-def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if text in log.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            break
-        time.sleep(0.3)
-    raise RuntimeError(f"ray node did not start: {log.read_text(errors='replace')[-2000:]}")
 
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[str]:
-    """``HOST:PORT`` of a two-node Ray cluster on this machine."""
-    tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths must fit AF_UNIX
-    port = free_port()
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        head_log = tmp / "head.log"
-        procs.append(subprocess.Popen([str(RAY), "start", "--head", "--port", str(port), "--include-dashboard", "false",
-                                       "--temp-dir", str(tmp / "ray"), *NODE_ARGS], stdout=open(head_log, "wb"),
-                                      stderr=subprocess.STDOUT, env=env, start_new_session=True))
-        _wait_for(head_log, "block forever", procs[0])
-        node_log = tmp / "node.log"
-        procs.append(subprocess.Popen([str(RAY), "start", "--address", f"127.0.0.1:{port}", *NODE_ARGS],
-                                      stdout=open(node_log, "wb"), stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True))
-        _wait_for(node_log, "block forever", procs[1])
-        yield f"127.0.0.1:{port}"
-    finally:
-        for p in reversed(procs):
-            _stop_session(p)
-        left = [pid for p in procs for pid in _session_pids(p.pid)]
-        subprocess.run(["rm", "-rf", str(tmp)], check=False)
-        assert not left, f"ray processes left: {left}"
+    """``HOST:PORT`` of a two-node Ray cluster on this machine (tests/raycluster.py)."""
+    with raycluster.ray_cluster() as address:
+        yield address
 
 
 def test_ray_open_loop_merged_like_one_process(ray_cluster, mock_engine, tmp_path):

@@ -46,6 +46,7 @@ SECTIONS = {
     "engine: mock": "candidates[mock].settings.", "engine: command": "candidates[command].settings.",
     "workloads": "workloads[].", "steps": "steps.",
     "arrival_test": "arrival_test.", "capacity": "capacity.", "lifecycle": "lifecycle.",
+    "load_generator": "load_generator.",
 }
 
 
@@ -962,6 +963,77 @@ def _lifecycle_cancel(request: pytest.FixtureRequest) -> None:
     c = _fx(request, "lifecycle_run").results.candidates["m"].lifecycle.cancellation
     assert c is not None and c.metric and c.cancelled == 3 and c.clients == 4
     assert c.baseline_return_s is not None and c.drop_s is not None and c.completed == 1
+
+
+def _generator_run(tmp: Path, name: str, load_generator: dict[str, Any] | None,
+                   **more: Any) -> tuple[dict[str, Any], list]:
+    """One tiny closed-loop trial on a mock; returns its steps' summary.json and requests.jsonl lines."""
+    exp: dict[str, Any] = {
+        "name": name, "goal": {"quality": {"smoke": ["streaming"]}},
+        "candidates": [{"name": "m", "engine": "mock", "settings": {"ttft_ms": 2, "itl_ms": 1, "output_tokens": 4}}],
+        "workloads": ["short-qa"], "steps": {"concurrency": [2]}, "requests_per_step": 6, "warmup": 0,
+        "repeats": 1, "mix_sweep": False, "arrival_test": {"enabled": False}, "capacity": {"enabled": False}, **more}
+    if load_generator is not None:
+        exp["load_generator"] = load_generator
+    _run(exp, tmp / name)
+    steps = tmp / name / "candidates" / "m" / "steps"
+    return json.loads((steps / "summary.json").read_text()), _lines(steps / "requests.jsonl")
+
+
+@pytest.fixture(scope="module")
+def generators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], list]]:
+    """The same trial sent by the trial's own process, by 2 worker processes, and by Ray actors (one per node
+    of a real two-node local cluster, tests/raycluster.py)."""
+    import raycluster
+
+    tmp = tmp_path_factory.mktemp("generators")
+    runs = {"default": _generator_run(tmp, "default", None),
+            "workers": _generator_run(tmp, "workers", {"workers": 2}, workloads=["short-qa", "structured"],
+                                      mix_sweep=True, goal={"quality": {"smoke": ["streaming"]}, "expected_rate_rps": 20,
+                                                            "mix": "short-qa:1,structured:1"},
+                                      capacity={"requests": 4, "max_probes": 1, "start_rps": 20},
+                                      arrival_test={"enabled": True, "requests": 4}),
+            "tmp": ({"tmp": str(tmp)}, [])}
+    with raycluster.ray_cluster() as address:
+        runs["ray"] = _generator_run(tmp, "ray", {"ray": address, "workers": 2})
+        runs["per_node"] = _generator_run(tmp, "per-node", {"ray": address, "workers_per_node": 1})
+        runs["address"] = ({"address": address}, [])
+    return runs
+
+
+@case("load_generator")
+def _load_generator(request: pytest.FixtureRequest) -> None:
+    summary, lines = _fx(request, "generators")["default"]
+    assert summary["generator"]["mode"] == "process" and {x["worker"] for x in lines} == {0}
+
+
+@case("load_generator.workers")
+def _load_generator_workers(request: pytest.FixtureRequest) -> None:
+    summary, lines = _fx(request, "generators")["workers"]
+    assert summary["generator"]["mode"] == "processes" and len(summary["generator"]["workers"]) == 2
+    assert len(lines) == 6 * 2 and {x["worker"] for x in lines} == {0, 1}
+    # the mix run together, the arrival test and the capacity probes come from the workers too
+    cand = Path(_fx(request, "generators")["tmp"][0]["tmp"]) / "workers" / "candidates" / "m"
+    for part in ("mix", "arrival", *(p.name for p in (cand / "capacity").iterdir())):
+        path = cand / part if part in ("mix", "arrival") else cand / "capacity" / part
+        assert {x["worker"] for x in _lines(path / "requests.jsonl")} == {0, 1}, part
+
+
+@case("load_generator.ray")
+def _load_generator_ray(request: pytest.FixtureRequest) -> None:
+    runs = _fx(request, "generators")
+    summary, lines = runs["ray"]
+    gen = summary["generator"]
+    assert gen["mode"] == "ray" and gen["ray_address"] == runs["address"][0]["address"]
+    assert len(gen["workers"]) == 2 and len(lines) == 6 and {x["worker"] for x in lines} == {0, 1}
+
+
+@case("load_generator.workers_per_node")
+def _load_generator_per_node(request: pytest.FixtureRequest) -> None:
+    summary, lines = _fx(request, "generators")["per_node"]
+    workers = summary["generator"]["workers"]
+    assert len(workers) == 2 and len({w["node_id"] for w in workers}) == 2  # one actor on each of the 2 nodes
+    assert len(lines) == 6
 
 
 @case("candidates[].restart")

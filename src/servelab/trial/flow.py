@@ -612,7 +612,8 @@ class TrialRunner:
                               load=levels if levels is not None else exp.steps.load_models(exp.goal.burstiness),
                               requests=exp.requests_per_step, warmup=exp.warmup, objectives=self.objectives,
                               stop_on_slo=exp.stop_on_slo, seed=exp.seed + 31337, sampler=sampler, api_key=api_key,
-                              on_step=lambda st: self.say(_step_line(name, st) + tag), budget_for=(name, started))
+                              on_step=lambda st: self.say(_step_line(name, st) + tag), budget_for=(name, started),
+                              spread=True)
         annotate(summary.steps, out / "requests.jsonl", self.objectives, repeat)
         files[sub.replace("-", "_")] = f"candidates/{name}/{sub}/requests.jsonl"
         return summary.steps
@@ -683,7 +684,7 @@ class TrialRunner:
             pdir = cdir / f"r{rate:.4g}"
             summ = self._bench(base_url, model, pdir, workloads=["mix"], load=[load], requests=cap.requests, warmup=0,
                                objectives=self.objectives, stop_on_slo=False, seed=exp.seed + 4242, sampler=sampler,
-                               api_key=api_key)
+                               api_key=api_key, spread=True)
             st = summ.steps[0]
             annotate([st], pdir / "requests.jsonl", self.objectives)
             eff = effective_step([st], self.objectives, exp.goal.error_budget)
