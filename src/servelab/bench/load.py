@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import aiohttp
 import numpy as np
 
+from servelab.bench.waketimer import sleep_until_ns as sleep_until_ns  # re-exported: callers import it from here
 from servelab.wire.client import send
 from servelab.wire.types import RequestRecord, RequestSpec
 
@@ -201,19 +202,6 @@ def _schedule(load: LoadModel, n: int, seed: int, offsets_ns: Sequence[int] | No
 
 
 _START_LEAD_NS = 2_000_000  # open loop: the first arrival is 2 ms after the step's setup, not during it
-_SPIN_NS = 1_500_000  # event loops wake timers on a 1 ms grid: yield-spin through the last 1.5 ms
-
-
-async def sleep_until_ns(t_ns: int) -> None:
-    """Wait until ``time.monotonic_ns() >= t_ns`` with sub-millisecond precision: an ordinary sleep
-    until 1.5 ms before, then yielding to the event loop (``sleep(0)``, so I/O keeps flowing) until due.
-    asyncio and uvloop round timer waits to whole milliseconds, which alone puts ~1 ms of lag on
-    every open-loop arrival otherwise."""
-    delay = t_ns - _now()
-    if delay > _SPIN_NS:
-        await asyncio.sleep((delay - _SPIN_NS) / 1e9)
-    while _now() < t_ns:
-        await asyncio.sleep(0)
 
 
 async def _wait_with_drain(tasks: list[asyncio.Task[None]], deadline: int | None, drain_s: float) -> None:
