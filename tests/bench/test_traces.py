@@ -158,3 +158,22 @@ def test_mooncake_sharing_reaches_the_prefix_cache(tmp_path: Path, counter: Toke
     assert all(r.ok for r in recs)
     assert cached[1] is not None and 150 <= cached[1] <= 151  # BOS + 3 shared blocks of 50
     assert cached[2] is not None and cached[2] <= 1
+
+
+def test_window_and_shared_prefix_tokens(tmp_path: Path) -> None:
+    from servelab.bench.traces import parse_window, shared_prefix_tokens
+
+    assert parse_window(None) == (0.0, None) and parse_window("600:") == (600.0, None)
+    assert parse_window("10:70") == (10.0, 60.0) and parse_window(":5") == (0.0, 5.0)
+    for bad in ("5:2", "x", "10", "-1:4", "1:inf"):
+        with pytest.raises(ConfigError, match="--trace-window"):
+            parse_window(bad)
+    p = _mooncake(tmp_path / "s.jsonl", [
+        {"timestamp": 0, "input_length": 1100, "output_length": 1, "hash_ids": [0, 1, 2]},
+        {"timestamp": 1, "input_length": 1300, "output_length": 1, "hash_ids": [0, 1, 3]},  # 2 blocks shared
+        {"timestamp": 2, "input_length": 700, "output_length": 1, "hash_ids": [1, 0]},      # same ids, other prefix
+        {"timestamp": 3, "input_length": 600, "output_length": 1, "hash_ids": [0, 1, 3]}])  # capped at its length
+    assert shared_prefix_tokens(read_trace(p)) == 1024 + 0 + 600
+    az = tmp_path / "a.csv"
+    az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,10,2\n")
+    assert shared_prefix_tokens(read_trace(az)) is None

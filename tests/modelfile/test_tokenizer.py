@@ -223,3 +223,13 @@ def test_matches_llama_server_tokenize(counter: TokenCounter, gemma_path: str, t
         except ProcessLookupError:
             pass
         log.close()
+
+
+def test_checkpoint_padding_is_not_counted() -> None:
+    """all-MiniLM-L6-v2's tokenizer.json pads and truncates every input to 128 (training settings):
+    counting sees the text's own tokens ("hello world" = 2, plus [CLS] [SEP]) and long text is not cut."""
+    from servelab.engines.embedder import weights_dir
+
+    c = load_tokenizer(weights_dir() / "tokenizer.json")
+    assert c.bos_tokens == 2 and c.count("hello world") == 2
+    assert c.count("word " * 600) == 600

@@ -14,7 +14,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from servelab.bench.options import scoped_overrides
 from servelab.wire.client import ConfigError, normalize_base_url
+
+__all__ = ["bench_command", "print_summary", "scoped_overrides", "summarize_command"]
 
 _err = Console(stderr=True)
 
@@ -32,18 +35,6 @@ def _overrides(items: list[str]) -> dict[str, Any]:
                 out[k.strip()] = float(v)
             except ValueError:
                 out[k.strip()] = v
-    return out
-
-
-def scoped_overrides(overrides: dict[str, Any], workload: str) -> dict[str, Any]:
-    """The ``--set`` parameters for one workload: ``KEY`` applies to every set, ``SET.KEY`` (e.g.
-    ``short-qa.output_tokens``) only to that set and wins over a plain ``KEY``."""
-    out = {k: v for k, v in overrides.items() if "." not in k}
-    for k, v in overrides.items():
-        if "." in k:
-            name, key = k.split(".", 1)
-            if name == workload:
-                out[key] = v
     return out
 
 
@@ -74,7 +65,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
 
 
 def _refuse_ignored_options(*, url: str | None, engine: str | None, engine_given: bool, rate: str | None,
-                            max_concurrency: int | None, concurrency: str, burstiness: float, arrival: str) -> None:
+                            max_concurrency: int | None, concurrency: str, burstiness: float, arrival: str,
+                            replay: bool = False) -> None:
     """Raise :class:`ConfigError` (one line) for options that would be ignored in this combination:
     refused, not silently dropped (``engine_given``: an --engine-* option differs from its default)."""
     if (url is None) == (engine is None):
@@ -82,7 +74,7 @@ def _refuse_ignored_options(*, url: str | None, engine: str | None, engine_given
     if engine is None and engine_given:
         raise ConfigError("--engine-model/--engine-parallel/--engine-ctx only apply with --engine; "
                           "with --url the server's own settings are used")
-    if rate is None and max_concurrency is not None:
+    if rate is None and max_concurrency is not None and not replay:
         raise ConfigError("--max-concurrency caps the open loop (--rate); in the closed loop --concurrency "
                           "already sets the requests in flight")
     if rate is not None and concurrency != "1,2,4,8":
@@ -126,8 +118,9 @@ def bench_command(
                                    "llamacpp, shared by all slots."),
     model: str = typer.Option(None, "--model", help="Model name sent in each request (default: the first id "
                               "listed by GET /v1/models)."),
-    workload: str = typer.Option("short-qa", "--workload", "-w", help="Comma-separated built-in sets: short-qa, "
-                                 "rag, long-gen, structured, mix, shared-prefix. Each runs its own sweep."),
+    workload: str = typer.Option(None, "--workload", "-w", help="Comma-separated sets (default short-qa): "
+                                 "short-qa, rag, long-gen, structured, mix, shared-prefix, tools; production-like: "
+                                 "sessions, agent, rag-docs, mixed-lang (docs/workloads.md). Each runs its own sweep."),
     dataset: str = typer.Option(None, "--dataset", help="Use prompts from a file instead: JSONL "
                                 "({\"prompt\"|\"messages\", \"max_tokens\"}) or ShareGPT JSON."),
     concurrency: str = typer.Option("1,2,4,8", "--concurrency", "-c", help="Closed-loop sweep: comma-separated "
@@ -145,13 +138,14 @@ def bench_command(
     duration: float = typer.Option(None, "--duration", help="Seconds per step: stop starting requests after "
                                    "this, let in-flight ones finish (max 30 s more), cancel the rest."),
     warmup: int = typer.Option(2, "--warmup", help="Requests sent before each step at its load, excluded from "
-                               "its statistics."),
+                               "its statistics (none for trace, sessions, agent and embeddings steps)."),
     slo: str = typer.Option(None, "--slo", help="Objectives, e.g. 'ttft_p95<=500ms,itl_p95<=50ms,"
                             "e2e_p99<=10s,error_rate<=1%'. The sweep stops raising load after a step breaks one."),
     slo_file: str = typer.Option(None, "--slo-file", help="YAML/JSON file with objectives ({ttft_p95: 500ms})."),
     no_stop_on_slo: bool = typer.Option(False, "--no-stop-on-slo", help="Run every step even after an SLO broke."),
-    endpoint: str = typer.Option("chat", "--endpoint", help="chat (/v1/chat/completions) or completions "
-                                 "(/v1/completions)."),
+    endpoint: str = typer.Option(None, "--endpoint", help="chat (/v1/chat/completions; the default), completions "
+                                 "(/v1/completions; the default with --trace, so prompts are the trace's exact "
+                                 "lengths) or embeddings (/v1/embeddings: inputs/s, tokens/s)."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Send ignore_eos=true (llama-server, vLLM, "
                                     "SGLang) so outputs have exactly the sampled length."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer for exact prompt lengths and the client "
@@ -177,6 +171,26 @@ def bench_command(
     lag_bound_ms: float = typer.Option(1.0, "--lag-bound-ms", help="Open loop: a step whose schedule-lag P99 "
                                        "passes this many ms is flagged generator-bound (as is any worker near "
                                        "100 % CPU)."),
+    trace: str = typer.Option(None, "--trace", help="Replay this timestamped trace (one step at the trace's own "
+                              "times): Mooncake JSONL, Azure LLM inference CSV or BurstGPT CSV (docs/workloads.md)."),
+    trace_format: str = typer.Option("auto", "--trace-format", help="auto (from the first line), mooncake, azure "
+                                     "or burstgpt."),
+    trace_speed: float = typer.Option(1.0, "--trace-speed", help="Replay speed factor: 2 sends twice as fast "
+                                      "(every gap halved)."),
+    trace_window: str = typer.Option(None, "--trace-window", help="START:END in trace seconds from its first "
+                                     "request, e.g. 0:600 (END may be left out). -n caps the requests."),
+    sessions: int = typer.Option(None, "--sessions", help="Multi-turn sessions per step (each turn resends the "
+                                 "history); --concurrency = sessions at once, --rate = new sessions/s."),
+    turns: int = typer.Option(4, "--turns", help="User turns per built-in session."),
+    think_time_s: float = typer.Option(0.0, "--think-time-s", help="Mean think time between turns, seconds "
+                                       "(exponential; 0 = none)."),
+    sessions_file: str = typer.Option(None, "--sessions-file", help="Sessions from a file: ShareGPT "
+                                      "'conversations' or OpenAI 'messages' lists (JSON or JSONL); user turns are "
+                                      "kept, the model under test answers."),
+    batch_size: int = typer.Option(1, "--batch-size", help="--endpoint embeddings: inputs per request."),
+    rag_top_k: int = typer.Option(4, "--rag-top-k", help="-w rag-docs: passages retrieved per question."),
+    rag_embed_url: str = typer.Option(None, "--rag-embed-url", help="-w rag-docs: an OpenAI /v1/embeddings server "
+                                      "to embed with (default: start the local all-MiniLM-L6-v2 llama-server)."),
 ) -> None:
     """Load-test an OpenAI-compatible server: TTFT, ITL, TPOT, E2E latency, throughput and goodput
     per load step. Writes OUT/summary.json and OUT/requests.jsonl (one line per finished request,
@@ -189,6 +203,7 @@ def bench_command(
     import time as _time
 
     from servelab.bench.options import EngineOptions
+    from servelab.bench.production import PRODUCTION_WORKLOADS, ProductionOptions
     from servelab.bench.runner import BenchConfig, make_run_dir, write_summary
     from servelab.bench.slo import load_slo_file, parse_slo
     from servelab.bench.stopping import StopSignals
@@ -199,8 +214,23 @@ def bench_command(
     _refuse_ignored_options(url=url, engine=engine, engine_given=(engine_model is not None or engine_parallel != 4
                                                                   or engine_ctx != 8192),
                             rate=rate, max_concurrency=max_concurrency, concurrency=concurrency,
-                            burstiness=burstiness, arrival=arrival)
+                            burstiness=burstiness, arrival=arrival, replay=trace is not None)
     overrides = _overrides(sets)
+    endpoint = endpoint or ("completions" if trace is not None else "chat")
+    workload_given = workload is not None
+    workload = workload if workload is not None else "short-qa"
+    prod = ProductionOptions(trace=trace, trace_format=trace_format, trace_speed=trace_speed, trace_window=trace_window,
+                             sessions=sessions, turns=turns, think_time_s=think_time_s, sessions_file=sessions_file,
+                             batch_size=batch_size, rag_embed_url=rag_embed_url, rag_top_k=rag_top_k)
+    from servelab.bench.options import split_list
+
+    wl_first = prod.resolve(split_list(workload, "--workload", "list sets, e.g. -w short-qa,rag"),
+                            workload_given=workload_given, dataset=dataset, endpoint=endpoint, rate=rate,
+                            concurrency=concurrency, duration=duration, workers=workers, ray=ray, overrides=overrides,
+                            requests=requests)
+    workload = ",".join(wl_first)
+    if "trace" in wl_first:  # one step, as many requests as the (windowed, capped) trace holds
+        concurrency, requests = "1", len(prod._trace.entries)
     out = out or f"runs/bench-{_time.strftime('%Y%m%d-%H%M%S')}"
     engine_opts = EngineOptions.checked(parallel=engine_parallel, ctx_tokens=engine_ctx)
     # every value checked here, before any engine starts or any directory is made
@@ -221,7 +251,8 @@ def bench_command(
     if dataset is not None:
         wl_names = ["dataset"]
         cfg = dataclasses.replace(cfg, workloads=wl_names)
-    _check_workloads(wl_names, dataset, overrides, seed=seed, endpoint=endpoint, ignore_eos=ignore_eos)
+    _check_workloads([w for w in wl_names if w not in PRODUCTION_WORKLOADS], dataset, overrides, seed=seed,
+                     endpoint=endpoint, ignore_eos=ignore_eos)
     from servelab.bench import workloads as W
     if (Path(out) / "requests.jsonl").exists():
         raise ConfigError(f"--out {out} already holds a run (requests.jsonl): pass a new directory "
@@ -244,15 +275,18 @@ def bench_command(
                 _err.print(f"engine {engine} up at {url} (cold start {running.cold_start.get('health_s', 0):.1f} s), "
                            f"log {running.log_path}", soft_wrap=True)
             base_url = normalize_base_url(url)
-            counter = None
-            if tokenizer is None:
-                tokenizer = _tokenizer_from_server(base_url)
-            if tokenizer:
-                from servelab.modelfile.tokenizer import load_tokenizer
-
-                counter = load_tokenizer(tokenizer)
+            tokenizer, counter = _client_tokenizer(tokenizer, base_url, endpoint)
+            rag_set = None
+            if "rag-docs" in wl_names:
+                rag_set = prod.build_rag(counter, n=cfg.requests * len(plan_steps(cfg)) if cfg.requests else 64,
+                                         seed=seed, overrides=overrides, log_dir=out, quiet=quiet)
+            special = prod.factory(counter, base_seed=seed, endpoint=endpoint, ignore_eos=ignore_eos,
+                                   overrides=overrides, requests=cfg.requests or 32, max_concurrency=max_concurrency,
+                                   tokenizer_name=getattr(counter, "name", None), rag_set=rag_set)
 
             def factory(name: str, seed: int) -> Any:
+                if name in PRODUCTION_WORKLOADS:
+                    return special(name, seed)
                 if name == "dataset":
                     return W.load_dataset(dataset, counter, seed=seed, endpoint=endpoint)
                 return W.make_workload(name, counter, seed=seed, endpoint=endpoint, ignore_eos=ignore_eos,
@@ -272,7 +306,11 @@ def bench_command(
     if stop.signum is not None and summary:
         summary["stopped_by"] = stop.name
         write_summary(Path(out), summary)
-    print_summary(summary, Console() if sys.stdout.isatty() else Console(width=200))
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    print_summary(summary, console)
+    from servelab.bench.production import print_extras
+
+    print_extras(summary, console)
     lost = _report_generator(summary)
     print(f"results: {Path(out) / 'summary.json'} and {Path(out) / 'requests.jsonl'}")
     if lost and stop.signum is None:
@@ -316,6 +354,41 @@ def summarize_command(
     state = "complete" if summary["complete"] else f"partial ({partial} step(s) unfinished or not reached)"
     print(f"rebuilt {Path(run_dir) / 'summary.json'} from {found.lines} requests in requests.jsonl: "
           f"{len(steps)} step(s), run {state}{cut}")
+
+
+def _client_tokenizer(tokenizer: str | None, base_url: str, endpoint: str) -> tuple[str | None, Any]:
+    """``(tokenizer path, TokenCounter or None)``: ``--tokenizer``, else what the server names (llama-server
+    ``/props``; for embeddings the embedder checkpoint's tokenizer.json, :func:`_embedder_tokenizer`)."""
+    if tokenizer is None:
+        tokenizer = _tokenizer_from_server(base_url)
+        if tokenizer and endpoint == "embeddings":
+            tokenizer = _embedder_tokenizer(tokenizer)
+    if not tokenizer:
+        return tokenizer, None
+    from servelab.modelfile.tokenizer import load_tokenizer
+
+    return tokenizer, load_tokenizer(tokenizer)  # (a checkpoint's fixed padding is turned off there)
+
+
+def plan_steps(cfg: Any) -> list[Any]:
+    """The load steps of ``cfg`` (:func:`servelab.bench.runner.plan_loads`)."""
+    from servelab.bench.runner import plan_loads
+
+    return plan_loads(cfg)
+
+
+def _embedder_tokenizer(path: str) -> str | None:
+    """For ``--endpoint embeddings``: the server's GGUF when servelab reads its tokenizer, else the
+    all-MiniLM-L6-v2 checkpoint's ``tokenizer.json`` when the server runs servelab's converted GGUF of it
+    (servelab does not rebuild BERT WordPiece tokenizers from a GGUF), else ``None`` (lengths approximate)."""
+    from servelab.engines.embedder import MODEL_ID, weights_dir
+
+    if MODEL_ID in Path(path).name:
+        try:
+            return str(weights_dir() / "tokenizer.json")
+        except ConfigError:
+            return None
+    return path
 
 
 def _tokenizer_from_server(base_url: str) -> str | None:

@@ -143,19 +143,20 @@ def percentile_cis(values: list[float] | np.ndarray, n_eff: int | None = None) -
 
 
 def stats(values: list[float] | np.ndarray, n_eff: int | None = None) -> dict[str, Any]:
-    """count/mean/min/max/P50/P90/P95/P99 of ``values`` (seconds or whatever unit they carry), and the
-    95 % interval of P50/P95/P99 (:func:`percentile_cis`; ``n_eff``: see there).
+    """count/mean/min/max/P50/P90/P95/P99 of ``values`` (seconds or whatever unit they carry), ``std``
+    (the sample standard deviation, ``ddof=1``; ``None`` below 2 values), and the 95 % interval of
+    P50/P95/P99 (:func:`percentile_cis`; ``n_eff``: see there).
 
     Percentiles use linear interpolation between closest ranks (numpy's default ``linear`` method,
     Hyndman & Fan type 7). An empty input gives ``count: 0`` and ``None`` elsewhere (no intervals).
     """
     a = np.asarray(values, dtype=float)
     if a.size == 0:
-        return {"count": 0, **{k: None for k in STAT_KEYS[1:]}}
+        return {"count": 0, **{k: None for k in STAT_KEYS[1:]}, "std": None}
     p = np.percentile(a, [50, 90, 95, 99])
     return {"count": int(a.size), "mean": float(a.mean()), "min": float(a.min()), "max": float(a.max()),
             "p50": float(p[0]), "p90": float(p[1]), "p95": float(p[2]), "p99": float(p[3]),
-            **percentile_cis(a, n_eff)}
+            "std": float(a.std(ddof=1)) if a.size >= 2 else None, **percentile_cis(a, n_eff)}
 
 
 @dataclass

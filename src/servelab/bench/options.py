@@ -159,3 +159,15 @@ def dataset_max_tokens(value: Any, where: str) -> int:
         raise ConfigError(f"{where}: max_tokens/output_tokens must be an integer from 1 to {MAX_OUTPUT_TOKENS} "
                           f"(servelab's limit per request), got {_show(value)}")
     return value
+
+
+def scoped_overrides(overrides: dict[str, Any], workload: str) -> dict[str, Any]:
+    """The ``--set`` parameters for one workload: ``KEY`` applies to every set, ``SET.KEY`` (e.g.
+    ``short-qa.output_tokens``) only to that set and wins over a plain ``KEY``."""
+    out = {k: v for k, v in overrides.items() if "." not in k}
+    for k, v in overrides.items():
+        if "." in k:
+            name, key = k.split(".", 1)
+            if name == workload:
+                out[key] = v
+    return out

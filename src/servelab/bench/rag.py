@@ -28,13 +28,15 @@ import numpy as np
 import orjson
 from pydantic import BaseModel, Field
 
+from servelab.bench.extras import RagInfo
 from servelab.wire import ConfigError, RequestSpec
 
 if TYPE_CHECKING:
+    from servelab.bench.workloads import Workload
     from servelab.modelfile.tokenizer import TokenCounter
 
 __all__ = ["STDLIB_MODULES", "Passage", "RagSet", "build_rag_set", "chunk_documents", "embed_texts",
-           "stdlib_documents", "top_k"]
+           "rag_docs_workload", "stdlib_documents", "top_k"]
 
 #: modules whose docstrings form the corpus (pure-Python, present in every CPython build)
 STDLIB_MODULES = ("argparse", "asyncio", "base64", "collections", "configparser", "csv", "datetime", "decimal",
@@ -193,10 +195,30 @@ async def build_rag_set(http: aiohttp.ClientSession, embed_url: str, embed_model
         target = counter.count(text) if counter is not None else None
         lengths.append(target if target is not None else len(text.split()))
         specs.append(RequestSpec(endpoint="chat", max_tokens=max_tokens, messages=[{"role": "user", "content": text}],
-                                 workload="rag-real", prompt_tokens_target=target))
+                                 workload="rag-docs", prompt_tokens_target=target))
     a = np.asarray(lengths, dtype=float)
     dist = {"min": float(a.min()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
             "max": float(a.max())}
     return RagSet(corpus=f"Python {sys.version.split()[0]} standard library docstrings ({len(modules)} modules)",
                   documents=len(docs), passages=len(passages), k=k, embedding_model=embed_model,
                   tokenizer=counter.name if counter is not None else None, input_tokens=dist, requests=specs)
+
+
+def rag_docs_workload(rag: RagSet, per_step: int, step: int = 0) -> Workload:
+    """The ``rag-docs`` :class:`~servelab.bench.workloads.Workload` of ``servelab bench`` over a built
+    ``rag`` set: step ``step`` (0-based) sends requests ``step * per_step`` on (cycled), so the steps of a
+    sweep ask different questions. Its ``summary_extra`` is ``{"rag": RagInfo}``."""
+    from servelab.bench.workloads import Workload
+
+    specs = rag.requests
+    if not specs:
+        raise ConfigError("the RAG set has no requests")
+    first = step * per_step
+    info = RagInfo(**rag.model_dump(exclude={"requests"}))
+
+    def make(i: int) -> RequestSpec:
+        return specs[(first + i) % len(specs)]
+
+    return Workload("rag-docs", f"RAG on real documents: {rag.corpus}, top-{rag.k} passages by {rag.embedding_model}",
+                    make, rag.tokenizer, {"k": rag.k}, max_input_tokens=int(rag.input_tokens.get("max", 0)) or None,
+                    summary_extra=lambda: {"rag": info.model_dump()})

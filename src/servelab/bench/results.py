@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from servelab.bench.extras import AgentSummary, EmbeddingsSummary, LanguageInfo, RagInfo, ReplayInfo, SessionsSummary
 from servelab.wire.config import PublishedSchema, json_schema_of
 
 __all__ = ["PUBLISHED_SCHEMA", "SUMMARY_SCHEMA_PATH", "SUMMARY_SCHEMA_VERSION", "Counts", "Dist", "Goodput", "LoadInfo",
@@ -55,7 +56,8 @@ class Interval(ResultModel):
 
 class Dist(ResultModel):
     """A distribution (:func:`servelab.bench.metrics.stats`): ``count`` values, the rest ``None``
-    when ``count`` is 0. Unit: that of the field holding it (``ttft_s``: seconds). ``p50_ci``,
+    when ``count`` is 0. Unit: that of the field holding it (``ttft_s``: seconds). ``std``: the sample
+    standard deviation (``ddof=1``; ``None`` below 2 values; absent in summaries written before it). ``p50_ci``,
     ``p95_ci``, ``p99_ci``: each percentile's 95 % :class:`Interval` (summary schema 2; absent in 1)."""
 
     count: int = 0
@@ -66,6 +68,7 @@ class Dist(ResultModel):
     p90: float | None = None
     p95: float | None = None
     p99: float | None = None
+    std: float | None = None
     p50_ci: Interval | None = None
     p95_ci: Interval | None = None
     p99_ci: Interval | None = None
@@ -271,7 +274,11 @@ class StepSummary(ResultModel):
     the trial (engine ``/metrics`` during the step, by metric name), as are ``steady`` (the steady
     window, :class:`Steady`), ``repeat`` (the 0-based repeat round it ran in) and, for a ``mix`` step,
     ``by_class``: the same figures for the requests of each set in the mix (``short-qa``,
-    ``structured``), measured while they ran together."""
+    ``structured``), measured while they ran together. The production-like workloads add their own
+    figures (:mod:`servelab.bench.extras`): ``sessions`` (per-turn TTFT against history length, session
+    success, cached prompt tokens), ``agent`` (per-step tool-call validity), ``replay`` (trace replay and
+    its schedule lag), ``embeddings`` (vectors/s, tokens/s, batch size, input lengths), ``language``
+    (tokens per character), ``rag`` (the real-document corpus and its prompt lengths)."""
 
     workload: str
     step: str
@@ -304,6 +311,12 @@ class StepSummary(ResultModel):
     steady: Steady | None = None
     by_class: dict[str, StepSummary] = Field(default_factory=dict)
     repeat: int | None = None
+    sessions: SessionsSummary | None = None
+    agent: AgentSummary | None = None
+    replay: ReplayInfo | None = None
+    embeddings: EmbeddingsSummary | None = None
+    language: LanguageInfo | None = None
+    rag: RagInfo | None = None
 
     def dist(self, metric: str) -> Dist:
         """The distribution named ``metric`` (``"ttft"`` or ``"ttft_s"``); an empty one when unknown."""

@@ -111,7 +111,8 @@ class BenchConfig:
     stop_on_slo: bool = True
     timeout_s: float = opt(600.0, cli="--timeout", gt=0, le=7 * 86400, **_FLOAT,
                            hint="give the per-request limit in seconds, e.g. --timeout 120")
-    endpoint: Literal["chat", "completions"] = opt("chat", cli="--endpoint", hint="use chat or completions")
+    endpoint: Literal["chat", "completions", "embeddings"] = opt("chat", cli="--endpoint",
+                                                                 hint="use chat, completions or embeddings")
     ignore_eos: bool = False
     dataset: str | None = None
     tokenizer: str | None = None
@@ -609,8 +610,10 @@ class Bench:
                        wname: str, wi: int, si: int, load: LoadModel, max_conc: int) -> dict[str, Any]:
         c = self.cfg
         step_seed = c.seed + 1000 * si + 100_000 * wi  # distinct prompts per step: no cross-step prompt-cache hits
-        n = self._n_requests(load)
         wl = self.workload_factory(wname, seed=step_seed)
+        if getattr(wl, "drive", None) is not None:  # sends its own requests: sessions, agent, replay, embeddings
+            return await self._run_driven(session, model, headers, wname, wl, load)
+        n = self._n_requests(load)
         pool_n = min(n, 512) if c.duration_s else n
         label = load.label
         pool = await self._build_specs(wl, pool_n, f"{wname} {label}")
@@ -633,7 +636,44 @@ class Bench:
             if run.lines or any(r.end_ns is not None for r in run.records):
                 self.summary["steps"].append(self._step(wname, load, run, t_start, partial=True))
             raise
-        return self._step(wname, load, run, t_start)
+        step = self._step(wname, load, run, t_start)
+        extra = getattr(wl, "summary_extra", None)  # a set's own typed figures (its text, its corpus)
+        if extra is not None:
+            step.update(extra())
+        return step
+
+    async def _run_driven(self, session: aiohttp.ClientSession, model: str, headers: dict[str, str] | None,
+                          wname: str, wl: Any, load: LoadModel) -> dict[str, Any]:
+        """One step of a workload that sends its own requests (:class:`servelab.bench.driven.DrivenWorkload`:
+        multi-turn sessions, agent loops, trace replay, embeddings): ``wl.drive(...)`` under the step's load
+        (or ``wl.fixed_load``, a trace's own schedule), every request ending through ``_on_done`` (its
+        ``requests.jsonl`` line); the step is summarised like any other plus ``wl.step_extra(records)``, the
+        workload's own typed figures. No warmup: its first requests are part of what it measures."""
+        load = getattr(wl, "fixed_load", None) or load
+        run = _StepRun(dispatch_ns=[] if load.kind == "open" else None)
+        self.progress("step", workload=wname, step=load.label, warmup=False, total=getattr(wl, "total", None),
+                      duration_s=None)
+        meter = CpuMeter().start()
+        t_start = time.time()
+        first = self._next_id
+        try:
+            await wl.drive(session, self.cfg.base_url, model, load, headers=headers, first_id=first, step=load.label,
+                           timeout_s=self.cfg.timeout_s, on_done=self._on_done, records=run.records,
+                           dispatch_lags_ns=run.dispatch_ns)
+        except asyncio.CancelledError:
+            if any(r.end_ns is not None for r in run.records):
+                self.summary["steps"].append(self._step(wname, load, run, t_start, partial=True))
+            raise
+        finally:
+            self._next_id = first + len(run.records)
+        recs = run.finished()
+        lags = [x for x in (M.schedule_lag_s(r) for r in recs) if x is not None]
+        run.workers = [worker_step(0, HOSTNAME, meter, concurrency=load.concurrency if load.kind == "closed"
+                                   else load.max_concurrency, assigned=None, finished=len(recs),
+                                   schedule_lags_s=lags, dispatch_lags_ns=run.dispatch_ns)]
+        step = self._step(wname, load, run, t_start)
+        step.update(wl.step_extra(recs))
+        return step
 
     def _check_fits(self, server: dict[str, Any]) -> None:
         """Raise :class:`ConfigError` when a workload's prompts can reach the server's context per

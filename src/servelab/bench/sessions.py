@@ -19,24 +19,30 @@ history length, the cached share of prompt tokens by turn, and the session succe
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
+from servelab.bench.extras import SessionsSummary, TurnStats
+from servelab.bench.load import LoadModel
 from servelab.wire import ConfigError, RequestRecord, RequestSpec
 from servelab.wire.client import send
 
 if TYPE_CHECKING:
     from servelab.modelfile.tokenizer import TokenCounter
 
-__all__ = ["Session", "SessionsSummary", "TurnResult", "TurnStats", "load_sessions", "make_sessions",
-           "run_sessions", "summarize_sessions"]
+__all__ = ["Session", "SessionsSummary", "SessionsWorkload", "TurnResult", "TurnStats", "load_sessions",
+           "make_sessions", "run_sessions", "summarize_sessions"]
+
+OnDone = Callable[[RequestRecord, RequestSpec], None]  # as servelab.bench.driven.OnDone
 
 
 class Session(BaseModel):
@@ -65,31 +71,6 @@ class TurnResult(BaseModel):
     cached_tokens: int | None = None
     output_tokens: int | None = None
     think_s: float = 0.0
-
-
-class TurnStats(BaseModel):
-    """Per turn index: ``n`` turns that ran, ``ok``, mean ``prompt_tokens`` (history), TTFT ``p50``/``max``
-    in seconds over the succeeded ones (``None`` when none), ``cached_share`` (cached / prompt tokens
-    over turns that state both; ``None`` when none does)."""
-
-    turn: int
-    n: int
-    ok: int
-    prompt_tokens_mean: float | None = None
-    ttft_p50_s: float | None = None
-    ttft_max_s: float | None = None
-    cached_share: float | None = None
-
-
-class SessionsSummary(BaseModel):
-    """``sessions`` run, ``sessions_ok`` (every turn succeeded), ``session_success`` (fraction),
-    ``turns`` per index (:class:`TurnStats`), ``duration_s`` of the whole run."""
-
-    sessions: int
-    sessions_ok: int
-    session_success: float
-    turns: list[TurnStats] = Field(default_factory=list)
-    duration_s: float = 0.0
 
 
 def make_sessions(n: int, counter: TokenCounter | None, *, turns: int = 4, first_tokens: int = 128,
@@ -159,8 +140,19 @@ def load_sessions(path: str | Path, *, max_tokens: int = 64, min_turns: int = 2)
     return out
 
 
+class _Sink:
+    """Where the turns of a run go: ``results`` (one :class:`TurnResult` each), request ids from ``ids``,
+    ``records``/``on_done`` (the bench's requests.jsonl line) when given, records labelled ``step``."""
+
+    def __init__(self, ids: Iterator[int] | None = None, on_done: OnDone | None = None,
+                 records: list[RequestRecord] | None = None, step: str = "", headers: dict[str, str] | None = None
+                 ) -> None:
+        self.results: list[TurnResult] = []
+        self.ids, self.on_done, self.records, self.step, self.headers = ids, on_done, records, step, headers
+
+
 async def _one_session(http: aiohttp.ClientSession, base_url: str, model: str, sess: Session, think_time_s: float,
-                       rng: random.Random, timeout_s: float, results: list[TurnResult]) -> None:
+                       rng: random.Random, timeout_s: float, sink: _Sink, arrival_ns: int | None = None) -> None:
     history: list[dict[str, Any]] = [{"role": "system", "content": sess.system}] if sess.system else []
     for k, text in enumerate(sess.user_messages):
         think = rng.expovariate(1.0 / think_time_s) if think_time_s > 0 and k > 0 else 0.0
@@ -169,8 +161,16 @@ async def _one_session(http: aiohttp.ClientSession, base_url: str, model: str, s
         history.append({"role": "user", "content": text})
         spec = RequestSpec(endpoint="chat", max_tokens=sess.max_tokens, messages=list(history),
                            workload="sessions", allow_truncation=True)
-        rec = RequestRecord(request_id=sess.session_id * 10_000 + k)
-        await send(http, base_url, model, spec, rec, timeout_s=timeout_s)
+        rid = next(sink.ids) if sink.ids is not None else sess.session_id * 10_000 + k
+        rec = RequestRecord(request_id=rid, workload="sessions", step=sink.step,
+                            scheduled_ns=arrival_ns if (k == 0 and arrival_ns is not None) else time.monotonic_ns())
+        if sink.records is not None:
+            sink.records.append(rec)
+        try:
+            await send(http, base_url, model, spec, rec, timeout_s=timeout_s, headers=sink.headers)
+        finally:
+            if sink.on_done is not None:
+                sink.on_done(rec, spec)
         r = TurnResult(session_id=sess.session_id, turn=k, messages_sent=len(history), ok=rec.ok,
                        failure=rec.failure.name if rec.failure is not None else None, think_s=think,
                        prompt_tokens=rec.prompt_tokens, cached_tokens=rec.cached_tokens,
@@ -179,7 +179,7 @@ async def _one_session(http: aiohttp.ClientSession, base_url: str, model: str, s
             r.ttft_s = (rec.first_token_ns - rec.sent_ns) / 1e9
         if rec.sent_ns is not None and rec.end_ns is not None:
             r.e2e_s = (rec.end_ns - rec.sent_ns) / 1e9
-        results.append(r)
+        sink.results.append(r)
         if not rec.ok:
             return
         history.append({"role": "assistant", "content": rec.content_text})
@@ -187,27 +187,33 @@ async def _one_session(http: aiohttp.ClientSession, base_url: str, model: str, s
 
 async def run_sessions(http: aiohttp.ClientSession, base_url: str, model: str, sessions: list[Session], *,
                        concurrency: int | None = 1, rate_sps: float | None = None, think_time_s: float = 0.0,
-                       seed: int = 0, timeout_s: float = 600.0) -> list[TurnResult]:
+                       seed: int = 0, timeout_s: float = 600.0, first_id: int | None = None,
+                       on_done: OnDone | None = None, records: list[RequestRecord] | None = None, step: str = "",
+                       headers: dict[str, str] | None = None) -> list[TurnResult]:
     """Run ``sessions`` against the OpenAI API root ``base_url`` and return every turn's result in the
     order turns ended. Exactly one of ``concurrency`` (sessions at once) and ``rate_sps`` (new sessions
-    per second, Poisson, seeded) applies: ``rate_sps`` wins when given. Raises :class:`ConfigError` for
-    a concurrency below 1, a rate not > 0, or a negative think time."""
+    per second, Poisson, seeded) applies: ``rate_sps`` wins when given. With ``first_id`` the turns'
+    records get ids ``first_id, first_id + 1, …`` in send order (else ``session_id * 10000 + turn``);
+    ``records`` receives each record as it starts and ``on_done(record, spec)`` is called as each ends
+    (the bench writes its ``requests.jsonl`` line there). Raises :class:`ConfigError` for a concurrency
+    below 1, a rate not > 0, or a negative think time."""
     if think_time_s < 0:
         raise ConfigError(f"think time {think_time_s:g} s: give a mean >= 0 seconds")
-    results: list[TurnResult] = []
+    sink = _Sink(itertools.count(first_id) if first_id is not None else None, on_done, records, step, headers)
     if rate_sps is not None:
         if not rate_sps > 0:
             raise ConfigError(f"session rate {rate_sps:g}/s: give a rate > 0")
         gaps = np.random.default_rng(seed).exponential(1.0 / rate_sps, len(sessions))
         t0 = time.monotonic()
+        t0_ns = time.monotonic_ns()
         at = np.cumsum(gaps) - gaps[0]
 
         async def start(i: int, s: Session) -> None:
             await asyncio.sleep(max(0.0, t0 + float(at[i]) - time.monotonic()))
             await _one_session(http, base_url, model, s, think_time_s, random.Random(f"{seed}:{s.session_id}"),
-                               timeout_s, results)
+                               timeout_s, sink, arrival_ns=t0_ns + int(float(at[i]) * 1e9))
         await asyncio.gather(*(start(i, s) for i, s in enumerate(sessions)))
-        return results
+        return sink.results
     if concurrency is None or concurrency < 1:
         raise ConfigError(f"session concurrency {concurrency}: give at least 1")
     queue = list(sessions)
@@ -216,9 +222,9 @@ async def run_sessions(http: aiohttp.ClientSession, base_url: str, model: str, s
         while queue:
             s = queue.pop(0)
             await _one_session(http, base_url, model, s, think_time_s, random.Random(f"{seed}:{s.session_id}"),
-                               timeout_s, results)
+                               timeout_s, sink)
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(sessions)))))
-    return results
+    return sink.results
 
 
 def summarize_sessions(sessions: list[Session], results: list[TurnResult], duration_s: float = 0.0) -> SessionsSummary:
@@ -237,11 +243,48 @@ def summarize_sessions(sessions: list[Session], results: list[TurnResult], durat
         ttft = [r.ttft_s for r in good if r.ttft_s is not None]
         pts = [r.prompt_tokens for r in rs if r.prompt_tokens is not None]
         both = [(r.cached_tokens, r.prompt_tokens) for r in good if r.cached_tokens is not None and r.prompt_tokens]
+        cached = [r.cached_tokens for r in good if r.cached_tokens is not None]
         stats.append(TurnStats(turn=k, n=len(rs), ok=len(good),
                                prompt_tokens_mean=float(np.mean(pts)) if pts else None,
                                ttft_p50_s=float(np.median(ttft)) if ttft else None,
                                ttft_max_s=max(ttft) if ttft else None,
-                               cached_share=sum(c for c, _ in both) / sum(p for _, p in both) if both else None))
+                               cached_share=sum(c for c, _ in both) / sum(p for _, p in both) if both else None,
+                               cached_tokens_mean=float(np.mean(cached)) if cached else None))
     n = len(sessions)
     return SessionsSummary(sessions=n, sessions_ok=ok_sessions, session_success=ok_sessions / n if n else 0.0,
                            turns=stats, duration_s=duration_s)
+
+
+class SessionsWorkload:
+    """The ``sessions`` workload of ``servelab bench`` (a :class:`servelab.bench.driven.DrivenWorkload`):
+    each step runs every one of ``sessions`` (fresh per step), ``load.concurrency`` at once (closed loop)
+    or starting at ``load.rate_rps`` sessions/s (open loop, Poisson), with ``think_time_s`` mean
+    exponential think time; its ``step_extra`` is the :class:`SessionsSummary` under ``sessions``."""
+
+    name = "sessions"
+
+    def __init__(self, sessions: list[Session], *, think_time_s: float = 0.0, seed: int = 0,
+                 source: str = "built-in", max_input_tokens: int | None = None) -> None:
+        if not sessions:
+            raise ConfigError("a sessions workload needs at least one session")
+        self.sessions, self.think_time_s, self.seed, self.source = sessions, think_time_s, seed, source
+        self.max_input_tokens = max_input_tokens
+        self.total = sum(len(s.user_messages) for s in sessions)
+        self._results: list[TurnResult] = []
+        self._t0 = 0.0
+
+    async def drive(self, http: aiohttp.ClientSession, base_url: str, model: str, load: LoadModel, *,
+                    headers: dict[str, str] | None, first_id: int, step: str, timeout_s: float, on_done: OnDone,
+                    records: list[RequestRecord], dispatch_lags_ns: list[int] | None = None) -> None:
+        """Run the step (see the class doc); every turn's record goes to ``records`` and ``on_done``."""
+        self._t0 = time.monotonic()
+        self._results = await run_sessions(
+            http, base_url, model, self.sessions, concurrency=load.concurrency if load.kind == "closed" else None,
+            rate_sps=load.rate_rps if load.kind == "open" else None, think_time_s=self.think_time_s, seed=self.seed,
+            timeout_s=timeout_s, first_id=first_id, on_done=on_done, records=records, step=step, headers=headers)
+
+    def step_extra(self, records: list[RequestRecord]) -> dict[str, Any]:
+        """``{"sessions": SessionsSummary}`` of the step just driven (as a JSON-ready dict)."""
+        summ = summarize_sessions(self.sessions, self._results, time.monotonic() - self._t0)
+        summ.think_time_mean_s, summ.source = self.think_time_s, self.source
+        return {"sessions": summ.model_dump()}

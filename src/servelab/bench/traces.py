@@ -29,16 +29,22 @@ import json
 import random
 from datetime import datetime
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+import aiohttp
+import numpy as np
 from pydantic import BaseModel, Field
 
-from servelab.wire import ConfigError, RequestSpec
+from servelab.bench.extras import ReplayInfo
+from servelab.bench.load import LoadModel, run_step
+from servelab.wire import ConfigError, RequestRecord, RequestSpec
 
 if TYPE_CHECKING:
     from servelab.modelfile.tokenizer import TokenCounter
 
-__all__ = ["MOONCAKE_BLOCK_TOKENS", "Trace", "TraceEntry", "read_trace", "replay_offsets_ns", "trace_requests"]
+__all__ = ["MOONCAKE_BLOCK_TOKENS", "Trace", "TraceEntry", "TraceWorkload", "parse_window", "read_trace",
+           "replay_offsets_ns", "shared_prefix_tokens", "trace_requests"]
 
 TraceFormat = Literal["mooncake", "azure", "burstgpt"]
 #: prompt tokens per Mooncake hash block (the released traces' block size)
@@ -261,3 +267,90 @@ def trace_requests(trace: Trace, counter: TokenCounter | None, endpoint: str = "
                                prompt=None if chat else text, extra=extra, workload=f"trace-{trace.format}",
                                prompt_tokens_target=target, allow_truncation=True))
     return out
+
+
+def parse_window(text: str | None) -> tuple[float, float | None]:
+    """``--trace-window START:END`` in trace seconds (from the trace's first request) as ``(start_s,
+    duration_s)``; ``END`` may be left out (``600:`` = from 600 s to the end), ``None`` gives the whole
+    trace. Raises :class:`ConfigError` (one line) for anything else, or an ``END`` not after ``START``."""
+    if text is None:
+        return 0.0, None
+    bad = ConfigError(f"--trace-window {text!r}: give START:END in trace seconds, e.g. --trace-window 0:600 "
+                      "(END may be left out: 600: is from 600 s to the end)")
+    head, sep, tail = text.partition(":")
+    if not sep:
+        raise bad
+    try:
+        start = float(head) if head.strip() else 0.0
+        end = float(tail) if tail.strip() else None
+    except ValueError:
+        raise bad from None
+    if not np.isfinite(start) or start < 0 or (end is not None and (not np.isfinite(end) or end <= start)):
+        raise bad
+    return start, None if end is None else end - start
+
+
+def shared_prefix_tokens(trace: Trace, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> int | None:
+    """Prompt tokens of a Mooncake trace that a prefix cache could serve: per request, the leading blocks
+    whose whole prefix (ids up to and including that block) an earlier request already sent, capped at
+    its ``input_tokens``. ``None`` for a trace without ``hash_ids``."""
+    if not any(e.hash_ids for e in trace.entries):
+        return None
+    nodes: dict[tuple[int, int], int] = {}  # (parent node, block id) -> node: the prefixes seen so far
+    total = 0
+    for e in trace.entries:
+        node, shared, still = 0, 0, True
+        for j, h in enumerate(e.hash_ids or []):
+            key = (node, h)
+            if key in nodes and still:
+                shared = min(e.input_tokens, (j + 1) * block_tokens)
+            else:
+                still = False
+                if key not in nodes:
+                    nodes[key] = len(nodes) + 1
+            node = nodes[key]
+        total += shared
+    return total
+
+
+class TraceWorkload:
+    """Trace replay as a ``servelab bench`` workload (a :class:`servelab.bench.driven.DrivenWorkload`): one
+    open-loop step (``fixed_load``, the trace's own mean rate) sending request ``i`` at the trace's offset
+    ``i`` (:func:`replay_offsets_ns`) with :func:`servelab.bench.load.run_step`, which records each
+    request's schedule lag and the loop's dispatch lag. ``step_extra``: :class:`ReplayInfo` under
+    ``replay``. ``max_concurrency`` caps requests in flight (waits show as schedule lag)."""
+
+    name = "trace"
+
+    def __init__(self, trace: Trace, counter: TokenCounter | None, endpoint: str = "completions",
+                 max_concurrency: int | None = None) -> None:
+        self.trace = trace
+        self.specs = trace_requests(trace, counter, endpoint)
+        self.offsets_ns = replay_offsets_ns(trace)
+        self.total = len(self.specs)
+        self.max_input_tokens = max(e.input_tokens for e in trace.entries)
+        rate = trace.rate_rps or float(len(self.specs))
+        self.fixed_load = LoadModel(kind="open", rate_rps=rate, arrival="trace", max_concurrency=max_concurrency)
+
+    async def drive(self, http: aiohttp.ClientSession, base_url: str, model: str, load: LoadModel, *,
+                    headers: dict[str, str] | None, first_id: int, step: str, timeout_s: float,
+                    on_done: Callable[[RequestRecord, RequestSpec], None], records: list[RequestRecord],
+                    dispatch_lags_ns: list[int] | None = None) -> None:
+        """Replay the trace (see the class doc)."""
+        await run_step(http, base_url, model, self.specs, load, step=step, first_id=first_id, timeout_s=timeout_s,
+                       headers=headers, on_done=on_done, records=records, offsets_ns=self.offsets_ns,
+                       dispatch_lags_ns=dispatch_lags_ns)
+
+    def step_extra(self, records: list[RequestRecord]) -> dict[str, Any]:
+        """``{"replay": ReplayInfo}`` of the replay just run (as a JSON-ready dict)."""
+        t = self.trace
+        lags = [(r.sent_ns - r.scheduled_ns) / 1e9 for r in records if r.sent_ns is not None]
+        cached = [r.cached_tokens for r in records if r.cached_tokens is not None]
+        window = None if t.window_s is None else [t.window_s[0], None if t.window_s[1] is None
+                                                 else t.window_s[0] + t.window_s[1]]
+        info = ReplayInfo(format=t.format, path=t.path, speed=t.speed, window_s=window, requests=len(records),
+                          skipped=t.skipped, duration_s=t.duration_s, rate_rps=t.rate_rps,
+                          schedule_lag_p99_s=float(np.percentile(lags, 99)) if lags else None,
+                          within_1ms=sum(1 for x in lags if x <= 1e-3) / len(lags) if lags else None,
+                          shared_prefix_tokens=shared_prefix_tokens(t), cached_tokens=sum(cached) if cached else None)
+        return {"replay": info.model_dump()}

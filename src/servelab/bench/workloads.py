@@ -428,6 +428,8 @@ class Workload:
     of the tokenizer the prompt lengths were fitted with (``None``: approximate word counts).
     ``skipped`` counts dataset entries left out (ShareGPT entries without a human turn).
     ``max_input_tokens`` is the longest prompt target of a built-in set (``None``: unknown, datasets).
+    ``summary_extra`` (optional) returns the set's own figures for its step of ``summary.json`` over the
+    requests built so far (``{"language": ...}``, ``{"rag": ...}``; :mod:`servelab.bench.extras`).
     """
 
     name: str
@@ -437,6 +439,7 @@ class Workload:
     params: dict[str, Any] = field(default_factory=dict)
     skipped: int = 0
     max_input_tokens: int | None = None
+    summary_extra: Callable[[], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
 
     def request(self, i: int) -> RequestSpec:
         """Request number ``i`` (0-based)."""

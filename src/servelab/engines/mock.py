@@ -312,6 +312,10 @@ def _plan(cfg: MockConfig, body: dict[str, Any], chat: bool) -> _Plan:
     k = cfg.tokens_per_chunk
     tools = body.get("tools") if chat else None
     tool_choice = body.get("tool_choice", "auto")
+    msgs = body.get("messages")
+    if tool_choice == "auto" and isinstance(msgs, list) and msgs and isinstance(msgs[-1], dict) \
+            and msgs[-1].get("role") == "tool":
+        tools = None  # an agent loop's tool result came back: answer it in text, as a model does
     rf = body.get("response_format")
     pieces: list[tuple[str, str]] = []  # (kind, text) one token each
     if chat:

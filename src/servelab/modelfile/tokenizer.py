@@ -155,6 +155,10 @@ def _from_hf_json(path: Path) -> TokenCounter:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(f"{path} is neither a GGUF model nor a Hugging Face tokenizer.json (starts with {head!r}): "
                           f"{msg}") from exc
+    # a tokenizer.json may carry a fixed padding and truncation for training (all-MiniLM-L6-v2: padded to 128):
+    # counting must see the text's own tokens, so both are off
+    tok.no_padding()
+    tok.no_truncation()
     config: dict[str, Any] = {}
     cfg_file = path.parent / "tokenizer_config.json"
     if cfg_file.is_file():
