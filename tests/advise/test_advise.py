@@ -171,8 +171,15 @@ def test_embedding_model(tmp_path):
     # excluded, but after the engines 000 §1 row 5 names
     sg = next(c for c in adv.candidates if c.engine.name == "sglang")
     assert sg.tier == "other" and names(adv.candidates).index("sglang") > names(adv.candidates).index("vllm-pooling")
+    # an embeddings trial of the servers servelab cannot start here (a GPU): url candidates, active
+    exp = load_experiment(write_experiment(adv, str(tmp_path / "emb.yaml")))
+    assert exp.goal.task_kind == "embeddings" and [c.engine for c in exp.candidates] == ["url"] * 3
+    assert [c.name for c in exp.candidates][:2] == ["tei", "vllm-pooling"]
+    text = (tmp_path / "emb.yaml").read_text()
+    assert "text-embeddings-router --model-id" in text and "--runner pooling" in text
+    rr = advise("asr", "whisper-large-v3", "L4", "30k", 8)  # speech still has no trial
     with pytest.raises(ConfigError, match="servelab trial measures OpenAI chat completions"):
-        write_experiment(adv, str(tmp_path / "emb.yaml"))
+        write_experiment(rr, str(tmp_path / "asr.yaml"))
 
 
 def test_whisper_asr_excludes_text_only_engines():

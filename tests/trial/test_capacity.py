@@ -32,6 +32,9 @@ def test_bracket_then_bisect() -> None:
     assert calls[:3] == [4.0, 8.0, 16.0]  # doubling until one breaks
     assert cap.rate_rps <= 11.76 < cap.broke_at_rps and (cap.broke_at_rps - cap.rate_rps) / cap.rate_rps <= 0.02
     assert cap.interval.lo == cap.rate_rps and cap.interval.hi == cap.broke_at_rps
+    # the bracket is the search's resolution, and the record says so (not a 95 % interval)
+    assert cap.interval.method == "bracket" and cap.interval.level == 1.0
+    assert cap.interval_note is not None and "not a confidence interval" in cap.interval_note
     assert cap.output_tokens_per_s == pytest.approx(cap.rate_rps * 10)
     probe, calls = fake(1.0)
     cap = search(probe, 4.0, max_probes=12, tolerance=0.05)

@@ -17,6 +17,7 @@ default's (so ignoring the field, i.e. behaving as the default, fails the case):
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,7 +47,7 @@ SECTIONS = {
     "engine: mock": "candidates[mock].settings.", "engine: command": "candidates[command].settings.",
     "workloads": "workloads[].", "steps": "steps.",
     "arrival_test": "arrival_test.", "capacity": "capacity.", "lifecycle": "lifecycle.",
-    "load_generator": "load_generator.",
+    "load_generator": "load_generator.", "embeddings": "embeddings.",
 }
 
 
@@ -175,6 +176,23 @@ def gates(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrialRecord, Path]:
         ],
         "workloads": ["structured"], "steps": {"concurrency": [1]}, "requests_per_step": 1, "warmup": 0,
         "timeout_s": 0.5, "arrival_test": {"enabled": False},
+    }
+    return _run(exp, out), out
+
+
+@pytest.fixture(scope="module")
+def scoped(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrialRecord, Path]:
+    """A per-workload SLO no structured request can meet (E2E P95 <= 1 ms) beside a global one all meet."""
+    out = tmp_path_factory.mktemp("scoped") / "run"
+    exp = {
+        "name": "scoped",
+        "goal": {"slo": "ttft_p95<=5s", "workload_slo": {"structured": "e2e_p95<=1ms"},
+                 "quality": {"smoke": ["streaming", "usage"], "structured_requests": 2},
+                 "mix": "short-qa:1,structured:1"},
+        "candidates": [{"name": "s", "engine": "mock", "settings": {"ttft_ms": 3, "itl_ms": 2, "output_tokens": 12}}],
+        "workloads": [{"name": "short-qa", "set": {"output_tokens": 6}}, "structured"],
+        "steps": {"concurrency": [1]}, "requests_per_step": 4, "warmup": 0, "repeats": 1,
+        "arrival_test": {"enabled": False}, "capacity": {"enabled": False},
     }
     return _run(exp, out), out
 
@@ -419,6 +437,19 @@ def _slo(request: pytest.FixtureRequest) -> None:
     assert [c.objective for c in st.slo][0] == "ttft_p95<=5s" and st.slo_met is True
     rec_o, _ = _fx(request, "open_loop")
     assert _steps(rec_o, "o")[0].slo_met is False  # ttft_p95<=0.1ms cannot be met
+
+
+@case("goal.workload_slo")
+def _workload_slo(request: pytest.FixtureRequest) -> None:
+    rec, _ = _fx(request, "scoped")
+    assert rec.goal.workload_slo == {"structured": "e2e_p95<=1ms"} and "structured:e2e_p95<=0.001s" in rec.goal.slo
+    res = rec.result("s")
+    assert res.per_workload["short-qa"].max_step_meeting_slo == "c1"  # not judged on other workloads' requests
+    assert res.per_workload["structured"].broken_at == "c1"
+    assert res.max_step_meeting_slo is None and res.broken_at == "c1"  # the mix broke by its structured class
+    assert [(b.objective, b.workload) for b in res.broken_by] == [("structured:e2e_p95<=0.001s", "structured")]
+    v = rec.decision.verdicts["s"]
+    assert v.verdict == "exclude" and "structured:e2e_p95" in v.reasons[0], v.reasons
 
 
 @case("goal.error_budget")
@@ -782,6 +813,81 @@ for _kind, _values in SETTINGS_VALUES.items():
 # the tests
 
 
+# --- an embeddings trial (goal.task_kind: embeddings; servelab.trial.embed_flow) on the real all-MiniLM-L6-v2
+# llama-server embedder, started by an engine: command candidate
+
+
+def _embed_exp(tmp: Path, **embeddings: Any) -> dict[str, Any]:
+    import sys
+
+    from servelab.engines.llamacpp import find_llama_server
+
+    if find_llama_server() is None and not os.environ.get("SERVELAB_REQUIRE_ENGINE"):
+        pytest.skip("no cached llama-server for the embedder")
+    return {"name": "embed-fields", "goal": {"task_kind": "embeddings", "slo": "e2e_p95<=30s"},
+            "candidates": [{"name": "minilm", "engine": "command", "settings": {"argv": [
+                sys.executable, "-m", "servelab.engines.embedder", "--port", "{port}", "--parallel", "1"]}}],
+            "steps": {"concurrency": [1]}, "requests_per_step": 3, "repeats": 1, "embeddings": embeddings}
+
+
+@pytest.fixture(scope="module")
+def embed_trial(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrialRecord, Path]:
+    out = tmp_path_factory.mktemp("embed") / "run"
+    ref = ROOT / "tests" / "gateway" / "data" / "embedding_reference.json"
+    return _run(_embed_exp(out.parent, batch_size=3, input_tokens="40-50", reference=str(ref),
+                           similarity_min=0.99), out), out
+
+
+@case("goal.task_kind", "embeddings")
+def _task_kind(request: pytest.FixtureRequest) -> None:
+    rec, _ = _fx(request, "embed_trial")
+    r = rec.result("minilm")
+    assert rec.goal.task_kind == "embeddings" and r.status == "ranked", r.reason
+    assert r.embeddings is not None and r.embeddings.inputs_per_s and "inputs/s" in r.embeddings.unit
+    assert [s.workload for s in r.steps] == ["embeddings"] and not r.smoke  # no chat smoke tests
+
+
+@case("embeddings.batch_size")
+def _embed_batch(request: pytest.FixtureRequest) -> None:
+    rec, _ = _fx(request, "embed_trial")
+    r = rec.result("minilm")
+    assert r.embeddings is not None and r.embeddings.batch_size == 3
+    assert r.steps[0].embeddings is not None and r.steps[0].embeddings.inputs == 3 * 3  # 3 requests x 3 inputs
+
+
+@case("embeddings.input_tokens")
+def _embed_lengths(request: pytest.FixtureRequest) -> None:
+    rec, _ = _fx(request, "embed_trial")
+    it = rec.result("minilm").steps[0].embeddings.input_tokens  # type: ignore[union-attr]
+    assert 40 <= it["min"] <= it["max"] <= 50  # exact in MiniLM's tokenizer; the default is 16-256
+
+
+@case("embeddings.reference")
+def _embed_reference(request: pytest.FixtureRequest) -> None:
+    rec, out = _fx(request, "embed_trial")
+    ref = json.loads((ROOT / "tests" / "gateway" / "data" / "embedding_reference.json").read_text())
+    sent = [d["text"] for d in _lines(out / "candidates" / "minilm" / "embeddings_gate.jsonl")]
+    assert sent == [it["text"] for it in ref["items"]]
+    checks = {c.name: c for c in rec.result("minilm").quality.checks}  # type: ignore[union-attr]
+    assert (checks["reference_cosine_min"].value or 0) > 0.99
+
+
+@case("embeddings.similarity_min")
+def _embed_similarity(request: pytest.FixtureRequest) -> None:
+    rec, _ = _fx(request, "embed_trial")
+    c = {c.name: c for c in rec.result("minilm").quality.checks}["reference_cosine_min"]  # type: ignore[union-attr]
+    assert c.limit == 0.99 and not c.informational  # the default 0 is informational
+
+
+@case("embeddings.dimensions")
+def _embed_dimensions(request: pytest.FixtureRequest) -> None:
+    tmp = request.getfixturevalue("tmp_path")
+    rec = _run(_embed_exp(tmp, dimensions=512), tmp / "run")  # MiniLM states 384: the gate must fail
+    r = rec.result("minilm")
+    assert r.status == "excluded" and "dimension_match_fraction" in (r.reason or "")
+    assert "512 dimensions stated by the experiment" in (r.reason or "") and not r.steps
+
+
 def test_every_documented_field_has_a_case() -> None:
     documented = documented_fields()
     assert len(documented) > 60, documented  # the parser found the tables
@@ -948,7 +1054,53 @@ def _lifecycle(request: pytest.FixtureRequest) -> None:
     assert rec.results.candidates["m"].lifecycle is not None
     default = Experiment.model_validate({"candidates": [{"name": "m", "engine": "mock"}],
                                          "arrival_test": {"enabled": False}}).lifecycle
-    assert default.model_dump() == {"restart_under_load": False, "cancellation": False, "cancel_share": 0.5}
+    assert default.model_dump() == {"warm_start": None, "restart_under_load": False, "cancellation": False,
+                                     "cancel_share": 0.5}
+
+
+@case("checks")
+def _checks(request: pytest.FixtureRequest) -> None:
+    # default [template]: the lifecycle run's mock has no template endpoint: checked, verdict unknown
+    d = _fx(request, "lifecycle_run").results.candidates["m"].checks
+    assert d is not None and d.template is not None and d.context is None
+    # [context] on a mock that refuses prompts past 512 tokens: the limit found, no template check
+    tmp_path: Path = _fx(request, "tmp_path")
+    exp = Experiment.model_validate({
+        "goal": {"quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]}, "mix": "short-qa:1"},
+        "candidates": [{"name": "m", "engine": "mock", "settings": {"ttft_ms": 2.0, "itl_ms": 1.0, "output_tokens": 4,
+                                                                    "context_tokens": 512}}],
+        "workloads": [{"name": "short-qa", "set": {"output_tokens": 4}}], "steps": {"concurrency": [1]},
+        "requests_per_step": 1, "warmup": 0, "mix_sweep": False, "repeats": 1, "arrival_test": {"enabled": False},
+        "capacity": {"enabled": False}, "timeout_s": 30, "checks": ["context"], "lifecycle": {"warm_start": False}})
+    rec = TrialRunner(exp, tmp_path / "ctx", progress=lambda *_: None).run()
+    c = rec.results.candidates["m"].checks
+    assert c is not None and c.template is None and c.context is not None
+    assert c.context.verdict == "clear_error" and c.context.accepted_tokens is not None
+    assert 512 - 16 <= c.context.accepted_tokens <= 512
+    fact = rec.identity.candidates["m"].facts["accepted_context_tokens"]
+    assert fact.value == c.context.accepted_tokens and fact.source.startswith("context check")
+    assert '"probes"' in (tmp_path / "ctx" / "record.json").read_text()  # written in full
+
+
+@case("lifecycle.warm_start")
+def _lifecycle_warm_start(request: pytest.FixtureRequest) -> None:
+    tmp_path: Path = _fx(request, "tmp_path")
+    # unset (the lifecycle run): the mock starts in well under 30 s, so its warm start ran, automatically
+    w = _fx(request, "lifecycle_run").results.candidates["m"].lifecycle.warm_start
+    assert w is not None and w.auto and w.error is None and w.cold.first_token_s and w.warm is not None
+    assert w.warm.port_open_s is not None and w.warm.health_s is not None and w.warm.first_token_s
+    assert w.warm.port_open_s <= w.warm.health_s <= w.warm.first_token_s and "mock" in w.engine_caches
+    # false: no second launch (and nothing else enabled: no lifecycle result at all)
+    exp = Experiment.model_validate({
+        "goal": {"quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]}, "mix": "short-qa:1"},
+        "candidates": [{"name": "m", "engine": "mock", "settings": {"ttft_ms": 2.0, "itl_ms": 1.0,
+                                                                    "output_tokens": 4}}],
+        "workloads": [{"name": "short-qa", "set": {"output_tokens": 4}}], "steps": {"concurrency": [1]},
+        "requests_per_step": 1, "warmup": 0, "mix_sweep": False, "repeats": 1, "arrival_test": {"enabled": False},
+        "capacity": {"enabled": False}, "timeout_s": 30, "lifecycle": {"warm_start": False}})
+    r = TrialRunner(exp, tmp_path / "off", progress=lambda *_: None).run().results.candidates["m"]
+    assert r.status == "ranked" and r.lifecycle is None
+    assert not (tmp_path / "off" / "candidates" / "m" / "engine-warm").exists()
 
 
 @case("lifecycle.restart_under_load")
@@ -989,8 +1141,8 @@ def generators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict
     tmp = tmp_path_factory.mktemp("generators")
     runs = {"default": _generator_run(tmp, "default", None),
             "workers": _generator_run(tmp, "workers", {"workers": 2}, workloads=["short-qa", "structured"],
-                                      mix_sweep=True, goal={"quality": {"smoke": ["streaming"]}, "expected_rate_rps": 20,
-                                                            "mix": "short-qa:1,structured:1"},
+                                      mix_sweep=True, goal={"quality": {"smoke": ["streaming"]},
+                                                            "expected_rate_rps": 20, "mix": "short-qa:1,structured:1"},
                                       capacity={"requests": 4, "max_probes": 1, "start_rps": 20},
                                       arrival_test={"enabled": True, "requests": 4}),
             "tmp": ({"tmp": str(tmp)}, [])}

@@ -1,4 +1,5 @@
-"""Lifecycle measurements (issue 11 item 5) against the real llama-server (Gemma 3 270M): restart under
+"""Lifecycle measurements (issue 11 item 5) against the real llama-server (Gemma 3 270M): cold vs warm
+start (a second launch right after the first, both timed to the first token), restart under
 load (requests failed, down time, longest gap without a success, first success after the restart) and
 cancellation (half the clients disconnect mid-stream: llama.cpp's ``llamacpp:requests_processing``
 gauge drops and returns to its baseline)."""
@@ -11,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from servelab.trial.lifecycle import cancellation, restart_under_load
+from servelab.trial.lifecycle import ENGINE_CACHES, cancellation, restart_under_load, warm_start
 
 pytestmark = pytest.mark.engine
 
@@ -39,6 +40,20 @@ def llama(tmp_path: Path):
     yield factory
     for e in started:
         e.stop()
+
+
+def test_warm_start_real_llama_server(llama) -> None:
+    eng = llama()
+    eng.measure_first_token(timeout_s=60)
+    cold = dict(eng.cold_start)
+    res, new = warm_start(eng, lambda port: llama(port), cold, ENGINE_CACHES["llamacpp"])
+    assert res.error is None and not eng.alive and new.alive and new.port == eng.port
+    for t in (res.cold, res.warm):
+        assert t is not None and t.port_open_s is not None and t.health_s is not None and t.first_token_s
+        assert 0 < t.port_open_s <= t.health_s <= t.first_token_s < 60  # a 270M GGUF: seconds, not minutes
+    assert res.cold.first_token_s == cold["first_token_s"]
+    assert res.warm_minus_cold_s == pytest.approx(res.warm.first_token_s - res.cold.first_token_s, abs=1e-3)
+    print(res.model_dump())
 
 
 def test_restart_under_load_real_llama_server(llama) -> None:
@@ -69,3 +84,22 @@ def test_cancellation_real_llama_server(llama) -> None:
     assert res.completed == 2 and res.note is None
     kids = psutil.Process(eng.pid).children(recursive=True)
     assert eng.alive and all(k.is_running() for k in kids)
+
+
+def test_lifecycle_measurements_that_do_not_fit_the_budget_are_named() -> None:
+    from servelab.trial.lifecycle import LifecycleOptions, run_lifecycle
+
+    asked: list[float] = []
+
+    def no_room(estimate_s: float) -> bool:
+        asked.append(estimate_s)
+        return False
+
+    engine = object()  # never touched: nothing fits
+    opts = LifecycleOptions(warm_start=True, cancellation=True, restart_under_load=True)
+    res, left = run_lifecycle(opts, None, engine, "/nonexistent", {"first_token_s": 2.5}, no_room)
+    assert left is engine and res is not None
+    assert res.warm_start is None and res.cancellation is None and res.restart_under_load is None
+    assert res.skipped == ("not run for the trial budget (goal.budget.max_minutes): warm start, cancellation, "
+                           "restart under load")
+    assert asked == [2.5, 30.0, 22.5]

@@ -24,6 +24,10 @@ def _run(tmp_path: Path, restart: str):
         "requests_per_step": 8, "warmup": 0, "mix_sweep": False, "arrival_test": {"enabled": False},
         "capacity": {"enabled": False}, "timeout_s": 10})
     rec = TrialRunner(exp, tmp_path / restart, progress=lambda *_: None).run()
+    from servelab.trial.results import read_record
+
+    written = read_record(tmp_path / restart / "record.json").results.candidates["crashy"]
+    assert written.reliability == rec.results.candidates["crashy"].reliability  # per-step counters kept on disk
     return rec.results.candidates["crashy"]
 
 

@@ -155,6 +155,11 @@ def build_checklist(req: AdviseRequest, candidates: list[Candidate], plan: dict[
                          "candidate; still verify: " + ", ".join(
                              (["tool-call arguments (--tools)"] if (req.tools or task.id == "agent") else [])
                              + ["reasoning fields", "cancellation", "error bodies under overload"]))
+    elif task.id == "embedding":
+        it.verify.append("`servelab trial` (goal.task_kind: embeddings, `advise --write-experiment`) gates each "
+                         "candidate on /v1/embeddings: a vector per input, the stated dimension, finite values and "
+                         "cosine similarity to reference vectors; still verify: base64 encoding, token-id inputs, "
+                         "inputs over the model's length (error or silent truncation), error bodies under overload")
     else:
         it.verify.append(f"{task.title} uses a non-chat endpoint (e.g. embeddings, audio, images): check its "
                          "request/response schema, streaming and error semantics per engine")

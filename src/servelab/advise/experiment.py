@@ -15,8 +15,9 @@ Which candidate kind each engine gets:
 - commented out: candidates without an OpenAI chat API, and candidates past the first
   :data:`MAX_ACTIVE` (000 §10.3: pick a few candidates), each with the reason.
 
-Only text tasks can be trialled: ``servelab trial`` drives OpenAI chat completions; for embeddings,
-speech, images or video :func:`write_experiment` raises ConfigError.
+Text tasks are trialled on OpenAI chat completions; the ``embedding`` task gets an embeddings trial
+(:mod:`servelab.advise.embed_experiment`); for reranking, speech, images or video :func:`write_experiment`
+raises ConfigError.
 """
 
 from __future__ import annotations
@@ -89,6 +90,10 @@ def render_experiment(advice: Advice, name: str) -> str:
     """The experiment YAML text (with comments) for ``advice``. Raises ConfigError for a task that
     ``servelab trial`` cannot measure, or when no candidate has an OpenAI chat API."""
     req = advice.request
+    if req.task.id == "embedding":  # an embeddings trial (goal.task_kind: embeddings)
+        from servelab.advise.embed_experiment import render_embeddings_experiment
+
+        return render_embeddings_experiment(advice, name)
     if not req.task.trialable:
         raise ConfigError(f"--write-experiment: servelab trial measures OpenAI chat completions (text in, text "
                           f"out); task {req.task.id} ({req.task.title}) needs its own benchmark — use the "

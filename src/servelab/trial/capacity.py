@@ -7,9 +7,12 @@ objectives still hold (003 §21 plans replicas with it; a concurrency step is no
 (:class:`Probe`: it *held* when every objective held on its point estimates and the error budget;
 ``probe`` is a callback, so the search is pure and is tested against a mock of known service rate).
 The answer is the highest rate that held; the true capacity lies in ``[held, broke)``, which is
-reported as its interval (the resolution the probes allowed; each probe's own statistical
-uncertainty is in its step summary). Under open loop above capacity the queue grows without bound,
-so a probe past it breaks the TTFT objectives (queueing shows in TTFT, not in throughput).
+reported as its interval: the **resolution of the search**, not a confidence interval (each probe's
+held/broke verdict is taken as exact, ``level`` 1.0, ``method`` ``bracket``; each probe's own
+statistical uncertainty is in its step summary, and a probe near the capacity may flip between runs).
+:data:`RESOLUTION_NOTE` says so in the record (``capacity.interval_note``). Under open loop above
+capacity the queue grows without bound, so a probe past it breaks the TTFT objectives (queueing
+shows in TTFT, not in throughput).
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from collections.abc import Callable
 from servelab.bench.results import Interval
 from servelab.trial.results import Capacity, Probe
 
-__all__ = ["search"]
+__all__ = ["RESOLUTION_NOTE", "search"]
+
+RESOLUTION_NOTE = ("resolution of the search, not a confidence interval: the highest rate that held and the lowest "
+                   "that broke, each probe's verdict taken as exact")
 
 
 def search(probe: Callable[[float], Probe], start_rps: float, *, max_probes: int = 4, tolerance: float = 0.05,
@@ -67,4 +73,5 @@ def search(probe: Callable[[float], Probe], start_rps: float, *, max_probes: int
     interval = None if held is None else Interval(lo=held, hi=broke, level=1.0, n=len(probes), method="bracket")
     best = max((p for p in probes if p.held), key=lambda p: p.rate_rps, default=None)
     return Capacity(rate_rps=held, broke_at_rps=broke, interval=interval,
+                    interval_note=RESOLUTION_NOTE if interval is not None else None,
                     output_tokens_per_s=best.output_tokens_per_s if best else None, probes=probes, note=note)

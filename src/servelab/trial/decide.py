@@ -29,7 +29,10 @@ the effective level is the highest meeting level *below the first broken level* 
 after a lower one broke is noise). Skipped steps never meet and never count in the error rate. Each
 level and objective also carries a verdict by its 95 % interval (:func:`servelab.bench.intervals.slo_verdict`:
 ``met`` / ``broken`` / ``undetermined``): with 8 requests a P95 cannot be shown to be within a limit
-(its upper bound needs 72), and the decision says so rather than state a bare number.
+(its upper bound needs 72), and the decision says so rather than state a bare number. The rules per
+statistic (a mean by its t interval, a max by the observation), per-workload objectives (judged on
+that workload's requests, also inside the mix) and the expected-rate verdict over every run of the
+arrival test (broken only when broken in each run) are in :mod:`servelab.trial.verdicts`.
 
 **Ranking** (:func:`decide`): by the ranked figure, output tok/s (requests/s when the candidates'
 tokenizers differ: their token counts are not the same unit, 000 §10.2). A candidate is ranked after
@@ -48,20 +51,17 @@ from typing import NamedTuple
 
 from pydantic import JsonValue
 
-from servelab.bench.intervals import (Bounds, SloVerdict, mean_interval, paired_ratio_interval, proportion_interval,
-                                      ratio_interval, slo_verdict)
+from servelab.bench.intervals import Bounds, SloVerdict, mean_interval, paired_ratio_interval, ratio_interval
 from servelab.bench.results import Interval, SloCheck, StepSummary
 from servelab.bench.slo import Objective, parse_slo
 from servelab.engines.registry import EngineIdentity
 from servelab.trial.results import (Break, CandidateIdentity, CandidateResult, Comparability, Comparison, Decision,
                                     Difference, EffectiveStep, EffectiveThroughput, EnvironmentRow, GoalRow, Level,
                                     MethodRow, ObjectiveVerdict, TailLatency, Verdict, WorkloadCapacity)
+from servelab.trial.verdicts import MIX, judged_on, objective_verdicts, stat_value
 
 TIE_BREAK = ("lower TTFT P95 at the effective level, then lower E2E P99, then higher throughput, then name")
 """How candidates with no significant difference in the ranked figure are ordered."""
-
-MIX = "mix"
-"""The workload name of the goal's mix run concurrently (the ranked workload when present)."""
 
 VOLATILE_KEYS = frozenset({
     "port", "pid", "base_url", "url", "log_path", "log_dir", "started_at", "argv", "host", "out_dir",
@@ -100,6 +100,7 @@ def _fmt_ci(ci: Interval | None, unit: str = "") -> str:
 
 
 def _fmt_obj_value(metric: str, v: float | None) -> str:
+    metric = metric.rsplit(":", 1)[-1]  # a per-workload objective: structured:ttft_p95
     if v is None:
         return "n/a (no successful request)"
     if metric.startswith("error_rate") or metric == "error_budget":
@@ -134,10 +135,6 @@ def _rate_iv(b: Bounds) -> Interval | None:
     return i
 
 
-def _bounds(i: Interval | None) -> Bounds | None:
-    return None if i is None else Bounds(i.lo, i.hi, i.level, i.n, i.method)
-
-
 # ---------------------------------------------------------------------------------------------------
 # effective step
 # ---------------------------------------------------------------------------------------------------
@@ -164,14 +161,15 @@ def _budget(error_budget: float | str | None) -> float | None:
 
 
 def _evaluate(objectives: list[Objective], step: StepSummary) -> list[SloCheck]:
-    """Like :func:`servelab.bench.slo.evaluate` but a missing statistic counts as not met."""
+    """Like :func:`servelab.bench.slo.evaluate` but a missing statistic counts as not met, and a
+    per-workload objective is judged on that workload's requests only (and skipped where it does not
+    apply: :func:`servelab.trial.verdicts.judged_on`)."""
     res = []
-    c = step.counts
     for o in objectives:
-        if o.metric == "error_rate":
-            v = (c.failed_total / c.submitted) if c.submitted else None
-        else:
-            v = getattr(step.dist(o.metric), o.stat, None)
+        sub = judged_on(step, o)
+        if sub is None:
+            continue
+        v = stat_value(sub, o)
         res.append(SloCheck(objective=o.name, value=v, limit=o.limit, met=v is not None and v <= o.limit))
     return res
 
@@ -186,25 +184,6 @@ def _step_objectives(step: StepSummary, objs: list[Objective] | None) -> list[Ob
             out.extend(parse_slo(ch.objective))
         except Exception:  # noqa: BLE001 — a check the bench wrote that this servelab cannot parse
             continue
-    return out
-
-
-def objective_verdicts(step: StepSummary, objectives: Sequence[Objective]) -> list[ObjectiveVerdict]:
-    """Each objective on ``step`` by its 95 % interval: percentiles by their order-statistic interval
-    (``Dist.p95_ci``; a summary of schema 1 has none: undetermined), the error rate by Clopper-Pearson
-    on failed/submitted, other statistics (mean, max) have no interval here: undetermined."""
-    out: list[ObjectiveVerdict] = []
-    c = step.counts
-    for o in objectives:
-        if o.metric == "error_rate":
-            value = (c.failed_total / c.submitted) if c.submitted else None
-            b: Bounds | None = proportion_interval(c.failed_total, c.submitted) if c.submitted else None
-        else:
-            d = step.dist(o.metric)
-            value = getattr(d, o.stat, None)
-            b = _bounds(d.ci(o.stat))
-        out.append(ObjectiveVerdict(objective=o.name, value=value, limit=o.limit, ci=_iv(b),
-                                    verdict=slo_verdict(b, o.limit), workload=step.workload))
     return out
 
 
@@ -227,8 +206,9 @@ def _step_breaks(step: StepSummary, objs: list[Objective] | None, budget: float 
     for ch in checks:
         if ch.met:
             continue
+        scoped = (ch.objective or "").split(":", 1)[0] if ":" in (ch.objective or "") else None
         out.append(Break(objective=ch.objective, metric=_metric_of(ch.objective or "?"), value=ch.value,
-                         limit=ch.limit, workload=wl))
+                         limit=ch.limit, workload=scoped or wl))
     if objs is None and not out and step.slo_met is False:
         out.append(Break(objective="slo", metric="slo", workload=wl,
                          text="the bench marked the step as not meeting its SLO"))
@@ -619,7 +599,8 @@ def _tie_break_text(win: CandidateResult, lose: CandidateResult) -> str:
 
 
 def _arrival_broken(c: CandidateResult) -> list[ObjectiveVerdict]:
-    """The objectives the expected-rate run broke by their interval (its lower bound above the limit)."""
+    """The objectives broken at the expected rate (:func:`servelab.trial.verdicts.expected_rate_verdicts`:
+    by each run's interval, in every run; one run only by a margin above the run-to-run variation)."""
     return [v for v in c.arrival_verdicts if v.verdict == "broken"]
 
 
@@ -634,7 +615,7 @@ def _exclude_reason(c: CandidateResult) -> str:
         where = c.arrival_run.step if c.arrival_run is not None else "the expected rate"
         return ("broke the SLO at the expected rate (" + where + ", bursts and mix), by its 95 % interval: "
                 + "; ".join(f"{v.objective} was {_fmt_obj_value(_metric_of(v.objective), v.value)}"
-                            f"{_fmt_ci(v.ci)}" for v in bad))
+                            f"{_fmt_ci(v.ci)}" + (f", {v.note}" if v.note else "") for v in bad))
     if c.ranked_on is None and len({s.workload for s in c.steps if s.workload != MIX}) > 1:
         why = ("the mix run together was skipped: " + next(s.skipped_reason or "skipped" for s in c.steps
                                                            if s.workload == MIX)
@@ -773,26 +754,33 @@ def _extras(c: CandidateResult, currency: str) -> list[str]:
             hi = f"{_num(cap.broke_at_rps)} req/s broke" if cap.broke_at_rps is not None else "no rate tried broke"
             out.append(f"capacity at the SLO: {_num(cap.rate_rps)} req/s held (open loop, {cap.arrival or 'poisson'} "
                        f"arrivals, {len(cap.probes)} probes; {hi}: the capacity lies in "
-                       f"[{_num(cap.rate_rps)}, {_num(cap.broke_at_rps) if cap.broke_at_rps else '∞'}) req/s)")
+                       f"[{_num(cap.rate_rps)}, {_num(cap.broke_at_rps) if cap.broke_at_rps else '∞'}) req/s, "
+                       "the resolution of the search, not a confidence interval)")
         elif cap.note:
             out.append(f"capacity at the SLO: {cap.note}")
     arr = c.arrival_run
     if arr is not None and not arr.skipped and c.arrival_verdicts:
         worst = _weakest([v.verdict for v in c.arrival_verdicts])
         bad = [v.objective for v in c.arrival_verdicts if v.verdict == "broken"]
-        out.append(f"at the expected rate ({arr.step}, bursts and mix) the SLO is {worst}"
+        runs = 1 + sum(not r.skipped for r in c.arrival_repeats)
+        out.append(f"at the expected rate ({arr.step}, bursts and mix, {runs} run(s)) the SLO is {worst}"
                    + (f": broken {', '.join(bad)}" if bad else ""))
+        for v in c.arrival_verdicts:
+            if v.confirm or (v.rule == "each-run" and v.verdict == "undetermined" and "broken" in v.run_verdicts):
+                out.append(f"{v.objective} at the expected rate: {v.note}")
     cost = c.cost
     if cost is not None and cost.per_10k_output_tokens is not None:
         ci = cost.per_10k_ci
-        rng = (f" (95 % CI {ci.lo:.4g}–{ci.hi:.4g})" if ci is not None and ci.lo is not None and ci.hi is not None
+        what = "search resolution" if ci is not None and ci.method == "bracket" else "95 % CI"
+        rng = (f" ({what} {ci.lo:.4g}–{ci.hi:.4g})" if ci is not None and ci.lo is not None and ci.hi is not None
                else "")
         out.append(f"cost {cost.per_10k_output_tokens:.4g} {cost.currency or currency} per 10k output tokens{rng}, "
                    f"{cost.per_1m_output_tokens:.4g} per 1M, at {_num(cost.tokens_per_s)} tok/s ({cost.basis}) "
                    f"and {cost.price_per_hour:g} {cost.currency or currency}/h")
     rep = c.replicas
     if rep is not None and rep.replicas is not None:
-        rr = f" (95 % CI {rep.lo}–{rep.hi})" if rep.lo is not None and rep.hi is not None and rep.lo != rep.hi else ""
+        what = "from the search's resolution" if cap is not None and cap.rate_rps is not None else "95 % CI"
+        rr = f" ({what} {rep.lo}–{rep.hi})" if rep.lo is not None and rep.hi is not None and rep.lo != rep.hi else ""
         out.append(f"{rep.replicas} replica(s){rr} for the peak of {_num(rep.peak_rps)} req/s at "
                    f"{_num(rep.headroom * 100)}% headroom ({rep.basis})")
     return out

@@ -23,16 +23,15 @@ import json
 import os
 import random
 import re
-import threading
 import time
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from servelab import __version__
 from servelab.bench.load import LoadModel
-from servelab.bench.results import Interval, LoadInfo, RequestLine, ServerFigure, StepSummary, Summary
+from servelab.bench.results import Interval, LoadInfo, RequestLine, StepSummary, Summary
 from servelab.bench.runner import Bench, BenchConfig, host_identity, write_summary
 from servelab.bench.slo import Objective
 from servelab.engines import registry
@@ -44,11 +43,14 @@ from servelab.trial.reliability import EngineWatch, current_engine, end_watch, w
 from servelab.trial.results import (RECORD_SCHEMA_VERSION, Budget, BudgetUse, CandidateIdentity, CandidateResult,
                                     Capacity,
                                     ColdStart, EngineExit, EnvironmentRow, EvidenceRow, GoalRow, Host,
-                                    IdentityRow, Interrupted, JsonObject, MethodRow, MetricsSample, Quality,
+                                    IdentityRow, Interrupted, JsonObject, MethodRow, Quality,
                                     Probe, QualityCheck, ResultsRow, SmokeCheck, TrialRecord, write_record)
 from servelab.trial.annotate import annotate
 from servelab.trial.mixload import experiment_mix
 from servelab.trial.spec import Candidate, Experiment, Goal, Sample
+from servelab.trial.served_checks import run_checks
+from servelab.trial.smoke_more import MORE_CHECKS, more_checks
+from servelab.trial.telemetry import MetricsSampler, host_gpus, start_sampler
 from servelab.wire.client import ConfigError, make_session, send
 from servelab.wire.types import RequestRecord, RequestSpec
 
@@ -97,81 +99,6 @@ def bench_load(models: list[LoadModel]) -> BenchLoad:
     first = models[0]
     return BenchLoad(None, [float(m.rate_rps or 0) for m in models], first.arrival, first.gamma_shape,
                      first.max_concurrency)
-
-
-class MetricsSampler(threading.Thread):
-    """Polls a running engine's ``/metrics`` and RSS every ``interval_s`` seconds while load steps run.
-
-    Each sample is appended to ``path`` (JSONL: ``t_unix_s``, ``step`` label, ``rss_bytes``,
-    ``metrics``). :meth:`per_step` aggregates gauges (mean, max) and counter increases per step."""
-
-    def __init__(self, engine: Any, path: Path, interval_s: float = 1.0,
-                 metrics: registry.ServerMetrics | None = None) -> None:
-        super().__init__(daemon=True)
-        self.engine, self.path, self.interval_s = engine, path, interval_s
-        self.metrics = metrics if metrics is not None else registry.all_metrics()
-        self._keep = self.metrics.names()
-        self.step: str | None = None
-        self.samples: list[MetricsSample] = []
-        self.peak_rss_bytes = 0
-        self._stop_evt = threading.Event()
-
-    def run(self) -> None:
-        with open(self.path, "ab") as f:
-            while not self._stop_evt.wait(self.interval_s):
-                self.sample(f)
-
-    def sample(self, f: Any) -> None:
-        """Take one sample now (also used at step boundaries)."""
-        try:
-            rss = self.engine.rss_bytes()
-        except Exception:  # noqa: BLE001 — the engine may be gone
-            rss = 0
-        self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
-        try:
-            m = self.engine.read_metrics(timeout_s=2.0)
-        except Exception:  # noqa: BLE001 — no /metrics, or the engine died: keep going
-            m = {}
-        keep = {k: v for k, v in m.items() if k.split("{")[0] in self._keep}
-        s = MetricsSample(t_unix_s=time.time(), step=self.step, rss_bytes=rss, metrics=keep)
-        self.samples.append(s)
-        f.write(s.to_json_bytes() + b"\n")
-        f.flush()
-
-    def boundary(self, step: str | None) -> None:
-        """Label later samples ``step`` and take one sample now: called at a measured step's start and end,
-        so a step shorter than ``interval_s`` still has a first and a last sample (counter increases
-        then span the whole step)."""
-        self.step = step
-        with open(self.path, "ab") as f:
-            self.sample(f)
-
-    def stop(self) -> None:
-        """Stop polling and wait for the thread."""
-        self._stop_evt.set()
-        self.join(timeout=5)
-
-    def per_step(self) -> dict[str, dict[str, ServerFigure]]:
-        """``{step_label: {metric: ServerFigure}}`` over the samples of each step: gauges ``mean``/``max``,
-        counters ``increase`` over ``span_s``; ``rss_bytes`` its ``max``."""
-        by: dict[str, list[MetricsSample]] = {}
-        for s in self.samples:
-            if s.step:
-                by.setdefault(s.step, []).append(s)
-        out: dict[str, dict[str, ServerFigure]] = {}
-        for step, ss in by.items():
-            agg: dict[str, ServerFigure] = {}
-            names = {k for s in ss for k in s.metrics}
-            for k in sorted(names):
-                vals = [s.metrics[k] for s in ss if k in s.metrics]
-                base = k.split("{")[0]
-                if base in self.metrics.counters:
-                    agg[k] = ServerFigure(increase=vals[-1] - vals[0], span_s=ss[-1].t_unix_s - ss[0].t_unix_s)
-                else:
-                    agg[k] = ServerFigure(mean=sum(vals) / len(vals), max=max(vals))
-            agg["rss_bytes"] = ServerFigure(max=max(s.rss_bytes for s in ss))
-            out[step] = agg
-        return out
 
 
 @dataclasses.dataclass
@@ -281,6 +208,9 @@ class TrialRunner:
         self.out = Path(out)
         self.say = progress
         self.objectives = trial_objectives(exp.goal)
+        from servelab.trial.verdicts import scoped_objectives  # goal.workload_slo: judged by the trial only
+
+        self.judged: list[Objective] = [*self.objectives, *scoped_objectives(exp.goal.workload_slo)]
         self.counter: Any = None
         self.budget = TrialBudget(exp.goal.budget.max_minutes)
 
@@ -447,15 +377,36 @@ class TrialRunner:
 
     def quality(self, base_url: str, model: str | None, cand_dir: Path, api_key: str | None) -> Quality:
         """Quality gate: business samples (regex/schema checks, ``goal.quality.samples``) and the
-        schema-valid share of ``goal.quality.structured_requests`` requests of the structured set."""
+        schema-valid share of ``goal.quality.structured_requests`` requests of the structured set,
+        within the trial budget (:mod:`servelab.trial.quality_budget`: each request estimated from
+        the first measured one; what does not fit is skipped, recorded in ``method.budget`` as
+        ``CANDIDATE/quality/...``, and its check is undetermined, so the gate is not passed)."""
+        from servelab.trial.quality_budget import first_timing
+
         q = self.exp.goal.quality
+        name = cand_dir.name
         checks: list[QualityCheck] = []
         samples_path = cand_dir / "quality.jsonl"  # docs/record-schema.md: the quality-gate sample requests
         samples_path.write_bytes(b"")
+        timing = first_timing(cand_dir / "smoke.jsonl")
         if q.samples:
-            res = asyncio.run(_samples(base_url, model, q.samples, api_key, samples_path, self.exp.timeout_s))
-            checks.append(_gate("samples_pass_fraction", res, q.samples_pass_min))
+            res = asyncio.run(_samples(base_url, model, q.samples, api_key, samples_path, self.exp.timeout_s,
+                                       fits=self.budget.allows))
+            timing = res.timing or timing
+            check = _gate("samples_pass_fraction", res.fraction, q.samples_pass_min)
+            if res.ran < len(q.samples):
+                self.budget.skip(f"{name}/quality/samples[{res.ran}:]")
+                check = _undetermined(check, res.ran, len(q.samples), res.estimate_s)
+            checks.append(check)
         if "structured" in [w.label for w in self.exp.workloads]:
+            caps = [sp.max_tokens for sp in self._factory(seeded=True)("structured", self.exp.seed + 424242)
+                    .requests(q.structured_requests)]
+            est = sum(timing.request_s(m) for m in caps) if timing is not None else 0.0
+            if not self.budget.allows(est):
+                self.budget.skip(f"{name}/quality/structured")
+                checks.append(_undetermined(QualityCheck(name="structured_valid_fraction", value=None,
+                                                         limit=q.structured_valid_min), 0, len(caps), est))
+                return Quality(passed=False, undetermined=True, checks=checks)
             s = self._bench(base_url, model, cand_dir / "quality", workloads=["structured"],
                             load=[LoadModel(kind="closed", concurrency=1)], requests=q.structured_requests,
                             warmup=0, objectives=[], stop_on_slo=False, seed=self.exp.seed + 424242,
@@ -464,7 +415,8 @@ class TrialRunner:
             valid = c.submitted - c.failed_total - _schema_failures(cand_dir / "quality" / "requests.jsonl")
             frac = valid / c.submitted if c.submitted else 0.0
             checks.append(_gate("structured_valid_fraction", frac, q.structured_valid_min))
-        return Quality(passed=all(c.ok for c in checks), checks=checks)
+        undetermined = any(c.undetermined for c in checks)
+        return Quality(passed=not undetermined and all(c.ok for c in checks), undetermined=undetermined, checks=checks)
 
     def run_candidate(self, cand: Candidate,
                       host: Host) -> tuple[CandidateIdentity, CandidateResult, dict[str, str]]:
@@ -514,10 +466,11 @@ class TrialRunner:
             self._tokenizer_for(identity)
             if not self._gates(name, base_url, model, api_key, result, files):
                 return identity, result, files
+            result.checks = run_checks(self.exp.checks, identity, base_url, model, api_key,  # trial.served_checks
+                                       budget_s=self.budget.remaining_s(), timeout_s=self.exp.timeout_s)
+            sampler = start_sampler(cand, running, base_url, api_key, cdir / "server_metrics.jsonl")  # telemetry
+            files["server_metrics"] = f"candidates/{name}/server_metrics.jsonl"
             if running is not None:
-                sampler = MetricsSampler(running, cdir / "server_metrics.jsonl", metrics=kind.metrics)
-                sampler.start()
-                files["server_metrics"] = f"candidates/{name}/server_metrics.jsonl"
                 watch = watch_engine(cand, running, sampler, str(cdir / "engine"))  # crashes, restart: once
             exp = self.exp
             summary = self._bench(base_url, model, cdir / "steps", workloads=[w.label for w in exp.workloads],
@@ -554,7 +507,9 @@ class TrialRunner:
                 return identity, result, files
             self._open_loop(name, base_url, model, api_key, sampler, result, files, running, summary)
             running, watch = end_watch(watch, running, result), None  # deliberate restarts below are no crashes
-            result.lifecycle, running = run_lifecycle(exp.lifecycle, cand, running, str(cdir / "engine"))
+            result.lifecycle, running = run_lifecycle(exp.lifecycle, cand, running, str(cdir / "engine"),
+                                                      result.cold_start.model_dump(exclude_none=True)
+                                                      if result.cold_start is not None else None, self.budget.allows)
             result.status = "ranked"
         except EngineDied as e:
             result.status, result.reason = "failed", str(e)
@@ -573,6 +528,8 @@ class TrialRunner:
             if sampler is not None:
                 sampler.stop()
                 result.peak_rss_bytes = sampler.peak_rss_bytes or None
+                result.telemetry = sampler.telemetry([*result.steps, result.arrival_run])  # per-step records
+                result.peak_gpu_memory_bytes = result.telemetry.peak_gpu_memory_bytes
             if running is not None:
                 if result.peak_rss_bytes is None:
                     try:
@@ -627,7 +584,7 @@ class TrialRunner:
 
         name, kind = cand.name, cand.kind
         round0 = [s for s in result.steps if s.workload == "mix" and (s.repeat or 0) == 0]
-        level = effective_step(round0, self.objectives, self.exp.goal.error_budget).max_step_meeting_slo
+        level = effective_step(round0, self.judged, self.exp.goal.error_budget).max_step_meeting_slo
         levels = [m for m in self.exp.steps.load_models(self.exp.goal.burstiness) if m.label == level]
         mix0 = [s for s in round0 if not s.skipped and s.step == level]
         est = sum(self.budget.step_estimate_s(name, "mix", s.step) for s in mix0)
@@ -651,6 +608,8 @@ class TrialRunner:
             self.say(f"[{name}] repeat {repeat + 1}/{self.exp.repeats} of the mix at {level}")
             result.steps += self._mix_sweep(name, base_url, model, api_key, None, files, repeat, self.budget.clock(),
                                             levels)
+            if self._arrival_repeat_needed(name, result, repeat) and self._arrival_repeat_fits(name, result, repeat):
+                self._arrival(name, base_url, model, api_key, None, result, files, repeat=repeat)
         except Exception as e:  # noqa: BLE001 — a failed repeat leaves the earlier rounds standing
             self.say(f"[{name}] repeat {repeat + 1} failed: {type(e).__name__}: {e}")
         finally:
@@ -687,7 +646,7 @@ class TrialRunner:
                                api_key=api_key, spread=True)
             st = summ.steps[0]
             annotate([st], pdir / "requests.jsonl", self.objectives)
-            eff = effective_step([st], self.objectives, exp.goal.error_budget)
+            eff = effective_step([st], self.judged, exp.goal.error_budget)
             held = eff.max_step_meeting_slo is not None
             files[f"capacity_r{rate:.4g}"] = f"candidates/{name}/capacity/r{rate:.4g}/requests.jsonl"
             tps = st.steady.output_tokens_per_s if st.steady is not None else None
@@ -715,6 +674,7 @@ class TrialRunner:
             broke = min((p.rate_rps for p in kept if not p.held and (held is None or p.rate_rps > held)), default=None)
             best = max((p for p in kept if p.held), key=lambda p: p.rate_rps, default=None)
             found = Capacity(rate_rps=held, broke_at_rps=broke, arrival=arrival, requests_per_probe=cap.requests,
+                             interval_note=found.interval_note if held is not None else None,
                              interval=None if held is None else Interval(lo=held, hi=broke, level=1.0, n=len(kept),
                                                                          method="bracket"),
                              output_tokens_per_s=best.output_tokens_per_s if best else None, probes=kept,
@@ -723,20 +683,57 @@ class TrialRunner:
         result.capacity = found
 
     def _arrival(self, name: str, base_url: str, model: str | None, api_key: str | None,
-                 sampler: MetricsSampler | None, result: CandidateResult, files: dict[str, str]) -> None:
-        """The arrival test of ``name`` into ``result.arrival_run`` (its requests into ``files``)."""
+                 sampler: MetricsSampler | None, result: CandidateResult, files: dict[str, str],
+                 repeat: int = 0) -> None:
+        """The arrival test of ``name`` in repeat round ``repeat`` (0-based; the same arrivals and
+        prompts every round) into ``result.arrival_run`` (round 0) or ``result.arrival_repeats``,
+        annotated with its per-class figures (per-workload SLOs); its requests into ``files``
+        (``arrival``, ``arrival_r2`` …)."""
         exp, at = self.exp, self.exp.arrival_test
         load = exp.arrival_load()
-        self.say(f"[{name}] arrival test: {load.rate_rps:g} req/s, gamma burstiness {exp.goal.burstiness}, "
-                 f"mix {exp.arrival_mix}")
-        arr = self._bench(base_url, model, self.out / "candidates" / name / "arrival", workloads=["mix"], load=[load],
+        sub = "arrival" if repeat == 0 else f"arrival-r{repeat + 1}"
+        self.say(f"[{name}] arrival test{'' if repeat == 0 else f' (repeat {repeat + 1}/{exp.repeats})'}: "
+                 f"{load.rate_rps:g} req/s, gamma burstiness {exp.goal.burstiness}, mix {exp.arrival_mix}")
+        arr = self._bench(base_url, model, self.out / "candidates" / name / sub, workloads=["mix"], load=[load],
                           requests=at.requests, warmup=0, objectives=self.objectives, stop_on_slo=False,
                           seed=exp.seed + 7777, sampler=sampler, overrides={**at.set, "ratio": exp.arrival_mix},
                           api_key=api_key, spread=True)
-        result.arrival_run = arr.steps[0] if arr.steps else None
-        files["arrival"] = f"candidates/{name}/arrival/requests.jsonl"
-        if result.arrival_run is not None:
-            self.say(_step_line(name, result.arrival_run))
+        annotate(arr.steps, self.out / "candidates" / name / sub / "requests.jsonl", self.objectives, repeat)
+        run = arr.steps[0] if arr.steps else None
+        if repeat == 0:
+            result.arrival_run = run
+        elif run is not None:
+            result.arrival_repeats = [*result.arrival_repeats, run]  # assigned: a set field is written
+        files[sub.replace("-", "_")] = f"candidates/{name}/{sub}/requests.jsonl"
+        if run is not None:
+            self.say(_step_line(name, run))
+
+    def _arrival_repeat_needed(self, name: str, result: CandidateResult, repeat: int) -> bool:
+        """Whether the arrival test runs again in repeat round ``repeat``: only while some objective is
+        broken in every run of it so far (:func:`servelab.trial.verdicts.exclusion_open`: otherwise no
+        further run can exclude the candidate at the expected rate)."""
+        from servelab.trial.verdicts import exclusion_open
+
+        if not self.exp.arrival_test.enabled or result.arrival_run is None:
+            return False
+        open_ = exclusion_open([result.arrival_run, *result.arrival_repeats], self.judged)
+        if open_:
+            self.say(f"[{name}] arrival test again in round {repeat + 1}: {', '.join(open_)} broken in every run "
+                     "so far; an exclusion needs it broken in each run")
+        return bool(open_)
+
+    def _arrival_repeat_fits(self, name: str, result: CandidateResult, repeat: int) -> bool:
+        """Whether the budget allows ``name``'s arrival test in repeat round ``repeat``: ``requests /
+        expected_rate_rps`` plus the slowest E2E of its first run; when not, it is recorded as skipped
+        for budget (``CANDIDATE/arrival/repeatN``) and ``False`` returned."""
+        exp, first = self.exp, result.arrival_run
+        tail = (first.e2e_s.max or 0.0) if first is not None else 0.0
+        est = exp.arrival_test.requests / (exp.goal.expected_rate_rps or 1.0) + tail
+        if self.budget.allows(est):
+            return True
+        self.budget.skip(f"{name}/arrival/repeat{repeat + 1}")
+        self.say(f"[{name}] arrival test repeat {repeat + 1} not run: trial budget (estimated {est:.0f} s)")
+        return False
 
     def _arrival_fits(self, name: str, summary: Summary) -> bool:
         """Whether the budget allows ``name``'s arrival test (see :class:`TrialBudget`); when not, it
@@ -772,6 +769,13 @@ class TrialRunner:
         if (cdir / "quality" / "requests.jsonl").exists():
             files["quality_structured"] = f"candidates/{name}/quality/requests.jsonl"
         self.say(f"[{name}] quality gate: " + ", ".join(_gate_text(c) for c in quality.checks))
+        if quality.undetermined:
+            result.status = "excluded"
+            result.reason = ("quality gate undetermined: it could not finish within the trial budget "
+                             "(goal.budget.max_minutes), so it was not passed: " + "; ".join(
+                                 f"{c.name}: {c.note}" for c in quality.checks if c.undetermined))
+            self.say(f"[{name}] excluded: {result.reason}")
+            return False
         if not quality.passed:
             result.status = "excluded"
             result.reason = "quality gate failed: " + "; ".join(
@@ -800,6 +804,13 @@ class TrialRunner:
         """Run every candidate, decide, and write ``record.json``; returns the record."""
         from servelab.trial.decide import decide, effective_step
 
+        if self.exp.goal.task_kind == "embeddings":  # /v1/embeddings servers: their own flow
+            from servelab.trial.embed_flow import run_embeddings_trial
+
+            rec = run_embeddings_trial(self)
+            if rec.interrupted is not None:
+                raise TrialInterrupted(rec)
+            return rec
         self.preflight()
         self.out.mkdir(parents=True, exist_ok=True)
         self.budget = TrialBudget(self.exp.goal.budget.max_minutes, self.budget.clock)
@@ -850,7 +861,7 @@ class TrialRunner:
         for cand in self.exp.candidates:
             res = results[cand.name]
             if res.status == "ranked":
-                res.apply(effective_step(res.steps, self.objectives, error_budget))
+                res.apply(effective_step(res.steps, self.judged, error_budget))
                 self._economics(cand, res)
         t1 = time.time()
         goal, environment, method = self._goal(), self._environment(host), self._method(t0, t1)
@@ -875,12 +886,13 @@ class TrialRunner:
     def _economics(self, cand: Candidate, res: CandidateResult) -> None:
         """Arrival-run verdicts by interval, cost per 10k/1M output tokens and replicas for the peak
         (:mod:`servelab.trial.economics`) of a ranked candidate, into ``res``."""
-        from servelab.trial.decide import objective_verdicts
         from servelab.trial.economics import cost, replicas
+        from servelab.trial.verdicts import expected_rate_verdicts
 
         g = self.exp.goal
-        if res.arrival_run is not None and not res.arrival_run.skipped:
-            res.arrival_verdicts = objective_verdicts(res.arrival_run, self.objectives)
+        if res.arrival_run is not None and not res.arrival_run.skipped:  # every round's run (trial.verdicts)
+            res.arrival_verdicts = expected_rate_verdicts([res.arrival_run, *res.arrival_repeats], self.judged,
+                                                          res.steps)
         cap, eff = res.capacity, res.effective_throughput
         price = cand.price_per_hour if cand.price_per_hour is not None else g.budget.price_per_hour
         if cap is not None and cap.rate_rps is not None and cap.output_tokens_per_s:
@@ -917,14 +929,15 @@ class TrialRunner:
         self.say(f"budget: {use.note}")
 
     def _environment(self, host: Host) -> EnvironmentRow:
-        return EnvironmentRow(host=host, gpu=None, instances=1,
+        return EnvironmentRow(host=host, gpu=host_gpus(), instances=1,  # NVML; None without a GPU
                               parallel_layout="one engine process per candidate, one at a time, CPU only "
                                               "(no TP/PP/EP/DP)")
 
     def _goal(self) -> GoalRow:
         g = self.exp.goal
         return GoalRow(task=g.task, quality_gates=g.quality.model_dump(mode="json"),
-                       slo=[o.name for o in self.objectives], error_budget=g.error_budget,
+                       slo=[o.name for o in self.judged], workload_slo=dict(g.workload_slo),
+                       error_budget=g.error_budget,
                        expected_rate_rps=g.expected_rate_rps, mix=g.mix, burstiness=g.burstiness,
                        budget=Budget.model_validate(g.budget.model_dump(mode="json")))
 
@@ -979,9 +992,20 @@ def _gate(name: str, value: float, minimum: float) -> QualityCheck:
                         informational=informational)
 
 
+def _undetermined(check: QualityCheck, ran: int, planned: int, estimate_s: float) -> QualityCheck:
+    """``check`` marked undetermined: only ``ran`` of its ``planned`` requests fitted in the trial
+    budget (the next one estimated at ``estimate_s`` seconds, :mod:`servelab.trial.quality_budget`)."""
+    return check.model_copy(update={
+        "ok": False, "undetermined": True, "ran": ran, "planned": planned,
+        "note": f"{ran} of {planned} requests ran; the rest (estimated {estimate_s:.0f} s from the first measured "
+                f"gate request) did not fit in the trial budget: not run"})
+
+
 def _gate_text(c: QualityCheck) -> str:
     """``structured_valid_fraction 0.75 (min 0.50) ok`` / ``... FAILED`` / ``samples_pass_fraction 0.50
     (informational: no minimum)``."""
+    if c.undetermined:
+        return f"{c.name} undetermined ({c.ran}/{c.planned} requests ran within the budget)"
     if c.informational:
         return f"{c.name} {c.value or 0:.2f} (informational: no minimum)"
     return f"{c.name} {c.value or 0:.2f} (min {c.limit or 0:.2f}) {'ok' if c.ok else 'FAILED'}"
@@ -1090,6 +1114,12 @@ async def _smoke_checks(base_url: str, model: str | None, checks: tuple[str, ...
             res["json_schema"] = SmokeCheck(ok=ok, detail=detail)
         if "stop" in checks:
             res["stop"] = await _stop_check(session, base_url, m, r, story, api_key, sent, timeout_s)
+        if any(c in MORE_CHECKS for c in checks):  # tools, reasoning, cancellation (trial/smoke_more.py)
+            def one(spec: RequestSpec, i: int) -> Awaitable[RequestRecord]:
+                return _one(session, base_url, m, spec, api_key, i, sent, timeout_s=timeout_s)
+
+            hdrs = {"Authorization": f"Bearer {api_key}"} if api_key else None
+            res.update(await more_checks(session, base_url, m, checks, one, hdrs, timeout_s))
     return res
 
 
@@ -1120,18 +1150,32 @@ async def _stop_check(session: Any, base_url: str, m: str, r: RequestRecord, sto
     return SmokeCheck(ok=ok, detail=f"stop={piece!r}: answer {len(got)} chars (expected {k}), finish {s.finish_reason}")
 
 
+class _SamplesRun(NamedTuple):
+    fraction: float  # passed / ran (1.0 when none ran)
+    ran: int
+    timing: Any  # trial.quality_budget.GateTiming of the first sample, or None
+    estimate_s: float = 0.0  # the estimate of the first sample not run
+
+
 async def _samples(base_url: str, model: str | None, samples: list[Sample], api_key: str | None,
-                   path: Path, timeout_s: float) -> float:
-    """Send each business sample (``timeout_s`` per request) and return the fraction that passed; each
-    request is written to ``path`` with ``workload`` ``sample:<name>`` (``s<index>`` when unnamed)."""
+                   path: Path, timeout_s: float, fits: Callable[[float], bool] | None = None) -> _SamplesRun:
+    """Send each business sample (``timeout_s`` per request); each request is written to ``path`` with
+    ``workload`` ``sample:<name>`` (``s<index>`` when unnamed). ``fits``: asked before each sample after
+    the first with its estimated seconds (:class:`servelab.trial.quality_budget.GateTiming` of the first);
+    ``False`` stops there. Returns the fraction that passed of those that ran, how many ran, the timing."""
     from servelab.bench.runner import record_to_json
+    from servelab.trial.quality_budget import GateTiming
 
     passed = 0
+    timing: GateTiming | None = None
     async with make_session() as session:
         m = await _model_name(session, base_url, model, api_key)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
             for i, s in enumerate(samples):
+                est = timing.request_s(s.max_tokens) if timing is not None else 0.0
+                if i > 0 and fits is not None and not fits(est):
+                    return _SamplesRun(passed / i, i, timing, est)
                 schema = s.expect_json_schema
                 extra: JsonObject = {"temperature": 0}
                 if schema:
@@ -1146,7 +1190,8 @@ async def _samples(base_url: str, model: str | None, samples: list[Sample], api_
                     ok = _json_valid(r.content_text, schema)
                 passed += ok
                 f.write(record_to_json(r, sample_passed=bool(ok)).to_json_bytes() + b"\n")
-    return passed / len(samples) if samples else 1.0
+                timing = timing or GateTiming.of(r)
+    return _SamplesRun(passed / len(samples) if samples else 1.0, len(samples), timing)
 
 
 def _json_valid(text: str, schema: JsonObject) -> bool:

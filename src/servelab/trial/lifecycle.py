@@ -1,5 +1,11 @@
-"""Lifecycle measurements of a launched engine (issue 11 item 5; seed 003 §19): restart under load and
-cancellation.
+"""Lifecycle measurements of a launched engine (issue 11 item 5; seed 003 §19): cold vs warm start,
+restart under load and cancellation.
+
+- :func:`warm_start`: the candidate's first launch is its cold start; the engine is stopped and started
+  again at once with the same settings and port — the warm start — and both are timed process start →
+  port open → ready → first streamed token (:class:`StartTimes`). What a warm start can reuse depends
+  on the engine (:data:`ENGINE_CACHES`): vLLM its torch.compile cache, llama-server nothing of its own
+  beyond the OS page cache holding the mmap'd GGUF.
 
 - :func:`restart_under_load`: ``clients`` closed-loop streaming clients run for ``duration_s``; after
   ``restart_at_s`` the engine is stopped and started again on the same port (the clients keep their URL).
@@ -24,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import Field
@@ -33,8 +39,28 @@ from servelab.bench.results import ResultModel
 from servelab.wire import RequestRecord, RequestSpec, make_session, send
 from servelab.wire.config import StrictModel
 
-__all__ = ["Cancellation", "LifecycleOptions", "LifecycleResult", "RestartUnderLoad", "cancellation",
-           "restart_under_load", "run_lifecycle", "running_metric_for"]
+__all__ = ["ENGINE_CACHES", "WARM_AUTO_MAX_S", "Cancellation", "LifecycleOptions", "LifecycleResult",
+           "RestartUnderLoad", "StartTimes", "WarmStart", "cancellation", "restart_under_load", "run_lifecycle",
+           "running_metric_for", "warm_start"]
+
+#: ``lifecycle.warm_start`` unset: the warm start runs when the cold start reached its first token within
+#: this many seconds (llama-server here: ~2 s; vLLM-CPU: ~90 s, where a second launch would double the
+#: candidate's start cost for a figure that, with --enforce-eager, differs only by the page cache)
+WARM_AUTO_MAX_S = 30.0
+
+#: what each engine keeps between two starts, so a warm start can be faster (said beside the figures)
+ENGINE_CACHES: dict[str, str] = {
+    "llamacpp": "none of its own: llama-server keeps no compile or graph cache between starts; the GGUF is "
+                "mmap'd, so a warm start reads the weights from the OS page cache (servelab does not drop the "
+                "page cache, which needs root: the first launch is only as cold as the page cache was)",
+    "vllm": "the torch.compile cache under VLLM_CACHE_ROOT (default ~/.cache/vllm/torch_compile_cache; "
+            "https://docs.vllm.ai/en/latest/design/torch_compile/, read 2026-12-01) and the OS page cache; "
+            "with --enforce-eager (servelab's vLLM-CPU default) nothing is compiled, so only the page cache "
+            "helps. servelab does not empty the cache first: the first launch is cold only if it was empty",
+    "sglang": "the torch.compile/inductor cache (TORCHINDUCTOR_CACHE_DIR) with --enable-torch-compile, and the "
+              "OS page cache (https://docs.sglang.io/references/torch_compile_cache.html, read 2026-12-01)",
+    "mock": "none: the mock engine loads no weights",
+}
 
 
 class RestartUnderLoad(ResultModel):
@@ -64,6 +90,54 @@ class Cancellation(ResultModel):
     baseline_return_s: float | None = None
     completed: int = 0
     note: str | None = None
+
+
+class StartTimes(ResultModel):
+    """One launch, seconds since just before the process started: ``port_open_s`` (TCP connect),
+    ``health_s`` (the readiness probe answered), ``first_token_s`` (first streamed token of the first
+    request) and ``first_request_ttft_s`` (that request's own TTFT)."""
+
+    port_open_s: float | None = None
+    health_s: float | None = None
+    first_token_s: float | None = None
+    first_request_ttft_s: float | None = None
+
+
+class WarmStart(ResultModel):
+    """``lifecycle.warm_start``: the candidate's first launch (``cold``) and a second launch right after
+    it stopped (``warm``), ``warm_minus_cold_s`` (first token; negative = the warm start was faster),
+    ``engine_caches`` (what the engine reuses between starts), ``auto`` (it ran because the option was
+    unset and the cold start was short), ``error`` (the second launch failed)."""
+
+    cold: StartTimes
+    warm: StartTimes | None = None
+    warm_minus_cold_s: float | None = None
+    engine_caches: str = ""
+    auto: bool = False
+    error: str | None = None
+
+
+def warm_start(engine: Any, relaunch: Callable[[int], Any], cold: Mapping[str, float] | None,
+               engine_caches: str = "", *, first_token_timeout_s: float = 300.0) -> tuple[WarmStart, Any]:
+    """Stop ``engine`` and start it again with ``relaunch(port)`` (which returns it ready), then time its
+    first streamed token. ``cold``: the first launch's ``cold_start`` times. Returns the result and the
+    engine that runs afterwards (the old, stopped one when the relaunch failed: ``error`` says why)."""
+    res = WarmStart(cold=StartTimes.model_validate(dict(cold or {})), engine_caches=engine_caches)
+    port = engine.port
+    engine.stop()
+    try:
+        new = relaunch(port)
+    except Exception as e:  # noqa: BLE001 — reported
+        res.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return res, engine
+    try:
+        new.measure_first_token(timeout_s=first_token_timeout_s)
+    except Exception as e:  # noqa: BLE001 — reported; the engine still runs
+        res.error = f"first token: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    res.warm = StartTimes.model_validate(dict(new.cold_start))
+    if res.warm.first_token_s is not None and res.cold.first_token_s is not None:
+        res.warm_minus_cold_s = round(res.warm.first_token_s - res.cold.first_token_s, 3)
+    return res, new
 
 
 def _spec(max_tokens: int, prompt: str = "Write a long story about a lighthouse keeper.") -> RequestSpec:
@@ -126,9 +200,11 @@ def restart_under_load(engine: Any, relaunch: Callable[[int], Any], *, clients: 
     th.join(timeout=600)
     res.requests_ok = sum(ok for _, ok, _ in done)
     res.requests_failed = len(done) - res.requests_ok
+    by_class: dict[str, int] = {}
     for _, ok, cls in done:
         if not ok and cls:
-            res.failed_by_class[cls] = res.failed_by_class.get(cls, 0) + 1
+            by_class[cls] = by_class.get(cls, 0) + 1
+    res.failed_by_class = by_class  # assigned, not filled in place: record.json is written with exclude_unset
     if "stop" in marks and "ready" in marks:
         res.down_s = round(marks["ready"] - marks["stop"], 3)
     ok_times = sorted(t for t, ok, _ in done if ok)
@@ -215,9 +291,12 @@ def cancellation(engine: Any, running_metric: str, *, clients: int = 4, share: f
 # ---------------------------------------------------------------------------------------------------
 
 class LifecycleOptions(StrictModel):
-    """``lifecycle`` of the experiment: both measurements are off by default (each stops or loads the
-    engine for tens of seconds); they run on launched candidates after the load steps."""
+    """``lifecycle`` of the experiment, run on launched candidates after the load steps: restart under
+    load and cancellation are off by default (each stops or loads the engine for tens of seconds);
+    ``warm_start`` unset runs where it is cheap (a cold start within :data:`WARM_AUTO_MAX_S`)."""
 
+    warm_start: bool | None = Field(None, description="stop and start the engine again to time a warm start "
+                                    f"(null: only when the cold start took at most {WARM_AUTO_MAX_S:g} s)")
     restart_under_load: bool = Field(False, description="stop and start the engine during steady load")
     cancellation: bool = Field(False, description="a share of clients disconnect mid-stream")
     cancel_share: float = Field(0.5, gt=0, le=1, description="share of the 4 cancellation clients that disconnect")
@@ -226,6 +305,7 @@ class LifecycleOptions(StrictModel):
 class LifecycleResult(ResultModel):
     """``results.candidates.<name>.lifecycle``: what ran of :class:`LifecycleOptions`."""
 
+    warm_start: WarmStart | None = None
     restart_under_load: RestartUnderLoad | None = None
     cancellation: Cancellation | None = None
     skipped: str | None = None
@@ -246,25 +326,65 @@ def running_metric_for(engine: Any, preferred: str | None) -> str | None:
     return next((n for n in names if n and n in page), None)
 
 
-def run_lifecycle(opts: LifecycleOptions, cand: Any, running: Any,
-                  log_dir: str) -> tuple[LifecycleResult | None, Any]:
+def _engine_kind(cand: Any, running: Any) -> str:
+    """The engine's make for :data:`ENGINE_CACHES`: the kind, or what a ``command`` candidate was found to be."""
+    kind = str(getattr(cand, "engine", "") or "")
+    if kind == "command":
+        kind = str((getattr(running, "identity", None) or {}).get("detected_kind") or kind)
+    return kind
+
+
+def run_lifecycle(opts: LifecycleOptions, cand: Any, running: Any, log_dir: str,
+                  cold_start: Mapping[str, float] | None = None,
+                  budget_allows: Callable[[float], bool] | None = None) -> tuple[LifecycleResult | None, Any]:
     """The enabled lifecycle measurements on a launched candidate's ``running`` engine (``None``: a
-    server servelab did not start; nothing runs). Returns the result (``None`` when none is enabled)
-    and the engine that runs afterwards (restart under load replaces it)."""
-    if running is None or not (opts.cancellation or opts.restart_under_load):
+    server servelab did not start; nothing runs), in order warm start, cancellation, restart under
+    load. ``cold_start``: the candidate's first launch times (for the warm start, and its automatic
+    default). ``budget_allows(estimate_s)``: whether the trial budget has room for a measurement
+    (:meth:`servelab.trial.flow.TrialBudget.allows`; ``None``: always) — the warm start is estimated at
+    the cold start's time to first token, restart under load at 20 s, cancellation at 30 s; one that does
+    not fit is named in ``skipped``. Returns the result (``None`` when none ran) and the engine that runs
+    afterwards (the warm start and restart under load replace it)."""
+    cold_first = (cold_start or {}).get("first_token_s") or (cold_start or {}).get("health_s")
+    auto = opts.warm_start is None
+    warm = opts.warm_start if not auto else cold_first is not None and cold_first <= WARM_AUTO_MAX_S
+    if running is None or not (opts.cancellation or opts.restart_under_load or warm):
         return None, running
+    fits = budget_allows or (lambda _s: True)
     out = LifecycleResult()
-    if opts.cancellation:
+    spent: list[str] = []
+    if warm and not fits(cold_first or 0.0):
+        spent.append("warm start")
+        warm = False
+    if warm:
+        def relaunch_warm(port: int) -> Any:
+            return cand.kind.launch(cand.settings.model_copy(update={"port": port}), model=cand.model,
+                                    log_dir=f"{log_dir}-warm")
+
+        caches = ENGINE_CACHES.get(_engine_kind(cand, running), "not known for this engine: the OS page cache at least")
+        out.warm_start, running = warm_start(running, relaunch_warm, cold_start, caches)
+        out.warm_start.auto = auto
+        if not running.alive:
+            out.skipped = f"warm start failed ({out.warm_start.error}): no engine left for the other measurements"
+            return out, running
+    if opts.cancellation and not fits(30.0):
+        spent.append("cancellation")
+    elif opts.cancellation:
         metric = running_metric_for(running, cand.kind.metrics.running)
         if metric is None:
             out.skipped = "cancellation: the engine exposes no running-requests gauge on /metrics"
         else:
             out.cancellation = cancellation(running, metric, clients=4, share=opts.cancel_share)
-    if opts.restart_under_load:
+    if opts.restart_under_load and not fits(20.0 + (cold_first or 0.0)):
+        spent.append("restart under load")
+    elif opts.restart_under_load:
         def relaunch(port: int) -> Any:
             return cand.kind.launch(cand.settings.model_copy(update={"port": port}), model=cand.model,
                                     log_dir=log_dir)
 
         out.restart_under_load, running = restart_under_load(running, relaunch, clients=2, duration_s=12.0,
                                                              restart_at_s=3.0, max_tokens=8)
+    if spent:
+        note = f"not run for the trial budget (goal.budget.max_minutes): {', '.join(spent)}"
+        out.skipped = f"{out.skipped}; {note}" if out.skipped else note
     return out, running

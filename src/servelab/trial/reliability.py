@@ -190,6 +190,7 @@ class EngineWatch(threading.Thread):
         out = Reliability(restart=self.restart, crashes=list(self.crashes), crash_count=len(self.crashes),
                           oom_count=sum(c.oom for c in self.crashes),
                           restart_count=sum(c.recovered for c in self.crashes))
+        per: dict[str, StepReliability] = {}
         for st in steps:
             if st.skipped:
                 continue
@@ -199,7 +200,8 @@ class EngineWatch(threading.Thread):
                     r.crashes += 1
                     r.ooms += int(c.oom)
                     r.restarts += int(c.recovered)
-            out.steps[st.label] = r
+            per[st.label] = r
+        out.steps = per  # assigned, not filled in place: record.json is written with exclude_unset
         return out
 
 

@@ -32,7 +32,9 @@ from pydantic import BaseModel, JsonValue, ValidationError
 
 from servelab.bench.results import RequestLine, StepSummary
 from servelab.bench.slo import parse_slo
+from servelab.trial.embed_results import fact_text, ranking_basis
 from servelab.trial.results import CandidateResult, JsonObject, TrialRecord, Verdict, read_record
+from servelab.trial.report_server import server_panel_html
 from servelab.wire import ConfigError
 
 __all__ = ["load_record", "write_report", "write_compare", "render_report", "render_compare"]
@@ -529,7 +531,8 @@ def _cost_html(rec: TrialRecord, names: list[str]) -> str:
             if ci is None or (ci.lo is None and ci.hi is None):
                 return "—"
             lo = _money(ci.lo) if ci.lo is not None else "unbounded"
-            return f"{lo}–{_money(ci.hi) if ci.hi is not None else 'unbounded'}"
+            tail = " (search resolution, not a CI)" if ci.method == "bracket" else ""
+            return f"{lo}–{_money(ci.hi) if ci.hi is not None else 'unbounded'}{tail}"
 
         capt = "—"
         if cap is not None:
@@ -549,7 +552,8 @@ def _cost_html(rec: TrialRecord, names: list[str]) -> str:
                 "<code>goal.budget</code>; no capacity search ran.</p>")
     cur = rec.goal.budget.currency or "USD"
     return _table(("candidate", f"price ({cur}/h)", "out tok/s", "basis", "per 10k out tok", "95 % CI",
-                   "per 1M out tok", "95 % CI", "capacity at SLO (req/s) [held, broke)", "replicas for the peak"),
+                   "per 1M out tok", "95 % CI", "capacity at SLO (req/s) [held, broke): search resolution, not a CI",
+                   "replicas for the peak"),
                   rows, num_cols=(1, 2, 4, 6))
 
 
@@ -563,9 +567,11 @@ def _decision_html(rec: TrialRecord, names: list[str], heading: str = "h2") -> s
         out.append(f'<p class="bad"><b>Partial trial</b>: interrupted while <b>{_e(intr.candidate)}</b> ran; '
                    f'{_e(intr.note)}.</p>')
     if dec.ranking:
-        out.append("<p><b>Ranking</b> (what each engine sustained on the goal's mix run together, at the highest "
-                   "load step that met every SLO; a candidate is behind only when the difference's 95 % interval "
-                   "excludes 1, else the tie-break orders them): "
+        basis = ranking_basis(rec.goal.task_kind) or (  # an embeddings trial ranks on inputs/s (trial.embed_results)
+            "what each engine sustained on the goal's mix run together, at the highest "
+            "load step that met every SLO; a candidate is behind only when the difference's 95 % interval "
+            "excludes 1, else the tie-break orders them")
+        out.append(f"<p><b>Ranking</b> ({_e(basis)}): "
                    + " &gt; ".join(f"<b>{_e(n)}</b>" for n in dec.ranking) + "</p>")
     else:
         out.append('<p class="bad"><b>No candidate was ranked</b>: none passed the smoke, quality and error '
@@ -579,7 +585,9 @@ def _decision_html(rec: TrialRecord, names: list[str], heading: str = "h2") -> s
             reasons = [c.reason]
         eff = c.effective_throughput if c is not None else None
         facts = f'<div class="muted">status: {_e(c.status if c is not None else "—")}'
-        if eff is not None:
+        if c is not None and c.embeddings is not None:
+            facts += f"; {_e(fact_text(c.embeddings))}"
+        elif eff is not None:
             facts += (f"; effective {_fmt(eff.output_tokens_per_s)} output tok/s "
                       f"({_e(_ci_text(eff.output_tokens_per_s_ci))}; goodput {_fmt(eff.goodput_output_tokens_per_s)}) "
                       f"at {_e(eff.at_step)}" + (f" on {_e(eff.workload)}" if eff.workload else ""))
@@ -827,12 +835,13 @@ def _results_rows(rec: TrialRecord) -> str:
                      _with_ci(tl.e2e_p99_s, tl.e2e_p99_ci) if tl else "—",
                      _with_ci(eff.output_tokens_per_s, eff.output_tokens_per_s_ci) if eff else "—",
                      _fmt(eff.goodput_output_tokens_per_s if eff else None), (eff.at_step if eff else None) or "—",
-                     c.broken_at or "—", _bytes(c.peak_rss_bytes),
+                     c.broken_at or "—", _bytes(c.peak_rss_bytes), _bytes(c.peak_gpu_memory_bytes),
                      _fmt(c.cost.per_1m_output_tokens if c.cost else None)))
     return _table(("candidate", "status", "reason", "smoke", "quality", "error rate", "TTFT p95 (s)",
                    "ITL p95 (s)", "E2E p99 (s)", "eff. throughput (out tok/s)", "eff. goodput (out tok/s)",
-                   "at step", "broken at", "peak RSS", f"cost ({rec.goal.budget.currency or 'USD'}/1M out tok)"),
-                  rows, num_cols=(5, 6, 7, 8, 9, 10, 13, 14))
+                   "at step", "broken at", "peak RSS", "peak GPU memory",
+                   f"cost ({rec.goal.budget.currency or 'USD'}/1M out tok)"),
+                  rows, num_cols=(5, 6, 7, 8, 9, 10, 13, 14, 15))
 
 
 def _quality_html(rec: TrialRecord) -> str:
@@ -982,6 +991,7 @@ def _report_body(run: Path, rec: TrialRecord) -> str:
                "engine's own /metrics, sampled during each step (mean and max over the samples). A large gap "
                "in TTFT points at queueing or network outside the engine's own timer.</p>")
     out.append(_client_server_html(names, rec))
+    out.append(server_panel_html(rec, names))  # queue, KV, CPU/RSS/GPU, token rates, lifecycle, facts
     out.append("</section>")
 
     host = env.host

@@ -34,8 +34,11 @@ from pydantic import Field, JsonValue, PrivateAttr, ValidationError
 from servelab.bench.results import Interval, ResultModel, StepSummary
 from servelab.engines.probe import Fact, ProbedIdentity
 from servelab.engines.registry import EngineIdentity
+from servelab.trial.embed_results import EmbeddingsFigures
 from servelab.trial.lifecycle import LifecycleResult
 from servelab.trial.reliability import Reliability
+from servelab.trial.served_checks import ServedChecks
+from servelab.trial.telemetry import Telemetry, TelemetrySample
 from servelab.wire.config import PublishedSchema, json_schema_of, validation_error_line
 from servelab.wire.errors import ConfigError
 
@@ -61,19 +64,27 @@ class SmokeCheck(ResultModel):
 
 class QualityCheck(ResultModel):
     """One quality-gate figure (a fraction in 0..1) against its minimum ``limit``. ``informational``:
-    the minimum is 0, so the figure is reported but cannot exclude the candidate (``ok`` is then true)."""
+    the minimum is 0, so the figure is reported but cannot exclude the candidate (``ok`` is then true).
+    ``undetermined``: the trial budget did not hold all of its requests (:mod:`servelab.trial.quality_budget`):
+    ``ran`` of ``planned`` were sent, ``value`` is over those that ran, ``ok`` is false, ``note`` says why."""
 
     name: str
     value: float | None = None
     limit: float | None = None
     ok: bool = False
     informational: bool = False
+    undetermined: bool = False
+    ran: int | None = None
+    planned: int | None = None
+    note: str | None = None
 
 
 class Quality(ResultModel):
-    """The quality gate of a candidate: ``passed`` when every check is ok."""
+    """The quality gate of a candidate: ``passed`` when every check is ok; ``undetermined`` when a check
+    could not finish within the trial budget (then never ``passed``)."""
 
     passed: bool = False
+    undetermined: bool = False
     checks: list[QualityCheck] = Field(default_factory=list)
 
 
@@ -129,7 +140,13 @@ class TailLatency(ResultModel):
 class ObjectiveVerdict(ResultModel):
     """One SLO objective at a level, by its interval: ``verdict`` ``met`` (the interval lies within the
     limit), ``broken`` (it lies beyond) or ``undetermined`` (it straddles the limit or is unbounded on
-    the deciding side: the sample is too small to say); ``value`` is the point estimate (worst repeat)."""
+    the deciding side: the sample is too small to say); ``value`` is the point estimate (worst repeat).
+    Rules per statistic and for the expected rate: :mod:`servelab.trial.verdicts`. ``note``: how the
+    verdict was reached when not by a plain interval (a max: "met in the sample (n=8)"). The
+    expected-rate verdicts also carry ``rule`` (``each-run``: broken/met only when so in every run of
+    the arrival test; ``one-run``: broken only by a margin above ``variation``, the relative
+    run-to-run variation of the statistic on the candidate's repeated steps, ``None`` = unknown),
+    ``run_verdicts``/``run_values`` (each run's own) and ``confirm`` (a confirmation run is needed)."""
 
     objective: str
     value: float | None = None
@@ -137,6 +154,12 @@ class ObjectiveVerdict(ResultModel):
     ci: Interval | None = None
     verdict: Literal["met", "broken", "undetermined"] = "undetermined"
     workload: str | None = None
+    note: str | None = None
+    rule: Literal["each-run", "one-run"] | None = None
+    run_verdicts: list[Literal["met", "broken", "undetermined"]] = Field(default_factory=list)
+    run_values: list[float | None] = Field(default_factory=list)
+    variation: float | None = None
+    confirm: bool = False
 
 
 class WorkloadCapacity(ResultModel):
@@ -221,12 +244,15 @@ class Capacity(ResultModel):
     """The highest arrival rate (requests/s, open loop, the goal's arrival process and mix) whose
     objectives held (:mod:`servelab.trial.capacity`): bracketed by doubling, then bisected.
     ``rate_rps`` is the highest rate that held; the true capacity lies in ``[rate_rps, broke_at_rps)``
-    (the search interval, ``interval``); ``probes`` in the order run; ``note`` when the search could
-    not bracket (``held_at_max``: no rate up to the search's ceiling broke)."""
+    (``interval``: the *resolution of the search*, ``method`` ``bracket``, ``level`` 1.0 — each probe's
+    held/broke verdict taken as exact; it is not a confidence interval, ``interval_note`` says so in the
+    record); ``probes`` in the order run; ``note`` when the search could not bracket (``held_at_max``:
+    no rate up to the search's ceiling broke)."""
 
     rate_rps: float | None = None
     broke_at_rps: float | None = None
     interval: Interval | None = None
+    interval_note: str | None = None
     output_tokens_per_s: float | None = None
     probes: list[Probe] = Field(default_factory=list)
     arrival: str | None = None
@@ -259,7 +285,8 @@ class CandidateResult(ResultModel):
     """``results.candidates[name]``: ``status`` ``ranked`` (passed every gate and was load-tested),
     ``excluded`` (a gate failed; ``reason``) or ``failed`` (crashed, or not run; ``reason``); then the
     gates, the load steps (bench step summaries + ``server``), the effective-step figures (set for
-    ranked candidates), the arrival run, peak RSS (bytes) and cost."""
+    ranked candidates), the arrival run (``arrival_run``: round 1; ``arrival_repeats``: its runs in
+    later repeat rounds; ``arrival_verdicts`` over all of them), peak RSS (bytes) and cost."""
 
     status: Literal["ranked", "excluded", "failed"] = "failed"
     reason: str | None = None
@@ -276,6 +303,7 @@ class CandidateResult(ResultModel):
     error_rate: float | None = None
     levels: list[Level] = Field(default_factory=list)
     arrival_run: StepSummary | None = None
+    arrival_repeats: list[StepSummary] = Field(default_factory=list)
     arrival_verdicts: list[ObjectiveVerdict] = Field(default_factory=list)
     ranked_on: str | None = None
     slo_verdicts: list[ObjectiveVerdict] = Field(default_factory=list)
@@ -288,6 +316,14 @@ class CandidateResult(ResultModel):
     reliability: Reliability | None = None
     #: restart under load and cancellation, when the experiment's lifecycle options ask (servelab.trial.lifecycle)
     lifecycle: LifecycleResult | None = None
+    #: per-step process-tree CPU/RSS, engine gauges, server vs client output tokens, GPU (servelab.trial.telemetry)
+    telemetry: Telemetry | None = None
+    #: peak GPU memory used (bytes, summed over the candidate's devices; NVML), ``None`` without a GPU
+    peak_gpu_memory_bytes: int | None = None
+    #: the context and chat-template checks the experiment's ``checks`` ran (servelab.trial.served_checks)
+    checks: ServedChecks | None = None
+    #: an embeddings trial's ranked figure: inputs/s at the SLO, unit and input length (servelab.trial.embed_results)
+    embeddings: EmbeddingsFigures | None = None
 
     def ran_steps(self) -> list[StepSummary]:
         """The load steps that ran (skipped ones left out)."""
@@ -315,15 +351,8 @@ class CandidateIdentity(ResultModel):
     probe: ProbedIdentity | None = None
 
 
-class MetricsSample(ResultModel):
-    """One line of ``server_metrics.jsonl``: the engine's ``/metrics`` figures kept (by name, labels
-    included) and its RSS (bytes) at ``t_unix_s``, during load step ``step`` (``workload/step``;
-    ``None`` between steps)."""
-
-    t_unix_s: float
-    step: str | None = None
-    rss_bytes: int = 0
-    metrics: dict[str, float] = Field(default_factory=dict)
+#: one line of ``server_metrics.jsonl`` (kept under its old name; :class:`servelab.trial.telemetry.TelemetrySample`)
+MetricsSample = TelemetrySample
 
 
 # --------------------------------------------------------------------------------------------- rows
@@ -337,11 +366,16 @@ class Budget(ResultModel):
 
 
 class GoalRow(ResultModel):
-    """目标: task, quality gates, SLO, error budget (fraction), request rate (req/s), mix, budget."""
+    """目标: task, quality gates, SLO (``slo``: every objective judged, a per-workload one named
+    ``WORKLOAD:METRIC_STAT<=LIMIT``; ``workload_slo``: the goal's per-workload SLOs as written), error
+    budget (fraction), request rate (req/s), mix, budget."""
 
     task: str | None = None
+    #: chat or embeddings (experiment goal.task_kind)
+    task_kind: str = "chat"
     quality_gates: JsonObject = Field(default_factory=dict)
     slo: list[str] = Field(default_factory=list)
+    workload_slo: dict[str, str] = Field(default_factory=dict)
     error_budget: float | None = None
     expected_rate_rps: float | None = None
     mix: str | None = None

@@ -42,8 +42,10 @@ from servelab.engines.mocklaunch import MockSettings
 from servelab.engines.registry import ENV_NAME_PATTERN, EngineKind, EngineSettings
 from servelab.engines.url import UrlSettings
 from servelab.engines.vllm import VllmSettings
+from servelab.trial.embed_spec import EmbeddingsOptions, embeddings_conflicts
 from servelab.trial.identity import Declared
 from servelab.trial.lifecycle import LifecycleOptions
+from servelab.trial.served_checks import CheckName, default_checks
 from servelab.wire.config import (PublishedSchema, StrictModel, json_schema_of, read_yaml_file, suggest,
                                   validation_error_line)
 from servelab.wire.errors import ConfigError
@@ -69,7 +71,7 @@ def __getattr__(name: str) -> Any:
 
 _ENV_NAME = ENV_NAME_PATTERN
 #: sub-features the smoke test can require of a candidate
-SmokeCheck = Literal["streaming", "usage", "json_schema", "stop"]
+SmokeCheck = Literal["streaming", "usage", "json_schema", "stop", "tools", "reasoning", "cancellation"]
 _ALL_SMOKE: tuple[SmokeCheck, ...] = ("streaming", "usage", "json_schema", "stop")
 _MIXABLE = ("short-qa", "rag", "long-gen", "structured")
 
@@ -195,9 +197,17 @@ class Goal(StrictModel):
     """What the chosen engine must achieve.
 
     - ``task``: free text (shown in the record and report).
+    - ``task_kind``: ``chat`` (default) or ``embeddings``: candidates serve ``/v1/embeddings``, the
+      embeddings gate replaces the smoke tests and quality gate, the load steps send the experiment's
+      ``embeddings:`` requests and candidates are ranked on inputs/s at the SLO
+      (:mod:`servelab.trial.embed_flow`; chat-only fields are refused, :mod:`servelab.trial.embed_spec`).
     - ``slo``: objectives in :func:`servelab.bench.slo.parse_slo` syntax, as a string
       (``"ttft_p95<=2s,itl_p95<=300ms,error_rate<=1%"``) or a mapping (``{ttft_p95: 2s, error_rate: 1%}``,
       stored as the equivalent string); ``None`` = none. Latencies in s/ms, error rate in % or a fraction.
+    - ``workload_slo``: per-workload SLOs, workload name -> objectives in the same syntax
+      (``{structured: "ttft_p95<=5s"}``): judged on that workload's requests only — its own sweep and its
+      class inside the mix (:mod:`servelab.trial.verdicts`), in addition to ``slo``; each key must be
+      one of the experiment's workloads.
     - ``error_budget``: max failed/submitted per load step (fraction, default 0.01); a step above it
       breaks the sweep like an SLO.
     - ``quality``: :class:`Quality` gates.
@@ -213,7 +223,14 @@ class Goal(StrictModel):
     """
 
     task: str | None = Field(None, description="what the service does (free text)")
+    task_kind: Literal["chat", "embeddings"] = Field(
+        "chat", description="chat (the chat flow) or embeddings (/v1/embeddings servers: embeddings gate, "
+                            "inputs/s at the SLO; servelab.trial.embed_flow)")
     slo: Annotated[str | None, _SLO_SCHEMA] = None
+    workload_slo: dict[str, str] = Field(
+        default_factory=dict, description="per-workload SLOs: workload name -> METRIC_STAT<=VALUE[ms|s|%],… judged "
+                                          "on that workload's requests (its sweep and its class in the mix)",
+        examples=[{"structured": "ttft_p95<=5s"}])
     error_budget: float = Field(0.01, ge=0, le=1, description="max failed/submitted per load step (fraction)")
     quality: Quality = Field(default_factory=Quality)
     expected_rate_rps: float | None = Field(None, gt=0, description="stated arrival rate, requests/s")
@@ -244,6 +261,20 @@ class Goal(StrictModel):
         except ConfigError as e:
             raise ValueError(str(e)) from None
         return v
+
+    @field_validator("workload_slo", mode="before")
+    @classmethod
+    def _workload_slo(cls, v: Any) -> Any:
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise ValueError("give a mapping workload -> SLO, e.g. {structured: 'ttft_p95<=5s'}")
+        out = {}
+        for k, text in v.items():
+            out[k] = cls._slo(text)
+            if not out[k]:
+                raise ValueError(f"{k}: give the workload's SLO, e.g. 'ttft_p95<=5s', or leave the key out")
+        return out
 
     @field_validator("mix")
     @classmethod
@@ -611,9 +642,16 @@ class Experiment(StrictModel):
     mix_sweep: bool = Field(True, description="run the goal's mix concurrently at every load step (the ranked figure)")
     capacity: CapacitySearch = Field(default_factory=CapacitySearch)
     lifecycle: LifecycleOptions = Field(default_factory=LifecycleOptions,
-                                        description="restart under load and cancellation (off by default)")
+                                        description="cold vs warm start, restart under load and cancellation")
+    checks: list[CheckName] = Field(default_factory=default_checks,
+                                    description="served-behaviour checks per candidate after its gates: context "
+                                                "(longest prompt served whole, <= 60 s) and template (the chat "
+                                                "template the server applies vs the model's)")
     load_generator: LoadGenerator = Field(default_factory=LoadGenerator,
                                           description="processes or Ray actors that send the load steps' load")
+    embeddings: EmbeddingsOptions = Field(default_factory=EmbeddingsOptions,
+                                          description="requests and gate of an embeddings trial (goal.task_kind: "
+                                                      "embeddings)")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Experiment:
@@ -629,7 +667,14 @@ class Experiment(StrictModel):
                 raise ValueError(f"workloads[{i}]: workload {w.label!r} is listed twice "
                                  f"(also workloads[{wseen[w.label]}]); list each once")
             wseen[w.label] = i
-        if self.arrival_test.enabled:
+        for k in self.goal.workload_slo:
+            if k not in wseen:
+                raise ValueError(f"goal.workload_slo: {k!r} is not one of the experiment's workloads "
+                                 f"({', '.join(wseen)}); name a listed workload")
+        conflict = embeddings_conflicts(self)  # goal.task_kind: embeddings (servelab.trial.embed_spec)
+        if conflict is not None:
+            raise ValueError(conflict)
+        if self.arrival_test.enabled and self.goal.task_kind == "chat":
             if self.goal.expected_rate_rps is None:
                 raise ValueError("goal.expected_rate_rps: required when arrival_test.enabled is true; give the stated "
                                  "arrival rate in requests/s, or set arrival_test.enabled: false")
