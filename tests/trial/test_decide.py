@@ -387,3 +387,16 @@ def test_mix_skipped_for_budget_is_said_not_summed():
     d = dec({"x": cand(steps)}, {})
     assert d["ranking"] == []
     assert "the mix run together was skipped: trial budget spent" in d["verdicts"]["x"]["reasons"][0]
+
+
+def test_command_candidates_differ_in_their_declared_argv() -> None:
+    """Two ``engine: command`` candidates that differ only in ``--parallel``: the declared argv (with its
+    ``{port}`` placeholder) is a factor (it was left out as volatile: "no factor differs")."""
+    def ident(parallel: str) -> CandidateIdentity:
+        return CandidateIdentity.model_validate({
+            "engine_kind": "command", "settings": {"argv": ["llama-server", "--port", "{port}", "--parallel", parallel],
+                                                   "port": 4000 + int(parallel)}})
+
+    c = compare_identities(ident("1"), ident("4"))
+    assert c.differs_in == ["settings.argv"], c  # the port setting stays volatile
+    assert compare_identities(ident("1"), ident("1")).differs_in == []

@@ -436,7 +436,9 @@ def _flatten(d: JsonValue, prefix: str) -> Factors:
     out: Factors = {}
     if isinstance(d, dict):
         for k, v in d.items():
-            if str(k) in VOLATILE_KEYS:
+            # a command candidate's declared argv (``{port}``/``{host}`` placeholders, not the values) is
+            # its configuration: two that differ only in ``--parallel`` differ in that factor
+            if str(k) in VOLATILE_KEYS and not (prefix == "settings" and k == "argv"):
                 continue
             out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
     else:
