@@ -69,7 +69,8 @@ def test_default_experiment_is_the_documented_one() -> None:
     assert (e.requests_per_step, e.warmup, e.arrival_test.requests) == (8, 1, 12)
     assert [o.name for o in e.goal.objectives] == ["ttft_p95<=3s", "itl_p95<=0.4s", "error_rate<=1%"]
     lm = e.arrival_load()
-    assert (lm.kind, lm.rate_rps, lm.arrival, lm.gamma_shape) == ("open", 0.5, "gamma", 0.5)
+    assert (lm.kind, lm.rate_rps, lm.arrival, lm.gamma_shape) == ("open", 0.25, "gamma", 0.5)
+    assert e.goal.peak_rate_rps == 0.5
     assert e.arrival_mix == "short-qa:3,structured:1"
 
 

@@ -132,6 +132,9 @@ def test_decision_excludes_only_a_breach_in_every_run() -> None:
                 "good": _ranked(ok, [fine], TTFT)}, {})
     assert d.verdicts["bad"].verdict == "exclude" and "expected rate" in d.verdicts["bad"].reasons[0]
     assert d.adopt == "good"
+    # the winner's lead over the excluded one is stated, significant or not (same figures: not significant)
+    vs = [r for r in d.verdicts["good"].reasons if r.startswith("against bad (excluded): ")]
+    assert len(vs) == 1 and "significantly better" not in vs[0], d.verdicts["good"].reasons
     near = _step([3.05, 3.1, 3.1, 3.15, 3.15, 3.2, 3.2, 3.25, 3.25, 3.3, 3.3, 3.35])
     one = _ranked([_step([0.5] * 8, step="c4")], [near], TTFT)
     d = decide({"one": one}, {})

@@ -833,6 +833,8 @@ def decide(candidates: Mapping[str, CandidateResult], identities: Mapping[str, C
                 if c.status == "ranked" and c.max_step_meeting_slo is not None and _figure(c, metric) is not None
                 and not _arrival_broken(c)]
     by_fig = sorted(eligible, key=lambda n: (-(_figure(candidates[n], metric) or 0.0), n))
+    by_fig_all = [n for n, c in candidates.items()  # every candidate with a ranked figure, eligible or not
+                  if c.status == "ranked" and _figure(c, metric) is not None]
     groups: list[list[str]] = []
     for n in by_fig:
         if groups and not difference(groups[-1][0], candidates[groups[-1][0]], n, candidates[n], metric).significant:
@@ -864,6 +866,13 @@ def decide(candidates: Mapping[str, CandidateResult], identities: Mapping[str, C
                 else:
                     reasons.append(f"{d.text}; ranked first by the tie-break ({TIE_BREAK}): "
                                    f"{_tie_break_text(c, candidates[d.b])}")
+            # the others were excluded (e.g. at the expected rate): say how far ahead it is of each that has the
+            # ranked figure too, significant or not, so "the winner" is never a bare claim
+            for other in by_fig_all:
+                if other != n and other not in eligible:
+                    d = difference(n, c, other, candidates[other], metric)
+                    reasons.append(f"against {other} (excluded): "
+                                   + (f"significantly better: {d.text}" if d.significant else d.text))
         else:
             prev = ranking[pos - 1]
             d = diffs[pos - 1]
