@@ -164,3 +164,16 @@ def test_url_candidate_metrics_sampled_without_process_or_gpu(mock_engine, tmp_p
     assert st.running is not None and st.running.max is not None and st.running.max >= 1  # vllm:num_requests_running
     assert st.cpu_percent is None and st.rss_max_bytes is None
     assert r.lifecycle is None  # nothing to restart: servelab did not start it
+
+
+def test_generation_counters_come_from_the_registry() -> None:
+    """The server-vs-client token check reads each registered kind's ``generation_tokens`` (the url
+    kind's merged table carries SGLang's), so a third-party kind declares its own."""
+    from servelab.engines import registry
+    from servelab.trial.telemetry import generation_counters
+
+    got = generation_counters()
+    assert {"llamacpp:tokens_predicted_total", "vllm:generation_tokens_total",
+            "sglang:generation_tokens_total"} <= set(got)
+    assert registry.get("llamacpp").metrics.generation_tokens == ("llamacpp:tokens_predicted_total",)
+    assert "sglang:generation_tokens_total" in registry.get("url").metrics.names()

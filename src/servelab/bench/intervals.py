@@ -29,6 +29,9 @@
   (A B A B): per round, the difference of mean log block rates, so drift common to a round cancels;
   its variance from the within-run spread of the blocks (pooled, Welch-Satterthwaite df) and, with
   three rounds or more, from the spread between rounds when that is larger.
+- :func:`paired_rounds_ratio`: with three rounds or more, the paired t interval over the rounds'
+  whole-run figures (what the trial's decision uses then: the rounds are the replicates; time blocks
+  of one short run on a real engine alternate and overstate its uncertainty).
 - :func:`proportion_interval`: the Clopper-Pearson exact interval of a failure rate (Clopper & Pearson
   1934, Biometrika 26:404-413, https://doi.org/10.1093/biomet/26.4.404).
 - :func:`slo_verdict`: ``met`` / ``broken`` / ``undetermined`` for ``stat <= limit`` from an interval.
@@ -47,6 +50,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 __all__ = ["LEVEL", "Bounds", "Ratio", "SloVerdict", "beta_inc", "mean_interval", "paired_ratio_interval",
+           "paired_rounds_ratio",
            "proportion_interval",
            "quantile_interval",
            "quantile_min_n", "ratio_interval", "slo_verdict", "t_quantile"]
@@ -344,6 +348,31 @@ def paired_ratio_interval(a_runs: Sequence[Sequence[float]], b_runs: Sequence[Se
     half = t_quantile((1 + level) / 2, df if math.isfinite(df) else 1e9) * math.sqrt(var)
     lo, hi = math.exp(d - half), math.exp(d + half)
     return Ratio(math.exp(d), lo, hi, level, lo > 1.0 or hi < 1.0, df)
+
+
+def paired_rounds_ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Ratio | None:
+    """``a / b`` from ``R >= 3`` rounds of interleaved runs, one whole-run figure (> 0) per candidate and
+    round: the paired t interval on ``d_r = log a_r - log b_r`` (mean ``d``, sample SD ``s_d``, ``R - 1``
+    df: ``exp(d ± t * s_d / sqrt(R))``; Student 1908, the paired form e.g. NIST/SEMATECH e-Handbook
+    §7.3.1, https://www.itl.nist.gov/div898/handbook/prc/section3/prc31.htm, read 2026-12-01). The rounds
+    are the independent replicates (a busy spell hits both candidates of a round, and cancels in
+    ``d_r``); time blocks inside one run are not (on a real engine a short step's consecutive blocks
+    alternate), so they do not enter. ``None`` with fewer than 3 rounds, unequal lengths or a figure
+    that is not > 0."""
+    if len(a) != len(b) or len(a) < 3:
+        return None
+    la, lb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if (la <= 0).any() or (lb <= 0).any():
+        return None
+    ds = np.log(la) - np.log(lb)
+    d, r_n = float(ds.mean()), len(ds)
+    sd = float(ds.std(ddof=1))
+    if sd <= 0:
+        r = math.exp(d)
+        return Ratio(r, r, r, level, d != 0.0, float(r_n - 1))
+    half = t_quantile((1 + level) / 2, float(r_n - 1)) * sd / math.sqrt(r_n)
+    lo, hi = math.exp(d - half), math.exp(d + half)
+    return Ratio(math.exp(d), lo, hi, level, lo > 1.0 or hi < 1.0, float(r_n - 1))
 
 
 # ----------------------------------------------------------------------------------------- SLO verdicts

@@ -58,7 +58,9 @@ class ServerMetrics(FrozenModel):
 
     ``running`` / ``waiting`` / ``kv_usage``: the gauges that mean requests running, requests queued and
     KV-cache use (fraction 0-1); ``gauges``: other gauges kept; ``counters``: monotonic counters (the
-    trial reports their increase per step). Names are metric names without labels.
+    trial reports their increase per step); ``generation_tokens``: the counter(s) of output tokens
+    generated, which the trial sets beside the client's token count per step (the 2 % agreement check;
+    one per engine, several in a merged table). Names are metric names without labels.
     """
 
     running: str | None = None
@@ -66,6 +68,7 @@ class ServerMetrics(FrozenModel):
     kv_usage: str | None = None
     gauges: tuple[str, ...] = ()
     counters: tuple[str, ...] = ()
+    generation_tokens: tuple[str, ...] = ()
 
     def gauge_names(self) -> tuple[str, ...]:
         """Every gauge name (running, waiting, kv_usage, then ``gauges``), without ``None``."""
@@ -73,17 +76,19 @@ class ServerMetrics(FrozenModel):
 
     def names(self) -> frozenset[str]:
         """Every name kept (gauges and counters)."""
-        return frozenset(self.gauge_names() + self.counters)
+        return frozenset(self.gauge_names() + self.counters + self.generation_tokens)
 
     @classmethod
     def merged(cls, parts: Iterable[ServerMetrics]) -> ServerMetrics:
         """One table holding every gauge and counter of ``parts`` (for servers of unknown make)."""
         gauges: list[str] = []
         counters: list[str] = []
+        generation: list[str] = []
         for p in parts:
             gauges += [g for g in p.gauge_names() if g not in gauges]
             counters += [c for c in p.counters if c not in counters]
-        return cls(gauges=tuple(gauges), counters=tuple(counters))
+            generation += [c for c in p.generation_tokens if c not in generation]
+        return cls(gauges=tuple(gauges), counters=tuple(counters), generation_tokens=tuple(generation))
 
 
 class Readiness(FrozenModel):

@@ -544,7 +544,8 @@ def up(model_path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Runni
 
 #: llama-server's Prometheus names (``--metrics``; ENGINE_WIRE.md metrics table, read 2026-11-30)
 LLAMACPP_METRICS = ServerMetrics(running="llamacpp:requests_processing", waiting="llamacpp:requests_deferred",
-                                 counters=("llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total"))
+                                 counters=("llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total"),
+                                 generation_tokens=("llamacpp:tokens_predicted_total",))
 
 
 class LlamaCppSettings(EngineSettings):

@@ -21,7 +21,7 @@ __all__ = ["SGLANG_METRICS", "TGI_METRICS", "UrlFields", "UrlKind", "UrlSettings
 
 #: SGLang's Prometheus names (served at /metrics with --enable-metrics)
 SGLANG_METRICS = ServerMetrics(running="sglang:num_running_reqs", waiting="sglang:num_queue_reqs",
-                               kv_usage="sglang:token_usage")
+                               kv_usage="sglang:token_usage", generation_tokens=("sglang:generation_tokens_total",))
 #: Text Generation Inference's Prometheus names
 TGI_METRICS = ServerMetrics(running="tgi_batch_current_size", waiting="tgi_queue_size")
 

@@ -733,7 +733,8 @@ def up(model: str | os.PathLike[str] | None = None, **kwargs: Any) -> RunningEng
 VLLM_METRICS = ServerMetrics(running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
                              kv_usage="vllm:kv_cache_usage_perc",
                              counters=("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
-                                       "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"))
+                                       "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
+                             generation_tokens=("vllm:generation_tokens_total",))
 
 
 class VllmKind(EngineKind[VllmSettings]):

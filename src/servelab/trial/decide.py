@@ -51,7 +51,8 @@ from typing import NamedTuple
 
 from pydantic import JsonValue
 
-from servelab.bench.intervals import Bounds, SloVerdict, mean_interval, paired_ratio_interval, ratio_interval
+from servelab.bench.intervals import (Bounds, SloVerdict, mean_interval, paired_ratio_interval, paired_rounds_ratio,
+                                      ratio_interval)
 from servelab.bench.results import Interval, SloCheck, StepSummary
 from servelab.bench.slo import Objective, parse_slo
 from servelab.engines.registry import EngineIdentity
@@ -671,17 +672,35 @@ def _by_round(c: CandidateResult) -> dict[int, list[float]]:
     return out
 
 
+def _round_figures(c: CandidateResult) -> dict[int, float]:
+    """Round -> the round's whole-run output tok/s (``per_repeat``, in the rounds' order)."""
+    e = c.effective_throughput or EffectiveThroughput()
+    rounds = list(dict.fromkeys(e.sample_repeats))
+    if len(rounds) != len(e.per_repeat):
+        return {}
+    return dict(zip(rounds, e.per_repeat, strict=True))
+
+
 def difference(a: str, ca: CandidateResult, b: str, cb: CandidateResult, metric: str) -> Difference:
-    """:class:`Difference` of ``a`` over ``b`` on ``metric`` from their samples (block rates of every
-    repeat; paired by round when both ran the same rounds of interleaved repeats and the metric is
-    output tok/s, :func:`~servelab.bench.intervals.paired_ratio_interval`, else Welch on all samples):
+    """:class:`Difference` of ``a`` over ``b`` on ``metric``: with 3 or more common rounds of interleaved
+    repeats (output tok/s), the paired t over the rounds' whole-run figures
+    (:func:`~servelab.bench.intervals.paired_rounds_ratio`); with fewer, paired by round on the time-block
+    rates (:func:`~servelab.bench.intervals.paired_ratio_interval`); else Welch on all samples:
     ``"a sustains 1.9× b's output tok/s (95 % CI 1.6–2.3×)"`` when significant, else ``"no significant
     difference between a and b …"``; no interval when either has < 2 samples."""
     ra, rb = _by_round(ca), _by_round(cb)
-    paired = metric == "output_tokens_per_s" and bool(ra) and sorted(ra) == sorted(rb)
-    r = (paired_ratio_interval([ra[k] for k in sorted(ra)], [rb[k] for k in sorted(rb)]) if paired else None)
-    paired = r is not None
+    pa, pb = _round_figures(ca), _round_figures(cb)
+    method = "welch-log"
+    r = None
+    if metric == "output_tokens_per_s" and len(pa) >= 3 and sorted(pa) == sorted(pb):
+        # 3 rounds or more: the paired t over the rounds' whole-run figures (the rounds are the replicates)
+        r = paired_rounds_ratio([pa[k] for k in sorted(pa)], [pb[k] for k in sorted(pb)])
+        method = "paired-rounds-t"
+    if r is None and metric == "output_tokens_per_s" and ra and sorted(ra) == sorted(rb):
+        r = paired_ratio_interval([ra[k] for k in sorted(ra)], [rb[k] for k in sorted(rb)])
+        method = "paired-rounds-log"
     if r is None:
+        method = "welch-log"
         r = ratio_interval(_samples(ca, metric), _samples(cb, metric))
     what = _what(metric)
     if r is None:
@@ -691,7 +710,7 @@ def difference(a: str, ca: CandidateResult, b: str, cb: CandidateResult, metric:
                           text=f"no significant difference shown between {a} and {b}: too few samples for an "
                                f"interval ({what} ratio {_num(ratio)}×)")
     ci = Interval(lo=r.lo, hi=r.hi, level=r.level, n=len(_samples(ca, metric)) + len(_samples(cb, metric)),
-                  method="paired-rounds-log" if paired else "welch-log")
+                  method=method)
     if r.significant:
         text = f"{a} sustains {r.ratio:.2f}× {b}'s {what} (95 % CI {r.lo:.2f}–{r.hi:.2f}×)"
     else:

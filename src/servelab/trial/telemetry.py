@@ -15,7 +15,7 @@ start and end (:meth:`MetricsSampler.boundary`), takes one :class:`TelemetrySamp
 :meth:`MetricsSampler.telemetry` turns the samples into typed per-step records (:class:`StepTelemetry`,
 ``results.candidates.<name>.telemetry.steps``): CPU % of one core over the step, peak and mean RSS,
 running/waiting/KV gauges (mean, max), GPU memory peak per device, and the server's output tokens
-(the generation counter's increase over the step, :data:`GENERATION_COUNTERS`) beside the client's
+(the generation counter's increase over the step, :func:`generation_counters`) beside the client's
 (the step's ``tokens.output_total``: ``usage.completion_tokens`` of the succeeded requests) with their
 difference in %. Every sample is also appended to ``server_metrics.jsonl`` (one JSON line each).
 """
@@ -35,7 +35,7 @@ from pydantic import Field
 from servelab.bench.results import ResultModel, ServerFigure, StepSummary
 from servelab.engines import registry
 
-__all__ = ["GENERATION_COUNTERS", "GpuDevice", "GpuInfo", "GpuSample", "GpuStep", "MetricsSampler", "Nvml",
+__all__ = ["generation_counters", "GpuDevice", "GpuInfo", "GpuSample", "GpuStep", "MetricsSampler", "Nvml",
            "StepTelemetry", "Telemetry", "TelemetrySample", "TokenAgreement", "UrlTarget", "host_gpus",
            "parse_visible_devices",
            "start_sampler", "tree_cpu_seconds", "visible_devices_of"]
@@ -46,8 +46,10 @@ __all__ = ["GENERATION_COUNTERS", "GpuDevice", "GpuInfo", "GpuSample", "GpuStep"
 #: tokens processed", its /metrics HELP text; on the b11434 build here it matched usage.completion_tokens
 #: exactly on every measured step, tests/trial/test_telemetry.py); SGLang ``sglang:generation_tokens_total``
 #: (https://docs.sglang.io/references/production_metrics.html, read 2026-12-01).
-GENERATION_COUNTERS = ("vllm:generation_tokens_total", "llamacpp:tokens_predicted_total",
-                       "sglang:generation_tokens_total")
+def generation_counters() -> tuple[str, ...]:
+    """Every registered engine kind's generation-token counter (``ServerMetrics.generation_tokens``: the
+    ones above for the built-in kinds; a third-party kind declares its own), in registration order."""
+    return registry.ServerMetrics.merged(k.metrics for k in registry.kinds()).generation_tokens
 
 
 # --------------------------------------------------------------------------------------------- models
@@ -381,7 +383,8 @@ class MetricsSampler(threading.Thread):
         super().__init__(daemon=True)
         self.engine, self.path, self.interval_s = engine, path, interval_s
         self.metrics = metrics if metrics is not None else registry.all_metrics()
-        self._keep = self.metrics.names() | set(GENERATION_COUNTERS) | {"mock_requests_running"}
+        self._gen = generation_counters()
+        self._keep = self.metrics.names() | set(self._gen) | {"mock_requests_running"}
         self.step: str | None = None
         self.samples: list[TelemetrySample] = []
         self.peak_rss_bytes = 0
@@ -451,7 +454,7 @@ class MetricsSampler(threading.Thread):
             for k in sorted(names):
                 vals = [s.metrics[k] for s in ss if k in s.metrics]
                 base = k.split("{")[0]
-                if base in self.metrics.counters or base in GENERATION_COUNTERS:
+                if base in self.metrics.counters or base in self._gen:
                     agg[k] = ServerFigure(increase=vals[-1] - vals[0], span_s=ss[-1].t_unix_s - ss[0].t_unix_s)
                 else:
                     agg[k] = ServerFigure(mean=sum(vals) / len(vals), max=max(vals))
@@ -504,7 +507,7 @@ class MetricsSampler(threading.Thread):
         for field, name in (("running", m.running), ("waiting", m.waiting), ("kv_usage", m.kv_usage)):
             if name:
                 setattr(out, field, _fig([v for s in ss if (v := _series_sum(s, name)) is not None]))
-        for counter in GENERATION_COUNTERS:
+        for counter in self._gen:
             first, last = _series_sum(ss[0], counter), _series_sum(ss[-1], counter)
             if first is None or last is None:
                 continue
