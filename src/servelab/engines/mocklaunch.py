@@ -169,10 +169,13 @@ class MockKind(EngineKind[_MockLaunch]):
 
     @property
     def metrics(self) -> ServerMetrics:  # type: ignore[override]  # computed per call: kinds register at run time
-        """The mock answers /metrics in the dialect it speaks: any known engine's names."""
+        """The mock answers /metrics in the dialect it speaks (any known engine's names) and with its own
+        ``mock_requests_running`` gauge and request counters."""
         from servelab.engines.url import any_server_metrics
 
-        return any_server_metrics()
+        own = ServerMetrics(running="mock_requests_running",
+                            counters=("mock_requests_total", "mock_requests_completed_total"))
+        return ServerMetrics.merged([any_server_metrics(), own])
 
     def launcher(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
                  **kwargs: Any) -> MockLauncher:

@@ -384,7 +384,7 @@ class MetricsSampler(threading.Thread):
         self.engine, self.path, self.interval_s = engine, path, interval_s
         self.metrics = metrics if metrics is not None else registry.all_metrics()
         self._gen = generation_counters()
-        self._keep = self.metrics.names() | set(self._gen) | {"mock_requests_running"}
+        self._keep = self.metrics.names() | set(self._gen)  # only the kind's names (and token counters)
         self.step: str | None = None
         self.samples: list[TelemetrySample] = []
         self.peak_rss_bytes = 0
