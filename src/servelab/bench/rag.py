@@ -54,18 +54,11 @@ class Passage(BaseModel):
     tokens: int
 
 
-class RagSet(BaseModel):
-    """A built RAG set: ``corpus`` (what and which Python), ``documents``, ``passages``, ``k``,
-    ``embedding_model``, ``input_tokens`` (``min``/``p50``/``p90``/``max`` of the prompt lengths, tokens),
-    ``tokenizer``, ``requests`` (the specs; excluded from dumps)."""
+class RagSet(RagInfo):
+    """A built RAG set: the summary's :class:`~servelab.bench.extras.RagInfo` (``corpus``, ``documents``,
+    ``passages``, ``k``, ``embedding_model``, ``input_tokens`` min/p50/p90/max in tokens, ``tokenizer``)
+    plus ``requests`` (the specs; excluded from dumps)."""
 
-    corpus: str
-    documents: int
-    passages: int
-    k: int
-    embedding_model: str
-    tokenizer: str | None = None
-    input_tokens: dict[str, float] = Field(default_factory=dict)
     requests: list[Any] = Field(default_factory=list, exclude=True)
 
 
