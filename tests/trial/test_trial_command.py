@@ -91,8 +91,14 @@ def trial(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
     llama = _llama_candidate("llama-np1")
     vcand, model_dir, template = _vllm_candidate("vllm-cpu")
     tmp = tmp_path_factory.mktemp("cmdtrial")
+    exp_d = _experiment([llama, vcand], "two-commands")
+    # The sampler reads /metrics every 1 s plus once at each step's start and end, when nothing runs:
+    # 4 requests of 48 tokens (llama-server ~4 s, vLLM-CPU ~9 s) give interior samples that see one
+    # running. 3 x 8 tokens (~1 s on llama-server) had none on the CI run of stop 17.
+    exp_d["workloads"][0]["set"]["output_tokens"] = 48
+    exp_d["requests_per_step"] = 4
     exp = tmp / "exp.yaml"
-    exp.write_text(yaml.safe_dump(_experiment([llama, vcand], "two-commands")))
+    exp.write_text(yaml.safe_dump(exp_d))
     out = tmp / "run"
     r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out)],
                        capture_output=True, text=True, timeout=2400,
@@ -213,6 +219,7 @@ def test_command_telemetry_and_token_agreement(trial: tuple[dict[str, Any], Path
         assert tel["gpu"]["present"] or "NVML" in tel["gpu"]["reason"]
         st = tel["steps"]["short-qa/c1"]
         assert st["cpu_percent"] > 0 and st["rss_max_bytes"] > 50 * 2**20, (name, st)
+        assert st["samples"] >= 3, (name, st)  # at least one sample while the step ran
         assert st["running"]["max"] >= 1 and "waiting" in st, (name, st)
         t = st["tokens"]
         assert t["counter"] == counter and t["client_output_tokens"] > 0, (name, t)
