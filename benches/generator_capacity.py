@@ -6,6 +6,8 @@ Run by hand (not a test), from the repository root, with the project venv:
     .venv/bin/python benches/generator_capacity.py --profile  # ~9 minutes (510 s + 10 s profile)
     .venv/bin/python benches/generator_capacity.py --tools servelab --step-s 4   # servelab only
     .venv/bin/python benches/generator_capacity.py --tools servelab --workers 1,2 --ray   # several workers
+    .venv/bin/python benches/generator_capacity.py --tools servelab --workers 1,2 --compare-rates 200,400 \
+        --repeats 3 --step-s 6   # CPU per event at fixed rates, interleaved rounds (~3 min)
 
 ``--workers 1,2`` runs the servelab search once per worker count (``servelab bench --workers K``, K
 processes, each its own event loop), and ``--ray`` once more per count through a Ray cluster the bench
@@ -15,7 +17,9 @@ on a 2-core machine two workers share a core with the mock: raw events/s cannot 
 figure to compare is the CPU per event (generator CPU seconds, coordinator and every worker, per SSE
 event; Ray actors' CPU from the per-worker ``cpu_s`` of summary.json). Section D prints, per
 configuration, the events/s at schedule-lag P99 <= 1 ms and the CPU per event, with its ratio to one
-worker's.
+worker's. ``--compare-rates`` skips the search: every configuration runs each of the given constant rates,
+configurations interleaved, ``--repeats`` rounds; section E prints each run's CPU per event (and the
+coordinator's alone) and its ratio to the 1-worker run of the same round and rate.
 
 Set-up: ``servelab mock-engine --ttft-ms 0 --itl-ms 0`` pinned to CPU 1 (``taskset -c 1``); every load
 generator pinned to CPU 0 (``taskset -c 0``, inherited by all its worker processes). The mock streams
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import json
 import math
 import os
@@ -63,6 +68,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -234,8 +240,9 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.samples.append((time.monotonic_ns(), proc_cpu_s(self.mock_pid), self._gen_cpu(), self.gen_pid,
-                                     self._cores()))
+                pid = self.gen_pid
+                self.samples.append((time.monotonic_ns(), proc_cpu_s(self.mock_pid), self._gen_cpu(), pid,
+                                     self._cores(), _cpu_or_zero(pid)))
             except OSError:
                 pass
             self._stop.wait(0.2)
@@ -255,7 +262,18 @@ class Sampler(threading.Thread):
             busy = b[4][i][0] - a[4][i][0]
             tot = b[4][i][1] - a[4][i][1]
             cores.append(busy / tot if tot else None)
-        return {"mock": (b[1] - a[1]) / dt, "gen": gen, "core0": cores[0], "core1": cores[1]}
+        coord = (b[5] - a[5]) / dt if a[3] == b[3] and a[3] is not None else None
+        return {"mock": (b[1] - a[1]) / dt, "gen": gen, "core0": cores[0], "core1": cores[1], "coord": coord}
+
+
+def _cpu_or_zero(pid: int | None) -> float:
+    """CPU seconds of ``pid`` alone (the ``servelab bench`` process: the coordinator when it has workers)."""
+    if pid is None:
+        return 0.0
+    try:
+        return proc_cpu_s(pid)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def run_pinned(cmd: list[str], cwd: Path, log_path: Path, timeout: float, sampler: Sampler) -> tuple[int, float]:
@@ -756,6 +774,91 @@ def print_workers_report(results: dict[str, list[Step]], configs: list[tuple[str
           f"{MOCK_CPU}")
 
 
+def gen_cpus(k: int, ncpu: int, how: str) -> str:
+    """The taskset CPU list of a K-worker generator: ``spread`` CPUs 0..K-1 (the last one shared with the
+    mock when K = the CPU count), ``one`` CPU 0 for every K (the mock alone on its CPU; K processes
+    time-share one core, so CPU per event compares the multi-process cost without the mock in the way)."""
+    if how == "one" or k == 1:
+        return "0"
+    return ",".join(str(c) for c in range(min(k, ncpu)))
+
+
+@contextlib.contextmanager
+def configured(k: int, ray: bool, ncpu: int, a: argparse.Namespace, work: Path) -> Iterator[list[str]]:
+    """Pin the generator for a K-worker configuration (sets GEN_CPU), start its local Ray cluster when
+    ``ray``, and yield the extra ``servelab bench`` arguments; the cluster is stopped and GEN_CPU reset after."""
+    global GEN_CPU
+    GEN_CPU = gen_cpus(k, ncpu, a.worker_cpus)
+    cluster = LocalRay(GEN_CPU, k, work) if ray else None
+    try:
+        extra = ["--workers", str(k)] if k > 1 or ray else []
+        yield extra + (["--ray", cluster.address] if cluster is not None else [])
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        GEN_CPU = "0"
+
+
+def servelab_compare(mock: Mock, a: argparse.Namespace, work: Path, tok: str | None, sampler: Sampler,
+                     configs: list[tuple[str, int, bool]], ncpu: int) -> dict[str, list[Step]]:
+    """``--compare-rates``: every configuration at each fixed rate, ``--repeats`` rounds, the configurations
+    interleaved within each round (rate by rate) so that a slow spell of this shared machine hits all of
+    them alike; no search."""
+    rates = [float(x) for x in a.compare_rates.split(",") if x.strip()]
+    out: dict[str, list[Step]] = {tag: [] for tag, _, _ in configs}
+    for rnd in range(a.repeats):
+        for rate in rates:
+            for tag, k, ray in configs:
+                with configured(k, ray, ncpu, a, work) as extra:
+                    st = servelab_steps(mock, rate, a, work / f"round{rnd + 1}", tok, sampler, tag, extra)[0]
+                judge(st, a.lag_ms / 1e3, a.sustain_lag_ms / 1e3)
+                log(f"round {rnd + 1}/{a.repeats}:")
+                log_step(st)
+                out[tag].append(st)
+    return out
+
+
+def print_compare_report(results: dict[str, list[Step]], configs: list[tuple[str, int, bool]],
+                         a: argparse.Namespace) -> None:
+    """Section E: CPU per SSE event of each configuration at each fixed rate, per round, and its ratio to
+    the 1-worker run of the SAME round and rate (runs of different rounds are never combined into one
+    figure; the mean and range of the per-round ratios are printed beside them)."""
+    rates = [float(x) for x in a.compare_rates.split(",") if x.strip()]
+    base_tag = configs[0][0]
+    print()
+    print(f"E. CPU per SSE event at fixed offered rates, {a.repeats} round(s), configurations interleaved; "
+          f"ratio = configuration / {base_tag} of the same round")
+    hdr = (f"{'rate':>6s} {'config':20s} {'round':>5s} {'req/s':>7s} {'lag P99 ms':>10s} {'gen CPU':>7s} "
+           f"{'us/event':>9s} {'coord us/ev':>11s} {'ratio':>6s} {'gen-bound':>9s}")
+    print(hdr)
+    print("-" * len(hdr))
+    for rate in rates:
+        per: dict[str, list[Step]] = {tag: [x for x in results[tag] if x.offered_rps == rate] for tag, _, _ in configs}
+        for tag, _k, _ray in configs:
+            ratios = []
+            for i, x in enumerate(per[tag]):
+                g = x.cpu.get("gen")
+                us = g / x.events_per_s * 1e6 if g and x.events_per_s else None
+                c = x.cpu.get("coord")
+                cus = c / x.events_per_s * 1e6 if c is not None and x.events_per_s else None
+                b = per[base_tag][i] if i < len(per[base_tag]) else None
+                bg = b.cpu.get("gen") if b is not None else None
+                bus = bg / b.events_per_s * 1e6 if b is not None and bg and b.events_per_s else None
+                ratio = us / bus if us and bus and tag != base_tag else None
+                if ratio is not None:
+                    ratios.append(ratio)
+                lag = fmt(x.lag_p99_s and x.lag_p99_s * 1e3, '.2f')
+                print(f"{rate:6g} {tag:20s} {i + 1:5d} {x.rps:7.1f} {lag:>10s} "
+                      f"{fmt(g and g * 100, '.0f'):>6s}% {fmt(us, '.2f'):>9s} {fmt(cus, '.2f'):>11s} "
+                      f"{fmt(ratio, '.3f'):>6s} {'yes' if x.generator_bound else 'no':>9s}"
+                      + ("" if x.sustained_ok else "  (not sustained: " + (x.why or "lag") + ")"))
+            if ratios:
+                print(f"{'':6s} {tag:20s} ratio over {len(ratios)} round(s): mean {sum(ratios) / len(ratios):.3f}, "
+                      f"min {min(ratios):.3f}, max {max(ratios):.3f}")
+    print("us/event = generator CPU seconds (coordinator + every worker) / SSE events counted on the mock over the "
+          "mock-side window; coord = the servelab bench process alone (with workers: the coordinator)")
+
+
 class LocalRay:
     """A one-node Ray cluster for the --ray configurations: ``ray start --head --block`` in a session of its
     own, pinned to the generator's CPUs with ``num_cpus`` actors' worth of CPUs; :meth:`stop` ends the whole
@@ -864,6 +967,12 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="also run servelab once under cProfile at its best rate")
     ap.add_argument("--workdir", default=None, help="where run artefacts go (default: a temp dir, kept)")
     ap.add_argument("--reprint", metavar="WORKDIR", help="print the table of an earlier run (its results.json)")
+    ap.add_argument("--compare-rates", default=None, metavar="R1,R2,...",
+                    help="servelab only: no search; every --workers (and --ray) configuration at each of these "
+                         "constant rates, interleaved, --repeats rounds; prints section E (CPU per event ratios)")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of --compare-rates")
+    ap.add_argument("--worker-cpus", choices=("spread", "one"), default="spread",
+                    help="K workers on CPUs 0..K-1 (spread; the last shared with the mock) or all on CPU 0 (one)")
     ap.add_argument("--workers", default="1", help="servelab: comma-separated worker counts, one search each "
                     "(servelab bench --workers K; 1 = one process)")
     ap.add_argument("--ray", action="store_true", help="servelab: also each worker count through a local Ray "
@@ -921,25 +1030,21 @@ def main() -> None:
         share = {"servelab": 0.3, "guidellm": 0.4, "aiperf": 0.3}
         total = sum(share[t] for t in tools)
         share = {t: share[t] / total for t in tools}
+        if a.compare_rates:
+            results = servelab_compare(mock, a, work, tok_json if a.servelab_tokenizer else None, sampler, configs,
+                                       ncpu)
+            tools = []
         for tool in tools:
             t_deadline = min(deadline, time.monotonic() + a.budget_s * share[tool])
             log(f"--- {tool}")
             if tool == "servelab":
                 per = (t_deadline - time.monotonic()) / len(configs)
                 for tag, k, ray in configs:
-                    GEN_CPU = ",".join(str(c) for c in range(min(k, ncpu))) if k > 1 else "0"
-                    cluster = LocalRay(GEN_CPU, k, work) if ray else None
-                    try:
-                        extra = ["--workers", str(k)] if k > 1 or ray else []
-                        extra += ["--ray", cluster.address] if cluster is not None else []
+                    with configured(k, ray, ncpu, a, work) as extra:
                         log(f"--- {tag}: {k} worker(s){' (Ray)' if ray else ''} on CPUs {GEN_CPU}, "
                             f"mock on CPU {MOCK_CPU}")
                         results[tag] = servelab_search(mock, a, work, tok_json if a.servelab_tokenizer else None,
                                                        sampler, min(t_deadline, time.monotonic() + per), tag, extra)
-                    finally:
-                        if cluster is not None:
-                            cluster.stop()
-                GEN_CPU = "0"
             elif tool == "guidellm":
                 results[tool] = peer_search(lambda rs: guidellm_steps(mock, rs, a, work, tok_dir, sampler, offset_ns),
                                             tool, a, t_deadline)
@@ -949,8 +1054,11 @@ def main() -> None:
         (work / "results.json").write_text(json.dumps(
             {"args": {k: v for k, v in vars(a).items()}, "info": info,
              "results": {t: [asdict(x) for x in st] for t, st in results.items()}}, default=str))
-        print_report(results, a, info)
-        if len(configs) > 1:
+        if a.compare_rates:
+            print_compare_report(results, configs, a)
+        else:
+            print_report(results, a, info)
+        if len(configs) > 1 and not a.compare_rates:
             print_workers_report(results, configs, a)
         if a.profile and "servelab" in results:
             b = best(results["servelab"], False) or best(results["servelab"], True)

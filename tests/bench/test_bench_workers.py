@@ -303,3 +303,13 @@ def test_ctrl_c_stops_every_worker(mock_engine, tmp_path):
     assert not summary["complete"] and summary["stopped_by"] == "SIGINT" and step["partial"]
     assert step["counts"]["submitted"] == len(lines) < 20000 and step["counts"]["failed"]["cancelled"] >= 1
     assert not [w["pid"] for w in summary["generator"]["workers"] if running(w["pid"])]
+
+
+def test_line_batch_round_trip() -> None:
+    """A worker's batch crosses the pipe as count, failed and the joined lines; an empty one has no lines."""
+    from servelab.bench.workers import LineBatch
+
+    lines = [b'{"id":1,"failure":null}', b'{"id":2,"failure":"timeout"}']
+    b = LineBatch.from_bytes(LineBatch.of(lines, 1).to_bytes())
+    assert (b.count, b.failed, b.split()) == (2, 1, lines)
+    assert LineBatch.from_bytes(LineBatch.of([], 0).to_bytes()).split() == []

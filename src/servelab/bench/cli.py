@@ -433,6 +433,9 @@ def _run_with_progress(cfg: Any, objectives: Any, factory: Any, counter: Any, en
             if rec.failure is not None:
                 state["fail"] += 1
             progress.update(state["task"], advance=1, info=f"failed {state['fail']}" if state["fail"] else "")
+        elif event == "requests" and state["task"] is not None:  # a batch from the workers (--workers, --ray)
+            state["fail"] += kw["failed"]
+            progress.update(state["task"], advance=kw["count"], info=f"failed {state['fail']}" if state["fail"] else "")
 
     bench = Bench(cfg, objectives, factory, counter=counter, engine_identity=engine_identity, progress=on_progress,
                   refuse_oversized=True)

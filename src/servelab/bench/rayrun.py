@@ -25,6 +25,8 @@ from typing import Any
 from servelab.bench.results import GeneratorWorker
 from servelab.bench.workers import (
     START_LEAD_S,
+    LineBatch,
+    OnLines,
     RunContext,
     StartAt,
     StepTask,
@@ -71,12 +73,15 @@ class RayWorkerActor:
         """Run the prepared share from ``start``; returns its :class:`~servelab.bench.results.WorkerStep`."""
         return self.core.go(start, lambda failed, line: self._buf.append((failed, line))).result()
 
-    def drain(self) -> list[tuple[bool, bytes]]:
-        """The lines finished since the last drain."""
-        out = []
+    def drain(self) -> LineBatch:
+        """The lines finished since the last drain, as one batch."""
+        lines: list[bytes] = []
+        failed = 0
         while self._buf:
-            out.append(self._buf.popleft())
-        return out
+            f, line = self._buf.popleft()
+            lines.append(line)
+            failed += f
+        return LineBatch.of(lines, failed)
 
     def cancel(self) -> bool:
         """Cancel the running share."""
@@ -157,18 +162,18 @@ class RayPool:
             out.append(generator_worker(k, samples))
         return out
 
-    async def _drain(self, k: int, on_line: Any, outcomes: dict[int, WorkerOutcome]) -> bool:
+    async def _drain(self, k: int, on_lines: OnLines, outcomes: dict[int, WorkerOutcome]) -> bool:
         """Forward worker ``k``'s buffered lines; False when the actor is gone."""
         try:
-            got = await self._actors[k].drain.remote()
+            got: LineBatch = await self._actors[k].drain.remote()
         except self._ray.exceptions.RayError:
             return False
-        for failed, line in got:
-            outcomes[k].lines += 1
-            on_line(k, failed, line)
+        if got.count:
+            outcomes[k].lines += got.count
+            on_lines(k, got)
         return True
 
-    async def run_step(self, tasks: dict[int, StepTask], on_line: Any) -> dict[int, WorkerOutcome]:
+    async def run_step(self, tasks: dict[int, StepTask], on_lines: OnLines) -> dict[int, WorkerOutcome]:
         """See :class:`servelab.bench.workers.Pool`."""
         outcomes = {k: WorkerOutcome() for k in tasks}
         ready = []
@@ -181,13 +186,13 @@ class RayPool:
         start = StartAt.ahead(START_LEAD_S["ray"])
         running = {k: asyncio.ensure_future(self._go(k, start)) for k in ready}
         try:
-            await self._follow(running, on_line, outcomes)
+            await self._follow(running, on_lines, outcomes)
         except asyncio.CancelledError:
             for k, fut in running.items():
                 if not fut.done():
                     self._actors[k].cancel.remote()
             try:
-                await asyncio.wait_for(self._follow(running, on_line, outcomes), 10)
+                await asyncio.wait_for(self._follow(running, on_lines, outcomes), 10)
             except (TimeoutError, asyncio.CancelledError):
                 pass
             raise
@@ -196,14 +201,14 @@ class RayPool:
     async def _go(self, k: int, start: StartAt) -> Any:
         return await self._actors[k].go.remote(start)
 
-    async def _follow(self, running: dict[int, asyncio.Task[Any]], on_line: Any,
+    async def _follow(self, running: dict[int, asyncio.Task[Any]], on_lines: OnLines,
                       outcomes: dict[int, WorkerOutcome]) -> None:
         pending = {k for k, f in running.items() if outcomes[k].report is None and outcomes[k].lost_reason is None}
         while pending:
             await asyncio.wait([running[k] for k in pending], timeout=DRAIN_EVERY_S)
             for k in list(pending):
                 fut = running[k]
-                ok = await self._drain(k, on_line, outcomes)
+                ok = await self._drain(k, on_lines, outcomes)
                 if not fut.done():
                     if not ok:
                         self._lose(k, outcomes, RuntimeError("the actor stopped answering"))

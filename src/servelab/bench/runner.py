@@ -16,6 +16,7 @@ The run directory (``out``) holds:
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import platform
 import sys
@@ -39,7 +40,7 @@ from servelab.bench.merge import clock_note, summary_record
 from servelab.bench.results import (SUMMARY_SCHEMA_VERSION, Generator, GeneratorWorker, LostPart, RequestLine, Summary,
                                     WorkerStep)
 from servelab.bench.saturation import DEFAULT_LAG_BOUND_S, CpuMeter, saturation, worker_step
-from servelab.bench.workers import LocalPool, Pool, RunContext, plan_step
+from servelab.bench.workers import LineBatch, LocalPool, Pool, RunContext, plan_step
 from servelab.bench.options import (
     MAX_BURSTINESS,
     MAX_CONCURRENCY,
@@ -361,28 +362,24 @@ def token_check(recs: list[RequestRecord], tokenizer: str | None) -> dict[str, A
 
 
 @dataclass
-class SeenRequest:
-    """What the ``request`` progress event carries in a multi-worker run (the record itself stays in the
-    worker): ``failure``, the failure class, or ``None`` for a success."""
-
-    failure: str | None = None
-
-
-@dataclass
 class _StepRun:
     """What one load step left: its records (single process) or lines (workers), the worker reports,
     the lost parts, and the single process's dispatch-lag samples."""
 
     records: list[RequestRecord] = dc_field(default_factory=list)
-    lines: list[bytes] = dc_field(default_factory=list)
+    batches: list[LineBatch] = dc_field(default_factory=list)
     workers: list[WorkerStep] = dc_field(default_factory=list)
     lost: list[LostPart] = dc_field(default_factory=list)
     dispatch_ns: list[int] | None = None
 
+    def lines(self) -> list[bytes]:
+        """Every line the workers sent, in arrival order."""
+        return [line for b in self.batches for line in b.split()]
+
     def finished(self) -> list[RequestRecord]:
         """The finished records, aligned for summaries (:func:`servelab.bench.merge.summary_record`)."""
-        if self.lines:
-            return sorted((summary_record(RequestLine.model_validate_json(b)) for b in self.lines),
+        if self.batches:
+            return sorted((summary_record(RequestLine.model_validate_json(b)) for b in self.lines()),
                           key=lambda r: r.request_id)
         return [r for r in self.records if r.end_ns is not None]
 
@@ -441,11 +438,12 @@ class Bench:
         self._jsonl.flush()
         self.progress("request", rec=rec)
 
-    def _on_line(self, worker: int, failed: bool, line: bytes, run: _StepRun) -> None:
-        self._jsonl.write(line + b"\n")  # as it arrives: a worker or coordinator killed later loses nothing written
+    def _on_lines(self, batch: LineBatch, run: _StepRun) -> None:
+        # one write + flush per batch, as it arrives: a worker or coordinator killed later loses nothing written
+        self._jsonl.write(batch.lines + b"\n")
         self._jsonl.flush()
-        run.lines.append(line)
-        self.progress("request", rec=SeenRequest("failed" if failed else None))
+        run.batches.append(batch)
+        self.progress("requests", count=batch.count, failed=batch.failed)
 
     def _write_summary(self) -> None:
         write_summary(self.out, self.summary)
@@ -503,6 +501,11 @@ class Bench:
         """Start the workers (when any) and describe the load generator for ``summary["generator"]``."""
         c = self.cfg
         if self._pool is None:
+            # as each worker does (workers.WorkerCore.setup): the run's long-lived objects (imported modules,
+            # the tokenizer) out of the collector's way, so a full collection mid-step stays short
+            # (https://docs.python.org/3/library/gc.html#gc.freeze)
+            gc.collect()
+            gc.freeze()
             gen = Generator(mode="process", hosts=1,
                             workers=[GeneratorWorker(worker=0, host=HOSTNAME, pid=os.getpid(), same_clock=True)])
             return gen.model_dump(exclude_none=True)
@@ -573,10 +576,10 @@ class Bench:
                           offsets_ns=offsets, fixed_count=c.requests is not None or load.kind == "open")
         first = self._next_id
         try:
-            outcomes = await self._pool.run_step(tasks, lambda k, failed, line: self._on_line(k, failed, line, run))
+            outcomes = await self._pool.run_step(tasks, lambda _k, batch: self._on_lines(batch, run))
         finally:  # ids stay unique: a closed loop ended by --duration used those up to its highest
             self._next_id = first + (n if c.requests is not None or load.kind == "open"
-                                     else max([_line_id(b) - first + 1 for b in run.lines] + [0]))
+                                     else max([_line_id(b) - first + 1 for b in run.lines()] + [0]))
         for k, task in tasks.items():
             o = outcomes[k]
             if o.report is not None:
@@ -633,7 +636,7 @@ class Bench:
             await self._load(session, model, headers, pool, n, load, label, warmup=False, seed=step_seed, run=run)
         except asyncio.CancelledError:
             # interrupted (Ctrl-C): summarise what finished, marked partial, before giving up
-            if run.lines or any(r.end_ns is not None for r in run.records):
+            if run.batches or any(r.end_ns is not None for r in run.records):
                 self.summary["steps"].append(self._step(wname, load, run, t_start, partial=True))
             raise
         step = self._step(wname, load, run, t_start)

@@ -36,6 +36,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -389,6 +390,36 @@ class WorkerCore:
 # the coordinator's view of a pool of workers
 
 
+@dataclass(frozen=True)
+class LineBatch:
+    """Finished requests' ``requests.jsonl`` lines as one worker sent them: ``lines`` is ``count`` JSON
+    lines joined by ``b"\\n"`` (no trailing newline), ``failed`` of them failed requests. One message,
+    one file write and one progress update per batch instead of per request."""
+
+    lines: bytes
+    count: int
+    failed: int = 0
+
+    @classmethod
+    def of(cls, lines: Sequence[bytes], failed: int) -> LineBatch:
+        """The batch of ``lines`` (each one JSON line, no newline)."""
+        return cls(b"\n".join(lines), len(lines), failed)
+
+    def split(self) -> list[bytes]:
+        """The lines, one bytes object each."""
+        return self.lines.split(b"\n") if self.count else []
+
+    def to_bytes(self) -> bytes:
+        """``count`` and ``failed`` (little-endian uint32 each), then ``lines``: :meth:`from_bytes` reads it."""
+        return struct.pack("<II", self.count, self.failed) + self.lines
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> LineBatch:
+        """The batch :meth:`to_bytes` wrote. Raises ``struct.error`` for fewer than 8 bytes."""
+        count, failed = struct.unpack_from("<II", data)
+        return cls(data[8:], count, failed)
+
+
 @dataclass
 class WorkerOutcome:
     """What one worker's share of a step came to: its report, or why it was lost."""
@@ -398,7 +429,8 @@ class WorkerOutcome:
     lines: int = 0
 
 
-OnLine = Callable[[int, bool, bytes], None]
+#: ``on_lines(worker, batch)``: called by a pool with each batch of a worker's finished lines as it arrives
+OnLines = Callable[[int, LineBatch], None]
 
 
 class Pool(Protocol):
@@ -412,10 +444,10 @@ class Pool(Protocol):
         """Start the workers, hand them ``ctx``, measure their clocks."""
         ...
 
-    async def run_step(self, tasks: dict[int, StepTask], on_line: OnLine) -> dict[int, WorkerOutcome]:
-        """Run one step's shares from a common start; ``on_line(worker, failed, line)`` per finished
-        request as it arrives. Cancelling it cancels the workers' shares (their cancelled requests
-        still arrive through ``on_line`` before it re-raises)."""
+    async def run_step(self, tasks: dict[int, StepTask], on_lines: OnLines) -> dict[int, WorkerOutcome]:
+        """Run one step's shares from a common start; ``on_lines(worker, batch)`` with each
+        :class:`LineBatch` of finished requests as it arrives. Cancelling it cancels the workers' shares
+        (their cancelled requests still arrive through ``on_lines`` before it re-raises)."""
         ...
 
     async def close(self) -> None:
@@ -439,6 +471,7 @@ def _process_main(conn: Any, index: int) -> None:
     core = WorkerCore(index)
     lock = threading.Lock()
     pending: list[bytes] = []  # lines not yet sent (touched on the loop thread only)
+    failed_pending = [0]
 
     def send(data: bytes) -> None:
         with lock:
@@ -446,8 +479,9 @@ def _process_main(conn: Any, index: int) -> None:
 
     def flush() -> None:
         if pending:
-            batch = b"B" + b"\n".join(pending)
+            batch = b"B" + LineBatch.of(pending, failed_pending[0]).to_bytes()
             pending.clear()
+            failed_pending[0] = 0
             send(batch)
 
     def emit(failed: bool, line: bytes) -> None:
@@ -455,7 +489,8 @@ def _process_main(conn: Any, index: int) -> None:
         # per batch instead of per request, which at hundreds of requests/s was most of the coordinator's CPU
         if not pending:
             core.loop.call_later(LINE_BATCH_S, flush)
-        pending.append((b"1" if failed else b"0") + line)
+        pending.append(line)
+        failed_pending[0] += failed
 
     def done(fut: concurrent.futures.Future[WorkerStep]) -> None:
         flush()  # every line before the report (same thread: the loop's)
@@ -515,7 +550,7 @@ class LocalPool:
         self._procs: dict[int, Any] = {}
         self._conns: dict[int, Any] = {}
         self._queues: dict[int, asyncio.Queue[tuple[bytes, bytes]]] = {}
-        self._on_line: OnLine | None = None
+        self._on_lines: OnLines | None = None
         self._lines: dict[int, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -539,11 +574,11 @@ class LocalPool:
 
     def _dispatch(self, k: int, data: bytes) -> None:
         tag = data[:1]
-        if tag == b"B":  # a batch of lines: b"B" + b"\n".join(flag + JSON line), flag b"1" = failed
-            for x in data[1:].split(b"\n"):
-                self._lines[k] = self._lines.get(k, 0) + 1
-                if self._on_line is not None:
-                    self._on_line(k, x[:1] == b"1", x[1:])
+        if tag == b"B":  # b"B" + LineBatch.to_bytes()
+            batch = LineBatch.from_bytes(data[1:])
+            self._lines[k] = self._lines.get(k, 0) + batch.count
+            if self._on_lines is not None:
+                self._on_lines(k, batch)
         else:
             self._queues[k].put_nowait((tag, data[1:]))
 
@@ -614,9 +649,9 @@ class LocalPool:
             out.append(generator_worker(k, samples))
         return out
 
-    async def run_step(self, tasks: dict[int, StepTask], on_line: OnLine) -> dict[int, WorkerOutcome]:
+    async def run_step(self, tasks: dict[int, StepTask], on_lines: OnLines) -> dict[int, WorkerOutcome]:
         """See :class:`Pool`."""
-        self._on_line = on_line
+        self._on_lines = on_lines
         outcomes = {k: WorkerOutcome() for k in tasks}
         self._lines = {k: 0 for k in tasks}
         try:
@@ -644,7 +679,7 @@ class LocalPool:
         finally:
             for k in outcomes:
                 outcomes[k].lines = self._lines.get(k, 0)
-            self._on_line = None
+            self._on_lines = None
         return outcomes
 
     async def _collect(self, ks: list[int], outcomes: dict[int, WorkerOutcome], timeout_s: float | None) -> None:
