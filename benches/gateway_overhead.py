@@ -39,8 +39,9 @@ that order (alternate them: this box is noisy), each as ``servelab gateway --wor
 the configs are the same; with no limits configured no request touches Redis). Every worker is pinned
 to ``--proxy-cpu`` with the supervisor (taskset is inherited), so ``req/core-s`` compares the cost per
 request of N processes sharing a core with one process; rows are named ``servelab-w<N>`` (``#k`` for the
-k-th run of the same N), and a closing line gives each run's req/core-s against the mean of the 1-worker
-runs (issue 15 item 6: within 10 %). ``--rps-only`` skips the latency part.
+k-th run of the same N); closing lines give each run's requests per worker (access log) and each
+multi-worker run's req/core-s against the 1-worker run just before it (issue 15 item 6: within 10 %).
+``--rps-only`` skips the latency part.
 """
 
 from __future__ import annotations
@@ -206,7 +207,10 @@ def start_servelab(mock_url: str, work: Path, cpu: int, tag: str, workers: int =
     log = work / f"gateway-{tag}.log"
     proc = _spawn([str(SERVELAB), "gateway", "--config", str(path),
                    *(["--workers", str(workers)] if workers else [])], cpu, log)
-    _wait_ready(f"http://127.0.0.1:{port}/health", proc, log, 60, line="listening on")
+    # the command's own line, printed once every worker is up (each worker's log line "servelab.gateway: gateway
+    # listening on ..." also says "listening on": waiting for that let the bench open its keep-alive
+    # connections while worker 1 was still starting, and worker 0 then served every request of the run)
+    _wait_ready(f"http://127.0.0.1:{port}/health", proc, log, 60, line="servelab gateway listening on")
     return Proxy("servelab", f"http://127.0.0.1:{port}/v1", f"sk-sl-bench-{secret}", proc, log)
 
 
@@ -259,13 +263,39 @@ def _worker_targets(ap: argparse.ArgumentParser, spec: str | None) -> dict[str, 
     return out
 
 
-def _print_worker_ratio(gw_workers: dict[str, int], rps: dict[str, tuple[float, float]]) -> None:
-    ones = [rps[t][1] for t, n in gw_workers.items() if n == 1 and t in rps]
-    if ones:
-        base = sum(ones) / len(ones)
-        print(f"\nreq/core-s against the mean of the 1-worker runs ({base:.1f}): "
-              + ", ".join(f"{t} {rps[t][1]:.1f} ({(rps[t][1] / base - 1) * 100:+.1f} %)" for t in gw_workers
-                          if t in rps))
+def _worker_split(access_log: Path) -> dict[int, int]:
+    """Requests per gateway worker, from the access log's ``worker`` field (warmup included)."""
+    out: dict[int, int] = {}
+    try:
+        with open(access_log, "rb") as f:
+            for line in f:
+                w = json.loads(line).get("worker")
+                out[w] = out.get(w, 0) + 1
+    except OSError:
+        pass
+    return out
+
+
+def _print_worker_ratio(gw_workers: dict[str, int], rps: dict[str, tuple[float, float]],
+                        split: dict[str, dict[int, int]]) -> None:
+    """Each run's requests per worker, and each run's req/core-s against the 1-worker run just before it
+    (runs side by side in time; never a mean over runs that did not run together)."""
+    if not gw_workers:
+        return
+    print("\nrequests per gateway worker (access log): " + "; ".join(
+        f"{t} " + " / ".join(f"w{w}: {n}" for w, n in sorted(split.get(t, {}).items(), key=lambda x: str(x[0])))
+        for t in gw_workers if t in rps))
+    prev: str | None = None
+    pairs = []
+    for t, n in gw_workers.items():
+        if t not in rps:
+            continue
+        if n == 1:
+            prev = t
+        elif prev is not None:
+            pairs.append(f"{t} / {prev}: {rps[t][1]:.1f} / {rps[prev][1]:.1f} = {rps[t][1] / rps[prev][1]:.3f}")
+    if pairs:
+        print("req/core-s, each multi-worker run against the 1-worker run before it: " + "; ".join(pairs))
 
 
 def _print_latency(a: argparse.Namespace, lat: dict[str, dict[int, dict[str, Any]]], conc: list[int],
@@ -360,6 +390,7 @@ def main() -> None:
     redis_proc, redis_url = start_redis(work, a.client_cpu) if gw_workers else (None, None)
     lat: dict[str, dict[int, dict[str, Any]]] = {}
     rps: dict[str, tuple[float, float]] = {}
+    split: dict[str, dict[int, int]] = {}
     try:
         for t in targets:
             phases = (("rps", rps_mock),) if a.rps_only else (("latency", lat_mock), ("rps", rps_mock))
@@ -399,6 +430,8 @@ def main() -> None:
                         served = sum(1 for ln in lines if json.loads(ln)["failure"] is None)
                         rps[t] = (step["throughput"]["requests_per_s"] or 0.0,
                                   served / cpu if cpu > 0 else float("nan"))
+                        if t in gw_workers:
+                            split[t] = _worker_split(work / f"gateway-{phase}-{t}-access.log")
                 finally:
                     p.stop()
     finally:
@@ -417,7 +450,7 @@ def main() -> None:
         if t in rps:
             r, per_core = rps[t]
             print(f"{t:<9} {r:>8.1f} {'' if t == 'direct' else f'{per_core:.1f}':>11}")
-    _print_worker_ratio(gw_workers, rps)
+    _print_worker_ratio(gw_workers, rps, split)
     if "servelab" in rps and "litellm" in rps:
         print(f"\nservelab / LiteLLM: req/s {rps['servelab'][0] / rps['litellm'][0]:.1f}x, "
               f"req per proxy core-second {rps['servelab'][1] / rps['litellm'][1]:.1f}x (target >= 5x)")

@@ -189,6 +189,43 @@ def test_sqlite_is_wal_and_writes_off_the_event_loop(tmp_path) -> None:
     conn.close()
 
 
+def test_sqlite_rows_share_a_transaction_and_a_call_ends_the_wait(tmp_path) -> None:
+    """Rows recorded one at a time, as a lightly loaded gateway records them, go to the database in one
+    transaction per linger window, not one per row; a flush while the writer waits (here a 30 s linger)
+    returns at once with every row before it committed, and close() does not wait out the linger."""
+    path = tmp_path / "u.db"
+    batches: list[int] = []
+
+    async def go() -> tuple[float, float]:
+        led = SqliteLedger(path, linger_s=30.0)
+        await led.start()
+        orig = led._write
+
+        def spy(conn, rows):
+            if rows:
+                batches.append(len(rows))
+            return orig(conn, rows)
+
+        led._write = spy  # type: ignore[method-assign]
+        for r in _rows(20, seed=5):
+            await led.record(r)
+            await asyncio.sleep(0.01)  # one row at a time: the writer is idle between them
+        t0 = time.perf_counter()
+        await led.flush()
+        flush_s = time.perf_counter() - t0
+        await led.record(_rows(1, seed=6)[0])
+        t1 = time.perf_counter()
+        await led.close()
+        return flush_s, time.perf_counter() - t1
+
+    flush_s, close_s = asyncio.run(go())
+    assert flush_s < 10.0 and close_s < 10.0, (flush_s, close_s)  # far below the 30 s linger
+    assert batches == [20, 1], batches
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT COUNT(*) FROM servelab_usage").fetchone()[0] == 21
+    conn.close()
+
+
 def test_sqlite_not_started_is_clear(tmp_path) -> None:
     async def go():
         led = SqliteLedger(tmp_path / "x.db")

@@ -4,8 +4,8 @@ Two stores with the same :class:`Ledger` interface, both creating their own sche
 
 - :class:`SqliteLedger` (default, one gateway replica): a single writer thread owns the connection;
   :meth:`~SqliteLedger.record` only enqueues (no disk I/O on the event loop), the thread inserts in
-  batches of up to ``batch_max_rows`` per transaction, in WAL mode (readers never block the writer;
-  https://www.sqlite.org/wal.html, checked 2026-11-30).
+  batches of up to ``batch_max_rows`` per transaction (waiting up to :data:`SQLITE_LINGER_S` for more),
+  in WAL mode (readers never block the writer; https://www.sqlite.org/wal.html, checked 2026-11-30).
 - :class:`PostgresLedger` (N replicas, one shared database): asyncpg pool; rows are buffered and written
   with ``COPY`` (``copy_records_to_table``) every ``flush_interval_s`` or every ``batch_max_rows``.
 
@@ -218,23 +218,33 @@ class _Call:
 
 
 _STOP = object()
+#: after a usage row reaches an idle SQLite writer, how long it waits for more rows before one transaction
+#: commits them all, seconds. Without it each row of a lightly loaded gateway was its own BEGIN/INSERT/COMMIT
+#: (and, with ``--workers N``, its own turn at the database's write lock): ~20 % more gateway CPU per
+#: request at 2 workers on one core (benches/gateway_overhead.py). Rows are in the usage journal before
+#: they reach the ledger, so waiting loses nothing on a crash; a call (flush, a query) ends the wait at once.
+SQLITE_LINGER_S = 0.05
 
 
 class SqliteLedger:
     """Usage ledger in a SQLite file (WAL), written by one background thread in batches.
 
-    ``path``: the database file (parent folders are created). ``batch_max_rows``: rows per transaction.
+    ``path``: the database file (parent folders are created). ``batch_max_rows``: rows per transaction;
+    a transaction waits up to ``linger_s`` (:data:`SQLITE_LINGER_S`) after its first row for more.
     ``max_pending_rows``: when more rows wait in the queue, :meth:`record` awaits a flush (backpressure
     instead of unbounded memory). A failed write (disk full, …) is logged with the number of rows lost
     and counted in ``dropped_rows``; it never raises into the request path.
     """
 
-    def __init__(self, path: str | Path, batch_max_rows: int = 500, max_pending_rows: int = 100_000) -> None:
+    def __init__(self, path: str | Path, batch_max_rows: int = 500, max_pending_rows: int = 100_000,
+                 linger_s: float = SQLITE_LINGER_S) -> None:
         self.path = Path(path)
         self.batch_max_rows = batch_max_rows
+        self.linger_s = linger_s
         self.max_pending_rows = max_pending_rows
         self.dropped_rows = 0
         self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._urgent = threading.Event()  # set with each call or stop: ends the writer's linger
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -281,12 +291,7 @@ class SqliteLedger:
         ready.put(None)
         try:
             while True:
-                items = [self._q.get()]
-                while len(items) < self.batch_max_rows:
-                    try:
-                        items.append(self._q.get_nowait())
-                    except queue.Empty:
-                        break
+                items = self._gather()
                 rows: list[UsageRow] = []
                 for it in items:
                     if isinstance(it, UsageRow):
@@ -306,12 +311,29 @@ class SqliteLedger:
         finally:
             conn.close()
 
+    def _gather(self) -> list[Any]:
+        """The next batch (writer thread): the first item, then, when it is a usage row, up to ``linger_s``
+        for more (a call or stop ends the wait at once: :meth:`_call` sets ``_urgent``), then everything
+        queued, up to ``batch_max_rows``. Rows queued during the wait do not wake this thread: one wake-up
+        per batch, not per row (each wake-up is a GIL hand-over with the event loop)."""
+        items = [self._q.get()]
+        if isinstance(items[0], UsageRow) and self.linger_s > 0:
+            self._urgent.wait(self.linger_s)
+        self._urgent.clear()  # a call that set it meanwhile is in the queue, taken just below
+        while len(items) < self.batch_max_rows:
+            try:
+                items.append(self._q.get_nowait())
+            except queue.Empty:
+                break
+        return items
+
     async def _call(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         if self._thread is None or self._closed:
             raise RuntimeError("SqliteLedger is not started (call await start()) or already closed")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._q.put(_Call(fn, fut, loop))
+        self._urgent.set()
         return await fut
 
     async def ping(self, timeout_s: float = 1.0) -> None:
@@ -392,6 +414,7 @@ class SqliteLedger:
             return
         self._closed = True
         self._q.put(_STOP)
+        self._urgent.set()
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
 
 
