@@ -157,6 +157,12 @@ def test_mixed_lang_exact_lengths_and_tokens_per_char(mock_engine, tmp_path: Pat
     assert lang["tokens"] == sum(targets)
     assert lang["tokens_per_char"] == pytest.approx(sum(targets) / lang["characters"])
     assert 0.15 < lang["han_share"] < 0.6  # mixed: Chinese and English both present
+    # servelab summarize keeps the workload's own block (not computable from requests.jsonl) and says so
+    rb = subprocess.run([*SERVELAB, "summarize", "--quiet", str(out)], capture_output=True, text=True, timeout=120)
+    assert rb.returncode == 0, rb.stderr
+    rebuilt, _ = load(out)
+    assert rebuilt["steps"][0]["language"] == lang
+    assert "language" in rebuilt["rebuilt"]["kept_from_summary"]
 
 
 @pytest.mark.parametrize(("args", "msg"), [

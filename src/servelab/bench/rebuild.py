@@ -1,7 +1,8 @@
 """Rebuild a run's ``summary.json`` from its ``requests.jsonl`` (``servelab summarize DIR``), after the
 bench was killed (``kill -9``, OOM, power loss of the client) or its summary was lost.
 
-``requests.jsonl`` is written one line per finished request, each line written and flushed at once,
+``requests.jsonl`` is written one line per finished request (with workers, each batch of lines that
+arrives), each write flushed at once,
 so after a crash it holds every request that finished, and at most its last line is cut short; that
 line is ignored and reported. Every other line must be intact. The summary is computed by the
 bench's own code (:func:`servelab.bench.runner.step_summary`) from the records the lines hold, in the
@@ -13,8 +14,9 @@ from the rebuilt counts (the summary says how many lines it read, not how many w
 A run with several load-generator workers (``--workers``, ``--ray``) is rebuilt the same way as the
 bench summarised it: from all lines together, each worker's stamps aligned to its start
 (:func:`servelab.bench.merge.summary_record`); what only the workers measured (their CPU use, the
-saturation verdict, lost parts) is not in ``requests.jsonl`` and is kept from the old summary when it
-is there.
+saturation verdict, lost parts) is not in ``requests.jsonl``; neither is a workload's own block (``rag``,
+``mixed_lang``, sessions, agent, trace replay, …). Every such field of a step is kept from the old summary
+when it is there, and ``rebuilt.kept_from_summary`` names them; without the old summary they are absent.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def rebuild_summary(run_dir: str | Path) -> tuple[dict[str, Any], Lines]:
     if isinstance(old.get("started_unix_s"), (int, float)):
         summary["started_unix_s"] = old["started_unix_s"]
     complete = True
+    kept: set[str] = set()
     for wi, wname in enumerate(cfg.workloads):
         broken_at: str | None = None
         for si, load in enumerate(loads):
@@ -145,9 +148,12 @@ def rebuild_summary(run_dir: str | Path) -> tuple[dict[str, Any], Lines]:
             old_step = old_steps.get((wname, load.label), {})
             partial = partial or bool(old_step.get("lost"))
             step = step_summary(wname, load, recs, objectives, tokenizer, started, partial=partial)
-            for key in ("workers", "lost", "saturation"):  # measured by the workers, not in requests.jsonl
-                if old_step.get(key):
-                    step[key] = old_step[key]
+            # what the bench added beyond the records (the workers' CPU and lost parts, the saturation
+            # verdict, a workload's own block: rag, mixed_lang, sessions, …) is not in requests.jsonl
+            for key, value in old_step.items():
+                if key not in step and value:
+                    step[key] = value
+                    kept.add(key)
             summary["steps"].append(step)
             complete = complete and not partial
             if objectives and not step["slo_met"] and cfg.stop_on_slo and not partial:
@@ -162,7 +168,7 @@ def rebuild_summary(run_dir: str | Path) -> tuple[dict[str, Any], Lines]:
         summary["generator"] = old["generator"]
     summary["rebuilt"] = {"from": "requests.jsonl", "lines": found.lines,
                           "truncated_last_line": found.truncated_last_line, "partial": not complete,
-                          "rebuilt_unix_s": time.time()}
+                          "rebuilt_unix_s": time.time(), "kept_from_summary": sorted(kept)}
     return summary, found
 
 

@@ -338,6 +338,8 @@ class Rebuilt(ResultModel):
     truncated_last_line: bool = False
     partial: bool = False
     rebuilt_unix_s: float | None = None
+    #: step fields not computable from requests.jsonl, kept from the summary that was there before
+    kept_from_summary: list[str] = Field(default_factory=list)
 
 
 class Summary(ResultModel):
