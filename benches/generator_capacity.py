@@ -818,6 +818,13 @@ def servelab_compare(mock: Mock, a: argparse.Namespace, work: Path, tok: str | N
     return out
 
 
+def us_per_event(st: Step, who: str = "gen") -> float | None:
+    """CPU microseconds per SSE event of ``who`` (``gen``: the whole generator; ``coord``: the bench
+    process alone) over the step's mock-side window; None when either figure is missing."""
+    cpu = st.cpu.get(who)
+    return cpu / st.events_per_s * 1e6 if cpu is not None and st.events_per_s else None
+
+
 def print_compare_report(results: dict[str, list[Step]], configs: list[tuple[str, int, bool]],
                          a: argparse.Namespace) -> None:
     """Section E: CPU per SSE event of each configuration at each fixed rate, per round, and its ratio to
@@ -838,12 +845,9 @@ def print_compare_report(results: dict[str, list[Step]], configs: list[tuple[str
             ratios = []
             for i, x in enumerate(per[tag]):
                 g = x.cpu.get("gen")
-                us = g / x.events_per_s * 1e6 if g and x.events_per_s else None
-                c = x.cpu.get("coord")
-                cus = c / x.events_per_s * 1e6 if c is not None and x.events_per_s else None
+                us, cus = us_per_event(x), us_per_event(x, "coord")
                 b = per[base_tag][i] if i < len(per[base_tag]) else None
-                bg = b.cpu.get("gen") if b is not None else None
-                bus = bg / b.events_per_s * 1e6 if b is not None and bg and b.events_per_s else None
+                bus = us_per_event(b) if b is not None else None
                 ratio = us / bus if us and bus and tag != base_tag else None
                 if ratio is not None:
                     ratios.append(ratio)

@@ -18,7 +18,6 @@ the head) installed for the same Python version: see docs/distributed-bench.md.
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
 from typing import Any
 
@@ -26,6 +25,7 @@ from servelab.bench.results import GeneratorWorker
 from servelab.bench.workers import (
     START_LEAD_S,
     LineBatch,
+    LineBuffer,
     OnLines,
     RunContext,
     StartAt,
@@ -53,7 +53,7 @@ class RayWorkerActor:
         import ray
 
         self.core = WorkerCore(index, node_id=ray.get_runtime_context().get_node_id())
-        self._buf: collections.deque[tuple[bool, bytes]] = collections.deque()
+        self._buf = LineBuffer()
 
     def setup(self, ctx: RunContext) -> bool:
         """Take the run's context; True when ready."""
@@ -71,17 +71,11 @@ class RayWorkerActor:
 
     def go(self, start: StartAt) -> Any:
         """Run the prepared share from ``start``; returns its :class:`~servelab.bench.results.WorkerStep`."""
-        return self.core.go(start, lambda failed, line: self._buf.append((failed, line))).result()
+        return self.core.go(start, self._buf.add).result()
 
     def drain(self) -> LineBatch:
         """The lines finished since the last drain, as one batch."""
-        lines: list[bytes] = []
-        failed = 0
-        while self._buf:
-            f, line = self._buf.popleft()
-            lines.append(line)
-            failed += f
-        return LineBatch.of(lines, failed)
+        return self._buf.take()
 
     def cancel(self) -> bool:
         """Cancel the running share."""

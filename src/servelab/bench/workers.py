@@ -263,7 +263,7 @@ class StartAt:
         return time.monotonic_ns() + (self.wall_ns - time.time_ns())
 
 
-Emit = Callable[[bool, bytes], None]
+Emit = Callable[[bool, bytes], object]  # its result is ignored
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -420,6 +420,30 @@ class LineBatch:
         return cls(data[8:], count, failed)
 
 
+class LineBuffer:
+    """A worker's finished lines not yet handed on: :meth:`add` from the worker's loop thread, :meth:`take`
+    from any thread (a Ray actor drains it from its own), under a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lines: list[bytes] = []
+        self._failed = 0
+
+    def add(self, failed: bool, line: bytes) -> bool:
+        """Keep ``line``; True when the buffer was empty before it (the caller may schedule a send)."""
+        with self._lock:
+            self._lines.append(line)
+            self._failed += failed
+            return len(self._lines) == 1
+
+    def take(self) -> LineBatch:
+        """Everything kept so far, as one batch (empty when nothing was)."""
+        with self._lock:
+            lines, failed = self._lines, self._failed
+            self._lines, self._failed = [], 0
+        return LineBatch.of(lines, failed)
+
+
 @dataclass
 class WorkerOutcome:
     """What one worker's share of a step came to: its report, or why it was lost."""
@@ -470,27 +494,22 @@ def _process_main(conn: Any, index: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the coordinator decides
     core = WorkerCore(index)
     lock = threading.Lock()
-    pending: list[bytes] = []  # lines not yet sent (touched on the loop thread only)
-    failed_pending = [0]
+    pending = LineBuffer()  # lines not yet sent
 
     def send(data: bytes) -> None:
         with lock:
             conn.send_bytes(data)
 
     def flush() -> None:
-        if pending:
-            batch = b"B" + LineBatch.of(pending, failed_pending[0]).to_bytes()
-            pending.clear()
-            failed_pending[0] = 0
-            send(batch)
+        batch = pending.take()
+        if batch.count:
+            send(b"B" + batch.to_bytes())
 
     def emit(failed: bool, line: bytes) -> None:
         # lines go out in batches at most LINE_BATCH_S old: one pipe message (and one coordinator wake-up)
         # per batch instead of per request, which at hundreds of requests/s was most of the coordinator's CPU
-        if not pending:
+        if pending.add(failed, line):
             core.loop.call_later(LINE_BATCH_S, flush)
-        pending.append(line)
-        failed_pending[0] += failed
 
     def done(fut: concurrent.futures.Future[WorkerStep]) -> None:
         flush()  # every line before the report (same thread: the loop's)

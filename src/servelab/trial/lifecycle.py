@@ -186,11 +186,11 @@ def restart_under_load(engine: Any, relaunch: Callable[[int], Any], *, clients: 
     async def client(session: Any, k: int) -> None:
         while running():
             rec = RequestRecord(request_id=k, workload="restart")
-            sent = time.monotonic()
             await send(session, engine.base_url, model or engine.model_name, _spec(max_tokens), rec,
                        timeout_s=timeout_s)
-            done.append((sent, time.monotonic(), rec.ok,
-                         None if rec.ok else (rec.failure.value if rec.failure else "?")))
+            end = time.monotonic()
+            sent = rec.sent_ns / 1e9 if rec.sent_ns is not None else end  # the record's own monotonic stamp
+            done.append((sent, end, rec.ok, None if rec.ok else (rec.failure.value if rec.failure else "?")))
             if not rec.ok:
                 await asyncio.sleep(0.2)  # a down engine refuses at once: retry at 5/s per client, not in a spin
 
