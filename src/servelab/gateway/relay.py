@@ -33,7 +33,8 @@ from servelab.gateway import degrade, scrub
 from servelab.gateway.errors import GatewayError
 from servelab.gateway.metrics import GatewayMetrics
 from servelab.gateway.reqstate import RequestState, UpstreamFailed
-from servelab.gateway.sse import DONE, DONE_EVENT, carries_token, count_token_events, events, split_complete
+from servelab.gateway.sse import DONE, DONE_EVENT, count_token_events, events, split_complete
+from servelab.wire.stream import choices_carry_token
 from servelab.wire.types import normalize_finish
 
 __all__ = ["Relay", "map_finish_bytes", "openai_finish", "public_model"]
@@ -163,7 +164,6 @@ class Relay:
         saw_finish = False
         last_ns = 0
         ttft_h, itl, _, _ = self.metrics.model(r.model)
-        chat = r.endpoint == "chat"
         error: GatewayError | None = None
         cut = False
         try:
@@ -174,7 +174,7 @@ class Relay:
                     continue
                 block, buf = split
                 if not first or b'"usage":{' in block or b'"usage": {' in block or b'"error"' in block:
-                    block, ntok, error, done = self.inspect(block, hide, r, client_usage, chat)
+                    block, ntok, error, done = self.inspect(block, hide, r, client_usage)
                     saw_done = saw_done or done
                 else:
                     ntok = count_token_events(block)
@@ -205,7 +205,7 @@ class Relay:
                         # the client went away without the handler being cancelled: stop here; leaving
                         # this function closes the upstream response, which cancels the engine's work
                         r.outcome = "client_disconnect"
-                        self.charge_unread(hide, r, buf, resp, client_usage, chat)
+                        self.charge_unread(hide, r, buf, resp, client_usage)
                         return (out if out is not None else web.Response(status=499)), None
                 if ntok > 0:
                     t = _now()
@@ -226,7 +226,7 @@ class Relay:
             cut = True
         except asyncio.CancelledError:  # the client went away (handler cancelled)
             if out is not None:
-                self.charge_unread(hide, r, buf, resp, client_usage, chat)
+                self.charge_unread(hide, r, buf, resp, client_usage)
             raise
         if error is None and not saw_done and not saw_finish:
             cut = True
@@ -247,7 +247,7 @@ class Relay:
         return out, error is None
 
     def charge_unread(self, hide: tuple[str, ...], r: RequestState, buf: bytes, resp: aiohttp.ClientResponse,
-                       client_usage: bool, chat: bool) -> None:
+                       client_usage: bool) -> None:
         """The client left mid-stream: also charge the complete events the engine already delivered to
         this process but that were not forwarded (``buf`` and the upstream read buffer; a usage chunk among
         them is taken as usage). An incomplete trailing event is not charged: what it is cannot be told."""
@@ -255,7 +255,7 @@ class Relay:
             buf += resp.content.read_nowait()
         split = split_complete(buf.replace(b"\r\n", b"\n"))
         if split is not None:
-            _, ntok, _, _ = self.inspect(split[0], hide, r, client_usage, chat)
+            _, ntok, _, _ = self.inspect(split[0], hide, r, client_usage)
             r.token_events += ntok
 
     async def prepare(self, request: web.Request, r: RequestState) -> tuple[web.StreamResponse, Any]:
@@ -267,8 +267,8 @@ class Relay:
         r.status = 200
         return out, writer
 
-    def inspect(self, block: bytes, hide: tuple[str, ...], r: RequestState, client_usage: bool,
-                 chat: bool) -> tuple[bytes, int, GatewayError | None, bool]:
+    def inspect(self, block: bytes, hide: tuple[str, ...], r: RequestState,
+                client_usage: bool) -> tuple[bytes, int, GatewayError | None, bool]:
         """Slow path for one block of complete events: find usage, errors, token-carrying events; drop
         the usage-only chunk unless the client asked for usage. Returns (bytes to forward, token events,
         error, saw [DONE])."""
@@ -299,7 +299,7 @@ class Relay:
                 if not choices and not client_usage:
                     changed = True
                     continue
-            if choices and carries_token(choices, chat):
+            if choices_carry_token(choices):
                 ntok += 1
             kept.append(ev_bytes)
         if not changed and kept:

@@ -1,4 +1,4 @@
-"""The gateway's one SSE splitter and its one definition of a token-carrying chunk.
+"""The gateway's one SSE splitter.
 
 The relay (:mod:`servelab.gateway.relay`) forwards an engine's stream read by read and must not parse
 what it only passes on, so it works on *blocks*: the complete events a read completed, as bytes
@@ -6,16 +6,15 @@ what it only passes on, so it works on *blocks*: the complete events a read comp
 parsing with timing, for the shadow comparison, is the wire layer's
 :class:`servelab.wire.stream.StreamParser`; both read the same SSE framing (``data:`` lines, events
 ended by a blank line, ``\\r\\n`` accepted; https://html.spec.whatwg.org/multipage/server-sent-events.html,
-read 2026-12-01) and the same token-carrying rule as the wire layer (content, reasoning or a tool-call
-fragment; completions ``text``; ENGINE_WIRE.md case 1).
+read 2026-12-01) and the relay asks the wire layer's :func:`servelab.wire.stream.choices_carry_token` whether a
+chunk carries a token, the rule the measurements stamp ``chunk_ns`` by.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
-__all__ = ["DONE", "DONE_EVENT", "carries_token", "count_token_events", "events", "split_complete"]
+__all__ = ["DONE", "DONE_EVENT", "count_token_events", "events", "split_complete"]
 
 #: the payload and the whole event that end an OpenAI stream
 DONE = b"[DONE]"
@@ -49,19 +48,3 @@ def count_token_events(block: bytes) -> int:
     first token passed): ``data:`` lines that are not ``[DONE]``, an empty delta or empty content."""
     return (block.count(b"data:") - block.count(b"data: [DONE]") - block.count(b'"delta":{}')
             - block.count(b'"content":""') - block.count(b'"text":""'))
-
-
-def carries_token(choices: Any, chat: bool) -> bool:
-    """True when a chunk's ``choices`` carry generated text, reasoning or a tool-call fragment (chat
-    ``delta``; completions ``text``)."""
-    for ch in choices:
-        if not isinstance(ch, dict):
-            continue
-        if chat:
-            d = ch.get("delta")
-            if isinstance(d, dict) and (d.get("content") or d.get("reasoning_content") or d.get("reasoning")
-                                        or d.get("tool_calls")):
-                return True
-        elif ch.get("text"):
-            return True
-    return False

@@ -17,6 +17,34 @@ from servelab.wire.types import FailureClass, RequestRecord, ToolCall, normalize
 
 _DONE = b"[DONE]"
 
+#: the fields of a chat ``delta`` (or of a non-streamed ``message``) whose non-empty value makes an event
+#: token-carrying: answer text, reasoning (``reasoning_content``: vLLM/SGLang/DeepSeek; ``reasoning``:
+#: Ollama and newer vLLM) and tool-call fragments (ENGINE_WIRE.md cases 1, 11-14)
+TOKEN_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
+
+
+def choices_carry_token(choices: Any) -> bool:
+    """True when an event's ``choices`` (a list; anything else is False) carry a token by the rule
+    :func:`apply_event` stamps ``chunk_ns`` with: a choice's non-empty ``delta`` with a non-empty
+    :data:`TOKEN_FIELDS` field, or, without a delta, a non-empty completions ``text`` or ``message`` field.
+    For code that relays a stream without accumulating it (the gateway); one definition for both."""
+    if not isinstance(choices, list):
+        return False
+    for ch in choices:
+        if not isinstance(ch, dict):
+            continue
+        delta = ch.get("delta")
+        if delta:
+            if isinstance(delta, dict) and any(delta.get(f) for f in TOKEN_FIELDS):
+                return True
+            continue
+        if ch.get("text"):
+            return True
+        msg = ch.get("message")
+        if isinstance(msg, dict) and any(msg.get(f) for f in TOKEN_FIELDS):
+            return True
+    return False
+
 
 class StreamParser:
     """Feeds raw body bytes into a :class:`RequestRecord`.
@@ -130,7 +158,11 @@ def apply_event(rec: RequestRecord, ev: dict[str, Any], t_ns: int, state: Stream
         if not isinstance(ch, dict):
             continue
         delta = ch.get("delta")
-        carried = (_apply_delta(rec, delta, t_ns) if delta else _apply_whole(rec, ch, t_ns)) or carried
+        if not delta:
+            carried = _apply_whole(rec, ch, t_ns) or carried
+        elif isinstance(delta, dict):
+            carried = _apply_delta(rec, delta, t_ns) or carried
+        # else: a delta that is not an object carries nothing (choices_carry_token agrees)
         fr = ch.get("finish_reason")
         if fr:
             rec.finish_reason_raw = fr
