@@ -32,7 +32,7 @@ def test_never_early_and_no_descriptor_left(mode: str, monkeypatch: pytest.Monke
         early = []
         t = time.monotonic_ns() + 3_000_000
         for i in range(60):
-            t += 1_700_000 + 300_000 * (i % 5)  # around and past the 200 us tail and the 1.5 ms spin
+            t += 1_700_000 + 300_000 * (i % 5)  # around and past the 1 ms tail and the 1.5 ms spin
             await waketimer.sleep_until_ns(t)
             early.append(time.monotonic_ns() - t)
         await waketimer.sleep_until_ns(time.monotonic_ns() - 1_000_000)  # already past: returns at once

@@ -4,7 +4,8 @@ asyncio and uvloop wait for timers with ``epoll_wait``'s millisecond timeout (li
 whole milliseconds), so an ordinary ``asyncio.sleep`` until an arrival time wakes up to ~1 ms late.
 Spinning through the last milliseconds (``sleep(0)`` until due) removes that lag but burns the CPU
 it spins on: at 100 arrivals/s a 1.5 ms spin is ~15 % of a core, and with several load-generator
-processes on one core a spinning process also holds the core the others need.
+processes on one core a spinning process also holds the core the others need. So the loop sleeps on a
+timerfd until ``_TAIL_NS`` (1 ms) before the instant and yield-spins only that last part.
 
 On Linux a ``timerfd`` (``timerfd_create(2)``, ``CLOCK_MONOTONIC``, absolute expiry) becomes readable
 at the instant itself — the kernel's high-resolution timers, precise to microseconds — and the event
@@ -30,10 +31,15 @@ import time
 
 _now = time.monotonic_ns
 _SPIN_NS = 1_500_000  # fallback: event loops wake timers on a 1 ms grid, so yield-spin through the last 1.5 ms
-#: the timerfd wakes this long before the instant and the rest is yield-spun: a sleeping process needs
-#: the scheduler to run it again (median ~100 us on this 2-core box at load average 5, 600 waits), and a
-#: spin that short costs ~2 % of a core at 100 arrivals/s (1.5 ms of spin cost ~15 %)
-_TAIL_NS = 200_000
+#: the timerfd wakes this long before the instant and the rest is yield-spun (I/O keeps flowing). A
+#: sleeping process needs the scheduler, and on a VM the host, to run it again, and a loop busy with a
+#: response when the timerfd fires runs it only after that work. Measured 2026-12-02 00:20 with
+#: ``benches/replay_lateness.py --tails-us 200,1000 --rounds 3`` (200 arrivals at ~98 req/s, zero-delay
+#: mock, interleaved): lateness P99 with a 200 us tail 1.48 / 1.66 / 2.19 ms, with 1 ms 0.30 / 0.54 /
+#: 1.12 ms; a blocking sleep to each instant (no work at all) 0.97 / 0.31 / 0.62 ms; generator CPU per
+#: run 0.34-0.37 s vs 0.42-0.44 s with 1 ms (+20-30 %: the spin also keeps the vCPU from halting, which
+#: is what makes it prompt on this VM).
+_TAIL_NS = 1_000_000
 
 _CLOCK_MONOTONIC = 1
 _TFD_TIMER_ABSTIME = 1
@@ -98,7 +104,7 @@ async def _spin_until_ns(t_ns: int) -> None:
 
 async def sleep_until_ns(t_ns: int) -> None:
     """Return once ``time.monotonic_ns() >= t_ns`` (a monotonic instant in ns), a few microseconds past
-    it when the loop is free: a timerfd on Linux wakes the loop 200 us before (``_TAIL_NS``) and the
+    it when the loop is free: a timerfd on Linux wakes the loop 1 ms before (``_TAIL_NS``) and the
     rest is yield-spun, else the spin fallback (see the module docstring). Returns at once for an
     instant already past. Cancellable (the timerfd is closed)."""
     if t_ns <= _now():
