@@ -24,7 +24,7 @@ from conftest import ADMIN_TOKEN, gateway_key, start_gateway, start_mock_process
 from services import redis_server
 
 from servelab.gateway.server import WORKER_KEYS_REFRESH_S
-from servelab.gateway.workers import CRASH_WINDOW_S
+from servelab.gateway.workers import CRASH_WINDOW_S, shared_core_warning
 
 RPM = 12
 SENT = 60
@@ -251,3 +251,26 @@ def test_workers_without_redis_refused_with_one_line(tmp_path: Path, mock: Any) 
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert len(lines) == 1, p.stderr
     assert "--workers 2 needs state.redis_url" in lines[0] and "Traceback" not in p.stderr
+
+
+def test_more_workers_than_cpus_is_warned_about() -> None:
+    assert shared_core_warning(2, 2) is None and shared_core_warning(1, 1) is None
+    w = shared_core_warning(3, 2)
+    assert w is not None and "--workers 3 on 2 CPU(s)" in w and "time-share" in w
+
+
+def test_the_warning_is_logged_by_the_command(tmp_path: Path, mock: Any) -> None:
+    """Pinned to one CPU, ``--workers 2`` warns (the line comes before Redis is contacted: a dead URL is enough
+    to stop it right after)."""
+    _, entry = gateway_key("k4", "t")
+    import yaml
+
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({**_config(mock, "redis://127.0.0.1:1/0", entry),
+                                    "server": {"port": 0, "admin_port": 0},
+                                    "ledger": {"sqlite_path": str(tmp_path / "usage.db")}}))
+    p = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "servelab.cli", "gateway", "--config", str(path),
+                        "--workers", "2"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, SERVELAB_ADMIN_TOKEN=ADMIN_TOKEN))
+    assert "--workers 2 on 1 CPU(s): workers will time-share cores" in p.stderr, p.stderr
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr

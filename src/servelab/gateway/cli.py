@@ -114,7 +114,7 @@ def gateway_command(
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if worker_index is None and workers != "1":
         from servelab.gateway.config import load_config
-        from servelab.gateway.workers import Supervisor, check_workers, parse_workers
+        from servelab.gateway.workers import Supervisor, check_workers, parse_workers, shared_core_warning
 
         n = parse_workers(workers)
         cfg = load_config(config)
@@ -124,6 +124,9 @@ def gateway_command(
                 "shared; set state.redis_url to run on every core", n)
             n = 1
         check_workers(n, cfg.state.redis_url)
+        warning = shared_core_warning(n, parse_workers("auto"))
+        if warning:
+            logging.getLogger("servelab.gateway").warning("%s", warning)
         if n > 1:
             sup = Supervisor(config, n, host or cfg.server.host, cfg.server.port if port is None else port,
                              None if no_admin else (-1 if admin_port is None else admin_port), admin_host,

@@ -52,7 +52,7 @@ from typing import IO, Any
 from servelab.wire.errors import ConfigError
 
 __all__ = ["CRASH_LOOP", "CRASH_WINDOW_S", "KILL_AFTER_S", "RESTART_DELAY_S", "Supervisor", "check_workers",
-           "parse_workers"]
+           "parse_workers", "shared_core_warning"]
 
 log = logging.getLogger("servelab.gateway.workers")
 
@@ -82,6 +82,17 @@ def check_workers(n: int, redis_url: str | None) -> None:
         raise ConfigError(f"--workers {n} needs state.redis_url in the config: limits, budgets and breakers must "
                           "be shared by the workers (in memory each worker would count on its own); set "
                           "state.redis_url: redis://HOST:6379/0, or run with --workers 1")
+
+
+def shared_core_warning(n: int, cpus: int) -> str | None:
+    """The warning for ``n`` workers on ``cpus`` CPUs this process may run on, or None when each worker can have
+    a core. Workers that time-share a core are switched by the kernel every scheduler slice, and each switch
+    leaves the next worker a cold cache: measured with ``benches/gateway_overhead.py`` (benches/README.md), two
+    busy workers on one core served fewer requests per CPU-second than one worker alone on it."""
+    if n <= cpus:
+        return None
+    return (f"--workers {n} on {cpus} CPU(s): workers will time-share cores and pay more CPU per request than "
+            f"with a core each (benches/README.md, gateway_overhead.py); --workers auto runs one per CPU")
 
 
 def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
