@@ -31,7 +31,11 @@ Placement on this 2-core box: the proxy under test on ``--proxy-cpu`` (1), the m
 itself kept the mock's schedule at each step (client + mock core not saturated; with ``--itl-ms 20`` at
 256 streams it was not: direct TTFT P50 79 ms for a 50 ms mock), so the added numbers are the proxy's.
 Both proxies run with their default logging to a file and one worker process. Artefacts (bench run
-folders, configs, logs) stay in ``--workdir``.
+folders, configs, logs) stay in ``--workdir``. Both CPU options take taskset lists (``2,3``, ``8-11``): on a
+machine with a core per gateway worker, give the proxy N cores and the client enough to load them
+(``--client-workers K``: ``servelab bench --workers K``; ``--mocks M``: M zero-delay mocks, one CPU each, the
+gateway's model split evenly over them), e.g. on 16 cores
+``--proxy-cpu 12-13 --client-cpu 0-11 --client-workers 6 --mocks 4 --gateway-workers 1,2 --rounds 6``.
 
 Several gateway workers (``--gateway-workers 1,2,1,2``): the ``servelab`` target runs once per entry, in
 that order (alternate them: this box is noisy), each as ``servelab gateway --workers N`` with
@@ -40,25 +44,39 @@ the configs are the same; with no limits configured no request touches Redis). E
 to ``--proxy-cpu`` with the supervisor (taskset is inherited), so ``req/core-s`` compares the cost per
 request of N processes sharing a core with one process; rows are named ``servelab-w<N>`` (``#k`` for the
 k-th run of the same N); closing lines give each run's requests per worker (access log) and each
-multi-worker run's req/core-s against the 1-worker run just before it (issue 15 item 6: within 10 %).
-``--rps-only`` skips the latency part.
+multi-worker run's req/core-s against the 1-worker run with the same slice just before it (issue 15 item 6:
+within 10 %). ``--rps-only`` skips the latency part.
+
+Processes that share a core pay for it: each switch between them leaves the next one a cold L1/L2 cache, and
+the kernel switches two busy processes every slice (EEVDF's default here: 1.4 ms). An entry ``N@MS``
+(``--gateway-workers 1,2,1@20,2@20``) makes every thread of that run's gateway request a scheduler slice of
+MS ms (:func:`set_slice`; Linux >= 6.12), so the same code runs with fewer switches: the difference between
+``2`` and ``2@20`` against their 1-worker runs is what the time-sharing costs, not the workers' shared
+state. The ``preempted/core-s`` column counts involuntary context switches of the proxy's processes per
+CPU-second of them. A slice is a measuring device, not a setting to deploy: a worker holding the core for
+20 ms delays the other worker's streams by as much.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import errno
 import hashlib
 import json
 import os
 import secrets
 import shutil
+import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,48 +91,59 @@ CACHE = Path(os.environ.get("SERVELAB_CACHE", Path.home() / ".cache" / "servelab
 LITELLM = CACHE / "peers" / "litellm" / "bin" / "litellm"
 SERVELAB = Path(sys.executable).parent / "servelab"
 MODEL = "m"
+_SYS_SCHED_SETATTR, _SYS_SCHED_GETATTR = 314, 315  # x86_64 (arch/x86/entry/syscalls/syscall_64.tbl)
+SLICE_MIN_MS, SLICE_MAX_MS = 0.1, 100.0
 
 
 @dataclass
 class Proxy:
-    """A started proxy: its API root, bearer key, process and log."""
+    """A started proxy: its API root, bearer key, process and log; ``others``: more processes serving the same
+    port (``--gateway-workers 2i``: independent gateways), counted and stopped with it."""
 
     name: str
     base_url: str
     api_key: str | None
     proc: subprocess.Popen[bytes] | None
     log: Path | None
+    others: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def processes(self) -> list[psutil.Process]:
+        """Every process of the proxy's process trees (none for ``direct``)."""
+        out: list[psutil.Process] = []
+        for proc in [self.proc, *self.others] if self.proc is not None else []:
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(proc.pid)
+                out += [root, *root.children(recursive=True)]
+        return out
 
     def cpu_s(self) -> float:
-        """User+system CPU seconds of the proxy's whole process tree so far (0 for ``direct``)."""
-        if self.proc is None:
-            return 0.0
-        try:
-            root = psutil.Process(self.proc.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return 0.0
+        """User+system CPU seconds of the proxy's whole process trees so far (0 for ``direct``)."""
         total = 0.0
-        for p in procs:
-            try:
+        for p in self.processes():
+            with contextlib.suppress(psutil.Error):
                 t = p.cpu_times()
                 total += t.user + t.system
-            except psutil.Error:
-                pass
+        return total
+
+    def switches(self) -> int:
+        """Involuntary context switches so far of the proxy's processes (every thread, psutil)."""
+        total = 0
+        for p in self.processes():
+            with contextlib.suppress(psutil.Error):
+                total += p.num_ctx_switches().involuntary
         return total
 
     def stop(self) -> None:
-        """SIGTERM the proxy's process group, SIGKILL after 10 s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, 15)
-            self.proc.wait(10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
+        """SIGTERM each process group of the proxy, SIGKILL after 10 s."""
+        for proc in [self.proc, *self.others] if self.proc is not None else []:
+            if proc.poll() is not None:
+                continue
             try:
-                os.killpg(self.proc.pid, 9)
-            except ProcessLookupError:
-                pass
+                os.killpg(proc.pid, 15)
+                proc.wait(10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 9)
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float,
@@ -137,14 +166,30 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: f
     raise SystemExit(f"{url} not ready after {timeout_s:.0f} s; log {log}")
 
 
-def _spawn(argv: list[str], cpu: int, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def cpu_list(spec: str) -> list[int]:
+    """A taskset-style CPU list (``1``, ``2,3``, ``8-11``) as CPU numbers. Raises ValueError naming the
+    problem for anything else, or for a CPU this process may not run on."""
+    cpus: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"{spec!r} is not a CPU list like 1, 2,3 or 8-11")
+        cpus += range(int(lo), int(hi or lo) + 1)
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not set(cpus) <= allowed:
+        raise ValueError(f"CPU list {spec!r}: this machine lets this process use CPUs {sorted(allowed)}")
+    return cpus
+
+
+def _spawn(argv: list[str], cpus: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``argv`` under ``taskset -c cpus`` (inherited by its children), its own session, output to ``log``."""
     with open(log, "ab") as lf:
-        return subprocess.Popen(["taskset", "-c", str(cpu), *argv], stdout=lf, stderr=subprocess.STDOUT,
+        return subprocess.Popen(["taskset", "-c", cpus, *argv], stdout=lf, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 env={**os.environ, **(env or {})})
 
 
-def start_litellm(mock_url: str, work: Path, cpu: int) -> Proxy:
+def start_litellm(mock_url: str, work: Path, cpu: str) -> Proxy:
     """LiteLLM 1.108.7 proxy on one core: one model ``m`` -> ``openai/m`` at the mock, offline settings
     from MACHINE_NOTES (LITELLM_MASTER_KEY, LITELLM_LOCAL_MODEL_COST_MAP=True)."""
     if not LITELLM.is_file():
@@ -163,7 +208,7 @@ def start_litellm(mock_url: str, work: Path, cpu: int) -> Proxy:
     return Proxy("litellm", f"http://127.0.0.1:{port}/v1", key, proc, log)
 
 
-def start_redis(work: Path, cpu: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_redis(work: Path, cpu: str) -> tuple[subprocess.Popen[bytes], str]:
     """A redis-server without persistence on a free port, pinned to ``cpu``: (process, URL)."""
     exe = shutil.which("redis-server")
     if exe is None:
@@ -185,21 +230,28 @@ def start_redis(work: Path, cpu: int) -> tuple[subprocess.Popen[bytes], str]:
     sys.exit(f"redis-server did not start: {(work / 'redis.log').read_text(errors='replace')[-500:]}")
 
 
-def start_servelab(mock_url: str, work: Path, cpu: int, tag: str, workers: int = 0,
+def _gateway_config(urls: list[str], work: Path, tag: str, port: int, secret: str) -> dict[str, Any]:
+    """The benchmark's gateway config: one backend per mock URL, the public model split evenly over them, one
+    key (``secret``), no limits, SQLite ledger and JSON access log named after ``tag`` in ``work``."""
+    return {"server": {"host": "127.0.0.1", "port": port, "admin_port": None, "max_tokens_limit": 4096,
+                       "access_log": str(work / f"gateway-{tag}-access.log")},
+            "ledger": {"sqlite_path": str(work / f"gateway-{tag}-usage.db")},
+            "backends": [{"name": f"mock{i}", "kind": "mock", "base_url": u.removesuffix("/v1"), "models": [MODEL]}
+                         for i, u in enumerate(urls)],
+            "models": {MODEL: {"targets": [{"backend": f"mock{i}", "model": MODEL} for i in range(len(urls))]}},
+            "tenants": {"bench": {"allowed_models": ["*"]}},
+            "keys": [{"id": "bench", "tenant": "bench", "sha256": hashlib.sha256(secret.encode()).hexdigest()}]}
+
+
+def start_servelab(mock_url: str | list[str], work: Path, cpu: str, tag: str, workers: int = 0,
                    redis_url: str | None = None) -> Proxy:
-    """``servelab gateway`` on one core: one backend (the mock), public model ``m``, one key, no limits,
-    SQLite ledger and JSON access log in ``work`` (its defaults). ``workers`` > 0: ``--workers N`` with
-    ``state.redis_url`` = ``redis_url`` (0: the plain command, no Redis)."""
+    """``servelab gateway`` on CPUs ``cpu``: one backend per mock URL (the public model ``m`` split evenly
+    over them), one key, no limits, SQLite ledger and JSON access log in ``work`` (its defaults).
+    ``workers`` > 0: ``--workers N`` with ``state.redis_url`` = ``redis_url`` (0: the plain command, no Redis)."""
+    urls = [mock_url] if isinstance(mock_url, str) else mock_url
     secret = secrets.token_hex(32)  # the gateway requires 64 hex characters
     port = free_port()
-    cfg = {"server": {"host": "127.0.0.1", "port": port, "admin_port": None, "max_tokens_limit": 4096,
-                      "access_log": str(work / f"gateway-{tag}-access.log")},
-           "ledger": {"sqlite_path": str(work / f"gateway-{tag}-usage.db")},
-           "backends": [{"name": "mock", "kind": "mock", "base_url": mock_url.removesuffix("/v1"),
-                         "models": [MODEL]}],
-           "models": {MODEL: {"targets": [{"backend": "mock", "model": MODEL}]}},
-           "tenants": {"bench": {"allowed_models": ["*"]}},
-           "keys": [{"id": "bench", "tenant": "bench", "sha256": hashlib.sha256(secret.encode()).hexdigest()}]}
+    cfg = _gateway_config(urls, work, tag, port, secret)
     if workers:
         cfg["state"] = {"redis_url": redis_url}
     path = work / f"gateway-{tag}.yaml"
@@ -214,19 +266,41 @@ def start_servelab(mock_url: str, work: Path, cpu: int, tag: str, workers: int =
     return Proxy("servelab", f"http://127.0.0.1:{port}/v1", f"sk-sl-bench-{secret}", proc, log)
 
 
-def run_bench(p: Proxy, out: Path, cpu: int, concurrency: list[int] | None, requests: int | None,
+def start_independent(urls: list[str], work: Path, cpu: str, tag: str, n: int) -> Proxy:
+    """``n`` separate one-process gateways on one port (the control of ``--gateway-workers Ni``): each is
+    ``servelab gateway --worker-index i --no-admin`` (the flag a supervisor gives its workers: the API port
+    bound with SO_REUSEPORT) started by this script, with its own config, ledger and access log and no
+    ``state.redis_url``, so they share nothing but the port and the core."""
+    port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    secret = secrets.token_hex(32)
+    for i in range(n):
+        cfg = _gateway_config(urls, work, f"{tag}-{i}", port, secret)
+        path = work / f"gateway-{tag}-{i}.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        log = work / f"gateway-{tag}-{i}.log"
+        proc = _spawn([str(SERVELAB), "gateway", "--config", str(path), "--worker-index", str(i), "--no-admin"],
+                      cpu, log)
+        procs.append(proc)
+        _wait_ready(f"http://127.0.0.1:{port}/health", proc, log, 60, line="servelab gateway listening on")
+    return Proxy("servelab", f"http://127.0.0.1:{port}/v1", f"sk-sl-bench-{secret}", procs[0],
+                 work / f"gateway-{tag}-0.log", procs[1:])
+
+
+def run_bench(p: Proxy, out: Path, cpu: str, concurrency: list[int] | None, requests: int | None,
               duration_s: float | None, warmup: int, output_tokens: str,
-              rate_rps: float | None = None) -> dict[str, Any]:
-    """Run ``servelab bench`` (pinned to ``cpu``) against ``p`` and return its summary.json: closed loop at
-    ``concurrency``, or open loop (Poisson arrivals) at ``rate_rps`` when given."""
+              rate_rps: float | None = None, workers: int = 1) -> dict[str, Any]:
+    """Run ``servelab bench`` (pinned to the CPU list ``cpu``, ``--workers`` ``workers``) against ``p`` and
+    return its summary.json: closed loop at ``concurrency``, or open loop (Poisson arrivals) at ``rate_rps``."""
     # open loop: the same rate twice, the first step warms every connection (the bench's own warmup runs as a
     # closed loop of 1 in open mode: minutes at 0.8 s a request); the caller keeps the last step
     load = ["--rate", f"{rate_rps:g},{rate_rps:g}", "--arrival", "poisson"] if rate_rps else \
         ["--concurrency", ",".join(map(str, concurrency or []))]
-    argv = ["taskset", "-c", str(cpu), str(SERVELAB), "bench", "--url", p.base_url, "--model", MODEL,
+    argv = ["taskset", "-c", cpu, str(SERVELAB), "bench", "--url", p.base_url, "--model", MODEL,
             "--workload", "short-qa", "--set", "input_tokens=32", "--set", f"output_tokens={output_tokens}",
             *load, "--warmup", str(0 if rate_rps else warmup),
-            "--no-stop-on-slo", "--timeout", "120", "--quiet", "--out", str(out)]
+            "--no-stop-on-slo", "--timeout", "120", "--quiet", "--out", str(out),
+            *(["--workers", str(workers)] if workers > 1 else [])]
     argv += ["--requests", str(requests)] if requests else ["--duration", str(duration_s)]
     env = {**os.environ, "OPENAI_API_KEY": p.api_key or ""}
     r = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -245,57 +319,130 @@ def _steps(summary: dict[str, Any], key: int | None = None) -> dict[int, dict[st
             if not s.get("skipped")}  # with ``key``: the last step wins (the first one was the warm-up)
 
 
-def _worker_targets(ap: argparse.ArgumentParser, spec: str | None) -> dict[str, int]:
-    """``--gateway-workers 1,2,1`` -> ``{"servelab-w1#1": 1, "servelab-w2": 2, "servelab-w1#2": 1}`` (in order)."""
+@dataclass(frozen=True)
+class GatewayRun:
+    """One run of the ``servelab`` target under ``--gateway-workers``: ``--workers`` count, the scheduler slice
+    every gateway thread requests (ms; None = the kernel's default), the round it belongs to (0-based), and
+    ``independent``: N separate one-process gateways on the same port instead of ``--workers N`` (the control
+    that shares nothing: no supervisor, no Redis, no multiprocess metrics, own ledger and access log each)."""
+
+    workers: int
+    slice_ms: float | None
+    round: int
+    independent: bool = False
+
+
+def _worker_targets(ap: argparse.ArgumentParser, spec: str | None, rounds: int = 1) -> dict[str, GatewayRun]:
+    """``--gateway-workers 1,2,2@20`` with ``rounds`` = 2 -> runs in order ``servelab-w1#1, servelab-w2#1,
+    servelab-w2@20ms#1`` (round 0), then the same list reversed (round 1: ``servelab-w2@20ms#2, ...``), so a
+    drift of the machine during the rounds does not favour one entry. Labels carry ``#k`` (the k-th run of
+    the same entry) when an entry runs more than once."""
     if not spec:
         return {}
-    try:
-        counts = [int(x) for x in spec.split(",")]
-    except ValueError:
-        ap.error(f"--gateway-workers {spec!r}: give worker counts like 1,2,1,2")
-    if not counts or min(counts) < 1:
-        ap.error("--gateway-workers: every count must be >= 1")
-    out: dict[str, int] = {}
-    seen: dict[int, int] = {}
-    for n in counts:
-        seen[n] = seen.get(n, 0) + 1
-        out[f"servelab-w{n}" + (f"#{seen[n]}" if counts.count(n) > 1 else "")] = n
+    if rounds < 1:
+        ap.error("--rounds must be >= 1")
+    entries: list[tuple[int, bool, float | None]] = []
+    for item in spec.split(","):
+        n_s, _, slice_s = item.strip().partition("@")
+        independent = n_s.endswith("i")
+        try:
+            n, slice_ms = int(n_s.removesuffix("i")), (float(slice_s) if slice_s else None)
+        except ValueError:
+            ap.error(f"--gateway-workers {spec!r}: give worker counts like 1,2,1,2 (2i: two independent "
+                     "gateways), each optionally with a scheduler slice in ms (2@20)")
+        if n < 1 or (independent and n < 2):
+            ap.error("--gateway-workers: every count must be >= 1 (Ni: >= 2)")
+        if slice_ms is not None and not SLICE_MIN_MS <= slice_ms <= SLICE_MAX_MS:
+            ap.error(f"--gateway-workers {item!r}: the kernel takes slices of {SLICE_MIN_MS:g}-{SLICE_MAX_MS:g} ms")
+        entries.append((n, independent, slice_ms))
+    order = [(r, e) for r in range(rounds) for e in (entries if r % 2 == 0 else entries[::-1])]
+    total = {e: sum(1 for _, x in order if x == e) for e in entries}
+    out: dict[str, GatewayRun] = {}
+    seen: dict[tuple[int, bool, float | None], int] = {}
+    for r, e in order:
+        seen[e] = seen.get(e, 0) + 1
+        name = f"servelab-w{e[0]}" + ("i" if e[1] else "") + (f"@{e[2]:g}ms" if e[2] is not None else "")
+        out[name + (f"#{seen[e]}" if total[e] > 1 else "")] = GatewayRun(e[0], e[2], r, e[1])
     return out
 
 
-def _worker_split(access_log: Path) -> dict[int, int]:
-    """Requests per gateway worker, from the access log's ``worker`` field (warmup included)."""
+def set_slice(proxy: Proxy, slice_ms: float) -> float:
+    """Ask for a scheduler slice of ``slice_ms`` for every thread of ``proxy``'s processes: Linux >= 6.12
+    EEVDF takes a SCHED_OTHER task's ``sched_runtime`` (sched_setattr(2)) as its requested slice, clamped to
+    0.1-100 ms (Peter Zijlstra's patch "sched/eevdf: Use sched_attr::sched_runtime to set request/slice
+    suggestion", 2023-05-22, in mainline since 6.12; read 2026-12-02; on this machine's 6.18 kernel the default
+    reads back 1.4 ms and a set slice reads back as set). A longer slice means fewer
+    switches between processes that share a core, each of which leaves the next one a cold L1/L2 cache.
+    Returns the slice read back from the main thread (ms). Raises SystemExit naming the problem when the
+    kernel refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    ns = int(slice_ms * 1e6)
+    # struct sched_attr (56 bytes): size, policy, flags, nice, priority, runtime, deadline, period, util_min/max
+    attr = ctypes.create_string_buffer(struct.pack("IIQiIQQQII", 56, 0, 0, 0, 0, ns, 0, 0, 0, 0), 56)
+    tids = []
+    for p in proxy.processes():
+        with contextlib.suppress(OSError):
+            tids += [int(t) for t in os.listdir(f"/proc/{p.pid}/task")]
+    for tid in tids:
+        if libc.syscall(_SYS_SCHED_SETATTR, tid, attr, 0) != 0:
+            err = ctypes.get_errno()
+            if err == errno.ESRCH:  # a thread that ended meanwhile
+                continue
+            raise SystemExit(f"sched_setattr(slice {slice_ms:g} ms) failed: {os.strerror(err)}; a custom slice "
+                             "needs Linux >= 6.12 on x86_64 (drop the @MS of --gateway-workers)")
+    back = ctypes.create_string_buffer(56)
+    if proxy.proc is None or libc.syscall(_SYS_SCHED_GETATTR, proxy.proc.pid, back, 56, 0) != 0:
+        return float("nan")
+    return struct.unpack("IIQiIQQQII", back.raw)[5] / 1e6
+
+
+def _worker_split(work: Path, tag: str) -> dict[int, int]:
+    """Requests per gateway worker, from the access logs' ``worker`` field (warmup included): the run's one
+    log, or each independent gateway's own (``<tag>-<i>-access.log``)."""
     out: dict[int, int] = {}
-    try:
-        with open(access_log, "rb") as f:
+    for access_log in [work / f"{tag}-access.log", *sorted(work.glob(f"{tag}-[0-9]*-access.log"))]:
+        with contextlib.suppress(OSError), open(access_log, "rb") as f:
             for line in f:
                 w = json.loads(line).get("worker")
                 out[w] = out.get(w, 0) + 1
-    except OSError:
-        pass
     return out
 
 
-def _print_worker_ratio(gw_workers: dict[str, int], rps: dict[str, tuple[float, float]],
+def _print_worker_ratio(gw_workers: dict[str, GatewayRun], rps: dict[str, tuple[float, float]],
                         split: dict[str, dict[int, int]]) -> None:
-    """Each run's requests per worker, and each run's req/core-s against the 1-worker run just before it
-    (runs side by side in time; never a mean over runs that did not run together)."""
+    """Each run's requests per worker; each multi-worker run's req/core-s against the 1-worker run of the same
+    round (with the same slice when the list has one, else the default slice; runs of one round ran minutes
+    apart at most, and no figure is a mean over runs that did not run together); per entry over the rounds,
+    the median, range and count of those paired ratios within 10 %; and ``wN / wNi`` per round, what the
+    workers' shared state costs over N processes that share nothing."""
     if not gw_workers:
         return
     print("\nrequests per gateway worker (access log): " + "; ".join(
         f"{t} " + " / ".join(f"w{w}: {n}" for w, n in sorted(split.get(t, {}).items(), key=lambda x: str(x[0])))
         for t in gw_workers if t in rps))
-    prev: str | None = None
+    by_round = {(g.round, g.workers, g.independent, g.slice_ms): t for t, g in gw_workers.items() if t in rps}
+    groups: dict[str, list[float]] = {}
     pairs = []
-    for t, n in gw_workers.items():
-        if t not in rps:
+    for t, g in gw_workers.items():
+        if g.workers == 1 or t not in rps:
             continue
-        if n == 1:
-            prev = t
-        elif prev is not None:
-            pairs.append(f"{t} / {prev}: {rps[t][1]:.1f} / {rps[prev][1]:.1f} = {rps[t][1] / rps[prev][1]:.3f}")
-    if pairs:
-        print("req/core-s, each multi-worker run against the 1-worker run before it: " + "; ".join(pairs))
+        name = f"w{g.workers}" + ("i" if g.independent else "") + (f"@{g.slice_ms:g}ms" if g.slice_ms else "")
+        bases = [("w1", by_round.get((g.round, 1, False, g.slice_ms)) or by_round.get((g.round, 1, False, None)))]
+        if not g.independent:
+            bases.append((f"w{g.workers}i", by_round.get((g.round, g.workers, True, g.slice_ms))))
+        for base_name, b in bases:
+            if b is None:
+                continue
+            r = rps[t][1] / rps[b][1]
+            groups.setdefault(f"{name} / {base_name}", []).append(r)
+            pairs.append(f"{t} / {b}: {rps[t][1]:.1f} / {rps[b][1]:.1f} = {r:.3f}")
+    if not pairs:
+        return
+    print("req/core-s, each multi-worker run against the runs of its round it compares with: " + "; ".join(pairs))
+    for key, rs in groups.items():
+        within = sum(1 for r in rs if r >= 0.9)
+        print(f"{key}: median {statistics.median(rs):.3f} over {len(rs)} paired round(s), range "
+              f"{min(rs):.3f}-{max(rs):.3f}, {within} of {len(rs)} at >= 0.900 (within 10 %)")
 
 
 def _print_latency(a: argparse.Namespace, lat: dict[str, dict[int, dict[str, Any]]], conc: list[int],
@@ -336,7 +483,7 @@ def _print_latency(a: argparse.Namespace, lat: dict[str, dict[int, dict[str, Any
                  "alone; raise --itl-ms or lower the streams" if saturated else "not saturated"))
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--targets", default="direct,servelab,litellm", help="comma list: direct,servelab,litellm")
     ap.add_argument("--concurrency", default="1,16,64,256", help="concurrent streams per step")
@@ -356,12 +503,57 @@ def main() -> None:
                          "are multiples of the ITL), which measures burst queueing, not per-chunk cost")
     ap.add_argument("--rps-concurrency", type=int, default=64, help="streams in the throughput run")
     ap.add_argument("--rps-duration-s", type=float, default=10.0, help="seconds of the throughput run")
-    ap.add_argument("--proxy-cpu", type=int, default=1)
-    ap.add_argument("--client-cpu", type=int, default=0)
+    ap.add_argument("--proxy-cpu", default="1", help="CPU list of the proxy (taskset -c syntax: 1, 2,3, 8-11); "
+                    "a gateway's workers share it")
+    ap.add_argument("--client-cpu", default="0", help="CPU list of the client, the mocks and Redis")
+    ap.add_argument("--client-workers", type=int, default=1, help="servelab bench --workers of the client (a "
+                    "machine with a core per gateway worker needs more than one client core to load them)")
+    ap.add_argument("--mocks", type=int, default=1, help="zero-delay mock processes of the throughput part, each "
+                    "on one CPU of --client-cpu in turn; the gateway splits requests evenly over them")
     ap.add_argument("--workdir", default=None, help="artefacts folder (default: a new temp dir)")
     ap.add_argument("--gateway-workers", default=None, help="comma list of worker counts for the servelab target, "
                     "run in this order (e.g. 1,2,1,2), each with Redis (module doc); default: one plain run")
+    ap.add_argument("--rounds", type=int, default=1, help="run the --gateway-workers list this many times, every "
+                    "other round in reverse order; ratios pair runs of the same round")
     ap.add_argument("--rps-only", action="store_true", help="only the throughput part")
+    return ap
+
+
+def _start_proxy(t: str, phase: str, urls: list[str], a: argparse.Namespace, work: Path,
+                 gw_workers: dict[str, GatewayRun], redis_url: str | None) -> Proxy:
+    """The proxy of target ``t`` for ``phase`` in front of the mock(s) at ``urls`` (``direct``: the first mock)."""
+    if t == "direct":
+        return Proxy("direct", urls[0], None, None, None)
+    if t == "litellm":
+        return start_litellm(urls[0], work, a.proxy_cpu)
+    if t not in gw_workers:
+        return start_servelab(urls, work, a.proxy_cpu, phase)
+    g = gw_workers[t]
+    p = (start_independent(urls, work, a.proxy_cpu, f"{phase}-{t}", g.workers) if g.independent else
+         start_servelab(urls, work, a.proxy_cpu, f"{phase}-{t}", g.workers, redis_url))
+    p.name = t
+    if g.slice_ms is not None:
+        print(f"[{t}] scheduler slice {set_slice(p, g.slice_ms):g} ms (read back)", flush=True)
+    return p
+
+
+def _throughput(p: Proxy, t: str, a: argparse.Namespace, work: Path) -> tuple[float, float, float]:
+    """One throughput run through ``p``: (requests/s, requests per CPU-second of the proxy, involuntary
+    context switches of the proxy per CPU-second of it). The proxy's CPU covers warmup + measured requests,
+    so both are counted."""
+    cpu0, sw0 = p.cpu_s(), p.switches()
+    s = run_bench(p, work / f"{t}-rps", a.client_cpu, [a.rps_concurrency], None, a.rps_duration_s,
+                  warmup=a.rps_concurrency, output_tokens=a.output_tokens, workers=a.client_workers)
+    cpu = p.cpu_s() - cpu0
+    switched = (p.switches() - sw0) / cpu if cpu > 0 else 0.0
+    step = _steps(s)[a.rps_concurrency]
+    lines = (work / f"{t}-rps" / "requests.jsonl").read_bytes().splitlines()
+    served = sum(1 for ln in lines if json.loads(ln)["failure"] is None)
+    return step["throughput"]["requests_per_s"] or 0.0, served / cpu if cpu > 0 else float("nan"), switched
+
+
+def main() -> None:
+    ap = _parser()
     a = ap.parse_args()
     targets = [t.strip() for t in a.targets.split(",") if t.strip()]
     if targets[0] != "direct":
@@ -369,10 +561,16 @@ def main() -> None:
     bad = set(targets) - {"direct", "servelab", "litellm"}
     if bad:
         ap.error(f"unknown target(s) {', '.join(sorted(bad))}; choose from direct, servelab, litellm")
-    gw_workers = _worker_targets(ap, a.gateway_workers)  # target label -> --workers (servelab-w<N>[#k])
+    gw_workers = _worker_targets(ap, a.gateway_workers, a.rounds)  # label servelab-w<N>[@<S>ms][#k] -> its run
     if gw_workers:
         i = targets.index("servelab") if "servelab" in targets else len(targets)
         targets = [*targets[:i], *gw_workers, *targets[i + 1:]]
+    try:
+        proxy_cpus, client_cpus = cpu_list(a.proxy_cpu), cpu_list(a.client_cpu)
+    except ValueError as e:
+        ap.error(str(e))
+    if a.client_workers < 1 or a.mocks < 1:
+        ap.error("--client-workers and --mocks must be >= 1")
     conc = [int(x) for x in a.concurrency.split(",")]
     out_lo, out_hi = (int(x) for x in (str(a.output_tokens).split("-") * 2)[:2])
     # the mock's cap is out_hi; each request's max_tokens picks its length. Mean request duration -> the
@@ -384,27 +582,22 @@ def main() -> None:
           f"proxy on CPU {a.proxy_cpu}, mock + client on CPU {a.client_cpu}", flush=True)
     lat_mock = MockLauncher({"ttft_ms": a.ttft_ms, "itl_ms": a.itl_ms, "output_tokens": out_hi,
                              "model": MODEL}, log_dir=work).start()
-    rps_mock = MockLauncher({"output_tokens": out_hi, "model": MODEL}, log_dir=work).start()
-    for eng in (lat_mock, rps_mock):
-        os.sched_setaffinity(eng.process.pid, {a.client_cpu})
+    os.sched_setaffinity(lat_mock.process.pid, set(client_cpus))
+    rps_mocks = [MockLauncher({"output_tokens": out_hi, "model": MODEL}, log_dir=work).start() for _ in range(a.mocks)]
+    for i, eng in enumerate(rps_mocks):
+        os.sched_setaffinity(eng.process.pid, {client_cpus[i % len(client_cpus)]})
+    rps_mock = rps_mocks[0]
     redis_proc, redis_url = start_redis(work, a.client_cpu) if gw_workers else (None, None)
     lat: dict[str, dict[int, dict[str, Any]]] = {}
     rps: dict[str, tuple[float, float]] = {}
     split: dict[str, dict[int, int]] = {}
+    switches: dict[str, float] = {}  # involuntary context switches of the proxy per CPU-second of it
     try:
         for t in targets:
             phases = (("rps", rps_mock),) if a.rps_only else (("latency", lat_mock), ("rps", rps_mock))
             for phase, mock in phases:
-                p: Proxy
-                if t == "direct":
-                    p = Proxy("direct", mock.base_url, None, None, None)
-                elif t == "litellm":
-                    p = start_litellm(mock.base_url, work, a.proxy_cpu)
-                elif t in gw_workers:
-                    p = start_servelab(mock.base_url, work, a.proxy_cpu, f"{phase}-{t}", gw_workers[t], redis_url)
-                    p.name = t
-                else:
-                    p = start_servelab(mock.base_url, work, a.proxy_cpu, phase)
+                urls = [m.base_url for m in rps_mocks] if mock is rps_mock else [mock.base_url]
+                p = _start_proxy(t, phase, urls, a, work, gw_workers, redis_url)
                 try:
                     print(f"[{t}] {phase} ...", flush=True)
                     if phase == "latency":
@@ -415,28 +608,23 @@ def main() -> None:
                             psutil.cpu_percent(percpu=True)  # starts the per-CPU busy-share interval
                             rate = c / mean_s if a.loop == "open" else None
                             s = run_bench(p, work / f"{t}-c{c}", a.client_cpu, [c], n, None, warmup=c,
-                                          output_tokens=a.output_tokens, rate_rps=rate)  # every connection warm
+                                          output_tokens=a.output_tokens, rate_rps=rate,  # every connection warm
+                                          workers=a.client_workers)
                             busy = psutil.cpu_percent(percpu=True)
                             lat[t].update(_steps(s, c))
-                            lat[t][c]["cpu_busy_pct"] = {"client": busy[a.client_cpu], "proxy": busy[a.proxy_cpu]}
+                            lat[t][c]["cpu_busy_pct"] = {"client": max(busy[i] for i in client_cpus),
+                                                         "proxy": max(busy[i] for i in proxy_cpus)}
                     else:
-                        cpu0 = p.cpu_s()
-                        s = run_bench(p, work / f"{t}-rps", a.client_cpu, [a.rps_concurrency], None,
-                                      a.rps_duration_s, warmup=a.rps_concurrency, output_tokens=a.output_tokens)
-                        cpu = p.cpu_s() - cpu0
-                        step = _steps(s)[a.rps_concurrency]
-                        # the proxy's CPU covers warmup + measured requests: count both
-                        lines = (work / f"{t}-rps" / "requests.jsonl").read_bytes().splitlines()
-                        served = sum(1 for ln in lines if json.loads(ln)["failure"] is None)
-                        rps[t] = (step["throughput"]["requests_per_s"] or 0.0,
-                                  served / cpu if cpu > 0 else float("nan"))
+                        req_s, per_core_s, switches[t] = _throughput(p, t, a, work)
+                        rps[t] = (req_s, per_core_s)
                         if t in gw_workers:
-                            split[t] = _worker_split(work / f"gateway-{phase}-{t}-access.log")
+                            split[t] = _worker_split(work, f"gateway-{phase}-{t}")
                 finally:
                     p.stop()
     finally:
         lat_mock.stop()
-        rps_mock.stop()
+        for m in rps_mocks:
+            m.stop()
         if redis_proc is not None:
             redis_proc.terminate()
             redis_proc.wait(10)
@@ -445,11 +633,14 @@ def main() -> None:
         _print_latency(a, lat, conc, targets, mean_s)
     print(f"\nThroughput ({a.rps_concurrency} streams, {a.rps_duration_s:g} s, zero-delay mock, "
           f"{a.output_tokens} tokens; proxy alone on CPU {a.proxy_cpu})")
-    print(f"{'target':<9} {'req/s':>8} {'req/core-s':>11}")
+    width = max(9, *(len(t) for t in targets))
+    print(f"{'target':<{width}} {'req/s':>8} {'req/core-s':>11} {'preempted/core-s':>17}")
     for t in targets:
         if t in rps:
             r, per_core = rps[t]
-            print(f"{t:<9} {r:>8.1f} {'' if t == 'direct' else f'{per_core:.1f}':>11}")
+            direct = t == "direct"
+            print(f"{t:<{width}} {r:>8.1f} {'' if direct else f'{per_core:.1f}':>11} "
+                  f"{'' if direct else f'{switches.get(t, 0.0):.0f}':>17}")
     _print_worker_ratio(gw_workers, rps, split)
     if "servelab" in rps and "litellm" in rps:
         print(f"\nservelab / LiteLLM: req/s {rps['servelab'][0] / rps['litellm'][0]:.1f}x, "
