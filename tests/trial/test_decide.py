@@ -322,6 +322,10 @@ def test_no_significant_difference_ranked_by_the_tie_break_ttft_then_e2e():
                "ranked first by the tie-break" in r and "lower TTFT P95: 1.2 s vs 1.9 s" in r
                for r in d["verdicts"]["b"]["reasons"])
     assert "ranked after b by the tie-break: lower TTFT P95: 1.2 s vs 1.9 s" in d["verdicts"]["a"]["reasons"][0]
+    # b is first by the tie-break with the lower point figure: its first reason must not call it the highest
+    assert d["verdicts"]["b"]["reasons"][0].startswith("first at the SLO by the tie-break, its output tok/s not "
+                                                       "significantly below the highest: 79 tok/s")
+    assert "(no interval for both, so not a shown difference)" in d["verdicts"]["a"]["reasons"][0]
     assert "a sustains 1.14× c's output tok/s" in d["verdicts"]["c"]["reasons"][0]
     # equal TTFT: E2E P99 decides
     e = cand([step(1, tps=80.0, ttft95=1.0, e2e99=9.0)])
@@ -400,3 +404,20 @@ def test_command_candidates_differ_in_their_declared_argv() -> None:
     c = compare_identities(ident("1"), ident("4"))
     assert c.differs_in == ["settings.argv"], c  # the port setting stays volatile
     assert compare_identities(ident("1"), ident("1")).differs_in == []
+
+
+def test_the_tie_break_says_whether_the_latency_intervals_are_apart():
+    """The tie-break orders by point values; its reason says whether the TTFT P95 intervals are apart (a shown
+    latency difference) or overlap / are unbounded (the order is the rule's, not a measurement)."""
+    def with_ci(c: dict, lo: float | None, hi: float | None) -> dict:
+        c["tail_latency"]["ttft_p95_ci"] = {"lo": lo, "hi": hi, "n": 40, "method": "order-statistics"}
+        return c
+
+    a = with_ci(cand([step(1, tps=80.0, ttft95=1.9)]), 1.7, None)
+    b = with_ci(cand([step(1, tps=79.0, ttft95=1.2)]), 0.9, 1.8)
+    r = dec({"a": a, "b": b}, {})["verdicts"]["a"]["reasons"][0]
+    assert "lower TTFT P95: 1.2 s vs 1.9 s (95 % CIs 0.9–1.8 vs 1.7–unbounded s overlap, so not a shown " \
+           "difference either)" in r, r
+    b = with_ci(cand([step(1, tps=79.0, ttft95=1.2)]), 0.9, 1.4)
+    r = dec({"a": a, "b": b}, {})["verdicts"]["a"]["reasons"][0]
+    assert "lower TTFT P95: 1.2 s vs 1.9 s (95 % CIs apart: 0.9–1.4 vs 1.7–unbounded s)" in r, r

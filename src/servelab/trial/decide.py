@@ -100,6 +100,11 @@ def _fmt_ci(ci: Interval | None, unit: str = "") -> str:
     return f" (95 % CI {lo}–{hi}{unit})"
 
 
+def _span(ci: Interval) -> str:
+    """``0.92–unbounded``: an interval's two sides, an unbounded one written as such."""
+    return f"{'unbounded' if ci.lo is None else _num(ci.lo)}–{'unbounded' if ci.hi is None else _num(ci.hi)}"
+
+
 def _fmt_obj_value(metric: str, v: float | None) -> str:
     metric = metric.rsplit(":", 1)[-1]  # a per-workload objective: structured:ttft_p95
     if v is None:
@@ -594,10 +599,22 @@ def _beyond(c: CandidateResult) -> str:
 
 
 def _tie_break_text(win: CandidateResult, lose: CandidateResult) -> str:
+    """Which tail figure ordered ``win`` before ``lose``, with both point values and whether their 95 %
+    intervals are apart (a significant latency difference) or not (the order is the rule's, not a measured
+    difference: an interval overlapping the other, or unbounded on the side that would tell)."""
     for key, label in (("ttft_p95_s", "TTFT P95"), ("e2e_p99_s", "E2E P99")):
         a, b = _tail(win, key), _tail(lose, key)
         if a != b:
-            return f"lower {label}: {_num(a)} s vs {_num(b)} s"
+            ci_key = key.removesuffix("_s") + "_ci"
+            ca = getattr(win.tail_latency, ci_key) if win.tail_latency is not None else None
+            cb = getattr(lose.tail_latency, ci_key) if lose.tail_latency is not None else None
+            if ca is None or cb is None:
+                how = "no interval for both, so not a shown difference"
+            elif ca.hi is not None and cb.lo is not None and ca.hi < cb.lo:
+                how = f"95 % CIs apart: {_span(ca)} vs {_span(cb)} s"
+            else:
+                how = f"95 % CIs {_span(ca)} vs {_span(cb)} s overlap, so not a shown difference either"
+            return f"lower {label}: {_num(a)} s vs {_num(b)} s ({how})"
     return "equal tail latency; ordered by throughput, then name"
 
 
@@ -875,7 +892,9 @@ def decide(candidates: Mapping[str, CandidateResult], identities: Mapping[str, C
         c = candidates[n]
         reasons: list[str] = []
         if pos == 0:
-            head = (f"highest {_what(metric)} at the SLO" if len(ranking) > 1
+            top = (_figure(c, metric) or 0.0) >= max((_figure(candidates[m], metric) or 0.0) for m in ranking)
+            head = ((f"highest {_what(metric)} at the SLO" if top else f"first at the SLO by the tie-break, its "
+                     f"{_what(metric)} not significantly below the highest") if len(ranking) > 1
                     else "the only candidate that met the SLO")
             reasons.append(f"{head}: {_at(c, metric)}")
             if diffs:
