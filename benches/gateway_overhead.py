@@ -37,15 +37,17 @@ machine with a core per gateway worker, give the proxy N cores and the client en
 gateway's model split evenly over them), e.g. on 16 cores
 ``--proxy-cpu 12-13 --client-cpu 0-11 --client-workers 6 --mocks 4 --gateway-workers 1,2 --rounds 6``.
 
-Several gateway workers (``--gateway-workers 1,2,1,2``): the ``servelab`` target runs once per entry, in
-that order (alternate them: this box is noisy), each as ``servelab gateway --workers N`` with
-``state.redis_url`` set to a redis-server this script starts on the client CPU (also for N = 1, so
-the configs are the same; with no limits configured no request touches Redis). Every worker is pinned
-to ``--proxy-cpu`` with the supervisor (taskset is inherited), so ``req/core-s`` compares the cost per
-request of N processes sharing a core with one process; rows are named ``servelab-w<N>`` (``#k`` for the
-k-th run of the same N); closing lines give each run's requests per worker (access log) and each
-multi-worker run's req/core-s against the 1-worker run with the same slice just before it (issue 15 item 6:
-within 10 %). ``--rps-only`` skips the latency part.
+Several gateway workers (``--gateway-workers 1,2``, ``--rounds K``): the ``servelab`` target runs once per
+entry, in that order, the whole list K times with every other round reversed (this box is noisy; a drift
+then favours no entry). An entry ``N`` is ``servelab gateway --workers N`` with ``state.redis_url`` set to a
+redis-server this script starts on the client CPU (also for N = 1, so the configs are the same; with no
+limits configured no request touches Redis); ``Ni`` is the control, N separate one-process gateways on one
+port that share nothing (:func:`start_independent`). Every process is pinned to ``--proxy-cpu`` (taskset
+is inherited), so on one proxy CPU ``req/core-s`` compares the cost per request of N processes sharing a
+core with one process. Rows are named ``servelab-w<N>[i][@<MS>ms]`` (``#k`` for the k-th run of the same
+entry); closing lines give each run's requests per worker (access logs), each multi-process run's
+req/core-s against the 1-worker run of its round (``wN`` also against ``wNi``), and per comparison the
+median, range and number of rounds within 10 % (issue 15 item 6). ``--rps-only`` skips the latency part.
 
 Processes that share a core pay for it: each switch between them leaves the next one a cold L1/L2 cache, and
 the kernel switches two busy processes every slice (EEVDF's default here: 1.4 ms). An entry ``N@MS``
