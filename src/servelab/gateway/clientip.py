@@ -19,7 +19,7 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
-__all__ = ["client_ip", "trusted_networks"]
+__all__ = ["client_ip", "is_trusted", "trusted_networks"]
 
 _Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -46,6 +46,12 @@ def _parse(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return ipaddress.ip_address(t)
     except ValueError:
         return None
+
+
+def is_trusted(peer: str | None, trusted: Sequence[_Net]) -> bool:
+    """True when the TCP peer address ``peer`` (text) is in one of the ``trusted`` proxy networks."""
+    addr = _parse(peer) if peer and trusted else None
+    return addr is not None and _trusted(addr, trusted)
 
 
 def client_ip(peer: str | None, forwarded_for: Iterable[str], trusted: Sequence[_Net]) -> str:

@@ -61,10 +61,12 @@ class ServerSection(FrozenModel):
     Connections (both ports, :mod:`servelab.gateway.listener`): ``header_timeout_s``, ``body_timeout_s``
     (gap between reads), ``body_total_timeout_s`` and ``keepalive_timeout_s`` close slow or idle clients
     (nginx's are 60/60/-/75 s; shorter here, since API clients send small requests at once);
-    ``max_connections`` (API) and ``admin_max_connections`` cap open connections: at the cap the oldest
-    idle one is closed, else the new one gets a 503. ``admin_host`` binds the admin API (default
-    loopback). ``public_metrics`` also serves ``/metrics`` on the API port (it is always on the admin
-    port, behind the admin token). These take effect on restart.
+    ``max_connections`` (API) and ``admin_max_connections`` cap open connections, and
+    ``max_connections_per_client`` those of one client address on the API port (default half the API
+    cap): at a cap the oldest header-incomplete connection (idle, or its headers still arriving) of the
+    address holding the most is closed, else the new one gets a 503 (429 at the address's own cap).
+    ``admin_host`` binds the admin API (default loopback). ``public_metrics`` also serves ``/metrics`` on
+    the API port (it is always on the admin port, behind the admin token). These take effect on restart.
     """
 
     host: str = Field("127.0.0.1", description="address to bind")
@@ -96,6 +98,10 @@ class ServerSection(FrozenModel):
     max_connections: int | None = Field(None, ge=1, description="open client connections on the API port; null = "
                                         "(RLIMIT_NOFILE - 64 - admin_max_connections) / 2 (one upstream fd each)")
     admin_max_connections: int = Field(32, ge=1, description="open connections on the admin port")
+    max_connections_per_client: int | None = Field(
+        None, ge=1, description="open API connections of one client address (the peer, or X-Forwarded-For behind "
+        "trusted_proxies); null = half of max_connections. At it, the address's oldest connection still sending "
+        "its headers (or idle) is closed, else 429 (nginx limit_conn)")
     public_metrics: bool = Field(False, description="also serve /metrics on the API port without auth (it names "
                                  "backends and breaker states); it is always on the admin port, behind the "
                                  "admin token")

@@ -30,10 +30,23 @@ over 8,190 bytes, i.e. the API key) and answers a 400 that echoes them. :class:`
   cut, and a stream whose client keeps up costs no timer at all.
 - **Keep-alive idle timeout** ``keepalive_timeout_s``: aiohttp's own ``keepalive_timeout`` (nginx
   ``keepalive_timeout`` 75 s; Envoy ``idle_timeout`` 1 h).
-- **Connection cap** ``max_connections`` per port: at the cap, the oldest connection that is idle
-  (waiting for the first byte of a request) is closed to make room, as nginx reuses idle connections
-  when ``worker_connections`` run out; when none is idle the new one gets a one-line 503 and is closed
-  at once, so the process never runs out of descriptors (:mod:`servelab.gateway.fdbudget`).
+- **Connection cap** ``max_connections`` per port, and ``max_connections_per_client`` per client
+  address (the TCP peer; behind a proxy listed in ``trusted_proxies``, the client that proxy names in
+  ``X-Forwarded-For``, :mod:`servelab.gateway.clientip`). A connection is *header-incomplete* while
+  nothing of it is being handled: idle (waiting for a request's first byte) or part of a request line
+  or header block sent. A new connection from an address at its own cap closes that address's oldest
+  header-incomplete connection, else gets a one-line 429 and is closed. A new connection at the port's
+  cap closes the oldest header-incomplete connection of the address holding the most connections (the
+  next biggest holder when that one has none), else gets a one-line 503 and is closed at once, so the
+  process never runs out of descriptors (:mod:`servelab.gateway.fdbudget`) and a flood of half-open
+  connections (one byte each, re-opened as they close) cannot lock real clients out: each real
+  request sends its headers at once and is no longer sheddable, while the flood sheds itself. nginx
+  keeps the same two bounds as ``limit_conn`` per ``$binary_remote_addr`` (no default) and
+  ``worker_connections`` (reusing idle connections when they run out); Envoy bounds the process with
+  its overload manager (``envoy.resource_monitors.downstream_connections``) and a listener with its
+  ``connection_limit`` filter, neither per address (docs/gateway-design.md compares the defaults).
+  A proxy's connection is counted under the proxy until its request's headers name the client (it
+  cannot be checked at accept); then, over the client's cap, that request gets the 429.
 - **Parser errors** (:class:`aiohttp.http_exceptions.BadHttpMessage`, ``LineTooLong``, ...): one log line
   naming the kind of error and the peer address, never a header or body byte, at most
   :data:`LOG_BURST` lines per :data:`LOG_WINDOW_S` (the next line logged says how many were suppressed; the
@@ -50,8 +63,9 @@ read; nothing at all while a response streams. Timeouts, refusals and evictions 
 Uses these aiohttp internals (checked against aiohttp 3.14.5): ``RequestHandler._manager``,
 ``_messages``, ``_request_count``, ``_waiter``, ``_current_request``, ``_force_close``,
 ``_reading_paused``/``_buffer_paused``, ``_next_keepalive_close_time``,
-``Server._connections``/``_kwargs``/``_loop``; the attack tests
-(tests/gateway/test_attack.py) fail if an aiohttp upgrade changes them.
+``Server._connections``/``_kwargs``/``_loop``, ``web_protocol._ErrInfo`` (a queued request answered by
+:meth:`GuardedHandler.handle_error`); the attack tests (tests/gateway/test_attack.py,
+tests/gateway/test_connection_flood.py) fail if an aiohttp upgrade changes them.
 """
 
 from __future__ import annotations
@@ -69,13 +83,14 @@ from typing import Any, cast
 from aiohttp import http_exceptions as hx
 from aiohttp import web
 from aiohttp.streams import EMPTY_PAYLOAD
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from aiohttp.web_server import Server
 
+from servelab.gateway import clientip
 from servelab.gateway.errors import openai_error_body
 
 __all__ = ["EVENTS", "LOG_BURST", "LOG_WINDOW_S", "GuardedHandler", "GuardedRunner", "ListenerSettings",
-           "RateLimitedLog", "describe_parse_error", "settings_for"]
+           "RateLimitedLog", "default_per_client", "describe_parse_error", "settings_for"]
 
 log = logging.getLogger("servelab.gateway.listener")
 
@@ -89,7 +104,8 @@ else:  # elsewhere only the transport's own buffer counts
     _SIOCOUTQ = None
 
 #: reasons passed to ``on_event``
-EVENTS = ("idle_timeout", "header_timeout", "body_timeout", "refused", "evicted", "bad_request", "send_timeout")
+EVENTS = ("idle_timeout", "header_timeout", "body_timeout", "refused", "evicted", "bad_request", "send_timeout",
+          "client_refused")
 #: at most this many connection-level log lines per :data:`LOG_WINDOW_S` per port
 LOG_BURST = 10
 LOG_WINDOW_S = 10.0
@@ -98,7 +114,8 @@ LOG_WINDOW_S = 10.0
 @dataclass(frozen=True, slots=True)
 class ListenerSettings:
     """Limits of one listening port. ``name``: ``"api"`` or ``"admin"`` (logs, metrics). Times in
-    seconds (> 0); ``max_connections``: open client connections on this port (>= 1)."""
+    seconds (> 0); ``max_connections``: open client connections on this port (>= 1);
+    ``max_connections_per_client``: open connections of one client address (0 = only the port's cap)."""
 
     name: str
     header_timeout_s: float = 10.0
@@ -107,15 +124,18 @@ class ListenerSettings:
     keepalive_timeout_s: float = 30.0
     max_connections: int = 512
     send_timeout_s: float = 60.0
+    max_connections_per_client: int = 0
 
 
 def settings_for(server: Any, name: str, nofile: int | None = None) -> ListenerSettings:
     """:class:`ListenerSettings` of port ``name`` (``"api"`` or ``"admin"``) from a config's ``server``
     section (:class:`servelab.gateway.config.ServerSection`). The API port's cap defaults to
     :func:`servelab.gateway.fdbudget.default_max_connections` of ``nofile`` (default: this process's
-    ``RLIMIT_NOFILE``)."""
+    ``RLIMIT_NOFILE``), its per-client cap to ``server.max_connections_per_client`` or half the port's cap
+    (:func:`default_per_client`); the admin port has no per-client cap."""
     from servelab.gateway.fdbudget import default_max_connections, nofile_limit
 
+    per_client = 0
     if name == "admin":
         cap = server.admin_max_connections
     else:
@@ -125,10 +145,19 @@ def settings_for(server: Any, name: str, nofile: int | None = None) -> ListenerS
         if cap > fit:
             log.warning("server.max_connections %d is more than the descriptor limit allows (ulimit -n %d: %d "
                         "with an upstream connection each); raise ulimit -n or lower it", cap, nofile, fit)
+        per_client = getattr(server, "max_connections_per_client", None) or default_per_client(cap)
     return ListenerSettings(name=name, header_timeout_s=server.header_timeout_s, body_timeout_s=server.body_timeout_s,
                             body_total_timeout_s=server.body_total_timeout_s,
                             keepalive_timeout_s=server.keepalive_timeout_s, max_connections=cap,
-                            send_timeout_s=getattr(server, "send_timeout_s", 60.0))
+                            send_timeout_s=getattr(server, "send_timeout_s", 60.0),
+                            max_connections_per_client=min(per_client, cap))
+
+
+def default_per_client(max_connections: int) -> int:
+    """Connections one client address may hold on the API port when ``server.max_connections_per_client``
+    is not set: half the port's cap (at least 1), so one address (or one flood) can never take the whole
+    port. Example: ``ulimit -n 1024`` -> port cap 464 -> 232 per address."""
+    return max(1, max_connections // 2)
 
 
 class RateLimitedLog:
@@ -213,9 +242,11 @@ def _where(exc: BaseException) -> str:
 class _Guard:
     """State shared by every connection of one port: settings, the rate-limited log, the event hook."""
 
-    __slots__ = ("settings", "ratelog", "on_event", "refusal", "counts")
+    __slots__ = ("settings", "ratelog", "on_event", "refusal", "client_refusal", "counts", "clients", "open",
+                 "trusted")
 
-    def __init__(self, settings: ListenerSettings, on_event: Callable[[str, str], None] | None) -> None:
+    def __init__(self, settings: ListenerSettings, on_event: Callable[[str, str], None] | None,
+                 trusted_proxies: tuple[str, ...] = ()) -> None:
         self.settings = settings
         self.ratelog = RateLimitedLog(log)
         self.on_event = on_event
@@ -223,6 +254,26 @@ class _Guard:
         self.refusal = _raw_response(503, "Service Unavailable",
                                      "this gateway has too many open connections; retry in 1 s", "too_many_connections",
                                      "server_error", "Retry-After: 1\r\n")
+        self.client_refusal = _raw_response(429, "Too Many Requests", _client_cap_message(settings),
+                                            "too_many_connections", "rate_limit_error", "Retry-After: 1\r\n")
+        #: client address -> its open connections, oldest first (a dict used as an ordered set)
+        self.clients: dict[str, dict[GuardedHandler, None]] = {}
+        self.open = 0  # connections registered in ``clients``
+        self.trusted = clientip.trusted_networks(tuple(trusted_proxies))
+
+    def shed_victim(self) -> GuardedHandler | None:
+        """The oldest header-incomplete connection of the biggest holder that has one, or None."""
+        if not self.clients:
+            return None
+        biggest = max(self.clients.values(), key=len)
+        victim = _oldest_sheddable(biggest)
+        if victim is not None:
+            return victim
+        for conns in sorted(self.clients.values(), key=len, reverse=True):
+            victim = _oldest_sheddable(conns) if conns is not biggest else None
+            if victim is not None:
+                return victim
+        return None
 
     def event(self, reason: str) -> None:
         self.counts[reason] += 1
@@ -231,6 +282,28 @@ class _Guard:
                 self.on_event(self.settings.name, reason)
             except Exception as e:  # a metrics bug must not break connection handling
                 log.debug("listener on_event failed: %r", e)
+
+
+def _client_cap_message(s: ListenerSettings) -> str:
+    return (f"this client address has {s.max_connections_per_client} connections open to the gateway "
+            f"(server.max_connections_per_client); reuse or close them, retry in 1 s")
+
+
+class _ClientCapExceeded(Exception):
+    """Marks a request refused by the per-client connection cap (behind a trusted proxy)."""
+
+
+def _sheddable(h: GuardedHandler) -> bool:
+    """True when ``h`` is header-incomplete (idle or part of a request's head sent; nothing of it handled)."""
+    return (not h._force_close and (h._g_idle or h._g_hdr_at > 0) and not h._messages
+            and h._waiter is not None and not h._waiter.done())
+
+
+def _oldest_sheddable(conns: dict[GuardedHandler, None]) -> GuardedHandler | None:
+    for h in conns:  # insertion order: oldest first
+        if _sheddable(h):
+            return h
+    return None
 
 
 def _peer(transport: Any) -> str:
@@ -246,7 +319,7 @@ class GuardedHandler(RequestHandler):
     quiet parser-error handling of this module (see the module doc). Built by :class:`_GuardedServer`."""
 
     __slots__ = ("_g", "_g_timer", "_g_due", "_g_hdr_at", "_g_body", "_g_body_last", "_g_body_end", "_g_idle",
-                 "_g_send_timer", "_g_send_left")
+                 "_g_send_timer", "_g_send_left", "_g_key", "_g_peer", "_g_proxy")
 
     def __init__(self, manager: Server, guard: _Guard, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -260,42 +333,99 @@ class GuardedHandler(RequestHandler):
         self._g_idle = True  # no byte of a next request since accept / the last response (evictable)
         self._g_send_timer: asyncio.TimerHandle | None = None  # armed only while writing is paused
         self._g_send_left = (0, 0)  # _g_unsent() when that timer was armed
+        self._g_key: str | None = None  # the client address this connection counts for (None: not counted)
+        self._g_peer = "?"
+        self._g_proxy = False  # the peer is a trusted proxy: the client is named by X-Forwarded-For
 
     # ------------------------------------------------------------------ accept: the cap
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        mgr = self._manager
         g = self._g
-        if mgr is not None and len(mgr._connections) >= g.settings.max_connections:
-            victim = self._idle_victim(mgr)
-            if victim is None:
-                self._refuse(transport)
-                return
-            victim.force_close()
-            g.event("evicted")
+        peer = self._g_peer = _peer(transport)
+        self._g_proxy = clientip.is_trusted(peer, g.trusted)
+        if self._manager is not None:
+            per_client = g.settings.max_connections_per_client
+            mine = g.clients.get(peer)
+            if per_client and not self._g_proxy and mine is not None and len(mine) >= per_client:
+                victim = _oldest_sheddable(mine)
+                if victim is None:
+                    self._refuse(transport, per_client=True)
+                    return
+                victim._g_shed()
+            if g.open >= g.settings.max_connections:
+                victim = g.shed_victim()
+                if victim is None:
+                    self._refuse(transport)
+                    return
+                victim._g_shed()
         super().connection_made(transport)
+        self._g_rekey(peer)
         self._g_hdr_at = self._loop.time() + g.settings.header_timeout_s
         self._g_arm(self._g_hdr_at)
 
-    @staticmethod
-    def _idle_victim(mgr: Server) -> GuardedHandler | None:
-        for h in mgr._connections:  # insertion order: oldest first
-            if (isinstance(h, GuardedHandler) and h._g_idle and not h._force_close and not h._messages
-                    and h._waiter is not None and not h._waiter.done()):
-                return h
-        return None
+    # ------------------------------------------------------------------ who holds the connections
+    def _g_rekey(self, key: str) -> None:
+        """Count this connection for client address ``key`` (newest of that address's connections)."""
+        if key == self._g_key:
+            return
+        self._g_forget()
+        g = self._g
+        self._g_key = key
+        g.clients.setdefault(key, {})[self] = None
+        g.open += 1
 
-    def _refuse(self, transport: asyncio.BaseTransport) -> None:
-        """Answer a one-line 503 and close, without registering the connection or starting a task."""
+    def _g_forget(self) -> None:
+        """Stop counting this connection (idempotent: shed, then lost)."""
+        key, self._g_key = self._g_key, None
+        if key is None:
+            return
+        g = self._g
+        g.open -= 1
+        conns = g.clients.get(key)
+        if conns is not None:
+            conns.pop(self, None)
+            if not conns:
+                del g.clients[key]
+
+    def _g_shed(self) -> None:
+        """Close this header-incomplete connection to make room for a new one."""
+        self._g_forget()
+        self.force_close()
+        self._g.event("evicted")
+
+    def _g_proxied_client(self) -> None:
+        """Behind a trusted proxy, once a request's headers are complete: count the connection for the
+        client its ``X-Forwarded-For`` names, and answer that request 429 when the client is over its cap."""
+        g = self._g
+        head = self._messages[-1][0] if self._messages else None
+        headers = getattr(head, "headers", None)
+        if headers is None:  # a parser error: answered by handle_error
+            return
+        client = clientip.client_ip(self._g_peer, headers.getall("X-Forwarded-For", ()), g.trusted)
+        self._g_rekey(client)
+        cap = g.settings.max_connections_per_client
+        if cap and client != self._g_peer and len(g.clients[client]) > cap:
+            self._messages[-1] = (_ErrInfo(status=429, exc=_ClientCapExceeded(), message=""), EMPTY_PAYLOAD)
+            self._g_body = None
+
+    def _refuse(self, transport: asyncio.BaseTransport, per_client: bool = False) -> None:
+        """Answer a one-line 503 (the port's cap) or 429 (the address's cap) and close, without
+        registering the connection or starting a task."""
         g = self._g
         self._manager = None  # connection_lost then does nothing
-        try:
-            cast(asyncio.WriteTransport, transport).write(g.refusal)  # a TCP transport: it writes
+        try:  # a TCP transport: it writes
+            cast(asyncio.WriteTransport, transport).write(g.client_refusal if per_client else g.refusal)
         except Exception:  # the peer is already gone
             pass
         transport.close()
+        if per_client:
+            g.event("client_refused")
+            g.ratelog("%s port: refused a connection from %s: it has %d connections open "
+                      "(server.max_connections_per_client), none header-incomplete", g.settings.name,
+                      self._g_peer, g.settings.max_connections_per_client)
+            return
         g.event("refused")
-        g.ratelog("%s port: refused a connection from %s: %d connections open (server.%s); the oldest idle "
-                  "ones are closed first, none was idle", g.settings.name, _peer(transport),
+        g.ratelog("%s port: refused a connection from %s: %d connections open (server.%s); header-incomplete "
+                  "ones are closed first, none was", g.settings.name, self._g_peer,
                   g.settings.max_connections,
                   "max_connections" if g.settings.name == "api" else "admin_max_connections")
 
@@ -307,6 +437,7 @@ class GuardedHandler(RequestHandler):
             self._g_send_timer.cancel()
             self._g_send_timer = None
         self._g_body = None
+        self._g_forget()
         super().connection_lost(exc)
 
     # ------------------------------------------------------------------ reads: header and body progress
@@ -333,6 +464,8 @@ class GuardedHandler(RequestHandler):
                 self._g_arm(min(now + s.body_timeout_s, self._g_body_end))
             else:
                 self._g_body = None
+            if self._g_proxy:
+                self._g_proxied_client()
         elif self._g_body is not None:
             if self._g_body.is_eof():
                 self._g_body = None
@@ -347,6 +480,8 @@ class GuardedHandler(RequestHandler):
             self._g_body = None
             self._g_idle = True
             self._g_hdr_at = 0.0
+            if self._g_proxy and self._g_key is not None:
+                self._g_rekey(self._g_peer)  # idle again: the proxy's, not the last client's
         return res
 
     # ------------------------------------------------------------------ writes: the send timeout
@@ -472,7 +607,12 @@ class GuardedHandler(RequestHandler):
         (as aiohttp's own)."""
         g = self._g
         peer = _peer(self.transport)
-        if isinstance(exc, hx.HttpProcessingError) or (status == 400 and exc is None):
+        if isinstance(exc, _ClientCapExceeded):
+            text, code, typ = _client_cap_message(g.settings), "too_many_connections", "rate_limit_error"
+            g.event("client_refused")
+            g.ratelog("%s port: refused a request from %s (via proxy %s): over server.max_connections_per_client",
+                      g.settings.name, self._g_key, peer)
+        elif isinstance(exc, hx.HttpProcessingError) or (status == 400 and exc is None):
             text, code = describe_parse_error(exc, self.max_field_size)
             g.event("bad_request")
             g.ratelog("%s port: rejected a malformed request from %s: %s (%s)", g.settings.name, peer,
@@ -494,6 +634,8 @@ class GuardedHandler(RequestHandler):
         if request.writer.output_size > 0:
             raise ConnectionError("a response was already being sent; cannot send the error response")
         resp = web.Response(status=status, body=openai_error_body(text, typ, code), content_type="application/json")
+        if status == 429:
+            resp.headers["Retry-After"] = "1"
         resp.force_close()
         return resp
 
@@ -518,18 +660,24 @@ class GuardedRunner(web.AppRunner):
     """An :class:`aiohttp.web.AppRunner` for ``app`` whose connections follow ``settings`` (module doc).
 
     ``on_event(port_name, reason)``: called for every timeout, refusal, eviction and malformed request
-    (reasons: :data:`EVENTS`). Other keyword arguments go to :class:`aiohttp.web.AppRunner`
+    (reasons: :data:`EVENTS`); ``trusted_proxies``: ``server.trusted_proxies`` (whose ``X-Forwarded-For`` names
+    the client a per-client cap counts). Other keyword arguments go to :class:`aiohttp.web.AppRunner`
     (``keepalive_timeout`` is taken from ``settings``). :attr:`counts`: events so far by reason;
     :meth:`connections`: open connections now."""
 
     def __init__(self, app: web.Application, settings: ListenerSettings, *,
-                 on_event: Callable[[str, str], None] | None = None, **kwargs: Any) -> None:
+                 on_event: Callable[[str, str], None] | None = None, trusted_proxies: tuple[str, ...] = (),
+                 **kwargs: Any) -> None:
         kwargs["keepalive_timeout"] = settings.keepalive_timeout_s
         # aiohttp would inflate a compressed request body in the loop, before the handler could refuse it;
         # bodies are inflated (or refused) by servelab.gateway.bodies instead
         kwargs.setdefault("auto_decompress", False)
         super().__init__(app, **kwargs)
-        self.guard = _Guard(settings, on_event)
+        self.guard = _Guard(settings, on_event, trusted_proxies)
+
+    def set_trusted_proxies(self, cidrs: tuple[str, ...]) -> None:
+        """Use ``server.trusted_proxies`` ``cidrs`` (validated) for connections accepted from now on."""
+        self.guard.trusted = clientip.trusted_networks(tuple(cidrs))
 
     @property
     def counts(self) -> dict[str, int]:

@@ -105,7 +105,7 @@ def _client_request_id(request: web.Request) -> str | None:
 def _listener_fields(s: Any) -> tuple[Any, ...]:
     """The ``server`` fields the listeners take at start (a change needs a restart)."""
     return (s.admin_host, s.header_timeout_s, s.body_timeout_s, s.body_total_timeout_s, s.keepalive_timeout_s,
-            s.max_connections, s.admin_max_connections, s.send_timeout_s)
+            s.max_connections, s.admin_max_connections, s.send_timeout_s, s.max_connections_per_client)
 
 
 def _error_response(e: GatewayError, rid: str) -> web.Response:
@@ -299,6 +299,7 @@ class Gateway:
         await self.breakers.start()  # Redis sync of open states (no-op without state.redis_url)
         await self._start_health()
         self._runner = GuardedRunner(self.app, settings_for(cfg.server, "api"), on_event=self._conn_event,
+                                     trusted_proxies=tuple(cfg.server.trusted_proxies),
                                      access_log=None, handler_cancellation=True,
                                      shutdown_timeout=cfg.server.shutdown_grace_s)
         await self._runner.setup()
@@ -593,6 +594,8 @@ class Gateway:
         if old.breaker != cfg.breaker:
             self.breakers.reconfigure(new_breakers)  # thresholds change, breaker states stay
         self.retry_budget.ratio = cfg.retry.budget_ratio
+        if old.server.trusted_proxies != cfg.server.trusted_proxies and isinstance(self._runner, GuardedRunner):
+            self._runner.set_trusted_proxies(tuple(cfg.server.trusted_proxies))
         if old.server.access_log != cfg.server.access_log:
             old_log, self._access = self._access, AccessLog(cfg.server.access_log, self.worker)
             old_log.close()
