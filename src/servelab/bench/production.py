@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from rich.console import Console
 
+from servelab.bench.options import MAX_THINK_TIME_S
 from servelab.wire.client import ConfigError
 
 __all__ = ["PRODUCTION_WORKLOADS", "ProductionOptions", "print_extras"]
@@ -175,9 +176,10 @@ class ProductionOptions:
             raise ConfigError(f"--sessions {self.sessions}: give 1 to 100000 sessions per step")
         if not 1 <= self.turns <= 1000:
             raise ConfigError(f"--turns {self.turns}: give 1 to 1000 user turns per session")
-        if not (math.isfinite(self.think_time_s) and self.think_time_s >= 0):
-            raise ConfigError(f"--think-time-s {self.think_time_s:g}: give the mean think time in seconds, >= 0 "
-                              "(0 = none)")
+        if not (math.isfinite(self.think_time_s) and 0 <= self.think_time_s <= MAX_THINK_TIME_S):
+            raise ConfigError(f"--think-time-s {self.think_time_s:g}: give the mean think time in seconds, from 0 "
+                              f"(none) to {MAX_THINK_TIME_S:g} (servelab's limit: a user away longer starts a new "
+                              "session), e.g. --think-time-s 2")
         if self.sessions_file is not None:
             from servelab.bench.sessions import load_sessions
 

@@ -33,6 +33,7 @@ from pydantic import BaseModel
 
 from servelab.bench.extras import SessionsSummary, TurnStats
 from servelab.bench.load import LoadModel
+from servelab.bench.options import MAX_THINK_TIME_S
 from servelab.wire import ConfigError, RequestRecord, RequestSpec
 from servelab.wire.client import send
 
@@ -196,9 +197,10 @@ async def run_sessions(http: aiohttp.ClientSession, base_url: str, model: str, s
     records get ids ``first_id, first_id + 1, …`` in send order (else ``session_id * 10000 + turn``);
     ``records`` receives each record as it starts and ``on_done(record, spec)`` is called as each ends
     (the bench writes its ``requests.jsonl`` line there). Raises :class:`ConfigError` for a concurrency
-    below 1, a rate not > 0, or a negative think time."""
-    if think_time_s < 0:
-        raise ConfigError(f"think time {think_time_s:g} s: give a mean >= 0 seconds")
+    below 1, a rate not > 0, or a think time outside 0 to
+    :data:`~servelab.bench.options.MAX_THINK_TIME_S` seconds."""
+    if not 0 <= think_time_s <= MAX_THINK_TIME_S:
+        raise ConfigError(f"think time {think_time_s:g} s: give a mean from 0 to {MAX_THINK_TIME_S:g} seconds")
     sink = _Sink(itertools.count(first_id) if first_id is not None else None, on_done, records, step, headers)
     if rate_sps is not None:
         if not rate_sps > 0:

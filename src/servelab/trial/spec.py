@@ -23,6 +23,7 @@ requests per second) or in the field descriptions.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 import typing
@@ -34,6 +35,8 @@ from pydantic import (BaseModel, Discriminator, Field, GetCoreSchemaHandler, Val
                       ValidationInfo, WithJsonSchema, create_model, field_validator, model_validator)
 
 from servelab.bench.load import LoadModel
+from servelab.bench.options import (MAX_CONCURRENCY, MAX_OUTPUT_TOKENS, MAX_RATE_RPS, MAX_REQUESTS_PER_STEP,
+                                    MAX_STEP_S)
 from servelab.bench.slo import Objective, parse_slo
 from servelab.bench.workloads import WORKLOADS, make_workload, parse_ratio
 from servelab.engines import registry
@@ -109,7 +112,7 @@ class Sample(StrictModel):
                                                   description="chat messages [{role, content}] instead of prompt")
     expect_regex: str | None = Field(None, description="Python regex that must be found in the answer text")
     expect_json_schema: dict[str, Any] | None = Field(None, description="JSON Schema the answer must satisfy")
-    max_tokens: int = Field(64, ge=1, description="answer length cap, tokens")
+    max_tokens: int = Field(64, ge=1, le=MAX_OUTPUT_TOKENS, description="answer length cap, tokens")
 
     @field_validator("expect_regex")
     @classmethod
@@ -163,7 +166,8 @@ class Quality(StrictModel):
     """
 
     structured_valid_min: float = Field(0.5, ge=0, le=1, description="min fraction of schema-valid structured answers")
-    structured_requests: int = Field(8, ge=1, description="requests of the structured set sent by the quality gate")
+    structured_requests: int = Field(8, ge=1, le=MAX_REQUESTS_PER_STEP,
+                                     description="requests of the structured set sent by the quality gate")
     samples: list[Sample] = Field(default_factory=list, description="business samples: request + check")
     samples_pass_min: float = Field(0.0, ge=0, le=1, description="min fraction of samples passing (0 = informational)")
     smoke: list[SmokeCheck] = Field(
@@ -495,8 +499,10 @@ class Steps(StrictModel):
     (``constant`` | ``poisson`` | ``gamma``, shape ``goal.burstiness``) and ``max_concurrency`` (cap on
     requests in flight; ``None`` = none)."""
 
-    concurrency: list[Annotated[int, Field(ge=1)]] | None = Field(None, description="closed-loop levels")
-    rates: list[Annotated[float, Field(gt=0)]] | None = Field(None, description="open-loop rates, requests/s")
+    concurrency: list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]] | None = Field(
+        None, description="closed-loop levels")
+    rates: list[Annotated[float, Field(gt=0, le=MAX_RATE_RPS)]] | None = Field(
+        None, description="open-loop rates, requests/s")
     arrival: Literal["constant", "poisson", "gamma"] = Field("poisson", description="open loop: arrival process")
     max_concurrency: int | None = Field(None, ge=1, description="open loop: cap on requests in flight")
 
@@ -539,7 +545,7 @@ class ArrivalTest(StrictModel):
     """
 
     enabled: bool = Field(True, description="run the arrival test")
-    requests: int = Field(16, ge=1, description="requests in the arrival test")
+    requests: int = Field(16, ge=1, le=MAX_REQUESTS_PER_STEP, description="requests in the arrival test")
     max_concurrency: int | None = Field(None, ge=1, description="cap on requests in flight")
     set: dict[str, Any] = Field(default_factory=dict, description="mix workload overrides (bench --set)")
 
@@ -560,7 +566,7 @@ class CapacitySearch(StrictModel):
     ``arrival``: ``goal`` (gamma of shape ``goal.burstiness``), ``poisson`` or ``constant``."""
 
     enabled: bool = Field(True, description="run the capacity search")
-    requests: int = Field(12, ge=2, description="requests per probe")
+    requests: int = Field(12, ge=2, le=MAX_REQUESTS_PER_STEP, description="requests per probe")
     max_probes: int = Field(4, ge=1, le=30, description="probes at most")
     start_rps: float | None = Field(None, gt=0, description="first rate, requests/s (null = expected rate)")
     tolerance: float = Field(0.05, gt=0, lt=1, description="relative width of the bracket to stop at")
@@ -630,10 +636,11 @@ class Experiment(StrictModel):
     candidates: list[AnyCandidate] = Field(min_length=1, description="engines to compare")
     workloads: list[WorkloadItem] = Field(default_factory=_default_workloads, min_length=1)
     steps: Steps = Field(default_factory=_default_steps)
-    requests_per_step: int = Field(8, ge=1, description="measured requests per workload and step")
-    warmup: int = Field(2, ge=0, description="warmup requests before each step (excluded)")
-    seed: int = Field(0, description="seed of requests and arrival times")
-    timeout_s: float = Field(120.0, gt=0, description="per-request timeout, seconds")
+    requests_per_step: int = Field(8, ge=1, le=MAX_REQUESTS_PER_STEP,
+                                   description="measured requests per workload and step")
+    warmup: int = Field(2, ge=0, le=MAX_REQUESTS_PER_STEP, description="warmup requests before each step (excluded)")
+    seed: int = Field(0, ge=-(2**63), lt=2**63, description="seed of requests and arrival times")
+    timeout_s: float = Field(120.0, gt=0, le=MAX_STEP_S, description="per-request timeout, seconds")
     ignore_eos: bool = Field(True, description="exact output lengths (ignore_eos) except structured requests")
     stop_on_slo: bool = Field(True, description="skip higher steps after the first step that breaks an SLO")
     arrival_test: ArrivalTest = Field(default_factory=ArrivalTest)
@@ -652,6 +659,16 @@ class Experiment(StrictModel):
     embeddings: EmbeddingsOptions = Field(default_factory=EmbeddingsOptions,
                                           description="requests and gate of an embeddings trial (goal.task_kind: "
                                                       "embeddings)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finite_numbers(cls, data: Any) -> Any:
+        where = non_finite_path(data)
+        if where is not None:
+            path, value = where
+            raise ValueError(f"{path}: {value} is not a finite number; give a finite value (YAML reads .inf, "
+                             ".nan and 1.0e+400 as infinite or not a number)")
+        return data
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Experiment:
@@ -740,6 +757,27 @@ registry.subscribe(_rebuild_on_registry_change)
 #: Fixes appended when a string does not match one of these patterns.
 _PATTERN_HINTS = {_NAME_PATTERN: "use letters, digits, '_', '.' or '-'",
                   _ENV_NAME: "an environment variable name is letters, digits and '_', not starting with a digit"}
+
+
+def non_finite_path(data: Any, path: str = "") -> tuple[str, str] | None:
+    """The first float in ``data`` (parsed YAML: dicts, lists, scalars) that is infinite or not a
+    number, as (``a.b[0].c``, its YAML spelling ``.inf``/``-.inf``/``.nan``); ``None`` when there is
+    none. Every number of an experiment (timeouts, rates, engine settings) must be finite: ``timeout_s:
+    .inf`` used to pass ``--check``."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return path or "(top level)", ".nan" if math.isnan(data) else (".inf" if data > 0 else "-.inf")
+    if isinstance(data, dict):
+        items: Any = data.items()
+    elif isinstance(data, list):
+        items = enumerate(data)
+    else:
+        return None
+    for k, v in items:
+        sub = f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k))
+        found = non_finite_path(v, sub)
+        if found is not None:
+            return found
+    return None
 
 
 def describe_validation_error(exc: ValidationError, source: str) -> str:

@@ -4,7 +4,9 @@ JSON Schemas servelab publishes for editors (``servelab schema write|check``).
 
 - :class:`StrictModel` / :class:`FrozenModel`: unknown keys are errors (a typo must not be ignored);
   :class:`FrozenModel` instances are also immutable (snapshots shared between requests or threads).
-- :func:`read_yaml_file`: a user's YAML file, every problem as one :class:`ConfigError` line.
+- :func:`read_yaml_file`: a user's YAML file, every problem as one :class:`ConfigError` line (nesting
+  deeper than :data:`MAX_YAML_DEPTH` included: PyYAML's composer recurses per level, and a 5,000-deep
+  list used to end in a 1,100-line RecursionError).
 - :func:`validation_error_line`: a :class:`pydantic.ValidationError` as ``SOURCE: PATH: PROBLEM; FIX
   (+N more)``; :func:`error_problem` renders one error's ``PROBLEM`` for callers with their own head.
 - :class:`PublishedSchema`: one committed JSON Schema file, generated from a model, written or checked.
@@ -28,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from servelab.wire.errors import ConfigError
 
-__all__ = ["JSON_SCHEMA_DIALECT", "FrozenModel", "PublishedSchema", "StrictModel", "error_problem",
+__all__ = ["JSON_SCHEMA_DIALECT", "MAX_YAML_DEPTH", "FrozenModel", "PublishedSchema", "StrictModel", "error_problem",
            "json_schema_of", "loc_path", "read_yaml_file", "suggest", "validation_error_line"]
 
 #: The ``$schema`` of every published schema (pydantic generates draft 2020-12).
@@ -53,13 +55,37 @@ class FrozenModel(StrictModel):
 # YAML files
 
 
+#: deepest nesting of lists/mappings a config file may have (servelab's deepest schema is under 10 levels)
+MAX_YAML_DEPTH = 100
+
+
+class _TooDeep(yaml.composer.ComposerError):
+    """A YAML document nested deeper than :data:`MAX_YAML_DEPTH`."""
+
+
+class _DepthBoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses nesting deeper than :data:`MAX_YAML_DEPTH` with a marked YAML
+    error (line and column of the node) before its recursive composer can exhaust Python's stack."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: D102 - PyYAML's hook
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _TooDeep(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def read_yaml_file(path: str | os.PathLike[str], *, what: str, missing_fix: str, empty_fix: str) -> Any:
     """Read and parse the YAML file ``path`` (a user's experiment, gateway config, a catalog …).
 
     Returns the parsed document (never ``None``). Raises :class:`ConfigError` with one line that names
     the file and the fix: missing file (``missing_fix``), a folder, unreadable or non-UTF-8 text, a
-    YAML syntax error (with line and column), an empty file (``empty_fix``). ``what`` names the kind
-    of file in messages ("experiment", "gateway config").
+    YAML syntax error (with line and column), nesting deeper than :data:`MAX_YAML_DEPTH`, an empty file
+    (``empty_fix``). ``what`` names the kind of file in messages ("experiment", "gateway config").
     """
     src = str(path)
     p = Path(path).expanduser()
@@ -72,7 +98,12 @@ def read_yaml_file(path: str | os.PathLike[str], *, what: str, missing_fix: str,
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{src}: cannot read as UTF-8 text ({e}); give a YAML file") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_DepthBoundedLoader)  # noqa: S506 - a SafeLoader subclass
+    except _TooDeep as e:
+        mark = e.problem_mark
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
+        raise ConfigError(f"{src}: {where}{e.problem} (servelab's limit); no {what} field nests "
+                          "that deep: remove the extra brackets or indentation") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
