@@ -17,7 +17,8 @@ own module:
 Start-up: a misconfigured part (bad DSN, wrong database or role, unwritable path, Redis unreachable, an
 admin token under 16 characters) stops the start with one line naming the field. PostgreSQL that is
 merely down (connection refused or timed out) does not: the gateway starts, binds its ports and is not
-ready (``/health`` 503 naming ``ledger.postgres_dsn``; API requests 503 ``service_starting`` with
+ready (``/health`` 503 naming the field ``ledger.postgres_dsn``, never its address: the error itself goes
+to the log; API requests 503 ``service_starting`` with
 ``Retry-After``; admin keys/usage 503 ``database_unavailable``) while it retries the database
 (:data:`LEDGER_RETRY_S` doubling to :data:`LEDGER_RETRY_MAX_S`); once it answers, keys created through
 the admin API and token-budget spend are loaded from it and the replica serves. Nothing is served
@@ -67,6 +68,7 @@ from servelab.gateway.routing import LoadTracker
 from servelab.gateway.shadow import ShadowBook, ShadowSide
 from servelab.gateway.snapshot import Snapshot, breaker_settings
 from servelab.gateway.upstream import Upstream, reason
+from servelab.gateway.workers import worker_session_key
 from servelab.wire.client import ConfigError
 
 __all__ = ["Gateway", "LEDGER_RETRY_MAX_S", "LEDGER_RETRY_S", "RELOAD_POLL_S", "WORKER_KEYS_REFRESH_S",
@@ -190,8 +192,10 @@ class Gateway:
         self._admin_runner: web.AppRunner | None = None
         self._health: Any = None
         self._readiness: Any = None  # readiness.Readiness, made at the first /health
-        #: why this replica cannot serve yet (PostgreSQL down at start), None once it can
+        #: why this replica cannot serve yet (PostgreSQL down at start), None once it can; may name the
+        #: database's address (log, admin port); :attr:`not_ready_public` is what the public /health says
         self.not_ready: str | None = None
+        self.not_ready_public = ""
         self._ledger_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watch_task: asyncio.Task[None] | None = None
@@ -201,9 +205,11 @@ class Gateway:
         self.shadows = ShadowBook()
         self.admitter = Admitter(self.metrics, self._degrade, self.load)
         self.relay = Relay(self.metrics)
-        # session_secret: HMAC key of routing.session_header when its env var is unset (this process only)
+        # session_secret: HMAC key of routing.session_header when its env var is unset: the one the
+        # supervisor drew for all its workers (workers.worker_session_key), else this process's own
+        session_key = worker_session_key() if worker is not None else None
         self.upstream = Upstream(self.metrics, self.relay, self.retry_budget, self.shadows, self._spawn,
-                                 session_secret=secrets.token_bytes(32))
+                                 session_secret=session_key or secrets.token_bytes(32))
         self.app = self._make_app()
 
     # ------------------------------------------------------------------ lifecycle
@@ -290,7 +296,7 @@ class Gateway:
         if down is None:
             await self._start_after_ledger()
         else:  # PostgreSQL is down: serve nothing until it answers, but start (module doc "Start-up")
-            self.not_ready = down
+            self._set_not_ready(down)
             log.warning("%s; the gateway starts but answers 503 (and /health is not ready) until it is reachable",
                         down)
             self._ledger_task = asyncio.get_running_loop().create_task(self._wait_for_ledger(cfg),
@@ -313,7 +319,25 @@ class Gateway:
             self._watch_task = asyncio.get_running_loop().create_task(self._watch_loop())
         if self.metrics.multiproc_dir is not None:
             self._flush_task = asyncio.get_running_loop().create_task(self._flush_loop())
+        self._warn_session_secret(cfg)
         log.info("gateway listening on http://%s:%d/v1 (config version %d)", self.host, self.port, self.snap.version)
+
+    def _warn_session_secret(self, cfg: GatewayConfig) -> None:
+        """One warning (worker 0 or the only process) when sessions are sticky by a key drawn at start."""
+        r = cfg.routing
+        if r.session_header and not os.environ.get(r.session_secret_env) and not self.worker:
+            log.warning("routing.session_header is set but $%s is not: the session key is drawn at start (one for "
+                        "all workers of this gateway), so after a restart, or on another replica, a session may "
+                        "land in another canary group; set %s to the same secret on every replica",
+                        r.session_secret_env, r.session_secret_env)
+
+    def _set_not_ready(self, detail: str, unreachable: bool = True) -> None:
+        """Mark this replica not ready: ``detail`` (may name the database's address) for the log and the
+        admin port; the public /health gets only the field at fault (design: no addresses on the public port)."""
+        self.not_ready = detail
+        led = self.snap.cfg.ledger
+        what = "ledger.postgres_dsn: PostgreSQL" if led.postgres_dsn else "ledger.sqlite_path: the ledger"
+        self.not_ready_public = f"{what} {'is unreachable' if unreachable else 'cannot be used'} (the log says why)"
 
     async def _start_ledger(self, cfg: GatewayConfig) -> str | None:
         """Start the ledger built from ``cfg``. Returns None when it started, or the reason line when
@@ -356,11 +380,11 @@ class Gateway:
             try:
                 down = await self._start_ledger(cfg)
                 if down is not None:
-                    self.not_ready = down
+                    self._set_not_ready(down)
                     continue
                 await self._start_after_ledger()
             except Exception as e:  # noqa: BLE001 - keep waiting; one line per try
-                self.not_ready = str(e) if isinstance(e, ConfigError) else f"ledger: {reason(e)}"
+                self._set_not_ready(str(e) if isinstance(e, ConfigError) else f"ledger: {reason(e)}", unreachable=False)
                 log.error("start-up: %s", self.not_ready)
                 continue
             self.not_ready = None
@@ -641,8 +665,8 @@ class Gateway:
             self._readiness = Readiness(self._redis, self._ledger)
         checks = await self._readiness.checks()
         reasons = [] if up else ["no backend is up"]
-        if self.not_ready is not None:
-            reasons.append(f"starting: {self.not_ready}; requests get 503 until it answers")
+        if self.not_ready is not None:  # the field, not the address (the public port names none)
+            reasons.append(f"starting: {self.not_ready_public}; requests get 503 until it answers")
         if checks.get("redis", "ok") != "ok":
             reasons.append(f"Redis (state.redis_url) is {checks['redis']}: limits cannot be checked")
         degraded = [f"ledger is {checks['ledger']}: usage is kept locally until it is back"] \

@@ -11,7 +11,11 @@ socket and passes it to every worker. Worker 0 alone serves the admin port.
 Shared state: N > 1 needs ``state.redis_url`` (:func:`check_workers`): RPM/TPM, concurrency and token
 budgets (:class:`~servelab.gateway.limits.RedisLimiter`) and open breakers
 (:class:`~servelab.gateway.breaker.BreakerBoard`) then live in Redis, so they hold across workers as
-across replicas; without Redis the command refuses, never runs N independent counters. The usage
+across replicas; the routing session key (``routing.session_header``) is the secret in
+``routing.session_secret_env`` when set, else one key the supervisor draws at start and gives every worker
+through :data:`WORKER_SESSION_KEY_ENV` (:func:`worker_session_key`), so a session stays in one canary group
+whichever worker the kernel hands its connection to (each worker drawing its own flipped 2 of 20 sessions);
+without Redis the command refuses, never runs N independent counters. The usage
 ledger: PostgreSQL takes N writers; SQLite runs in WAL mode with a 5 s busy timeout
 (:class:`~servelab.gateway.ledger.SqliteLedger`), each worker writing its own batches. Per worker
 (as per replica): the retry budget, degrade windows, backends' ``max_in_flight`` counts, shadow samples
@@ -37,6 +41,7 @@ import ctypes
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -51,8 +56,8 @@ from typing import IO, Any
 
 from servelab.wire.errors import ConfigError
 
-__all__ = ["CRASH_LOOP", "CRASH_WINDOW_S", "KILL_AFTER_S", "RESTART_DELAY_S", "Supervisor", "check_workers",
-           "parse_workers", "shared_core_warning"]
+__all__ = ["CRASH_LOOP", "CRASH_WINDOW_S", "KILL_AFTER_S", "RESTART_DELAY_S", "WORKER_SESSION_KEY_ENV", "Supervisor",
+           "check_workers", "parse_workers", "shared_core_warning", "worker_session_key"]
 
 log = logging.getLogger("servelab.gateway.workers")
 
@@ -63,7 +68,19 @@ CRASH_LOOP = 5
 CRASH_WINDOW_S = 10.0
 #: seconds after ``shutdown_grace_s`` before a worker still running is killed
 KILL_AFTER_S = 10.0
+#: environment variable through which the supervisor gives every worker the same routing session key (hex)
+WORKER_SESSION_KEY_ENV = "SERVELAB_WORKER_SESSION_KEY"
 _LISTEN = re.compile(r"listening on (http://\S+/v1)(?: \(admin (http://\S+)\))?")
+
+
+def worker_session_key() -> bytes | None:
+    """The routing session key (32 bytes) the supervisor drew for all its workers, read from
+    :data:`WORKER_SESSION_KEY_ENV` and removed from this process's environment (nothing it starts
+    inherits it); None when not set (not under a supervisor) or not hex."""
+    try:
+        return bytes.fromhex(os.environ.pop(WORKER_SESSION_KEY_ENV, "")) or None
+    except ValueError:
+        return None
 
 
 def parse_workers(value: str) -> int:
@@ -127,6 +144,7 @@ class Supervisor:
         self._crashes = [0] * n
         self._own_dir = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         self.metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="servelab-gw-metrics-")
+        self._session_key = secrets.token_hex(32)  # one for every worker, restarted ones included
 
     # ------------------------------------------------------------------ one worker
     def _argv(self, i: int) -> list[str]:
@@ -142,6 +160,7 @@ class Supervisor:
 
     def _spawn(self, i: int) -> _Worker:
         env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=self.metrics_dir, PYTHONUNBUFFERED="1")
+        env[WORKER_SESSION_KEY_ENV] = self._session_key
         proc = subprocess.Popen(self._argv(i), stdout=subprocess.PIPE, text=True, env=env, preexec_fn=_pdeathsig)
         w = _Worker(i, proc, time.monotonic())
         threading.Thread(target=self._drain, args=(w, proc.stdout), daemon=True, name=f"gw-worker-{i}").start()
