@@ -196,7 +196,9 @@ def test_redis_keys_have_ttls_and_time_comes_from_redis(redis_url) -> None:
     a = run(go())
     r = redis.Redis.from_url(redis_url)
     keys = sorted(k.decode() for k in r.keys("ttl:*"))
-    assert keys == [f"ttl:{{t%7Bx%7D}}:k:k:{s}" for s in ("budget", "conc", "rpm", "tpm", "tpm_sum")]
+    marker = f"ttl:{{t%7Bx%7D}}:a:{a.uid}"  # the admission's marker: settle deletes it (idempotent settle)
+    assert keys == [marker] + [f"ttl:{{t%7Bx%7D}}:k:k:{s}" for s in ("budget", "conc", "rpm", "tpm", "tpm_sum")]
+    assert 3635000 - 1000 < r.pttl(marker) <= 3635000  # lease_s + window_s + 1 h
     base = "ttl:{t%7Bx%7D}:k:k:"
     for s in ("rpm", "tpm", "tpm_sum"):
         assert 5000 < r.pttl(base + s) <= 6000

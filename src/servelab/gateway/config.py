@@ -149,9 +149,21 @@ class AdminSection(FrozenModel):
 
 class StateSection(FrozenModel):
     """Shared state: ``redis_url`` null keeps limits and breaker state in memory (one replica); a Redis URL
-    lets N gateway replicas share one limit per key."""
+    lets N gateway replicas share one limit per key.
+
+    The limiter's Redis connections (:func:`servelab.gateway.limits.redis_client`), per gateway process:
+    ``redis_max_connections`` pooled connections (default: the API port's connection cap / 16, within
+    4-32, :func:`servelab.gateway.limits.redis_pool_size`); a request that finds them all busy waits up to
+    ``redis_pool_timeout_s`` seconds for one (then 503 ``limits_unavailable``). A broken connection (Redis
+    restarted) is reconnected and the command retried; a settle that cannot reach Redis is retried in the
+    background until it lands. These take effect on restart."""
 
     redis_url: str | None = Field(None, description="redis://host:port/db, rediss://… or unix://…; null = memory")
+    redis_max_connections: int | None = Field(None, ge=1, le=1024, description="pooled Redis connections of the "
+                                              "limiter per gateway process; null = API connection cap / 16, "
+                                              "within 4-32")
+    redis_pool_timeout_s: float = Field(5.0, gt=0, le=60, description="longest wait for a free pooled Redis "
+                                        "connection before a request gets 503 limits_unavailable, s")
 
     @field_validator("redis_url")
     @classmethod

@@ -287,9 +287,17 @@ class Gateway:
             await self._ledger.start()
             down = None
         if self._limiter is None:
-            from servelab.gateway.limits import MemoryLimiter, RedisLimiter
+            from servelab.gateway.fdbudget import default_max_connections, nofile_limit
+            from servelab.gateway.limits import MemoryLimiter, RedisLimiter, redis_pool_size
 
-            self._limiter = RedisLimiter(cfg.state.redis_url) if cfg.state.redis_url else MemoryLimiter()
+            if cfg.state.redis_url:  # a pool that queues, sized from the API connection cap (limits.py doc)
+                cap = cfg.server.max_connections or default_max_connections(nofile_limit(),
+                                                                            cfg.server.admin_max_connections)
+                pool = redis_pool_size(cap, cfg.state.redis_max_connections)
+                self._limiter = RedisLimiter(cfg.state.redis_url, max_connections=pool,
+                                             pool_timeout_s=cfg.state.redis_pool_timeout_s)
+            else:
+                self._limiter = MemoryLimiter()
         if self._keystore is None:
             self._keystore = self._new_keystore(cfg)
             self._own_keystore = True
