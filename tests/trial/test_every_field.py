@@ -809,6 +809,13 @@ for _kind, _values in SETTINGS_VALUES.items():
         case(f"candidates[{_kind}].settings.{_field}")(_settings_case(_kind, _field))
 
 
+@case("candidates[command].settings.secret_env")
+def _secret_env(request: pytest.FixtureRequest) -> None:
+    env = {"DB_URL": "postgresql://u:pw@h/db"}  # a name that does not look secret: only the list marks it
+    plain, marked = _launch_plan("command", {"env": env}), _launch_plan("command", {"env": env, "secret_env": ["DB_URL"]})
+    assert plain["env"]["DB_URL"] == env["DB_URL"] and marked["env"]["DB_URL"].startswith("<secret sha256:")
+
+
 # ---------------------------------------------------------------------------------------------------
 # the tests
 

@@ -36,13 +36,14 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import psutil
-from pydantic import Field, WithJsonSchema, field_validator, model_validator
+from pydantic import Field, FieldSerializationInfo, WithJsonSchema, field_serializer, field_validator, model_validator
 
 from servelab.engines.base import (GUARD_SCRIPT, EngineLauncher, EngineStartError, RunningEngine, free_port,
                                    log_dir_or_temp, runtime_identity, spawn_on_port, tail_lines)
 from servelab.engines.kind import (ENV_NAME_PATTERN, EngineIdentity, EngineKind, EngineSettings, PortSetting,
                                    Readiness, ServerMetrics)
 from servelab.engines.probe import Fact, ProbedIdentity, probe_sync
+from servelab.engines.secrets import redact_env, refuse_placeholder
 from servelab.wire.config import StrictModel
 from servelab.wire.errors import ConfigError
 
@@ -69,7 +70,11 @@ class CommandSettings(EngineSettings):
 
     ``argv``: the command line, a list (no shell; ``{port}`` and ``{host}`` are replaced, also in ``env``
     values); ``env``:
-    variables added to (``inherit_env: true``) or making up (``false``) the environment; ``cwd``: the
+    variables added to (``inherit_env: true``) or making up (``false``) the environment; ``secret_env``:
+    names of ``env`` variables whose values are secret besides those whose names look secret (a dump of
+    these settings — the record, the report, the copied experiment, the console — holds their values as
+    fingerprints only, :mod:`servelab.engines.secrets`; ``model_dump(context={"secrets": "reveal"})``
+    gives the values); ``cwd``: the
     working directory (``None``: the candidate's log folder); ``host``/``port``: where it listens
     (``port: null`` = a free port, which ``argv`` must then carry as ``{port}``); ``api_root``: the
     OpenAI API root's path; ``ready``: a :class:`ReadyProbe` or ``first_token``; ``ready_timeout_s``;
@@ -85,6 +90,10 @@ class CommandSettings(EngineSettings):
         "type": "object", "propertyNames": {"pattern": ENV_NAME_PATTERN},
         "additionalProperties": {"type": ["string", "number"]},
         "description": "environment variables for the engine (numbers become strings)"})] = Field(default_factory=dict)
+    secret_env: list[Annotated[str, Field(pattern=ENV_NAME_PATTERN)]] = Field(
+        default_factory=list, description="names of env variables whose values are secret (recorded as a sha256 "
+        "fingerprint, never the value); names with TOKEN, KEY, SECRET, PASSWORD, PASS, CREDENTIAL, AUTH … are secret "
+        "without being listed")
     inherit_env: bool = Field(True, description="start from servelab's environment (false: only env, plus PATH)")
     cwd: str | None = Field(None, min_length=1, description="working directory; null = the candidate's log folder")
     host: str = Field("127.0.0.1", min_length=1, description="address the engine listens on")
@@ -113,6 +122,20 @@ class CommandSettings(EngineSettings):
                 out[k] = str(val)
             return out
         return v
+
+    @field_serializer("env")
+    def _env_without_secrets(self, env: dict[str, str], info: FieldSerializationInfo) -> dict[str, str]:
+        ctx = info.context if isinstance(info.context, dict) else {}
+        return dict(env) if ctx.get("secrets") == "reveal" else redact_env(env, self.secret_env)
+
+    @model_validator(mode="after")
+    def _secrets_named(self) -> CommandSettings:
+        unknown = [n for n in self.secret_env if n not in self.env]
+        if unknown:
+            raise ValueError(f"secret_env names {', '.join(unknown)}, not in env; list only variables that env sets "
+                             "(servelab records none of the environment it inherits)")
+        refuse_placeholder(self.env)
+        return self
 
     @model_validator(mode="after")
     def _port_placement(self) -> CommandSettings:
@@ -196,7 +219,7 @@ def launcher_facts(argv: Sequence[str], env_set: Mapping[str, str], full_env: Ma
     ``package``, ``package_version`` (each with source ``launcher``); plus the details
     (``binary``: path and sha256, ``python``: :func:`python_module_facts`)."""
     facts: dict[str, Fact] = {}
-    details: dict[str, Any] = {"env": dict(env_set)}
+    details: dict[str, Any] = {"env": dict(env_set)}  # the caller redacts secret values (command_identity)
     src = "launcher"
     binary = resolve_binary(argv[0], full_env, cwd)
     if binary is not None:
@@ -283,11 +306,11 @@ def command_identity(eng: RunningEngine, settings: CommandSettings, env_set: Map
     ``version``, ``build``, digests and ``model`` as the built-in launcher of the detected engine
     writes them (:func:`_engine_facts`), else from the probe; ``facts``: every fact with its source
     (``launcher``, ``GET /props`` …); ``probe``: the :class:`ProbedIdentity`; ``launcher``: binary /
-    Python details and the env servelab set; ``settings`` as given."""
+    Python details and the env servelab set; ``settings`` as given (secret env values as fingerprints)."""
     argv = list(eng.argv)
     if settings.guard:
         argv = argv[argv.index("--") + 1:] if "--" in argv else argv
-    facts, details = launcher_facts(argv, env_set, full_env, cwd)
+    facts, details = launcher_facts(argv, redact_env(env_set, settings.secret_env), full_env, cwd)
     probed = probe_sync(eng.base_url, api_key=api_key, timeout_s=10.0)
     for name, f in probed.facts.items():
         facts.setdefault(name, f)
@@ -404,11 +427,12 @@ class CommandLauncher(EngineLauncher):
         """Everything this launcher would do for ``port``, nothing started: ``argv`` (as executed),
         ``env`` (the variables set), ``inherit_env``, ``cwd``, ``base_url``, ``ready`` (path, status or
         first_token), ``ready_timeout_s``, ``stop`` (signal, grace), ``after_ready`` (argvs, timeout),
-        ``model_name``."""
+        ``model_name``. Secret ``env`` values are fingerprints (:func:`servelab.engines.secrets.redact_env`)."""
         s = self.settings
         sub = {"port": str(port), "host": s.host}
         url_host = f"[{s.host}]" if ":" in s.host else s.host
-        return {"argv": self.full_argv(port), "env": self._env_for(s.env, port), "inherit_env": s.inherit_env,
+        return {"argv": self.full_argv(port), "env": redact_env(self._env_for(s.env, port), s.secret_env),
+                "inherit_env": s.inherit_env,
                 "cwd": s.cwd,
                 "base_url": f"http://{url_host}:{port}{s.api_root.rstrip('/')}",
                 "ready": [*self.readiness(), s.ready == "first_token"], "ready_timeout_s": s.ready_timeout_s,
