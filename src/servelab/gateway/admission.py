@@ -6,11 +6,12 @@ auth (key -> tenant, 401) -> body size (413), encoding (415/400), JSON and depth
 (task header, ``auto``; 404 unknown, 403 not allowed for the key/tenant) -> sampling policy per model/task
 (servelab.gateway.policy) -> field types and capabilities (servelab.gateway.capabilities; logprobs caps) ->
 degrade rule under pressure by the key's priority (servelab.gateway.degrade: pause, route to a cheaper
-model, cap max_tokens, refuse a long prompt) -> the output bound (``max_tokens`` x sequences against
-``server.max_tokens_limit``, the default fitted to the context) -> the client IP limits count (trusted
-proxies only, servelab.gateway.clientip) and the key's application (servelab.gateway.scopes) -> limits
-(:meth:`Admitter.reserve`: RPM, TPM, concurrency, budgets per key, tenant, application, model and IP; 429
-with ``Retry-After``).
+model, cap max_tokens, refuse a long prompt) -> engine fields the model does not allow (priority,
+kv_transfer_params, chat_template, ...: 400 or dropped, servelab.gateway.enginefields) -> the output
+bound (``max_tokens`` x sequences against ``server.max_tokens_limit``, the default fitted to the context)
+-> the client IP limits count (trusted proxies only, servelab.gateway.clientip) and the key's application
+(servelab.gateway.scopes) -> limits (:meth:`Admitter.reserve`: RPM, TPM, concurrency, budgets per key,
+tenant, application, model and IP; 429 with ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from servelab.gateway import bodies, clientip, degrade, lengths, logprobs, policy, scopes
+from servelab.gateway import bodies, clientip, degrade, enginefields, lengths, logprobs, policy, scopes
 from servelab.gateway import capabilities as caps_mod
 from servelab.gateway.errors import GatewayError, bad_request
 from servelab.gateway.keys import KeyInfo
@@ -127,6 +128,8 @@ class Admitter:
         r.tally = ServedCount(choices_per_prompt(endpoint, body, seqs), seqs)
         deg = self.degrade_hook(snap, key, r)  # under pressure, by the key's priority class
         model, entry = r.model, snap.cfg.models[r.model]
+        # engine scheduling/transport/template fields: refused or dropped unless the model allows them
+        dropped = enginefields.screen(body, entry.engine_fields, model)
         out_cap = 0
         if endpoint != "embeddings":
             limit = server.max_tokens_limit
@@ -147,6 +150,8 @@ class Admitter:
             out_cap = pol.output_cap(out_cap, asked, max(1, limit // seqs))  # policy, then degrade
             r.policy = pol.log_record()
             out_cap = degrade.cap(out_cap, deg)
+        if dropped:
+            r.policy = {**(r.policy or {}), "engine_fields_dropped": dropped}
         caps_mod.check_request(entry, endpoint, body, r.prompt_est, model_name=model, max_tokens=out_cap)
         if endpoint != "embeddings":  # one bound, in the gateway's form; each attempt maps it (lengths.py)
             lengths.canonicalise(body, out_cap, want.min_tokens)

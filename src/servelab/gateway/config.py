@@ -22,8 +22,9 @@ from servelab.wire.config import FrozenModel, PublishedSchema, json_schema_of, r
 from servelab.wire.errors import ConfigError
 
 __all__ = [
-    "BACKEND_KINDS", "SCHEMA_PATH", "AdminSection", "Backend", "BreakerSection", "Capabilities", "FallbackStep",
-    "GatewayConfig", "HealthSection", "KeyEntry", "LedgerSection", "ModelEntry", "RetrySection", "RoutingSection",
+    "BACKEND_KINDS", "SCHEMA_PATH", "AdminSection", "Backend", "BreakerSection", "Capabilities", "EngineFields",
+    "FallbackStep", "GatewayConfig", "HealthSection", "KeyEntry", "LedgerSection", "ModelEntry", "RetrySection",
+    "RoutingSection",
     "ServerSection", "Shadow", "SharedLimits", "StateSection", "Target", "Tenant", "json_schema", "load_config",
     "parse_config", "PUBLISHED_SCHEMA",
 ]
@@ -335,6 +336,41 @@ class Shadow(FrozenModel):
     sample_rate: float = Field(0.0, ge=0, le=1, description="share of requests mirrored (0-1)")
 
 
+class EngineFields(FrozenModel):
+    """Engine fields of a model's requests (:mod:`servelab.gateway.enginefields`): body fields that steer
+    an engine's scheduler, KV transfer, template, adapters or server-side code. ``allow``: those the client
+    may send (forwarded as sent); ``action``: ``refuse`` any other with 400 ``engine_field_not_allowed``
+    (default) or ``drop`` it; ``priority``: priority class -> the ``priority`` value the gateway sends to
+    vLLM and SGLang backends (lower = served first; needs vLLM's ``--scheduling-policy priority``), in
+    place of the client's."""
+
+    allow: list[str] = Field(default_factory=list, description="engine fields the client may send for this "
+                             "model (e.g. chat_template_kwargs); forwarded as sent")
+    action: Literal["refuse", "drop"] = Field("refuse", description="what happens to any other engine field: "
+                                              "refuse (400 engine_field_not_allowed) or drop (removed)")
+    priority: dict[str, int] = Field(default_factory=dict, description="priority class -> priority sent to "
+                                     "vllm/sglang backends (lower = served first); empty = none sent")
+
+    @field_validator("allow")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        from servelab.gateway.enginefields import ENGINE_FIELDS
+
+        for name in v:
+            if name not in ENGINE_FIELDS:
+                raise ValueError(f"{name!r} is not an engine field; the known ones are "
+                                 f"{', '.join(sorted(ENGINE_FIELDS))}")
+        return v
+
+    @field_validator("priority")
+    @classmethod
+    def _classes(cls, v: dict[str, int]) -> dict[str, int]:
+        for name in v:
+            if not re.match(_NAME, name):
+                raise ValueError(f"{name!r} is not a priority class name (letters, digits, _.:-)")
+        return v
+
+
 class ModelEntry(FrozenModel):
     """A public model name: its targets (weighted), its declared capabilities, its fallback chain and an
     optional shadow target."""
@@ -344,6 +380,9 @@ class ModelEntry(FrozenModel):
     fallback: list[FallbackStep] = Field(default_factory=list)
     shadow: Shadow | None = None
     sampling: SamplingPolicy | None = Field(None, description="defaults and bounds of sampling parameters")
+    engine_fields: EngineFields = Field(default_factory=EngineFields, description="engine scheduling, "
+                                        "transport and template fields: allowed, refused or dropped; priority "
+                                        "by the key's class")
     description: str | None = None
 
 

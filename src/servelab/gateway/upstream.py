@@ -28,7 +28,7 @@ import orjson
 from aiohttp import web
 
 from servelab.gateway import capabilities as caps_mod
-from servelab.gateway import degrade, lengths, scrub
+from servelab.gateway import degrade, enginefields, lengths, scrub
 from servelab.gateway.admission import may_use_model
 from servelab.gateway.breaker import RetryBudget, backoff_s
 from servelab.gateway.errors import GatewayError
@@ -48,6 +48,13 @@ log = logging.getLogger("servelab.gateway")
 ENDPOINT_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 _STALE = (aiohttp.ServerDisconnectedError,)
 _CONNECT_ERRORS = (aiohttp.ClientConnectionError, ConnectionError, OSError)
+
+
+def _engine_fields(up: dict[str, Any], snap: Snapshot, target: Target, r: RequestState) -> None:
+    """Apply the engine-field policy of the model ``target`` serves to its body ``up`` (in place)."""
+    entry = snap.cfg.models.get(target.public_model)
+    enginefields.apply(up, entry.engine_fields if entry is not None else None, target.kind,
+                       degrade.priority_of(snap.cfg, r), keep=target.overrides)
 
 
 def reason(e: BaseException) -> str:
@@ -146,10 +153,13 @@ class Upstream:
         return hmac.new(secret, f"{r.key_id}\x00{value}".encode(), hashlib.sha256).hexdigest()
 
     def upstream_body(self, target: Target, body: dict[str, Any], stream: bool,
-                      r: RequestState | None = None) -> bytes:
+                      r: RequestState | None = None, snap: Snapshot | None = None) -> bytes:
         """The bytes sent to ``target``: its model name and overrides, exactly one output bound in the
-        field its kind reads, never above the request's reserved ``r.out_cap`` (lengths.for_backend)."""
+        field its kind reads, never above the request's reserved ``r.out_cap`` (lengths.for_backend), and
+        only the engine fields its model allows, ``priority`` by the key's class (enginefields.apply)."""
         up = target.request_body(body)
+        if snap is not None and r is not None:
+            _engine_fields(up, snap, target, r)
         if r is not None and r.out_cap:
             up = lengths.for_backend(target.kind, r.endpoint, up, r.out_cap)
             r.sent_cap = next((v for f in ("max_completion_tokens", "max_tokens")
@@ -164,7 +174,7 @@ class Upstream:
         """One upstream try. Raises :class:`UpstreamFailed` when nothing reached the client yet."""
         assert self.session is not None
         url = snap.backends[target.backend].base_url + ENDPOINT_PATH[r.endpoint]
-        data = self.upstream_body(target, body, r.stream, r)
+        data = self.upstream_body(target, body, r.stream, r, snap)
         headers = {"Content-Type": "application/json", "X-Request-ID": r.rid, **snap.auth_headers[target.backend]}
         if r.client_rid is not None:  # validated charset and length: safe to pass on, apart from ours
             headers["X-Client-Request-ID"] = r.client_rid
@@ -246,6 +256,7 @@ class Upstream:
             try:
                 assert self.session is not None
                 up = target.request_body(body)
+                _engine_fields(up, snap, target, r)  # as for the primary; the shadow backend's kind decides priority
                 if r.out_cap:
                     up = lengths.for_backend(target.kind, r.endpoint, up, r.out_cap)
                 up["stream"] = r.stream
