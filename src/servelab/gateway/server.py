@@ -172,9 +172,11 @@ class Gateway:
         # with state.redis_url the breakers' open states are shared by every replica using that Redis
         self._redis: Any = None
         if config.state.redis_url:
-            import redis.asyncio as aioredis
+            from servelab.gateway.limits import POOL_MIN, redis_client
 
-            self._redis = aioredis.from_url(config.state.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+            # the breakers' sync is a few commands a second: a small pool that retries on a fresh connection
+            # (a stale pooled one after a Redis restart) and waits for a free one instead of failing
+            self._redis = redis_client(config.state.redis_url, max_connections=POOL_MIN)
         self.breakers = BreakerBoard(breaker_settings(config), redis=self._redis)
         self.load = LoadTracker()
         self._version = 0
