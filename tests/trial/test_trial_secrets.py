@@ -71,7 +71,8 @@ def test_secret_names_and_marked_names() -> None:
     for name in ("CUDA_VISIBLE_DEVICES", "VLLM_CPU_KVCACHE_SPACE", "OLLAMA_HOST", "PATH", "HF_HUB_OFFLINE"):
         assert not looks_secret(name), name
     got = redact_env({"A_URL": "x://u:p@h", "B": "1", "HF_TOKEN": "t"}, ["A_URL"])
-    assert got == {"A_URL": f"<secret {fingerprint('x://u:p@h')}>", "B": "1", "HF_TOKEN": f"<secret {fingerprint('t')}>"}
+    assert got == {"A_URL": f"<secret {fingerprint('x://u:p@h')}>", "B": "1",
+                   "HF_TOKEN": f"<secret {fingerprint('t')}>"}
 
 
 def test_secret_env_must_name_env_variables(tmp_path: Path) -> None:

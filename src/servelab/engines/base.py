@@ -12,10 +12,12 @@ returns a :class:`RunningEngine`, which is also a context manager::
 
 No orphans: the server runs in its own session / process group (``start_new_session=True``);
 :meth:`RunningEngine.stop` sends SIGTERM to the group, waits, then SIGKILLs the group and any
-descendant that escaped it. Every live engine is also stopped by an :mod:`atexit` hook, and on Linux
-a child started from the main thread gets ``PR_SET_PDEATHSIG=SIGKILL`` so it dies even when Python is
-killed with SIGKILL (the kernel fires that signal when the *thread* that forked exits, so it is only
-set for starts from the main thread).
+descendant that escaped it. On Linux the server process is a child subreaper
+(``PR_SET_CHILD_SUBREAPER``): a descendant that calls ``setsid`` and double-forks is re-parented to
+it, not to PID 1, so it is still a descendant when the server is stopped. Every live engine is also
+stopped by an :mod:`atexit` hook, and on Linux a child started from the main thread gets
+``PR_SET_PDEATHSIG=SIGKILL`` so it dies even when Python is killed with SIGKILL (the kernel fires that
+signal when the *thread* that forked exits, so it is only set for starts from the main thread).
 
 Readiness follows ENGINE_WIRE.md case 21 (/work/shared/ENGINE_WIRE.md, read 2026-11-30): connection
 refused during start is normal, llama-server answers 503 ``Loading model`` on ``/health`` while it
@@ -462,13 +464,27 @@ _BIND_FAILURE = re.compile(r"address already in use|couldn't bind|could not bind
                            re.IGNORECASE)
 
 
-def _preexec_die_with_parent() -> None:  # runs in the child between fork and exec
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36  # <linux/prctl.h>
+
+
+def _preexec_subreaper() -> None:  # runs in the child between fork and exec
+    """Make the engine process a child subreaper (``PR_SET_CHILD_SUBREAPER``, Linux 3.4+; kept across
+    exec): a descendant that calls ``setsid`` and double-forks (Ray-style daemons) is re-parented to the
+    engine process instead of PID 1, so it stays in the tree :meth:`RunningEngine.stop` kills."""
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _preexec_die_with_parent() -> None:  # runs in the child between fork and exec
+    _preexec_subreaper()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except Exception:  # noqa: BLE001
         pass
 
@@ -498,8 +514,9 @@ def spawn_engine(name: str, argv: Sequence[str], *, host: str, port: int, log_pa
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ if env is None else env)
-    preexec = (_preexec_die_with_parent if sys.platform.startswith("linux")
-               and threading.current_thread() is threading.main_thread() else None)
+    linux = sys.platform.startswith("linux")
+    preexec = (None if not linux else _preexec_die_with_parent
+               if threading.current_thread() is threading.main_thread() else _preexec_subreaper)
     with open(log_path, "ab", buffering=0) as log:
         log.write(f"# servelab: starting {name}: {' '.join(map(str, argv))}\n".encode())
         t0 = time.monotonic()
@@ -678,14 +695,39 @@ def run_logged(cmd: Sequence[str], log: Path, progress: Callable[[str], None], l
 #: parent-death signal only reaches the direct child). The guard leads the process group; when its parent
 #: dies (PR_SET_PDEATHSIG=SIGUSR1, armed only when WATCH=1, i.e. started from the main thread, the same rule
 #: as spawn_engine) it SIGKILLs the whole group. SIGTERM/SIGINT/SIGQUIT/SIGHUP (stop() signals the whole
-#: group) are left to the server: the guard waits for it and exits with its status. An optional ``--``
-#: separates the guard's arguments from the server's argv.
+#: group) are left to the server: the guard waits for it and exits with its status. The guard is a child
+#: subreaper (set by spawn_engine before exec): a server descendant that left the group by ``setsid`` and
+#: a double fork is re-parented to the guard, which SIGKILLs every descendant (its /proc children,
+#: recursively) with the group, and when the server has exited. An optional ``--`` separates the guard's
+#: arguments from the server's argv.
 GUARD_SCRIPT = r"""
 import ctypes, os, signal, subprocess, sys
 parent, watch, argv = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3:]
 if argv[:1] == ["--"]:
     argv = argv[1:]
+def descendants(pid):
+    out = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/children") as f:
+                kids = [int(k) for k in f.read().split()]
+        except (OSError, ValueError):
+            continue
+        for k in kids:
+            out += [k, *descendants(k)]
+    return out
+def kill_descendants():
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 def kill_group(*_):
+    kill_descendants()
     os.killpg(0, signal.SIGKILL)
 signal.signal(signal.SIGUSR1, kill_group)
 if watch:
@@ -696,5 +738,6 @@ for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
     signal.signal(s, lambda *_: None)
 p = subprocess.Popen(argv)
 rc = p.wait()
+kill_descendants()  # daemons the server left behind, re-parented to this subreaper
 sys.exit(rc if rc >= 0 else 128 - rc)
 """
