@@ -32,6 +32,7 @@ import typer
 from aiohttp import web
 from pydantic import Field
 
+from servelab.engines.mockbatch import DecodeBatch
 from servelab.engines.mockinfo import info_routes, model_card
 from servelab.wire.files import install_uvloop
 
@@ -80,6 +81,9 @@ class MockConfig:
     context-overflow error (ENGINE_WIRE.md case 18: 400 on vLLM/SGLang/llama-server with their wording and
     llama-server's ``n_prompt_tokens``/``n_ctx``, 422 on TGI; Ollama truncates silently, so it answers and
     its usage counts ``context_tokens`` prompt tokens).
+    ``prefill_tokens_per_s`` / ``itl_ms_per_running`` > 0 switch streamed answers to continuous-batching
+    timing of a known law (:mod:`servelab.engines.mockbatch`: first token after ``ttft_ms`` + prompt /
+    rate, each later chunk ``itl_ms + itl_ms_per_running * (running batch - 1)`` ms apart).
     Raises nothing itself; :func:`validate_config` checks the values.
     """
 
@@ -114,6 +118,10 @@ class MockConfig:
                                                                          "(null = a plain mock text)")] = None
     context_tokens: Annotated[int, Field(ge=0, description="context window in prompt words + max_tokens "
                                                            "(0 = unlimited)")] = 0
+    prefill_tokens_per_s: Annotated[float, Field(ge=0, description="prefill rate: the first token comes "
+                                                                   "prompt/rate s after ttft_ms (0 = off)")] = 0.0
+    itl_ms_per_running: Annotated[float, Field(ge=0, description="ms added to itl_ms per other answer decoding "
+                                                                 "at once (0 = off)")] = 0.0
 
 
 #: the failure-rate fields: exclusive bands of one uniform draw per request, so their sum is <= 1
@@ -594,6 +602,9 @@ class MockServer:
         self.injected = dict.fromkeys(INJECTED_KINDS, 0)
         self._queue: asyncio.Semaphore | None = None
         self._delays_ns = int(config.ttft_ms * 1e6), int(config.itl_ms * 1e6)
+        self._batch = (DecodeBatch(config.ttft_ms, config.itl_ms, config.prefill_tokens_per_s,
+                                   config.itl_ms_per_running)
+                       if DecodeBatch.wanted(config.prefill_tokens_per_s, config.itl_ms_per_running) else None)
         self._received = 0  # completion requests since start (not reset): arms crash_after_requests
 
     @property
@@ -809,7 +820,9 @@ class MockServer:
                       kind: str | None, include_usage: bool, origin: int) -> web.StreamResponse:
         d = self.config.dialect
         ttft_ns, itl_ns = self._delays_ns
-        delay = ttft_ns > 0 or itl_ns > 0
+        law = self._batch
+        delay = ttft_ns > 0 or itl_ns > 0 or law is not None
+        target = gap = 0
         sleep = asyncio.sleep
         hold = d in HOLD_HEADERS
         resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
@@ -850,7 +863,8 @@ class MockServer:
                 if ck == "t":
                     first_tool = False
                 if delay:
-                    target = origin + ttft_ns + i * itl_ns
+                    target = (origin + ttft_ns + i * itl_ns if law is None
+                              else law.target_ns(origin, i, target, gap, rec.prompt_tokens))
                     rem = target - _now()
                     if rem > 0:
                         await sleep(rem / 1e9)
@@ -863,6 +877,8 @@ class MockServer:
                 token_write_ns.append(t)
                 await write(data)
                 token_counts.append(ntok)
+                if law is not None:
+                    gap = law.wrote(i)  # joins the running batch at its first chunk (left in finally)
             if n == 0 and kind == "crash":
                 return await self._fail_stream(request, resp, rec, enc, kind)
             if n == 0:
@@ -878,6 +894,9 @@ class MockServer:
         except (ConnectionError, asyncio.CancelledError):
             rec.done_ns = _now()
             raise
+        finally:
+            if law is not None and token_counts:
+                law.decoding -= 1  # it left the running batch (finished, failed or cut)
         rec.done_ns = _now()
         self.completed += 1
         return resp
@@ -1063,6 +1082,14 @@ def mock_engine_command(
         0, "--context-tokens",
         help="Context window (prompt words + max_tokens, count): larger requests get the dialect's "
              "context-overflow error; 0 = unlimited."),
+    prefill_tokens_per_s: float = typer.Option(
+        0.0, "--prefill-tokens-per-s",
+        help="Continuous-batching timing: the first token comes --ttft-ms + prompt words / this rate (tokens/s) "
+             "after service starts; 0 = off."),
+    itl_ms_per_running: float = typer.Option(
+        0.0, "--itl-ms-per-running",
+        help="Continuous-batching timing: each later chunk comes --itl-ms + this many ms per other answer "
+             "decoding at once; 0 = off. Slots: --max-inflight with --dialect llamacpp."),
 ) -> None:
     """Run a mock OpenAI-compatible engine that streams deterministic tokens on a fixed schedule."""
     cfg = MockConfig(host=host, port=port, ttft_ms=ttft_ms, itl_ms=itl_ms, output_tokens=output_tokens,
@@ -1073,7 +1100,8 @@ def mock_engine_command(
                      max_inflight=max_inflight, overload_status=overload_status, model=model,
                      invalid_json=invalid_json, bad_tool_call=typing.cast(Any, bad_tool_call),
                      crash_after_requests=crash_after_requests,
-                     error_message=error_message, context_tokens=context_tokens)
+                     error_message=error_message, context_tokens=context_tokens,
+                     prefill_tokens_per_s=prefill_tokens_per_s, itl_ms_per_running=itl_ms_per_running)
     try:
         validate_config(cfg)
         serve(cfg)
