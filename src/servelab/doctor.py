@@ -116,7 +116,7 @@ def check_llama_server(run: bool = True) -> list[Check]:
     """A cached llama-server build for this CPU (no ISA it lacks, proven when built) and, with
     ``run``, one streamed token from it now; plus the build tools when nothing is cached."""
     from servelab.engines.isa import host_cpu
-    from servelab.engines.llamacpp_build import (IncompatibleBuildError, check_host, find_llama_server,
+    from servelab.engines.llamacpp.build import (IncompatibleBuildError, check_host, find_llama_server,
                                                  legacy_binaries, prove_llama_server, read_manifest)
 
     cpu = host_cpu()

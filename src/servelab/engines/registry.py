@@ -51,7 +51,7 @@ __all__ = [
 #: the built-in kinds, ``kind -> "module:attribute"``, in the order the experiment's candidate union and
 #: messages list them
 BUILTIN_KINDS: dict[str, str] = {
-    "llamacpp": "servelab.engines.llamacpp:LlamaCppKind",
+    "llamacpp": "servelab.engines.llamacpp.kind:LlamaCppKind",
     "vllm": "servelab.engines.vllm:VllmKind",
     "url": "servelab.engines.url:UrlKind",
     "mock": "servelab.engines.mocklaunch:MockKind",

