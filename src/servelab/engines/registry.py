@@ -52,7 +52,7 @@ __all__ = [
 #: messages list them
 BUILTIN_KINDS: dict[str, str] = {
     "llamacpp": "servelab.engines.llamacpp.kind:LlamaCppKind",
-    "vllm": "servelab.engines.vllm:VllmKind",
+    "vllm": "servelab.engines.vllm.kind:VllmKind",
     "url": "servelab.engines.url:UrlKind",
     "mock": "servelab.engines.mocklaunch:MockKind",
     "command": "servelab.engines.command:CommandKind",
