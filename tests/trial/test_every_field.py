@@ -812,7 +812,8 @@ for _kind, _values in SETTINGS_VALUES.items():
 @case("candidates[command].settings.secret_env")
 def _secret_env(request: pytest.FixtureRequest) -> None:
     env = {"DB_URL": "postgresql://u:pw@h/db"}  # a name that does not look secret: only the list marks it
-    plain, marked = _launch_plan("command", {"env": env}), _launch_plan("command", {"env": env, "secret_env": ["DB_URL"]})
+    plain = _launch_plan("command", {"env": env})
+    marked = _launch_plan("command", {"env": env, "secret_env": ["DB_URL"]})
     assert plain["env"]["DB_URL"] == env["DB_URL"] and marked["env"]["DB_URL"].startswith("<secret sha256:")
 
 
@@ -1051,7 +1052,8 @@ def lifecycle_run(tmp_path_factory: pytest.TempPathFactory) -> TrialRecord:
         "workloads": [{"name": "short-qa", "set": {"output_tokens": 4}}], "steps": {"concurrency": [1]},
         "requests_per_step": 2, "warmup": 0, "mix_sweep": False, "repeats": 1, "arrival_test": {"enabled": False},
         "capacity": {"enabled": False}, "timeout_s": 30,
-        "lifecycle": {"restart_under_load": True, "cancellation": True, "cancel_share": 0.75}})
+        "lifecycle": {"restart_under_load": True, "cancellation": True, "cancel_share": 0.75,
+                      "cancel_max_decode_s": 7.5}})
     return TrialRunner(exp, tmp_path_factory.mktemp("lifecycle") / "run", progress=lambda *_: None).run()
 
 
@@ -1062,7 +1064,7 @@ def _lifecycle(request: pytest.FixtureRequest) -> None:
     default = Experiment.model_validate({"candidates": [{"name": "m", "engine": "mock"}],
                                          "arrival_test": {"enabled": False}}).lifecycle
     assert default.model_dump() == {"warm_start": None, "restart_under_load": False, "cancellation": False,
-                                     "cancel_share": 0.5}
+                                     "cancel_share": 0.5, "cancel_max_decode_s": 10.0}
 
 
 @case("checks")
@@ -1122,6 +1124,15 @@ def _lifecycle_cancel(request: pytest.FixtureRequest) -> None:
     c = _fx(request, "lifecycle_run").results.candidates["m"].lifecycle.cancellation
     assert c is not None and c.metric and c.cancelled == 3 and c.clients == 4
     assert c.baseline_return_s is not None and c.drop_s is not None and c.completed == 1
+
+
+@case("lifecycle.cancel_max_decode_s")
+def _lifecycle_cancel_limit(request: pytest.FixtureRequest) -> None:
+    rec = _fx(request, "lifecycle_run")
+    c = rec.results.candidates["m"].lifecycle.cancellation
+    assert c is not None and c.max_decode_s == 7.5 and c.verdict == "pass"  # the default is 10 s
+    assert c.decode_after_leave_s is not None and c.wasted_decode_s == round(c.decode_after_leave_s * 3, 3)
+    assert any("within the 7.5 s limit" in x for x in rec.decision.verdicts["m"].reasons)
 
 
 def _generator_run(tmp: Path, name: str, load_generator: dict[str, Any] | None,

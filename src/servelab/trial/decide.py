@@ -59,6 +59,7 @@ from servelab.engines.registry import EngineIdentity
 from servelab.trial.results import (Break, CandidateIdentity, CandidateResult, Comparability, Comparison, Decision,
                                     Difference, EffectiveStep, EffectiveThroughput, EnvironmentRow, GoalRow, Level,
                                     MethodRow, ObjectiveVerdict, TailLatency, Verdict, WorkloadCapacity)
+from servelab.trial.lifecycle import cancellation_text
 from servelab.trial.verdicts import MIX, judged_on, objective_verdicts, stat_value
 
 TIE_BREAK = ("lower TTFT P95 at the effective level, then lower E2E P99, then higher throughput, then name")
@@ -784,8 +785,13 @@ def _scope(identities: Mapping[str, CandidateIdentity], goal: GoalRow | None,
 
 
 def _extras(c: CandidateResult, currency: str) -> list[str]:
-    """Sentences on capacity in req/s, the arrival run, cost and replicas, when the record has them."""
+    """Sentences on capacity in req/s, the arrival run, cost and replicas, and the cancellation
+    measurement (:func:`servelab.trial.lifecycle.cancellation_text`) when it passed (a failed one is the
+    exclusion's reason), when the record has them."""
     out = []
+    cancel = c.lifecycle.cancellation if c.lifecycle is not None else None
+    if cancel is not None and cancel.verdict == "pass":
+        out.append(cancellation_text(cancel))
     cap = c.capacity
     if cap is not None:
         if cap.rate_rps is not None:

@@ -38,7 +38,7 @@ from servelab.engines import registry
 from servelab.engines.url import UrlFields
 from servelab.engines.registry import EngineIdentity
 from servelab.trial.identity import fill_identity
-from servelab.trial.lifecycle import run_lifecycle
+from servelab.trial.lifecycle import cancellation_text, run_lifecycle
 from servelab.trial.reliability import EngineWatch, current_engine, end_watch, watch_engine
 from servelab.trial.results import (RECORD_SCHEMA_VERSION, Budget, BudgetUse, CandidateIdentity, CandidateResult,
                                     Capacity,
@@ -193,6 +193,16 @@ class TrialBudget:
                     f"for budget: {', '.join(self.skipped)}; the decision covers only the work that ran")
         return BudgetUse(limit_s=self.limit_s, spent_s=spent, exhausted=bool(self.skipped), skipped=list(self.skipped),
                          note=note)
+
+
+def _judge_lifecycle(name: str, result: CandidateResult, say: Callable[[str], None]) -> None:
+    """Exclude a ranked candidate whose cancellation verdict failed (judged in
+    :func:`servelab.trial.lifecycle.run_lifecycle` against ``lifecycle.cancel_max_decode_s``), the reason
+    :func:`servelab.trial.lifecycle.cancellation_text`."""
+    cancel = result.lifecycle.cancellation if result.lifecycle is not None else None
+    if cancel is not None and cancel.verdict == "fail":
+        result.status, result.reason = "excluded", cancellation_text(cancel)
+        say(f"[{name}] excluded: {result.reason}")
 
 
 class TrialRunner:
@@ -511,6 +521,7 @@ class TrialRunner:
                                                       result.cold_start.model_dump(exclude_none=True)
                                                       if result.cold_start is not None else None, self.budget.allows)
             result.status = "ranked"
+            _judge_lifecycle(name, result, self.say)
         except EngineDied as e:
             result.status, result.reason = "failed", str(e)
             self.say(f"[{name}] failed: {e}")

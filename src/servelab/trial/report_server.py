@@ -124,9 +124,11 @@ def _lifecycle_html(c: CandidateResult) -> str:
     k = lc.cancellation
     if k is not None:
         out.append("<p><b>Cancellation</b> (<code>" + _e(k.metric) + "</code>):</p>" + _table(
-            ("clients", "cancelled", "gauge before", "at cancel", "drop (s)", "back to baseline (s)", "note"),
+            ("clients", "cancelled", "gauge before", "at cancel", "drop (s)", "back to baseline (s)",
+             "kept decoding (s)", "wasted decode (s)", "limit (s)", "verdict", "note"),
             [[str(k.clients), str(k.cancelled), _n(k.baseline), _n(k.running_at_cancel), _n(k.drop_s),
-              _n(k.baseline_return_s), _e(k.note or "")]]))
+              _n(k.baseline_return_s), _n(k.decode_after_leave_s), _n(k.wasted_decode_s), _n(k.max_decode_s),
+              _e(k.verdict or ""), _e(k.note or "")]]))
     if lc.skipped:
         out.append(f'<p class="muted">{_e(lc.skipped)}</p>')
     return "\n".join(out)
