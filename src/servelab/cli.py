@@ -53,11 +53,17 @@ app = typer.Typer(cls=lazy_group(COMMANDS), add_completion=False, no_args_is_hel
                   help="servelab: choose an LLM inference engine by honest measurement.")
 
 
-@app.callback()
-def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.")) -> None:
-    if version:
+def _print_version(value: bool) -> None:
+    """``--version``: eager, so it answers before click asks for a subcommand."""
+    if value:
         typer.echo(__version__)
         raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print the version and exit.")) -> None:
+    """servelab: choose an LLM inference engine by honest measurement."""
 
 
 schema_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
