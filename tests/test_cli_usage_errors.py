@@ -73,3 +73,11 @@ def test_help_and_config_errors_keep_their_form() -> None:
     (rc_help, _), (rc_bad, bad) = run("bench --help", "trial /no/such/experiment.yaml")
     assert rc_help == 0
     assert rc_bad == 2 and len(bad) == 1 and bad[0].startswith("servelab: error: /no/such/experiment.yaml: "), bad
+
+
+def test_version_prints_and_exits_0() -> None:
+    from servelab import __version__
+
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "--version"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == __version__ and r.stderr == ""
