@@ -47,6 +47,8 @@ COMMANDS: dict[str, LazyCommand] = {
                            "The engine, model and hardware catalogs to select from."),
     "doctor": LazyCommand("servelab.doctor_cli", "doctor_command",
                           "Check what the trial and the tests need on this host (one line per item + the fix)."),
+    "capacity": LazyCommand("servelab.capacity.cli", "capacity_command",
+                            "Peak load of a traffic profile; replicas, cost and what-if from a fitted model."),
 }
 
 app = typer.Typer(cls=lazy_group(COMMANDS), add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -74,15 +76,18 @@ schema_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
 def published_schemas() -> list[PublishedSchema]:
     """Every committed JSON Schema file (:class:`servelab.wire.config.PublishedSchema`), in a fixed order:
     the experiment, the gateway config, the engine, hardware and models catalogs, then the result files
-    servelab writes (a bench run's ``summary.json``, a trial's ``record.json``)."""
+    servelab writes (a bench run's ``summary.json``, a trial's ``record.json``), then the traffic profile
+    of ``servelab capacity``."""
     from servelab.bench.results import PUBLISHED_SCHEMA as summary_schema
+    from servelab.capacity.profile import PUBLISHED_SCHEMA as traffic_schema
     from servelab.catalog.models import PUBLISHED_SCHEMA as models_schema
     from servelab.catalog.schema import PUBLISHED_SCHEMAS as catalog_schemas
     from servelab.gateway.config import PUBLISHED_SCHEMA as gateway_schema
     from servelab.trial.results import PUBLISHED_SCHEMA as record_schema
     from servelab.trial.spec import PUBLISHED_SCHEMA as experiment_schema
 
-    return [experiment_schema, gateway_schema, *catalog_schemas, models_schema, summary_schema, record_schema]
+    return [experiment_schema, gateway_schema, *catalog_schemas, models_schema, summary_schema, record_schema,
+            traffic_schema]
 
 
 @schema_app.command("write")

@@ -109,7 +109,7 @@ def test_schema_command_writes_what_check_compares(tmp_path: Path) -> None:
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == sorted(s.path.name for s in published_schemas())
     assert {"experiment.schema.json", "gateway.schema.json", "engines.schema.json", "hardware.schema.json",
-            "models.schema.json", "summary.schema.json", "record.schema.json"} == set(names)
+            "models.schema.json", "summary.schema.json", "record.schema.json", "traffic.schema.json"} == set(names)
     for s in published_schemas():  # the files written are the ones `check` wants committed
         assert (tmp_path / s.path.name).read_text(encoding="utf-8") == s.text()
     r = _servelab("schema", "check")

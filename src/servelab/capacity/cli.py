@@ -1,0 +1,165 @@
+"""``servelab capacity PROFILE [--record RUN] [--bench [NAME=]DIR]``: the profile's peak load (with
+formulas); with evidence, each candidate's fitted model, its held-out validation and the plan
+(replicas, burst headroom, devices, cost, what-if), and the tier plan when the profile routes tasks.
+``--json FILE`` writes the :class:`~servelab.capacity.results.CapacityReport`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from servelab.capacity.evidence import StepEvidence, from_bench, from_trial_candidate
+from servelab.capacity.fit import fit
+from servelab.capacity.peak import peak_load
+from servelab.capacity.plan import plan_candidate, plan_tiers
+from servelab.capacity.profile import load_profile
+from servelab.capacity.results import (CandidateCapacity, CandidatePlan, CapacityReport, FitReport, PerfParams,
+                                       Validation)
+from servelab.capacity.validate import validate
+from servelab.wire.errors import ConfigError
+
+__all__ = ["capacity_command", "evidence_of"]
+
+#: engine settings that name a slot limit, by registry kind's setting name
+SLOT_SETTINGS = ("parallel", "max_num_seqs", "max_inflight")
+
+
+def evidence_of(records: list[str], benches: list[str]) -> dict[str, tuple[list[StepEvidence], int | None]]:
+    """Candidate name -> (its steps, its declared slot limit) from trial run folders and bench folders
+    (``NAME=DIR`` or ``DIR``, named by the folder). Raises :class:`ConfigError` for a folder without
+    evidence."""
+    from servelab.trial.results import read_record
+
+    out: dict[str, tuple[list[StepEvidence], int | None]] = {}
+    for r in records:
+        rec = read_record(r)
+        run = Path(r) if Path(r).is_dir() else Path(r).parent
+        for name in rec.names():
+            steps = from_trial_candidate(run, name)
+            if not steps:
+                continue
+            settings = rec.ident(name).settings or {}
+            slots = next((v for k in SLOT_SETTINGS if isinstance(v := settings.get(k), int) and v > 0), None)
+            out[name] = (steps, slots)
+        if not out:
+            raise ConfigError(f"{r}: no candidate of this trial has measured load steps to fit a model on")
+    for b in benches:
+        name, _, folder = b.rpartition("=")
+        out[name or Path(folder).name] = (from_bench(folder), None)
+    return out
+
+
+def _iv(ci: object, scale: float = 1.0, fmt: str = ".3g") -> str:
+    lo, hi = getattr(ci, "lo", None), getattr(ci, "hi", None)
+    return "" if lo is None or hi is None else f" (95 % CI {lo * scale:{fmt}}–{hi * scale:{fmt}})"
+
+
+def _print_fit(name: str, f: FitReport) -> None:
+    p: PerfParams = f.params
+    rate = "not identifiable" if p.prefill_tokens_per_s is None else \
+        f"{p.prefill_tokens_per_s:.4g} tok/s{_iv(f.prefill_rate_ci)}"
+    print(f"{name}: model fitted on {f.requests} requests ({', '.join(f.steps)}), {f.token_gaps} token gaps")
+    print(f"  prefill: {p.prefill_base_s * 1e3:.3g} ms{_iv(f.prefill_base_ci, 1e3)} + prompt / {rate}")
+    print(f"  decode: {p.decode_base_s * 1e3:.3g} ms/token{_iv(f.decode_base_ci, 1e3)} + "
+          f"{p.decode_per_running_s * 1e3:.3g} ms{_iv(f.decode_per_running_ci, 1e3)} per other running request")
+    print(f"  slots: {p.slots} ({'identified' if p.slots_identified else 'lower bound'}; seen {f.seen_slots}"
+          f"{'' if f.declared_slots is None else f', declared {f.declared_slots}'})")
+    for n in f.notes:
+        print(f"  note: {n}")
+
+
+def _print_validation(v: Validation) -> None:
+    for c in v.steps:
+        parts = []
+        for label, pr, scale, unit in (("TTFT P50", c.ttft_p50_s, 1e3, "ms"), ("TTFT P95", c.ttft_p95_s, 1e3, "ms"),
+                                       ("out tok/s", c.output_tps, 1.0, "")):
+            parts.append(f"{label} {pr.predicted * scale:.4g}{unit}{_iv(pr.interval, scale, '.4g')} vs "
+                         f"{(pr.measured or 0) * scale:.4g}{unit} ({(pr.error or 0) * 100:+.1f} %)")
+        print(f"  held out {c.step} (fitted on {len(c.fitted_on)} other steps): " + "; ".join(parts))
+    if v.median_abs_error is not None:
+        print(f"  held-out error: median |error| {v.median_abs_error * 100:.1f} %, max {v.max_abs_error or 0:.1%}")
+
+
+def _print_plan(pl: CandidatePlan, indent: str = "  ") -> None:
+    cap = pl.capacity_per_replica_rps or 0.0
+    print(f"{indent}plan {pl.candidate} at {pl.rate_rps:.4g} req/s: capacity {cap:.4g} req/s per replica at the SLO"
+          f"{_iv(pl.capacity_ci, 1.0, '.4g')}, saturation {pl.saturation_rps or 0:.4g} req/s")
+    if pl.replicas is not None:
+        hi = f" (up to {pl.replicas_hi} at the capacity's low end)" if pl.replicas_hi not in (None, pl.replicas) else ""
+        print(f"{indent}  replicas: {pl.replicas}{hi} = ceil({pl.rate_rps:.4g} / ({cap:.4g} * (1 - "
+              f"{pl.headroom:g} headroom))); predicted TTFT P95 {(pl.predicted_ttft_p95_s or 0) * 1e3:.4g} ms, "
+              f"E2E P50 {pl.predicted_e2e_p50_s or 0:.3g} s")
+        print(f"{indent}  burst: {pl.burst_note}")
+    if pl.devices is not None:
+        print(f"{indent}  devices {pl.devices}, hosts {pl.hosts}")
+    if pl.cost_per_hour is not None:
+        print(f"{indent}  cost: {pl.cost_per_hour:.4g} {pl.currency}/h, {pl.cost_per_1m_output or 0:.4g} per 1M "
+              f"output tokens, {pl.cost_per_user_month or 0:.4g} per user per month")
+    for w in pl.what_if:
+        print(f"{indent}  what if {w.change}: {w.replicas} replicas, {w.devices} devices, "
+              f"{'-' if w.cost_per_hour is None else f'{w.cost_per_hour:.4g}'} {pl.currency}/h")
+    for n in pl.notes:
+        print(f"{indent}  note: {n}")
+
+
+def capacity_command(
+    profile: str = typer.Argument(..., help="Traffic profile YAML (see examples/traffic.yaml)."),
+    record: list[str] = typer.Option([], "--record", help="A trial run folder (or its record.json): fit each "
+                                                         "candidate on its measured steps. Repeatable."),
+    bench: list[str] = typer.Option([], "--bench", help="A bench run folder, as NAME=DIR or DIR. Repeatable."),
+    slots: int | None = typer.Option(None, "--slots", min=1, help="Declared slot limit for --bench evidence "
+                                                                "(count; default: what the evidence shows)."),
+    bootstrap: int = typer.Option(30, "--bootstrap", min=0, max=1000,
+                                  help="Bootstrap refits for the intervals (count)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap and the simulations."),
+    json_out: str | None = typer.Option(None, "--json", help="Write the CapacityReport JSON to this file."),
+) -> None:
+    """Peak load of a traffic profile; with --record/--bench: model, held-out validation and the plan."""
+    prof = load_profile(profile)
+    models: dict[str, tuple[PerfParams, list[PerfParams]]] = {}
+    cands: dict[str, CandidateCapacity] = {}
+    evidence = evidence_of(record, bench)
+    for name, (steps, declared) in evidence.items():
+        declared = declared or slots
+        try:
+            rep, boots = fit(steps, declared_slots=declared, bootstrap=bootstrap, seed=seed)
+        except ValueError as e:
+            raise ConfigError(f"{name}: {e}") from None
+        models[name] = (rep.params, boots)
+        cands[name] = CandidateCapacity(fit=rep, validation=validate(steps, declared_slots=declared,
+                                                                      bootstrap=min(bootstrap, 20), seed=seed))
+    plans = {n: plan_candidate(n, p, b[:10], prof, seed=seed) for n, (p, b) in models.items()}
+    hold = next((pl.predicted_e2e_p50_s for pl in plans.values() if pl.predicted_e2e_p50_s), None)
+    peak = peak_load(prof, hold)
+    print(f"traffic profile {prof.name}: SLO {', '.join(prof.slo)}")
+    for f in (peak.mean_rps, peak.peak_rps, peak.offered_peak_rps, peak.burst_rps, peak.concurrent_streams,
+              peak.input_tps, peak.output_tps):
+        print(f"  {f.name}: {f.value:.4g} {f.unit} = {f.formula}")
+    for name, cc in cands.items():
+        cc.plan = plans[name]
+        _print_fit(name, cc.fit)
+        if cc.validation is not None:
+            _print_validation(cc.validation)
+        _print_plan(plans[name])
+    tiers = plan_tiers(prof, models, seed=seed) if models else None
+    if tiers is not None:
+        print("tiers:")
+        for tier, pl in tiers.tiers.items():
+            print(f"  tier {tier}:")
+            _print_plan(pl, "    ")
+        strong = tiers.all_strong
+        if strong is not None:
+            print(f"  everything to {strong.candidate}: {strong.replicas} replicas, "
+                  f"{'-' if strong.cost_per_hour is None else f'{strong.cost_per_hour:.4g}'} {prof.currency}/h")
+        if tiers.blended_cost_per_hour is not None:
+            more = "less" if (tiers.saving or 0) >= 0 else "more"
+            saving = "" if tiers.saving is None else f" ({abs(tiers.saving):.0%} {more} than all to the strong tier)"
+            print(f"  blended: {tiers.blended_cost_per_hour:.4g} {prof.currency}/h{saving}")
+    report = CapacityReport(profile=prof.name, slo=prof.slo, peak=peak, candidates=cands, tiers=tiers)
+    if json_out:
+        try:
+            Path(json_out).write_bytes(report.to_json_bytes(indent=2))
+        except OSError as e:
+            raise ConfigError(f"cannot write {json_out}: {e.strerror or e}") from None
+        print(f"report: {json_out}")

@@ -1,0 +1,148 @@
+"""The measured requests a performance model is fitted on: every succeeded, measured request of a bench
+run folder or of a trial run folder, with its own timeline, grouped by load step.
+
+A group (:class:`StepEvidence`) is one ``summary.json`` step (workload x step label) of one folder: its
+requests ran together on one engine and one client clock (``time.monotonic_ns()`` stamps of
+``requests.jsonl``, :class:`~servelab.bench.results.TNs`), so their overlap in time is the engine's
+running batch as the client saw it. Times are seconds from the group's first send. Token-chunk times
+come from ``chunk_offsets_ms`` (µs resolution) and ``chunk_tokens`` (one token per chunk when absent).
+Warmup and failed requests are left out (a warmup phase finishes before its step starts, bench runner).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+from pydantic import ValidationError
+
+from servelab.bench.results import LoadInfo, RequestLine, Summary
+from servelab.wire.errors import ConfigError
+
+__all__ = ["Obs", "StepEvidence", "from_bench", "from_trial_candidate"]
+
+
+@dataclass
+class Obs:
+    """One measured request: ``sent``/``first``/``last``/``end`` seconds from its group's first send
+    (first and last token chunk arrival, end of the response), ``prompt``/``output`` tokens (server
+    usage), ``chunks``: arrival time (s, same origin) and token count of every token-carrying chunk."""
+
+    sent: float
+    first: float
+    last: float
+    end: float
+    prompt: int
+    output: int
+    chunks: list[tuple[float, int]] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float:
+        """Time to first token, seconds."""
+        return self.first - self.sent
+
+    @property
+    def e2e(self) -> float:
+        """Send to end of response, seconds."""
+        return self.end - self.sent
+
+
+@dataclass
+class StepEvidence:
+    """One load step's measured requests in send order. ``source``: the folder; ``label``:
+    ``workload/step``; ``load``: the step's load model (closed loop: ``concurrency``)."""
+
+    source: str
+    label: str
+    load: LoadInfo
+    requests: list[Obs]
+
+    @property
+    def concurrency(self) -> int | None:
+        """Requests kept in flight (closed loop), else ``None``."""
+        return self.load.concurrency if self.load.kind == "closed" else None
+
+
+def _obs(line: RequestLine) -> tuple[int, Obs] | None:
+    t = line.t_ns
+    if line.warmup or line.failure is not None or t.sent is None or t.first_token is None:
+        return None
+    end = t.end or t.done or t.last_token
+    if end is None or not line.output_tokens or line.prompt_tokens is None:
+        return None
+    sent = t.sent
+    toks = line.chunk_tokens or [1] * len(line.chunk_offsets_ms)
+    chunks = [(ms / 1e3, int(k)) for ms, k in zip(line.chunk_offsets_ms, toks, strict=False) if k > 0]
+    last = (t.last_token or end) - sent
+    return sent, Obs(sent=0.0, first=(t.first_token - sent) / 1e9, last=last / 1e9, end=(end - sent) / 1e9,
+                     prompt=line.prompt_tokens, output=line.output_tokens, chunks=chunks)
+
+
+def _read_lines(path: Path) -> list[RequestLine]:
+    out = []
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
+    for i, text in enumerate(raw.splitlines(), 1):
+        if not text.strip():
+            continue
+        try:
+            out.append(RequestLine.model_validate(orjson.loads(text)))
+        except (orjson.JSONDecodeError, ValidationError):
+            if i == len(raw.splitlines()):
+                continue  # a last line cut by a kill (bench writes line by line)
+            raise ConfigError(f"{path}: line {i} is not a servelab request line; give a bench or trial "
+                              "run folder") from None
+    return out
+
+
+def from_folder(folder: Path) -> list[StepEvidence]:
+    """The steps of one folder holding ``summary.json`` and ``requests.jsonl`` (a bench run, or a trial
+    candidate's ``steps``/``mix``/``arrival``/``capacity/r*``), in the summary's order; steps without a
+    measured request are left out. Raises :class:`ConfigError` (one line) when either file is missing or
+    unreadable."""
+    sfile, rfile = folder / "summary.json", folder / "requests.jsonl"
+    if not sfile.is_file() or not rfile.is_file():
+        raise ConfigError(f"{folder}: no summary.json and requests.jsonl; give a `servelab bench` run folder")
+    try:
+        summary = Summary.model_validate_json(sfile.read_bytes())
+    except (OSError, ValidationError) as e:
+        raise ConfigError(f"{sfile}: not a servelab bench summary ({str(e).splitlines()[0]})") from None
+    groups: dict[tuple[str, str], list[tuple[int, Obs]]] = {}
+    for line in _read_lines(rfile):
+        got_obs = _obs(line)
+        if got_obs is not None:
+            groups.setdefault((line.step_workload or line.workload, line.step), []).append(got_obs)
+    out = []
+    for st in summary.steps:
+        got = sorted(groups.get((st.workload, st.step), []), key=lambda x: x[0])
+        if st.skipped or not got:
+            continue
+        t0 = got[0][0]
+        reqs = []
+        for sent, o in got:
+            off = (sent - t0) / 1e9
+            reqs.append(Obs(sent=off, first=o.first + off, last=o.last + off, end=o.end + off, prompt=o.prompt,
+                            output=o.output, chunks=[(t + off, k) for t, k in o.chunks]))
+        out.append(StepEvidence(source=str(folder), label=st.label, load=st.load, requests=reqs))
+    return out
+
+
+def from_bench(folder: str | Path) -> list[StepEvidence]:
+    """The steps of a ``servelab bench`` run folder (:func:`from_folder`)."""
+    return from_folder(Path(folder))
+
+
+def from_trial_candidate(run_dir: str | Path, name: str) -> list[StepEvidence]:
+    """The steps of candidate ``name`` in a trial run folder: every ``candidates/NAME/*/`` and
+    ``candidates/NAME/capacity/*/`` folder that holds a bench summary (docs/record-schema.md)."""
+    base = Path(run_dir) / "candidates" / name
+    folders = sorted(p.parent for p in base.glob("*/summary.json")) + \
+        sorted(p.parent for p in base.glob("capacity/*/summary.json"))
+    out: list[StepEvidence] = []
+    for f in folders:
+        if (f / "requests.jsonl").is_file():
+            out += from_folder(f)
+    return out
