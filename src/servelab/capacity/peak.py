@@ -44,7 +44,8 @@ def peak_load(p: TrafficProfile, hold_s: float | None = None) -> PeakLoad:
                                  formula=f"{peak:.4g} * (1 + {p.retry_rate:g} retries)"),
         burst_rps=Formula(name="burst", value=burst, unit="req/s", formula=f"{off:.4g} * {p.burst_factor:g} burst"),
         concurrent_streams=Formula(name="concurrent streams", value=off * (w or 0.0), unit="streams",
-                                   formula=f"Little: {off:.4g} req/s * {w or 0:.3g} s hold ({w_src})"),
+                                   formula=f"Little: {off:.4g} req/s * {w:.3g} s hold ({w_src})" if w is not None
+                                   else "unknown: declare stream_hold_s, or give evidence to predict E2E"),
         input_tps=Formula(name="input tokens/s", value=off * e_in, unit="tok/s", formula=f"{off:.4g} * {e_in:.4g}"),
         output_tps=Formula(name="output tokens/s", value=off * e_out, unit="tok/s",
                            formula=f"{off:.4g} * {e_out:.4g}"),
