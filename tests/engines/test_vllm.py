@@ -108,6 +108,35 @@ def test_identity_shape_without_a_server(tmp_path: Path, monkeypatch: pytest.Mon
         assert key in ident
 
 
+def test_secret_env_is_fingerprinted_in_identity_and_settings(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21 item 4 for ``engine: vllm``: its ``env`` reaches the record through the identity and the
+    settings dump; a value whose name looks secret, or listed in ``secret_env``, is a fingerprint there."""
+    import sys
+
+    from servelab.engines.secrets import redacted
+    from servelab.engines.vllm import VllmSettings
+
+    monkeypatch.setenv("SERVELAB_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"w")
+    tmpl = folder / "t.jinja"
+    tmpl.write_text(GEMMA_CHAT_TEMPLATE)
+    secrets = {"HF_TOKEN": "hf_Zq8vT4kL2mN9", "MIRROR_URL": "https://u:pw9Xk@mirror.internal/simple"}
+    settings = {"env": {**secrets, "VLLM_CPU_KVCACHE_SPACE": 3}, "secret_env": ["MIRROR_URL"]}
+    launcher = VllmLauncher(python=sys.executable, settings=settings)
+    assert launcher.env()["HF_TOKEN"] == secrets["HF_TOKEN"]  # the process gets the value
+    ident = launcher.identity(None, Path(sys.executable), folder, tmpl)
+    dumped = json.dumps(ident) + json.dumps(VllmSettings.model_validate(settings).model_dump(mode="json"))
+    for value in secrets.values():
+        assert value not in dumped
+    assert ident["env"]["HF_TOKEN"] == redacted(secrets["HF_TOKEN"]) and ident["env"]["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    with pytest.raises(Exception, match="secret_env names NOPE, not in env"):
+        VllmSettings.model_validate({"env": {}, "secret_env": ["NOPE"]})
+
+
 _MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
              {"role": "assistant", "content": [{"type": "text", "text": "Hello"}]}, {"role": "user", "content": "Again "}]
 _RENDERED = ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"

@@ -36,14 +36,15 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import psutil
-from pydantic import Field, FieldSerializationInfo, WithJsonSchema, field_serializer, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from servelab.engines.base import (GUARD_SCRIPT, EngineLauncher, EngineStartError, RunningEngine, free_port,
                                    log_dir_or_temp, runtime_identity, spawn_on_port, tail_lines)
-from servelab.engines.kind import (ENV_NAME_PATTERN, EngineIdentity, EngineKind, EngineSettings, PortSetting,
+from servelab.engines.kind import (EngineIdentity, EngineKind, PortSetting,
                                    Readiness, ServerMetrics)
 from servelab.engines.probe import Fact, ProbedIdentity, probe_sync
-from servelab.engines.secrets import redact_env, refuse_placeholder
+from servelab.engines.envsettings import EnvSettings
+from servelab.engines.secrets import redact_env
 from servelab.wire.config import StrictModel
 from servelab.wire.errors import ConfigError
 
@@ -65,7 +66,7 @@ class ReadyProbe(StrictModel):
     status: int = Field(200, ge=100, le=599, description="HTTP status that means ready")
 
 
-class CommandSettings(EngineSettings):
+class CommandSettings(EnvSettings):
     """``engine: command`` settings (the single definition; :class:`CommandLauncher` reads them).
 
     ``argv``: the command line, a list (no shell; ``{port}`` and ``{host}`` are replaced, also in ``env``
@@ -86,14 +87,6 @@ class CommandSettings(EngineSettings):
 
     argv: list[Annotated[str, Field(min_length=1)]] = Field(
         min_length=1, description="command line as a list (no shell); {port} and {host} are replaced")
-    env: Annotated[dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str], WithJsonSchema({
-        "type": "object", "propertyNames": {"pattern": ENV_NAME_PATTERN},
-        "additionalProperties": {"type": ["string", "number"]},
-        "description": "environment variables for the engine (numbers become strings)"})] = Field(default_factory=dict)
-    secret_env: list[Annotated[str, Field(pattern=ENV_NAME_PATTERN)]] = Field(
-        default_factory=list, description="names of env variables whose values are secret (recorded as a sha256 "
-        "fingerprint, never the value); names with TOKEN, KEY, SECRET, PASSWORD, PASS, CREDENTIAL, AUTH … are secret "
-        "without being listed")
     inherit_env: bool = Field(True, description="start from servelab's environment (false: only env, plus PATH)")
     cwd: str | None = Field(None, min_length=1, description="working directory; null = the candidate's log folder")
     host: str = Field("127.0.0.1", min_length=1, description="address the engine listens on")
@@ -110,32 +103,6 @@ class CommandSettings(EngineSettings):
     after_ready_timeout_s: float = Field(1800.0, gt=0, description="seconds each after_ready command may take")
     model_name: str | None = Field(None, min_length=1, description="served model id; null = first of GET /v1/models")
     guard: bool = Field(False, description="guard process: kill the engine's group if servelab dies")
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_strings(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            out = {}
-            for k, val in v.items():
-                if isinstance(val, bool) or not isinstance(val, (str, int, float)):
-                    raise ValueError(f"value of {k!r} must be a string or number, got {val!r}")
-                out[k] = str(val)
-            return out
-        return v
-
-    @field_serializer("env")
-    def _env_without_secrets(self, env: dict[str, str], info: FieldSerializationInfo) -> dict[str, str]:
-        ctx = info.context if isinstance(info.context, dict) else {}
-        return dict(env) if ctx.get("secrets") == "reveal" else redact_env(env, self.secret_env)
-
-    @model_validator(mode="after")
-    def _secrets_named(self) -> CommandSettings:
-        unknown = [n for n in self.secret_env if n not in self.env]
-        if unknown:
-            raise ValueError(f"secret_env names {', '.join(unknown)}, not in env; list only variables that env sets "
-                             "(servelab records none of the environment it inherits)")
-        refuse_placeholder(self.env)
-        return self
 
     @model_validator(mode="after")
     def _port_placement(self) -> CommandSettings:

