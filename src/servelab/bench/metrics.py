@@ -37,7 +37,7 @@ def ttft_s(r: RequestRecord) -> float | None:
     """Time to first token, seconds: ``first_token_ns - sent_ns``.
 
     The first token is the first stream event with non-empty ``content``, reasoning text or a
-    tool-call fragment (ENGINE_WIRE.md case 1). ``None`` if no token arrived.
+    tool-call fragment (docs/engine-wire.md case 1). ``None`` if no token arrived.
     """
     if r.first_token_ns is None or r.sent_ns is None:
         return None
@@ -85,7 +85,7 @@ def schedule_lag_s(r: RequestRecord) -> float | None:
 def itl_chunk_s(r: RequestRecord) -> list[float]:
     """Inter-token latency per *chunk*, seconds: the gaps between consecutive token-carrying events
     (``len(chunk_ns) - 1`` values). Role-only chunks, the empty last TGI chunk and usage chunks are
-    not token events and make no gap (ENGINE_WIRE.md case 3)."""
+    not token events and make no gap (docs/engine-wire.md case 3)."""
     c = r.chunk_ns
     return [(c[i] - c[i - 1]) / NS for i in range(1, len(c))]
 

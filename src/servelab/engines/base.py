@@ -19,7 +19,7 @@ stopped by an :mod:`atexit` hook, and on Linux a child started from the main thr
 ``PR_SET_PDEATHSIG=SIGKILL`` so it dies even when Python is killed with SIGKILL (the kernel fires that
 signal when the *thread* that forked exits, so it is only set for starts from the main thread).
 
-Readiness follows ENGINE_WIRE.md case 21 (/work/shared/ENGINE_WIRE.md, read 2026-11-30): connection
+Readiness follows docs/engine-wire.md case 21: connection
 refused during start is normal, llama-server answers 503 ``Loading model`` on ``/health`` while it
 loads, ready means ``/health`` answers 200.
 """

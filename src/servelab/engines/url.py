@@ -3,8 +3,7 @@ stops (no cold start, no process memory). Its candidates carry ``url``, ``model_
 ``api_key_env`` (:class:`UrlFields`) and no settings.
 
 Its server metrics are every known engine's names (the make of the server is not known), including
-SGLang's and TGI's, which servelab does not launch (names from ENGINE_WIRE.md's metrics table,
-/work/shared/ENGINE_WIRE.md, read 2026-11-30).
+SGLang's and TGI's, which servelab does not launch (names from the metrics table of docs/engine-wire.md).
 """
 
 from __future__ import annotations

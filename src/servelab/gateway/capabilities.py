@@ -12,7 +12,7 @@ character (3 UTF-8 bytes) per token on CJK text (rule of thumb and tiktoken exam
 https://chipp.ai/ai/glossary/tokens and https://tonyx1998.github.io/modern-ai-engineer-guide/docs/foundations/tokens,
 both checked 2026-11-30), so 6 bytes per token stays below the true count for natural text and code. The gateway
 therefore only refuses prompts that cannot fit under any common tokenizer; a prompt near the limit goes to
-the engine, whose own context error (ENGINE_WIRE.md case 18) is normalised to the same 400
+the engine, whose own context error (docs/engine-wire.md case 18) is normalised to the same 400
 ``context_length_exceeded``. The same estimate is the prompt part of the token reservation that limits
 admit; the reservation is settled with the engine's reported usage afterwards.
 """

@@ -7,7 +7,7 @@ Names (all prefixed ``servelab_gateway_``; seconds and token counts as the suffi
   plus ``stream_errors_total``);
 - ``stream_errors_total{model,backend}`` counter: 200 streams that ended in an error event or cut off;
 - ``ttft_seconds{model}`` histogram: request received -> first token-carrying chunk written to the client
-  (never the role-only chunk or the headers, ENGINE_WIRE.md case 1), measured at the gateway;
+  (never the role-only chunk or the headers, docs/engine-wire.md case 1), measured at the gateway;
 - ``inter_token_seconds{model}`` histogram: time between token-carrying chunks written to the client
   (a read carrying k events adds k observations of gap/k);
 - ``request_duration_seconds{model}`` histogram: E2E, request received -> last byte written;

@@ -6,7 +6,7 @@ one ``write`` per upstream read, bytes unchanged except an engine-specific ``fin
 ``stop_sequence``, mapped to OpenAI's by :func:`openai_finish` in the few chunks that carry a finish reason
 as a string, and the engine's own ``model`` name replaced by the public one (:func:`public_model`); the
 same in whole answers). The relay parses only what it must: every event until the first token (to time
-TTFT at the first token-carrying chunk, ENGINE_WIRE.md case 1), and afterwards only blocks that contain
+TTFT at the first token-carrying chunk, docs/engine-wire.md case 1), and afterwards only blocks that contain
 ``"usage":{`` or ``"error"`` (a bytes search first, ``orjson`` only on a hit). The usage-only chunk
 (``choices: []``, case 7) is removed when the client did not ask for it. An error inside a 200 stream
 (case 15, any dialect) becomes one clean OpenAI error event followed by ``data: [DONE]``; an upstream that
@@ -56,7 +56,7 @@ _MODEL_RE = re.compile(rb'(?<=[{,])(\s*)"model"\s*:\s*"(?:[^"\\]|\\.)*"')
 
 def openai_finish(raw: str) -> str:
     """An engine's finish reason as OpenAI's: ``stop_sequence``/``eos_token``/``eos`` -> ``stop``,
-    ``max_tokens`` -> ``length`` (:data:`servelab.wire.types.FINISH_ALIASES`, ENGINE_WIRE.md case 11);
+    ``max_tokens`` -> ``length`` (:data:`servelab.wire.types.FINISH_ALIASES`, docs/engine-wire.md case 11);
     OpenAI's own values unchanged. Values with no OpenAI meaning (vLLM ``abort``, ``repetition``, anything
     unknown) are passed on unchanged rather than given a meaning they may not have."""
     if raw in _OPENAI_FINISH:

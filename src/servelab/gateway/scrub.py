@@ -3,7 +3,7 @@
 An engine in trouble says things an end user must never see (seed 003 §22): ``CUDA error: out of
 memory``, file paths and line numbers, stack traces, batch and request ids, backend and upstream model
 names, internal URLs. This module decides, for every engine error the gateway meets (a non-2xx body in
-any ENGINE_WIRE.md case-17 shape, an error event inside a 200 stream, case 15), which **class** it is
+any docs/engine-wire.md case-17 shape, an error event inside a 200 stream, case 15), which **class** it is
 and answers the client a fixed, actionable message for that class; the engine's own text goes to the
 gateway log only, on one line with the gateway's request id, so an operator can find it.
 
@@ -76,7 +76,7 @@ def redact_prompt(text: str, prompt: str | None) -> str:
 
     return _QUOTED.sub(sub, text)
 
-# context-overflow wordings (ENGINE_WIRE.md case 18), each giving (context, prompt, output) tokens
+# context-overflow wordings (docs/engine-wire.md case 18), each giving (context, prompt, output) tokens
 _VLLM = re.compile(r"maximum context length is (\d+) tokens\. However, you requested \d+ tokens "
                    r"\((\d+) in the messages, (\d+) in the completion\)", re.I)
 _VLLM_NEW = re.compile(r"too large: (\d+)\. This model's maximum context length is (\d+) tokens and your "
@@ -93,7 +93,7 @@ def context_numbers(message: str, fields: Mapping[str, Any] | None = None) -> tu
 
     ``fields`` is the engine's error object (llama-server puts ``n_ctx`` and ``n_prompt_tokens`` there
     and checks the prompt alone: output 0). The message wordings are vLLM's (classic and ≥0.10
-    "too large" form), SGLang's (two forms) and TGI's validation error, as ENGINE_WIRE.md case 18 lists.
+    "too large" form), SGLang's (two forms) and TGI's validation error, as docs/engine-wire.md case 18 lists.
     """
     f = fields or {}
     if isinstance(f.get("n_ctx"), int) and isinstance(f.get("n_prompt_tokens"), int):

@@ -1,6 +1,6 @@
 """The one async HTTP/SSE client every part of servelab uses to talk to an OpenAI-compatible server.
 
-It always streams and always asks for usage (``stream_options.include_usage``, ENGINE_WIRE.md case 9),
+It always streams and always asks for usage (``stream_options.include_usage``, docs/engine-wire.md case 9),
 stamps every phase of a request with ``time.monotonic_ns()`` and classifies every failure, so the
 totals of a run always add up: submitted = succeeded + failed by class.
 """
@@ -70,7 +70,7 @@ async def send(session: aiohttp.ClientSession, base_url: str, model: str, spec: 
     """Send ``spec`` as a streaming request and fill ``rec`` with timestamps, text, usage and outcome.
 
     ``timeout_s`` bounds the whole request (headers may legitimately wait for the first token on
-    SGLang/llama-server/Ollama, ENGINE_WIRE.md case 20, so there is no separate header timeout).
+    SGLang/llama-server/Ollama, docs/engine-wire.md case 20, so there is no separate header timeout).
     Never raises for wire problems: they end up in ``rec.failure``/``rec.error``. Re-raises
     :class:`asyncio.CancelledError` after marking the record ``cancelled``.
     """

@@ -1,4 +1,4 @@
-"""Incremental SSE parsing and OpenAI stream accumulation, tolerant of every dialect in ENGINE_WIRE.md.
+"""Incremental SSE parsing and OpenAI stream accumulation, tolerant of every dialect in docs/engine-wire.md.
 
 This is the per-chunk hot path of every measurement: it does one ``bytes.split`` per read, one
 ``orjson.loads`` per event and a few dict lookups. It never indexes ``choices[0]`` unchecked, treats
@@ -19,7 +19,7 @@ _DONE = b"[DONE]"
 
 #: the fields of a chat ``delta`` (or of a non-streamed ``message``) whose non-empty value makes an event
 #: token-carrying: answer text, reasoning (``reasoning_content``: vLLM/SGLang/DeepSeek; ``reasoning``:
-#: Ollama and newer vLLM) and tool-call fragments (ENGINE_WIRE.md cases 1, 11-14)
+#: Ollama and newer vLLM) and tool-call fragments (docs/engine-wire.md cases 1, 11-14)
 TOKEN_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
 
 

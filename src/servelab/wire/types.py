@@ -17,7 +17,7 @@ class FailureClass(str, enum.Enum):
 
     - ``connect``: no HTTP response at all (refused, DNS, reset before the status line).
     - ``http_status``: a non-2xx status line.
-    - ``stream_error``: a 2xx response that carried an error object (ENGINE_WIRE.md case 15).
+    - ``stream_error``: a 2xx response that carried an error object (docs/engine-wire.md case 15).
     - ``cut_off``: the body ended without ``[DONE]`` and without a finish reason (case 16).
     - ``protocol``: a 2xx body that is not an OpenAI-compatible response (HTML, wrong JSON shape).
     - ``timeout``: the per-request time limit passed.
@@ -35,14 +35,14 @@ class FailureClass(str, enum.Enum):
 
 #: Finish reasons kept as they are; everything else maps through :data:`FINISH_ALIASES` or to "other".
 KNOWN_FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call", "abort"})
-#: Engine-specific finish reasons (ENGINE_WIRE.md case 11): TGI ``stop_sequence``/``eos_token`` mean stop.
+#: Engine-specific finish reasons (docs/engine-wire.md case 11): TGI ``stop_sequence``/``eos_token`` mean stop.
 FINISH_ALIASES = {"stop_sequence": "stop", "eos_token": "stop", "eos": "stop", "max_tokens": "length"}
 
 
 def normalize_finish(raw: str | None) -> str | None:
     """Map an engine's finish reason onto OpenAI's set plus ``abort`` and the catch-all ``other``.
 
-    ``None`` stays ``None`` (no finish seen). Never raises on unknown values (ENGINE_WIRE.md case 11).
+    ``None`` stays ``None`` (no finish seen). Never raises on unknown values (docs/engine-wire.md case 11).
     """
     if raw is None:
         return None
@@ -76,7 +76,7 @@ class RequestSpec:
 
 @dataclass(slots=True)
 class ToolCall:
-    """A tool call joined from its stream fragments (ENGINE_WIRE.md cases 13-14)."""
+    """A tool call joined from its stream fragments (docs/engine-wire.md cases 13-14)."""
 
     index: int
     id: str | None = None
@@ -87,7 +87,7 @@ class ToolCall:
 
 @dataclass(slots=True)
 class WireError:
-    """An error normalised from any engine dialect (ENGINE_WIRE.md case 17).
+    """An error normalised from any engine dialect (docs/engine-wire.md case 17).
 
     ``status`` is the HTTP status (200 for an error inside a stream, ``None`` when no response came);
     ``message`` is the engine's text; ``type`` and ``code`` are kept as sent (code may be int or str).

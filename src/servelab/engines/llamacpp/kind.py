@@ -12,7 +12,7 @@ from servelab.engines.llamacpp.launch import READINESS, LlamaCppLauncher
 
 __all__ = ["LLAMACPP_METRICS", "LlamaCppKind", "LlamaCppSettings"]
 
-#: llama-server's Prometheus names (``--metrics``; ENGINE_WIRE.md metrics table, read 2026-11-30)
+#: llama-server's Prometheus names (``--metrics``; the metrics table of docs/engine-wire.md)
 LLAMACPP_METRICS = ServerMetrics(running="llamacpp:requests_processing", waiting="llamacpp:requests_deferred",
                                  counters=("llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total"),
                                  generation_tokens=("llamacpp:tokens_predicted_total",))
