@@ -20,6 +20,7 @@ from typing import Annotated, Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servelab.wire.config import FrozenModel, StrictModel, error_problem
+from servelab.wire.dialects import Dialect, dialect_of
 from servelab.wire.errors import ConfigError
 
 __all__ = [
@@ -153,6 +154,8 @@ class EngineKind(Generic[SettingsT]):
             kind that takes none refuses ``model`` when the experiment loads.
         metrics: the :class:`ServerMetrics` of the engine.
         readiness: the :class:`Readiness` probe.
+
+    :attr:`dialect` is the wire dialect its server speaks, from the dialect table by ``kind``.
     """
 
     kind: ClassVar[str]
@@ -164,6 +167,13 @@ class EngineKind(Generic[SettingsT]):
     takes_model: ClassVar[bool] = True
     metrics: ClassVar[ServerMetrics] = ServerMetrics()
     readiness: ClassVar[Readiness] = Readiness()
+
+    @property
+    def dialect(self) -> Dialect | None:
+        """The :class:`~servelab.wire.dialects.Dialect` of this kind's server (docs/engine-wire.md): the
+        table's entry named ``kind`` (``vllm``, ``llamacpp``, ``mock`` …), or None when the kind has no one
+        dialect (``url``: a server of unknown make; ``command``: whatever the command starts)."""
+        return dialect_of(self.kind)
 
     def launcher(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
                  **kwargs: Any) -> Any:

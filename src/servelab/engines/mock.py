@@ -1,11 +1,12 @@
 """``servelab mock-engine``: a small, fast OpenAI-compatible streaming server for tests and calibration.
 
-It speaks the wire dialect of one real engine (vLLM, SGLang, TGI, llama-server or Ollama, see
-ENGINE_WIRE.md), streams deterministic tokens (`` tok0``, `` tok1`` ...) on an absolute time schedule
-(first token at ``recv + ttft_ms``, then one chunk every ``itl_ms``), injects failures reproducibly
-(one ``random.Random(seed)`` draw per completion request, in arrival order) and records, per request,
-the ``time.monotonic_ns()`` at which it wrote every token-carrying chunk, so a client's measurements can
-be checked against what the server really did (``GET /mock/records``).
+It speaks the wire dialect of one real engine (vLLM, SGLang, TGI, llama-server or Ollama, as the
+dialect table :mod:`servelab.wire.dialects` and docs/engine-wire.md describe them), streams deterministic
+tokens (`` tok0``, `` tok1`` ...) on an absolute time schedule (first token at ``recv + ttft_ms``, then
+one chunk every ``itl_ms``), injects failures reproducibly (one ``random.Random(seed)`` draw per
+completion request, in arrival order) and records, per request, the ``time.monotonic_ns()`` at which it
+wrote every token-carrying chunk, so a client's measurements can be checked against what the server
+really did (``GET /mock/records``).
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` true or false),
 ``GET /v1/models``, ``GET /health`` (and ``GET /``), ``GET /metrics`` (Prometheus text), and the
@@ -34,18 +35,19 @@ from pydantic import Field
 
 from servelab.engines.mockbatch import DecodeBatch
 from servelab.engines.mockinfo import info_routes, model_card
+from servelab.wire.dialects import DIALECTS as WIRE_DIALECTS
+from servelab.wire.dialects import ENGINE_DIALECTS, EngineDialect, stream_rules
 from servelab.wire.files import install_uvloop
 
 _now = time.monotonic_ns
 
-#: Wire dialects the mock can speak.
-Dialect = Literal["vllm", "sglang", "tgi", "llamacpp", "ollama"]
-DIALECTS: tuple[str, ...] = typing.get_args(Dialect)
-#: Dialects that hold the HTTP headers until the first token (ENGINE_WIRE.md case 20).
-HOLD_HEADERS = frozenset({"sglang", "llamacpp", "ollama"})
+#: Wire dialects the mock can speak: the engines of the dialect table.
+Dialect = EngineDialect
+DIALECTS: tuple[str, ...] = ENGINE_DIALECTS
+#: Dialects that hold the HTTP headers until the first token (docs/engine-wire.md case 20).
+HOLD_HEADERS = frozenset(d for d in DIALECTS if stream_rules(d).holds_headers)
 #: Name of the reasoning field in a delta (case 10).
-REASONING_FIELD = {"vllm": "reasoning", "ollama": "reasoning", "sglang": "reasoning_content",
-                   "llamacpp": "reasoning_content", "tgi": "reasoning_content"}
+REASONING_FIELD = {d: f for d in DIALECTS if (f := WIRE_DIALECTS[d].reasoning_field)}
 #: Injected failure kinds, as counted in ``/mock/stats``.
 INJECTED_KINDS = ("http_status", "stream_error", "cut_off", "hang", "overload")
 
@@ -78,7 +80,7 @@ class MockConfig:
     memory (/opt/vllm/worker.py:812, batch 7f3a9c)"``) to check that a client or gateway keeps it from end
     users. ``context_tokens`` > 0 is the model's context window: a request whose prompt words (+ its
     ``max_tokens``, except on llama-server, which checks the prompt only) exceed it gets the dialect's
-    context-overflow error (ENGINE_WIRE.md case 18: 400 on vLLM/SGLang/llama-server with their wording and
+    context-overflow error (docs/engine-wire.md case 18: 400 on vLLM/SGLang/llama-server with their wording and
     llama-server's ``n_prompt_tokens``/``n_ctx``, 422 on TGI; Ollama truncates silently, so it answers and
     its usage counts ``context_tokens`` prompt tokens).
     ``prefill_tokens_per_s`` / ``itl_ms_per_running`` > 0 switch streamed answers to continuous-batching
@@ -344,7 +346,7 @@ def _plan(cfg: MockConfig, body: dict[str, Any], chat: bool) -> _Plan:
         elif cfg.bad_tool_call == "name":
             plan.tool_name += "_not_offered"
         # fragments on vLLM/SGLang/llama-server/TGI, one whole call on Ollama (cases 13-14)
-        pieces += [("t", p) for p in ([args] if cfg.dialect == "ollama" else _split(args, 6))]
+        pieces += [("t", p) for p in ([args] if stream_rules(cfg.dialect).tool_calls_whole else _split(args, 6))]
     elif isinstance(rf, dict) and rf.get("type") in ("json_schema", "json_object"):
         schema = (rf.get("json_schema") or {}).get("schema") if rf.get("type") == "json_schema" else None
         text = orjson.dumps(_object_from_schema(schema) if schema is not None else {"answer": "mock"}).decode()
@@ -391,6 +393,7 @@ class _Encoder:
     def __init__(self, cfg: MockConfig, dialect: str, chat: bool, model: str, rid: int,
                  prompt_tokens: int, plan: _Plan) -> None:
         self.d = dialect
+        self.w = w = stream_rules(dialect)
         self.chat = chat
         self.plan = plan
         self.prompt_tokens = prompt_tokens
@@ -401,7 +404,7 @@ class _Encoder:
             cid = f"chatcmpl-mock{rid:x}"
             self.head = (b'data: {"id":"' + cid.encode() + b'","object":"chat.completion.chunk","created":'
                          + str(created).encode() + b',"model":' + mdl + b',"choices":[{"index":0,"delta":')
-            self.usage_head = (b'data: {"id":"' + (b"" if dialect == "tgi" else cid.encode())
+            self.usage_head = (b'data: {"id":"' + (b"" if w.usage_id_empty else cid.encode())
                                + b'","object":"chat.completion.chunk","created":' + str(created).encode()
                                + b',"model":' + mdl + b',"choices":[],"usage":')
         else:
@@ -411,17 +414,17 @@ class _Encoder:
             self.usage_head = (b'data: {"id":"' + cid.encode() + b'","object":"text_completion","created":'
                                + str(created).encode() + b',"model":' + mdl + b',"choices":[],"usage":')
         # tail after finish_reason: vLLM/TGI omit usage on ordinary chunks; others send usage: null (case 8)
-        self.tail = b"}]}\n\n" if dialect in ("vllm", "tgi") else b'}],"usage":null}\n\n'
+        self.tail = b'}],"usage":null}\n\n' if w.usage_null_on_chunks else b"}]}\n\n"
         self.mid = b',"logprobs":null,"finish_reason":'
-        self.role_prefix = b'{"role":"assistant",' if dialect in ("tgi", "ollama") else b"{"
+        self.role_prefix = b'{"role":"assistant",' if w.role_on_every_chunk else b"{"
         self.rfield = REASONING_FIELD[dialect].encode()
 
     # -- chat deltas
     def role_chunk(self) -> bytes:
         """First chunk: ``role`` with ``content: ""`` (vLLM/SGLang) or ``content: null`` (llama-server)."""
-        if not self.chat or self.d in ("tgi", "ollama"):
+        if not self.chat or self.w.role_chunk == "none":
             return b""
-        content = b"null" if self.d == "llamacpp" else b'""'
+        content = b"null" if self.w.role_chunk == "null" else b'""'
         return self.head + b'{"role":"assistant","content":' + content + b"}" + self.mid + b"null" + self.tail
 
     def token(self, kind: str, text: str, first_tool: bool, finish: str | None, usage: bytes | None = None,
@@ -438,7 +441,7 @@ class _Encoder:
         elif kind == "r":
             delta = self.role_prefix + b'"' + self.rfield + b'":' + _dumps(text) + b"}"
         else:
-            if self.d == "ollama" or first_tool:
+            if self.w.tool_calls_whole or first_tool:
                 fn = b'{"name":' + _dumps(self.plan.tool_name) + b',"arguments":' + _dumps(text) + b"}"
                 call = (b'{"index":0,"id":"' + self.plan.tool_id.encode() + b'","type":"function","function":'
                         + fn + b"}")
@@ -449,14 +452,12 @@ class _Encoder:
 
     def finish_chunk(self, finish: str) -> bytes:
         """The finish on its own chunk: ``delta: {}`` (SGLang, llama-server), TGI's ``content: ""``."""
-        if self.d == "tgi":
-            wire = "length" if finish == "length" else ("stop_sequence" if finish == "stop" else finish)
-            delta = b'{"role":"assistant","content":""}'
-            usage = self.usage_bytes()  # TGI: usage on every stream's end, unasked
-            return (self.head + delta + self.mid + b'"' + wire.encode() + b'"' + self.tail
-                    + self.usage_head + usage + b"}\n\n")
-        delta = b'{"role":"assistant","content":""}' if self.d == "ollama" else b"{}"
-        return self.head + delta + self.mid + b'"' + finish.encode() + b'"' + self.tail
+        wire = self.w.stop_finish if finish == "stop" else finish
+        delta = b'{"role":"assistant","content":""}' if self.w.role_on_every_chunk else b"{}"
+        out = self.head + delta + self.mid + b'"' + wire.encode() + b'"' + self.tail
+        if self.w.chat_usage == "always":  # TGI: usage on every stream's end, unasked
+            out += self.usage_head + self.usage_bytes() + b"}\n\n"
+        return out
 
     def usage_bytes(self, generated: int | None = None) -> bytes:
         g = self.plan.generated if generated is None else generated
@@ -478,7 +479,7 @@ class _Encoder:
 
     def error_event(self, message: str) -> bytes:
         """An error inside a 200 stream in this dialect's shape (case 15)."""
-        if self.d == "tgi":
+        if WIRE_DIALECTS[self.d].error_shape == "text":
             ev: dict[str, Any] = {"error": message, "error_type": "generation"}
         elif self.d == "sglang":
             ev = {"error": {"object": "error", "message": message, "type": "InternalServerError",
@@ -492,15 +493,16 @@ class _Encoder:
     @property
     def done_after_error(self) -> bool:
         """vLLM, SGLang and TGI send ``[DONE]`` after an in-stream error; llama-server and Ollama close (case 16)."""
-        return self.d in ("vllm", "sglang", "tgi")
+        return self.w.done_after_error
 
 
 def error_body(dialect: str, status: int, message: str) -> bytes:
-    """A non-2xx body in the dialect's error shape (ENGINE_WIRE.md case 17)."""
-    if dialect == "tgi":
+    """A non-2xx body in the dialect's error shape (docs/engine-wire.md case 17)."""
+    shape = WIRE_DIALECTS[dialect].error_shape
+    if shape == "text":
         etype = "overloaded" if status == 429 else ("validation" if status in (400, 422) else "generation")
         return _dumps({"error": message, "error_type": etype})
-    if dialect == "sglang":
+    if shape == "flat":
         return _dumps({"object": "error", "message": message, "type": _status_type(status), "param": None,
                        "code": status})
     if dialect == "llamacpp":
@@ -515,11 +517,12 @@ def context_overflow(cfg: MockConfig, body: dict[str, Any], prompt_tokens: int) 
     """``(status, body)`` of the dialect's context-overflow answer when ``prompt_tokens`` (+ the request's
     ``max_tokens``/``max_completion_tokens``/``max_new_tokens``, except on llama-server) exceed
     ``cfg.context_tokens``; ``None`` when it fits, when ``context_tokens`` is 0, and on Ollama (it
-    truncates silently). Wording per ENGINE_WIRE.md case 18, as the engines phrase it (vLLM
+    truncates silently). Wording per docs/engine-wire.md case 18, as the engines phrase it (vLLM
     ``serving_engine``, SGLang ``tokenizer_manager``, TGI ``validation.rs``, llama-server ``server.cpp``;
     read 2026-12-01)."""
     ctx = cfg.context_tokens
-    if ctx <= 0 or cfg.dialect == "ollama":
+    status = stream_rules(cfg.dialect).overflow_status
+    if ctx <= 0 or status is None:
         return None
     mt = body.get("max_completion_tokens", body.get("max_tokens", body.get("max_new_tokens")))
     out = mt if isinstance(mt, int) and mt > 0 else 0
@@ -534,7 +537,7 @@ def context_overflow(cfg: MockConfig, body: dict[str, Any], prompt_tokens: int) 
     if total <= ctx:
         return None
     if d == "tgi":
-        return 422, _dumps({"error": f"Input validation error: `inputs` tokens + `max_new_tokens` must be <= {ctx}. "
+        return status, _dumps({"error": f"Input validation error: `inputs` tokens + `max_new_tokens` must be <= {ctx}. "
                                      f"Given: {prompt_tokens} `inputs` tokens and {out} `max_new_tokens`",
                             "error_type": "validation"})
     if d == "sglang":
@@ -561,20 +564,21 @@ def _trailer(enc: _Encoder, plan: _Plan, d: str,
              include_usage: bool) -> tuple[str | None, bytes | None, bytes, bytes]:
     """What follows the last token chunk of a stream, by dialect: ``(finish reason carried by the last
     token chunk, usage carried by it, extra fields on it, the trailer bytes after it)``; the trailer is
-    finish and usage chunks then ``[DONE]``, written with the last token (ENGINE_WIRE.md cases 20-24)."""
+    finish and usage chunks then ``[DONE]``, written with the last token (docs/engine-wire.md cases 20-24)."""
     chat = enc.chat
-    last_finish = plan.finish if (not chat or d == "vllm") else None
+    w = enc.w
+    last_finish = plan.finish if (not chat or w.finish_with_last_token) else None
     last_usage: bytes | None = None
     last_extra = b""
     if chat:
-        trailer = b"" if d == "vllm" else enc.finish_chunk(plan.finish)
-        if include_usage and d != "tgi":
+        trailer = b"" if w.finish_with_last_token else enc.finish_chunk(plan.finish)
+        if include_usage and w.chat_usage == "asked":
             trailer += enc.usage_chunk()
     else:
         trailer = b""
-        if d in ("tgi", "llamacpp"):  # usage always rides on the last chunk (case 24)
+        if w.completions_usage == "last_chunk":  # usage always rides on the last chunk (case 24)
             last_usage = enc.usage_bytes()
-            last_extra = b',"timings":' + enc.timings() if d == "llamacpp" else b""
+            last_extra = b',"timings":' + enc.timings() if w.completions_timings else b""
         elif include_usage:
             trailer = enc.usage_chunk()
     return last_finish, last_usage, last_extra, trailer + _DONE
@@ -645,7 +649,8 @@ class MockServer:
         self.port = sock.getsockname()[1]
         site = web.SockSite(self._runner, sock, backlog=1024)
         await site.start()
-        if self.config.max_inflight > 0 and self.config.dialect == "llamacpp" and self.config.overload_status is None:
+        if (self.config.max_inflight > 0 and self.config.overload_status is None
+                and stream_rules(self.config.dialect).overload_status is None):  # llama-server defers
             self._queue = asyncio.Semaphore(self.config.max_inflight)
 
     async def close(self) -> None:
@@ -693,13 +698,10 @@ class MockServer:
         ]
         for kind, n in self.injected.items():
             lines.append(f'mock_injected_failures_total{{kind="{kind}"}} {n}')
-        names = {"vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
-                 "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
-                 "tgi": ("tgi_batch_current_size", "tgi_queue_size"),
-                 "llamacpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred")}.get(d)
-        if names:
-            lines += [f"# TYPE {names[0]} gauge", f"{names[0]} {self.running}",
-                      f"# TYPE {names[1]} gauge", f"{names[1]} 0"]
+        w = stream_rules(d)
+        if w.running_gauge and w.waiting_gauge:
+            lines += [f"# TYPE {w.running_gauge} gauge", f"{w.running_gauge} {self.running}",
+                      f"# TYPE {w.waiting_gauge} gauge", f"{w.waiting_gauge} 0"]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def _records(self, request: web.Request) -> web.Response:
@@ -761,14 +763,15 @@ class MockServer:
             finally:
                 self.running -= 1
         overflow = context_overflow(cfg, body, rec.prompt_tokens)
-        if overflow is None and cfg.dialect == "ollama" and 0 < cfg.context_tokens < rec.prompt_tokens:
+        if (overflow is None and stream_rules(cfg.dialect).overflow_status is None
+                and 0 < cfg.context_tokens < rec.prompt_tokens):
             rec.prompt_tokens = cfg.context_tokens  # Ollama keeps the last num_ctx tokens, says nothing
         if overflow is not None:
             rec.status = overflow[0]
             rec.done_ns = _now()
             return web.Response(status=overflow[0], body=overflow[1], content_type="application/json")
         if cfg.max_inflight > 0 and self._queue is None and self.running >= cfg.max_inflight:
-            status = cfg.overload_status or (429 if cfg.dialect == "tgi" else 503)
+            status = cfg.overload_status or stream_rules(cfg.dialect).overload_status or 503
             rec.injected = "overload"
             rec.status = status
             self.injected["overload"] += 1
@@ -885,7 +888,7 @@ class MockServer:
                 if hold:
                     await resp.prepare(request)
                     rec.headers_ns = _now()
-                await write(role + (enc.finish_chunk(plan.finish) if chat and d != "vllm" else
+                await write(role + (enc.finish_chunk(plan.finish) if chat and not enc.w.finish_with_last_token else
                                     enc.head + (b'{"content":""}' if chat else b'""') + enc.mid
                                     + b'"' + plan.finish.encode() + b'"' + enc.tail) + trailer)
             if n == cut_at:  # one-chunk streams: fail after the only token
@@ -958,8 +961,8 @@ class MockServer:
         usage = {"prompt_tokens": rec.prompt_tokens, "completion_tokens": plan.generated,
                  "total_tokens": rec.prompt_tokens + plan.generated}
         fr = plan.finish
-        if self.config.dialect == "tgi" and fr == "stop":
-            fr = "stop_sequence"
+        if fr == "stop":
+            fr = stream_rules(self.config.dialect).stop_finish
         if chat:
             msg: dict[str, Any] = {"role": "assistant", "content": content if not args else None}
             if reasoning:

@@ -6,7 +6,9 @@ every :class:`Fact` names the request it came from (``"GET /props"``). Nothing i
 server did not state is absent, and :attr:`ProbedIdentity.kind` is ``None`` when no engine's own
 endpoint answered in that engine's documented shape.
 
-Endpoints and fields, each read from the engine's own code or docs (2026-12-01):
+The endpoints asked are the dialect table's ``identity`` requests (:mod:`servelab.wire.dialects`,
+docs/engine-wire.md "Identity endpoints"); the fields read from them, each from the engine's own code or
+docs (2026-12-01):
 
 - llama.cpp ``GET /props``: ``default_generation_settings.n_ctx`` (per-slot context), ``total_slots``,
   ``model_path``, ``build_info`` (``b<N>-<commit>``), ``model_ftype``; ``GET /v1/models``
@@ -35,6 +37,8 @@ from typing import Any
 import aiohttp
 import orjson
 from pydantic import BaseModel, Field
+
+from servelab.wire.dialects import DIALECTS
 
 __all__ = ["Fact", "ProbedIdentity", "probe", "probe_sync", "server_root"]
 
@@ -80,7 +84,9 @@ def server_root(base_url: str) -> str:
     return u[: -len("/v1")] if u.endswith("/v1") else u
 
 
-_GETS = ("/props", "/version", "/get_model_info", "/get_server_info", "/info", "/api/version", "/v1/models")
+#: every engine's identity GETs, then ``/v1/models`` (the served model id, asked of any server)
+_GETS = tuple(dict.fromkeys([*(r.split(" ", 1)[1] for d in DIALECTS.values() for r in d.identity
+                               if r.startswith("GET ") and r != "GET /v1/models"), "/v1/models"]))
 
 
 def _put(facts: dict[str, Fact], name: str, value: Any, source: str) -> None:
@@ -179,9 +185,9 @@ def _ollama(got: dict[str, Any], facts: dict[str, Fact]) -> bool:
 
 #: detection order: the most specific self-descriptions first (llama-server's /v1/models also carries an
 #: Ollama-style ``models`` list, so Ollama is recognised by /api/version, never by /v1/models)
-_KINDS: tuple[tuple[str, str, Callable[[dict[str, Any], dict[str, Fact]], bool]], ...] = (
-    ("llamacpp", "llama.cpp", _llamacpp), ("sglang", "SGLang", _sglang), ("tgi", "Text Generation Inference", _tgi),
-    ("ollama", "Ollama", _ollama), ("vllm", "vLLM", _vllm))
+_KINDS: tuple[tuple[str, str, Callable[[dict[str, Any], dict[str, Fact]], bool]], ...] = tuple(
+    (kind, DIALECTS[kind].title, read) for kind, read in (("llamacpp", _llamacpp), ("sglang", _sglang), ("tgi", _tgi),
+                                                          ("ollama", _ollama), ("vllm", _vllm)))
 
 
 async def _get_json(session: aiohttp.ClientSession, method: str, url: str, body: Any = None) -> Any:

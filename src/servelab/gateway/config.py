@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from servelab.wire.config import FrozenModel, PublishedSchema, json_schema_of, read_yaml_file, validation_error_line
+from servelab.wire.dialects import KINDS, Kind
 from servelab.wire.errors import ConfigError
 
 __all__ = [
@@ -29,8 +30,8 @@ __all__ = [
     "parse_config", "PUBLISHED_SCHEMA",
 ]
 
-#: Engine kinds a backend can be (each has its own readiness endpoint and error dialect, ENGINE_WIRE.md).
-BACKEND_KINDS = ("vllm", "sglang", "tgi", "llamacpp", "ollama", "mock", "openai", "embedder")
+#: Engine kinds a backend can be: the dialect table's (:mod:`servelab.wire.dialects`, docs/engine-wire.md).
+BACKEND_KINDS = KINDS
 #: The committed JSON Schema (regenerate with ``servelab schema write``).
 SCHEMA_PATH = Path(__file__).with_name("gateway.schema.json")
 
@@ -212,13 +213,12 @@ class Backend(FrozenModel):
     among replicas serving the same target. ``pool``: a group tenants can be limited to. ``health_path``:
     readiness path (default by ``kind``). ``connect_timeout_s``: TCP connect; ``read_timeout_s``: longest
     silence between two reads, including the wait for the first token (engines that hold their headers
-    until the first token, ENGINE_WIRE.md case 20, need room here). ``max_in_flight``: requests beyond it
+    until the first token, docs/engine-wire.md case 20, need room here). ``max_in_flight``: requests beyond it
     count as saturated (fallback). ``api_key_env``: env var with the engine's API key, sent as Bearer.
     """
 
     name: str = Field(pattern=_NAME, description="unique backend name (never shown to clients)")
-    kind: Literal["vllm", "sglang", "tgi", "llamacpp", "ollama", "mock", "openai", "embedder"] = Field(
-        description="engine kind: readiness endpoint and error dialect")
+    kind: Kind = Field(description="engine kind: readiness endpoint and error dialect")
     base_url: str = Field(description="engine root URL, e.g. http://127.0.0.1:8001")
     models: list[str] = Field(min_length=1, description="upstream model names this engine serves")
     weight: float = Field(1.0, ge=0, description="share among replicas of the same target")

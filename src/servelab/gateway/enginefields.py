@@ -39,6 +39,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from servelab.gateway.errors import GatewayError
+from servelab.wire.dialects import DIALECTS
 
 __all__ = ["ENGINE_FIELDS", "PRIORITY_KINDS", "apply", "screen"]
 
@@ -83,8 +84,8 @@ ENGINE_FIELDS: Mapping[str, tuple[str, str]] = {
     "return_routed_experts": ("expert-routing output (costly)", "SGLang"),
 }
 
-#: backend kinds whose engines schedule by the body's ``priority`` (lower = served first)
-PRIORITY_KINDS = frozenset({"vllm", "sglang"})
+#: backend kinds whose engines schedule by the body's ``priority`` (lower = served first; the dialect table's)
+PRIORITY_KINDS = frozenset(kind for kind, d in DIALECTS.items() if d.priority_scheduling)
 
 
 def screen(body: dict[str, Any], policy: Any, model: str) -> list[str]:

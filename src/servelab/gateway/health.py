@@ -2,21 +2,10 @@
 ``interval_s`` and feeds the breakers (a failed check opens the backend's breaker at once; a passed check
 after a failure lets traffic probe it again).
 
-Readiness endpoint by engine kind (checked 2026-11-30):
-
-- llama-server ``GET /health``: 503 ``{"error": ... "Loading model"}`` while the model loads, 200
-  ``{"status": "ok"}`` when ready (llama.cpp ``tools/server/README.md``, "GET /health";
-  https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md).
-- vLLM ``GET /health``: 200, or 503 when the engine core died (``EngineDeadError``;
-  https://docs.vllm.ai/en/latest/api/vllm/entrypoints/serve/instrumentator/health/).
-- SGLang ``GET /health`` (server up) and ``GET /health_generate`` (runs one generation: stricter, costs a
-  decode step; set ``health_path: /health_generate`` to use it;
-  https://docs.sglang.io/basic_usage/native_api.html).
-- TGI ``GET /health`` (router answers once the shards are ready; https://huggingface.github.io/
-  text-generation-inference/ "health").
-- Ollama ``GET /`` ("Ollama is running"). servelab mock engine: ``GET /health``.
-- Any other OpenAI-compatible server (``openai``): ``GET /v1/models``.
-- ``health_path`` in the backend's config overrides all of these.
+The readiness endpoint is the backend's ``health_path``, else its kind's (:mod:`servelab.wire.dialects`:
+``GET /health`` on the engines and servelab's servers, ``GET /`` on Ollama, ``GET /v1/models`` on any other
+OpenAI-compatible server; sources in docs/engine-wire.md case 21). SGLang's stricter
+``/health_generate`` (runs one generation) is used when ``health_path`` names it.
 
 A check passes on any 2xx within ``timeout_s``; anything else (connection refused, timeout, 5xx, 503
 while loading) fails it, except a local resource error (the gateway itself out of file descriptors or
@@ -43,14 +32,14 @@ from servelab.gateway.breaker import BreakerBoard
 from servelab.gateway.fdbudget import is_local_resource_error
 from servelab.gateway.listener import RateLimitedLog
 from servelab.gateway.routing import Backend
+from servelab.wire.dialects import DIALECTS
 
 __all__ = ["HEALTH_PATHS", "HealthChecker", "HealthStatus", "health_url"]
 
 log = logging.getLogger("servelab.gateway.health")
 
-#: Readiness path by engine kind (see the module doc for the sources).
-HEALTH_PATHS = {"llamacpp": "/health", "vllm": "/health", "sglang": "/health", "tgi": "/health",
-                "mock": "/health", "ollama": "/", "openai": "/v1/models"}
+#: Readiness path by engine kind (the dialect table's).
+HEALTH_PATHS = {kind: d.health_path for kind, d in DIALECTS.items()}
 
 
 def health_url(backend: Backend) -> str:

@@ -9,49 +9,20 @@ llama-server obeys). So the gateway reads **every** known length field of every 
 ``<=`` that value, in the field the backend's dialect reads (:func:`for_backend`); every other length
 field is removed from what is forwarded.
 
-What each engine reads (checked 2026-12-01):
+What each dialect reads and is sent is the dialect table's :class:`~servelab.wire.dialects.LengthRules`
+(sources in docs/engine-wire.md, "Output length"): OpenAI and vLLM/SGLang are sent ``max_completion_tokens``
+on chat and ``max_tokens`` on completions, every other dialect ``max_tokens`` (llama-server's
+``n_predict`` and Ollama's ``options.num_predict`` are removed, so the alias each reads is the bound);
+``min_tokens`` goes, clamped to the bound, only to the dialects that take it (vLLM, SGLang, the mock).
 
-- **OpenAI**: ``max_completion_tokens`` on chat (``max_tokens`` deprecated there, refused by o-series
-  models), ``max_tokens`` on ``/v1/completions``
-  (https://platform.openai.com/docs/api-reference/chat/create). Sent: the same.
-- **llama.cpp** (llama-server): ``n_predict``, aliases ``max_completion_tokens`` then ``max_tokens``
-  ("if 'name' is present, use it, otherwise look for aliases following the order they were added";
-  ``-1`` = no limit, ``0`` = evaluate the prompt only), and ``n_cmpl`` (alias ``n``) completions per
-  prompt (https://github.com/ggml-org/llama.cpp/blob/master/tools/server/server-task.cpp,
-  ``params.n_predict = json_value(data, "n_predict", json_value(data, "max_tokens", ...))``; the
-  alias table in tools/server/server-schema.cpp of the llama.cpp that ``servelab engine build
-  llamacpp`` builds). ``ignore_eos: true`` makes it generate up to the bound whatever the model says,
-  and with no bound at all until the context is full; since the gateway always forwards a bound,
-  ``ignore_eos`` only makes the output exactly that bound (which the reservation already assumes).
-  Sent: ``max_tokens`` (read by every llama-server version's OpenAI endpoints when ``n_predict`` is
-  absent, which the gateway guarantees).
-- **vLLM**: ``max_completion_tokens`` or else ``max_tokens`` on chat (``max_tokens =
-  self.max_completion_tokens or self.max_tokens``), ``max_tokens`` on completions, ``min_tokens``
-  (extension, must be ``<=`` the bound)
-  (https://github.com/vllm-project/vllm/blob/main/vllm/entrypoints/openai/protocol.py). Sent:
-  ``max_completion_tokens`` on chat, ``max_tokens`` on completions, ``min_tokens`` clamped to the bound.
-- **SGLang**: OpenAI server: ``max_completion_tokens``, ``max_tokens`` (deprecated), ``min_tokens``,
-  ``ignore_eos``; native ``/generate``: ``sampling_params.max_new_tokens`` / ``min_new_tokens``
-  (https://github.com/sgl-project/sglang/blob/main/python/sglang/srt/entrypoints/openai/protocol.py,
-  https://github.com/sgl-project/sglang/blob/main/docs/sampling_params.md). Sent: as vLLM.
-- **TGI**: Messages API (``/v1/chat/completions``) and ``/v1/completions``: ``max_tokens``; native
-  ``/generate``: ``parameters.max_new_tokens``
-  (https://github.com/huggingface/text-generation-inference/blob/main/router/src/lib.rs). Sent:
-  ``max_tokens``; ``min_tokens`` removed (TGI has none).
-- **Ollama**: OpenAI endpoints map ``max_tokens`` (newer versions also ``max_completion_tokens``, which
-  then wins) to ``options.num_predict``; native API: ``options.num_predict`` (``-1`` = no limit, ``-2`` =
-  fill the context) (https://github.com/ollama/ollama/blob/main/openai/openai.go). Sent: ``max_tokens``;
-  ``min_tokens`` removed.
-- **mock** (servelab's own mock engine): ``max_completion_tokens`` or else ``max_tokens``. Sent:
-  ``max_tokens``.
-
-Engine-specific fields (``n_predict``, ``max_new_tokens``, ``parameters.max_new_tokens``,
-``sampling_params.max_new_tokens``, ``options.num_predict``, ``sampling_params.min_new_tokens``) are
-**mapped** by default (counted in the bound like the OpenAI ones, then removed and replaced by the
-dialect's field), or **refused** with a 400 naming the field when ``server.engine_length_fields`` is
-``refuse``. ``-1``/``-2`` in ``n_predict``/``options.num_predict`` mean "no limit" and count as a request
-with no bound (the gateway's default applies). ``min_tokens`` above the bound is refused (vLLM refuses it
-too). All pure functions; errors are :class:`~servelab.gateway.errors.GatewayError` 400.
+Engine-specific fields (every length field the gateway never sends: ``n_predict``, ``max_new_tokens``,
+``parameters.max_new_tokens``, ``sampling_params.max_new_tokens``, ``options.num_predict``,
+``sampling_params.min_new_tokens``) are **mapped** by default (counted in the bound like the OpenAI
+ones, then removed and replaced by the dialect's field), or **refused** with a 400 naming the field when
+``server.engine_length_fields`` is ``refuse``. ``-1``/``-2`` in ``n_predict``/``options.num_predict``
+mean "no limit" and count as a request with no bound (the gateway's default applies). ``min_tokens``
+above the bound is refused (vLLM refuses it too). All pure functions; errors are
+:class:`~servelab.gateway.errors.GatewayError` 400.
 """
 
 from __future__ import annotations
@@ -61,24 +32,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from servelab.gateway.errors import bad_request
+from servelab.wire.dialects import DIALECTS, Dialect, fields_union
 
 __all__ = ["BOUND_FIELDS", "DIALECT_OF_KIND", "ENGINE_FIELDS", "FORWARDERS", "LengthRequest", "MIN_FIELDS",
-           "canonicalise", "for_backend", "read_lengths", "to_llamacpp", "to_mock", "to_ollama", "to_openai",
-           "to_sglang", "to_tgi", "to_vllm"]
+           "canonicalise", "for_backend", "read_lengths"]
 
 #: Every field any dialect reads as an upper bound on generated tokens: (container or None, name).
-BOUND_FIELDS: tuple[tuple[str | None, str], ...] = (
-    (None, "max_tokens"), (None, "max_completion_tokens"), (None, "n_predict"), (None, "max_new_tokens"),
-    ("parameters", "max_new_tokens"), ("sampling_params", "max_new_tokens"), ("options", "num_predict"))
+BOUND_FIELDS = fields_union(d.lengths.reads for d in DIALECTS.values())
 #: Lower bounds on generated tokens.
-MIN_FIELDS: tuple[tuple[str | None, str], ...] = ((None, "min_tokens"), ("sampling_params", "min_new_tokens"))
+MIN_FIELDS = fields_union(d.lengths.min_reads for d in DIALECTS.values())
+#: The fields the gateway sends (a dialect's bound field, ``min_tokens``): portable, never refused.
+_SENT = frozenset({(None, "min_tokens")} | {(None, f) for d in DIALECTS.values()
+                                            for f in (d.lengths.chat_field, d.lengths.completions_field)})
 #: The fields that are not OpenAI's (mapped or refused, see module doc).
-ENGINE_FIELDS = frozenset({(None, "n_predict"), (None, "max_new_tokens"), ("parameters", "max_new_tokens"),
-                           ("sampling_params", "max_new_tokens"), ("options", "num_predict"),
-                           ("sampling_params", "min_new_tokens")})
+ENGINE_FIELDS = frozenset(BOUND_FIELDS + MIN_FIELDS) - _SENT
 _ALL_FIELDS = BOUND_FIELDS + MIN_FIELDS
 #: Fields where -1 (and -2) mean "no limit" (llama.cpp, Ollama).
-_UNBOUNDED_OK = frozenset({(None, "n_predict"), ("options", "num_predict")})
+_UNBOUNDED_OK = frozenset(fields_union(d.lengths.no_limit for d in DIALECTS.values()))
 
 
 def _name(where: str | None, name: str) -> str:
@@ -199,48 +169,26 @@ def _forward(body: Mapping[str, Any], cap: int, field: str, keeps_min: bool) -> 
     return out
 
 
-def to_openai(body: Mapping[str, Any], cap: int, endpoint: str) -> dict[str, Any]:
-    """OpenAI: ``max_completion_tokens`` on chat, ``max_tokens`` on completions; no ``min_tokens``."""
-    return _forward(body, cap, "max_completion_tokens" if endpoint == "chat" else "max_tokens", False)
+def _forwarder(d: Dialect) -> Callable[[Mapping[str, Any], int, str], dict[str, Any]]:
+    """``d``'s forwarding function: its bound field for the endpoint, ``min_tokens`` kept or removed."""
+    rules = d.lengths
 
-
-def to_vllm(body: Mapping[str, Any], cap: int, endpoint: str) -> dict[str, Any]:
-    """vLLM: ``max_completion_tokens`` on chat, ``max_tokens`` on completions, ``min_tokens`` <= bound."""
-    return _forward(body, cap, "max_completion_tokens" if endpoint == "chat" else "max_tokens", True)
-
-
-def to_sglang(body: Mapping[str, Any], cap: int, endpoint: str) -> dict[str, Any]:
-    """SGLang's OpenAI server: as vLLM."""
-    return _forward(body, cap, "max_completion_tokens" if endpoint == "chat" else "max_tokens", True)
-
-
-def to_tgi(body: Mapping[str, Any], cap: int, endpoint: str) -> dict[str, Any]:
-    """TGI's Messages/completions API: ``max_tokens``; no ``min_tokens``."""
-    return _forward(body, cap, "max_tokens", False)
-
-
-def to_llamacpp(body: Mapping[str, Any], cap: int, endpoint: str) -> dict[str, Any]:
-    """llama-server: ``max_tokens`` (``n_predict`` and its other aliases removed, module doc)."""
-    return _forward(body, cap, "max_tokens", False)
-
-
-def to_ollama(body: Mapping[str, Any], cap: int, endpoint: str) -> dict[str, Any]:
-    """Ollama's OpenAI endpoints: ``max_tokens`` (``options.num_predict`` removed)."""
-    return _forward(body, cap, "max_tokens", False)
-
-
-def to_mock(body: Mapping[str, Any], cap: int, endpoint: str) -> dict[str, Any]:
-    """servelab's mock engine: ``max_tokens``; ``min_tokens`` kept (it ignores it)."""
-    return _forward(body, cap, "max_tokens", True)
+    def forward(body: Mapping[str, Any], cap: int, endpoint: str) -> dict[str, Any]:
+        field = rules.chat_field if endpoint == "chat" else rules.completions_field
+        return _forward(body, cap, field, rules.keeps_min_tokens)
+    return forward
 
 
 #: The forwarding function of each dialect: ``f(body, cap_tokens, endpoint) -> body to send``.
 FORWARDERS: dict[str, Callable[[Mapping[str, Any], int, str], dict[str, Any]]] = {
-    "openai": to_openai, "vllm": to_vllm, "sglang": to_sglang, "tgi": to_tgi, "llamacpp": to_llamacpp,
-    "ollama": to_ollama, "mock": to_mock}
-#: Backend ``kind`` (config.BACKEND_KINDS) -> dialect; ``embedder`` serves embeddings only.
-DIALECT_OF_KIND = {"openai": "openai", "vllm": "vllm", "sglang": "sglang", "tgi": "tgi", "llamacpp": "llamacpp",
-                   "ollama": "ollama", "mock": "mock", "embedder": "mock"}
+    kind: _forwarder(d) for kind, d in DIALECTS.items()}
+#: Backend ``kind`` -> the dialect whose length rules it follows (each kind has its own table entry).
+DIALECT_OF_KIND = {kind: kind for kind in DIALECTS}
+
+
+def _plain(body: Mapping[str, Any], cap: int, endpoint: str) -> dict[str, Any]:
+    """A kind the table does not know: ``max_tokens`` alone (the field every OpenAI-compatible server reads)."""
+    return _forward(body, cap, "max_tokens", False)
 
 
 def for_backend(kind: str, endpoint: str, body: Mapping[str, Any], cap: int) -> dict[str, Any]:
@@ -251,4 +199,4 @@ def for_backend(kind: str, endpoint: str, body: Mapping[str, Any], cap: int) -> 
     ``max_tokens`` alone (the field every OpenAI-compatible server reads)."""
     if endpoint == "embeddings":
         return dict(body)
-    return FORWARDERS.get(DIALECT_OF_KIND.get(kind, "tgi"), to_tgi)(body, cap, endpoint)
+    return FORWARDERS.get(kind, _plain)(body, cap, endpoint)

@@ -6,24 +6,11 @@ chat ``top_logprobs: 5000`` 3.5 MB (break-it report on 4b30bb7, defect 5). The g
 every dialect (the :mod:`servelab.gateway.lengths` approach) and refuses a count above its bound with a
 400 naming the field; nothing is rewritten, so what is forwarded is what was checked.
 
-What each engine reads (checked 2026-12-01):
-
-- **OpenAI**: chat ``top_logprobs`` 0-20 (with ``logprobs: true``), legacy completions ``logprobs`` 0-5
-  (https://platform.openai.com/docs/api-reference/chat/create,
-  https://platform.openai.com/docs/api-reference/completions/create). Bounds: ``server.max_top_logprobs``
-  (default 20) and ``server.max_logprobs`` (default 5).
-- **llama.cpp** (llama-server): ``n_probs`` (native), and on its OpenAI endpoints ``top_logprobs`` (chat)
-  and completions ``logprobs`` read as ``n_probs``
-  (https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md). ``n_probs`` takes the
-  chat bound.
-- **vLLM**: chat ``top_logprobs``, completions ``logprobs``, and ``prompt_logprobs`` (an extension: that
-  many alternatives for every *prompt* token) on both; the server's own ``--max-logprobs`` is 20 by default
-  (https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html). ``prompt_logprobs`` takes the
-  completions bound.
-- **SGLang**: OpenAI fields as vLLM; native ``top_logprobs_num`` (chat bound)
-  (https://github.com/sgl-project/sglang/blob/main/docs/sampling_params.md).
-- **TGI**: Messages API ``top_logprobs``; native ``parameters.top_n_tokens`` (chat bound)
-  (https://huggingface.github.io/text-generation-inference/).
+The count fields of each dialect are the dialect table's (:mod:`servelab.wire.dialects`; sources in
+docs/engine-wire.md, "Log probabilities"): ``top_logprobs`` everywhere, llama-server's ``n_probs``, SGLang's
+``top_logprobs_num``, TGI's ``top_n_tokens``/``parameters.top_n_tokens`` take the chat bound
+``server.max_top_logprobs`` (default 20, OpenAI's maximum); vLLM's ``prompt_logprobs`` (that many
+alternatives for every *prompt* token) and completions ``logprobs`` take ``server.max_logprobs`` (default 5).
 
 On chat, ``logprobs`` is a boolean; an integer there (read as a count by some servers) takes the chat
 bound. ``-1`` (vLLM: "all vocabulary") and other negative values are refused.
@@ -35,13 +22,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from servelab.gateway.errors import bad_request
+from servelab.wire.dialects import DIALECTS
 
 __all__ = ["COUNT_FIELDS", "check_logprobs"]
 
 #: (container or None, field, which bound: "top" = server.max_top_logprobs, "legacy" = server.max_logprobs)
-COUNT_FIELDS: tuple[tuple[str | None, str, str], ...] = (
-    (None, "top_logprobs", "top"), (None, "n_probs", "top"), (None, "top_logprobs_num", "top"),
-    (None, "top_n_tokens", "top"), ("parameters", "top_n_tokens", "top"), (None, "prompt_logprobs", "legacy"))
+#: every dialect's count fields, those of the chat bound first
+COUNT_FIELDS: tuple[tuple[str | None, str, str], ...] = tuple(sorted(
+    dict.fromkeys((f.field[0], f.field[1], f.bound) for d in DIALECTS.values() for f in d.logprobs),
+    key=lambda f: f[2] != "top"))
 
 
 def _check(full: str, v: Any, cap: int, setting: str) -> None:

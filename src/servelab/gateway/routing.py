@@ -75,11 +75,11 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 # ---------------------------------------------------------------- descriptors (plain data, from config)
 @dataclass(frozen=True)
 class Backend:
-    """One engine endpoint. ``kind``: llamacpp, vllm, sglang, tgi, ollama, mock, openai (decides the health
-    path). ``base_url``: server root, e.g. ``http://127.0.0.1:8001`` (a trailing ``/v1`` is tolerated).
-    ``models``: upstream model names it serves (empty = any). ``max_in_flight``: requests the gateway sends
-    it at once (0 = no limit); beyond it the backend is skipped. ``pool``: replica pool label (``canary``).
-    ``health_path``: overrides the kind's readiness path."""
+    """One engine endpoint. ``kind``: a kind of the dialect table (:mod:`servelab.wire.dialects`; decides the
+    health path and the length fields sent). ``base_url``: server root, e.g. ``http://127.0.0.1:8001`` (a
+    trailing ``/v1`` is tolerated). ``models``: upstream model names it serves (empty = any).
+    ``max_in_flight``: requests the gateway sends it at once (0 = no limit); beyond it the backend is
+    skipped. ``pool``: replica pool label (``canary``). ``health_path``: overrides the kind's readiness path."""
 
     name: str
     kind: str

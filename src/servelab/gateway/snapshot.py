@@ -28,7 +28,7 @@ class Snapshot:
         self.backends = {b.name: b for b in cfg.backends}
         route_backends = [RouteBackend(name=b.name, kind=b.kind, base_url=b.base_url, models=tuple(b.models),
                                        max_in_flight=b.max_in_flight or 0, pool=b.pool,
-                                       health_path=b.health_path or ("/health" if b.kind == "embedder" else None))
+                                       health_path=b.health_path)
                           for b in cfg.backends]
         self.route_backends = route_backends
         for b in cfg.backends:  # every backend has a breaker from the start (shared-state sync, metrics)

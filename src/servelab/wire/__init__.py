@@ -1,6 +1,7 @@
 """The shared layer: OpenAI types, SSE stream accumulation, the async client, errors (:class:`ConfigError`
 and engine error normalisation), config files (strict models, YAML, one-line validation errors, published
-JSON Schemas: :mod:`servelab.wire.config`) and the Prometheus text reader (:mod:`servelab.wire.prometheus`).
+JSON Schemas: :mod:`servelab.wire.config`), the Prometheus text reader (:mod:`servelab.wire.prometheus`)
+and the engine dialect table (:mod:`servelab.wire.dialects`, docs/engine-wire.md).
 
 Every other part (bench, trial, gateway, engines) imports from here and not from each other.
 """

@@ -1,7 +1,8 @@
 """servelab's errors: :class:`ConfigError` (bad user input, every part raises it) and the normalisation
-of engine error bodies across dialects (ENGINE_WIRE.md cases 15, 17, 18, 19).
+of engine error bodies across dialects (docs/engine-wire.md cases 15, 17, 18, 19).
 
-Three error body shapes exist in the wild:
+Three error body shapes exist in the wild (:data:`servelab.wire.dialects.ErrorShape`, each dialect's in
+the dialect table):
 
 - nested ``{"error": {"message", "type", "code"}}`` — OpenAI, vLLM, llama-server, Ollama (``code`` int or str);
 - flat ``{"object": "error", "message", "type", "code"}`` — SGLang, old vLLM;
@@ -14,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from servelab.wire.dialects import DIALECTS
 from servelab.wire.types import WireError
 
 __all__ = ["RETRYABLE_STATUS", "ConfigError", "error_from_body", "error_from_event", "is_context_overflow"]
@@ -25,8 +27,9 @@ class ConfigError(ValueError):
     shows it in its log and admin API when a reload fails."""
 
 
-#: Statuses worth a retry before the first byte (ENGINE_WIRE.md case 19).
-RETRYABLE_STATUS = frozenset({429, 503})
+#: Statuses worth a retry before the first byte: the engines' "overloaded" answers (docs/engine-wire.md case 19).
+RETRYABLE_STATUS = frozenset(d.stream.overload_status for d in DIALECTS.values()
+                             if d.stream is not None and d.stream.overload_status is not None)
 
 
 def error_from_event(event: Any, status: int | None) -> WireError | None:
@@ -65,7 +68,7 @@ def error_from_body(body: bytes, status: int | None) -> WireError:
 
 
 def is_context_overflow(error: WireError) -> bool:
-    """True when an error says the prompt does not fit the context (ENGINE_WIRE.md case 18):
+    """True when an error says the prompt does not fit the context (docs/engine-wire.md case 18):
     llama-server's ``exceed_context_size_error``, vLLM/SGLang 400s naming the context length, TGI 422."""
     text = f"{error.type} {error.code} {error.message}".lower()
     return ("exceed_context_size" in text or "context length" in text or "context_length" in text
