@@ -191,12 +191,15 @@ class Architecture(FrozenModel):
 class Component(FrozenModel):
     """A part of the served model besides the backbone: ``role`` vision_encoder, audio_encoder,
     text_encoder, vae, vocoder, projector, mtp (multi-token-prediction module), draft (speculative
-    draft model). ``params``: parameter count; ``in_memory``: loaded by default when serving."""
+    draft model). ``params``: parameter count; ``in_memory``: loaded by default when serving.
+    ``decoder_layers``: decoder layers of an MTP module or draft (DeepSeek-V3 ``num_nextn_predict_layers``);
+    each keeps its own KV cache when it runs, so ``servelab plan --speculative mtp`` counts their KV."""
 
     name: str
     role: Literal["vision_encoder", "audio_encoder", "text_encoder", "vae", "vocoder", "projector", "mtp", "draft"]
     params: float = Field(gt=0)
     in_memory: bool = True
+    decoder_layers: int = Field(0, ge=0, description="decoder layers with their own KV cache (MTP depth)")
     note: str | None = None
 
 

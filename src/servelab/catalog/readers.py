@@ -181,7 +181,7 @@ def architecture_from_hf(cfg: dict[str, Any],
     nextn = int(cfg.get("num_nextn_predict_layers") or 0)
     if nextn:
         components.append({"name": f"MTP module x{nextn} (num_nextn_predict_layers)", "role": "mtp",
-                           "params": nextn * _mtp_params(arch),
+                           "params": nextn * _mtp_params(arch), "decoder_layers": nextn,
                            "note": "computed as one decoder layer + projection each"})
     return arch, components, notes
 
