@@ -61,7 +61,13 @@ def plan_command(
                                         help="llama.cpp -c total tokens (default: context x parallel)"),
     kv_unified: bool = typer.Option(False, "--kv-unified", help="llama.cpp -kvu (one KV buffer shared by all slots)"),
     gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization",
-                                                        help="engine budget fraction"),
+                                                        help="engine budget fraction (warns above 0.95)"),
+    speculative: str | None = typer.Option(None, "--speculative",
+                                           help="count speculative decoding: mtp (the catalog's MTP module) "
+                                                "or draft (with --draft-model)"),
+    draft_model: str | None = typer.Option(None, "--draft-model",
+                                           help="draft model for speculative decoding (catalog name, config.json "
+                                                "or .gguf): its weights and KV are counted"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
 ) -> None:
     """Plan memory by part per device, whether it fits, the max concurrent sequences and roofline floors.
@@ -71,7 +77,8 @@ def plan_command(
     name, count = parse_hardware(hardware)
     plan = estimate(model, name, count, parse_tokens(context), concurrency, precision=precision,
                     kv_precision=kv_precision, tp=tp, pp=pp, ep=ep, dp=dp, engine=engine, parallel=parallel,
-                    ctx_size=ctx_size, kv_unified=kv_unified, gpu_memory_utilization=gpu_memory_utilization)
+                    ctx_size=ctx_size, kv_unified=kv_unified, gpu_memory_utilization=gpu_memory_utilization,
+                    speculative=speculative, draft_model=draft_model)
     if as_json:
         typer.echo(json.dumps(plan.to_dict(), indent=1, default=str))
     else:

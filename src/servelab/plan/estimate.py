@@ -22,20 +22,27 @@ width ``f_local`` = dense FFN or ``k`` experts' width) + sampler logits ``max_nu
 CUDA graphs: 0.5 GiB per GPU (vLLM logs "Graph capturing finished ... took ~0.3-1 GiB" for default
 capture sizes; estimate); NCCL buffers: 0.25 GiB per GPU with TP/EP > 1 (estimate); CUDA context:
 0.5 GiB per GPU outside the engine's accounting (estimate). Each estimate is labelled in the output.
+
+Speculative decoding (an MTP module or a draft model) adds weights and KV per sequence; warnings for
+``gpu_memory_utilization`` without headroom and context x concurrency beyond the KV pool:
+:mod:`servelab.plan.pitfalls` (seed 003 §20).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 from servelab.catalog.models import ModelEntry
-from servelab.plan.kv import ENGINES, kv_heads_per_device, sequence_state
+from servelab.plan.kv import ENGINES, SequenceState, kv_heads_per_device, sequence_state
 from servelab.plan.layouts import Layout, candidate_layouts, default_layout, validate_layout
 from servelab.plan.llamacpp import LlamaCppMemory, llamacpp_memory
 from servelab.plan.memory import active_params, params_by_part, weight_bytes_by_part
+from servelab.plan.pitfalls import (Speculative, kv_warning, mtp_note, speculative_memory,
+                                    utilization_warning)
 from servelab.plan.roofline import Roofline, roofline
 from servelab.wire.errors import ConfigError
 
@@ -133,6 +140,8 @@ class CapacityPlan:
     notes: list[str]
     llamacpp: LlamaCppMemory | None = None
     smallest_layout: Layout | None = None
+    warnings: list[str] = field(default_factory=list)
+    speculative: Speculative | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able plan (bytes as numbers; GiB views rounded to 3 decimals)."""
@@ -153,7 +162,8 @@ class CapacityPlan:
             },
             "state_per_sequence": self.state_per_sequence,
             "max_concurrent_sequences": self.max_concurrent_sequences,
-            "roofline": self.roofline.as_dict(), "notes": self.notes,
+            "roofline": self.roofline.as_dict(), "notes": self.notes, "warnings": self.warnings,
+            "speculative": self.speculative.as_dict(self.context_tokens) if self.speculative else None,
             "smallest_fitting_layout": self.smallest_layout.as_dict() if self.smallest_layout else None,
         }
         if self.llamacpp is not None:
@@ -175,8 +185,10 @@ class CapacityPlan:
         for part, b in d.weights_by_part.items():
             if b:
                 t.add_row(f"weights: {part}", f"{b / GIB:.3f}", "params x bytes/weight, sharded by layout")
+        spec = self.speculative
         t.add_row("KV / state needed", f"{d.kv_needed_bytes / GIB:.3f}",
-                  f"{self.concurrency} seq x {self.context_tokens} tokens, per attention kind")
+                  f"{self.concurrency} seq x {self.context_tokens} tokens, per attention kind"
+                  + (f", + {spec.layers} {spec.method} layer(s)" if spec else ""))
         t.add_row("activations (prefill peak)", f"{d.activation_bytes / GIB:.3f}",
                   "estimate" if self.engine != "llamacpp" else "llama.cpp compute + output buffers")
         if d.graph_bytes:
@@ -198,6 +210,8 @@ class CapacityPlan:
             lines.append(Text(f"  smallest layout that fits: {self.smallest_layout} "
                               f"({self.smallest_layout.devices} x {self.hardware_name})" if self.smallest_layout
                               else "  no layout of this hardware up to 64 devices fits"))
+        for w in self.warnings:
+            lines.append(Text(f"warning: {w}", style="yellow"))
         roof = self.roofline
         rt = Table(title="roofline floors (no engine beats these)", title_justify="left")
         rt.add_column("quantity")
@@ -282,7 +296,8 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
              ep: int | None = None, dp: int = 1,
              engine: str | None = None, parallel: int | None = None, ctx_size: int | None = None,
              kv_unified: bool = False, gpu_memory_utilization: float | None = None,
-             max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS, find_smallest: bool = True) -> CapacityPlan:
+             max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS, find_smallest: bool = True,
+             speculative: str | None = None, draft_model: Any = None) -> CapacityPlan:
     """Plan ``model`` on ``count`` devices of ``hardware`` for ``concurrency`` sequences of
     ``context_tokens`` tokens each.
 
@@ -297,12 +312,16 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
         engine: ``vllm`` (default), ``sglang`` or ``llamacpp``.
         parallel: llama.cpp ``-np`` slots (default ``concurrency``); ``ctx_size``: llama.cpp ``-c``
             (default ``context_tokens * parallel``); ``kv_unified``: llama.cpp ``-kvu``.
-        gpu_memory_utilization: overrides the engine's budget fraction.
+        gpu_memory_utilization: overrides the engine's budget fraction; above 0.95 the plan warns
+            (:data:`servelab.plan.pitfalls.UTILIZATION_HEADROOM_LIMIT`).
         find_smallest: when it does not fit, search the smallest fitting layout (set False inside searches).
+        speculative: ``mtp`` (count the catalog's MTP module: weights + its layers' KV) or ``draft``
+            (count ``draft_model``); None = none. ``draft_model``: like ``model``; alone it implies ``draft``.
 
     Returns a :class:`CapacityPlan`. Raises :class:`ConfigError` (one line) for bad input: count,
     context or concurrency < 1, unknown engine/precision, or a layout the model cannot use
-    (:func:`servelab.plan.layouts.validate_layout`).
+    (:func:`servelab.plan.layouts.validate_layout`), or a speculative setup the catalog cannot back
+    (:func:`servelab.plan.pitfalls.speculative_memory`).
     """
     m = _model(model)
     hw = _hardware(hardware)
@@ -323,6 +342,8 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
     kv_prec = (kv_precision or ("f16" if engine == "llamacpp" else "bf16")).lower()
     notes: list[str] = [layout_note] if layout_note else []
     reasons: list[str] = []
+    warnings: list[str] = []
+    spec = _speculative(m, speculative, draft_model, precision, kv_prec, layout, engine, notes)
     a = m.architecture
     if context_tokens > a.max_context and m.kind == "decoder":
         notes.append(f"context {context_tokens} exceeds the model's trained {a.max_context} tokens")
@@ -364,6 +385,7 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
         util = gpu_memory_utilization if gpu_memory_utilization is not None else GPU_UTILIZATION[engine]
         if not 0 < util <= 1:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {util}")
+        warnings += utilization_warning(util, capacity, engine)
         is_gpu = getattr(hw, "kind", "gpu") in ("gpu", "npu")
         reserve = capacity * (1 - util) + (CUDA_CONTEXT_BYTES if is_gpu else 0.0)
         graph = CUDA_GRAPH_BYTES if is_gpu and m.kind != "diffusion" else 0.0
@@ -372,19 +394,23 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
                                 ("cuda_context", is_gpu)) if on]
         act = _activation_bytes(m, layout, context_tokens, max_num_batched_tokens, per_replica_conc)
         state = sequence_state(m, context_tokens, kv_prec, layout.tp, layout.pp, engine)
-        kv_need = state.total_bytes * per_replica_conc
+        seq_bytes = _sequence_bytes(m, kv_prec, layout, engine, spec)
+        dev_w.update({f"{spec.method}: {spec.name}": spec.weights_bytes} if spec else {})
+        per_seq = seq_bytes(context_tokens)
+        kv_need = per_seq * per_replica_conc
         kv_pool = capacity - reserve - graph - comm - act - sum(dev_w.values())
         if kv_pool < 0:
             reasons.append(f"weights + activations + buffers need {(capacity - kv_pool) / GIB:.2f} GiB per device, "
                            f"{capacity / GIB:.2f} GiB available ({util:.0%} usable by {engine})")
             max_seqs = 0
-        elif state.total_bytes == 0:
+        elif per_seq == 0:
             max_seqs = None
         else:
-            max_seqs = int(kv_pool // state.total_bytes) * dp
+            max_seqs = int(kv_pool // per_seq) * dp
             if max_seqs < concurrency:
                 reasons.append(f"KV pool {kv_pool / GIB:.2f} GiB per device holds {max_seqs} sequences of "
                                f"{context_tokens} tokens, {concurrency} requested")
+                warnings += kv_warning(context_tokens, concurrency, dp, max_seqs, kv_pool, seq_bytes, engine)
         if m.kind == "diffusion":
             notes.append("diffusion model: no KV cache; memory is weights + the activations of the latent "
                          f"sequence ({context_tokens} tokens here; see VideoSpec.latent_tokens)")
@@ -411,14 +437,40 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
                         engine=engine, precision=("as in the GGUF file" if llm is not None and not any(
                             n.startswith("weights estimated") for n in llm.notes) else precision),
                         kv_precision=kv_prec, context_tokens=context_tokens, concurrency=concurrency, device=dev,
-                        state_per_sequence=state.as_dict(),
+                        state_per_sequence=_state_dict(state, spec, context_tokens),
                         max_concurrent_sequences=max_seqs, fits=fits, reasons=reasons, roofline=rl, notes=notes,
-                        llamacpp=llm)
+                        llamacpp=llm, warnings=warnings, speculative=spec)
     if not fits and find_smallest and engine != "llamacpp":
         plan.smallest_layout = smallest_fitting_layout(m, hw, context_tokens, concurrency, precision=precision,
                                                        kv_precision=kv_precision, engine=engine,
-                                                       gpu_memory_utilization=gpu_memory_utilization)
+                                                       gpu_memory_utilization=gpu_memory_utilization,
+                                                       speculative=speculative, draft_model=draft_model)
     return plan
+
+
+def _speculative(m: ModelEntry, method: str | None, draft_model: Any, precision: str, kv_prec: str, layout: Layout,
+                 engine: str, notes: list[str]) -> Speculative | None:
+    """:func:`servelab.plan.pitfalls.speculative_memory` for ``method``/``draft_model``; without one, a
+    note in ``notes`` when the catalog lists an MTP module that is not counted."""
+    spec = speculative_memory(m, method, _model(draft_model) if draft_model is not None else None,
+                              precision, kv_prec, layout, engine)
+    note = mtp_note(m, precision, layout) if spec is None else None
+    notes.extend([note] if note else [])
+    return spec
+
+
+def _sequence_bytes(m: ModelEntry, kv_prec: str, layout: Layout, engine: str,
+                    spec: Speculative | None) -> Callable[[int], float]:
+    """Bytes of KV one sequence of a given context holds on the fullest device, speculative layers included."""
+    def f(ctx: int) -> float:
+        own = sequence_state(m, ctx, kv_prec, layout.tp, layout.pp, engine).total_bytes
+        return own + (spec.state(ctx) if spec else 0.0)
+    return f
+
+
+def _state_dict(state: SequenceState, spec: Speculative | None, context_tokens: int) -> dict[str, float]:
+    """The plan's ``state_per_sequence``: by kind (:meth:`SequenceState.as_dict`), + ``speculative_bytes``."""
+    return {**state.as_dict(), **({"speculative_bytes": spec.state(context_tokens)} if spec else {})}
 
 
 def _activation_bytes(m: ModelEntry, layout: Layout, context_tokens: int, max_batched: int, seqs: int) -> float:
@@ -444,7 +496,8 @@ def _activation_bytes(m: ModelEntry, layout: Layout, context_tokens: int, max_ba
 
 def smallest_fitting_layout(model: Any, hardware: Any, context_tokens: int, concurrency: int, precision: str = "bf16",
                             kv_precision: str | None = None, engine: str | None = None,
-                            gpu_memory_utilization: float | None = None, max_devices: int = 64) -> Layout | None:
+                            gpu_memory_utilization: float | None = None, max_devices: int = 64,
+                            speculative: str | None = None, draft_model: Any = None) -> Layout | None:
     """The layout with the fewest devices on which ``model`` fits ``concurrency`` sequences of
     ``context_tokens`` (the sequences spread evenly over DP replicas); among layouts of one size, no PP
     first, then the smallest TP (order of :func:`servelab.plan.layouts.candidate_layouts`). None when
@@ -456,7 +509,8 @@ def smallest_fitting_layout(model: Any, hardware: Any, context_tokens: int, conc
     for lay in candidate_layouts(m, max_devices, per_node):
         p = estimate(m, hw, lay.devices, context_tokens, concurrency, precision=precision, kv_precision=kv_precision,
                      tp=lay.tp, pp=lay.pp, dp=lay.dp, engine=engine if engine != "llamacpp" else "vllm",
-                     gpu_memory_utilization=gpu_memory_utilization, find_smallest=False)
+                     gpu_memory_utilization=gpu_memory_utilization, find_smallest=False,
+                     speculative=speculative, draft_model=draft_model)
         if p.fits:
             return lay
     return None
