@@ -6,7 +6,8 @@ Fields of a line (:func:`access_record`; docs/gateway-design.md): ``ts`` (epoch 
 ``completion_tokens``, ``charged_tokens``, ``retries``, ``fallback``, ``config_version``,
 ``client_request_id``; when they apply: ``degraded`` (degrade.Decision.log_record), ``client_ip``,
 ``policy`` (policy.Applied.log_record), ``application``, ``prompt`` (tenants with ``log_prompts``, redacted),
-``worker`` (the worker index under ``servelab gateway --workers N``).
+``worker`` (the worker index under ``servelab gateway --workers N``); ``timeline``: the request's events in ms
+since it was received (:mod:`servelab.gateway.timeline`, read by ``servelab gateway explain``).
 
 Several workers write one file: each opens it with ``O_APPEND`` and writes every line with one
 ``write(2)`` call, so lines never interleave or overwrite each other (POSIX: with ``O_APPEND`` "the file
@@ -82,4 +83,5 @@ def access_record(r: RequestState, e2e_ns: int, config_version: int, charged_tok
         rec["application"] = r.application
     if r.prompt_text is not None:
         rec["prompt"] = r.prompt_text
+    rec["timeline"] = r.timeline.record(r.t0_ns)
     return rec

@@ -7,6 +7,9 @@ N > 1 needs ``state.redis_url``); the line then ends with ``[N workers: pids ...
 
 ``servelab gateway shadow-report``: the old-vs-new report of shadow traffic from a running gateway's admin
 port (``GET /admin/shadow``, :mod:`servelab.gateway.shadow`), as a table or ``--json``.
+
+``servelab gateway explain REQUEST_ID --log ACCESS_LOG``: one request's timeline and a one-line diagnosis of
+where its time went (:mod:`servelab.gateway.explain`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import typer
 from servelab.wire.errors import ConfigError
 from servelab.wire.files import install_uvloop
 
-__all__ = ["gateway_app", "gateway_command", "serve", "shadow_report_command"]
+__all__ = ["explain_command", "gateway_app", "gateway_command", "serve", "shadow_report_command"]
 
 
 def _cpus() -> int:
@@ -205,3 +208,40 @@ def _delta(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v * 100:.1f}%"
+
+
+@gateway_app.command("explain")
+def explain_command(
+    request_id: str = typer.Argument(..., help="The X-Request-ID the gateway answered with (or the client's own)."),
+    log: Path | None = typer.Option(None, "--log", help="The access log (server.access_log) to read."),
+    config: Path | None = typer.Option(None, "--config", "-c", help="The gateway's config: its server.access_log "
+                                       "is read (when --log is not given)."),
+    ttft_slo_s: float | None = typer.Option(None, "--ttft-slo-s", help="TTFT objective (seconds) to quote in "
+                                            "the diagnosis."),
+    as_json: bool = typer.Option(False, "--json", help="Print the access-log line, rows and diagnosis as JSON."),
+) -> None:
+    """Where one request's time went: its timeline from the access log and a one-line diagnosis."""
+    import orjson
+
+    from servelab.gateway.explain import explain, find_record, format_explanation
+
+    if ttft_slo_s is not None and not ttft_slo_s > 0:
+        raise ConfigError(f"--ttft-slo-s must be > 0 seconds, got {ttft_slo_s}")
+    if log is None:
+        if config is None:
+            raise ConfigError("servelab gateway explain needs --log ACCESS_LOG or --config FILE (whose "
+                              "server.access_log is read)")
+        from servelab.gateway.config import load_config
+
+        where = load_config(config).server.access_log
+        if not where or where == "-":
+            raise ConfigError(f"{config}: server.access_log is {where or 'off'!r}, not a file; nothing to read "
+                              "(pass the file with --log)")
+        log = Path(where)
+    rec = find_record(log, request_id)
+    exp = explain(rec, ttft_slo_s)
+    if as_json:
+        print(orjson.dumps({"record": rec, "rows": exp.rows, "diagnosis": exp.diagnosis, "cause": exp.cause,
+                            "parts_ms": exp.parts_ms}, option=orjson.OPT_INDENT_2).decode())
+        return
+    print(format_explanation(rec, exp))

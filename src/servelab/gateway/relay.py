@@ -124,6 +124,7 @@ class Relay:
         usage = ev.get("usage")
         if isinstance(usage, dict):
             self.take_usage(r, usage)
+        r.timeline.take_engine(ev)
         r.served = True
         r.status = 200
         r.ttft_ns = _now() - r.t0_ns
@@ -213,6 +214,7 @@ class Relay:
                         first = True
                         r.ttft_ns = t - r.t0_ns
                         ttft_h.observe(r.ttft_ns / 1e9)
+                        r.timeline.mark("first_token", None, t)
                         ntok -= 1
                     elif last_ns:
                         itl.add((t - last_ns) / 1e9 / ntok, ntok)
@@ -228,6 +230,8 @@ class Relay:
             if out is not None:
                 self.charge_unread(hide, r, buf, resp, client_usage)
             raise
+        if last_ns:
+            r.timeline.mark("last_token", None, last_ns)
         if error is None and not saw_done and not saw_finish:
             cut = True
         if out is None:  # an empty 200 body
@@ -296,6 +300,7 @@ class Relay:
             usage = ev.get("usage")
             if isinstance(usage, dict):
                 self.take_usage(r, usage, choices if isinstance(choices, list) else [])
+                r.timeline.take_engine(ev)
                 if not choices and not client_usage:
                     changed = True
                     continue

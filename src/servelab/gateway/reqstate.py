@@ -8,12 +8,13 @@ line, metrics, ledger row and limits settle are all read from it at the end (acc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from servelab.gateway.errors import GatewayError
 from servelab.gateway.served import ServedCount
 from servelab.gateway.shadow import ShadowRun
+from servelab.gateway.timeline import Timeline
 
 __all__ = ["RequestState", "UpstreamFailed"]
 
@@ -65,6 +66,8 @@ class RequestState:
     sent_cap: int = 0
     #: set when this request is mirrored to a shadow target: captures the answer sent (shadow.py)
     shadow: ShadowRun | None = None
+    #: what happened when (servelab.gateway.timeline), for the access log and `servelab gateway explain`
+    timeline: Timeline = field(default_factory=Timeline)
 
 
 class UpstreamFailed(Exception):

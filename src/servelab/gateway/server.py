@@ -67,6 +67,7 @@ from servelab.gateway.reqstate import RequestState
 from servelab.gateway.routing import LoadTracker
 from servelab.gateway.shadow import ShadowBook, ShadowSide
 from servelab.gateway.snapshot import Snapshot, breaker_settings
+from servelab.gateway.timeline import connection_trace
 from servelab.gateway.upstream import Upstream, reason
 from servelab.gateway.workers import worker_session_key
 from servelab.wire.client import ConfigError
@@ -261,7 +262,8 @@ class Gateway:
         cfg = self.snap.cfg
         self.upstream.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=30),
-            cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, skip_auto_headers=("User-Agent",))
+            cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, skip_auto_headers=("User-Agent",),
+            trace_configs=[connection_trace()])
         if self._redis is not None:
             try:
                 await self._redis.ping()
@@ -747,7 +749,9 @@ class Gateway:
             if self.not_ready is not None:
                 raise _starting()
             adm = await self.admitter.check(request, snap, r, endpoint)
+            r.timeline.mark("checked")
             admission = await self.admitter.reserve(adm, r.model)
+            r.timeline.mark("admitted")
             journal_admit(self._ledger, r, admission)  # write-ahead: on disk before anything is forwarded
             in_flight = self.metrics.model(r.model)[3]
             in_flight.inc()
@@ -757,6 +761,8 @@ class Gateway:
             r.status = e.status
             r.outcome = "error"
             r.error_code = e.code
+            if admission is None:
+                r.timeline.refused(e)
             return _error_response(e, r.rid)
         except asyncio.CancelledError:
             r.outcome = "client_disconnect"
@@ -780,6 +786,9 @@ class Gateway:
         e2e_ns = _now() - r.t0_ns
         if r.status == 0:
             r.status = 499 if r.outcome == "client_disconnect" else 200
+        if r.outcome == "client_disconnect":
+            r.timeline.mark("client_left")
+        r.timeline.mark("done", {"status": r.status})
         m = self.metrics
         m.requests.labels(r.model, r.backend or "none", str(r.status)).inc()
         if r.model != "-":

@@ -40,6 +40,7 @@ from servelab.gateway.reqstate import RequestState, UpstreamFailed
 from servelab.gateway.routing import Target, affinity_text
 from servelab.gateway.shadow import ShadowBook, ShadowRun, fetch_shadow, sample_of
 from servelab.gateway.snapshot import Snapshot
+from servelab.gateway.timeline import attempt_event, route_event, skip_reason
 
 __all__ = ["ENDPOINT_PATH", "Upstream", "reason"]
 
@@ -87,6 +88,8 @@ class Upstream:
     spawn: Callable[[Coroutine[Any, Any, Any]], None]
     session_secret: bytes
     session: aiohttp.ClientSession | None = None
+    #: backend name -> the engine's gauges at the last scrape (servelab.gateway.enginegauges), or None
+    engine_state: Callable[[str], dict[str, Any] | None] | None = None
     shadow_sem: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
 
     async def proxy(self, request: web.Request, snap: Snapshot, r: RequestState, body: dict[str, Any],
@@ -104,6 +107,7 @@ class Upstream:
             self.metrics.fallbacks_denied.labels(r.model, m).inc()
             log.info("request %s: fallback %s of %s skipped: key %s may not use it", r.rid, m, r.model, r.key_id)
         targets = list(plan.targets)
+        r.timeline.mark("routed", route_event(plan, snap.router.load.outstanding))
         if plan.shadow is not None and not self.shadow_sem.locked() and self.session is not None:
             r.shadow = ShadowRun(r.t0_ns)  # at most 16 at a time: dropped beyond, never queued
             self.spawn(self.shadow(snap, plan.shadow, body, r, r.shadow))
@@ -117,6 +121,7 @@ class Upstream:
                 break
             lease = snap.router.acquire(target)
             if lease is None:  # saturated (max_in_flight) or breaker open: next target, no attempt spent
+                r.timeline.mark("skipped", {"backend": target.backend, "why": skip_reason(snap.router, target)})
                 continue
             if tried > 0:
                 if not self.retry_budget.try_retry():
@@ -126,6 +131,8 @@ class Upstream:
                 self.metrics.retries.labels(r.model, last.reason if last else "other").inc()
                 await asyncio.sleep(backoff_s(tried, retry.backoff_s, retry.backoff_max_s))
             tried += 1
+            r.timeline.mark("attempt", attempt_event(tried, target, snap.router.load.outstanding(target.backend) - 1,
+                                                     self.engine_state))
             try:
                 resp = await self.attempt(request, snap, r, target, body, client_usage, lease)
                 if target.public_model != r.model:
@@ -134,6 +141,8 @@ class Upstream:
                 return resp
             except UpstreamFailed as f:
                 last = f
+                r.timeline.mark("failed", {"n": tried, "backend": target.backend, "cause": f.reason,
+                                           "status": f.error.status, "code": f.error.code})
                 if not f.retry:
                     raise f.error from None
         if last is not None:
@@ -186,7 +195,7 @@ class Upstream:
             for stale in range(3):
                 try:
                     resp = await self.session.post(url, data=data, headers=headers,
-                                                    timeout=snap.timeouts[target.backend])
+                                                    timeout=snap.timeouts[target.backend], trace_request_ctx=r.timeline)
                     break
                 except _STALE:
                     if stale == 2:
@@ -195,6 +204,7 @@ class Upstream:
                     # each stream): nothing was sent or answered, so a fresh connection is no retry
             assert resp is not None
             status = resp.status
+            r.timeline.mark("headers", {"status": status})
             if status >= 300:
                 raw = await resp.read()
                 gerr = scrub.from_body(raw, status, r.rid, target.backend, snap.hide, _retry_after(resp),
