@@ -1,5 +1,6 @@
-"""The module import graph of src/servelab: no cycles (function-level imports count, ``if TYPE_CHECKING:``
-blocks do not: they never run), and the shared layer (servelab.wire) imports no other part."""
+"""The module import graph of src/servelab: no cycles (function-level imports and ``if TYPE_CHECKING:``
+blocks count: a type-only edge still ties two modules' designs together), and the shared layer
+(servelab.wire) imports no other part."""
 
 from __future__ import annotations
 
@@ -23,14 +24,8 @@ def _modules() -> dict[str, Path]:
 
 def _imports(path: Path, known: set[str], me: str) -> set[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -89,6 +84,12 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
                 if len(comp) > 1:
                     out.append(comp)
     return out
+
+
+def test_type_checking_imports_are_edges(tmp_path: Path) -> None:
+    mod = tmp_path / "m.py"
+    mod.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.other import X\n")
+    assert _imports(mod, {"pkg.other", "pkg.m"}, "pkg.m") == {"pkg.other"}
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

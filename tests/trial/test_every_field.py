@@ -214,7 +214,7 @@ def open_loop(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrialRecord, Pa
 
 
 class BenchSpy:
-    """Wraps :class:`servelab.trial.flow.Bench`, keeping every bench the flow builds."""
+    """Wraps :class:`servelab.bench.runner.Bench`, keeping every bench the chat flow builds."""
 
     def __init__(self) -> None:
         self.benches: list[Any] = []
@@ -236,20 +236,21 @@ def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
 
     from tests.conftest import start_mock_process, stop_mock_process
 
-    import servelab.trial.flow as flow
+    import servelab.trial.flows.chat.benching as benching
+    import servelab.trial.flows.chat.smoke as smoke
 
     gguf = _default_gguf()
     mp = start_mock_process("--model", "served-x", "--output-tokens", "6")
     spy, headers = BenchSpy(), []
-    real_send = flow.send
+    real_send = smoke.send
 
     async def send(*a: Any, **kw: Any) -> Any:
         headers.append(kw.get("headers"))
         return await real_send(*a, **kw)
 
     mpatch = pytest.MonkeyPatch()
-    mpatch.setattr(flow, "Bench", spy)
-    mpatch.setattr(flow, "send", send)
+    mpatch.setattr(benching, "Bench", spy)
+    mpatch.setattr(smoke, "send", send)
     mpatch.setenv("EVERY_FIELD_KEY", "sk-every-field")
     try:
         out = tmp_path_factory.mktemp("url") / "run"
@@ -821,7 +822,7 @@ def _secret_env(request: pytest.FixtureRequest) -> None:
 # the tests
 
 
-# --- an embeddings trial (goal.task_kind: embeddings; servelab.trial.embed_flow) on the real all-MiniLM-L6-v2
+# --- an embeddings trial (goal.task_kind: embeddings; servelab.trial.flows.embeddings) on the real all-MiniLM-L6-v2
 # llama-server embedder, started by an engine: command candidate
 
 
@@ -1291,7 +1292,7 @@ def test_budget_estimates_with_a_fake_clock() -> None:
     """TrialBudget's rules, on a clock the test moves: unknown work starts while time is left; a step
     is estimated from this candidate's previous step of its workload, else the same step of an
     earlier candidate; a candidate from the earlier ones' time to the end of their first step."""
-    from servelab.trial.flow import TrialBudget
+    from servelab.trial.budget import TrialBudget
 
     now = [100.0]
     b = TrialBudget(1.0, clock=lambda: now[0])  # 60 s

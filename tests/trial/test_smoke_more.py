@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from servelab.engines.llamacpp import LlamaCppLauncher
-from servelab.trial.flow import _smoke
+from servelab.trial.flows.chat.smoke import smoke
 from servelab.trial.smoke_more import reasoning_leak
 
 CHECKS = ("tools", "reasoning", "cancellation")
 
 
 def _run(base_url: str, tmp: Path, checks: tuple[str, ...] = CHECKS) -> dict:
-    return asyncio.run(_smoke(base_url, None, checks, None, tmp / "smoke.jsonl", 30.0))
+    return asyncio.run(smoke(base_url, None, checks, None, tmp / "smoke.jsonl", 30.0))
 
 
 def test_valid_tool_call_reasoning_and_cancellation_pass(mock_engine, tmp_path):

@@ -1,4 +1,4 @@
-"""Embeddings trials (``goal.task_kind: embeddings``, servelab.trial.embed_flow): two real all-MiniLM-L6-v2
+"""Embeddings trials (``goal.task_kind: embeddings``, servelab.trial.flows.embeddings): two real all-MiniLM-L6-v2
 llama-server embedders (``engine: command`` running ``servelab.engines.embedder``) at different slot
 counts run to a decision ranked on inputs/s with the unit stated; a chat server (the mock engine, which
 has no /v1/embeddings) is excluded by the embeddings gate; bad input is one line.
@@ -162,7 +162,7 @@ def _ranked(per_repeat: list[float], p95: float) -> Any:
 
 
 def test_decision_ranks_on_inputs_per_s_with_the_interval_and_tie_break() -> None:
-    from servelab.trial.embed_flow import embeddings_decision
+    from servelab.trial.flows.embeddings.decision import embeddings_decision
     from servelab.trial.results import CandidateResult, Decision
 
     fast, slow = _ranked([20.0, 20.4, 19.6], 0.9), _ranked([10.0, 10.2, 9.8], 0.1)

@@ -1,5 +1,5 @@
 """``results.candidates[name].embeddings`` of an embeddings trial (``goal.task_kind: embeddings``;
-:mod:`servelab.trial.embed_flow`): the figure the candidates are ranked on, with its unit stated
+:mod:`servelab.trial.flows.embeddings`): the figure the candidates are ranked on, with its unit stated
 (seed 000 §10.2: vector throughput with the input length and the unit).
 
 This module imports only the bench's result models (:mod:`servelab.trial.results` imports it).

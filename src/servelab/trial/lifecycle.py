@@ -399,7 +399,7 @@ def run_lifecycle(opts: LifecycleOptions, cand: Any, running: Any, log_dir: str,
     server servelab did not start; nothing runs), in order warm start, cancellation, restart under
     load. ``cold_start``: the candidate's first launch times (for the warm start, and its automatic
     default). ``budget_allows(estimate_s)``: whether the trial budget has room for a measurement
-    (:meth:`servelab.trial.flow.TrialBudget.allows`; ``None``: always) — the warm start is estimated at
+    (:meth:`servelab.trial.budget.TrialBudget.allows`; ``None``: always) — the warm start is estimated at
     the cold start's time to first token, restart under load at 20 s, cancellation at 30 s; one that does
     not fit is named in ``skipped``. Returns the result (``None`` when none ran) and the engine that runs
     afterwards (the warm start and restart under load replace it)."""

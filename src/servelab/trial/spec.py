@@ -204,7 +204,7 @@ class Goal(StrictModel):
     - ``task_kind``: ``chat`` (default) or ``embeddings``: candidates serve ``/v1/embeddings``, the
       embeddings gate replaces the smoke tests and quality gate, the load steps send the experiment's
       ``embeddings:`` requests and candidates are ranked on inputs/s at the SLO
-      (:mod:`servelab.trial.embed_flow`; chat-only fields are refused, :mod:`servelab.trial.embed_spec`).
+      (:mod:`servelab.trial.flows.embeddings`; chat-only fields are refused, :mod:`servelab.trial.embed_spec`).
     - ``slo``: objectives in :func:`servelab.bench.slo.parse_slo` syntax, as a string
       (``"ttft_p95<=2s,itl_p95<=300ms,error_rate<=1%"``) or a mapping (``{ttft_p95: 2s, error_rate: 1%}``,
       stored as the equivalent string); ``None`` = none. Latencies in s/ms, error rate in % or a fraction.
@@ -229,7 +229,7 @@ class Goal(StrictModel):
     task: str | None = Field(None, description="what the service does (free text)")
     task_kind: Literal["chat", "embeddings"] = Field(
         "chat", description="chat (the chat flow) or embeddings (/v1/embeddings servers: embeddings gate, "
-                            "inputs/s at the SLO; servelab.trial.embed_flow)")
+                            "inputs/s at the SLO; servelab.trial.flows.embeddings)")
     slo: Annotated[str | None, _SLO_SCHEMA] = None
     workload_slo: dict[str, str] = Field(
         default_factory=dict, description="per-workload SLOs: workload name -> METRIC_STAT<=VALUE[ms|s|%],… judged "
