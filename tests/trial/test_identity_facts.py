@@ -65,3 +65,24 @@ def test_launcher_facts_first_then_probe_then_declared() -> None:
     assert f["slots"].source == "GET /props" and f["devices"].value == "cpu"
     assert f["tp_size"].value == 1 and f["declared.tp_size"] == Fact(value=2, source="declared")  # disagreement kept
     assert f["gpu_count"] == Fact(value=0, source="declared")
+
+
+def test_url_candidates_at_different_addresses_differ_by_address() -> None:
+    """Two ``engine: url`` candidates with the same settings are two servers: the comparison names the
+    address, not "no factor differs"; the same address twice differs in nothing; a launched engine's
+    address (a port picked at launch) is not a factor."""
+    from servelab.trial.decide import compare_identities, identity_factors
+    from servelab.trial.results import CandidateIdentity
+
+    a = CandidateIdentity(engine_kind="url", settings={"url": "http://10.0.0.1:8000/v1"}, url="http://10.0.0.1:8000/v1")
+    b = CandidateIdentity(engine_kind="url", settings={"url": "http://10.0.0.2:8000/v1"}, url="http://10.0.0.2:8000/v1/")
+    c = compare_identities(a, b, "east", "west")
+    assert c.differs_in == ["server.url"]
+    assert c.details["server.url"] == ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
+    assert "different servers" in c.note and "10.0.0.2" in c.note and "no factor differs" not in c.note
+    same = compare_identities(a, a.model_copy(), "east", "east-again")
+    assert same.differs_in == [] and same.note.startswith("no factor differs")
+    launched = CandidateIdentity.model_validate({"engine_kind": "llamacpp", "settings": {"parallel": 4, "port": 8081},
+                                                 "engine": {"kind": "llamacpp", "engine": "llama.cpp"},
+                                                 "url": "http://127.0.0.1:8081/v1"})
+    assert "server.url" not in identity_factors(launched)

@@ -63,10 +63,14 @@ def engine_facts(engine: EngineIdentity | None) -> EngineFacts:
 
 def identity_factors(identity: CandidateIdentity | None) -> Factors:
     """The comparable factors of one candidate identity as dotted keys: ``engine.kind``,
-    ``engine.version``, ``engine.binary_sha256``, ``model.sha256`` (``model.format`` when known) and
-    every ``settings.*`` leaf, volatile keys (:data:`VOLATILE_KEYS`) left out."""
+    ``engine.version``, ``engine.binary_sha256``, ``model.sha256`` (``model.format`` when known),
+    every ``settings.*`` leaf, volatile keys (:data:`VOLATILE_KEYS`) left out, and ``server.url`` for a
+    server servelab did not start: its address is what tells it from another one (a launched engine's
+    address is volatile, a port picked at launch)."""
     ident = identity or CandidateIdentity()
     out: Factors = {f"engine.{k}": v for k, v in engine_facts(ident.engine)._asdict().items()}
+    if ident.url and ident.engine is None:
+        out["server.url"] = ident.url.rstrip("/")
     model = ident.model or {}
     if not model and ident.engine is not None and isinstance(ident.engine.model, dict):
         model = ident.engine.model
@@ -99,11 +103,16 @@ def compare_identities(a: CandidateIdentity | None, b: CandidateIdentity | None,
         factors = [k for k in factors if k not in ("engine.version", "engine.binary_sha256")]
     elif "engine.version" in details:
         factors = [k for k in factors if k != "engine.binary_sha256"]
-    # engine first, then model, then settings
-    rank = {"engine": 0, "model": 1, "settings": 2}
-    factors.sort(key=lambda k: (rank.get(k.split(".", 1)[0], 3), k))
+    # the server first, then the engine, the model, the settings
+    rank = {"server": 0, "engine": 1, "model": 2, "settings": 3}
+    factors.sort(key=lambda k: (rank.get(k.split(".", 1)[0], 4), k))
     if not factors:
         note = "no factor differs: same engine build, weights and settings"
+    elif factors == ["server.url"]:
+        va, vb = details["server.url"]
+        note = (f"different servers ({short(va)} vs {short(vb)}) with nothing else recorded that differs: what "
+                "runs behind each address (engine, weights, hardware) is not known here, so the comparison does "
+                "not isolate one cause")
     elif len(factors) == 1:
         k = factors[0]
         va, vb = details[k]
