@@ -25,6 +25,7 @@ from aiohttp import web
 
 from servelab.gateway import bodies, clientip, degrade, enginefields, lengths, logprobs, policy, scopes
 from servelab.gateway import capabilities as caps_mod
+from servelab.gateway.apis import ApiAdapter
 from servelab.gateway.errors import GatewayError, bad_request
 from servelab.gateway.keys import KeyInfo
 from servelab.gateway.limits import Admission, Limiter, Limits
@@ -88,20 +89,26 @@ class Admitter:
         self.keystore: Any = None
         self.limiter: Limiter | None = None
 
-    async def authenticate(self, request: web.Request) -> KeyInfo:
-        """The caller of ``request`` (its ``Authorization`` header); raises GatewayError 401."""
-        info = self.keystore.authenticate(request.headers.get("Authorization"))
+    async def authenticate(self, request: web.Request, api: ApiAdapter | None = None) -> KeyInfo:
+        """The caller of ``request`` (its ``Authorization`` header; ``api``: the translated API's own key
+        header, servelab.gateway.apis); raises GatewayError 401."""
+        info = self.keystore.authenticate(request.headers.get("Authorization") if api is None
+                                          else api.key_header(request))
         if asyncio.iscoroutine(info):
             info = await info
         return info
 
     async def check(self, request: web.Request, snap: Snapshot, r: RequestState, endpoint: str) -> Admitted:
         """Every step before the limits (module doc); fills ``r`` (key, model, policy, degrade, output
-        bound, client IP, application). Raises :class:`GatewayError` with the client's answer."""
-        key = await self.authenticate(request)
+        bound, client IP, application). A request of another API (``r.api``) is translated to a chat body
+        right after it is read, so every later step sees chat completions. Raises :class:`GatewayError`
+        with the client's answer."""
+        key = await self.authenticate(request, r.api)
         r.key_id, r.tenant = key.key_id, key.tenant
         body = await read_json(request, snap.cfg.server.max_body_bytes, snap.cfg.server.max_json_depth,
                                snap.cfg.server.request_compression)
+        if r.api is not None:
+            body = r.api.translate(body, snap.cfg.server.max_tokens_limit)
         model = body.get("model")
         task = request.headers.get(snap.cfg.routing.task_header)
         if model in (None, "", "auto") and task and task in snap.cfg.routing.tasks:

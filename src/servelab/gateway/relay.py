@@ -131,6 +131,8 @@ class Relay:
         sent = public_model(map_finish_bytes(raw), r)
         if r.shadow is not None:
             r.shadow.capture.whole(sent)
+        if r.api is not None:  # another API's answer (servelab.gateway.apis): translated from the chat answer
+            sent = r.api.whole(ev, r)
         return web.Response(body=sent, content_type="application/json", headers={"X-Request-ID": r.rid}), True
 
     @staticmethod
@@ -199,7 +201,8 @@ class Relay:
                         # aiohttp writes one chunked frame per call and waits only when the socket's
                         # buffer is above its limit; writing to the transport directly measured no
                         # faster here (benches/gateway_overhead.py, 2026-11-30) and bypassed its API
-                        await out.write(block)
+                        # another API's stream (servelab.gateway.apis): its events for these chunks
+                        await out.write(block if r.api is None else r.api.stream(block, r))
                         if r.shadow is not None:  # a mirrored request: what the client got, for the report
                             r.shadow.capture.feed(block)
                     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
@@ -244,9 +247,11 @@ class Relay:
             self.metrics.stream_errors.labels(r.model, r.backend or "none").inc()
             r.outcome = "error"
             r.error_code = error.code
-            await out.write(error.event() + DONE_EVENT)
+            await out.write(error.event() + DONE_EVENT if r.api is None else r.api.stream_error(error, r))
         elif buf.strip():
-            await out.write(buf)
+            await out.write(buf if r.api is None else r.api.stream(buf + b"\n\n", r))
+        if r.api is not None and error is None:
+            await out.write(r.api.stream_end(r))
         await out.write_eof()
         return out, error is None
 

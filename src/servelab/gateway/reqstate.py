@@ -9,12 +9,15 @@ line, metrics, ledger row and limits settle are all read from it at the end (acc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servelab.gateway.errors import GatewayError
 from servelab.gateway.served import ServedCount
 from servelab.gateway.shadow import ShadowRun
 from servelab.gateway.timeline import Timeline
+
+if TYPE_CHECKING:
+    from servelab.gateway.apis import ApiAdapter
 
 __all__ = ["RequestState", "UpstreamFailed"]
 
@@ -66,6 +69,9 @@ class RequestState:
     sent_cap: int = 0
     #: set when this request is mirrored to a shadow target: captures the answer sent (shadow.py)
     shadow: ShadowRun | None = None
+    #: the API the client speaks when it is not chat completions (Anthropic Messages, OpenAI Responses):
+    #: translated to chat at admission and back as relayed (servelab.gateway.apis); None = as forwarded
+    api: ApiAdapter | None = None
     #: what happened when (servelab.gateway.timeline), for the access log and `servelab gateway explain`
     timeline: Timeline = field(default_factory=Timeline)
 

@@ -1,8 +1,9 @@
 """The gateway's aiohttp server: the OpenAI API in front of many engines; lifecycle, hot reload and the
 per-request orchestration of the modules that do each job.
 
-Per request (``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``), each step in its
-own module:
+Per request (``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``; ``/v1/messages``,
+``/v1/messages/count_tokens`` and ``/v1/responses`` translated to chat completions by
+:mod:`servelab.gateway.apis`), each step in its own module:
 
 1. admission (:mod:`servelab.gateway.admission`): auth, body checks, model, policy, degrade, output
    bound, limits (401/413/415/400/404/403/429);
@@ -55,6 +56,9 @@ from servelab.gateway import degrade
 from servelab.gateway.accesslog import AccessLog, access_record
 from servelab.gateway.accounting import journal_admit, settle, used_tokens
 from servelab.gateway.admission import Admitter, may_use_model
+from servelab.gateway.apis import ApiAdapter
+from servelab.gateway.apis.messages import CountTokensApi, MessagesApi
+from servelab.gateway.apis.responses import ResponsesApi
 from servelab.gateway.breaker import BreakerBoard, RetryBudget
 from servelab.gateway.config import GatewayConfig, load_config
 from servelab.gateway.errors import GatewayError
@@ -86,7 +90,8 @@ LEDGER_RETRY_S = 0.5
 LEDGER_RETRY_MAX_S = 5.0
 _RID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 #: the public routes and their method (for the 404/405 answers)
-_ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/embeddings": "POST", "/v1/models": "GET",
+_ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/embeddings": "POST",
+           "/v1/messages": "POST", "/v1/messages/count_tokens": "POST", "/v1/responses": "POST", "/v1/models": "GET",
            "/health": "GET", "/health/live": "GET", "/metrics": "GET"}
 
 
@@ -226,6 +231,9 @@ class Gateway:
         r.add_post("/v1/chat/completions", self._chat)
         r.add_post("/v1/completions", self._completions)
         r.add_post("/v1/embeddings", self._embeddings)
+        r.add_post("/v1/messages", lambda q: self._handle(q, "chat", MessagesApi()))
+        r.add_post("/v1/messages/count_tokens", lambda q: self._handle(q, "chat", CountTokensApi()))
+        r.add_post("/v1/responses", lambda q: self._handle(q, "chat", ResponsesApi()))
         r.add_get("/v1/models", self._models)
         r.add_get("/health", self._health_ep)
         r.add_get("/health/live", self._live_ep)
@@ -740,9 +748,14 @@ class Gateway:
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "embeddings")
 
-    async def _handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+    async def _handle(self, request: web.Request, endpoint: str, api: ApiAdapter | None = None) -> web.StreamResponse:
+        """One API request through the whole pipeline (module doc). ``api``: the adapter of an API that is
+        translated to chat completions (Anthropic Messages, OpenAI Responses; servelab.gateway.apis), whose
+        answers and errors are in its own shape."""
         snap = self.snap  # this request's config for its whole life
-        r = RequestState(_request_id(request), endpoint, _now(), time.time(), client_rid=_client_request_id(request))
+        r = RequestState(_request_id(request), endpoint, _now(), time.time(), client_rid=_client_request_id(request),
+                         api=api)
+        answer = _error_response if api is None else api.error_response
         admission: Admission | None = None
         in_flight = None
         try:
@@ -763,7 +776,7 @@ class Gateway:
             r.error_code = e.code
             if admission is None:
                 r.timeline.refused(e)
-            return _error_response(e, r.rid)
+            return answer(e, r.rid)
         except asyncio.CancelledError:
             r.outcome = "client_disconnect"
             raise
@@ -775,7 +788,7 @@ class Gateway:
             r.status, r.outcome, r.error_code = 500, "error", "internal_error"
             err = GatewayError(500, "the gateway failed on this request; retry, and report the request id "
                                f"{r.rid} if it persists", code="internal_error")
-            return _error_response(err, r.rid)
+            return answer(err, r.rid)
         finally:
             if in_flight is not None:
                 in_flight.dec()
