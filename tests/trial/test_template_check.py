@@ -62,7 +62,7 @@ def test_wrong_template_is_different() -> None:
 def test_no_template_names_the_fallback() -> None:
     """The default Gemma 3 270M GGUF is a base model without a template: llama-server falls back to ChatML."""
     got = _check([], None)
-    assert got.verdict == "unknown" and got.reference is None
+    assert got.verdict == "fallback" and got.reference is None
     assert got.served_family == "chatml" and "no chat template" in got.note and "chatml" in got.note
     assert got.server_template_source and "<|im_start|>" in got.server_template_source
 

@@ -16,7 +16,8 @@ Verdicts per conversation: ``equal``, ``different`` (with the first differing ch
 around it on both sides) or ``unknown`` (with why). A leading BOS token is dropped from both sides before
 comparing: servers add BOS when they tokenize, and llama-server's ``/apply-template`` leaves it out even
 when the template writes it. When there is no reference (the default Gemma 3 270M GGUF is a base model
-without a template), the result says so and names what the server falls back to.
+without a template) but the server shows the prompt it builds, the verdict is ``fallback`` and the note
+names the format the server falls back to (ChatML for llama-server).
 
 Rendering follows transformers' ``apply_chat_template``: a jinja2 ``ImmutableSandboxedEnvironment`` with
 ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension, ``raise_exception`` and
@@ -42,6 +43,8 @@ __all__ = ["CONVERSATIONS", "ChatMessage", "TemplateCheck", "TemplateComparison"
            "template_family"]
 
 Verdict = Literal["equal", "different", "unknown"]
+#: the whole check's verdict: a conversation's, or ``fallback`` (module doc)
+CheckVerdict = Literal["equal", "different", "fallback", "unknown"]
 
 
 class ChatMessage(TypedDict, total=False):
@@ -81,14 +84,16 @@ class TemplateComparison(BaseModel):
 class TemplateCheck(BaseModel):
     """Result of :func:`check_template`.
 
-    ``verdict``: ``different`` if any conversation differs, ``equal`` if all are equal, else ``unknown``;
+    ``verdict``: ``different`` if any conversation differs, ``equal`` if all are equal, ``fallback`` when
+    the model has no template and the server rendered the prompts with its own fallback (``served_family``
+    names it), else ``unknown``;
     ``reference``: where the reference template came from (``declared``, ``model file``) or ``None``
     when there is none; ``served_family`` / ``reference_family``: :func:`template_family` of what the
     server renders and of the reference; ``server_template_source``: ``GET /props`` ``chat_template``
     (llama-server) when given; ``note``: one sentence for the report; ``comparisons``: per conversation.
     """
 
-    verdict: Verdict = "unknown"
+    verdict: CheckVerdict = "unknown"
     reference: str | None = None
     reference_family: str | None = None
     served_family: str | None = None
@@ -225,6 +230,8 @@ def check_template(base_url: str, model: str, reference_template: str | None, *,
         out.comparisons.append(_compare(name, _strip_bos(expected, bos_token), _strip_bos(prompt, bos_token)))
     verdicts = {c.verdict for c in out.comparisons}
     out.verdict = "different" if "different" in verdicts else "equal" if verdicts == {"equal"} else "unknown"
+    if reference_template is None and any(prompt is not None for _, prompt, _ in served):
+        out.verdict = "fallback"
     if reference_template is None:
         fam = out.served_family or "an unrecognised format"
         out.note = (f"the model has no chat template of its own; the server falls back to {fam}"
