@@ -1,10 +1,11 @@
-"""Issue 24 item 1: every request's timeline in the access log and ``servelab gateway explain REQUEST_ID``.
+"""Issue 24 items 1 and 5: every request's timeline in the access log and ``servelab gateway explain REQUEST_ID``.
 
 Real gateway processes: a request refused by a tenant's RPM limit is explained by that limit; a request
 whose first attempt got a 503 from one backend and was answered by another names the failed attempt
 (mock engines: the real engine adds nothing to either). The saturated case runs the REAL llama-server with
 one slot and more concurrent streams than slots: the last request's wait is named as the engine's queue,
-with llama.cpp's own ``timings`` (prefill) in the timeline.
+with llama.cpp's own ``timings`` (prefill) in the timeline, and the gateway's /metrics re-exports the
+engine's queue, running and slot gauges labelled by backend.
 """
 
 from __future__ import annotations
@@ -127,11 +128,28 @@ def test_saturated_llama_server_is_explained_as_its_queue(gateway, one_slot_llam
     assert eng["prompt_n"] >= 1 and eng["predicted_n"] >= 1 and eng["prompt_ms"] > 0  # llama.cpp's own timings
     att = next(e[2] for e in rec["timeline"] if e[0] == "attempt")
     assert att["in_flight"] == 2, att
+    assert att["slots"] == 1, att  # the engine's own account, scraped by the gateway (enginegauges)
     exp = explain(rec, ttft_slo_s=0.05)
     assert exp.cause == "engine_queue", (exp.diagnosis, exp.parts_ms)
     assert "waiting in backend llama-a's queue (2 other requests in flight there" in exp.diagnosis
     assert "the TTFT SLO is 0.05 s (missed)" in exp.diagnosis
     print(format_explanation(rec, exp))  # shown with -s: the acceptance output
+
+    # issue 24 item 5: the engine's gauges re-exported by the gateway, labelled by backend
+    from servelab.wire.prometheus import parse_prometheus_text
+
+    async def metrics() -> str:
+        async with aiohttp.ClientSession() as s, s.get(gw.admin_url + "/metrics", headers={
+                "Authorization": f"Bearer {gw.admin_token}"}) as r:
+            assert r.status == 200
+            return await r.text()
+    m = parse_prometheus_text(asyncio.run(metrics()))
+    lab = '{backend="llama-a",kind="llamacpp"}'
+    assert m["servelab_gateway_engine_slots" + lab] == 1
+    assert m["servelab_gateway_engine_scrape_up" + lab] == 1
+    assert m["servelab_gateway_engine_requests_running" + lab] in (0, 1)  # at most the one slot (scrape 0.2 s old)
+    assert m["servelab_gateway_engine_requests_waiting" + lab] >= 0
+    assert 0 <= m["servelab_gateway_engine_scrape_age_seconds" + lab] < 5
 
 
 def test_explain_refuses_a_line_without_timeline_in_one_line(tmp_path: Path) -> None:

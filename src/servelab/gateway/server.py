@@ -61,6 +61,7 @@ from servelab.gateway.apis.messages import CountTokensApi, MessagesApi
 from servelab.gateway.apis.responses import ResponsesApi
 from servelab.gateway.breaker import BreakerBoard, RetryBudget
 from servelab.gateway.config import GatewayConfig, load_config
+from servelab.gateway.enginegauges import EngineGauges
 from servelab.gateway.errors import GatewayError
 from servelab.gateway.ledger import Ledger
 from servelab.gateway.limits import Admission, Limiter, safe_url
@@ -218,6 +219,10 @@ class Gateway:
         session_key = worker_session_key() if worker is not None else None
         self.upstream = Upstream(self.metrics, self.relay, self.retry_budget, self.shadows, self._spawn,
                                  session_secret=session_key or secrets.token_bytes(32))
+        #: each backend's own queue/running/KV gauges, re-exported by backend (servelab.gateway.enginegauges)
+        self.engine_gauges = EngineGauges(self.snap.route_backends)
+        self.metrics.registry.register(self.engine_gauges)
+        self.upstream.engine_state = self.engine_gauges.state
         self.app = self._make_app()
 
     # ------------------------------------------------------------------ lifecycle
@@ -478,6 +483,7 @@ class Gateway:
         if self._health is not None:
             await self._health.close()
             self._health = None
+            await self.engine_gauges.stop()
         if not cfg.health.enabled:
             return
         from servelab.gateway.health import HealthChecker
@@ -485,6 +491,9 @@ class Gateway:
         self._health = HealthChecker(self.snap.route_backends, self.breakers, interval_s=cfg.health.interval_s,
                                      timeout_s=cfg.health.timeout_s)
         await self._health.start()
+        self.engine_gauges.set_backends(self.snap.route_backends)  # scraped as often as health is checked
+        self.engine_gauges.interval_s, self.engine_gauges.timeout_s = cfg.health.interval_s, cfg.health.timeout_s
+        await self.engine_gauges.start()
 
     async def close(self) -> None:
         """Stop accepting, let in-flight requests finish (``shutdown_grace_s``), flush the ledger."""
@@ -518,6 +527,7 @@ class Gateway:
         if self._health is not None:
             await self._health.close()
             self._health = None
+        await self.engine_gauges.close()
         if self.upstream.session is not None:
             await self.upstream.session.close()
             self.upstream.session = None
