@@ -27,7 +27,7 @@ import typer
 from servelab.wire.errors import ConfigError
 from servelab.wire.files import install_uvloop
 
-__all__ = ["explain_command", "gateway_app", "gateway_command", "serve", "shadow_report_command"]
+__all__ = ["alerts_command", "explain_command", "gateway_app", "gateway_command", "serve", "shadow_report_command"]
 
 
 def _cpus() -> int:
@@ -245,3 +245,11 @@ def explain_command(
                             "parts_ms": exp.parts_ms}, option=orjson.OPT_INDENT_2).decode())
         return
     print(format_explanation(rec, exp))
+
+
+@gateway_app.command("alerts")
+def alerts_command() -> None:
+    """Print the gateway's Prometheus alert rules (a rule file; docs/alerts.md: each rule's runbook line)."""
+    from servelab.gateway.alerts import rules_text
+
+    print(rules_text(), end="")
