@@ -83,7 +83,7 @@ def test_an_engine_that_decodes_for_departed_clients_is_excluded(tmp_path: Path)
     assert "over the 1.5 s limit (lifecycle.cancel_max_decode_s)" in why and "decoding nobody received" in why
     assert any(x.startswith("cancellation: the engine stopped decoding ") and "within the 1.5 s limit" in x
                for x in d["verdicts"]["prompt"]["reasons"]), d["verdicts"]["prompt"]["reasons"]
-    assert "lingering: EXCLUDE — " in r.stdout and "kept decoding" in r.stdout
+    assert "  lingering: EXCLUDE\n    - " in r.stdout and "kept decoding" in r.stdout
 
 
 def test_the_default_limit_is_the_smoke_checks() -> None:

@@ -58,6 +58,9 @@ def test_report_content(run: Path) -> None:
     for verdict in (">adopt<", ">backup<", ">exclude<"):
         assert verdict in text
     assert "llama-4slot</b> &gt; <b>llama-1slot" in text                    # ranking
+    table = text.index("<th>ranked on</th><th>95 % CI</th><th>measured</th><th>SLO</th>")  # the verdict table
+    assert text.index('id="decision"') < table < text.index('class="cards"')               # leads the reasons
+    assert "<td>llama-4slot</td>" in text[table:text.index('class="cards"')] and "met at c4" in text
     assert "smoke test json_schema failed" in text                          # excluded with its reason
     assert "Scope of validity" in text and "engine binary changes" in text  # scope + re-check
     assert "settings.parallel" in text                                      # the factor that differs
@@ -155,7 +158,7 @@ def test_compare_content(run: Path, tmp_path: Path) -> None:
     for label in ("A:llama-4slot", "B:llama-4slot", "A:llama-1slot", "B:llama-1slot"):
         assert label in text
     assert "20261201-070000-beef" in text and "b7200" in text          # the identity difference
-    assert text.count(">adopt<") == 2
+    assert text.count(">adopt<") == 4  # each trial's adopted candidate: in its verdict table and its card
     assert _chart_count(text) == 4
     page = _without_plotly_bundle(text)
     assert not CDN.search(page)

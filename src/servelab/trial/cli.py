@@ -26,6 +26,7 @@ def trial_command(
     """Run the selection experiment: launch each candidate, time its cold start, smoke-test the needed
     sub-features, gate on quality, raise load 1, 2, 4, 8 … until an SLO breaks, run the stated arrival
     rate with bursts, then rank and decide. Prints the run folder (record.json, report.html)."""
+    from servelab.trial.console import decision_lines
     from servelab.trial.flow import TrialRunner
     from servelab.trial.spec import default_experiment, load_experiment
 
@@ -52,12 +53,7 @@ def trial_command(
     except KeyboardInterrupt:
         print(f"interrupted: finished steps are kept under {run_dir}/candidates/", file=sys.stderr)
         sys.exit(130)
-    d = record.decision
-    print("\ndecision:")
-    for name, v in d.verdicts.items():
-        print(f"  {name}: {v.verdict.upper()} — {'; '.join(v.reasons)}")
-    for c in d.comparisons:
-        print(f"  {c.a} vs {c.b}: {c.note}")
+    print("\n".join(decision_lines(record.decision, record.results.candidates)), flush=True)
     if not no_index:
         from servelab.trial.records import index_record
 

@@ -9,7 +9,7 @@ Four steps, one module each, all pure (no I/O):
 - :mod:`~servelab.trial.decide.decision` — the rule: rank, tie-break, adopt / backup / exclude
   (:func:`decide`);
 - :mod:`~servelab.trial.decide.wording` (with :mod:`~servelab.trial.decide.fmt`) — the sentences each
-  verdict gives.
+  verdict gives, and :mod:`~servelab.trial.decide.table` the short verdict table that leads them.
 
 The names callers use are importable from here.
 """

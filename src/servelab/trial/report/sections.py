@@ -15,6 +15,7 @@ from pathlib import Path
 from markupsafe import Markup
 
 from servelab.bench.results import Interval, StepSummary
+from servelab.trial.decide.table import verdict_table
 from servelab.trial.embed_results import fact_text, ranking_basis
 from servelab.trial.report.data import dump, flat, safe_rel, total_tps
 from servelab.trial.report.fmt import ci_text, fmt, money, pct, size, when, with_ci
@@ -79,6 +80,7 @@ class DecisionView:
     interrupted: tuple[str, str] | None
     ranking: list[str]
     basis: str
+    verdicts: Table
     cards: list[Card]
     differences: list[str]
     significant: str
@@ -108,6 +110,14 @@ def _facts(c: CandidateResult | None) -> str:
     return facts
 
 
+def _verdict_rows(rec: TrialRecord) -> Table:
+    """The short verdict table that leads the decision (:func:`servelab.trial.decide.table.verdict_table`)."""
+    rows = verdict_table(rec.decision, rec.results.candidates)
+    return table(("candidate", "verdict", "ranked on", "95 % CI", "measured", "SLO"),
+                 ((r.candidate, badge(r.verdict), r.figure, r.interval, r.measured, r.slo) for r in rows),
+                 num_cols=(2,))
+
+
 def decision_view(rec: TrialRecord, names: list[str], heading: str = "h2") -> DecisionView:
     dec = rec.decision
     intr = rec.interrupted
@@ -126,7 +136,8 @@ def decision_view(rec: TrialRecord, names: list[str], heading: str = "h2") -> De
     comp = dec.comparability
     return DecisionView(
         heading=heading, interrupted=(intr.candidate or "", intr.note or "") if intr is not None else None,
-        ranking=list(dec.ranking), basis=basis, cards=cards, differences=[d.text or "" for d in dec.differences],
+        ranking=list(dec.ranking), basis=basis, verdicts=_verdict_rows(rec), cards=cards,
+        differences=[d.text or "" for d in dec.differences],
         significant={True: "yes", False: "no: the ranking between them is by the tie-break"}[bool(dec.significant)],
         tie_break=dec.tie_break, comparability=comp.note if comp is not None and comp.note else None,
         same_tokenizer=comp.same_tokenizer if comp is not None else True, budget_note=dec.budget_note,
