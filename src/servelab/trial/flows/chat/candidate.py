@@ -19,7 +19,7 @@ from servelab.trial.annotate import annotate
 from servelab.trial.candidate_flow import CandidateRun
 from servelab.trial.context import TrialContext
 from servelab.trial.flows.chat.benching import ChatBench
-from servelab.trial.flows.chat.console import step_line
+from servelab.trial.console import step_line
 from servelab.trial.flows.chat.openloop import EngineDied, OpenLoop
 from servelab.trial.flows.chat.quality import QualityGate
 from servelab.trial.identity import fill_identity

@@ -10,7 +10,7 @@ from servelab.bench.results import Interval, StepSummary, Summary
 from servelab.trial.annotate import annotate
 from servelab.trial.context import TrialContext
 from servelab.trial.flows.chat.benching import ChatBench
-from servelab.trial.flows.chat.console import step_line
+from servelab.trial.console import step_line
 from servelab.trial.results import Capacity, CandidateResult, Probe
 from servelab.trial.telemetry import MetricsSampler
 

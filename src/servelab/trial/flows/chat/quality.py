@@ -15,7 +15,7 @@ from servelab.bench.load import LoadModel
 from servelab.bench.results import RequestLine
 from servelab.trial.context import TrialContext
 from servelab.trial.flows.chat.benching import ChatBench
-from servelab.trial.flows.chat.console import gate_text
+from servelab.trial.console import gate_line
 from servelab.trial.flows.chat.smoke import model_name, send_one, smoke
 from servelab.trial.results import CandidateResult, JsonObject, Quality, QualityCheck, SmokeCheck
 from servelab.trial.spec import Sample
@@ -99,7 +99,7 @@ class QualityGate:
         files["quality"] = f"candidates/{name}/quality.jsonl"
         if (cdir / "quality" / "requests.jsonl").exists():
             files["quality_structured"] = f"candidates/{name}/quality/requests.jsonl"
-        self.ctx.say(f"[{name}] quality gate: " + ", ".join(gate_text(c) for c in quality.checks))
+        self.ctx.say(gate_line(name, quality.checks))
         if quality.undetermined:
             result.status = "excluded"
             result.reason = ("quality gate undetermined: it could not finish within the trial budget "
