@@ -407,38 +407,13 @@ def _tokenizer_from_server(base_url: str) -> str | None:
 
 def _run_with_progress(cfg: Any, objectives: Any, factory: Any, counter: Any, engine_identity: Any,
                        quiet: bool, stop: Any) -> dict[str, Any]:
+    from servelab.bench.bars import Bars
     from servelab.bench.runner import Bench
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[info]}"), console=_err, disable=quiet, transient=False)
-    state: dict[str, Any] = {"task": None, "fail": 0}
-
-    def on_progress(event: str, **kw: Any) -> None:
-        if event == "ready" and counter is None:  # after preflight, so bad-input errors stay one line
-            _err.print("note: no tokenizer known for this model (pass --tokenizer GGUF|tokenizer.json): prompt "
-                       "lengths are approximate and the client token-count cross-check is off", soft_wrap=True)
-        elif event == "step":
-            desc = f"{kw['workload']} {kw['step']}" + (" warmup" if kw["warmup"] else "")
-            state["fail"] = 0
-            state["task"] = progress.add_task(desc, total=kw["total"], info="")
-        elif event == "prepare":  # building prompts takes long (very long inputs): show it
-            state["task"] = progress.add_task(f"building prompts {kw['what']}", total=kw["total"],
-                                              completed=kw["done"], info="")
-            if quiet:
-                _err.print(f"building prompts for {kw['what']}: {kw['total']} requests", soft_wrap=True)
-        elif event == "prepared" and state["task"] is not None:
-            progress.update(state["task"], advance=1)
-        elif event == "request" and state["task"] is not None:
-            rec = kw["rec"]
-            if rec.failure is not None:
-                state["fail"] += 1
-            progress.update(state["task"], advance=1, info=f"failed {state['fail']}" if state["fail"] else "")
-        elif event == "requests" and state["task"] is not None:  # a batch from the workers (--workers, --ray)
-            state["fail"] += kw["failed"]
-            progress.update(state["task"], advance=kw["count"], info=f"failed {state['fail']}" if state["fail"] else "")
-
-    bench = Bench(cfg, objectives, factory, counter=counter, engine_identity=engine_identity, progress=on_progress,
-                  refuse_oversized=True)
+    bench = Bench(cfg, objectives, factory, counter=counter, engine_identity=engine_identity,
+                  observer=Bars(progress, _err, quiet, counter is None), refuse_oversized=True)
     runner: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run
     try:
         import uvloop

@@ -135,7 +135,7 @@ def rebuild_summary(run_dir: str | Path) -> tuple[dict[str, Any], Lines]:
         for si, load in enumerate(loads):
             k = wi * len(loads) + si
             if broken_at is not None:
-                summary["steps"].append(skipped_step(wname, load, broken_at))
+                summary["steps"].append(skipped_step(wname, load, f"SLO broken at step {broken_at}"))
                 continue
             if k > last_index:
                 complete = False  # never reached

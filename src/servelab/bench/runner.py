@@ -34,11 +34,13 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from servelab import __version__
 from servelab.bench import metrics as M
+from servelab.bench.events import (BenchObserver, Preparing, PromptBuilt, Ready, RequestDone, RequestsDone, Skip,
+                                   StepDone, StepStarted, Watcher)
 from servelab.bench.lines import HOSTNAME, finish_record, record_from_json, record_to_json
 from servelab.bench.load import LoadModel, arrival_offsets_s, run_step
 from servelab.bench.merge import clock_note, summary_record
-from servelab.bench.results import (SUMMARY_SCHEMA_VERSION, Generator, GeneratorWorker, LostPart, RequestLine, Summary,
-                                    WorkerStep)
+from servelab.bench.results import (SUMMARY_SCHEMA_VERSION, Generator, GeneratorWorker, LostPart, RequestLine,
+                                    StepSummary, Summary, WorkerStep)
 from servelab.bench.saturation import DEFAULT_LAG_BOUND_S, CpuMeter, saturation, worker_step
 from servelab.bench.workers import LineBatch, LocalPool, Pool, RunContext, plan_step
 from servelab.bench.options import (
@@ -318,10 +320,10 @@ def new_summary(model: str, base_url: str, objectives: list[Objective]) -> dict[
             "started_unix_s": time.time(), "complete": False}
 
 
-def skipped_step(workload: str, load: LoadModel, broken_at: str) -> dict[str, Any]:
-    """The summary entry of a step not run because step ``broken_at`` broke an SLO."""
+def skipped_step(workload: str, load: LoadModel, reason: str) -> dict[str, Any]:
+    """The summary entry of a step not run, for ``reason`` (an SLO broken at an earlier step, a budget)."""
     return {"workload": workload, "step": load.label, "load": asdict(load), "skipped": True,
-            "skipped_reason": f"SLO broken at step {broken_at}"}
+            "skipped_reason": reason}
 
 
 def step_summary(workload: str, load: LoadModel, recs: list[RequestRecord], objectives: list[Objective],
@@ -406,8 +408,10 @@ def make_pool(cfg: BenchConfig) -> Pool | None:
 
 
 class Bench:
-    """A benchmark run (see module doc). ``run()`` returns the summary dict and leaves the run
-    directory complete; progress is reported through ``progress(event, **info)`` callbacks.
+    """A benchmark run (see module doc). ``run()`` returns the :class:`~servelab.bench.results.Summary`
+    and leaves the run directory complete; ``observer`` (:class:`~servelab.bench.events.BenchObserver`)
+    receives typed events and decides before each load step whether it runs. ``summary`` holds the
+    summary as it grows (what an interrupted run leaves).
 
     With ``cfg.workers > 1`` or ``cfg.ray`` the load is sent by workers (:mod:`servelab.bench.workers`,
     :mod:`servelab.bench.rayrun`) and this process coordinates: it splits each step, writes every
@@ -415,14 +419,14 @@ class Bench:
 
     def __init__(self, cfg: BenchConfig, objectives: list[Objective], workload_factory: Callable[..., Any],
                  counter: Any = None, engine_identity: dict[str, Any] | None = None,
-                 progress: Callable[..., None] | None = None, refuse_oversized: bool = False) -> None:
+                 observer: BenchObserver | None = None, refuse_oversized: bool = False) -> None:
         self.cfg = cfg
         self.refuse_oversized = refuse_oversized
         self.objectives = objectives
         self.workload_factory = workload_factory
         self.counter = counter
         self.engine_identity = engine_identity
-        self.progress = progress or (lambda *a, **k: None)
+        self.observer: BenchObserver = observer or Watcher()
         self.out = Path(cfg.out)
         self.summary: dict[str, Any] = {}
         self._jsonl: Any = None
@@ -436,14 +440,14 @@ class Bench:
                               host=HOSTNAME)
         self._jsonl.write(line.to_json_bytes() + b"\n")  # one write + flush per line: kill -9 keeps every finished one
         self._jsonl.flush()
-        self.progress("request", rec=rec)
+        self.observer.on_event(RequestDone(rec))
 
     def _on_lines(self, batch: LineBatch, run: _StepRun) -> None:
         # one write + flush per batch, as it arrives: a worker or coordinator killed later loses nothing written
         self._jsonl.write(batch.lines + b"\n")
         self._jsonl.flush()
         run.batches.append(batch)
-        self.progress("requests", count=batch.count, failed=batch.failed)
+        self.observer.on_event(RequestsDone(batch.count, batch.failed))
 
     def _write_summary(self) -> None:
         write_summary(self.out, self.summary)
@@ -458,7 +462,7 @@ class Bench:
             return int(load.rate_rps * c.duration_s * 1.5) + 16
         return 10**7  # closed loop by duration: the deadline ends it; specs are drawn cyclically
 
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> Summary:
         """Run every workload's sweep; returns the summary (also written to ``summary.json``).
         Raises :class:`ConfigError` (one line) when the server or the workers cannot be used."""
         c = self.cfg
@@ -473,7 +477,7 @@ class Bench:
                 self._check_fits(server)
             make_run_dir(self.out)
             (self.out / "config.json").write_bytes(orjson.dumps(cfg_json, option=orjson.OPT_INDENT_2))
-            self.progress("ready", model=model)
+            self.observer.on_event(Ready(model))
             identity = {"servelab_version": __version__, "host": host_identity(), "server": server,
                         "engine": self.engine_identity, "model": model,
                         "tokenizer": getattr(self.counter, "name", None),
@@ -495,7 +499,7 @@ class Bench:
             finally:
                 if self._pool is not None:
                     await self._pool.close()
-        return self.summary
+        return Summary.model_validate(self.summary)
 
     async def _start_generator(self, model: str, headers: dict[str, str] | None) -> dict[str, Any]:
         """Start the workers (when any) and describe the load generator for ``summary["generator"]``."""
@@ -526,23 +530,33 @@ class Bench:
     async def _sweep(self, session: aiohttp.ClientSession, model: str, headers: dict[str, str] | None,
                      loads: list[LoadModel], max_conc: int) -> None:
         c = self.cfg
+        stopped: Skip | None = None
         for wi, wname in enumerate(c.workloads):
             broken_at: str | None = None
             for si, load in enumerate(loads):
-                if broken_at is not None:
-                    skipped = skipped_step(wname, load, broken_at)
-                    self.summary["steps"].append(skipped)
-                    self.progress("step_done", summary=skipped)
+                if stopped is not None or broken_at is not None:
+                    reason = stopped.reason if stopped is not None else f"SLO broken at step {broken_at}"
+                    self._add_step(skipped_step(wname, load, reason))
                     continue
                 self._step_index, self._step_workload = wi * len(loads) + si, wname
                 step = await self._run_one(session, model, headers, wname, wi, si, load, max_conc)
-                self.summary["steps"].append(step)
-                self._write_summary()
-                self.progress("step_done", summary=step)
+                if isinstance(step, Skip):
+                    stopped = step
+                    self._add_step(skipped_step(wname, load, step.reason))
+                    continue
+                self._add_step(step)
                 # a step with a lost worker is partial: its SLO verdict is unknown, not broken
                 if self.objectives and not step["slo_met"] and c.stop_on_slo and not step.get("lost"):
                     broken_at = load.label
-        self.summary["complete"] = not any(s.get("partial") for s in self.summary["steps"])
+        if stopped is not None:
+            self.summary["stopped_by"] = stopped.by
+        self.summary["complete"] = stopped is None and not any(s.get("partial") for s in self.summary["steps"])
+
+    def _add_step(self, step: dict[str, Any]) -> None:
+        """Append ``step`` to the summary, write it, and tell the observer."""
+        self.summary["steps"].append(step)
+        self._write_summary()
+        self.observer.on_event(StepDone(StepSummary.model_validate(step)))
 
     async def _load(self, session: aiohttp.ClientSession, model: str, headers: dict[str, str] | None,
                     specs: Sequence[RequestSpec], n: int, load: LoadModel, label: str, *, warmup: bool,
@@ -610,7 +624,7 @@ class Bench:
         return step
 
     async def _run_one(self, session: aiohttp.ClientSession, model: str, headers: dict[str, str] | None,
-                       wname: str, wi: int, si: int, load: LoadModel, max_conc: int) -> dict[str, Any]:
+                       wname: str, wi: int, si: int, load: LoadModel, max_conc: int) -> dict[str, Any] | Skip:
         c = self.cfg
         step_seed = c.seed + 1000 * si + 100_000 * wi  # distinct prompts per step: no cross-step prompt-cache hits
         wl = self.workload_factory(wname, seed=step_seed)
@@ -624,13 +638,18 @@ class Bench:
         if c.warmup:
             wu = await self._build_specs(self.workload_factory(wname, seed=step_seed + 7), c.warmup,
                                          f"{wname} {label} warmup")
+        verdict = self.observer.before_step(wname, label)
+        if isinstance(verdict, Skip):
+            return verdict
+        if c.warmup:
             wload = LoadModel(kind="closed", concurrency=min(len(wu), max(1, load.concurrency)))
-            self.progress("step", workload=wname, step=label, warmup=True, total=len(wu))
+            self.observer.on_event(StepStarted(wname, label, warmup=True, total=len(wu)))
             warm = _StepRun()
             await self._load(session, model, headers, wu, len(wu), wload, label, warmup=True, seed=0, run=warm)
             run.lost += warm.lost  # a worker lost in the warmup is named in the step it did not take part in
-        self.progress("step", workload=wname, step=label, warmup=False,
-                      total=None if (c.duration_s and c.requests is None) else n, duration_s=c.duration_s)
+        self.observer.on_event(StepStarted(wname, label, warmup=False,
+                                           total=None if (c.duration_s and c.requests is None) else n,
+                                           duration_s=c.duration_s))
         t_start = time.time()
         try:
             await self._load(session, model, headers, pool, n, load, label, warmup=False, seed=step_seed, run=run)
@@ -646,16 +665,18 @@ class Bench:
         return step
 
     async def _run_driven(self, session: aiohttp.ClientSession, model: str, headers: dict[str, str] | None,
-                          wname: str, wl: Any, load: LoadModel) -> dict[str, Any]:
+                          wname: str, wl: Any, load: LoadModel) -> dict[str, Any] | Skip:
         """One step of a workload that sends its own requests (:class:`servelab.bench.driven.DrivenWorkload`:
         multi-turn sessions, agent loops, trace replay, embeddings): ``wl.drive(...)`` under the step's load
         (or ``wl.fixed_load``, a trace's own schedule), every request ending through ``_on_done`` (its
         ``requests.jsonl`` line); the step is summarised like any other plus ``wl.step_extra(records)``, the
         workload's own typed figures. No warmup: its first requests are part of what it measures."""
         load = getattr(wl, "fixed_load", None) or load
+        verdict = self.observer.before_step(wname, load.label)
+        if isinstance(verdict, Skip):
+            return verdict
         run = _StepRun(dispatch_ns=[] if load.kind == "open" else None)
-        self.progress("step", workload=wname, step=load.label, warmup=False, total=getattr(wl, "total", None),
-                      duration_s=None)
+        self.observer.on_event(StepStarted(wname, load.label, warmup=False, total=getattr(wl, "total", None)))
         meter = CpuMeter().start()
         t_start = time.time()
         first = self._next_id
@@ -695,7 +716,7 @@ class Bench:
     async def _build_specs(self, wl: Any, n: int, what: str) -> list[RequestSpec]:
         """The first ``n`` request specs of workload ``wl``, built one at a time so that a stop signal
         is handled between two prompts and, when building takes over :data:`_PREPARE_NOTICE_S`
-        seconds (very long prompts), progress is reported (``prepare`` then ``prepared`` events)."""
+        seconds (very long prompts), progress is reported (:class:`Preparing`, then :class:`PromptBuilt`)."""
         make = getattr(wl, "request", None)
         if make is None:  # a caller's own generator with only requests(n)
             return list(wl.requests(n))
@@ -706,10 +727,10 @@ class Bench:
             out.append(make(i))
             now = time.monotonic()
             if shown:
-                self.progress("prepared")
+                self.observer.on_event(PromptBuilt())
             elif now - t0 > _PREPARE_NOTICE_S:
                 shown = True
-                self.progress("prepare", what=what, total=n, done=i + 1)
+                self.observer.on_event(Preparing(what, total=n, done=i + 1))
             if now - last_yield > 0.02:  # let the loop run signal handlers (SIGTERM) between prompts
                 await asyncio.sleep(0)
                 last_yield = time.monotonic()

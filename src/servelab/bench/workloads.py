@@ -49,7 +49,7 @@ import json
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -450,6 +450,18 @@ class Workload:
     def requests(self, n: int) -> list[RequestSpec]:
         """The first ``n`` requests, in order."""
         return [self._make(i) for i in range(n)]
+
+    def with_request_seeds(self, base: int) -> Workload:
+        """This workload with a sampling ``seed`` of ``base + i`` in request ``i``'s ``extra``: the engine's
+        own sampling settings, as served, but repeatable (the trial's quality gate)."""
+        make = self._make
+
+        def seeded(i: int) -> RequestSpec:
+            spec = make(i)
+            spec.extra = {**spec.extra, "seed": base + i}
+            return spec
+
+        return replace(self, _make=seeded)
 
 
 def _rng(seed: int, name: str, i: int) -> random.Random:

