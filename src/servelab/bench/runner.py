@@ -18,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import platform
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -60,10 +58,12 @@ from servelab.bench.options import (
 )
 from servelab.bench.slo import Objective, evaluate
 from servelab.wire.client import ConfigError, make_session
+from servelab.wire.host import host_identity
+from servelab.wire.preflight import preflight
 from servelab.wire.types import RequestRecord, RequestSpec
 
-__all__ = ["Bench", "BenchConfig", "CyclicSpecs", "host_identity", "make_pool", "make_run_dir", "new_summary",
-           "plan_loads", "preflight", "record_from_json", "record_to_json", "skipped_step", "step_summary",
+__all__ = ["Bench", "BenchConfig", "CyclicSpecs", "make_pool", "make_run_dir", "new_summary",
+           "plan_loads", "record_from_json", "record_to_json", "skipped_step", "step_summary",
            "token_check", "write_summary"]
 
 _PREPARE_NOTICE_S = 1.0  # building a step's prompts for longer than this shows a progress bar
@@ -193,88 +193,6 @@ class CyclicSpecs(Sequence[RequestSpec]):
         if not -self._n <= i < self._n:
             raise IndexError(i)
         return self._pool[i % len(self._pool)]
-
-
-def host_identity() -> dict[str, Any]:
-    """CPU model, logical cores, RAM bytes, OS and Python of the machine running the load."""
-    import psutil
-
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"cpu": cpu, "logical_cores": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total,
-            "os": platform.platform(), "python": sys.version.split()[0]}
-
-
-async def preflight(session: aiohttp.ClientSession, base_url: str, model: str | None,
-                    headers: dict[str, str] | None) -> tuple[str, dict[str, Any]]:
-    """Check that ``base_url`` is an OpenAI-compatible API root before any load is sent.
-
-    Returns ``(model, server_identity)``. Raises :class:`ConfigError` with one line that names the
-    problem and the fix: connection refused/unreachable, a 404 (wrong path), a non-JSON or
-    non-OpenAI answer, or no model name available.
-    """
-    ident: dict[str, Any] = {"base_url": base_url}
-    try:
-        async with session.get(base_url + "/models", headers=headers,
-                               timeout=aiohttp.ClientTimeout(total=15)) as resp:
-            body = await resp.read()
-            ident["server_header"] = resp.headers.get("Server")
-            if resp.status == 404:
-                if base_url.endswith("/v1"):
-                    raise ConfigError(f"{base_url}/models answered 404: this server has no OpenAI /v1/models "
-                                      f"endpoint; is it an OpenAI-compatible inference server? check --url")
-                raise ConfigError(f"{base_url}/models answered 404: --url must be the OpenAI API root, "
-                                  f"usually ending in /v1 (e.g. http://127.0.0.1:8080/v1)")
-            if resp.status in (401, 403):
-                raise ConfigError(f"{base_url}/models answered {resp.status}: the server wants an API key; "
-                                  f"pass --api-key or set OPENAI_API_KEY")
-            if resp.status >= 400:
-                raise ConfigError(f"{base_url}/models answered HTTP {resp.status}: "
-                                  f"{body[:120].decode('utf-8', 'replace')!r}; is the server ready?")
-            try:
-                models = orjson.loads(body)
-            except orjson.JSONDecodeError:
-                raise ConfigError(f"{base_url}/models did not answer JSON (got {body[:60]!r}): "
-                                  f"this is not an OpenAI-compatible server, check --url") from None
-            if not isinstance(models, dict) or not isinstance(models.get("data"), list):
-                raise ConfigError(f"{base_url}/models answered JSON without a 'data' list: "
-                                  f"this is not an OpenAI-compatible server, check --url")
-    except (aiohttp.ClientConnectorError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as e:
-        raise ConfigError(f"cannot connect to {base_url} ({e.__class__.__name__}): is the server running? "
-                          f"start one with 'servelab engine up llamacpp' or fix --url") from None
-    except TimeoutError:
-        raise ConfigError(f"{base_url}/models did not answer within 15 s: is the server up and reachable?") from None
-    ident["models"] = [m.get("id") for m in models["data"] if isinstance(m, dict)]
-    if model is None:
-        if not ident["models"]:
-            raise ConfigError(f"{base_url}/models lists no model: pass --model NAME")
-        model = str(ident["models"][0])
-    for m in models["data"]:  # vLLM lists each model's max_model_len (prompt + output tokens per request)
-        if isinstance(m, dict) and m.get("id") == model and isinstance(m.get("max_model_len"), int):
-            ident["context_tokens"], ident["context_source"] = m["max_model_len"], "/v1/models max_model_len"
-    root = base_url[:-3] if base_url.endswith("/v1") else base_url
-    try:  # llama-server describes itself at /props (build, slots, context, model path)
-        async with session.get(root + "/props", headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as resp:
-            if resp.status == 200 and "json" in resp.headers.get("Content-Type", ""):
-                props = await resp.json(loads=orjson.loads)
-                ident["llamacpp_props"] = {k: props.get(k) for k in ("build_info", "model_path", "total_slots",
-                                                                    "chat_template") if k in props}
-                dgs = props.get("default_generation_settings") or {}
-                if "n_ctx" in dgs:
-                    ident["llamacpp_props"]["n_ctx"] = dgs["n_ctx"]
-                    if isinstance(dgs["n_ctx"], int) and dgs["n_ctx"] > 0:  # per slot: -c / -np
-                        ident["context_tokens"] = dgs["n_ctx"]
-                        ident["context_source"] = "llama-server /props n_ctx per slot"
-    except (aiohttp.ClientError, TimeoutError, ValueError):
-        pass
-    return model, ident
 
 
 def write_summary(out: Path, summary: dict[str, Any] | Summary) -> None:

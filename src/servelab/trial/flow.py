@@ -18,7 +18,7 @@ import socket
 import time
 from pathlib import Path
 
-from servelab.bench.runner import host_identity
+from servelab.wire.host import host_identity
 from servelab.trial.budget import TrialBudget
 from servelab.trial.context import Progress, TrialContext
 from servelab.trial.flows import flow_for

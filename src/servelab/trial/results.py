@@ -390,7 +390,7 @@ class IdentityRow(ResultModel):
 
 
 class Host(ResultModel):
-    """The machine that ran the trial (:func:`servelab.bench.runner.host_identity`)."""
+    """The machine that ran the trial (:func:`servelab.wire.host.host_identity`)."""
 
     cpu: str | None = None
     logical_cores: int | None = None

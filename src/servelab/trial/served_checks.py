@@ -93,7 +93,7 @@ def model_chat_template(model: dict[str, Any] | None) -> tuple[str | None, str, 
 
 
 def _served_model(base_url: str, model: str | None, api_key: str | None) -> str:
-    from servelab.bench.runner import preflight
+    from servelab.wire.preflight import preflight
     from servelab.wire.client import make_session
 
     async def go() -> str:

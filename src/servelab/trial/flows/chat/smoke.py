@@ -36,7 +36,7 @@ async def send_one(session: Any, base_url: str, model: str, spec: RequestSpec, a
 
 
 async def model_name(session: Any, base_url: str, model: str | None, api_key: str | None) -> str:
-    from servelab.bench.runner import preflight
+    from servelab.wire.preflight import preflight
 
     hdrs = {"Authorization": f"Bearer {api_key}"} if api_key else None
     m, _ = await preflight(session, base_url, model, hdrs)
