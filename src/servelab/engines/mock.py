@@ -34,6 +34,7 @@ from aiohttp import web
 from pydantic import Field
 
 from servelab.engines.mockbatch import DecodeBatch
+from servelab.engines.mockcache import BLOCK_WORDS, PrefixCache, prompt_words
 from servelab.engines.mockinfo import info_routes, model_card
 from servelab.wire.dialects import DIALECTS as WIRE_DIALECTS
 from servelab.wire.dialects import ENGINE_DIALECTS, EngineDialect, stream_rules
@@ -124,6 +125,8 @@ class MockConfig:
                                                                    "prompt/rate s after ttft_ms (0 = off)")] = 0.0
     itl_ms_per_running: Annotated[float, Field(ge=0, description="ms added to itl_ms per other answer decoding "
                                                                  "at once (0 = off)")] = 0.0
+    prefix_cache_blocks: Annotated[int, Field(ge=0, description="prefix-cache blocks of 16 words kept (LRU); "
+                                                                "0 = no prefix cache (servelab.engines.mockcache)")] = 0
 
 
 #: the failure-rate fields: exclusive bands of one uniform draw per request, so their sum is <= 1
@@ -172,7 +175,7 @@ class MockRecord:
 
     __slots__ = ("request_id", "client_request_id", "endpoint", "stream", "model", "recv_ns", "headers_ns",
                  "token_write_ns", "token_counts", "done_ns", "injected", "status", "output_tokens", "prompt_tokens",
-                 "finish_reason", "sampling")
+                 "finish_reason", "sampling", "cached_tokens")
 
     def __init__(self, request_id: str, recv_ns: int) -> None:
         self.request_id = request_id
@@ -191,6 +194,8 @@ class MockRecord:
         self.prompt_tokens = 0
         self.finish_reason: str | None = None
         self.sampling: dict[str, Any] = {}
+        #: prompt words found in the prefix cache (--prefix-cache-blocks; 0 without one)
+        self.cached_tokens = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a JSON-ready dict (the shape of one ``/mock/records`` item)."""
@@ -202,26 +207,7 @@ class MockRecord:
 
 def _count_words(body: dict[str, Any]) -> int:
     """Prompt size: whitespace-separated words of all message texts (chat) or of the prompt(s)."""
-    n = 0
-    msgs = body.get("messages")
-    if isinstance(msgs, list):
-        for m in msgs:
-            if not isinstance(m, dict):
-                continue
-            c = m.get("content")
-            if isinstance(c, str):
-                n += len(c.split())
-            elif isinstance(c, list):
-                for part in c:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        n += len(part["text"].split())
-        return n
-    p = body.get("prompt")
-    if isinstance(p, str):
-        return len(p.split())
-    if isinstance(p, list):
-        return sum(len(x.split()) for x in p if isinstance(x, str))
-    return 0
+    return len(prompt_words(body))
 
 
 def _object_from_schema(schema: Any) -> dict[str, Any]:
@@ -397,6 +383,7 @@ class _Encoder:
         self.chat = chat
         self.plan = plan
         self.prompt_tokens = prompt_tokens
+        self.cached = 0  # prompt words found in the prefix cache (servelab.engines.mockcache)
         self.cfg = cfg
         created = int(time.time())
         mdl = _dumps(model)
@@ -461,8 +448,11 @@ class _Encoder:
 
     def usage_bytes(self, generated: int | None = None) -> bytes:
         g = self.plan.generated if generated is None else generated
-        return _dumps({"prompt_tokens": self.prompt_tokens, "completion_tokens": g,
-                       "total_tokens": self.prompt_tokens + g})
+        u: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": g,
+                             "total_tokens": self.prompt_tokens + g}
+        if self.cfg.prefix_cache_blocks:
+            u["prompt_tokens_details"] = {"cached_tokens": self.cached}
+        return _dumps(u)
 
     def usage_chunk(self) -> bytes:
         """Usage after the finish with ``choices: []`` (``id: ""`` on TGI)."""
@@ -473,7 +463,7 @@ class _Encoder:
         c = self.cfg
         n = self.plan.generated
         pred_ms = c.itl_ms * max(0, len(self.plan.chunks) - 1)
-        return _dumps({"cache_n": 0, "prompt_n": self.prompt_tokens, "prompt_ms": c.ttft_ms,
+        return _dumps({"cache_n": self.cached, "prompt_n": self.prompt_tokens, "prompt_ms": c.ttft_ms,
                        "predicted_n": n, "predicted_ms": pred_ms,
                        "predicted_per_second": (n / pred_ms * 1000.0) if pred_ms else 0.0})
 
@@ -610,6 +600,9 @@ class MockServer:
                                    config.itl_ms_per_running)
                        if DecodeBatch.wanted(config.prefill_tokens_per_s, config.itl_ms_per_running) else None)
         self._received = 0  # completion requests since start (not reset): arms crash_after_requests
+        self.waiting = 0  # requests waiting for a slot (llama-server dialect with max_inflight)
+        self.cache = PrefixCache(config.prefix_cache_blocks) if config.prefix_cache_blocks else None
+        self._kv_words = 0  # prompt + answer words of the requests running now (KV use with a prefix cache)
 
     @property
     def base_url(self) -> str:
@@ -700,8 +693,16 @@ class MockServer:
             lines.append(f'mock_injected_failures_total{{kind="{kind}"}} {n}')
         w = stream_rules(d)
         if w.running_gauge and w.waiting_gauge:
-            lines += [f"# TYPE {w.running_gauge} gauge", f"{w.running_gauge} {self.running}",
-                      f"# TYPE {w.waiting_gauge} gauge", f"{w.waiting_gauge} 0"]
+            lines += [f"# TYPE {w.running_gauge} gauge", f"{w.running_gauge} {self.running - self.waiting}",
+                      f"# TYPE {w.waiting_gauge} gauge", f"{w.waiting_gauge} {self.waiting}"]
+        if self.cache is not None:  # servelab.engines.mockcache: vLLM's counter names, KV use in the dialect's
+            lines += ["# TYPE vllm:prefix_cache_queries_total counter",
+                      f"vllm:prefix_cache_queries_total {self.cache.queries}",
+                      "# TYPE vllm:prefix_cache_hits_total counter", f"vllm:prefix_cache_hits_total {self.cache.hits}"]
+            kv = {"vllm": "vllm:kv_cache_usage_perc", "sglang": "sglang:token_usage"}.get(d)
+            if kv:
+                usage = min(1.0, self._kv_words / (self.cache.capacity * BLOCK_WORDS))
+                lines += [f"# TYPE {kv} gauge", f"{kv} {usage:.6g}"]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def _records(self, request: web.Request) -> web.Response:
@@ -803,16 +804,38 @@ class MockServer:
         self.running += 1
         try:
             if self._queue is not None:  # llama-server defers: the schedule starts when a slot frees
-                async with self._queue:
-                    return await self._respond(request, rec, body, chat, plan, kind, seq, stream, _now())
-            return await self._respond(request, rec, body, chat, plan, kind, seq, stream, recv)
+                self.waiting += 1
+                try:
+                    await self._queue.acquire()
+                finally:
+                    self.waiting -= 1
+                try:
+                    return await self._cached(request, rec, body, chat, plan, kind, seq, stream, _now())
+                finally:
+                    self._queue.release()
+            return await self._cached(request, rec, body, chat, plan, kind, seq, stream, recv)
         finally:
             self.running -= 1
+
+    async def _cached(self, request: web.Request, rec: MockRecord, body: dict[str, Any], chat: bool,
+                      plan: _Plan, kind: str | None, seq: int, stream: bool, origin: int) -> web.StreamResponse:
+        """:meth:`_respond` after the prefix-cache lookup (when the mock has one) and with the request's
+        words counted as KV in use while it runs."""
+        if self.cache is None:
+            return await self._respond(request, rec, body, chat, plan, kind, seq, stream, origin)
+        rec.cached_tokens = min(rec.prompt_tokens, self.cache.lookup(prompt_words(body)))
+        words = rec.prompt_tokens + plan.generated
+        self._kv_words += words
+        try:
+            return await self._respond(request, rec, body, chat, plan, kind, seq, stream, origin)
+        finally:
+            self._kv_words -= words
 
     async def _respond(self, request: web.Request, rec: MockRecord, body: dict[str, Any], chat: bool,
                        plan: _Plan, kind: str | None, seq: int, stream: bool, origin: int) -> web.StreamResponse:
         model = rec.model or self.config.model
         enc = _Encoder(self.config, self.config.dialect, chat, model, seq, rec.prompt_tokens, plan)
+        enc.cached = rec.cached_tokens
         if stream:
             so = body.get("stream_options")
             include_usage = isinstance(so, dict) and bool(so.get("include_usage"))
@@ -867,7 +890,7 @@ class MockServer:
                     first_tool = False
                 if delay:
                     target = (origin + ttft_ns + i * itl_ns if law is None
-                              else law.target_ns(origin, i, target, gap, rec.prompt_tokens))
+                              else law.target_ns(origin, i, target, gap, rec.prompt_tokens - rec.cached_tokens))
                     rem = target - _now()
                     if rem > 0:
                         await sleep(rem / 1e9)
@@ -958,8 +981,10 @@ class MockServer:
         content = "".join(t for k, t, _ in plan.chunks if k == "c")
         reasoning = "".join(t for k, t, _ in plan.chunks if k == "r")
         args = "".join(t for k, t, _ in plan.chunks if k == "t")
-        usage = {"prompt_tokens": rec.prompt_tokens, "completion_tokens": plan.generated,
-                 "total_tokens": rec.prompt_tokens + plan.generated}
+        usage: dict[str, Any] = {"prompt_tokens": rec.prompt_tokens, "completion_tokens": plan.generated,
+                                 "total_tokens": rec.prompt_tokens + plan.generated}
+        if self.cache is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": rec.cached_tokens}
         fr = plan.finish
         if fr == "stop":
             fr = stream_rules(self.config.dialect).stop_finish
@@ -1093,6 +1118,10 @@ def mock_engine_command(
         0.0, "--itl-ms-per-running",
         help="Continuous-batching timing: each later chunk comes --itl-ms + this many ms per other answer "
              "decoding at once; 0 = off. Slots: --max-inflight with --dialect llamacpp."),
+    prefix_cache_blocks: int = typer.Option(
+        0, "--prefix-cache-blocks",
+        help="Prefix cache of this many 16-word blocks (LRU): cached prompt words skip prefill and are "
+             "reported as usage.prompt_tokens_details.cached_tokens and vllm:prefix_cache_hits_total; 0 = off."),
 ) -> None:
     """Run a mock OpenAI-compatible engine that streams deterministic tokens on a fixed schedule."""
     cfg = MockConfig(host=host, port=port, ttft_ms=ttft_ms, itl_ms=itl_ms, output_tokens=output_tokens,
@@ -1104,7 +1133,8 @@ def mock_engine_command(
                      invalid_json=invalid_json, bad_tool_call=typing.cast(Any, bad_tool_call),
                      crash_after_requests=crash_after_requests,
                      error_message=error_message, context_tokens=context_tokens,
-                     prefill_tokens_per_s=prefill_tokens_per_s, itl_ms_per_running=itl_ms_per_running)
+                     prefill_tokens_per_s=prefill_tokens_per_s, itl_ms_per_running=itl_ms_per_running,
+                     prefix_cache_blocks=prefix_cache_blocks)
     try:
         validate_config(cfg)
         serve(cfg)

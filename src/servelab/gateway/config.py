@@ -514,6 +514,33 @@ class DegradeSection(FrozenModel):
     min_samples: int = Field(20, ge=1, description="fewest TTFTs in the window before ttft_p95_ms counts")
 
 
+class PickerWeightsSection(FrozenModel):
+    """Weights (>= 0, unitless) of the ``engine`` policy's scorers (servelab.gateway.picker); 0 turns one off."""
+
+    queue: float = Field(2.0, ge=0, description="engine queue: 1 / (1 + waiting)")
+    running: float = Field(1.0, ge=0, description="running vs slots: 1 - min(1, load / slots)")
+    kv: float = Field(1.0, ge=0, description="KV-cache headroom: 1 - kv_usage (when every replica reports it)")
+    prefix: float = Field(3.0, ge=0, description="share of the prompt's leading blocks last sent to the replica")
+    session: float = Field(2.0, ge=0, description="1 on the session key's rendezvous owner")
+
+
+class PickerSection(FrozenModel):
+    """The endpoint picker that orders the replicas of a group (servelab.gateway.picker): ``policy``
+    ``default`` (least outstanding, or prefix affinity with ``affinity_chars`` > 0), ``prefix`` (the same),
+    ``round_robin``, ``least_outstanding``, ``power_of_two`` or ``engine`` (weighted scores from the engines'
+    own /metrics gauges, scraped every ``health.interval_s``). ``stale_after_s``: gauges older than this make
+    the ``engine`` policy fall back to least outstanding (counted). ``block_chars``/``max_blocks``: prompt
+    blocks hashed for the prefix scorer; ``index_blocks``: block hashes remembered per replica (LRU)."""
+
+    policy: Literal["default", "round_robin", "least_outstanding", "power_of_two", "prefix", "engine"] = Field(
+        "default", description="how a replica is chosen inside a group")
+    weights: PickerWeightsSection = Field(default_factory=PickerWeightsSection)
+    stale_after_s: float = Field(3.0, gt=0, description="seconds after which a replica's scraped gauges are stale")
+    block_chars: int = Field(64, ge=8, le=65536, description="prompt characters per prefix block")
+    max_blocks: int = Field(64, ge=1, le=4096, description="prefix blocks hashed per prompt")
+    index_blocks: int = Field(50_000, ge=0, description="block hashes remembered per replica (LRU; 0 = none)")
+
+
 class RoutingSection(FrozenModel):
     """Per-task routing: a request whose ``task_header`` names a task in ``tasks`` and whose body gives
     no model (or ``"auto"``) goes to that public model. ``affinity_chars``: leading prompt characters hashed
@@ -536,6 +563,7 @@ class RoutingSection(FrozenModel):
                                        "key id and the value); null = each request drawn at random")
     session_secret_env: str = Field("SERVELAB_SESSION_SECRET", pattern=_ENV, description="env var with the HMAC "
                                     "key of session_header (same on every replica); unset = a per-process key")
+    picker: PickerSection = Field(default_factory=PickerSection, description="replica choice inside a group")
 
 
 class RetrySection(FrozenModel):

@@ -40,6 +40,10 @@ Policies, in the order they apply:
    pool its key may not use.
 7. **Shadow**: with ``shadow.sample_rate`` r, a share r of requests (stable per request id) also gets a
    shadow target whose answer the server discards (migration comparisons, seeds 003 §15).
+8. **Endpoint picker**: with a ``picker`` (:class:`servelab.gateway.picker.Picker`, ``routing.picker.policy``
+   other than ``default``/``prefix``), step 4's replica order comes from the picker (round robin, least
+   outstanding, power of two choices, or the engine-aware scores); its decision for the primary group is
+   :attr:`RoutePlan.pick`.
 
 Outstanding requests are counted with :meth:`Router.acquire` / :class:`Lease` (per backend, shared by
 all Routers built with the same :class:`LoadTracker`, so a hot reload keeps the counts).
@@ -167,6 +171,10 @@ class RoutePlan:
     affinity: str | None = None
     #: fallback models left out because the caller may not use them (:meth:`Router.plan` ``may_use``)
     denied: tuple[str, ...] = ()
+    #: the endpoint picker's decision for the primary group (:meth:`servelab.gateway.picker.Pick.record`), or None
+    pick: Mapping[str, Any] | None = field(default=None, hash=False)
+    #: how the primary was chosen, when the picker chose it (the ``routed`` timeline event's ``why``)
+    why: str | None = None
 
     @property
     def primary(self) -> Target:
@@ -314,13 +322,14 @@ class Router:
     ``tasks``: task tag -> public model. ``breakers``: shared :class:`BreakerBoard` (default: a private
     one). ``load``: shared :class:`LoadTracker`. ``affinity_chars``: default prefix length for affinity
     (0 = off). ``balance_factor``: c >= 1 of the bounded-load rule (1.25 = at most ~25 % above the mean).
-    ``seed``: seeds the draws made for requests without an id (tests).
+    ``seed``: seeds the draws made for requests without an id (tests). ``picker``: a
+    :class:`servelab.gateway.picker.Picker` that orders the replicas of a group (module doc, step 8).
     """
 
     def __init__(self, backends: Sequence[Backend], models: Sequence[ModelRoute],
                  tasks: Mapping[str, str] | None = None, breakers: BreakerBoard | None = None,
                  load: LoadTracker | None = None, affinity_chars: int = 0, balance_factor: float = 1.25,
-                 max_fallback_depth: int = 3, seed: int | None = None) -> None:
+                 max_fallback_depth: int = 3, seed: int | None = None, picker: Any = None) -> None:
         self.backends: dict[str, Backend] = {}
         for b in backends:
             if b.name in self.backends:
@@ -367,6 +376,10 @@ class Router:
         self.balance_factor = balance_factor
         self.max_fallback_depth = max_fallback_depth
         self._rng = random.Random(seed)
+        self.picker = picker if picker is not None and picker.active else None
+        # the picker's context and first decision of the plan() being built (plan() never awaits)
+        self._pick_ctx: Any = None
+        self._pick: Any = None
         self._groups: dict[str, list[_Group]] = {name: self._build_groups(m) for name, m in self.models.items()}
 
     def _check_target(self, where: str, backend: str, model: str) -> None:
@@ -442,6 +455,10 @@ class Router:
         chars = self.affinity_chars if route.affinity_chars is None else route.affinity_chars
         prefix = prompt_prefix[:chars] if chars > 0 else ""
         in_pools = (lambda b: True) if pools is None else (lambda b: self.backends[b].pool in pools)
+        self._pick = None
+        if self.picker is not None:
+            s = self.picker.settings
+            self._pick_ctx = self.picker.context(affinity_text(body, s.block_chars * s.max_blocks), request_id, tie)
         own = [t for t in self._model_targets(name, u, tie, prefix, PRIMARY, _EMPTY) if in_pools(t.backend)]
         targets = list(own)
         seen = {(t.backend, t.upstream_model) for t in targets}
@@ -450,8 +467,14 @@ class Router:
             if (t.backend, t.upstream_model) not in seen and in_pools(t.backend):  # not already a retry
                 targets.append(t)
                 seen.add((t.backend, t.upstream_model))
+        pick, self._pick = self._pick, None
+        ctx, self._pick_ctx = self._pick_ctx, None
         if not targets:
             raise self._unavailable(name)
+        if pick is not None and (not own or pick.chosen != own[0].backend):
+            pick = None  # the picker ordered a fallback group only: the plan's primary was not its choice
+        if pick is not None and self.picker is not None:
+            self.picker.commit(pick, own[0].backend, ctx)
         shadow = None
         if route.shadow is not None and route.shadow.sample_rate > 0:
             v = stable_unit(request_id, "shadow") if request_id else self._rng.random()
@@ -460,7 +483,9 @@ class Router:
                 shadow = self._target(route.shadow.backend, route.shadow.model, name, SHADOW, _EMPTY)
         return RoutePlan(public_model=name, targets=tuple(targets), shadow=shadow, task=task,
                          degraded=not own, affinity=hashlib.blake2b(prefix.encode(), digest_size=8).hexdigest()
-                         if prefix else None, denied=tuple(denied))
+                         if prefix else None, denied=tuple(denied),
+                         pick=pick.record() if pick is not None else None,
+                         why=f"picker {pick.policy}: {pick.how}" if pick is not None else None)
 
     def _target(self, backend: str, model: str, public: str, role: str, overrides: Mapping[str, Any]) -> Target:
         b = self.backends[backend]
@@ -494,6 +519,13 @@ class Router:
         if len(specs) <= 1:
             return specs
         load = {s.backend: self.load.outstanding(s.backend) for s in specs}
+        if self.picker is not None and self._pick_ctx is not None:
+            by_name = {s.backend: s for s in specs}
+            names, pick = self.picker.order(list(by_name), {s.backend: s.weight for s in specs}, load,
+                                            {n: self.backends[n].max_in_flight for n in by_name}, self._pick_ctx)
+            if self._pick is None:
+                self._pick = pick
+            return [by_name[n] for n in names]
         if prefix:
             by_name = {s.backend: s for s in specs}
             ranked = [by_name[n] for n in hrw_order(prefix, by_name)]

@@ -67,6 +67,7 @@ from servelab.gateway.ledger import Ledger
 from servelab.gateway.limits import Admission, Limiter, safe_url
 from servelab.gateway.listener import GuardedRunner, settings_for
 from servelab.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
+from servelab.gateway.picker import PickerState
 from servelab.gateway.relay import Relay, map_finish_bytes, openai_finish
 from servelab.gateway.reqstate import RequestState
 from servelab.gateway.routing import LoadTracker
@@ -187,6 +188,8 @@ class Gateway:
         self.breakers = BreakerBoard(breaker_settings(config), redis=self._redis)
         self.load = LoadTracker()
         self._version = 0
+        #: the endpoint picker's prefix index, counters and engine gauges, kept across reloads (gateway.picker)
+        self.picks = PickerState(self._engine_state, self.metrics.registry)
         self.snap = self._build(config)
         self.retry_budget = RetryBudget(ratio=config.retry.budget_ratio)
         self.last_reload: dict[str, Any] = {"ok": True, "version": 1, "at": time.time(), "error": None,
@@ -226,9 +229,14 @@ class Gateway:
         self.app = self._make_app()
 
     # ------------------------------------------------------------------ lifecycle
+    def _engine_state(self, backend: str) -> dict[str, Any] | None:
+        """The engine gauges of ``backend`` at their last scrape (servelab.gateway.enginegauges), or None."""
+        gauges = getattr(self, "engine_gauges", None)  # made after the first snapshot
+        return gauges.state(backend) if gauges is not None else None
+
     def _build(self, cfg: GatewayConfig) -> Snapshot:
         self._version += 1
-        return Snapshot(cfg, self._version, self.breakers, self.load)
+        return Snapshot(cfg, self._version, self.breakers, self.load, self.picks)
 
     def _make_app(self) -> web.Application:
         app = web.Application(client_max_size=1 << 40)  # bodies are bounded per request (413), not here

@@ -12,6 +12,7 @@ import aiohttp
 
 from servelab.gateway.breaker import BreakerBoard, BreakerSettings, RetryBudget
 from servelab.gateway.config import GatewayConfig, ModelEntry
+from servelab.gateway.picker import Picker, PickerSettings, PickerState, ScoreWeights
 from servelab.gateway.routing import Backend as RouteBackend
 from servelab.gateway.routing import FallbackSpec, LoadTracker, ModelRoute, Router, ShadowSpec, TargetSpec
 
@@ -22,7 +23,8 @@ class Snapshot:
     """Everything derived from one config file; never mutated after it is built, so a request can keep
     using the one it started with while a reload installs the next."""
 
-    def __init__(self, cfg: GatewayConfig, version: int, breakers: BreakerBoard, load: LoadTracker) -> None:
+    def __init__(self, cfg: GatewayConfig, version: int, breakers: BreakerBoard, load: LoadTracker,
+                 picks: PickerState | None = None) -> None:
         self.cfg = cfg
         self.version = version
         self.backends = {b.name: b for b in cfg.backends}
@@ -44,9 +46,13 @@ class Snapshot:
                                          t.weight * self.backends[t.backend].weight) for t in m.targets),
                 fallback=tuple(FallbackSpec(f.model, f.max_tokens, dict(f.params)) for f in m.fallback),
                 shadow=sh))
+        pk = cfg.routing.picker
+        picker = Picker(PickerSettings(pk.policy, ScoreWeights(**pk.weights.model_dump()), pk.stale_after_s,
+                                       pk.block_chars, pk.max_blocks, pk.index_blocks, cfg.routing.balance_factor),
+                        picks if picks is not None else PickerState())
         self.router = Router(route_backends, routes, tasks=cfg.routing.tasks, breakers=breakers, load=load,
                              affinity_chars=cfg.routing.affinity_chars,
-                             balance_factor=cfg.routing.balance_factor)
+                             balance_factor=cfg.routing.balance_factor, picker=picker)
         self.timeouts = {b.name: aiohttp.ClientTimeout(total=None, sock_connect=b.connect_timeout_s,
                                                        connect=None, sock_read=b.read_timeout_s)
                          for b in cfg.backends}

@@ -108,6 +108,8 @@ class Upstream:
             log.info("request %s: fallback %s of %s skipped: key %s may not use it", r.rid, m, r.model, r.key_id)
         targets = list(plan.targets)
         r.timeline.mark("routed", route_event(plan, snap.router.load.outstanding))
+        if plan.pick is not None:  # the endpoint picker's choice and every replica's scores (gateway.picker)
+            r.timeline.mark("pick", dict(plan.pick))
         if plan.shadow is not None and not self.shadow_sem.locked() and self.session is not None:
             r.shadow = ShadowRun(r.t0_ns)  # at most 16 at a time: dropped beyond, never queued
             self.spawn(self.shadow(snap, plan.shadow, body, r, r.shadow))
