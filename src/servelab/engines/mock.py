@@ -175,7 +175,7 @@ class MockRecord:
 
     __slots__ = ("request_id", "client_request_id", "endpoint", "stream", "model", "recv_ns", "headers_ns",
                  "token_write_ns", "token_counts", "done_ns", "injected", "status", "output_tokens", "prompt_tokens",
-                 "finish_reason", "sampling", "cached_tokens")
+                 "finish_reason", "sampling", "cached_tokens", "traceparent")
 
     def __init__(self, request_id: str, recv_ns: int) -> None:
         self.request_id = request_id
@@ -196,6 +196,8 @@ class MockRecord:
         self.sampling: dict[str, Any] = {}
         #: prompt words found in the prefix cache (--prefix-cache-blocks; 0 without one)
         self.cached_tokens = 0
+        #: the W3C ``traceparent`` header received (a tracing gateway's attempt span), or None
+        self.traceparent: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a JSON-ready dict (the shape of one ``/mock/records`` item)."""
@@ -733,6 +735,7 @@ class MockServer:
         seq = next(self._ids)
         rec = MockRecord(request.headers.get("X-Request-Id") or str(seq), recv)
         rec.client_request_id = request.headers.get("X-Client-Request-ID")
+        rec.traceparent = request.headers.get("traceparent")
         rec.endpoint = "chat" if chat else "completions"
         self.records.append(rec)
         self.requests += 1

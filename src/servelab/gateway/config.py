@@ -26,7 +26,8 @@ __all__ = [
     "BACKEND_KINDS", "SCHEMA_PATH", "AdminSection", "Backend", "BreakerSection", "Capabilities", "EngineFields",
     "FallbackStep", "GatewayConfig", "HealthSection", "KeyEntry", "LedgerSection", "ModelEntry", "RetrySection",
     "RoutingSection",
-    "ServerSection", "Shadow", "SharedLimits", "StateSection", "Target", "Tenant", "json_schema", "load_config",
+    "ServerSection", "Shadow", "SharedLimits", "StateSection", "Target", "Tenant", "TracingSection", "json_schema",
+    "load_config",
     "parse_config", "PUBLISHED_SCHEMA",
 ]
 
@@ -597,6 +598,28 @@ class HealthSection(FrozenModel):
     timeout_s: float = Field(1.0, gt=0)
 
 
+class TracingSection(FrozenModel):
+    """OpenTelemetry traces of the gateway's requests (servelab.gateway.tracing), exported over OTLP/HTTP;
+    off while ``endpoint`` is null. Needs the ``otel`` extra (``pip install 'servelab[otel]'``). ``endpoint``:
+    the collector's traces URL (``http://127.0.0.1:4318/v1/traces``); ``sample_ratio``: share of requests
+    traced (0-1) when the client sent no ``traceparent``, else the client's sampled flag decides;
+    ``service_name``: the resource's ``service.name``; ``export_timeout_s``: one export's limit (s)."""
+
+    endpoint: str | None = Field(None, description="OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces; "
+                                 "null = tracing off")
+    sample_ratio: float = Field(1.0, ge=0, le=1, description="share of requests traced (0-1) without a "
+                                "client traceparent")
+    service_name: str = Field("servelab-gateway", min_length=1, max_length=128, description="service.name of the spans")
+    export_timeout_s: float = Field(10.0, gt=0, le=300, description="longest wait for one OTLP export, s")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v.strip()):
+            raise ValueError(f"{v!r} is not an http(s) URL; use e.g. http://127.0.0.1:4318/v1/traces")
+        return v.strip() if v is not None else None
+
+
 class GatewayConfig(FrozenModel):
     """The whole gateway file. See each section's class for units and defaults."""
 
@@ -613,6 +636,7 @@ class GatewayConfig(FrozenModel):
     breaker: BreakerSection = Field(default_factory=BreakerSection)
     health: HealthSection = Field(default_factory=HealthSection)
     degrade: DegradeSection = Field(default_factory=DegradeSection)
+    tracing: TracingSection = Field(default_factory=TracingSection)
 
     @field_validator("tenants", "keys", mode="before")
     @classmethod

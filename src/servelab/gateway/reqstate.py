@@ -74,6 +74,8 @@ class RequestState:
     api: ApiAdapter | None = None
     #: what happened when (servelab.gateway.timeline), for the access log and `servelab gateway explain`
     timeline: Timeline = field(default_factory=Timeline)
+    #: its OpenTelemetry trace while tracing is on (servelab.gateway.tracing.RequestTrace), else None
+    trace: Any = None
 
 
 class UpstreamFailed(Exception):

@@ -74,6 +74,7 @@ from servelab.gateway.routing import LoadTracker
 from servelab.gateway.shadow import ShadowBook, ShadowSide
 from servelab.gateway.snapshot import Snapshot, breaker_settings
 from servelab.gateway.timeline import connection_trace
+from servelab.gateway.tracing import Tracing
 from servelab.gateway.upstream import Upstream, reason
 from servelab.gateway.workers import worker_session_key
 from servelab.wire.client import ConfigError
@@ -212,6 +213,8 @@ class Gateway:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watch_task: asyncio.Task[None] | None = None
         self._access = AccessLog(config.server.access_log, worker)
+        #: OpenTelemetry spans of each request over OTLP/HTTP (servelab.gateway.tracing); None = off
+        self.tracing = Tracing.from_section(config.tracing, worker)
         self._flush_task: asyncio.Task[None] | None = None
         #: mirrored requests' old-vs-new samples (GET /admin/shadow, servelab gateway shadow-report)
         self.shadows = ShadowBook()
@@ -549,6 +552,8 @@ class Gateway:
                 with contextlib.suppress(Exception):
                     await closer()
         self._access.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # exports the spans still held
         with contextlib.suppress(OSError):
             self.metrics.flush()  # a worker's last inter-token counts stay in the merged view
 
@@ -624,6 +629,7 @@ class Gateway:
             cfg = load_config(self.config_path)
             snap = self._build(cfg)
             new_breakers = breaker_settings(cfg)
+            tracing = Tracing.from_section(cfg.tracing, self.worker) if cfg.tracing != old.tracing else self.tracing
         except Exception as e:  # noqa: BLE001 - any failure (RecursionError from deep YAML, MemoryError)
             # leaves the running config in force; ConfigError/ValueError already name the field
             msg = str(e) if isinstance(e, (ConfigError, ValueError)) else (
@@ -658,6 +664,10 @@ class Gateway:
         self.retry_budget.ratio = cfg.retry.budget_ratio
         if old.server.trusted_proxies != cfg.server.trusted_proxies and isinstance(self._runner, GuardedRunner):
             self._runner.set_trusted_proxies(tuple(cfg.server.trusted_proxies))
+        if tracing is not self.tracing:
+            old_tracing, self.tracing = self.tracing, tracing
+            if old_tracing is not None:
+                self._spawn(asyncio.to_thread(old_tracing.shutdown))
         if old.server.access_log != cfg.server.access_log:
             old_log, self._access = self._access, AccessLog(cfg.server.access_log, self.worker)
             old_log.close()
@@ -773,6 +783,8 @@ class Gateway:
         snap = self.snap  # this request's config for its whole life
         r = RequestState(_request_id(request), endpoint, _now(), time.time(), client_rid=_client_request_id(request),
                          api=api)
+        if self.tracing is not None:
+            r.trace = self.tracing.begin(request.headers)
         answer = _error_response if api is None else api.error_response
         admission: Admission | None = None
         in_flight = None
@@ -832,6 +844,8 @@ class Gateway:
         if r.status == 200 and r.model != "-":
             self._degrade.observe(r.model, r.ttft_ns)
         self._access.write(access_record(r, e2e_ns, snap.version, used))
+        if self.tracing is not None:
+            self.tracing.finish(r, e2e_ns, snap)
         if r.shadow is not None:  # a mirrored request: its primary side, for the shadow report
             r.shadow.primary_done(ShadowSide(
                 backend=r.backend, upstream_model=r.upstream_model, status=r.status,

@@ -191,6 +191,8 @@ class Upstream:
             headers["X-Client-Request-ID"] = r.client_rid
         if r.stream:
             headers["Accept"] = "text/event-stream"
+        if r.trace is not None:  # W3C traceparent naming this attempt's span (servelab.gateway.tracing)
+            headers.update(r.trace.headers(r.retries + 1))
         outcome = "failure"
         resp = None
         try:
