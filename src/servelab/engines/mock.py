@@ -655,8 +655,11 @@ class MockServer:
             await runner.cleanup()
 
     def reset(self) -> None:
-        """Clear records and counters and re-seed the failure RNG (a run after a reset is reproducible)."""
+        """Clear records and counters, empty the prefix cache and re-seed the failure RNG (a run after a reset
+        is reproducible)."""
         self.records.clear()
+        if self.cache is not None:
+            self.cache = PrefixCache(self.cache.capacity)
         self.requests = 0
         self.completed = 0
         self.injected = dict.fromkeys(INJECTED_KINDS, 0)
