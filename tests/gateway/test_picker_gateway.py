@@ -77,12 +77,13 @@ def _wait_scraped(gw: Any, n: int = 3, timeout_s: float = 10.0) -> None:
     raise AssertionError("the gateway never scraped every engine's /metrics")
 
 
-def _picks(gw: Any) -> dict[str, tuple[str, dict[str, Any] | None]]:
-    """request id -> (backend that answered, the pick event's attributes)."""
+def _picks(gw: Any) -> dict[str, tuple[str, dict[str, Any]]]:
+    """request id -> (backend that answered, the pick event's attributes); every line must have one."""
     out = {}
     for rec in gw.access_records():
         pick = next((ev[2] for ev in rec.get("timeline", []) if ev[0] == "pick"), None)
-        out[rec["request_id"]] = (rec["backend"], pick)
+        assert isinstance(pick, dict), f"no pick event in {rec['request_id']}'s timeline"
+        out[rec["request_id"]] = (str(rec["backend"]), pick)
     return out
 
 
