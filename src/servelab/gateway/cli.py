@@ -27,7 +27,8 @@ import typer
 from servelab.wire.errors import ConfigError
 from servelab.wire.files import install_uvloop
 
-__all__ = ["alerts_command", "explain_command", "gateway_app", "gateway_command", "serve", "shadow_report_command"]
+__all__ = ["alerts_command", "dashboard_command", "explain_command", "gateway_app", "gateway_command", "serve",
+           "shadow_report_command"]
 
 
 def _cpus() -> int:
@@ -253,3 +254,11 @@ def alerts_command() -> None:
     from servelab.gateway.alerts import rules_text
 
     print(rules_text(), end="")
+
+
+@gateway_app.command("dashboard")
+def dashboard_command() -> None:
+    """Print the gateway's Grafana dashboard JSON (import it as is; the Prometheus data source is a variable)."""
+    from servelab.gateway.dashboards import dashboard_text
+
+    print(dashboard_text(), end="")
