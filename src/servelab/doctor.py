@@ -176,7 +176,8 @@ def _which(name: str, exe: str, fix: str, need: Need, alt: str = "") -> Check:
 
 
 def check_services() -> list[Check]:
-    """Chromium (report rendering tests), redis-server and PostgreSQL 15 (gateway tests)."""
+    """Chromium (report rendering tests), redis-server and PostgreSQL 15 (gateway tests), Prometheus's
+    promtool (the shipped alert rules' unit tests; the dashboard test also runs ``prometheus``)."""
     pg = Path("/usr/lib/postgresql/15/bin/postgres")
     return [
         _which("chromium", "chromium", "bash scripts/install-chromium.sh", "tests", alt="chromium-browser"),
@@ -184,6 +185,7 @@ def check_services() -> list[Check]:
         Check("postgresql-15", "ok", str(pg), "tests") if pg.is_file() and shutil.which("pg_createcluster") else
         Check("postgresql-15", "missing", "PostgreSQL 15 server or pg_createcluster absent", "tests",
               "apt-get install -y postgresql-15"),
+        _which("prometheus", "promtool", "apt-get install -y prometheus", "tests"),
     ]
 
 
