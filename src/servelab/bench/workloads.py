@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,20 +63,65 @@ from servelab.wire import ConfigError, RequestSpec
 if TYPE_CHECKING:
     from servelab.modelfile.tokenizer import TokenCounter
 
-WORKLOADS: dict[str, str] = {
-    "short-qa": "short question, short answer (input ~64 tokens, output 32-128): TTFT and base throughput",
-    "rag": "long input, short output (context passages + question, input 1000-3000, output 64-128)",
-    "long-gen": "short input, long output (input ~64, output 512-1024): writing, code, reports",
-    "structured": "JSON-schema output (response_format json_schema, strict; input 64-256, output 128-256)",
-    "mix": "the four sets above mixed by ratio (default short-qa:5,rag:2,long-gen:1,structured:2)",
-    "shared-prefix": "N shared long prefixes (1024 tokens) + short distinct suffixes: prefix-cache effects",
-    "tools": "tool calling: 4 tools with nested schemas offered, tool_choice auto/required/named in turn "
-             "(input 64-256, output 128-256); every call checked against its tool's schema",
-}
+
+@dataclass(frozen=True)
+class WorkloadKind:
+    """A workload set built by name: ``build`` turns a :class:`WorkloadContext` (seed, endpoint, token
+    counter, overrides) into request ``i``'s maker; ``mixable``: a class the ``mix`` set (and a trial's
+    goal mix) can draw; ``keys``: override keys it reads beyond the common ones. Adding a set is one
+    :func:`register_workload` call; ``servelab bench -w NAME`` and a trial's ``workloads:`` then accept it."""
+
+    name: str
+    description: str
+    build: Callable[[WorkloadContext], Callable[[int], RequestSpec]]
+    mixable: bool = False
+    keys: frozenset[str] = frozenset()
+
+
+_KINDS: dict[str, WorkloadKind] = {}  # the one table of workload sets, in registration order
+
+
+class _Descriptions(Mapping[str, str]):
+    """The registered sets, name -> description, as registered now."""
+
+    def __getitem__(self, name: str) -> str:
+        return _KINDS[name].description
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(_KINDS))
+
+    def __len__(self) -> int:
+        return len(_KINDS)
+
+
+#: the registered workload sets, name -> description (a live view of the registry)
+WORKLOADS: Mapping[str, str] = _Descriptions()
+
+
+def register_workload(kind: WorkloadKind) -> WorkloadKind:
+    """Add ``kind`` to the registry (raises :class:`ValueError` when its name is taken); returns it."""
+    if kind.name in _KINDS:
+        raise ValueError(f"workload {kind.name!r} is already registered")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def unregister_workload(name: str) -> None:
+    """Remove the set ``name`` from the registry (nothing when it is not there)."""
+    _KINDS.pop(name, None)
+
+
+def mixable_workloads() -> tuple[str, ...]:
+    """The sets a mix can draw, in registration order."""
+    return tuple(n for n, k in _KINDS.items() if k.mixable)
+
 
 DEFAULT_RATIO = "short-qa:5,rag:2,long-gen:1,structured:2"
-_MIXABLE = ("short-qa", "rag", "long-gen", "structured")
-_KEYS = {"input_tokens", "output_tokens", "ratio", "prefix_tokens", "num_prefixes", "suffix_tokens", "lang", "extra"}
+_COMMON_KEYS = frozenset({"input_tokens", "output_tokens", "lang", "extra"})
+
+
+def _keys() -> set[str]:
+    return set(_COMMON_KEYS).union(*(k.keys for k in _KINDS.values()))
 
 #: Approximate words per token when no tokenizer is given.
 WORDS_PER_TOKEN = 0.75
@@ -252,8 +297,8 @@ def parse_ratio(value: str) -> list[tuple[str, int]]:
     for part in split_list(str(value), "--set ratio", "give e.g. ratio=short-qa:5,rag:2"):
         name, sep, w = part.partition(":")
         name = name.strip()
-        if name not in _MIXABLE:
-            raise ConfigError(f"bad ratio {value!r}: {name!r} is not one of {', '.join(_MIXABLE)}")
+        if name not in mixable_workloads():
+            raise ConfigError(f"bad ratio {value!r}: {name!r} is not one of {', '.join(mixable_workloads())}")
         try:
             weight = int(w) if sep else 1
         except ValueError:
@@ -487,7 +532,7 @@ def _spec(endpoint: str, text: str, max_tokens: int, workload: str, target: int 
 
 def make_workload(name: str, counter: TokenCounter | None, seed: int = 0, endpoint: str = "chat",
                   ignore_eos: bool = False, **overrides: Any) -> Workload:
-    """Build the built-in workload ``name`` (a key of :data:`WORKLOADS`).
+    """Build the registered workload ``name`` (a key of :data:`WORKLOADS`).
 
     ``counter`` fits prompts to exact token lengths (``None``: approximate, ``prompt_tokens_target``
     ``None``). ``endpoint`` is ``"chat"`` (``messages``) or ``"completions"`` (``prompt``).
@@ -495,13 +540,15 @@ def make_workload(name: str, counter: TokenCounter | None, seed: int = 0, endpoi
     (a JSON answer must be able to end). Overrides are documented in the module docstring.
     Raises :class:`ConfigError` for an unknown name, endpoint or override, or a bad override value.
     """
-    if name not in WORKLOADS:
+    kind = _KINDS.get(name)
+    if kind is None:
         raise ConfigError(f"unknown workload {name!r}: choose from {', '.join(WORKLOADS)}")
     if endpoint not in ("chat", "completions"):
         raise ConfigError(f"bad endpoint {endpoint!r}: use chat or completions")
-    unknown = sorted(set(overrides) - _KEYS)
+    keys = _keys()
+    unknown = sorted(set(overrides) - keys)
     if unknown:
-        raise ConfigError(f"unknown workload parameter(s) {', '.join(unknown)}: valid are {', '.join(sorted(_KEYS))}")
+        raise ConfigError(f"unknown workload parameter(s) {', '.join(unknown)}: valid are {', '.join(sorted(keys))}")
     extra = overrides.get("extra") or {}
     if isinstance(extra, str):
         extra = _json_value(extra, "bad extra: ", "give a JSON object")
@@ -510,27 +557,20 @@ def make_workload(name: str, counter: TokenCounter | None, seed: int = 0, endpoi
     _check_sendable(extra, "bad extra: ")
     maker = _TextMaker(counter, str(overrides.get("lang", "en")))
     tok_name = counter.name if counter is not None else None
-    ctx = _Ctx(maker, seed, endpoint, ignore_eos, extra, overrides)
-    if name == "mix":
-        ratio = parse_ratio(overrides.get("ratio", DEFAULT_RATIO))
-        subs = {n: _BUILDERS[n](ctx) for n, _ in ratio}
-        block = [n for n, w in ratio for _ in range(w)]
-
-        def make(i: int) -> RequestSpec:
-            b, k = divmod(i, len(block))
-            order = list(block)
-            _rng(seed, "mix-block", b).shuffle(order)
-            return subs[order[k]](i)
-
-        desc = f"{WORKLOADS['mix']}; ratio {','.join(f'{n}:{w}' for n, w in ratio)}"
-        return Workload("mix", desc, make, tok_name, {"ratio": ratio, **overrides},
-                        max_input_tokens=ctx.max_input_tokens)
-    return Workload(name, WORKLOADS[name], _BUILDERS[name](ctx), tok_name, dict(overrides),
-                    max_input_tokens=ctx.max_input_tokens)
+    ctx = WorkloadContext(maker, seed, endpoint, ignore_eos, extra, overrides)
+    make = kind.build(ctx)
+    return Workload(name, kind.description + (f"; {ctx.note}" if ctx.note else ""), make, tok_name,
+                    dict(overrides) if ctx.params is None else ctx.params, max_input_tokens=ctx.max_input_tokens)
 
 
 @dataclass
-class _Ctx:
+class WorkloadContext:
+    """What a :class:`WorkloadKind`'s builder builds from: ``maker`` (text of a given length in the
+    workload tokenizer), ``seed``, ``endpoint`` (``chat`` or ``completions``), ``ignore_eos``, the
+    requests' ``extra`` fields and the ``overrides`` (``--set``). A builder may raise
+    ``max_input_tokens`` (:meth:`length` does for ``input_tokens``), and set ``note`` (added to the
+    description) and ``params`` (the workload's recorded parameters; default: the overrides)."""
+
     maker: _TextMaker
     seed: int
     endpoint: str
@@ -539,6 +579,12 @@ class _Ctx:
     overrides: dict[str, Any]
 
     max_input_tokens: int = 0  # the longest prompt any builder using this context can make
+    note: str = ""
+    params: dict[str, Any] | None = None
+
+    def request(self, text: str, max_tokens: int, workload: str, target: int | None) -> RequestSpec:
+        """A request of ``text`` (the user message, or the prompt) answered in up to ``max_tokens``."""
+        return _spec(self.endpoint, text, max_tokens, workload, target, self.ignore_eos, self.extra)
 
     def length(self, key: str, default: Any) -> Length:
         limit = MAX_OUTPUT_TOKENS if key == "output_tokens" else MAX_PROMPT_TOKENS
@@ -551,7 +597,7 @@ class _Ctx:
         return n if self.maker.counter is not None else None
 
 
-def _short_qa(ctx: _Ctx) -> Callable[[int], RequestSpec]:
+def _short_qa(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
     inp, out = ctx.length("input_tokens", "normal:64,16,16,160"), ctx.length("output_tokens", "32-128")
 
     def make(i: int) -> RequestSpec:
@@ -563,7 +609,7 @@ def _short_qa(ctx: _Ctx) -> Callable[[int], RequestSpec]:
     return make
 
 
-def _rag(ctx: _Ctx) -> Callable[[int], RequestSpec]:
+def _rag(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
     inp, out = ctx.length("input_tokens", "1000-3000"), ctx.length("output_tokens", "64-128")
 
     def make(i: int) -> RequestSpec:
@@ -579,7 +625,7 @@ def _rag(ctx: _Ctx) -> Callable[[int], RequestSpec]:
     return make
 
 
-def _long_gen(ctx: _Ctx) -> Callable[[int], RequestSpec]:
+def _long_gen(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
     inp, out = ctx.length("input_tokens", "normal:64,12,24,128"), ctx.length("output_tokens", "512-1024")
 
     def make(i: int) -> RequestSpec:
@@ -593,7 +639,7 @@ def _long_gen(ctx: _Ctx) -> Callable[[int], RequestSpec]:
     return make
 
 
-def _structured(ctx: _Ctx) -> Callable[[int], RequestSpec]:
+def _structured(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
     inp, out = ctx.length("input_tokens", "64-256"), ctx.length("output_tokens", "128-256")
 
     def make(i: int) -> RequestSpec:
@@ -608,7 +654,7 @@ def _structured(ctx: _Ctx) -> Callable[[int], RequestSpec]:
     return make
 
 
-def _shared_prefix(ctx: _Ctx) -> Callable[[int], RequestSpec]:
+def _shared_prefix(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
     ov = ctx.overrides
     try:
         prefix_tokens = int(ov.get("prefix_tokens", 1024))
@@ -656,7 +702,7 @@ def _fit_suffix(maker: _TextMaker, rng: random.Random, head: str, total: int) ->
     return maker.fit(rng, total, head)
 
 
-def _tools(ctx: _Ctx) -> Callable[[int], RequestSpec]:
+def _tools(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
     if ctx.endpoint != "chat":
         raise ConfigError("the tools workload needs --endpoint chat (tools are a chat-completions feature)")
     inp, out = ctx.length("input_tokens", "64-256"), ctx.length("output_tokens", "128-256")
@@ -673,10 +719,40 @@ def _tools(ctx: _Ctx) -> Callable[[int], RequestSpec]:
     return make
 
 
-_BUILDERS: dict[str, Callable[[_Ctx], Callable[[int], RequestSpec]]] = {
-    "short-qa": _short_qa, "rag": _rag, "long-gen": _long_gen, "structured": _structured,
-    "shared-prefix": _shared_prefix, "tools": _tools,
-}
+def _mix(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
+    ratio = parse_ratio(ctx.overrides.get("ratio", DEFAULT_RATIO))
+    subs = {n: _KINDS[n].build(ctx) for n, _ in ratio}
+    block = [n for n, w in ratio for _ in range(w)]
+    seed = ctx.seed
+
+    def make(i: int) -> RequestSpec:
+        b, k = divmod(i, len(block))
+        order = list(block)
+        _rng(seed, "mix-block", b).shuffle(order)
+        return subs[order[k]](i)
+
+    ctx.note = f"ratio {','.join(f'{n}:{w}' for n, w in ratio)}"
+    ctx.params = {"ratio": ratio, **ctx.overrides}
+    return make
+
+
+for _kind in (
+    WorkloadKind("short-qa", "short question, short answer (input ~64 tokens, output 32-128): TTFT and base "
+                 "throughput", _short_qa, mixable=True),
+    WorkloadKind("rag", "long input, short output (context passages + question, input 1000-3000, output 64-128)",
+                 _rag, mixable=True),
+    WorkloadKind("long-gen", "short input, long output (input ~64, output 512-1024): writing, code, reports",
+                 _long_gen, mixable=True),
+    WorkloadKind("structured", "JSON-schema output (response_format json_schema, strict; input 64-256, output "
+                 "128-256)", _structured, mixable=True),
+    WorkloadKind("mix", "the four sets above mixed by ratio (default short-qa:5,rag:2,long-gen:1,structured:2)",
+                 _mix, keys=frozenset({"ratio"})),
+    WorkloadKind("shared-prefix", "N shared long prefixes (1024 tokens) + short distinct suffixes: prefix-cache "
+                 "effects", _shared_prefix, keys=frozenset({"prefix_tokens", "num_prefixes", "suffix_tokens"})),
+    WorkloadKind("tools", "tool calling: 4 tools with nested schemas offered, tool_choice auto/required/named in "
+                 "turn (input 64-256, output 128-256); every call checked against its tool's schema", _tools),
+):
+    register_workload(_kind)
 
 
 # ---------------------------------------------------------------------------------------------------

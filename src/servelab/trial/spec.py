@@ -38,7 +38,7 @@ from servelab.bench.load import LoadModel
 from servelab.bench.options import (MAX_CONCURRENCY, MAX_OUTPUT_TOKENS, MAX_RATE_RPS, MAX_REQUESTS_PER_STEP,
                                     MAX_STEP_S)
 from servelab.bench.slo import Objective, parse_slo
-from servelab.bench.workloads import WORKLOADS, make_workload, parse_ratio
+from servelab.bench.workloads import WORKLOADS, make_workload, mixable_workloads, parse_ratio
 from servelab.engines import registry
 from servelab.engines.llamacpp import LlamaCppSettings
 from servelab.engines.mocklaunch import MockSettings
@@ -76,7 +76,6 @@ _ENV_NAME = ENV_NAME_PATTERN
 #: sub-features the smoke test can require of a candidate
 SmokeCheck = Literal["streaming", "usage", "json_schema", "stop", "tools", "reasoning", "cancellation"]
 _ALL_SMOKE: tuple[SmokeCheck, ...] = ("streaming", "usage", "json_schema", "stop")
-_MIXABLE = ("short-qa", "rag", "long-gen", "structured")
 
 
 def _resolve_path(value: str, info: ValidationInfo, what: str, fix: str) -> str:
@@ -287,7 +286,7 @@ class Goal(StrictModel):
             try:
                 parse_ratio(v)
             except ConfigError as e:
-                raise ValueError(f"{e}; sets: {', '.join(_MIXABLE)}") from None
+                raise ValueError(f"{e}; sets: {', '.join(mixable_workloads())}") from None
         return v
 
     @property
@@ -695,9 +694,9 @@ class Experiment(StrictModel):
             if self.goal.expected_rate_rps is None:
                 raise ValueError("goal.expected_rate_rps: required when arrival_test.enabled is true; give the stated "
                                  "arrival rate in requests/s, or set arrival_test.enabled: false")
-            if self.goal.mix is None and not any(w.name in _MIXABLE for w in self.workloads):
+            if self.goal.mix is None and not any(w.name in mixable_workloads() for w in self.workloads):
                 raise ValueError(f"goal.mix: required for the arrival test when no workload is one of "
-                                 f"{', '.join(_MIXABLE)}; give e.g. short-qa:3,structured:1")
+                                 f"{', '.join(mixable_workloads())}; give e.g. short-qa:3,structured:1")
             try:
                 make_workload("mix", None, **{**self.arrival_test.set, "ratio": self.arrival_mix})
             except ConfigError as e:
@@ -709,7 +708,7 @@ class Experiment(StrictModel):
         """The arrival test's ratio: ``goal.mix``, or the mixable workloads with weight 1 each."""
         if self.goal.mix is not None:
             return self.goal.mix
-        names = [w.name for w in self.workloads if w.name in _MIXABLE]
+        names = [w.name for w in self.workloads if w.name in mixable_workloads()]
         return ",".join(f"{n}:1" for n in names) or "short-qa:1"
 
     def arrival_load(self) -> LoadModel:
