@@ -22,6 +22,7 @@ from pydantic import Field
 
 from servelab.engines.probe import Fact, ProbedIdentity, probe_sync
 from servelab.wire.config import StrictModel
+from servelab.wire.jsontypes import JsonObject
 
 __all__ = ["Declared", "fill_identity", "merge_facts", "probe_candidate"]
 
@@ -65,7 +66,7 @@ def merge_facts(engine: Mapping[str, Any] | None, probed: ProbedIdentity | None,
             facts.setdefault(name, f)
         if probed.kind and "engine_kind" not in facts:
             facts["engine_kind"] = Fact(value=probed.kind, source="probe (" + ", ".join(probed.answered) + ")")
-    dec: dict[str, Any] = declared.model_dump(exclude_none=True) if declared is not None else {}
+    dec: JsonObject = declared.model_dump(mode="json", exclude_none=True) if declared is not None else {}
     if price_per_hour is not None:
         dec["price_per_hour"] = price_per_hour
     for field, value in dec.items():

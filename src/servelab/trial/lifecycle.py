@@ -173,7 +173,7 @@ def restart_under_load(engine: Any, relaunch: Callable[[int], Any], *, clients: 
     runs at the end (the relaunched one; the caller stops it). Raises nothing for what the engine does;
     a relaunch that fails is in ``restart_error`` (and the returned engine is the stopped old one)."""
     res = RestartUnderLoad(clients=clients, duration_s=duration_s, restart_at_s=restart_at_s)
-    box: dict[str, Any] = {"engine": engine}
+    box = [engine]  # the engine running now: the relaunched one once the restarter swapped it
     t0 = time.monotonic()
     marks: dict[str, float] = {}
 
@@ -189,7 +189,7 @@ def restart_under_load(engine: Any, relaunch: Callable[[int], Any], *, clients: 
             res.restart_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             return
         marks["ready"] = time.monotonic()
-        box["engine"] = new
+        box[0] = new
 
     done: list[tuple[float, float, bool, str | None]] = []  # (send time, end time, ok, failure class)
 
@@ -237,7 +237,7 @@ def restart_under_load(engine: Any, relaunch: Callable[[int], Any], *, clients: 
     after = sorted(t for s, t, ok, _ in done if ok and "gone" in marks and s >= marks["gone"])
     if after:
         res.first_success_after_restart_s = round(after[0] - marks["stop"], 3)
-    return res, box["engine"]
+    return res, box[0]
 
 
 def _gauge(engine: Any, name: str) -> float | None:

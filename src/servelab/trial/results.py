@@ -41,6 +41,7 @@ from servelab.trial.served_checks import ServedChecks
 from servelab.trial.telemetry import Telemetry, TelemetrySample
 from servelab.wire.config import PublishedSchema, json_schema_of, validation_error_line
 from servelab.wire.errors import ConfigError
+from servelab.wire.jsontypes import JsonObject
 
 __all__ = ["RECORD_SCHEMA_PATH", "RECORD_SCHEMA_VERSION", "Break", "BudgetUse", "CandidateIdentity", "CandidateResult",
            "Comparison", "Decision", "EffectiveStep", "Level", "MetricsSample", "TrialRecord", "migrate", "read_record"]
@@ -49,8 +50,6 @@ RECORD_SCHEMA_VERSION = 3
 #: the committed JSON Schema of ``record.json`` (generated from :class:`TrialRecord`)
 RECORD_SCHEMA_PATH = Path(__file__).with_name("record.schema.json")
 
-#: a JSON object whose keys are owned elsewhere (engine settings, catalog metadata, spec dumps)
-JsonObject = dict[str, JsonValue]
 
 
 # --------------------------------------------------------------------------------------------- results

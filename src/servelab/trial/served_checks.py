@@ -27,6 +27,7 @@ from servelab.bench.results import ResultModel
 from servelab.engines.probe import Fact
 from servelab.trial.context_check import ContextCheck, check_context
 from servelab.trial.template_check import TemplateCheck, check_template
+from servelab.wire.jsontypes import JsonObject
 
 __all__ = ["CheckName", "ServedChecks", "default_checks", "model_chat_template", "run_checks"]
 
@@ -48,7 +49,7 @@ class ServedChecks(ResultModel):
     skipped: dict[str, str] = Field(default_factory=dict)
 
 
-def model_chat_template(model: dict[str, Any] | None) -> tuple[str | None, str, str, str]:
+def model_chat_template(model: JsonObject | None) -> tuple[str | None, str, str, str]:
     """(template source or ``None``, where it came from, BOS text, EOS text) of a candidate's weights
     identity ``model`` (``path`` of a GGUF file or ``hf_dir`` of an HF folder); ``(None, …)`` when the
     model has none or cannot be read."""
@@ -58,7 +59,7 @@ def model_chat_template(model: dict[str, Any] | None) -> tuple[str | None, str, 
         return None, "no local model file", "", ""
     p = Path(path)
     if p.is_dir():
-        cfg: dict[str, Any] = {}
+        cfg: JsonObject = {}
         try:
             cfg = json.loads((p / "tokenizer_config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):

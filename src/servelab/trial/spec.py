@@ -33,6 +33,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import (BaseModel, Discriminator, Field, GetCoreSchemaHandler, ValidationError,
                       ValidationInfo, WithJsonSchema, create_model, field_validator, model_validator)
+from pydantic.json_schema import JsonSchemaValue
 
 from servelab.bench.load import LoadModel
 from servelab.bench.options import (MAX_CONCURRENCY, MAX_OUTPUT_TOKENS, MAX_RATE_RPS, MAX_REQUESTS_PER_STEP,
@@ -41,7 +42,7 @@ from servelab.bench.slo import Objective, parse_slo
 from servelab.bench.workloads import WORKLOADS, make_workload, mixable_workloads, parse_ratio
 from servelab.engines import registry
 from servelab.engines.llamacpp import LlamaCppSettings
-from servelab.engines.mocklaunch import MockSettings
+from servelab.engines.mock.launch import MockSettings
 from servelab.engines.registry import ENV_NAME_PATTERN, EngineKind, EngineSettings
 from servelab.engines.url import UrlSettings
 from servelab.engines.vllm import VllmSettings
@@ -52,6 +53,7 @@ from servelab.trial.served_checks import CheckName, default_checks
 from servelab.wire.config import (PublishedSchema, StrictModel, json_schema_of, read_yaml_file, suggest,
                                   validation_error_line)
 from servelab.wire.errors import ConfigError
+from servelab.wire.jsontypes import JsonObject
 
 __all__ = [
     "SCHEMA_PATH", "AnyCandidate", "ArrivalTest", "Budget", "Candidate", "CapacitySearch", "Experiment", "Goal",
@@ -125,7 +127,7 @@ class Sample(StrictModel):
 
     @field_validator("expect_json_schema")
     @classmethod
-    def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _schema(cls, v: JsonObject | None) -> JsonObject | None:
         if v is not None:
             import jsonschema
 
@@ -137,7 +139,7 @@ class Sample(StrictModel):
 
     @field_validator("messages")
     @classmethod
-    def _messages(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    def _messages(cls, v: list[JsonObject] | None) -> list[JsonObject] | None:
         for m in v or ():
             if not isinstance(m.get("role"), str) or "content" not in m:
                 raise ValueError("each message needs 'role' and 'content', e.g. {role: user, content: 'Hi'}")
@@ -357,16 +359,16 @@ class Candidate(StrictModel):
         """Whether servelab starts this engine (every kind but ``url``)."""
         return self.kind.launched
 
-    def recorded_settings(self) -> dict[str, Any]:
+    def recorded_settings(self) -> JsonObject:
         """The settings as the record's identity holds them: every field, ``None`` values left out."""
         return self.settings.model_dump(mode="json", exclude_none=True)
 
-    def launch_settings(self) -> dict[str, Any]:
+    def launch_settings(self) -> JsonObject:
         """The engine settings for :func:`servelab.engines.start_engine` (``settings=``): every settings
         field except ``port`` and ``ready_timeout_s``, ``None`` values left out (launcher default)."""
         return self.settings.model_dump(mode="json", exclude_none=True, exclude={"port", "ready_timeout_s"})
 
-    def launch_kwargs(self) -> dict[str, Any]:
+    def launch_kwargs(self) -> dict[str, float]:
         """Keyword arguments for the launcher: ``port`` (when set) and ``ready_timeout_s`` (seconds,
         when the engine has one)."""
         d = self.settings.model_dump()
@@ -387,11 +389,11 @@ def candidate_model(kind: str | EngineKind) -> type[Candidate]:
     # the kind's own fields come after name/engine/model (pydantic orders fields by reversed MRO)
     bases: tuple[type[BaseModel], ...] = (Candidate,) if k.candidate_fields is None else (k.candidate_fields, Candidate)
     name = "".join(p[:1].upper() + p[1:] for p in re.split(r"[^A-Za-z0-9]+", k.kind) if p) + "Candidate"
-    fields: dict[str, Any] = {
-        "engine": (Literal[k.kind], Field(description=f"engine kind: {k.kind}")),
-        "settings": (k.Settings, Field(default_factory=k.Settings, description=f"{k.title} settings"))}
+    engine: Any = Literal[k.kind]  # a Literal of a value known at run time
     model = typing.cast("type[Candidate]", create_model(
-        name, __base__=bases, __module__=__name__, __doc__=f"``engine: {k.kind}`` — {k.summary}", **fields))
+        name, __base__=bases, __module__=__name__, __doc__=f"``engine: {k.kind}`` — {k.summary}",
+        engine=(engine, Field(description=f"engine kind: {k.kind}")),
+        settings=(k.Settings, Field(default_factory=k.Settings, description=f"{k.title} settings"))))
     _CANDIDATE_MODELS[k.kind] = (k, model)
     return model
 
@@ -475,17 +477,12 @@ class WorkloadItem(StrictModel):
         return self
 
     @property
-    def overrides(self) -> dict[str, Any]:
-        """Same as ``set``: keyword overrides for :func:`servelab.bench.workloads.make_workload`."""
-        return self.set
-
-    @property
     def label(self) -> str:
         """The workload name as the bench reports it: the set name or ``dataset:<file name>``."""
         return self.name if self.name is not None else f"dataset:{Path(self.dataset or '').name}"
 
     @classmethod
-    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> JsonSchemaValue:
         obj = handler(core_schema)
         return {"anyOf": [{"type": "string", "enum": list(WORKLOADS), "description": "a built-in set by name"}, obj]}
 
@@ -547,12 +544,6 @@ class ArrivalTest(StrictModel):
     requests: int = Field(16, ge=1, le=MAX_REQUESTS_PER_STEP, description="requests in the arrival test")
     max_concurrency: int | None = Field(None, ge=1, description="cap on requests in flight")
     set: dict[str, Any] = Field(default_factory=dict, description="mix workload overrides (bench --set)")
-
-    @property
-    def overrides(self) -> dict[str, Any]:
-        """Same as ``set`` (the overrides of the mix workload)."""
-        return self.set
-
 
 class CapacitySearch(StrictModel):
     """The open-loop search for the highest arrival rate whose objectives hold
@@ -728,7 +719,7 @@ class Experiment(StrictModel):
                 return c
         raise KeyError(name)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """Plain JSON-able dict in file form (aliases such as ``set``; bare workload names)."""
         d = self.model_dump(mode="json", by_alias=True)
         d["workloads"] = [w["name"] if w["name"] is not None and not w["set"] and w["dataset"] is None
@@ -814,7 +805,7 @@ def load_experiment(path: str | os.PathLike[str]) -> Experiment:
 # ---------------------------------------------------------------------------------------------------
 # the built-in experiment
 
-_DEFAULT: dict[str, Any] = {
+_DEFAULT: JsonObject = {
     "name": "llamacpp-slots",
     "goal": {
         "task": "chat: short Q&A + structured output",
@@ -882,7 +873,7 @@ def default_experiment() -> Experiment:
 # JSON Schema
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema() -> JsonSchemaValue:
     """The JSON Schema (draft 2020-12) of the experiment file, from the pydantic models."""
     return json_schema_of(Experiment, "servelab experiment")
 

@@ -34,6 +34,7 @@ from pydantic import Field
 
 from servelab.bench.results import ResultModel, ServerFigure, StepSummary
 from servelab.engines import registry
+from servelab.wire.jsontypes import JsonObject
 
 __all__ = ["generation_counters", "GpuDevice", "GpuInfo", "GpuSample", "GpuStep", "MetricsSampler", "Nvml",
            "StepTelemetry", "Telemetry", "TelemetrySample", "TokenAgreement", "UrlTarget", "host_gpus",
@@ -291,7 +292,7 @@ class Nvml:
             self._nv = None
 
 
-def host_gpus() -> dict[str, Any] | None:
+def host_gpus() -> JsonObject | None:
     """The host's NVIDIA GPUs for the record's ``environment.gpu``: ``{"driver_version", "devices":
     [{"index", "name", "uuid", "memory_total_bytes"}]}`` (NVML), ``None`` when there is none (the
     reason is in each candidate's ``telemetry.gpu``)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal, Required, TypedDict
 
@@ -38,6 +39,8 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel, Field
+
+from servelab.wire.jsontypes import JsonObject
 
 __all__ = ["CONVERSATIONS", "ChatMessage", "TemplateCheck", "TemplateComparison", "check_template", "render_template",
            "template_family"]
@@ -107,7 +110,7 @@ def _raise(message: str) -> None:
 
 
 def render_template(source: str, messages: list[ChatMessage], *, bos_token: str = "", eos_token: str = "",
-                    add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None) -> str:
+                    add_generation_prompt: bool = True, tools: list[JsonObject] | None = None) -> str:
     """The prompt ``source`` (a jinja2 chat template) makes of ``messages``, as transformers renders it.
 
     Raises :class:`jinja2.TemplateError` when the template is invalid or refuses the conversation
@@ -135,7 +138,7 @@ def template_family(text: str | None) -> str | None:
     return None
 
 
-async def _post(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Any:
+async def _post(s: aiohttp.ClientSession, url: str, body: Mapping[str, object]) -> Any:
     async with s.post(url, data=orjson.dumps(body)) as r:
         raw = await r.read()
         if r.status != 200:

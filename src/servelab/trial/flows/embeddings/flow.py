@@ -233,7 +233,7 @@ class EmbeddingsFlow:
                 identity.url, identity.model = base_url, {"name": model}
             fill_identity(identity, base_url, api_key, cand.declared, cand.price_per_hour)
             models = asyncio.run(list_models(base_url, api_key))
-            model = model or (str(models[0].get("id")) if models and models[0].get("id") else None)
+            model = model or (str(models[0].id) if models and models[0].id else None)
             if model is None:
                 raise ConfigError(f"{base_url}/models lists no model; give the candidate's model_name")
             self._tokenizer(identity)
@@ -296,7 +296,7 @@ class EmbeddingsFlow:
                                                        / f"engine-r{repeat + 1}")
             if model is None:
                 models = asyncio.run(list_models(base_url, api_key))
-                model = str(models[0].get("id")) if models else None
+                model = str(models[0].id) if models else None
             self.ctx.say(f"[{cand.name}] repeat {repeat + 1}/{exp.repeats} at {level}")
             summary = self._bench(base_url, model, self.ctx.out / "candidates" / cand.name / sub, levels, api_key,
                              cand.name, repeat)

@@ -14,10 +14,12 @@ import aiohttp
 import numpy as np
 import orjson
 
+from pydantic import BaseModel, ConfigDict, JsonValue
+
 from servelab.trial.embed_spec import load_reference
 from servelab.trial.results import CandidateIdentity, Quality, QualityCheck
 
-__all__ = ["GATE_TEXTS", "gate", "list_models", "stated_dimensions"]
+__all__ = ["GATE_TEXTS", "ListedModel", "gate", "list_models", "stated_dimensions"]
 
 #: the gate's inputs without a reference file: short and long, plain and with digits/punctuation
 GATE_TEXTS = ("hello world", "The cat sat on the mat.",
@@ -43,7 +45,17 @@ async def _post_embeddings(base_url: str, model: str, texts: list[str], api_key:
         return status, None, raw[:200].decode("utf-8", "replace")
 
 
-async def list_models(base_url: str, api_key: str | None) -> list[dict[str, Any]]:
+class ListedModel(BaseModel):
+    """One entry of ``GET /v1/models``: its ``id`` and a llama-server's ``meta`` (``n_embd`` …), as served."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: JsonValue = None
+    meta: JsonValue = None
+
+
+async def list_models(base_url: str, api_key: str | None) -> list[ListedModel]:
+    """The models the server at ``base_url`` (API root) lists; ``[]`` when it does not answer a list."""
     hdrs = {"Authorization": f"Bearer {api_key}"} if api_key else None
     try:
         async with aiohttp.ClientSession() as http, http.get(base_url.rstrip("/") + "/models", headers=hdrs,
@@ -52,10 +64,10 @@ async def list_models(base_url: str, api_key: str | None) -> list[dict[str, Any]
     except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
         return []
     data = doc.get("data") if isinstance(doc, dict) else None
-    return [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
+    return [ListedModel.model_validate(d) for d in data if isinstance(d, dict)] if isinstance(data, list) else []
 
 
-def stated_dimensions(identity: CandidateIdentity, models: list[dict[str, Any]]) -> tuple[int | None, str]:
+def stated_dimensions(identity: CandidateIdentity, models: list[ListedModel]) -> tuple[int | None, str]:
     """The vector length a candidate states and who states it: servelab's embedder in its launch
     identity (``embedding.dimensions``), else a llama-server's ``/v1/models`` ``meta.n_embd``
     (llama.cpp tools/server, https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md,
@@ -65,9 +77,9 @@ def stated_dimensions(identity: CandidateIdentity, models: list[dict[str, Any]])
     if isinstance(emb, dict) and isinstance(emb.get("dimensions"), int):
         return emb["dimensions"], "the launcher's identity (embedding.dimensions)"
     for m in models:
-        meta = m.get("meta")
-        if isinstance(meta, dict) and isinstance(meta.get("n_embd"), int):
-            return meta["n_embd"], "GET /v1/models meta.n_embd"
+        n_embd = m.meta.get("n_embd") if isinstance(m.meta, dict) else None
+        if isinstance(n_embd, int):
+            return n_embd, "GET /v1/models meta.n_embd"
     return None, ""
 
 
