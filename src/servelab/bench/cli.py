@@ -84,11 +84,13 @@ def _refuse_ignored_options(*, url: str | None, engine: str | None, engine_given
 
 
 def _check_workloads(wl_names: list[str], dataset: str | None, overrides: dict[str, Any], *, seed: int,
-                     endpoint: str, ignore_eos: bool) -> None:
+                     endpoint: str, ignore_eos: bool, api: str = "") -> None:
     """Build every workload once without a tokenizer, so a bad name, value or dataset is refused (one
     :class:`ConfigError` line) before any engine starts or any directory is made (they are built again,
-    with the tokenizer, for the run)."""
+    with the tokenizer, for the run). ``api``: ``messages``/``responses`` also turns the first requests into
+    that API's body (:func:`servelab.bench.apis.for_api`)."""
     from servelab.bench import workloads as W
+    from servelab.bench.apis import for_api
 
     if dataset is None:
         for w in wl_names:
@@ -99,10 +101,10 @@ def _check_workloads(wl_names: list[str], dataset: str | None, overrides: dict[s
         raise ConfigError(f"dataset {dataset} does not exist; pass a JSONL or ShareGPT JSON file")
     for name in wl_names:
         if name == "dataset" and dataset is not None:
-            W.load_dataset(dataset, None, seed=seed, endpoint=endpoint)
+            for_api(W.load_dataset(dataset, None, seed=seed, endpoint=endpoint), api)
         else:
-            W.make_workload(name, None, seed=seed, endpoint=endpoint, ignore_eos=ignore_eos,
-                            **scoped_overrides(overrides, name))
+            for_api(W.make_workload(name, None, seed=seed, endpoint=endpoint, ignore_eos=ignore_eos,
+                                    **scoped_overrides(overrides, name)), api)
 
 
 def bench_command(
@@ -145,7 +147,9 @@ def bench_command(
     no_stop_on_slo: bool = typer.Option(False, "--no-stop-on-slo", help="Run every step even after an SLO broke."),
     endpoint: str = typer.Option(None, "--endpoint", help="chat (/v1/chat/completions; the default), completions "
                                  "(/v1/completions; the default with --trace, so prompts are the trace's exact "
-                                 "lengths) or embeddings (/v1/embeddings: inputs/s, tokens/s)."),
+                                 "lengths), embeddings (/v1/embeddings: inputs/s, tokens/s), messages (Anthropic "
+                                 "/v1/messages) or responses (OpenAI /v1/responses): the chat workloads in that "
+                                 "API's shape, TTFT at its first content delta, tokens from its own usage."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Send ignore_eos=true (llama-server, vLLM, "
                                     "SGLang) so outputs have exactly the sampled length."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer for exact prompt lengths and the client "
@@ -229,6 +233,9 @@ def bench_command(
                             concurrency=concurrency, duration=duration, workers=workers, ray=ray, overrides=overrides,
                             requests=requests)
     workload = ",".join(wl_first)
+    from servelab.bench.apis import check_api_run, for_api, workload_endpoint
+
+    check_api_run(endpoint, wl_first if dataset is None else ["dataset"], ignore_eos)
     if "trace" in wl_first:  # one step, as many requests as the (windowed, capped) trace holds
         concurrency, requests = "1", len(prod._trace.entries)
     out = out or f"runs/bench-{_time.strftime('%Y%m%d-%H%M%S')}"
@@ -252,7 +259,7 @@ def bench_command(
         wl_names = ["dataset"]
         cfg = dataclasses.replace(cfg, workloads=wl_names)
     _check_workloads([w for w in wl_names if w not in PRODUCTION_WORKLOADS], dataset, overrides, seed=seed,
-                     endpoint=endpoint, ignore_eos=ignore_eos)
+                     endpoint=workload_endpoint(endpoint), ignore_eos=ignore_eos, api=endpoint)
     from servelab.bench import workloads as W
     if (Path(out) / "requests.jsonl").exists():
         raise ConfigError(f"--out {out} already holds a run (requests.jsonl): pass a new directory "
@@ -284,13 +291,15 @@ def bench_command(
                                    overrides=overrides, requests=cfg.requests or 32, max_concurrency=max_concurrency,
                                    tokenizer_name=getattr(counter, "name", None), rag_set=rag_set)
 
+            wl_endpoint = workload_endpoint(endpoint)
+
             def factory(name: str, seed: int) -> Any:
                 if name in PRODUCTION_WORKLOADS:
                     return special(name, seed)
                 if name == "dataset":
-                    return W.load_dataset(dataset, counter, seed=seed, endpoint=endpoint)
-                return W.make_workload(name, counter, seed=seed, endpoint=endpoint, ignore_eos=ignore_eos,
-                                       **scoped_overrides(overrides, name))
+                    return for_api(W.load_dataset(dataset, counter, seed=seed, endpoint=wl_endpoint), endpoint)
+                return for_api(W.make_workload(name, counter, seed=seed, endpoint=wl_endpoint, ignore_eos=ignore_eos,
+                                               **scoped_overrides(overrides, name)), endpoint)
 
             for name in (["dataset"] if dataset else wl_names):  # validate params/dataset before any load
                 factory(name, seed)

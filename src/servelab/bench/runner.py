@@ -114,8 +114,8 @@ class BenchConfig:
     stop_on_slo: bool = True
     timeout_s: float = opt(600.0, cli="--timeout", gt=0, le=7 * 86400, **_FLOAT,
                            hint="give the per-request limit in seconds, e.g. --timeout 120")
-    endpoint: Literal["chat", "completions", "embeddings"] = opt("chat", cli="--endpoint",
-                                                                 hint="use chat, completions or embeddings")
+    endpoint: Literal["chat", "completions", "embeddings", "messages", "responses"] = opt(
+        "chat", cli="--endpoint", hint="use chat, completions, embeddings, messages or responses")
     ignore_eos: bool = False
     dataset: str | None = None
     tokenizer: str | None = None

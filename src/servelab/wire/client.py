@@ -15,6 +15,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from servelab.wire.apis import (API_ENDPOINTS, MessagesStreamParser, ResponsesStreamParser, api_headers, messages_body,
+                                responses_body, usage_counts)
 from servelab.wire.errors import ConfigError as ConfigError  # re-exported: it lived here before wire/errors.py
 from servelab.wire.errors import error_from_body
 from servelab.wire.stream import StreamParser, apply_event, finalize_tool_calls
@@ -39,7 +41,13 @@ def normalize_base_url(url: str) -> str:
 
 
 def build_body(model: str, spec: RequestSpec, stream: bool = True) -> dict[str, Any]:
-    """The JSON body for ``spec``: streaming with usage requested, ``max_tokens`` set, extras merged."""
+    """The JSON body for ``spec``: streaming with usage requested, ``max_tokens`` set, extras merged; for the
+    ``messages`` and ``responses`` endpoints the API's own body (:mod:`servelab.wire.apis`; raises
+    :class:`ConfigError` for a field the API does not define)."""
+    if spec.endpoint == "messages":
+        return messages_body(model, spec, stream)
+    if spec.endpoint == "responses":
+        return responses_body(model, spec, stream)
     body: dict[str, Any] = {"model": model, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -74,16 +82,18 @@ async def send(session: aiohttp.ClientSession, base_url: str, model: str, spec: 
     Never raises for wire problems: they end up in ``rec.failure``/``rec.error``. Re-raises
     :class:`asyncio.CancelledError` after marking the record ``cancelled``.
     """
-    path = "/chat/completions" if spec.endpoint == "chat" else "/completions"
+    path = API_ENDPOINTS.get(spec.endpoint) or ("/chat/completions" if spec.endpoint == "chat" else "/completions")
     body = orjson.dumps(build_body(model, spec))
     hdrs = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if headers:
         hdrs.update(headers)
+    hdrs = api_headers(spec.endpoint, hdrs)
+    parser_cls = _PARSERS.get(spec.endpoint, StreamParser)
     rec.max_tokens = spec.max_tokens
     rec.prompt_tokens_target = spec.prompt_tokens_target
     for attempt in range(_MAX_STALE_RETRIES + 1):
         stale = await _attempt(session, base_url + path, body, hdrs, rec, timeout_s, on_chunk,
-                               retry_ok=attempt < _MAX_STALE_RETRIES)
+                               retry_ok=attempt < _MAX_STALE_RETRIES, parser_cls=parser_cls)
         if not stale:
             break
         # the pooled keep-alive connection had been closed by the server (llama-server closes after
@@ -95,15 +105,18 @@ async def send(session: aiohttp.ClientSession, base_url: str, model: str, spec: 
     return rec
 
 
+#: the stream parser of each endpoint spoken in another API's shape (chat and completions: StreamParser)
+_PARSERS: dict[str, type[StreamParser]] = {"messages": MessagesStreamParser, "responses": ResponsesStreamParser}
 _STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 _MAX_STALE_RETRIES = 16
 
 
 async def _attempt(session: aiohttp.ClientSession, url: str, body: bytes, hdrs: dict[str, str], rec: RequestRecord,
-                   timeout_s: float, on_chunk: Callable[[RequestRecord], None] | None, retry_ok: bool) -> bool:
+                   timeout_s: float, on_chunk: Callable[[RequestRecord], None] | None, retry_ok: bool,
+                   parser_cls: type[StreamParser] = StreamParser) -> bool:
     """One try of :func:`send`. Returns True (and leaves ``rec`` clean) when the request failed on a
     reused connection before any response byte and may be retried; otherwise fills ``rec``."""
-    parser = StreamParser(rec)
+    parser = parser_cls(rec)
     try:
         async with asyncio.timeout(timeout_s):
             rec.sent_ns = _now()
@@ -191,17 +204,15 @@ def finalize(rec: RequestRecord) -> None:
     if rec.tool_calls:
         finalize_tool_calls(rec)
     u = rec.usage
-    if u:
-        pt = u.get("prompt_tokens")
-        ct = u.get("completion_tokens")
-        if isinstance(pt, int):
+    if u:  # chat/completions usage, or the Messages/Responses API's own (servelab.wire.apis.usage_counts)
+        pt, ct, cached = usage_counts(u)
+        if pt is not None:
             rec.prompt_tokens = pt
-        if isinstance(ct, int):
+        if ct is not None:
             rec.output_tokens = ct
             rec.output_tokens_source = "usage"
-        details = u.get("prompt_tokens_details")
-        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-            rec.cached_tokens = details["cached_tokens"]  # absent = unknown, never 0 (case 22)
+        if cached is not None:
+            rec.cached_tokens = cached  # absent = unknown, never 0 (case 22)
     if rec.output_tokens is None and rec.chunk_ns:
         rec.output_tokens = len(rec.chunk_ns)
         rec.output_tokens_source = "chunks"

@@ -121,16 +121,22 @@ class StreamParser:
             rec.saw_done = True
             rec.done_ns = t_ns
             return
+        ev = self._decoded(payload)
+        if ev is not None:
+            apply_event(rec, ev, t_ns, self)
+
+    def _decoded(self, payload: bytes) -> dict[str, Any] | None:
+        """The event object of ``payload``, counted in ``rec.events``; None (counted as a bad event) when it is
+        not a JSON object."""
         try:
             ev = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            self._bad_events += 1
-            return
+            ev = None
         if not isinstance(ev, dict):
             self._bad_events += 1
-            return
-        rec.events += 1
-        apply_event(rec, ev, t_ns, self)
+            return None
+        self.rec.events += 1
+        return ev
 
 
 def apply_event(rec: RequestRecord, ev: dict[str, Any], t_ns: int, state: StreamParser | None = None) -> None:

@@ -55,9 +55,11 @@ def normalize_finish(raw: str | None) -> str | None:
 class RequestSpec:
     """One request to send.
 
-    ``endpoint`` is ``"chat"`` (``/chat/completions``, uses ``messages``) or ``"completions"``
-    (``/completions``, uses ``prompt``). ``max_tokens`` caps output tokens. ``extra`` is merged into the
-    JSON body (``response_format``, ``stop``, ``ignore_eos``, ``temperature``...). ``json_schema`` (if
+    ``endpoint`` is ``"chat"`` (``/chat/completions``, uses ``messages``), ``"completions"``
+    (``/completions``, uses ``prompt``), or ``"messages"`` / ``"responses"`` (Anthropic ``/messages``, OpenAI
+    ``/responses``: ``messages`` sent in that API's shape, :mod:`servelab.wire.apis`). ``max_tokens`` caps
+    output tokens. ``extra`` is merged into the JSON body (``response_format``, ``stop``, ``ignore_eos``,
+    ``temperature``...). ``json_schema`` (if
     set) is the schema the structured-output quality gate validates the answer against.
     ``prompt_tokens_target`` is the prompt length the workload generator aimed for, in the target
     model's tokens (``None`` for user datasets).
