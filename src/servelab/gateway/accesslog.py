@@ -1,7 +1,8 @@
 """The access log: one JSON line per request (``server.access_log``: a file, ``-`` for stderr, or off).
 
 Fields of a line (:func:`access_record`; docs/gateway-design.md): ``ts`` (epoch s), ``request_id``,
-``key_id``, ``tenant``, ``model`` (public), ``backend``, ``endpoint``, ``stream``, ``status``, ``outcome``
+``key_id``, ``tenant``, ``model`` (public), ``backend``, ``api`` (the API the client called:
+:func:`api_name`), ``endpoint`` (what was forwarded), ``stream``, ``status``, ``outcome``
 (``ok``/``error``/``client_disconnect``), ``error_code``, ``ttft_ms``, ``e2e_ms``, ``prompt_tokens``,
 ``completion_tokens``, ``charged_tokens``, ``retries``, ``fallback``, ``config_version``,
 ``client_request_id``; when they apply: ``degraded`` (degrade.Decision.log_record), ``client_ip``,
@@ -27,7 +28,7 @@ import orjson
 
 from servelab.gateway.reqstate import RequestState
 
-__all__ = ["AccessLog", "access_record"]
+__all__ = ["AccessLog", "access_record", "api_name"]
 
 log = logging.getLogger("servelab.gateway")
 
@@ -63,11 +64,18 @@ class AccessLog:
         self._f = None
 
 
+def api_name(r: RequestState) -> str:
+    """The API request ``r`` came in on: ``chat``, ``completions``, ``embeddings`` (OpenAI, forwarded as they
+    are) or ``messages``, ``count_tokens``, ``responses`` (translated, :mod:`servelab.gateway.apis`). A fixed
+    handful of values: the access log's ``api`` and the ``api`` label of ``api_requests_total``."""
+    return r.api.name if r.api is not None else r.endpoint
+
+
 def access_record(r: RequestState, e2e_ns: int, config_version: int, charged_tokens: int) -> dict[str, Any]:
     """The access-log line of the finished request ``r`` (module doc); ``e2e_ns``: received -> last byte."""
     rec: dict[str, Any] = {
         "ts": round(r.ts, 3), "request_id": r.rid, "key_id": r.key_id, "tenant": r.tenant, "model": r.model,
-        "backend": r.backend, "endpoint": r.endpoint, "stream": r.stream, "status": r.status,
+        "backend": r.backend, "api": api_name(r), "endpoint": r.endpoint, "stream": r.stream, "status": r.status,
         "outcome": r.outcome, "error_code": r.error_code,
         "ttft_ms": round(r.ttft_ns / 1e6, 3) if r.ttft_ns is not None else None,
         "e2e_ms": round(e2e_ns / 1e6, 3), "prompt_tokens": r.prompt_tokens,

@@ -5,6 +5,10 @@ Names (all prefixed ``servelab_gateway_``; seconds and token counts as the suffi
 - ``requests_total{model,backend,status}`` counter: finished requests by public model, backend that
   answered (``none`` when none did) and HTTP status (a stream that failed after its 200 counts as ``200``
   plus ``stream_errors_total``);
+- ``api_requests_total{api,status}`` counter: the same requests by the API they came in on (``chat``,
+  ``completions``, ``embeddings``, ``messages``, ``count_tokens``, ``responses``: a fixed handful,
+  :func:`servelab.gateway.accesslog.api_name`) and HTTP status; ``api_tokens_total{api,direction}`` counter:
+  ``prompt``/``completion`` tokens by API, so Messages or Responses traffic is told from chat;
 - ``stream_errors_total{model,backend}`` counter: 200 streams that ended in an error event or cut off;
 - ``ttft_seconds{model}`` histogram: request received -> first token-carrying chunk written to the client
   (never the role-only chunk or the headers, docs/engine-wire.md case 1), measured at the gateway;
@@ -82,6 +86,10 @@ class GatewayMetrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         p = "servelab_gateway_"
         self.requests = Counter(p + "requests_total", "Finished requests", ("model", "backend", "status"), registry=r)
+        self.api_requests = Counter(p + "api_requests_total", "Finished requests by the API they came in on",
+                                    ("api", "status"), registry=r)
+        self.api_tokens = Counter(p + "api_tokens_total", "Tokens as reported by the engines, by API",
+                                  ("api", "direction"), registry=r)
         self.stream_errors = Counter(p + "stream_errors_total", "200 streams ended by an error or cut off",
                                      ("model", "backend"), registry=r)
         self.ttft = Histogram(p + "ttft_seconds", "Time to first token at the gateway", ("model",),

@@ -53,7 +53,7 @@ import orjson
 from aiohttp import web
 
 from servelab.gateway import degrade
-from servelab.gateway.accesslog import AccessLog, access_record
+from servelab.gateway.accesslog import AccessLog, access_record, api_name
 from servelab.gateway.accounting import journal_admit, settle, used_tokens
 from servelab.gateway.admission import Admitter, may_use_model
 from servelab.gateway.apis import ApiAdapter
@@ -834,13 +834,17 @@ class Gateway:
         r.timeline.mark("done", {"status": r.status})
         m = self.metrics
         m.requests.labels(r.model, r.backend or "none", str(r.status)).inc()
+        api = api_name(r)
+        m.api_requests.labels(api, str(r.status)).inc()
         if r.model != "-":
             m.model(r.model)[2].observe(e2e_ns / 1e9)
         used = used_tokens(r)
         if r.prompt_tokens is not None:
             m.tokens.labels(r.model, "prompt").inc(r.prompt_tokens)
+            m.api_tokens.labels(api, "prompt").inc(r.prompt_tokens)
         if r.completion_tokens is not None:
             m.tokens.labels(r.model, "completion").inc(r.completion_tokens)
+            m.api_tokens.labels(api, "completion").inc(r.completion_tokens)
         if r.status == 200 and r.model != "-":
             self._degrade.observe(r.model, r.ttft_ns)
         self._access.write(access_record(r, e2e_ns, snap.version, used))
