@@ -86,7 +86,7 @@ import psutil
 import yaml
 
 from servelab.engines.base import free_port
-from servelab.engines.mocklaunch import MockLauncher
+from servelab.engines.mock.launch import MockLauncher
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SERVELAB_CACHE", Path.home() / ".cache" / "servelab"))

@@ -5,8 +5,8 @@
     .venv/bin/python benches/routing_compare.py --rounds 6 --sessions 16 --turns 5
 
 Replicas: ``--replicas`` servelab mock engines (vLLM dialect) with a prefix cache (``--prefix-cache-blocks``
-blocks of 16 words each, LRU, servelab.engines.mockcache) and the continuous-batching timing law
-(servelab.engines.mockbatch): the first token comes ``--ttft-ms + uncached prompt words / --prefill-tps``
+blocks of 16 words each, LRU, servelab.engines.mock.cache) and the continuous-batching timing law
+(servelab.engines.mock.batch): the first token comes ``--ttft-ms + uncached prompt words / --prefill-tps``
 after arrival, so a cache hit is visible in TTFT exactly as the law says. One ``servelab gateway`` per
 policy (``routing.picker.policy``: round_robin, least_outstanding, power_of_two, prefix = the router's
 rendezvous prefix affinity with bounded loads, engine = the engine-aware picker), all in front of the same

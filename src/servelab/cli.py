@@ -23,7 +23,7 @@ COMMANDS: dict[str, LazyCommand] = {
                          "Load-test an OpenAI-compatible server: latency, goodput."),
     "summarize": LazyCommand("servelab.bench.cli", "summarize_command",
                              "Rebuild a bench run's summary.json from its requests.jsonl."),
-    "mock-engine": LazyCommand("servelab.engines.mock", "mock_engine_command",
+    "mock-engine": LazyCommand("servelab.engines.mock.cli", "mock_engine_command",
                                "Run a mock OpenAI-compatible engine (deterministic tokens)."),
     "trial": LazyCommand("servelab.trial.cli", "trial_command",
                          "Run the selection experiment over the candidate engines."),

@@ -1,5 +1,5 @@
 """Issue 23 acceptance: the mock engine with continuous-batching timing of a known law
-(servelab.engines.mockbatch) is load-tested by ``servelab bench`` (closed loop 1, 2, 4, 8 against
+(servelab.engines.mock.batch) is load-tested by ``servelab bench`` (closed loop 1, 2, 4, 8 against
 4 slots, prompts of 80-1000 words, outputs 12-36 tokens); the fitted law is within 5 % of the mock's
 and every held-out step's TTFT P50/P95 and output tokens/s are predicted within 10 %; then
 ``servelab capacity`` runs end to end on that evidence with the example profile.

@@ -16,7 +16,8 @@ import aiohttp
 import orjson
 import pytest
 
-from servelab.engines.mock import DIALECTS, MockConfig, _break_json, start_mock, validate_config
+from servelab.engines.mock import DIALECTS, MockConfig, start_mock, validate_config
+from servelab.engines.mock.plan import break_json
 from servelab.wire.client import make_session, send
 from servelab.wire.types import RequestRecord, RequestSpec
 
@@ -102,7 +103,7 @@ def test_invalid_json_leaves_plain_requests_alone() -> None:
                                  {"e": {}}, {"a": "}"}])
 def test_break_json_never_parses(obj: dict[str, Any]) -> None:
     text = json.dumps(obj, separators=(",", ":"))
-    broken = _break_json(text)
+    broken = break_json(text)
     assert text.startswith(broken) and len(broken) < len(text)
     with pytest.raises(json.JSONDecodeError):
         json.loads(broken)
@@ -189,14 +190,14 @@ def test_cli_negative_crash_after_is_one_line_exit_2() -> None:
 
 def test_stop_sequences_cut_the_answer_before_the_stop_string():
     """Engines end the answer right before a stop string, with finish reason stop (smoke test 'stop')."""
-    from servelab.engines.mock import MockConfig, _plan
+    from servelab.engines.mock.plan import plan_answer
 
-    plan = _plan(MockConfig(output_tokens=10), {"stop": ["ok5"], "max_tokens": 10}, chat=True)
+    plan = plan_answer(MockConfig(output_tokens=10), {"stop": ["ok5"], "max_tokens": 10}, chat=True)
     text = "".join(c[1] for c in plan.chunks)
     assert text == " tok0 tok1 tok2 tok3 tok4 t" and plan.finish == "stop"
-    plan = _plan(MockConfig(output_tokens=10), {"stop": "nope"}, chat=True)
+    plan = plan_answer(MockConfig(output_tokens=10), {"stop": "nope"}, chat=True)
     assert plan.finish == "stop" and "".join(c[1] for c in plan.chunks).endswith("tok9")
-    plan = _plan(MockConfig(output_tokens=10), {"stop": ["tok9"], "max_tokens": 3}, chat=True)
+    plan = plan_answer(MockConfig(output_tokens=10), {"stop": ["tok9"], "max_tokens": 3}, chat=True)
     assert plan.finish == "length"
 
 

@@ -1,4 +1,4 @@
-"""The mock engine's continuous-batching timing law (servelab.engines.mockbatch), read from the
+"""The mock engine's continuous-batching timing law (servelab.engines.mock.batch), read from the
 mock's own write stamps (``/mock/records``): first token after ``ttft_ms + prompt / rate``, chunk gaps
 ``itl_ms + itl_ms_per_running * (b - 1)`` with ``b`` the answers decoding at once, ``max_inflight`` slots."""
 

@@ -9,7 +9,7 @@ import pytest
 
 from servelab.engines.llamacpp import LlamaCppLauncher
 from servelab.engines.mock import DIALECTS
-from servelab.engines.mockinfo import MOCK_VERSION
+from servelab.engines.mock.info import MOCK_VERSION
 from servelab.engines.probe import probe_sync, server_root
 
 #: per dialect: the engine's own endpoint the kind must be learned from, and where the version comes from

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from servelab.engines.base import EngineStartError, spawn_on_port
-from servelab.engines.mocklaunch import mock_argv
+from servelab.engines.mock.launch import mock_argv
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,7 +16,7 @@ import pytest
 from pydantic import Field
 
 from servelab.engines.base import RunningEngine
-from servelab.engines.mocklaunch import MockLauncher
+from servelab.engines.mock.launch import MockLauncher
 from servelab.engines.kind import (EngineIdentity, EngineKind, EngineSettings, PortSetting, Readiness,
                                    ServerMetrics, ready_timeout_setting)
 from servelab.engines.registry import register, unregister

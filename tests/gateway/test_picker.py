@@ -1,5 +1,5 @@
 """Issue 26 item 1: the endpoint picker's policies with exact expected choices (servelab.gateway.picker), and
-the mock engine's prefix cache (servelab.engines.mockcache). In-process, no network: the gateway-level
+the mock engine's prefix cache (servelab.engines.mock.cache). In-process, no network: the gateway-level
 behaviour is in test_picker_gateway.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from servelab.engines.mockcache import BLOCK_WORDS, PrefixCache
+from servelab.engines.mock.cache import BLOCK_WORDS, PrefixCache
 from servelab.gateway.config import load_config
 from servelab.gateway.picker import PickContext, Picker, PickerSettings, PickerState, ScoreWeights, prompt_blocks
 from servelab.gateway.routing import Backend, ModelRoute, Router, TargetSpec

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from conftest import gateway_key, start_gateway, start_mock_process, stop_gateway, stop_mock_process
 
-from servelab.engines.mockcache import BLOCK_WORDS
+from servelab.engines.mock.cache import BLOCK_WORDS
 
 MOCK = ("--dialect", "vllm", "--model", "m", "--output-tokens", "100", "--itl-ms", "20",
         "--prefix-cache-blocks", "4000")

@@ -28,9 +28,10 @@ LINGER_S = 4.0
 #: for argv[1] seconds (an engine that does not notice the disconnect and decodes on)
 LINGERING = textwrap.dedent('''
     import asyncio, sys
-    import servelab.engines.mock as mock
+    import servelab.engines.mock.server as mock_server
+    from servelab.engines.mock.cli import mock_engine_command
     linger = float(sys.argv[1])
-    class Lingering(mock.MockServer):
+    class Lingering(mock_server.MockServer):
         async def _generate(self, request, chat):
             try:
                 return await super()._generate(request, chat)
@@ -40,10 +41,10 @@ LINGERING = textwrap.dedent('''
                     self.running -= 1
                 asyncio.get_running_loop().call_later(linger, done)
                 raise
-    mock.MockServer = Lingering
+    mock_server.MockServer = Lingering
     sys.argv = [sys.argv[0], *sys.argv[2:]]
     import typer
-    typer.run(mock.mock_engine_command)
+    typer.run(mock_engine_command)
 ''')
 MOCK_ARGS = ["--host", "{host}", "--port", "{port}", "--itl-ms", "40", "--output-tokens", "60"]
 

@@ -27,7 +27,7 @@ import pytest
 from pydantic import BaseModel
 
 from servelab.bench.results import StepSummary
-from servelab.engines.mocklaunch import MockLauncher, MockSettings
+from servelab.engines.mock.launch import MockLauncher, MockSettings
 from servelab.engines.registry import EngineKind, register, unregister
 from servelab.trial.flow import TrialRunner
 from servelab.trial.results import TrialRecord
@@ -762,16 +762,16 @@ def _mock_config(settings: dict[str, Any], host: str) -> BaseModel | Any:
     import typer
     from typer.testing import CliRunner
 
-    import servelab.engines.mock as mock
-    from servelab.engines.mocklaunch import mock_argv
+    import servelab.engines.mock.cli as mock_cli
+    from servelab.engines.mock.launch import mock_argv
 
     argv = mock_argv(settings, host, 8000)
     assert argv[1:3] == ["-m", "servelab.engines.mock"]
     got: list[Any] = []
     app = typer.Typer()
-    app.command()(mock.mock_engine_command)
+    app.command()(mock_cli.mock_engine_command)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(mock, "serve", lambda cfg, announce=True: got.append(cfg))
+        mp.setattr(mock_cli, "serve", lambda cfg, announce=True: got.append(cfg))
         res = CliRunner().invoke(app, argv[3:])
     assert res.exit_code == 0, res.output
     return got[0]

@@ -394,7 +394,8 @@ def test_vllm_settings_the_launcher_refuses_are_refused_at_validation(tmp_path: 
 
 
 def test_settings_models_are_the_launchers_own() -> None:
-    from servelab.engines import llamacpp, mocklaunch, url, vllm
+    from servelab.engines import llamacpp, url, vllm
+    from servelab.engines.mock import launch as mocklaunch
 
     assert S.LlamaCppSettings is llamacpp.LlamaCppSettings and S.VllmSettings is vllm.VllmSettings
     assert S.MockSettings is mocklaunch.MockSettings and S.UrlSettings is url.UrlSettings

@@ -12,7 +12,7 @@ import orjson
 
 from servelab.engines.mock import DIALECTS as MOCK_DIALECTS
 from servelab.engines.mock import REASONING_FIELD
-from servelab.engines.mockinfo import info_routes
+from servelab.engines.mock.info import info_routes
 from servelab.engines.registry import get as get_kind
 from servelab.gateway import lengths, logprobs
 from servelab.gateway.config import BACKEND_KINDS, SCHEMA_PATH, Backend

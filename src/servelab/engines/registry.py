@@ -54,7 +54,7 @@ BUILTIN_KINDS: dict[str, str] = {
     "llamacpp": "servelab.engines.llamacpp.kind:LlamaCppKind",
     "vllm": "servelab.engines.vllm.kind:VllmKind",
     "url": "servelab.engines.url:UrlKind",
-    "mock": "servelab.engines.mocklaunch:MockKind",
+    "mock": "servelab.engines.mock.launch:MockKind",
     "command": "servelab.engines.command:CommandKind",
 }
 BUILTIN_ORDER = tuple(BUILTIN_KINDS)

@@ -8,7 +8,7 @@ who it is). Every part that depends on one of these facts reads it here, so a fa
 - the gateway: the backend ``kind`` values (:data:`Kind`), readiness paths (:mod:`servelab.gateway.health`),
   output-length fields (:mod:`servelab.gateway.lengths`), log-probability fields
   (:mod:`servelab.gateway.logprobs`), priority scheduling (:mod:`servelab.gateway.enginefields`);
-- the mock engine: the dialects it imitates and how it encodes each (:mod:`servelab.engines.mock`);
+- the mock engine: the dialects it imitates and how it encodes each (:mod:`servelab.engines.mock.encoders`);
 - identity probing (:mod:`servelab.engines.probe`) and ``EngineKind.dialect``
   (:mod:`servelab.engines.kind`);
 - which statuses are retried (:mod:`servelab.wire.errors`).

@@ -1,6 +1,6 @@
 """Continuous-batching timing of the mock engine: a known law a performance model can be fitted against.
 
-With ``prefill_tokens_per_s`` > 0 or ``itl_ms_per_running`` > 0 (:class:`~servelab.engines.mock.MockConfig`),
+With ``prefill_tokens_per_s`` > 0 or ``itl_ms_per_running`` > 0 (:class:`~servelab.engines.mock.config.MockConfig`),
 a streamed answer follows this law instead of the fixed ``ttft_ms`` / ``itl_ms`` schedule:
 
 - **first token** at ``start + ttft_ms + prompt_tokens / prefill_tokens_per_s`` (ms and s as named;

@@ -4,7 +4,7 @@
 :func:`~servelab.engines.base.spawn_engine` (own session, ``/health`` wait, cold-start times, stop kills
 the whole group), so code that drives real engines (bench, candidate smoke tests) can be tested
 against a fast, deterministic server whose failures are injected on purpose (``invalid_json``,
-``crash_after_requests``, failure rates; see :class:`~servelab.engines.mock.MockConfig`).
+``crash_after_requests``, failure rates; see :class:`~servelab.engines.mock.config.MockConfig`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pydantic import create_model, model_validator
 import servelab
 from servelab.engines.base import (EngineLauncher, RunningEngine, log_dir_or_temp, runtime_identity,
                                    spawn_on_port)
-from servelab.engines.mock import MockConfig, check_failure_rates
+from servelab.engines.mock.config import MockConfig, check_failure_rates
 from servelab.engines.kind import (EngineIdentity, EngineKind, EngineSettings, PortSetting, ServerMetrics,
                                    ready_timeout_setting)
 from servelab.wire.errors import ConfigError
