@@ -11,17 +11,26 @@ state); the gateway's admission, relay and error answer call its hooks when ``Re
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from servelab.gateway.apis.chatstream import Part, chunk_events, chunk_parts
 from servelab.gateway.errors import GatewayError
 
-if TYPE_CHECKING:
-    from servelab.gateway.reqstate import RequestState
 
-__all__ = ["ApiAdapter", "StreamingApi"]
+
+class RequestState(Protocol):
+    """What an adapter reads of a request (:class:`servelab.gateway.reqstate.RequestState` has it): the
+    gateway's request id, the model asked for and the usage counted so far (tokens). A protocol, so that
+    reqstate (which holds the adapter) and this package do not import each other."""
+
+    rid: str
+    model: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+__all__ = ["ApiAdapter", "RequestState", "StreamingApi"]
 
 
 class ApiAdapter:

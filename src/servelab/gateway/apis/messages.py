@@ -37,17 +37,15 @@ it goes through the same keys, limits and ledger.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from aiohttp import web
 
-from servelab.gateway.apis import StreamingApi
+from servelab.gateway.apis import RequestState, StreamingApi
 from servelab.gateway.apis.chatstream import Part, answer_parts, stop_string
 from servelab.gateway.errors import GatewayError, bad_request
 
-if TYPE_CHECKING:
-    from servelab.gateway.reqstate import RequestState
 
 __all__ = ["CountTokensApi", "MessagesApi", "anthropic_error_body", "anthropic_error_type"]
 

@@ -37,16 +37,14 @@ chat completions.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from servelab.gateway.apis import StreamingApi
+from servelab.gateway.apis import RequestState, StreamingApi
 from servelab.gateway.apis.chatstream import Part, answer_parts
 from servelab.gateway.errors import GatewayError, bad_request
 
-if TYPE_CHECKING:
-    from servelab.gateway.reqstate import RequestState
 
 __all__ = ["ResponsesApi", "to_chat"]
 
