@@ -225,7 +225,7 @@ def parse_settings(model: type[EngineSettings], settings: Mapping[str, Any] | En
     if isinstance(settings, model):
         return settings
     if isinstance(settings, BaseModel):
-        settings = settings.model_dump()
+        settings = settings.model_dump(context={"secrets": "reveal"})  # values, not the record's fingerprints
     try:
         return model.model_validate(dict(settings or {}))
     except ValidationError as e:

@@ -91,7 +91,9 @@ class VllmLauncher(EngineLauncher):
         if port is not None and not 0 < port < 65536:
             raise ConfigError(f"--port must be 1..65535, got {port}")
         self.model = model
-        base = settings.model_dump() if isinstance(settings, VllmSettings) else dict(settings or {})
+        # the values themselves (secret env included): this builds the process, it records nothing
+        base = (settings.model_dump(context={"secrets": "reveal"}) if isinstance(settings, VllmSettings)
+                else dict(settings or {}))
         self.settings: VllmSettings = parse_settings(VllmSettings, {**base, **overrides}, "vllm")
         self.host = host
         self.port = port if port is not None else self.settings.port
