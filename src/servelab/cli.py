@@ -46,9 +46,9 @@ COMMANDS: dict[str, LazyCommand] = {
     "catalog": LazyCommand("servelab.catalog.cli", "catalog_app",
                            "The engine, model and hardware catalogs to select from."),
     "doctor": LazyCommand("servelab.doctor_cli", "doctor_command",
-                          "Check what the trial and the tests need on this host (one line per item + the fix)."),
+                          "Check what the trial and the tests need on this host."),
     "capacity": LazyCommand("servelab.capacity.cli", "capacity_command",
-                            "Peak load of a traffic profile; replicas, cost and what-if from a fitted model."),
+                            "Traffic to peak load, replicas and cost, from evidence."),
 }
 
 app = typer.Typer(cls=lazy_group(COMMANDS), add_completion=False, no_args_is_help=True, rich_markup_mode=None,
