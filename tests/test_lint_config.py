@@ -39,6 +39,9 @@ def test_mypy_refuses_implicit_optional_and_stale_ignores(tmp_path: Path) -> Non
 def test_the_test_command_runs_the_static_checks() -> None:
     test_sh = (ROOT / "scripts" / "test.sh").read_text()
     lint_sh = (ROOT / "scripts" / "lint.sh").read_text()
-    assert "bash scripts/lint.sh" in test_sh.split("pytest")[0]  # before the tests, under `set -e`
+    lines = [x.strip() for x in test_sh.splitlines() if not x.strip().startswith("#")]
+    lint = next(i for i, x in enumerate(lines) if x.startswith("bash scripts/lint.sh"))
+    runs = [i for i, x in enumerate(lines) if "-m pytest" in x]
+    assert runs and lint < min(runs) and "set -euo pipefail" in lines  # before any test run, under `set -e`
     for step in ("ruff check", "mypy", "servelab schema check"):
         assert step in lint_sh

@@ -25,6 +25,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
+
 from servelab.bench.cli import _overrides
 from servelab.bench.load import arrival_offsets_s
 from servelab.bench.options import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, split_list
@@ -320,7 +322,7 @@ _slo_text = st.one_of(
               st.sampled_from(["", "ms", "s", "%", "h"])))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.lists(_slo_text, max_size=3).map(",".join))
 def test_parse_slo_never_crashes(text):
     try:
@@ -341,7 +343,7 @@ _length = st.one_of(st.integers(-10, 2 * MAX_PROMPT_TOKENS), st.floats(allow_nan
                     st.builds(lambda a, b: f"{a}-{b}", st.integers(-3, 2 * MAX_PROMPT_TOKENS), st.integers(-3, 10**7)))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(_length)
 def test_parse_length_never_crashes(value):
     import random
@@ -358,7 +360,7 @@ def test_parse_length_never_crashes(value):
 _number = st.one_of(st.integers(-10**20, 10**20), st.floats(allow_nan=True, allow_infinity=True), st.none())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(timeout=_number, warmup=_number, max_conc=_number, gamma=_number, requests=_number, duration=_number,
        seed=_number, conc=st.text("0123456789,-x", max_size=8), rate=st.text("0123456789.,-naif", max_size=8),
        ratio=st.text("short-qa:0123456789,rag", max_size=20), sets=st.lists(st.text(max_size=12), max_size=2))
@@ -390,7 +392,7 @@ _list_text = st.one_of(st.text(max_size=12), st.text(" ,0123456789.-eEnaif", max
                                 max_size=4).map(",".join))
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(_list_text)
 def test_every_list_option_refuses_empty_items(text):
     """Item 7: ``--concurrency 1,,2``, ``--slo ','`` and ``-w ''`` ran with the empty items dropped
@@ -415,7 +417,7 @@ def test_every_list_option_refuses_empty_items(text):
             split_list(text, "--x")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(n=st.integers(0, 2000), rate=st.floats(allow_nan=True, allow_infinity=True),
        shape=st.floats(allow_nan=True, allow_infinity=True), arrival=st.sampled_from(["constant", "poisson", "gamma"]))
 def test_arrival_clock_is_finite_or_refused(n, rate, shape, arrival):
@@ -441,7 +443,7 @@ def test_arrival_clock_refuses_overflow():
         arrival_offsets_s(4, 1.0, "gamma", 0, float("nan"))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.one_of(st.integers(-10, 2**70), st.booleans(), st.floats(allow_nan=True), st.text(max_size=5), st.none()))
 def test_dataset_max_tokens_bounded(value):
     from servelab.bench.options import dataset_max_tokens
@@ -481,7 +483,7 @@ _override_value = st.one_of(st.integers(-5, 3 * 10**6), st.floats(allow_nan=True
                                                                    "short-qa:1,rag:2", "inf", "1e400"]))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.sampled_from(["short-qa", "rag", "long-gen", "structured", "mix", "shared-prefix"]),
        st.dictionaries(st.sampled_from(["input_tokens", "output_tokens", "ratio", "prefix_tokens", "num_prefixes",
                                         "suffix_tokens", "lang", "extra", "bogus"]), _override_value, max_size=3))

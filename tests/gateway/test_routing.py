@@ -13,6 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
+
 from servelab.gateway.breaker import BreakerBoard, BreakerSettings
 from servelab.gateway.errors import GatewayError
 from servelab.gateway.routing import (Backend, FallbackSpec, ModelRoute, Router, ShadowSpec, TargetSpec,
@@ -31,7 +33,7 @@ def pool_router(n: int, affinity_chars: int = 64, **kw) -> Router:
 
 
 # ------------------------------------------------------------------ weighted split
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(st.lists(st.integers(min_value=1, max_value=20), min_size=2, max_size=4))
 def test_weighted_split_converges_to_weights(weights: list[int]) -> None:
     bs = [Backend(f"b{i}", "mock", f"http://h:{i}", (f"m{i}",)) for i in range(len(weights))]
@@ -90,7 +92,7 @@ def test_affinity_is_stable_across_processes_with_different_hash_seeds() -> None
     assert here == outs[0]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.integers(min_value=2, max_value=8), st.data())
 def test_removing_a_replica_moves_only_its_own_keys(n: int, data: st.DataObject) -> None:
     removed = data.draw(st.integers(min_value=0, max_value=n - 1))
@@ -190,7 +192,7 @@ def test_all_saturated_without_fallback_is_a_503_busy() -> None:
 
 
 # ------------------------------------------------------------------ breakers
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.booleans(), min_size=4, max_size=4), st.lists(st.booleans(), min_size=4, max_size=4),
        st.text(max_size=30), st.sampled_from(["pub", "alias"]))
 def test_never_routes_to_open_breaker_saturated_or_unknown_backend(opened: list[bool], full: list[bool],

@@ -8,6 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
+
 from servelab.catalog import find_model
 from servelab.catalog.models import load_models
 from servelab.cli import main
@@ -124,7 +126,7 @@ def test_cli_json_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
 DECODERS = [m for m in load_models() if m.kind in ("decoder", "encoder-decoder")]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(idx=st.integers(0, len(DECODERS) - 1), ctx=st.integers(1, 200_000), conc=st.integers(1, 512),
        extra=st.integers(1, 50_000), prec=st.sampled_from(["bf16", "fp8", "int4", "native"]))
 def test_no_estimate_beats_physics_and_memory_is_monotonic(idx: int, ctx: int, conc: int, extra: int, prec: str) -> None:

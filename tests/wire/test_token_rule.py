@@ -8,6 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
+
 from servelab.wire.stream import TOKEN_FIELDS, apply_event, choices_carry_token
 from servelab.wire.types import RequestRecord
 
@@ -49,7 +51,7 @@ def _choice(draw: Any) -> Any:
     return ch
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.one_of(st.none(), st.just("x"), st.lists(_choice(), max_size=3)))
 def test_relay_rule_equals_the_measured_rule(choices: Any) -> None:
     ev: dict[str, Any] = {"id": "c", "object": "chat.completion.chunk"}
