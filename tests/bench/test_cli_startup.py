@@ -1,6 +1,6 @@
 """Issue 9, item 7 follow-up: every ``servelab`` start imported every command module (gateway, trial,
 advise, plan...), ~1.4 s per start, ``servelab bench --help`` and each bad-value check of
-test_hardening.py included. Subcommands are now imported only when they run
+test_bench_cli_robustness.py included. Subcommands are now imported only when they run
 (:mod:`servelab.lazy_commands`)."""
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ Uses these aiohttp internals (checked against aiohttp 3.14.5): ``RequestHandler.
 ``_messages``, ``_request_count``, ``_waiter``, ``_current_request``, ``_force_close``,
 ``_reading_paused``/``_buffer_paused``, ``_next_keepalive_close_time``,
 ``Server._connections``/``_kwargs``/``_loop``, ``web_protocol._ErrInfo`` (a queued request answered by
-:meth:`GuardedHandler.handle_error`); the attack tests (tests/gateway/test_attack.py,
+:meth:`GuardedHandler.handle_error`); the attack tests (tests/gateway/test_hostile_connections.py,
 tests/gateway/test_connection_flood.py) fail if an aiohttp upgrade changes them.
 """
 
