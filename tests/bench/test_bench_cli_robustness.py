@@ -462,7 +462,6 @@ def test_help_documents_exit_codes():
     assert r.returncode == 0 and "143" in r.stdout and "SIGTERM" in r.stdout
 
 
-@pytest.mark.engine
 def test_prompts_longer_than_the_servers_context_are_refused(tmp_path):
     """llama-server reports its context per slot (/props); prompts that cannot fit used to be sent
     anyway, every request failing with HTTP 400 and the run exiting 0."""

@@ -16,8 +16,6 @@ import sys
 import psutil
 import pytest
 
-pytestmark = pytest.mark.engine
-
 
 def _binary_available() -> bool:
     from servelab.engines.llamacpp import find_llama_server

@@ -14,7 +14,6 @@ import pytest
 
 from servelab.bench.results import Summary
 
-pytestmark = pytest.mark.engine
 SERVELAB = [sys.executable, "-m", "servelab.cli"]
 
 

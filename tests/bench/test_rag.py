@@ -41,7 +41,6 @@ def test_top_k_is_cosine_order() -> None:
     assert top_k(q, pv, 3) == [1, 2, 0]
 
 
-@pytest.mark.engine
 def test_retrieval_through_the_real_embedder(counter: TokenCounter) -> None:
     from servelab.engines.embedder import MODEL_ID, EmbeddingLauncher
     from servelab.engines.llamacpp import LlamaCppLauncher

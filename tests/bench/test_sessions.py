@@ -93,7 +93,6 @@ def test_datasets(tmp_path: Path) -> None:
         load_sessions(tmp_path / "missing.json")
 
 
-@pytest.mark.engine
 def test_real_llama_server_serves_history_from_its_cache(counter: TokenCounter) -> None:
     """Resent history is prefix-cached: from turn 1 on most of each prompt comes from llama-server's
     cache (Gemma 3 needs --swa-full for that, see test_traces)."""

@@ -110,7 +110,6 @@ def test_mock_calls_through_the_gate(mock_engine, dialect: str, bad: str, reason
             assert reason in rec.gate_failures, rec.gate_failures
 
 
-@pytest.mark.engine
 def test_real_llama_server_base_model_makes_no_tool_calls(gemma_counter: TokenCounter) -> None:
     """The default Gemma 3 270M base GGUF has no chat template; llama-server falls back to ChatML, which has
     no tool format, so no request yields a tool call: the gate must fail every "required" and named one

@@ -145,7 +145,6 @@ def test_replay_keeps_the_trace_times(mock_engine, tmp_path: Path, fmt: str) -> 
     assert p99 <= p99_floor + 1.0, (p99, p99_floor)
 
 
-@pytest.mark.engine
 def test_mooncake_sharing_reaches_the_prefix_cache(tmp_path: Path, counter: TokenCounter) -> None:
     """Requests whose leading hash ids match are served from llama-server's prompt cache for those blocks
     (usage prompt_tokens_details.cached_tokens); a request sharing nothing is not. Gemma 3 uses sliding-

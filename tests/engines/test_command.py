@@ -143,7 +143,6 @@ def test_first_token_readiness_and_after_ready(tmp_path: Path) -> None:
     assert _gone(*tree)
 
 
-@pytest.mark.engine
 def test_llama_server_by_command_line_has_the_built_in_identity(tmp_path: Path) -> None:
     from servelab.engines.llamacpp import LlamaCppLauncher, default_model_path
 

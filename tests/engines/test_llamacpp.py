@@ -1,5 +1,5 @@
 """llama.cpp launcher: unit tests (no binary needed) and integration tests against the REAL
-``llama-server`` + Gemma 3 270M weights (``@pytest.mark.engine``).
+``llama-server`` + Gemma 3 270M weights (tier ``engine``, tests/conftest.py).
 
 Integration tests skip when no ``llama-server`` is cached, unless ``SERVELAB_REQUIRE_ENGINE`` is set
 (CI), in which case a missing binary fails them. Build it with ``servelab engine build llamacpp``.
@@ -164,7 +164,6 @@ def _gone(pids: list[int]) -> bool:
     return False
 
 
-@pytest.mark.engine
 def test_health_props_and_cold_start(engine) -> None:  # noqa: ANN001
     status, body = engine.get("/health")
     assert status == 200, body
@@ -178,7 +177,6 @@ def test_health_props_and_cold_start(engine) -> None:  # noqa: ANN001
     assert engine.peak_rss_bytes() >= engine.rss_bytes() * 0.9
 
 
-@pytest.mark.engine
 def test_streamed_chat_gets_tokens_and_usage(engine) -> None:  # noqa: ANN001
     async def go() -> RequestRecord:
         spec = RequestSpec(endpoint="chat", max_tokens=16,
@@ -199,7 +197,6 @@ def test_streamed_chat_gets_tokens_and_usage(engine) -> None:  # noqa: ANN001
     assert "llamacpp:requests_processing" in m and "llamacpp:requests_deferred" in m
 
 
-@pytest.mark.engine
 def test_identity(engine, binary: Path) -> None:  # noqa: ANN001
     ident = engine.identity
     json.dumps(ident)  # serialisable
@@ -226,7 +223,6 @@ def test_identity(engine, binary: Path) -> None:  # noqa: ANN001
     assert "<|im_start|>" in (ident["chat_template"] or "")  # ChatML fallback: the GGUF has none
 
 
-@pytest.mark.engine
 def test_stop_leaves_no_process(binary: Path, tmp_path: Path) -> None:
     with LlamaCppLauncher(ctx_size=512, parallel=1, log_dir=tmp_path, binary=binary).start() as eng:
         proc = psutil.Process(eng.pid)
@@ -250,7 +246,6 @@ if sys.argv[3] == "hang":
 """
 
 
-@pytest.mark.engine
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
 def test_no_orphan_when_python_exits(binary: Path, tmp_path: Path, how: str) -> None:
     mode = "exit" if how == "exit" else "hang"
@@ -270,7 +265,6 @@ def test_no_orphan_when_python_exits(binary: Path, tmp_path: Path, how: str) -> 
             p.wait()
 
 
-@pytest.mark.engine
 def test_cli_up_prints_url_and_stops_on_sigint(binary: Path, tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "servelab.cli", "engine", "up", "llamacpp", "--ctx-size", "512",
            "--parallel", "1", "--log-dir", str(tmp_path)]

@@ -290,7 +290,6 @@ def default_build() -> Path:
     return p
 
 
-@pytest.mark.engine
 def test_default_build_has_no_amx_kernels_and_was_proven(default_build: Path) -> None:
     m = lb.read_manifest(default_build)
     assert m is not None and m.variant == "native" and m.build_id == "native"
@@ -314,7 +313,6 @@ def test_default_build_has_no_amx_kernels_and_was_proven(default_build: Path) ->
     assert m.sha256 == hashlib.sha256(data).hexdigest()
 
 
-@pytest.mark.engine
 def test_prove_llama_server_runs_on_the_real_binary(default_build: Path, tmp_path: Path) -> None:
     proof = lb.prove_llama_server(default_build, lb._proof_model(), tmp_path, tokens=3)
     assert proof.ok, proof.error

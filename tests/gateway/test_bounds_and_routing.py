@@ -92,7 +92,6 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Any:
     yield from launch_llama(tmp_path_factory, ctx_size=1024, parallel=1)
 
 
-@pytest.mark.engine
 def test_llama_server_n_predict_cannot_escape_the_cap(gateway: Any, llama: Any) -> None:
     """Before: ``max_tokens: 8, n_predict: 300, ignore_eos: true`` with max_tokens_limit 64 got 300 tokens
     from llama-server (n_predict wins there) while the gateway checked and reserved 8 (limit 32 here)."""

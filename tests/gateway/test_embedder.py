@@ -91,7 +91,6 @@ def _cos(a: Any, b: Any) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-@pytest.mark.engine
 def test_vectors_match_reference_in_one_batch(engine: Any) -> None:
     items = REFERENCE["items"]
     status, body = _post(engine, {"model": MODEL_ID, "input": [it["text"] for it in items]})
@@ -106,7 +105,6 @@ def test_vectors_match_reference_in_one_batch(engine: Any) -> None:
     assert body["usage"]["prompt_tokens"] == sum(it["prompt_tokens"] for it in items)
 
 
-@pytest.mark.engine
 def test_single_inputs_token_ids_and_base64(engine: Any) -> None:
     ref = REFERENCE["items"][5]  # accents: the WordPiece normaliser must strip them like HF's
     status, body = _post(engine, {"model": MODEL_ID, "input": ref["text"], "encoding_format": "base64"})
@@ -119,7 +117,6 @@ def test_single_inputs_token_ids_and_base64(engine: Any) -> None:
     assert status == 200 and _cos(body["data"][0]["embedding"], REFERENCE["items"][0]["embedding"]) >= MIN_COSINE
 
 
-@pytest.mark.engine
 def test_meaning_orders_similarity(engine: Any) -> None:
     texts = ["A man is eating food.", "A man is eating a piece of bread.",
              "The quick brown fox jumps over the lazy dog."]
@@ -128,7 +125,6 @@ def test_meaning_orders_similarity(engine: Any) -> None:
     assert _cos(a, b) > 0.6 > _cos(a, c)
 
 
-@pytest.mark.engine
 def test_openai_sdk_and_limits(engine: Any) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=engine.base_url, api_key="unused", max_retries=0)

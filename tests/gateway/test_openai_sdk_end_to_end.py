@@ -205,7 +205,6 @@ def _need_engines(acc: Any) -> None:
         pytest.skip("no cached llama-server (run `servelab engine build llamacpp`)")
 
 
-@pytest.mark.engine
 def test_openai_sdk_against_real_llama_server(acc: Any) -> None:
     _need_engines(acc)
     c = _client(acc)
@@ -222,7 +221,6 @@ def test_openai_sdk_against_real_llama_server(acc: Any) -> None:
         c.chat.completions.create(model="gemma", messages=_msgs(), tools=[WEATHER_TOOL])
 
 
-@pytest.mark.engine
 def test_openai_sdk_embeddings_through_the_gateway(acc: Any) -> None:
     _need_engines(acc)
     c = _client(acc)

@@ -148,7 +148,6 @@ def test_a_4xx_about_the_clients_input_keeps_its_words_internals_do_not(setup: A
     assert "sk-upstream" not in raw.decode() and h.get("Retry-After") == "1"
 
 
-@pytest.mark.engine
 def test_real_llama_server_context_overflow_says_how_many_tokens_to_remove(llama: Any, tmp_path: Path) -> None:  # noqa: F811
     """The real llama-server (context 1024) answers a too-long prompt with ``exceed_context_size_error``
     and its ``n_prompt_tokens``/``n_ctx``: the client's 400 has those numbers and how many to remove,

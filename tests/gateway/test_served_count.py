@@ -30,7 +30,6 @@ def _gw(gateway: Any, llama: Any, **tenant: Any) -> tuple[Any, str]:
     return gw, key
 
 
-@pytest.mark.engine
 def test_n4_and_prompt_lists_are_charged_per_choice(gateway: Any, llama4: Any) -> None:
     gw, key = _gw(gateway, llama4)
     url = gw.url + "/completions"
@@ -56,7 +55,6 @@ def test_n4_and_prompt_lists_are_charged_per_choice(gateway: Any, llama4: Any) -
     assert [x["charged_tokens"] >= 64 for x in recs[:3]] == [True] * 3, recs
 
 
-@pytest.mark.engine
 def test_budget_refuses_after_what_n4_served(gateway: Any, llama4: Any) -> None:
     """Before: token_budget 300 served 12 requests / 768 completion tokens before the 429."""
     gw, key = _gw(gateway, llama4, token_budget=300)
@@ -77,7 +75,6 @@ def test_budget_refuses_after_what_n4_served(gateway: Any, llama4: Any) -> None:
 # ------------------------------------------------------------------ defect 5: log-probability counts
 
 
-@pytest.mark.engine
 def test_logprobs_counts_are_capped(gateway: Any, llama4: Any) -> None:
     """Before: /v1/completions max_tokens 8, logprobs 50000 -> 39 MB from llama-server (read as n_probs);
     chat top_logprobs 5000 -> 3.5 MB. Now 400 above server.max_logprobs (5) / max_top_logprobs (20)."""

@@ -150,7 +150,6 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Any:
     yield from launch_llama(tmp_path_factory, ctx_size=1024, parallel=2)
 
 
-@pytest.mark.engine
 def test_llama_server_vs_mock_shadow_report(gateway: Any, mock_engine: Any, llama: Any) -> None:
     """Old = the real llama-server, new = the mock: the report's primary side is what the client got
     (usage tokens, text) and the text comparison is computed on those answers."""

@@ -179,7 +179,6 @@ def _post(url: str, body: dict) -> dict:
         return json.load(resp)
 
 
-@pytest.mark.engine
 def test_matches_llama_server_tokenize(counter: TokenCounter, gemma_path: str, tmp_path: Path) -> None:
     """encode() must equal llama-server's POST /tokenize (no BOS, specials parsed) on ~200 varied texts."""
     binary = _find_llama_server()

@@ -70,7 +70,6 @@ def gguf() -> Path:
     return llamacpp.default_model_path()
 
 
-@pytest.mark.engine
 @pytest.mark.parametrize(("ctx", "np_", "extra"), CASES, ids=[f"c{c}-np{n}{''.join(e)}" for c, n, e in CASES])
 def test_plan_matches_llama_server(ctx: int, np_: int, extra: list[str], gguf: Path, tmp_path: Path) -> None:
     binary = _binary()
@@ -93,7 +92,6 @@ def test_plan_matches_llama_server(ctx: int, np_: int, extra: list[str], gguf: P
     assert plan.compute_bytes / MIB == pytest.approx(real["compute_mib"], rel=0.05)
 
 
-@pytest.mark.engine
 def test_cli_plan_matches_llama_server(gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The same check through `servelab plan --engine llamacpp --ctx-size --parallel --json`."""
     binary = _binary()

@@ -52,7 +52,6 @@ def test_bad_arguments() -> None:
         check_context("http://127.0.0.1:1/v1", "m", limit_tokens=10, start_words=10)
 
 
-@pytest.mark.engine
 def test_real_llama_server_per_slot_context() -> None:
     """-c 1024 over -np 2 leaves 512 tokens per slot: the check finds it within one step. (A small context
     keeps the probes' prefill short: 22 s here against 39 s for the same check at -c 4096 -np 2.)"""

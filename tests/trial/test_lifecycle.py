@@ -14,8 +14,6 @@ import pytest
 
 from servelab.trial.lifecycle import ENGINE_CACHES, cancellation, restart_under_load, warm_start
 
-pytestmark = pytest.mark.engine
-
 
 @pytest.fixture
 def llama(tmp_path: Path):

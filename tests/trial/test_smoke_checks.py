@@ -47,7 +47,6 @@ def test_no_reasoning_is_informational_and_inline_reasoning_is_caught(mock_engin
     assert reasoning_leak("The answer is 391.") is None
 
 
-@pytest.mark.engine
 def test_base_model_on_llama_server_fails_tools(tmp_path):
     with LlamaCppLauncher(parallel=1, ctx_size=2048).start() as eng:  # --metrics is on by default
         res = _run(eng.base_url, tmp_path, ("tools", "cancellation"))

@@ -91,7 +91,6 @@ def test_tree_cpu_seconds_counts_children() -> None:
     assert tree_cpu_seconds(parent.pid) is None
 
 
-@pytest.mark.engine
 def test_llama_server_telemetry_and_token_agreement(tmp_path: Path) -> None:
     from servelab.engines.llamacpp import find_llama_server
     from servelab.trial.flow import TrialRunner

@@ -41,14 +41,12 @@ def _check(extra: list[str], reference: str | None) -> object:
         return check_template(eng.base_url, "m", reference, bos_token="<bos>", eos_token="<eos>")
 
 
-@pytest.mark.engine
 def test_right_template_is_equal(gemma_file: Path) -> None:
     got = _check(["--chat-template-file", str(gemma_file)], GEMMA_CHAT_TEMPLATE)
     assert got.verdict == "equal", got
     assert [c.verdict for c in got.comparisons] == ["equal"] * len(CONVERSATIONS)
 
 
-@pytest.mark.engine
 def test_wrong_template_is_different() -> None:
     got = _check(["--chat-template", "chatml"], GEMMA_CHAT_TEMPLATE)
     assert got.verdict == "different" and got.served_family == "chatml" and got.reference_family == "gemma"
@@ -58,7 +56,6 @@ def test_wrong_template_is_different() -> None:
     assert "differs" in got.note
 
 
-@pytest.mark.engine
 def test_no_template_names_the_fallback() -> None:
     """The default Gemma 3 270M GGUF is a base model without a template: llama-server falls back to ChatML."""
     got = _check([], None)

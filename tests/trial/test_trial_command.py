@@ -20,8 +20,6 @@ import psutil
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.engine]
-
 
 def _llama() -> tuple[str, str]:
     from servelab.engines.llamacpp import default_model_path
@@ -107,7 +105,6 @@ def trial(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
     return json.loads((out / "record.json").read_text()), out, model_dir, template
 
 
-@pytest.mark.slow
 def test_two_command_candidates_decided(trial: tuple[dict[str, Any], Path, Path, Path]) -> None:
     rec, out, _, _ = trial
     res = rec["results"]["candidates"]
@@ -124,7 +121,6 @@ def test_two_command_candidates_decided(trial: tuple[dict[str, Any], Path, Path,
     assert set(rec["decision"]["ranking"]) == {"llama-np1", "vllm-cpu"}
 
 
-@pytest.mark.slow
 def test_command_identity_matches_the_built_in_launchers(trial: tuple[dict[str, Any], Path, Path, Path]) -> None:
     from servelab.engines.command import comparable_facts
     from servelab.engines.llamacpp import LlamaCppLauncher
@@ -147,7 +143,6 @@ def test_command_identity_matches_the_built_in_launchers(trial: tuple[dict[str, 
     assert vl["launcher"]["env"]["VLLM_CPU_KVCACHE_SPACE"] == "2"
 
 
-@pytest.mark.slow
 def test_no_process_left_after_the_trial(trial: tuple[dict[str, Any], Path, Path, Path]) -> None:
     """Each engine the trial started (its pid, and any process serving its port: vLLM's EngineCore and
     workers carry the API server's argv) is gone; other tests on this machine may run their own."""
@@ -204,7 +199,6 @@ def test_no_process_left_after_ctrl_c(tmp_path: Path) -> None:
     assert rec["results"]["candidates"]["llama-np1"]["status"] == "ranked"
 
 
-@pytest.mark.slow
 def test_command_telemetry_and_token_agreement(trial: tuple[dict[str, Any], Path, Path, Path]) -> None:
     """Issue 11 acceptance: per-step queue length, running, server token counters and CPU/RSS of each
     command's process tree are in the record (llama-server ``--metrics``, vLLM-CPU), and the engine's

@@ -15,7 +15,6 @@ import pytest
 
 from browser_check import _assert_rendered, _chart_count, _chromium_run
 
-pytestmark = pytest.mark.engine
 
 EXP = """
 name: two-llama

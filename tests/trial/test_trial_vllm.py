@@ -17,7 +17,6 @@ import textwrap
 import psutil
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 EXP = """
 name: cpu-engines-mini
