@@ -6,7 +6,7 @@ launcher."""
 
 from __future__ import annotations
 
-import glob
+import os
 import socket
 import sys
 import textwrap
@@ -144,12 +144,14 @@ def test_first_token_readiness_and_after_ready(tmp_path: Path) -> None:
 
 
 def test_llama_server_by_command_line_has_the_built_in_identity(tmp_path: Path) -> None:
-    from servelab.engines.llamacpp import LlamaCppLauncher, default_model_path
+    from servelab.engines.llamacpp import LlamaCppLauncher, default_model_path, find_llama_server
 
-    found = glob.glob(str(Path.home() / ".cache/servelab/llama-server/*/llama-server"))
-    if not found:
+    found = find_llama_server()  # the cached build for this host (the cache has a folder per build variant)
+    if found is None:
+        if os.environ.get("SERVELAB_REQUIRE_ENGINE"):
+            pytest.fail("llama-server is not built: run 'servelab engine build llamacpp'")
         pytest.skip("llama-server not built ('servelab engine build llamacpp')")
-    binary, model = found[0], str(default_model_path())
+    binary, model = str(found), str(default_model_path())
     s = CommandSettings(argv=[binary, "-m", model, "--host", "{host}", "--port", "{port}", "-c", "2048",
                               "-np", "1", "--metrics"])
     eng = KIND.launch(s, log_dir=str(tmp_path))

@@ -6,7 +6,6 @@ is checked with psutil). Slow: vLLM needs its venv (skipped without it unless SE
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import signal
@@ -22,14 +21,14 @@ import yaml
 
 
 def _llama() -> tuple[str, str]:
-    from servelab.engines.llamacpp import default_model_path
+    from servelab.engines.llamacpp import default_model_path, find_llama_server
 
-    found = glob.glob(str(Path.home() / ".cache/servelab/llama-server/*/llama-server"))
-    if not found:
+    found = find_llama_server()  # the cached build for this host (the cache has a folder per build variant)
+    if found is None:
         if os.environ.get("SERVELAB_REQUIRE_ENGINE"):
             pytest.fail("llama-server is not built: run 'servelab engine build llamacpp'")
         pytest.skip("llama-server not built")
-    return found[0], str(default_model_path())
+    return str(found), str(default_model_path())
 
 
 def _llama_candidate(name: str) -> dict[str, Any]:
