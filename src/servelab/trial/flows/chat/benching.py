@@ -17,7 +17,7 @@ from servelab.bench.runner import Bench, BenchConfig
 from servelab.bench.slo import Objective
 from servelab.trial.benchload import bench_load
 from servelab.trial.context import TrialContext
-from servelab.trial.mixload import experiment_mix
+from servelab.trial.workloads import experiment_workloads
 from servelab.trial.results import CandidateIdentity
 from servelab.trial.telemetry import MetricsSampler
 from servelab.wire.errors import ConfigError
@@ -76,35 +76,6 @@ class ChatBench:
     def __init__(self, ctx: TrialContext) -> None:
         self.ctx = ctx
 
-    def factory(self, seeded: bool = False) -> Callable[..., Any]:
-        """Workload factory for :class:`Bench`; ``seeded`` gives every request a sampling ``seed``
-        (:meth:`~servelab.bench.workloads.Workload.with_request_seeds`; the quality gate: the engine's own
-        sampling settings, as served, but repeatable — not greedy decoding, which sends small models into
-        digit loops inside JSON numbers and which no deployment uses)."""
-        from servelab.bench import workloads as W
-
-        if seeded:
-            plain = self.factory()
-
-            def seeded_factory(name: str, seed: int) -> Any:
-                return plain(name, seed).with_request_seeds(seed)
-
-            return seeded_factory
-
-        table = {w.label: w for w in self.ctx.exp.workloads}
-        ignore_eos = self.ctx.exp.ignore_eos
-
-        def factory(name: str, seed: int) -> Any:
-            w = table.get(name)
-            if name == "mix" and w is None:  # the goal's mix of the experiment's own workloads (trial.mixload)
-                return experiment_mix(factory, self.ctx.exp.arrival_mix, seed)
-            if w is not None and w.dataset is not None:
-                return W.load_dataset(w.dataset, self.ctx.counter, seed=seed, max_tokens_default=w.max_tokens_default)
-            return W.make_workload(name, self.ctx.counter, seed=seed, ignore_eos=ignore_eos,
-                                   **(w.set if w is not None else {}))
-
-        return factory
-
     def tokenizer_for(self, identity: CandidateIdentity) -> Any:
         """The workload tokenizer: the first candidate's GGUF or HF folder; the same for every candidate
         so that all see the same prompts (one factor at a time)."""
@@ -143,18 +114,7 @@ class ChatBench:
                           out=str(out), workload_overrides=dict(overrides or {}),
                           workers=gen.workers if gen else 1, workers_per_node=gen.workers_per_node if gen else None,
                           ray=gen.ray if gen else None)
-        factory = self.factory(seeded=seeded)
-        if overrides:
-            base = factory
-
-            def factory(name: str, seed: int) -> Any:  # noqa: F811 — mix overrides for the arrival run
-                from servelab.bench import workloads as W
-
-                if name == "mix" and set(overrides) - {"ratio"}:  # arrival_test.set: the built-in mix with them
-                    return W.make_workload("mix", self.ctx.counter, seed=seed, ignore_eos=self.ctx.exp.ignore_eos,
-                                           **overrides)
-                return base(name, seed)
-
+        factory = experiment_workloads(self.ctx.exp, self.ctx.counter, seeded=seeded, mix_overrides=overrides)
         bench = Bench(cfg, objectives, factory, counter=self.ctx.counter,
                       observer=_TrialWatch(self.ctx, sampler, on_step, budget_for))
         summary = asyncio.run(bench.run())

@@ -19,6 +19,7 @@ from servelab.trial.console import gate_line
 from servelab.trial.flows.chat.smoke import model_name, send_one, smoke
 from servelab.trial.results import CandidateResult, JsonObject, Quality, QualityCheck, SmokeCheck
 from servelab.trial.spec import Sample
+from servelab.trial.workloads import experiment_workloads
 from servelab.wire.client import make_session
 from servelab.wire.types import RequestSpec
 
@@ -61,8 +62,8 @@ class QualityGate:
                 check = _undetermined(check, res.ran, len(q.samples), res.estimate_s)
             checks.append(check)
         if "structured" in [w.label for w in self.ctx.exp.workloads]:
-            caps = [sp.max_tokens for sp in self.bench.factory(seeded=True)("structured", self.ctx.exp.seed + 424242)
-                    .requests(q.structured_requests)]
+            structured = experiment_workloads(self.ctx.exp, self.ctx.counter)("structured", self.ctx.exp.seed + 424242)
+            caps = [sp.max_tokens for sp in structured.requests(q.structured_requests)]
             est = sum(timing.request_s(m) for m in caps) if timing is not None else 0.0
             if not self.ctx.budget.allows(est):
                 self.ctx.budget.skip(f"{name}/quality/structured")
