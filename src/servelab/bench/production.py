@@ -34,20 +34,24 @@ from typing import Any, Literal
 from rich.console import Console
 
 from servelab.bench.options import MAX_THINK_TIME_S
+from servelab.bench.workloads import OPTION_WORKLOADS, WorkloadKind, register_workload
 from servelab.wire.client import ConfigError
 
 __all__ = ["PRODUCTION_WORKLOADS", "ProductionOptions", "print_extras"]
 
-#: the production-like sets, name -> description (``servelab bench -w NAME``)
-PRODUCTION_WORKLOADS: dict[str, str] = {
-    "sessions": "multi-turn chat sessions: each turn resends the history (--sessions, --turns, --think-time-s)",
-    "agent": "agent loops: tool call, synthetic tool result, next step, M steps then an answer "
-             "(--set tool_steps=M)",
-    "rag-docs": "RAG on real documents: Python stdlib docstrings retrieved by all-MiniLM-L6-v2 (--rag-top-k)",
-    "mixed-lang": "mixed Chinese/English prompts from Debian's zh_CN message catalogs; tokens per character",
-    "trace": "timestamped trace replay (--trace FILE: Mooncake, Azure or BurstGPT)",
-    "embeddings": "/v1/embeddings throughput (--endpoint embeddings, --batch-size)",
-}
+for _name, _description in (
+    ("sessions", "multi-turn chat sessions: each turn resends the history (--sessions, --turns, --think-time-s)"),
+    ("agent", "agent loops: tool call, synthetic tool result, next step, M steps then an answer (--set tool_steps=M)"),
+    ("rag-docs", "RAG on real documents: Python stdlib docstrings retrieved by all-MiniLM-L6-v2 (--rag-top-k)"),
+    ("mixed-lang", "mixed Chinese/English prompts from Debian's zh_CN message catalogs; tokens per character"),
+    ("trace", "timestamped trace replay (--trace FILE: Mooncake, Azure or BurstGPT)"),
+    ("embeddings", "/v1/embeddings throughput (--endpoint embeddings, --batch-size)"),
+):
+    register_workload(WorkloadKind(_name, _description, None))  # built by ProductionOptions.factory
+
+#: the production-like sets, name -> description (``servelab bench -w NAME``): the registry's sets built
+#: from the bench command's options
+PRODUCTION_WORKLOADS = OPTION_WORKLOADS
 _SESSION_KEYS = {"first_tokens", "turn_tokens", "output_tokens"}
 _AGENT_KEYS = {"tool_steps", "first_tokens", "output_tokens", "extra"}
 _RAG_KEYS = {"chunk_tokens", "output_tokens"}

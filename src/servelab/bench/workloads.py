@@ -66,14 +66,16 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class WorkloadKind:
-    """A workload set built by name: ``build`` turns a :class:`WorkloadContext` (seed, endpoint, token
-    counter, overrides) into request ``i``'s maker; ``mixable``: a class the ``mix`` set (and a trial's
-    goal mix) can draw; ``keys``: override keys it reads beyond the common ones. Adding a set is one
-    :func:`register_workload` call; ``servelab bench -w NAME`` and a trial's ``workloads:`` then accept it."""
+    """A workload set: ``build`` turns a :class:`WorkloadContext` (seed, endpoint, token counter,
+    overrides) into request ``i``'s maker (``None``: a set the bench command builds from its own options —
+    a trace file, a number of sessions —, :mod:`servelab.bench.production`); ``mixable``: a class the
+    ``mix`` set (and a trial's goal mix) can draw; ``keys``: override keys it reads beyond the common ones.
+    Adding a set is one :func:`register_workload` call; ``servelab bench -w NAME`` and, for a set built by
+    name, a trial's ``workloads:`` then accept it."""
 
     name: str
     description: str
-    build: Callable[[WorkloadContext], Callable[[int], RequestSpec]]
+    build: Callable[[WorkloadContext], Callable[[int], RequestSpec]] | None
     mixable: bool = False
     keys: frozenset[str] = frozenset()
 
@@ -82,20 +84,31 @@ _KINDS: dict[str, WorkloadKind] = {}  # the one table of workload sets, in regis
 
 
 class _Descriptions(Mapping[str, str]):
-    """The registered sets, name -> description, as registered now."""
+    """The registered sets built by name (``by_name``) or from the bench command's options, name ->
+    description, as registered now."""
+
+    def __init__(self, by_name: bool) -> None:
+        self.by_name = by_name
+
+    def _names(self) -> list[str]:
+        return [n for n, k in _KINDS.items() if (k.build is not None) == self.by_name]
 
     def __getitem__(self, name: str) -> str:
+        if name not in self._names():
+            raise KeyError(name)
         return _KINDS[name].description
 
     def __iter__(self) -> Iterator[str]:
-        return iter(list(_KINDS))
+        return iter(self._names())
 
     def __len__(self) -> int:
-        return len(_KINDS)
+        return len(self._names())
 
 
-#: the registered workload sets, name -> description (a live view of the registry)
-WORKLOADS: Mapping[str, str] = _Descriptions()
+#: the registered sets built by name (:func:`make_workload`), name -> description (a live view)
+WORKLOADS: Mapping[str, str] = _Descriptions(by_name=True)
+#: the registered sets the bench command builds from its own options, name -> description (a live view)
+OPTION_WORKLOADS: Mapping[str, str] = _Descriptions(by_name=False)
 
 
 def register_workload(kind: WorkloadKind) -> WorkloadKind:
@@ -113,7 +126,7 @@ def unregister_workload(name: str) -> None:
 
 def mixable_workloads() -> tuple[str, ...]:
     """The sets a mix can draw, in registration order."""
-    return tuple(n for n, k in _KINDS.items() if k.mixable)
+    return tuple(n for n, k in _KINDS.items() if k.mixable and k.build is not None)
 
 
 DEFAULT_RATIO = "short-qa:5,rag:2,long-gen:1,structured:2"
@@ -541,7 +554,7 @@ def make_workload(name: str, counter: TokenCounter | None, seed: int = 0, endpoi
     Raises :class:`ConfigError` for an unknown name, endpoint or override, or a bad override value.
     """
     kind = _KINDS.get(name)
-    if kind is None:
+    if kind is None or kind.build is None:
         raise ConfigError(f"unknown workload {name!r}: choose from {', '.join(WORKLOADS)}")
     if endpoint not in ("chat", "completions"):
         raise ConfigError(f"bad endpoint {endpoint!r}: use chat or completions")
@@ -719,9 +732,15 @@ def _tools(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
     return make
 
 
+def _build(name: str, ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
+    build = _KINDS[name].build
+    assert build is not None  # a mixable set is built by name
+    return build(ctx)
+
+
 def _mix(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
     ratio = parse_ratio(ctx.overrides.get("ratio", DEFAULT_RATIO))
-    subs = {n: _KINDS[n].build(ctx) for n, _ in ratio}
+    subs = {n: _build(n, ctx) for n, _ in ratio}
     block = [n for n, w in ratio for _ in range(w)]
     seed = ctx.seed
 
