@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import typer
 
 from servelab import __version__
-
 from servelab.lazy_commands import LazyCommand, lazy_group
 
 if TYPE_CHECKING:
@@ -19,40 +18,63 @@ if TYPE_CHECKING:
 #: Every subcommand but ``schema``: imported only when it runs (:mod:`servelab.lazy_commands`; a
 #: start used to import them all, ~1.4 s). The summary is its line in ``servelab --help``.
 COMMANDS: dict[str, LazyCommand] = {
-    "bench": LazyCommand("servelab.bench.cli", "bench_command",
-                         "Load-test an OpenAI-compatible server: latency, goodput."),
-    "summarize": LazyCommand("servelab.bench.cli", "summarize_command",
-                             "Rebuild a bench run's summary.json from its requests.jsonl."),
-    "mock-engine": LazyCommand("servelab.engines.mock.cli", "mock_engine_command",
-                               "Run a mock OpenAI-compatible engine (deterministic tokens)."),
-    "trial": LazyCommand("servelab.trial.cli", "trial_command",
-                         "Run the selection experiment over the candidate engines."),
+    "bench": LazyCommand(
+        "servelab.bench.cli", "bench_command", "Load-test an OpenAI-compatible server: latency, goodput."
+    ),
+    "summarize": LazyCommand(
+        "servelab.bench.cli", "summarize_command", "Rebuild a bench run's summary.json from its requests.jsonl."
+    ),
+    "mock-engine": LazyCommand(
+        "servelab.engines.mock.cli",
+        "mock_engine_command",
+        "Run a mock OpenAI-compatible engine (deterministic tokens).",
+    ),
+    "trial": LazyCommand(
+        "servelab.trial.cli", "trial_command", "Run the selection experiment over the candidate engines."
+    ),
     "report": LazyCommand("servelab.trial.cli", "report_command", "(Re)generate RUN/report.html from RUN/record.json."),
-    "compare": LazyCommand("servelab.trial.cli", "compare_command",
-                           "Set two trials side by side in one self-contained HTML page."),
-    "gateway": LazyCommand("servelab.gateway.cli", "gateway_app",
-                           "Run the OpenAI-compatible gateway in front of engines."),
-    "embed-engine": LazyCommand("servelab.engines.embedder", "embed_engine_command",
-                                "Serve all-MiniLM-L6-v2 as an OpenAI /v1/embeddings engine."),
-    "advise": LazyCommand("servelab.advise.cli", "advise_command",
-                          "Which engines to verify first for a task, model, hardware."),
-    "plan": LazyCommand("servelab.plan.cli", "plan_command",
-                        "Plan memory per device: fit, max sequences, roofline floors."),
-    "engine": LazyCommand("servelab.engines.cli", "engine_app",
-                          "Build, install, start and describe inference engines."),
+    "compare": LazyCommand(
+        "servelab.trial.cli", "compare_command", "Set two trials side by side in one self-contained HTML page."
+    ),
+    "gateway": LazyCommand(
+        "servelab.gateway.cli", "gateway_app", "Run the OpenAI-compatible gateway in front of engines."
+    ),
+    "embed-engine": LazyCommand(
+        "servelab.engines.embedder",
+        "embed_engine_command",
+        "Serve all-MiniLM-L6-v2 as an OpenAI /v1/embeddings engine.",
+    ),
+    "advise": LazyCommand(
+        "servelab.advise.cli", "advise_command", "Which engines to verify first for a task, model, hardware."
+    ),
+    "plan": LazyCommand(
+        "servelab.plan.cli", "plan_command", "Plan memory per device: fit, max sequences, roofline floors."
+    ),
+    "engine": LazyCommand(
+        "servelab.engines.cli", "engine_app", "Build, install, start and describe inference engines."
+    ),
     "records": LazyCommand("servelab.trial.records", "records_app", "List, show and compare past trials."),
-    "keys": LazyCommand("servelab.gateway.keys_cli", "keys_app",
-                        "Create, list and revoke gateway API keys (admin port)."),
-    "catalog": LazyCommand("servelab.catalog.cli", "catalog_app",
-                           "The engine, model and hardware catalogs to select from."),
-    "doctor": LazyCommand("servelab.doctor_cli", "doctor_command",
-                          "Check what the trial and the tests need on this host."),
-    "capacity": LazyCommand("servelab.capacity.cli", "capacity_command",
-                            "Traffic to peak load, replicas and cost, from evidence."),
+    "keys": LazyCommand(
+        "servelab.gateway.keys_cli", "keys_app", "Create, list and revoke gateway API keys (admin port)."
+    ),
+    "catalog": LazyCommand(
+        "servelab.catalog.cli", "catalog_app", "The engine, model and hardware catalogs to select from."
+    ),
+    "doctor": LazyCommand(
+        "servelab.doctor_cli", "doctor_command", "Check what the trial and the tests need on this host."
+    ),
+    "capacity": LazyCommand(
+        "servelab.capacity.cli", "capacity_command", "Traffic to peak load, replicas and cost, from evidence."
+    ),
 }
 
-app = typer.Typer(cls=lazy_group(COMMANDS), add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  help="servelab: choose an LLM inference engine by honest measurement.")
+app = typer.Typer(
+    cls=lazy_group(COMMANDS),
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="servelab: choose an LLM inference engine by honest measurement.",
+)
 
 
 def _print_version(value: bool) -> None:
@@ -63,14 +85,20 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
-                                       help="Print the version and exit.")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+    ),
+) -> None:
     """servelab: choose an LLM inference engine by honest measurement."""
 
 
-schema_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                         help="The JSON Schemas servelab publishes for editors (experiment, gateway config, "
-                              "catalogs): regenerate them from the models, or check they are current.")
+schema_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="The JSON Schemas servelab publishes for editors (experiment, gateway config, "
+    "catalogs): regenerate them from the models, or check they are current.",
+)
 
 
 def published_schemas() -> list[PublishedSchema]:
@@ -86,13 +114,23 @@ def published_schemas() -> list[PublishedSchema]:
     from servelab.trial.results import PUBLISHED_SCHEMA as record_schema
     from servelab.trial.spec import PUBLISHED_SCHEMA as experiment_schema
 
-    return [experiment_schema, gateway_schema, *catalog_schemas, models_schema, summary_schema, record_schema,
-            traffic_schema]
+    return [
+        experiment_schema,
+        gateway_schema,
+        *catalog_schemas,
+        models_schema,
+        summary_schema,
+        record_schema,
+        traffic_schema,
+    ]
 
 
 @schema_app.command("write")
-def schema_write(folder: str = typer.Option(None, "--dir", help="Write the files into this folder instead of "
-                                                              "next to their models (to review them).")) -> None:
+def schema_write(
+    folder: str = typer.Option(
+        None, "--dir", help="Write the files into this folder instead of next to their models (to review them)."
+    ),
+) -> None:
     """Regenerate every published JSON Schema from its pydantic models; prints each file written."""
     from servelab.wire.errors import ConfigError
 
@@ -103,8 +141,9 @@ def schema_write(folder: str = typer.Option(None, "--dir", help="Write the files
         try:
             print(s.write(target))
         except OSError as e:
-            raise ConfigError(f"cannot write {s.path if target is None else target / s.path.name}: "
-                              f"{e.strerror or e}") from None
+            raise ConfigError(
+                f"cannot write {s.path if target is None else target / s.path.name}: {e.strerror or e}"
+            ) from None
 
 
 @schema_app.command("check")
@@ -131,8 +170,11 @@ def _usage_line(e: typer.TyperException, argv: list[str]) -> str:
     see 'servelab bench --help'`` (the subcommand from the error's context, else the first word of
     ``argv`` that names one)."""
     ctx = getattr(e, "ctx", None)
-    words = (ctx.command_path.split()[1:] if ctx is not None and ctx.command_path else
-             [a for a in argv[:1] if a in COMMANDS or a == "schema"])
+    words = (
+        ctx.command_path.split()[1:]
+        if ctx is not None and ctx.command_path
+        else [a for a in argv[:1] if a in COMMANDS or a == "schema"]
+    )
     where = " ".join(["servelab", *words])
     problem = " ".join(e.format_message().split()).rstrip(".")  # click's message may span lines
     problem = problem[:1].lower() + problem[1:] if problem[1:2].islower() else problem
@@ -158,8 +200,9 @@ def main(argv: list[str] | None = None) -> None:
         if type(e).__name__ == "NoArgsIsHelpError" and callable(show):  # `servelab records`: the group's help
             show()
         elif hasattr(e, "format_message"):
-            print(_usage_line(e, args) if hasattr(e, "ctx") else f"servelab: error: {e.format_message()}",
-                  file=sys.stderr)
+            print(
+                _usage_line(e, args) if hasattr(e, "ctx") else f"servelab: error: {e.format_message()}", file=sys.stderr
+            )
         sys.exit(getattr(e, "exit_code", 2))
     except typer.Abort:
         print("servelab: aborted", file=sys.stderr)

@@ -11,8 +11,12 @@ __all__ = ["doctor_command"]
 
 
 def doctor_command(
-    purpose: str = typer.Option("main", "--for", help="main: exit 1 when the trial cannot run; tests: also when "
-                                "the test suite cannot (Chromium, Redis, PostgreSQL 15, the embedding model)."),
+    purpose: str = typer.Option(
+        "main",
+        "--for",
+        help="main: exit 1 when the trial cannot run; tests: also when "
+        "the test suite cannot (Chromium, Redis, PostgreSQL 15, the embedding model).",
+    ),
     no_run: bool = typer.Option(False, "--no-run", help="Do not start llama-server for one streamed token."),
 ) -> None:
     """Check what the trial and the tests need on this host: one line per item (ok / MISSING + the fix)."""

@@ -39,8 +39,12 @@ class LazyCommand:
         obj = getattr(importlib.import_module(self.module), self.attr)
         cmd: Any  # a TyperGroup or a TyperCommand (typer's vendored click types)
         if isinstance(obj, typer.Typer):
-            cmd = typer.main.get_group_from_info(TyperInfo(obj, name=name), pretty_exceptions_short=True,
-                                                 suggest_commands=True, rich_markup_mode=parent.rich_markup_mode)
+            cmd = typer.main.get_group_from_info(
+                TyperInfo(obj, name=name),
+                pretty_exceptions_short=True,
+                suggest_commands=True,
+                rich_markup_mode=parent.rich_markup_mode,
+            )
         else:
             single = typer.Typer(add_completion=False, rich_markup_mode=parent.rich_markup_mode)
             single.command(name)(obj)

@@ -15,6 +15,7 @@ from servelab.advise.select import AdviseRequest, Candidate, Exclusion, LayerNot
 from servelab.advise.tasks import resolve_task, task_groups
 from servelab.wire.errors import ConfigError
 
+
 def parse_tokens(text: str | int, what: str = "--context") -> int:
     """Parse a token count (``32768``, ``32k`` = 32 x 1024, ``1m``); the same rules as ``servelab plan``
     (:func:`servelab.plan.cli.parse_tokens`). Raises :class:`~servelab.wire.errors.ConfigError`."""
@@ -42,17 +43,28 @@ class Advice:
         """JSON-ready form (the ``--json`` output)."""
         r = self.request
         return {
-            "request": {"task": r.task.id, "task_title": r.task.title, "model": r.model.name, "model_arg": r.model_arg,
-                        "hardware": r.hardware.name, "count": r.count, "context_tokens": r.context_tokens,
-                        "concurrency": r.concurrency, "precision": r.weight_precision,
-                        "kv_precision": r.kv_precision, "local": r.is_local,
-                        "required_features": r.required_features},
+            "request": {
+                "task": r.task.id,
+                "task_title": r.task.title,
+                "model": r.model.name,
+                "model_arg": r.model_arg,
+                "hardware": r.hardware.name,
+                "count": r.count,
+                "context_tokens": r.context_tokens,
+                "concurrency": r.concurrency,
+                "precision": r.weight_precision,
+                "kv_precision": r.kv_precision,
+                "local": r.is_local,
+                "required_features": r.required_features,
+            },
             "route": r.task.row,
             "candidates": [c.to_dict() for c in self.candidates],
             "excluded": [e.to_dict() for e in self.excluded],
             "platform_layer": [n.to_dict() for n in self.platform_layer],
             "checklist": [i.to_dict() for i in self.checklist],
-            "plan": self.plan, "plan_note": self.plan_note, "notes": self.notes,
+            "plan": self.plan,
+            "plan_note": self.plan_note,
+            "notes": self.notes,
         }
 
 
@@ -60,14 +72,21 @@ def _check_model_task(task: Any, model: Any) -> None:
     groups = task_groups(list(model.tasks))
     ok = task.group in groups or (task.group == "text" and "vlm" in groups)
     if not ok:
-        raise ConfigError(f"model {model.name} is catalogued for {', '.join(model.tasks)}, not for --task {task.id} "
-                          f"({task.title}); pick a model for that task or --task {model.tasks[0]}")
+        raise ConfigError(
+            f"model {model.name} is catalogued for {', '.join(model.tasks)}, not for --task {task.id} "
+            f"({task.title}); pick a model for that task or --task {model.tasks[0]}"
+        )
 
 
 #: Engines whose memory budget rules servelab.plan models (its ``engine=`` values); others get the
 #: planner's default rules, and the plan says which it used.
-PLAN_ENGINE = {"vllm": "vllm", "vllm-pooling": "vllm", "sglang": "sglang", "llama.cpp": "llamacpp",
-               "ollama": "llamacpp"}
+PLAN_ENGINE = {
+    "vllm": "vllm",
+    "vllm-pooling": "vllm",
+    "sglang": "sglang",
+    "llama.cpp": "llamacpp",
+    "ollama": "llamacpp",
+}
 
 
 def capacity_plan(req: AdviseRequest, engine_name: str | None) -> tuple[dict[str, Any] | None, Any, str | None]:
@@ -95,18 +114,36 @@ def capacity_plan(req: AdviseRequest, engine_name: str | None) -> tuple[dict[str
         except Exception:  # noqa: BLE001 — fall back to the catalog entry's estimate
             model = req.model
     try:
-        p = estimate(model, req.hardware, req.count, req.context_tokens, req.concurrency,
-                     precision=req.weight_precision, kv_precision=req.kv_precision,
-                     engine=plan_engine)
+        p = estimate(
+            model,
+            req.hardware,
+            req.count,
+            req.context_tokens,
+            req.concurrency,
+            precision=req.weight_precision,
+            kv_precision=req.kv_precision,
+            engine=plan_engine,
+        )
     except (ConfigError, ValueError, NotImplementedError) as e:
         return None, None, f"no capacity plan: {e}"
     return p.to_dict(), p.render(), None
 
 
-def advise(task: str, model: str, hardware: str, context: str | int, concurrency: int, *,
-           precision: str | None = None, kv_precision: str | None = None, openai_api: bool = False,
-           tools: bool = False, json_output: bool = False, local: bool = False,
-           with_plan: bool = True) -> Advice:
+def advise(
+    task: str,
+    model: str,
+    hardware: str,
+    context: str | int,
+    concurrency: int,
+    *,
+    precision: str | None = None,
+    kv_precision: str | None = None,
+    openai_api: bool = False,
+    tools: bool = False,
+    json_output: bool = False,
+    local: bool = False,
+    with_plan: bool = True,
+) -> Advice:
     """Advise on engines for ``task`` serving ``model`` on ``hardware`` (``NAME[:COUNT]``) at ``context``
     tokens per request and ``concurrency`` requests in flight.
 
@@ -124,15 +161,18 @@ def advise(task: str, model: str, hardware: str, context: str | int, concurrency
     hw, count = parse_hardware_spec(hardware)
     m = find_model(model)
     _check_model_task(spec, m)
-    req = AdviseRequest(spec, m, model, hw, count, ctx, concurrency, precision, kv_precision,
-                        openai_api, tools, json_output, local)
+    req = AdviseRequest(
+        spec, m, model, hw, count, ctx, concurrency, precision, kv_precision, openai_api, tools, json_output, local
+    )
     cands, excl, layers = order_candidates(load_engines(), req)
     notes: list[str] = []
     if not cands:
         notes.append("no engine in the catalog passes every condition: relax a constraint or change hardware")
     if count > 1 and hw.interconnect.kind in ("pcie", "none") and spec.group == "text":
-        notes.append(f"{count} x {hw.name} over {hw.interconnect.kind} ({hw.interconnect.bandwidth_gbps:g} GB/s per "
-                     f"direction): TP all-reduce is costly; compare TP with replicas (DP) (000 §7; {hw.source})")
+        notes.append(
+            f"{count} x {hw.name} over {hw.interconnect.kind} ({hw.interconnect.bandwidth_gbps:g} GB/s per "
+            f"direction): TP all-reduce is costly; compare TP with replicas (DP) (000 §7; {hw.source})"
+        )
     plan = render = None
     plan_note = None
     if with_plan:

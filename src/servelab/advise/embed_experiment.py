@@ -57,8 +57,13 @@ def _embedder(name: str, parallel: int) -> dict[str, Any]:
     """A ``command`` candidate running servelab's embedder with this Python (the file is for this host)."""
     import sys
 
-    return {"name": name, "engine": "command", "settings": {
-        "argv": [sys.executable, "-m", "servelab.engines.embedder", "--port", "{port}", "--parallel", str(parallel)]}}
+    return {
+        "name": name,
+        "engine": "command",
+        "settings": {
+            "argv": [sys.executable, "-m", "servelab.engines.embedder", "--port", "{port}", "--parallel", str(parallel)]
+        },
+    }
 
 
 def _launchable(advice: Any, engine: Any) -> list[dict[str, Any]]:
@@ -69,8 +74,18 @@ def _launchable(advice: Any, engine: Any) -> list[dict[str, Any]]:
     arg = Path(os.path.expanduser(req.model_arg))
     if arg.is_file() and arg.suffix == ".gguf":
         slots = max(1, min(req.concurrency, 8))
-        return [{"name": "llamacpp-embed", "engine": "llamacpp", "model": str(arg.absolute()), "settings": {
-            "parallel": slots, "ctx_size": 512 * slots, "extra_args": ["--embeddings", "--pooling", "mean"]}}]
+        return [
+            {
+                "name": "llamacpp-embed",
+                "engine": "llamacpp",
+                "model": str(arg.absolute()),
+                "settings": {
+                    "parallel": slots,
+                    "ctx_size": 512 * slots,
+                    "extra_args": ["--embeddings", "--pooling", "mean"],
+                },
+            }
+        ]
     if req.model.name == _BUILTIN_EMBEDDER:
         hi = max(2, min(req.concurrency, 8))
         return [_embedder("embedder-np1", 1), _embedder(f"embedder-np{hi}", hi)]
@@ -111,8 +126,14 @@ def render_embeddings_experiment(advice: Any, name: str) -> str:
         entries = launch[id(cand)]
         if entries:
             lines.append(header)
-            lines.append("  # launched by servelab" + (": all-MiniLM-L6-v2 on llama-server (servelab embed-engine), "
-                                                      "two slot counts" if entries[0]["engine"] == "command" else ""))
+            lines.append(
+                "  # launched by servelab"
+                + (
+                    ": all-MiniLM-L6-v2 on llama-server (servelab embed-engine), two slot counts"
+                    if entries[0]["engine"] == "command"
+                    else ""
+                )
+            )
         elif eng.features.openai_api is True:
             port = eng.default_port or 8000
             while port in used_ports:
@@ -121,8 +142,13 @@ def render_embeddings_experiment(advice: Any, name: str) -> str:
             cmd = serve_command(eng, req, port) or f"start it listening on port {port} (see {eng.source})"
             if eng.launch == "llamacpp" or "llama-server" in cmd:
                 cmd += " --embeddings --pooling mean"
-            entries = [{"name": eng.name.replace("_", "-").replace(".", "-"), "engine": "url",
-                        "url": f"http://127.0.0.1:{port}/v1"}]
+            entries = [
+                {
+                    "name": eng.name.replace("_", "-").replace(".", "-"),
+                    "engine": "url",
+                    "url": f"http://127.0.0.1:{port}/v1",
+                }
+            ]
             if eng.name == "transformers":  # `transformers serve` loads the model named in each request
                 entries[0]["model_name"] = getattr(req.model, "hf_repo", None) or req.model.name
             lines.append(header)
@@ -133,26 +159,33 @@ def render_embeddings_experiment(advice: Any, name: str) -> str:
                 continue
         else:
             lines.append(header)
-            lines.append(f"  # not written: {eng.display_name} has no OpenAI-compatible API in the catalog, "
-                         "so servelab trial cannot measure it")
+            lines.append(
+                f"  # not written: {eng.display_name} has no OpenAI-compatible API in the catalog, "
+                "so servelab trial cannot measure it"
+            )
             continue
         for e in entries:
             if active >= MAX_ACTIVE:
-                lines.append(f"  # lower in the evaluation order (only the first {MAX_ACTIVE} are active, "
-                             "000 §10.3); uncomment to include")
+                lines.append(
+                    f"  # lower in the evaluation order (only the first {MAX_ACTIVE} are active, "
+                    "000 §10.3); uncomment to include"
+                )
             lines.append(("  - " if active < MAX_ACTIVE else "  # - ") + _flow(e))
             active += 1
     if active == 0:
-        raise ConfigError("--write-experiment: no candidate has an OpenAI-compatible /v1/embeddings API; "
-                          "nothing to trial")
+        raise ConfigError(
+            "--write-experiment: no candidate has an OpenAI-compatible /v1/embeddings API; nothing to trial"
+        )
     steps = _steps(max(1, min(req.concurrency, 16)))
-    lines += [f"steps: {_flow({'concurrency': steps})}",
-              f"requests_per_step: {max(8, 2 * steps[-1])}",
-              "timeout_s: 120",
-              "repeats: 3",
-              "embeddings:",
-              "  batch_size: 8        # inputs per request: your client's batch",
-              "  input_tokens: 16-256  # per-input length in the model's tokenizer: your documents'/queries'",
-              "  # reference: vectors.json   # {items: [{text, embedding}]} from the model's own library, then",
-              "  # similarity_min: 0.99      # every served vector must be this close (cosine) to its reference"]
+    lines += [
+        f"steps: {_flow({'concurrency': steps})}",
+        f"requests_per_step: {max(8, 2 * steps[-1])}",
+        "timeout_s: 120",
+        "repeats: 3",
+        "embeddings:",
+        "  batch_size: 8        # inputs per request: your client's batch",
+        "  input_tokens: 16-256  # per-input length in the model's tokenizer: your documents'/queries'",
+        "  # reference: vectors.json   # {items: [{text, embedding}]} from the model's own library, then",
+        "  # similarity_min: 0.99      # every served vector must be this close (cosine) to its reference",
+    ]
     return "\n".join(lines) + "\n"

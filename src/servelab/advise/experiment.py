@@ -95,9 +95,11 @@ def render_experiment(advice: Advice, name: str) -> str:
 
         return render_embeddings_experiment(advice, name)
     if not req.task.trialable:
-        raise ConfigError(f"--write-experiment: servelab trial measures OpenAI chat completions (text in, text "
-                          f"out); task {req.task.id} ({req.task.title}) needs its own benchmark — use the "
-                          "candidates and checklist printed by advise")
+        raise ConfigError(
+            f"--write-experiment: servelab trial measures OpenAI chat completions (text in, text "
+            f"out); task {req.task.id} ({req.task.title}) needs its own benchmark — use the "
+            "candidates and checklist printed by advise"
+        )
     lines = [
         f"# servelab trial experiment written by `servelab advise` for: task {req.task.id}, model {req.model.name},",
         f"# {req.count} x {req.hardware.name}, context {req.context_tokens} tokens, concurrency {req.concurrency}.",
@@ -132,12 +134,18 @@ def render_experiment(advice: Advice, name: str) -> str:
             kind, path = launch
             slots = max(1, min(req.concurrency, 16))
             # llama-server's -c is the total KV context shared by its -np slots: context per sequence x slots
-            settings: dict[str, Any] = ({"parallel": slots, "ctx_size": req.context_tokens * slots}
-                                        if kind == "llamacpp" else {"max_num_seqs": max(1, min(req.concurrency, 256)),
-                                                                    "max_model_len": req.context_tokens})
+            settings: dict[str, Any] = (
+                {"parallel": slots, "ctx_size": req.context_tokens * slots}
+                if kind == "llamacpp"
+                else {"max_num_seqs": max(1, min(req.concurrency, 256)), "max_model_len": req.context_tokens}
+            )
             entry = {"name": cname, "engine": kind, "model": path, "settings": settings}
-            note = "launched by servelab" + ("" if path else " (model null = the built-in Gemma 3 270M Q4_K_M GGUF"
-                                             + (", converted once for vLLM)" if kind == "vllm" else ")"))
+            note = "launched by servelab" + (
+                ""
+                if path
+                else " (model null = the built-in Gemma 3 270M Q4_K_M GGUF"
+                + (", converted once for vLLM)" if kind == "vllm" else ")")
+            )
         elif eng.features.openai_api is True:
             port = eng.default_port or 8000
             while port in used_ports:
@@ -150,8 +158,10 @@ def render_experiment(advice: Advice, name: str) -> str:
             note = f"external launch: {cmd}"
         else:
             lines.append(header)
-            lines.append(f"  # not written: {eng.display_name} has no OpenAI-compatible chat API in the catalog, "
-                         "so servelab trial cannot measure it")
+            lines.append(
+                f"  # not written: {eng.display_name} has no OpenAI-compatible chat API in the catalog, "
+                "so servelab trial cannot measure it"
+            )
             continue
         lines.append(header)
         lines.append(f"  # {note}")
@@ -161,20 +171,24 @@ def render_experiment(advice: Advice, name: str) -> str:
             continue
         prefix = "  - " if active < MAX_ACTIVE else "  # - "
         if active >= MAX_ACTIVE:
-            lines.append(f"  # lower in the evaluation order (only the first {MAX_ACTIVE} are active, 000 §10.3); "
-                         "uncomment to include")
+            lines.append(
+                f"  # lower in the evaluation order (only the first {MAX_ACTIVE} are active, 000 §10.3); "
+                "uncomment to include"
+            )
         lines.append(prefix + _flow(entry))
         active += 1
     if active == 0:
         raise ConfigError("--write-experiment: no candidate speaks an OpenAI-compatible chat API; nothing to trial")
     steps = _steps(req.concurrency)
     lines += ["workloads:"] + [f"  - {_flow(w) if isinstance(w, dict) else w}" for w in _workloads(advice)]
-    lines += [f"steps: {_flow({'concurrency': steps})}",
-              f"requests_per_step: {max(8, 2 * steps[-1])}",
-              "warmup: 2",
-              "timeout_s: 300",
-              "# arrival test off: set goal.expected_rate_rps (your real arrival rate) and enable it (000 §10.3)",
-              "arrival_test: {enabled: false}"]
+    lines += [
+        f"steps: {_flow({'concurrency': steps})}",
+        f"requests_per_step: {max(8, 2 * steps[-1])}",
+        "warmup: 2",
+        "timeout_s: 300",
+        "# arrival test off: set goal.expected_rate_rps (your real arrival rate) and enable it (000 §10.3)",
+        "arrival_test: {enabled: false}",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -190,7 +204,8 @@ def write_experiment(advice: Advice, path: str | os.PathLike[str]) -> str:
     try:
         p.write_text(text, encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"--write-experiment {path}: cannot write ({e.strerror or e}); "
-                          "give a writable file path") from None
+        raise ConfigError(
+            f"--write-experiment {path}: cannot write ({e.strerror or e}); give a writable file path"
+        ) from None
     load_experiment(p)
     return str(p)

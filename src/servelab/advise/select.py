@@ -22,13 +22,22 @@ from servelab.advise.tasks import TaskSpec
 #: Precision names accepted by ``--precision`` and what an engine's ``quantizations`` must contain
 #: (prefix match) to load such weights natively. ``bf16``/``fp16``/``fp32`` need nothing special.
 PRECISION_QUANT_PREFIXES: dict[str, tuple[str, ...]] = {
-    "bf16": (), "fp16": (), "fp32": (), "fp8": ("fp8",), "nvfp4": ("nvfp4",), "mxfp4": ("mxfp4",),
-    "int8": ("int8", "awq", "gptq"), "int4": ("int4", "awq", "gptq", "gguf-q4", "mlx-4bit"),
+    "bf16": (),
+    "fp16": (),
+    "fp32": (),
+    "fp8": ("fp8",),
+    "nvfp4": ("nvfp4",),
+    "mxfp4": ("mxfp4",),
+    "int8": ("int8", "awq", "gptq"),
+    "int4": ("int4", "awq", "gptq", "gguf-q4", "mlx-4bit"),
     "gguf": ("gguf",),
 }
 
-_FEATURE_WORDS = {"tool_calling": "tool calling", "structured_output": "structured (JSON-schema) output",
-                  "openai_api": "an OpenAI-compatible API"}
+_FEATURE_WORDS = {
+    "tool_calling": "tool calling",
+    "structured_output": "structured (JSON-schema) output",
+    "openai_api": "an OpenAI-compatible API",
+}
 
 
 @dataclass(frozen=True)
@@ -64,8 +73,11 @@ class AdviseRequest:
     def required_features(self) -> list[str]:
         """Engine features the request needs: the task's own plus the constraint flags."""
         need = list(self.task.needs)
-        for flag, feat in ((self.tools, "tool_calling"), (self.json_output, "structured_output"),
-                           (self.openai_api, "openai_api")):
+        for flag, feat in (
+            (self.tools, "tool_calling"),
+            (self.json_output, "structured_output"),
+            (self.openai_api, "openai_api"),
+        ):
             if flag and feat not in need:
                 need.append(feat)
         return need
@@ -95,10 +107,17 @@ class Candidate:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form: engine name, tier, reasons, cautions, serve command, source and date."""
-        return {"engine": self.engine.name, "display_name": self.engine.display_name, "tier": self.tier,
-                "reasons": self.reasons, "cautions": self.cautions, "serve_command": self.serve_command,
-                "launch_kind": self.engine.launch, "source": self.engine.source,
-                "checked": str(self.engine.checked)}
+        return {
+            "engine": self.engine.name,
+            "display_name": self.engine.display_name,
+            "tier": self.tier,
+            "reasons": self.reasons,
+            "cautions": self.cautions,
+            "serve_command": self.serve_command,
+            "launch_kind": self.engine.launch,
+            "source": self.engine.source,
+            "checked": str(self.engine.checked),
+        }
 
 
 @dataclass
@@ -112,8 +131,14 @@ class Exclusion:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {"engine": self.engine.name, "display_name": self.engine.display_name, "category": self.category,
-                "reasons": self.reasons, "source": self.engine.source, "checked": str(self.engine.checked)}
+        return {
+            "engine": self.engine.name,
+            "display_name": self.engine.display_name,
+            "category": self.category,
+            "reasons": self.reasons,
+            "source": self.engine.source,
+            "checked": str(self.engine.checked),
+        }
 
 
 @dataclass
@@ -126,8 +151,14 @@ class LayerNote:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {"engine": self.engine.name, "display_name": self.engine.display_name, "applicable": self.applicable,
-                "reason": self.reason, "source": self.engine.source, "checked": str(self.engine.checked)}
+        return {
+            "engine": self.engine.name,
+            "display_name": self.engine.display_name,
+            "applicable": self.applicable,
+            "reason": self.reason,
+            "source": self.engine.source,
+            "checked": str(self.engine.checked),
+        }
 
 
 def model_in_families(model: Any, families: list[str]) -> bool:
@@ -147,30 +178,51 @@ def exclusion_reasons(engine: Any, req: AdviseRequest) -> list[tuple[str, str]]:
     missing_in = [m for m in task.inputs if m not in ins]
     missing_out = [m for m in task.outputs if m not in outs]
     if missing_in or missing_out:
-        out.append(("modality",
-                    f"{task.title} needs {'+'.join(task.inputs)} in -> {'+'.join(task.outputs)} out; "
-                    f"{engine.display_name} takes {'+'.join(engine.input_modalities)} -> "
-                    f"{'+'.join(engine.output_modalities)} (tasks {', '.join(engine.tasks)}; "
-                    f"{engine.source}, checked {engine.checked})"))
+        out.append(
+            (
+                "modality",
+                f"{task.title} needs {'+'.join(task.inputs)} in -> {'+'.join(task.outputs)} out; "
+                f"{engine.display_name} takes {'+'.join(engine.input_modalities)} -> "
+                f"{'+'.join(engine.output_modalities)} (tasks {', '.join(engine.tasks)}; "
+                f"{engine.source}, checked {engine.checked})",
+            )
+        )
     elif task.serve_task not in engine.tasks:
-        out.append(("task", f"serves {', '.join(engine.tasks)}, not {task.title} "
-                            f"({engine.source}, checked {engine.checked})"))
+        out.append(
+            ("task", f"serves {', '.join(engine.tasks)}, not {task.title} ({engine.source}, checked {engine.checked})")
+        )
     if engine.model_scope == "families" and not model_in_families(req.model, engine.model_families):
-        out.append(("model", f"built only for {', '.join(engine.model_families)} models; {req.model.name} "
-                             f"(family {req.model.family}) is not one of them (000 §4.3/§4.4; {engine.source})"))
+        out.append(
+            (
+                "model",
+                f"built only for {', '.join(engine.model_families)} models; {req.model.name} "
+                f"(family {req.model.family}) is not one of them (000 §4.3/§4.4; {engine.source})",
+            )
+        )
     if hw.platform not in engine.platforms:
-        out.append(("platform", f"runs on {', '.join(engine.platforms)}; {hw.name} is {hw.platform} "
-                                f"({engine.source}, checked {engine.checked})"))
+        out.append(
+            (
+                "platform",
+                f"runs on {', '.join(engine.platforms)}; {hw.name} is {hw.platform} "
+                f"({engine.source}, checked {engine.checked})",
+            )
+        )
     lc = engine.lifecycle
     if not lc.for_new_platforms:
         since = f" since {lc.since}" if lc.since else ""
-        out.append(("lifecycle", f"{lc.status}{since}: not for new platforms. {lc.note} ({lc.source}, "
-                                 f"checked {lc.checked})"))
+        out.append(
+            ("lifecycle", f"{lc.status}{since}: not for new platforms. {lc.note} ({lc.source}, checked {lc.checked})")
+        )
     feats = engine.features.model_dump()
     for need in req.required_features:
         if feats.get(need) is False:
-            out.append(("feature", f"missing feature: {_FEATURE_WORDS.get(need, need)} is not offered "
-                                   f"({engine.source}, checked {engine.checked})"))
+            out.append(
+                (
+                    "feature",
+                    f"missing feature: {_FEATURE_WORDS.get(need, need)} is not offered "
+                    f"({engine.source}, checked {engine.checked})",
+                )
+            )
     return out
 
 
@@ -183,8 +235,10 @@ def precision_caution(engine: Any, precision: str) -> str | None:
     if any(q.startswith(p) for q in engine.quantizations for p in prefixes):
         return None
     have = ", ".join(engine.quantizations) or "none listed"
-    return (f"{precision} weights are not among its catalogued formats ({have}): a converted artefact "
-            f"(e.g. GGUF) is a different candidate with its own quality check (000 §8)")
+    return (
+        f"{precision} weights are not among its catalogued formats ({have}): a converted artefact "
+        f"(e.g. GGUF) is a different candidate with its own quality check (000 §8)"
+    )
 
 
 def _route_for(engine: Any, route_tasks: list[str], local: bool) -> tuple[int, Any] | None:
@@ -212,17 +266,25 @@ def serve_command(engine: Any, req: AdviseRequest, port: int | None = None) -> s
     model = getattr(req.model, "hf_repo", None) or req.model_arg
     layout, _ = default_layout(req.model, req.count)
     parallel = max(1, min(req.concurrency, 64))
-    cmd = engine.serve_hint.format(model=model, tp=layout.tp, ctx=req.context_tokens,
-                                   port=port or engine.default_port or 8000, parallel=parallel,
-                                   ctx_total=req.context_tokens * parallel)
+    cmd = engine.serve_hint.format(
+        model=model,
+        tp=layout.tp,
+        ctx=req.context_tokens,
+        port=port or engine.default_port or 8000,
+        parallel=parallel,
+        ctx_total=req.context_tokens * parallel,
+    )
     if layout.dp > 1 and "{tp}" in engine.serve_hint:
-        cmd += (f"   # TP{req.count} is not possible for this model: run {layout.dp} replicas of TP{layout.tp} "
-                f"(vLLM: --data-parallel-size {layout.dp})")
+        cmd += (
+            f"   # TP{req.count} is not possible for this model: run {layout.dp} replicas of TP{layout.tp} "
+            f"(vLLM: --data-parallel-size {layout.dp})"
+        )
     return cmd
 
 
-def order_candidates(engines: list[Any],
-                     req: AdviseRequest) -> tuple[list[Candidate], list[Exclusion], list[LayerNote]]:
+def order_candidates(
+    engines: list[Any], req: AdviseRequest
+) -> tuple[list[Candidate], list[Exclusion], list[LayerNote]]:
     """Split the catalog into ordered candidates, exclusions and serving-platform layer notes.
 
     Order: the routes of 000 §1 for the task — with the single-machine row (``edge``) first when the
@@ -246,11 +308,21 @@ def order_candidates(engines: list[Any],
                 layers.append(LayerNote(eng, False, "not applicable here: " + reasons[0][1]))
             else:
                 multi = req.count > req.hardware.max_per_node
-                scope = (f"{req.count} devices > {req.hardware.max_per_node} per node: multi-node, so a routing / "
-                         "scaling layer may be needed" if multi else "single node")
-                layers.append(LayerNote(eng, True, f"{scope}; evaluate only after an engine is verified and "
-                                                   f"there is evidence of routing, scaling or prefill/decode "
-                                                   f"resource conflict (000 §1 last row, §11). {eng.boundary}"))
+                scope = (
+                    f"{req.count} devices > {req.hardware.max_per_node} per node: multi-node, so a routing / "
+                    "scaling layer may be needed"
+                    if multi
+                    else "single node"
+                )
+                layers.append(
+                    LayerNote(
+                        eng,
+                        True,
+                        f"{scope}; evaluate only after an engine is verified and "
+                        f"there is evidence of routing, scaling or prefill/decode "
+                        f"resource conflict (000 §1 last row, §11). {eng.boundary}",
+                    )
+                )
             continue
         if reasons:
             excl.append(Exclusion(eng, reasons[0][0], [r for _, r in reasons]))
@@ -261,11 +333,15 @@ def order_candidates(engines: list[Any],
         if found is None:
             tier, rank = "other", 20
             if any(r.local_only for r in eng.routes):
-                why.append(f"000 §1 names it for single-machine deployments (row 6); {req.hardware.name} x "
-                           f"{req.count} is a data-centre deployment: evaluate only if the routes above fail")
+                why.append(
+                    f"000 §1 names it for single-machine deployments (row 6); {req.hardware.name} x "
+                    f"{req.count} is a data-centre deployment: evaluate only if the routes above fail"
+                )
             else:
-                why.append(f"can serve {task.title} on {req.hardware.platform}, but 000 §1 does not name it for "
-                           f"this task: evaluate only if the routes above fail")
+                why.append(
+                    f"can serve {task.title} on {req.hardware.platform}, but 000 §1 does not name it for "
+                    f"this task: evaluate only if the routes above fail"
+                )
         else:
             idx, route = found
             cond = route.condition or ""
@@ -289,8 +365,9 @@ def order_candidates(engines: list[Any],
             if par:
                 why.append(f"multi-device: {'/'.join(par)} documented")
             else:
-                cautions.append(f"{req.count} devices: no TP documented; whole-layer split or separate replicas "
-                                "only (000 §7)")
+                cautions.append(
+                    f"{req.count} devices: no TP documented; whole-layer split or separate replicas only (000 §7)"
+                )
         if task.group == "text":
             pc = precision_caution(eng, req.weight_precision)
             if pc:

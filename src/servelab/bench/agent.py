@@ -44,8 +44,16 @@ MAX_TOOL_STEPS = 64
 
 _RESULTS: dict[str, dict[str, Any]] = {
     "get_weather": {"temperature": 14.5, "unit": "celsius", "conditions": "light rain", "humidity_percent": 81},
-    "search_flights": {"flights": [{"flight": "CA933", "depart": "2027-03-14T13:40", "arrive": "2027-03-14T18:55",
-                                    "price": {"amount": 642.0, "currency": "EUR"}}]},
+    "search_flights": {
+        "flights": [
+            {
+                "flight": "CA933",
+                "depart": "2027-03-14T13:40",
+                "arrive": "2027-03-14T18:55",
+                "price": {"amount": 642.0, "currency": "EUR"},
+            }
+        ]
+    },
     "create_event": {"event_id": "evt_0042", "status": "created", "invited": 1},
     "convert_currency": {"amount": 1957.25, "currency": "CNY", "rate": 7.829},
 }
@@ -66,8 +74,17 @@ class AgentWorkload:
 
     name = "agent"
 
-    def __init__(self, loops: int, counter: TokenCounter | None, *, tool_steps: int = 2, first_tokens: int = 96,
-                 max_tokens: int = 192, seed: int = 0, extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        loops: int,
+        counter: TokenCounter | None,
+        *,
+        tool_steps: int = 2,
+        first_tokens: int = 96,
+        max_tokens: int = 192,
+        seed: int = 0,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         from servelab.bench.workloads import _TextMaker  # the built-in sets' exact-length text
 
         if not 1 <= tool_steps <= MAX_TOOL_STEPS:
@@ -91,20 +108,40 @@ class AgentWorkload:
     def spec(self, messages: list[dict[str, Any]], step: int, target: int | None) -> RequestSpec:
         """The request of step ``step`` (``tool_choice`` required before the last, auto for the final answer)."""
         choice = "required" if step < self.tool_steps else "auto"
-        return RequestSpec(endpoint="chat", max_tokens=self.max_tokens, messages=[dict(m) for m in messages],
-                           extra={**self.extra, "tools": json.loads(json.dumps(TOOLS)), "tool_choice": choice},
-                           workload="agent", prompt_tokens_target=target if step == 0 else None)
+        return RequestSpec(
+            endpoint="chat",
+            max_tokens=self.max_tokens,
+            messages=[dict(m) for m in messages],
+            extra={**self.extra, "tools": json.loads(json.dumps(TOOLS)), "tool_choice": choice},
+            workload="agent",
+            prompt_tokens_target=target if step == 0 else None,
+        )
 
-    async def _loop(self, http: aiohttp.ClientSession, base_url: str, model: str, i: int, ids: itertools.count,
-                    step_label: str, headers: dict[str, str] | None, timeout_s: float, on_done: OnDone,
-                    records: list[RequestRecord], scheduled_ns: int | None) -> None:
+    async def _loop(
+        self,
+        http: aiohttp.ClientSession,
+        base_url: str,
+        model: str,
+        i: int,
+        ids: itertools.count,
+        step_label: str,
+        headers: dict[str, str] | None,
+        timeout_s: float,
+        on_done: OnDone,
+        records: list[RequestRecord],
+        scheduled_ns: int | None,
+    ) -> None:
         text, target = self.first[i]
         messages: list[dict[str, Any]] = [{"role": "user", "content": text}]
         for k in range(self.tool_steps + 1):
             spec = self.spec(messages, k, target)
             rid = next(ids)
-            rec = RequestRecord(request_id=rid, workload="agent", step=step_label,
-                                scheduled_ns=scheduled_ns if (k == 0 and scheduled_ns) else time.monotonic_ns())
+            rec = RequestRecord(
+                request_id=rid,
+                workload="agent",
+                step=step_label,
+                scheduled_ns=scheduled_ns if (k == 0 and scheduled_ns) else time.monotonic_ns(),
+            )
             self.where[rid] = (i, k)
             records.append(rec)
             try:
@@ -115,16 +152,44 @@ class AgentWorkload:
             if not rec.ok or rec.gate_failures or k == self.tool_steps or not rec.tool_calls:
                 return
             calls = [rec.tool_calls[j] for j in sorted(rec.tool_calls)]
-            messages.append({"role": "assistant", "content": rec.content_text or None, "tool_calls": [
-                {"id": c.id or f"call_{i}_{k}_{c.index}", "type": "function",
-                 "function": {"name": c.name, "arguments": c.arguments}} for c in calls]})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": rec.content_text or None,
+                    "tool_calls": [
+                        {
+                            "id": c.id or f"call_{i}_{k}_{c.index}",
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments},
+                        }
+                        for c in calls
+                    ],
+                }
+            )
             for c in calls:
-                messages.append({"role": "tool", "tool_call_id": c.id or f"call_{i}_{k}_{c.index}",
-                                 "content": tool_result(c.name, k)})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": c.id or f"call_{i}_{k}_{c.index}",
+                        "content": tool_result(c.name, k),
+                    }
+                )
 
-    async def drive(self, http: aiohttp.ClientSession, base_url: str, model: str, load: LoadModel, *,
-                    headers: dict[str, str] | None, first_id: int, step: str, timeout_s: float, on_done: OnDone,
-                    records: list[RequestRecord], dispatch_lags_ns: list[int] | None = None) -> None:
+    async def drive(
+        self,
+        http: aiohttp.ClientSession,
+        base_url: str,
+        model: str,
+        load: LoadModel,
+        *,
+        headers: dict[str, str] | None,
+        first_id: int,
+        step: str,
+        timeout_s: float,
+        on_done: OnDone,
+        records: list[RequestRecord],
+        dispatch_lags_ns: list[int] | None = None,
+    ) -> None:
         """Run the step's loops (see the class doc)."""
         ids = itertools.count(first_id)
         self.where, self.records = {}, {}
@@ -138,8 +203,11 @@ class AgentWorkload:
                 await sleep_until_ns(sched)
                 if dispatch_lags_ns is not None:
                     dispatch_lags_ns.append(time.monotonic_ns() - sched)
-                tasks.append(asyncio.ensure_future(self._loop(http, base_url, model, i, ids, step, headers, timeout_s,
-                                                              on_done, records, sched)))
+                tasks.append(
+                    asyncio.ensure_future(
+                        self._loop(http, base_url, model, i, ids, step, headers, timeout_s, on_done, records, sched)
+                    )
+                )
             await asyncio.gather(*tasks)
             return
         nxt = itertools.count()
@@ -147,6 +215,7 @@ class AgentWorkload:
         async def worker() -> None:
             while (i := next(nxt)) < self.loops:
                 await self._loop(http, base_url, model, i, ids, step, headers, timeout_s, on_done, records, None)
+
         await asyncio.gather(*(worker() for _ in range(max(1, min(load.concurrency, self.loops)))))
 
     def step_extra(self, records: list[RequestRecord]) -> dict[str, Any]:
@@ -174,8 +243,21 @@ def summarize_agent(wl: AgentWorkload, records: list[RequestRecord]) -> AgentSum
             if k == wl.tool_steps:
                 done_loops[wl.where[r.request_id][0]] = not reasons
         e2e = [(r.end_ns - r.sent_ns) / 1e9 for r in rs if r.ok and r.end_ns is not None and r.sent_ns is not None]
-        steps.append(AgentStepStats(step=k, n=len(rs), valid=valid, tool_calls=sum(1 for r in rs if r.tool_calls),
-                                    invalid=invalid, e2e_p50_s=float(np.median(e2e)) if e2e else None))
+        steps.append(
+            AgentStepStats(
+                step=k,
+                n=len(rs),
+                valid=valid,
+                tool_calls=sum(1 for r in rs if r.tool_calls),
+                invalid=invalid,
+                e2e_p50_s=float(np.median(e2e)) if e2e else None,
+            )
+        )
     completed = sum(1 for v in done_loops.values() if v)
-    return AgentSummary(loops=wl.loops, tool_steps=wl.tool_steps, loops_completed=completed,
-                        completion_rate=completed / wl.loops, steps=steps)
+    return AgentSummary(
+        loops=wl.loops,
+        tool_steps=wl.tool_steps,
+        loops_completed=completed,
+        completion_rate=completed / wl.loops,
+        steps=steps,
+    )

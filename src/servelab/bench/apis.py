@@ -37,9 +37,11 @@ def check_api_run(endpoint: str, names: list[str], ignore_eos: bool) -> None:
         raise ConfigError(f"--ignore-eos is not a field of the {endpoint} API: leave it out, or use --endpoint chat")
     bad = [n for n in names if n in _NOT_TRANSLATED]
     if bad:
-        raise ConfigError(f"--endpoint {endpoint} sends the chat workloads (short-qa, rag, long-gen, mix, "
-                          f"shared-prefix, structured for responses, --dataset) in that API's shape; {bad[0]} is "
-                          "not one: use --endpoint chat for it")
+        raise ConfigError(
+            f"--endpoint {endpoint} sends the chat workloads (short-qa, rag, long-gen, mix, "
+            f"shared-prefix, structured for responses, --dataset) in that API's shape; {bad[0]} is "
+            "not one: use --endpoint chat for it"
+        )
 
 
 def for_api(workload: Any, endpoint: str, model: str = "m") -> Any:

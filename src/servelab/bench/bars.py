@@ -6,8 +6,16 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
-from servelab.bench.events import (BenchEvent, Preparing, PromptBuilt, Ready, RequestDone, RequestsDone, StepStarted,
-                                   Watcher)
+from servelab.bench.events import (
+    BenchEvent,
+    Preparing,
+    PromptBuilt,
+    Ready,
+    RequestDone,
+    RequestsDone,
+    StepStarted,
+    Watcher,
+)
 
 __all__ = ["Bars"]
 
@@ -23,15 +31,20 @@ class Bars(Watcher):
     def on_event(self, event: BenchEvent) -> None:
         progress = self.progress
         if isinstance(event, Ready) and self.no_tokenizer:  # after preflight: bad-input errors stay one line
-            self.err.print("note: no tokenizer known for this model (pass --tokenizer GGUF|tokenizer.json): prompt "
-                       "lengths are approximate and the client token-count cross-check is off", soft_wrap=True)
+            self.err.print(
+                "note: no tokenizer known for this model (pass --tokenizer GGUF|tokenizer.json): prompt "
+                "lengths are approximate and the client token-count cross-check is off",
+                soft_wrap=True,
+            )
         elif isinstance(event, StepStarted):
             self.fail = 0
-            self.task = progress.add_task(f"{event.workload} {event.step}" + (" warmup" if event.warmup else ""),
-                                          total=event.total, info="")
+            self.task = progress.add_task(
+                f"{event.workload} {event.step}" + (" warmup" if event.warmup else ""), total=event.total, info=""
+            )
         elif isinstance(event, Preparing):  # building prompts takes long (very long inputs): show it
-            self.task = progress.add_task(f"building prompts {event.what}", total=event.total,
-                                          completed=event.done, info="")
+            self.task = progress.add_task(
+                f"building prompts {event.what}", total=event.total, completed=event.done, info=""
+            )
             if self.quiet:
                 self.err.print(f"building prompts for {event.what}: {event.total} requests", soft_wrap=True)
         elif self.task is None:

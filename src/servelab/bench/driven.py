@@ -41,9 +41,21 @@ class DrivenWorkload(Protocol):
     total: int | None
     max_input_tokens: int | None
 
-    async def drive(self, http: aiohttp.ClientSession, base_url: str, model: str, load: LoadModel, *,
-                    headers: dict[str, str] | None, first_id: int, step: str, timeout_s: float, on_done: OnDone,
-                    records: list[RequestRecord], dispatch_lags_ns: list[int] | None = None) -> None:
+    async def drive(
+        self,
+        http: aiohttp.ClientSession,
+        base_url: str,
+        model: str,
+        load: LoadModel,
+        *,
+        headers: dict[str, str] | None,
+        first_id: int,
+        step: str,
+        timeout_s: float,
+        on_done: OnDone,
+        records: list[RequestRecord],
+        dispatch_lags_ns: list[int] | None = None,
+    ) -> None:
         """Send one step's requests under ``load`` to the OpenAI API root ``base_url``: record ids from
         ``first_id`` up, each record appended to ``records`` as it starts, ``on_done`` called as it ends."""
 

@@ -46,8 +46,9 @@ DEFAULT_INPUT_TOKENS = "16-256"
 MAX_BATCH = 2048
 
 
-def embedding_inputs(n: int, counter: TokenCounter | None, *, input_tokens: Any = DEFAULT_INPUT_TOKENS,
-                     seed: int = 0) -> list[tuple[str, int | None]]:
+def embedding_inputs(
+    n: int, counter: TokenCounter | None, *, input_tokens: Any = DEFAULT_INPUT_TOKENS, seed: int = 0
+) -> list[tuple[str, int | None]]:
     """``n`` inputs ``(text, tokens)``: lengths drawn from ``input_tokens`` (a length distribution as
     ``--set input_tokens=``: ``128``, ``16-256``, ``normal:128,32``), texts exact in ``counter``'s tokenizer
     (``tokens`` ``None`` and the length approximate without one). Deterministic for ``seed``. Raises
@@ -72,8 +73,15 @@ class EmbeddingsWorkload:
 
     name = "embeddings"
 
-    def __init__(self, inputs: list[tuple[str, int | None]], *, batch_size: int = 1, requests: int = 32,
-                 tokenizer: str | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        inputs: list[tuple[str, int | None]],
+        *,
+        batch_size: int = 1,
+        requests: int = 32,
+        tokenizer: str | None = None,
+        seed: int = 0,
+    ) -> None:
         if not 1 <= batch_size <= MAX_BATCH:
             raise ConfigError(f"--batch-size {batch_size}: give 1 to {MAX_BATCH} inputs per request")
         if not inputs or requests < 1:
@@ -88,12 +96,24 @@ class EmbeddingsWorkload:
         """The inputs of request ``i`` (the input list cycled)."""
         return [self.inputs[(i * self.batch_size + j) % len(self.inputs)] for j in range(self.batch_size)]
 
-    async def _one(self, http: aiohttp.ClientSession, url: str, model: str, i: int, rec: RequestRecord,
-                   headers: dict[str, str] | None, timeout_s: float) -> RequestSpec:
+    async def _one(
+        self,
+        http: aiohttp.ClientSession,
+        url: str,
+        model: str,
+        i: int,
+        rec: RequestRecord,
+        headers: dict[str, str] | None,
+        timeout_s: float,
+    ) -> RequestSpec:
         items = self.batch(i)
         known = [t for _, t in items if t is not None]
-        spec = RequestSpec(endpoint="embeddings", workload="embeddings", extra={"input": [t for t, _ in items]},
-                           prompt_tokens_target=sum(known) if len(known) == len(items) else None)
+        spec = RequestSpec(
+            endpoint="embeddings",
+            workload="embeddings",
+            extra={"input": [t for t, _ in items]},
+            prompt_tokens_target=sum(known) if len(known) == len(items) else None,
+        )
         rec.prompt_tokens_target = spec.prompt_tokens_target
         body = orjson.dumps({"model": model, "input": spec.extra["input"], "encoding_format": "float"})
         hdrs = {"Content-Type": "application/json", **(headers or {})}
@@ -138,8 +158,11 @@ class EmbeddingsWorkload:
             self._fail(rec, FailureClass.PROTOCOL, f"not JSON: {raw[:60]!r}")
             return
         data = doc.get("data") if isinstance(doc, dict) else None
-        if not isinstance(data, list) or len(data) != n_inputs or not all(
-                isinstance(d, dict) and isinstance(d.get("embedding"), list) for d in data):
+        if (
+            not isinstance(data, list)
+            or len(data) != n_inputs
+            or not all(isinstance(d, dict) and isinstance(d.get("embedding"), list) for d in data)
+        ):
             self._fail(rec, FailureClass.PROTOCOL, f"expected {n_inputs} 'data' entries with an 'embedding' each")
             return
         self._dims = len(data[0]["embedding"])
@@ -149,9 +172,21 @@ class EmbeddingsWorkload:
         rec.response_model = doc.get("model") if isinstance(doc.get("model"), str) else None
         rec.finish_reason = "stop"
 
-    async def drive(self, http: aiohttp.ClientSession, base_url: str, model: str, load: LoadModel, *,
-                    headers: dict[str, str] | None, first_id: int, step: str, timeout_s: float, on_done: OnDone,
-                    records: list[RequestRecord], dispatch_lags_ns: list[int] | None = None) -> None:
+    async def drive(
+        self,
+        http: aiohttp.ClientSession,
+        base_url: str,
+        model: str,
+        load: LoadModel,
+        *,
+        headers: dict[str, str] | None,
+        first_id: int,
+        step: str,
+        timeout_s: float,
+        on_done: OnDone,
+        records: list[RequestRecord],
+        dispatch_lags_ns: list[int] | None = None,
+    ) -> None:
         """Send the step's requests (see the class doc)."""
         url = base_url.rstrip("/") + "/embeddings"
         t0 = time.monotonic_ns() + 2_000_000
@@ -177,6 +212,7 @@ class EmbeddingsWorkload:
                     return
                 async with sem:
                     await one(i, sched)
+
             for i, off in enumerate(offs):
                 sched = t0 + int(off * 1e9)
                 await sleep_until_ns(sched)
@@ -190,6 +226,7 @@ class EmbeddingsWorkload:
             async def worker() -> None:
                 while (i := next(it)) < self.n:
                     await one(i, time.monotonic_ns())
+
             await asyncio.gather(*(worker() for _ in range(max(1, min(load.concurrency, self.n)))))
         ends = [r.end_ns for r in records if r.end_ns is not None]
         starts = [r.sent_ns for r in records if r.sent_ns is not None]
@@ -201,31 +238,58 @@ class EmbeddingsWorkload:
         return {"embeddings": summarize_embeddings(self, records, self._window_s).model_dump()}
 
 
-def summarize_embeddings(wl: EmbeddingsWorkload, records: list[RequestRecord], window_s: float | None
-                         ) -> EmbeddingsSummary:
+def summarize_embeddings(
+    wl: EmbeddingsWorkload, records: list[RequestRecord], window_s: float | None
+) -> EmbeddingsSummary:
     """The :class:`EmbeddingsSummary` of ``records`` (one per request of ``wl``) over ``window_s`` seconds
     (first send to last end)."""
     ok = [r for r in records if r.ok and r.sent_ns is not None and r.end_ns is not None]
     lat = np.asarray([(r.end_ns - r.sent_ns) / 1e9 for r in ok if r.end_ns is not None and r.sent_ns is not None])
-    lengths = [t for r in ok for _, t in wl.batch(r.request_id - records[0].request_id) if t is not None] \
-        if records else []
+    lengths = (
+        [t for r in ok for _, t in wl.batch(r.request_id - records[0].request_id) if t is not None] if records else []
+    )
     server_tokens = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
     n_inputs = len(ok) * wl.batch_size
     pct = LatencyPercentiles(n=len(lat))
     if len(lat):
-        pct = LatencyPercentiles(n=len(lat), p50_s=float(np.percentile(lat, 50)), p90_s=float(np.percentile(lat, 90)),
-                                 p95_s=float(np.percentile(lat, 95)), p99_s=float(np.percentile(lat, 99)),
-                                 max_s=float(lat.max()))
+        pct = LatencyPercentiles(
+            n=len(lat),
+            p50_s=float(np.percentile(lat, 50)),
+            p90_s=float(np.percentile(lat, 90)),
+            p95_s=float(np.percentile(lat, 95)),
+            p99_s=float(np.percentile(lat, 99)),
+            max_s=float(lat.max()),
+        )
     a = np.asarray(lengths, dtype=float)
-    dist = {"min": float(a.min()), "mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
-            "p90": float(np.percentile(a, 90)), "max": float(a.max())} if len(a) else {}
+    dist = (
+        {
+            "min": float(a.min()),
+            "mean": float(a.mean()),
+            "p50": float(np.percentile(a, 50)),
+            "p90": float(np.percentile(a, 90)),
+            "max": float(a.max()),
+        }
+        if len(a)
+        else {}
+    )
     per_s = (lambda x: x / window_s) if window_s else (lambda x: None)
-    unit = (f"{wl.batch_size} input(s) per request; input length {dist.get('mean', float('nan')):.0f} tokens mean "
-            f"({dist.get('min', float('nan')):.0f}-{dist.get('max', float('nan')):.0f}) in {wl.tokenizer or 'words'}"
-            "; vectors/s and server usage.prompt_tokens/s over the step window (first send to last end)")
-    return EmbeddingsSummary(batch_size=wl.batch_size, requests=len(ok), inputs=n_inputs,
-                             failed_requests=len(records) - len(ok), window_s=window_s,
-                             inputs_per_s=per_s(n_inputs), tokens_per_s=per_s(sum(server_tokens)) if server_tokens
-                             else None, input_tokens=dist,
-                             server_tokens_per_input=sum(server_tokens) / n_inputs if server_tokens and n_inputs
-                             else None, tokenizer=wl.tokenizer, latency=pct, dimensions=wl._dims, unit=unit)
+    unit = (
+        f"{wl.batch_size} input(s) per request; input length {dist.get('mean', float('nan')):.0f} tokens mean "
+        f"({dist.get('min', float('nan')):.0f}-{dist.get('max', float('nan')):.0f}) in {wl.tokenizer or 'words'}"
+        "; vectors/s and server usage.prompt_tokens/s over the step window (first send to last end)"
+    )
+    return EmbeddingsSummary(
+        batch_size=wl.batch_size,
+        requests=len(ok),
+        inputs=n_inputs,
+        failed_requests=len(records) - len(ok),
+        window_s=window_s,
+        inputs_per_s=per_s(n_inputs),
+        tokens_per_s=per_s(sum(server_tokens)) if server_tokens else None,
+        input_tokens=dist,
+        server_tokens_per_input=sum(server_tokens) / n_inputs if server_tokens and n_inputs else None,
+        tokenizer=wl.tokenizer,
+        latency=pct,
+        dimensions=wl._dims,
+        unit=unit,
+    )

@@ -11,8 +11,21 @@ from typing import Protocol
 from servelab.bench.results import StepSummary
 from servelab.wire.types import RequestRecord
 
-__all__ = ["BenchEvent", "BenchObserver", "Preparing", "PromptBuilt", "Proceed", "Ready", "RequestDone",
-           "RequestsDone", "Skip", "StepDone", "StepStarted", "StepVerdict", "Watcher"]
+__all__ = [
+    "BenchEvent",
+    "BenchObserver",
+    "Preparing",
+    "PromptBuilt",
+    "Proceed",
+    "Ready",
+    "RequestDone",
+    "RequestsDone",
+    "Skip",
+    "StepDone",
+    "StepStarted",
+    "StepVerdict",
+    "Watcher",
+]
 
 
 @dataclass(frozen=True)

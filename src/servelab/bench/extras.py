@@ -11,8 +11,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["AgentStepStats", "AgentSummary", "EmbeddingsSummary", "LanguageInfo", "LatencyPercentiles",
-           "RagInfo", "ReplayInfo", "SessionsSummary", "TurnStats"]
+__all__ = [
+    "AgentStepStats",
+    "AgentSummary",
+    "EmbeddingsSummary",
+    "LanguageInfo",
+    "LatencyPercentiles",
+    "RagInfo",
+    "ReplayInfo",
+    "SessionsSummary",
+    "TurnStats",
+]
 
 
 class _Model(BaseModel):

@@ -49,11 +49,22 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-__all__ = ["LEVEL", "Bounds", "Ratio", "SloVerdict", "beta_inc", "mean_interval", "paired_ratio_interval",
-           "paired_rounds_ratio",
-           "proportion_interval",
-           "quantile_interval",
-           "quantile_min_n", "ratio_interval", "slo_verdict", "t_quantile"]
+__all__ = [
+    "LEVEL",
+    "Bounds",
+    "Ratio",
+    "SloVerdict",
+    "beta_inc",
+    "mean_interval",
+    "paired_ratio_interval",
+    "paired_rounds_ratio",
+    "proportion_interval",
+    "quantile_interval",
+    "quantile_min_n",
+    "ratio_interval",
+    "slo_verdict",
+    "t_quantile",
+]
 
 LEVEL = 0.95
 """Confidence level of every interval servelab reports."""
@@ -89,6 +100,7 @@ class Ratio(NamedTuple):
 
 
 # ----------------------------------------------------------------------------------------- special functions
+
 
 def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction of the incomplete beta (modified Lentz; Numerical Recipes §6.4)."""
@@ -162,6 +174,7 @@ def t_quantile(p: float, df: float) -> float:
 
 # ----------------------------------------------------------------------------------------- quantiles
 
+
 def _rank(n: int, q: float, coverage: float) -> float:
     """The real rank ``u`` in ``[0, n+1]`` with ``I_q(u, n+1-u) = coverage`` (Hutson 1999): the
     probability that the fractional order statistic ``X_(u)`` lies at or below the true ``q``
@@ -196,8 +209,8 @@ def _sides(n: int, q: float, level: float) -> tuple[float | None, float | None]:
     """The real ranks of the lower and upper bounds (``None``: unbounded) at ``level`` (they depend on
     ``n``, ``q`` and ``level`` only, so they are cached)."""
     alpha = 1.0 - level
-    lo_u = _rank(n, q, 1.0 - alpha / 2)       # P(X_(u) <= x_q) = 97.5 %
-    hi_u = _rank(n, q, alpha / 2)             # P(X_(u) >= x_q) = 97.5 %
+    lo_u = _rank(n, q, 1.0 - alpha / 2)  # P(X_(u) <= x_q) = 97.5 %
+    hi_u = _rank(n, q, alpha / 2)  # P(X_(u) >= x_q) = 97.5 %
     lo_ok, hi_ok = lo_u >= 1.0, hi_u <= n
     if lo_ok and hi_ok:
         return lo_u, hi_u
@@ -221,8 +234,9 @@ def quantile_min_n(q: float, level: float = LEVEL) -> int:
         n += 1
 
 
-def quantile_interval(values: Sequence[float] | np.ndarray, q: float, level: float = LEVEL,
-                      n_eff: int | None = None) -> Bounds:
+def quantile_interval(
+    values: Sequence[float] | np.ndarray, q: float, level: float = LEVEL, n_eff: int | None = None
+) -> Bounds:
     """The ``level`` confidence interval for the ``q`` quantile (``0 < q < 1``, e.g. 0.95) of the
     distribution ``values`` were drawn from, by interpolated order statistics (module doc).
 
@@ -248,11 +262,11 @@ def quantile_interval(values: Sequence[float] | np.ndarray, q: float, level: flo
     def at(u: float) -> float:
         return _at_rank(xs, min(max(u * n / m, 1.0), float(n)) if m != n else u)
 
-    return Bounds(at(lo_u) if lo_u is not None else None, at(hi_u) if hi_u is not None else None, level, m,
-                  method)
+    return Bounds(at(lo_u) if lo_u is not None else None, at(hi_u) if hi_u is not None else None, level, m, method)
 
 
 # ----------------------------------------------------------------------------------------- means and ratios
+
 
 def mean_interval(samples: Sequence[float] | np.ndarray, level: float = LEVEL, method: str = "t") -> Bounds:
     """Student-t interval of the mean of independent ``samples`` (repeats, or time blocks of one run):
@@ -267,8 +281,9 @@ def mean_interval(samples: Sequence[float] | np.ndarray, level: float = LEVEL, m
     return Bounds(m - half, m + half, level, n, method)
 
 
-def ratio_interval(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray,
-                   level: float = LEVEL) -> Ratio | None:
+def ratio_interval(
+    a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, level: float = LEVEL
+) -> Ratio | None:
     """``a / b`` for two sets of positive rate samples (requests/s, tokens/s): the ratio of their
     geometric means with a Welch interval on ``log a - log b`` (module doc; df by Welch-Satterthwaite).
     ``significant`` when the interval excludes 1. ``None`` when either side has fewer than 2 samples
@@ -283,7 +298,7 @@ def ratio_interval(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndar
     if se2 <= 0:
         r = math.exp(d)
         return Ratio(r, r, r, level, d != 0.0, math.inf)
-    df = se2 ** 2 / ((va ** 2 / (la.size - 1) if va else 0.0) + (vb ** 2 / (lb.size - 1) if vb else 0.0))
+    df = se2**2 / ((va**2 / (la.size - 1) if va else 0.0) + (vb**2 / (lb.size - 1) if vb else 0.0))
     half = t_quantile((1 + level) / 2, df) * math.sqrt(se2)
     lo, hi = math.exp(d - half), math.exp(d + half)
     return Ratio(math.exp(d), lo, hi, level, lo > 1.0 or hi < 1.0, df)
@@ -314,8 +329,9 @@ def proportion_interval(k: int, n: int, level: float = LEVEL) -> Bounds:
     return Bounds(lo, hi, level, n, "clopper-pearson")
 
 
-def paired_ratio_interval(a_runs: Sequence[Sequence[float]], b_runs: Sequence[Sequence[float]],
-                          level: float = LEVEL) -> Ratio | None:
+def paired_ratio_interval(
+    a_runs: Sequence[Sequence[float]], b_runs: Sequence[Sequence[float]], level: float = LEVEL
+) -> Ratio | None:
     """``a / b`` from rounds of interleaved runs: ``a_runs[r]`` and ``b_runs[r]`` are the block rates
     (> 0) of each candidate's run in round ``r`` (module doc). ``d_r = mean log a_r - mean log b_r``;
     the estimate is ``exp(mean d_r)``. Its variance is the larger of (i) the within-run one,
@@ -334,9 +350,9 @@ def paired_ratio_interval(a_runs: Sequence[Sequence[float]], b_runs: Sequence[Se
         parts += [(float(la.var(ddof=1)) / la.size, la.size - 1), (float(lb.var(ddof=1)) / lb.size, lb.size - 1)]
     r_n = len(ds)
     d = float(np.mean(ds))
-    within = sum(v for v, _ in parts) / r_n ** 2
-    den = sum((v / r_n ** 2) ** 2 / k for v, k in parts if v > 0)
-    df = within ** 2 / den if den > 0 else math.inf
+    within = sum(v for v, _ in parts) / r_n**2
+    den = sum((v / r_n**2) ** 2 / k for v, k in parts if v > 0)
+    df = within**2 / den if den > 0 else math.inf
     var = within
     if r_n >= 3:
         between = float(np.var(ds, ddof=1)) / r_n
@@ -376,6 +392,7 @@ def paired_rounds_ratio(a: Sequence[float], b: Sequence[float], level: float = L
 
 
 # ----------------------------------------------------------------------------------------- SLO verdicts
+
 
 def slo_verdict(bounds: Bounds | None, limit: float) -> SloVerdict:
     """Whether ``statistic <= limit`` holds by the interval: ``met`` when its upper bound is at or

@@ -41,17 +41,31 @@ def record_to_json(r: RequestRecord, **extra: Any) -> RequestLine:
     Write it with :meth:`RequestLine.to_json_bytes` (optional fields only when present)."""
     sent = r.sent_ns or 0
     d: dict[str, Any] = {
-        "id": r.request_id, "step": r.step, "workload": r.workload, "warmup": r.warmup,
-        "status": r.status, "failure": r.failure.value if r.failure else None,
+        "id": r.request_id,
+        "step": r.step,
+        "workload": r.workload,
+        "warmup": r.warmup,
+        "status": r.status,
+        "failure": r.failure.value if r.failure else None,
         "error": asdict(r.error) if r.error else None,
-        "finish_reason": r.finish_reason, "finish_reason_raw": r.finish_reason_raw,
-        "prompt_tokens": r.prompt_tokens, "prompt_tokens_target": r.prompt_tokens_target,
-        "output_tokens": r.output_tokens, "output_tokens_source": r.output_tokens_source,
-        "client_output_tokens": r.client_output_tokens, "cached_tokens": r.cached_tokens,
+        "finish_reason": r.finish_reason,
+        "finish_reason_raw": r.finish_reason_raw,
+        "prompt_tokens": r.prompt_tokens,
+        "prompt_tokens_target": r.prompt_tokens_target,
+        "output_tokens": r.output_tokens,
+        "output_tokens_source": r.output_tokens_source,
+        "client_output_tokens": r.client_output_tokens,
+        "cached_tokens": r.cached_tokens,
         "max_tokens": r.max_tokens,
-        "ttft_s": M.ttft_s(r), "ttfat_s": M.ttfat_s(r), "e2e_s": M.e2e_s(r), "tpot_s": M.tpot_s(r),
-        "schedule_lag_s": M.schedule_lag_s(r), "gate_failures": r.gate_failures,
-        "events": r.events, "saw_done": r.saw_done, "response_model": r.response_model,
+        "ttft_s": M.ttft_s(r),
+        "ttfat_s": M.ttfat_s(r),
+        "e2e_s": M.e2e_s(r),
+        "tpot_s": M.tpot_s(r),
+        "schedule_lag_s": M.schedule_lag_s(r),
+        "gate_failures": r.gate_failures,
+        "events": r.events,
+        "saw_done": r.saw_done,
+        "response_model": r.response_model,
         "conn_retries": r.conn_retries,
         "t_ns": {k: getattr(r, f"{k}_ns") for k in _T_NS},
         "chunk_offsets_ms": [(t - sent) // 1000 / 1000 for t in r.chunk_ns],  # µs resolution
@@ -67,8 +81,18 @@ def record_to_json(r: RequestRecord, **extra: Any) -> RequestLine:
     return RequestLine.model_validate(d)
 
 
-_T_NS = ("scheduled", "sent", "headers", "first_byte", "first_event", "first_token", "first_answer", "last_token",
-         "done", "end")
+_T_NS = (
+    "scheduled",
+    "sent",
+    "headers",
+    "first_byte",
+    "first_event",
+    "first_token",
+    "first_answer",
+    "last_token",
+    "done",
+    "end",
+)
 
 
 def record_from_json(line: RequestLine | dict[str, Any]) -> RequestRecord:
@@ -78,9 +102,22 @@ def record_from_json(line: RequestLine | dict[str, Any]) -> RequestRecord:
     :class:`pydantic.ValidationError`, a ``ValueError``, on a line that is not such a record)."""
     d = line if isinstance(line, RequestLine) else RequestLine.model_validate(line)
     r = RequestRecord(request_id=d.id, workload=d.workload, step=d.step, warmup=d.warmup)
-    for k in ("status", "finish_reason", "finish_reason_raw", "prompt_tokens", "prompt_tokens_target",
-              "output_tokens", "output_tokens_source", "client_output_tokens", "cached_tokens", "max_tokens",
-              "saw_done", "response_model", "events", "conn_retries"):
+    for k in (
+        "status",
+        "finish_reason",
+        "finish_reason_raw",
+        "prompt_tokens",
+        "prompt_tokens_target",
+        "output_tokens",
+        "output_tokens_source",
+        "client_output_tokens",
+        "cached_tokens",
+        "max_tokens",
+        "saw_done",
+        "response_model",
+        "events",
+        "conn_retries",
+    ):
         setattr(r, k, getattr(d, k))
     r.failure = FailureClass(d.failure) if d.failure is not None else None
     r.error = WireError(**d.error.model_dump()) if d.error else None

@@ -89,22 +89,37 @@ def arrival_offsets_s(n: int, rate_rps: float, arrival: str, seed: int, gamma_sh
     with np.errstate(over="ignore", invalid="ignore"):  # checked just below, not warned about
         offsets = np.cumsum(gaps)
     if not np.isfinite(offsets[-1]) or offsets[-1] >= _MAX_OFFSET_NS / 1e9:
-        raise ValueError(f"{n} arrivals at {rate_rps:g} requests/s ({arrival}) reach {offsets[-1]:.3g} s, past the "
-                         f"{_MAX_OFFSET_NS / 1e9:.3g} s a step's clock holds; raise the rate or send fewer requests")
+        raise ValueError(
+            f"{n} arrivals at {rate_rps:g} requests/s ({arrival}) reach {offsets[-1]:.3g} s, past the "
+            f"{_MAX_OFFSET_NS / 1e9:.3g} s a step's clock holds; raise the rate or send fewer requests"
+        )
     return offsets
 
 
 _MAX_OFFSET_NS = float(2**62)  # int64 nanoseconds with room for the step's start time added
 
 
-async def run_step(session: aiohttp.ClientSession, base_url: str, model: str, specs: Sequence[RequestSpec],
-                   load: LoadModel, *, step: str = "", seed: int = 0, warmup: bool = False,
-                   first_id: int = 0, timeout_s: float = 600.0, drain_s: float = 30.0,
-                   headers: dict[str, str] | None = None,
-                   on_done: Callable[[RequestRecord, RequestSpec], None] | None = None,
-                   records: list[RequestRecord] | None = None, start_ns: int | None = None,
-                   offsets_ns: Sequence[int] | None = None, ids: Sequence[int] | None = None,
-                   dispatch_lags_ns: list[int] | None = None) -> list[RequestRecord]:
+async def run_step(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    specs: Sequence[RequestSpec],
+    load: LoadModel,
+    *,
+    step: str = "",
+    seed: int = 0,
+    warmup: bool = False,
+    first_id: int = 0,
+    timeout_s: float = 600.0,
+    drain_s: float = 30.0,
+    headers: dict[str, str] | None = None,
+    on_done: Callable[[RequestRecord, RequestSpec], None] | None = None,
+    records: list[RequestRecord] | None = None,
+    start_ns: int | None = None,
+    offsets_ns: Sequence[int] | None = None,
+    ids: Sequence[int] | None = None,
+    dispatch_lags_ns: list[int] | None = None,
+) -> list[RequestRecord]:
     """Run one load step and return every started request's record (in id order).
 
     ``on_done(rec, spec)`` is called as each request ends (used to append to requests.jsonl at once,
@@ -125,15 +140,17 @@ async def run_step(session: aiohttp.ClientSession, base_url: str, model: str, sp
         records = []
     inflight: set[asyncio.Task[None]] = set()
     offs_ns = _schedule(load, len(specs), seed, offsets_ns)
-    if start_ns is not None:
-        t0 = start_ns
-    else:
-        t0 = _now() + (_START_LEAD_NS if load.kind == "open" else 0)
+    t0 = start_ns if start_ns is not None else _now() + (_START_LEAD_NS if load.kind == "open" else 0)
     deadline = t0 + int(load.duration_s * 1e9) if load.duration_s else None
 
     async def one(i: int, spec: RequestSpec, scheduled_ns: int, sem: asyncio.Semaphore | None) -> None:
-        rec = RequestRecord(request_id=first_id + i if ids is None else ids[i], workload=spec.workload, step=step,
-                            warmup=warmup, scheduled_ns=scheduled_ns)
+        rec = RequestRecord(
+            request_id=first_id + i if ids is None else ids[i],
+            workload=spec.workload,
+            step=step,
+            warmup=warmup,
+            scheduled_ns=scheduled_ns,
+        )
         records.append(rec)
         try:
             if sem is not None:

@@ -27,8 +27,18 @@ from servelab.wire.types import RequestRecord
 #: (a ``scheduled_ns`` of 0 means "not scheduled")
 ALIGN_BASE_NS = 10**15
 
-_STAMPS = ("scheduled_ns", "sent_ns", "headers_ns", "first_byte_ns", "first_event_ns", "first_token_ns",
-           "first_answer_ns", "last_token_ns", "done_ns", "end_ns")
+_STAMPS = (
+    "scheduled_ns",
+    "sent_ns",
+    "headers_ns",
+    "first_byte_ns",
+    "first_event_ns",
+    "first_token_ns",
+    "first_answer_ns",
+    "last_token_ns",
+    "done_ns",
+    "end_ns",
+)
 
 
 def aligned(rec: RequestRecord, t0_ns: int | None) -> RequestRecord:
@@ -57,9 +67,13 @@ def summary_record(line: RequestLine | dict[str, object]) -> RequestRecord:
 def clock_note(hosts: set[str]) -> str:
     """How a run's step windows were measured, for ``summary.generator.clock``."""
     if len(hosts) <= 1:
-        return ("one host: every worker's monotonic clock is the same clock, stamps compared directly; "
-                "the window runs from the first send to the last end across workers")
-    return (f"{len(hosts)} hosts: each worker's stamps are taken as offsets from the common start instant "
-            "(agreed by wall clock, converted to each worker's monotonic clock); the window runs from the first "
-            "send offset to the last end offset across workers; measured wall-clock offsets are reported, "
-            "not used")
+        return (
+            "one host: every worker's monotonic clock is the same clock, stamps compared directly; "
+            "the window runs from the first send to the last end across workers"
+        )
+    return (
+        f"{len(hosts)} hosts: each worker's stamps are taken as offsets from the common start instant "
+        "(agreed by wall clock, converted to each worker's monotonic clock); the window runs from the first "
+        "send offset to the last end offset across workers; measured wall-clock offsets are reported, "
+        "not used"
+    )

@@ -154,9 +154,18 @@ def stats(values: list[float] | np.ndarray, n_eff: int | None = None) -> dict[st
     if a.size == 0:
         return {"count": 0, **{k: None for k in STAT_KEYS[1:]}, "std": None}
     p = np.percentile(a, [50, 90, 95, 99])
-    return {"count": int(a.size), "mean": float(a.mean()), "min": float(a.min()), "max": float(a.max()),
-            "p50": float(p[0]), "p90": float(p[1]), "p95": float(p[2]), "p99": float(p[3]),
-            "std": float(a.std(ddof=1)) if a.size >= 2 else None, **percentile_cis(a, n_eff)}
+    return {
+        "count": int(a.size),
+        "mean": float(a.mean()),
+        "min": float(a.min()),
+        "max": float(a.max()),
+        "p50": float(p[0]),
+        "p90": float(p[1]),
+        "p95": float(p[2]),
+        "p99": float(p[3]),
+        "std": float(a.std(ddof=1)) if a.size >= 2 else None,
+        **percentile_cis(a, n_eff),
+    }
 
 
 @dataclass

@@ -56,8 +56,10 @@ class MixedCorpus:
     @property
     def source(self) -> str:
         """One line naming the text, for the summary."""
-        return (f"Debian zh_CN gettext catalogs ({CATALOG_DIR}/*.mo: {self.files} files, {len(self.lines)} entries, "
-                f"sha256 {self.sha256[:16]}): Chinese translations with their English originals")
+        return (
+            f"Debian zh_CN gettext catalogs ({CATALOG_DIR}/*.mo: {self.files} files, {len(self.lines)} entries, "
+            f"sha256 {self.sha256[:16]}): Chinese translations with their English originals"
+        )
 
 
 _CACHE: dict[str, MixedCorpus] = {}
@@ -86,9 +88,11 @@ def load_corpus(directory: Path = CATALOG_DIR) -> MixedCorpus:
             if isinstance(k, str) and isinstance(v, str) and len(k) >= 8 and _HAN.search(v):
                 lines.add(f"{' '.join(v.split())} ({' '.join(k.split())})")
     if not lines:
-        raise ConfigError(f"the mixed-lang set reads Chinese/English text from {directory}/*.mo and found none: "
-                          "install translated packages (Debian/Ubuntu: language-pack-zh-hans or the packages' "
-                          "locales) or use -w short-qa --set lang=mixed (built-in words)")
+        raise ConfigError(
+            f"the mixed-lang set reads Chinese/English text from {directory}/*.mo and found none: "
+            "install translated packages (Debian/Ubuntu: language-pack-zh-hans or the packages' "
+            "locales) or use -w short-qa --set lang=mixed (built-in words)"
+        )
     corpus = MixedCorpus(tuple(sorted(lines)), files, h.hexdigest())
     _CACHE[key] = corpus
     return corpus
@@ -128,9 +132,17 @@ def _fit(counter: TokenCounter, head: str, body: str, tail: str, target: int) ->
     raise RuntimeError(f"could not build a mixed-language prompt of exactly {target} tokens with {counter.name}")
 
 
-def mixed_lang_workload(counter: TokenCounter | None, *, seed: int = 0, endpoint: str = "chat",
-                        ignore_eos: bool = False, input_tokens: Any = "128-1024", output_tokens: Any = "32-128",
-                        extra: dict[str, Any] | None = None, corpus_dir: Path = CATALOG_DIR) -> Workload:
+def mixed_lang_workload(
+    counter: TokenCounter | None,
+    *,
+    seed: int = 0,
+    endpoint: str = "chat",
+    ignore_eos: bool = False,
+    input_tokens: Any = "128-1024",
+    output_tokens: Any = "32-128",
+    extra: dict[str, Any] | None = None,
+    corpus_dir: Path = CATALOG_DIR,
+) -> Workload:
     """The ``mixed-lang`` :class:`~servelab.bench.workloads.Workload` (module doc): prompt lengths from
     ``input_tokens`` exact in ``counter``'s tokenizer (about ``n`` characters without one; then
     ``prompt_tokens_target`` is ``None``), ``max_tokens`` from ``output_tokens``. Its ``summary_extra``
@@ -171,18 +183,28 @@ def mixed_lang_workload(counter: TokenCounter | None, *, seed: int = 0, endpoint
         totals["chars"] += len(text)
         totals["han"] += len(_HAN.findall(text))
         totals["nonspace"] += sum(1 for ch in text if not ch.isspace())
-        return _spec(endpoint, text, n_out, "mixed-lang", n_in if counter is not None else None, ignore_eos,
-                     dict(extra or {}))
+        return _spec(
+            endpoint, text, n_out, "mixed-lang", n_in if counter is not None else None, ignore_eos, dict(extra or {})
+        )
 
     def summary_extra() -> dict[str, Any]:
-        info = LanguageInfo(source=corpus.source, tokenizer=counter.name if counter is not None else None,
-                            characters=totals["chars"], tokens=totals["tokens"] if counter is not None else None,
-                            tokens_per_char=totals["tokens"] / totals["chars"] if counter is not None and totals[
-                                "chars"] else None,
-                            han_share=totals["han"] / totals["nonspace"] if totals["nonspace"] else None)
+        info = LanguageInfo(
+            source=corpus.source,
+            tokenizer=counter.name if counter is not None else None,
+            characters=totals["chars"],
+            tokens=totals["tokens"] if counter is not None else None,
+            tokens_per_char=totals["tokens"] / totals["chars"] if counter is not None and totals["chars"] else None,
+            han_share=totals["han"] / totals["nonspace"] if totals["nonspace"] else None,
+        )
         return {"language": info.model_dump()}
 
     desc = "mixed Chinese/English prompts from Debian's zh_CN message catalogs (translation + English original)"
-    return Workload("mixed-lang", desc, make, counter.name if counter is not None else None,
-                    {"input_tokens": input_tokens, "output_tokens": output_tokens, "corpus": corpus.source},
-                    max_input_tokens=inp.max_tokens, summary_extra=summary_extra)
+    return Workload(
+        "mixed-lang",
+        desc,
+        make,
+        counter.name if counter is not None else None,
+        {"input_tokens": input_tokens, "output_tokens": output_tokens, "corpus": corpus.source},
+        max_input_tokens=inp.max_tokens,
+        summary_extra=summary_extra,
+    )

@@ -119,7 +119,7 @@ def config_error(exc: ValidationError, fields: Mapping[str, Any]) -> ConfigError
     err = exc.errors(include_url=False)[0]
     msg = str(err.get("msg", "invalid value"))
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     loc = err.get("loc") or ()
     if not loc:
         return ConfigError(msg)
@@ -140,10 +140,16 @@ class EngineOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    parallel: int = opt(4, cli="--engine-parallel", ge=1, le=1024,
-                        hint="give the number of slots, 1 to 1024, e.g. --engine-parallel 4")
-    ctx_tokens: int = opt(8192, cli="--engine-ctx", ge=0, le=MAX_PROMPT_TOKENS * 64,
-                          hint="give the total context in tokens (0 = the model's own), e.g. --engine-ctx 8192")
+    parallel: int = opt(
+        4, cli="--engine-parallel", ge=1, le=1024, hint="give the number of slots, 1 to 1024, e.g. --engine-parallel 4"
+    )
+    ctx_tokens: int = opt(
+        8192,
+        cli="--engine-ctx",
+        ge=0,
+        le=MAX_PROMPT_TOKENS * 64,
+        hint="give the total context in tokens (0 = the model's own), e.g. --engine-ctx 8192",
+    )
 
     @classmethod
     def checked(cls, **values: Any) -> EngineOptions:
@@ -159,8 +165,10 @@ def dataset_max_tokens(value: Any, where: str) -> int:
     :data:`MAX_OUTPUT_TOKENS`. Raises :class:`ConfigError` starting with ``where`` (e.g. ``"dataset
     d.jsonl: line 3"``); a value past 2^63 used to reach the JSON encoder and end in a traceback."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OUTPUT_TOKENS:
-        raise ConfigError(f"{where}: max_tokens/output_tokens must be an integer from 1 to {MAX_OUTPUT_TOKENS} "
-                          f"(servelab's limit per request), got {_show(value)}")
+        raise ConfigError(
+            f"{where}: max_tokens/output_tokens must be an integer from 1 to {MAX_OUTPUT_TOKENS} "
+            f"(servelab's limit per request), got {_show(value)}"
+        )
     return value
 
 

@@ -35,14 +35,54 @@ if TYPE_CHECKING:
     from servelab.bench.workloads import Workload
     from servelab.modelfile.tokenizer import TokenCounter
 
-__all__ = ["STDLIB_MODULES", "Passage", "RagSet", "build_rag_set", "chunk_documents", "embed_texts",
-           "rag_docs_workload", "stdlib_documents", "top_k"]
+__all__ = [
+    "STDLIB_MODULES",
+    "Passage",
+    "RagSet",
+    "build_rag_set",
+    "chunk_documents",
+    "embed_texts",
+    "rag_docs_workload",
+    "stdlib_documents",
+    "top_k",
+]
 
 #: modules whose docstrings form the corpus (pure-Python, present in every CPython build)
-STDLIB_MODULES = ("argparse", "asyncio", "base64", "collections", "configparser", "csv", "datetime", "decimal",
-                  "difflib", "email", "fractions", "functools", "gzip", "hashlib", "heapq", "http.client", "json",
-                  "logging", "pathlib", "pickle", "random", "shutil", "sqlite3", "statistics", "string",
-                  "subprocess", "tarfile", "textwrap", "threading", "unittest", "urllib.parse", "uuid", "zipfile")
+STDLIB_MODULES = (
+    "argparse",
+    "asyncio",
+    "base64",
+    "collections",
+    "configparser",
+    "csv",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email",
+    "fractions",
+    "functools",
+    "gzip",
+    "hashlib",
+    "heapq",
+    "http.client",
+    "json",
+    "logging",
+    "pathlib",
+    "pickle",
+    "random",
+    "shutil",
+    "sqlite3",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "textwrap",
+    "threading",
+    "unittest",
+    "urllib.parse",
+    "uuid",
+    "zipfile",
+)
 
 
 class Passage(BaseModel):
@@ -78,6 +118,7 @@ def stdlib_documents(modules: tuple[str, ...] = STDLIB_MODULES) -> list[tuple[st
             if doc and len(doc) >= 200 and doc not in seen:
                 seen.add(doc)
                 out.append((source, doc))
+
         add(name, mod)
         for attr in sorted(dir(mod)):
             if attr.startswith("_"):
@@ -93,8 +134,9 @@ def stdlib_documents(modules: tuple[str, ...] = STDLIB_MODULES) -> list[tuple[st
     return out
 
 
-def chunk_documents(docs: list[tuple[str, str]], counter: TokenCounter | None,
-                    chunk_tokens: int = 160) -> list[Passage]:
+def chunk_documents(
+    docs: list[tuple[str, str]], counter: TokenCounter | None, chunk_tokens: int = 160
+) -> list[Passage]:
     """Split each document into passages of about ``chunk_tokens`` tokens (the sum of their sentences'
     counts; joining may add a token), on sentence/line ends; a sentence longer than that is cut by words.
     Raises :class:`ConfigError` below 16 tokens."""
@@ -133,17 +175,21 @@ def chunk_documents(docs: list[tuple[str, str]], counter: TokenCounter | None,
     return out
 
 
-async def embed_texts(http: aiohttp.ClientSession, base_url: str, model: str, texts: list[str],
-                      batch: int = 32, timeout_s: float = 120.0) -> np.ndarray:
+async def embed_texts(
+    http: aiohttp.ClientSession, base_url: str, model: str, texts: list[str], batch: int = 32, timeout_s: float = 120.0
+) -> np.ndarray:
     """Vectors of ``texts`` from the OpenAI ``POST /embeddings`` at ``base_url``, L2-normalised, shape
     ``(len(texts), dim)``. Raises :class:`RuntimeError` (one line, the server's status and message) when
     the server refuses a batch or answers without ``data``."""
     rows: list[list[float]] = []
     for i in range(0, len(texts), batch):
-        body = {"model": model, "input": texts[i:i + batch]}
-        async with http.post(base_url.rstrip("/") + "/embeddings", data=orjson.dumps(body),
-                             headers={"Content-Type": "application/json"},
-                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        body = {"model": model, "input": texts[i : i + batch]}
+        async with http.post(
+            base_url.rstrip("/") + "/embeddings",
+            data=orjson.dumps(body),
+            headers={"Content-Type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as r:
             raw = await r.read()
             if r.status != 200:
                 raise RuntimeError(f"embeddings server answered {r.status}: {raw[:200].decode('utf-8', 'replace')}")
@@ -163,9 +209,19 @@ def top_k(query: np.ndarray, passages: np.ndarray, k: int) -> list[int]:
     return [int(i) for i in order[:k]]
 
 
-async def build_rag_set(http: aiohttp.ClientSession, embed_url: str, embed_model: str, n: int,
-                        counter: TokenCounter | None, *, k: int = 4, chunk_tokens: int = 160, seed: int = 0,
-                        max_tokens: int = 96, modules: tuple[str, ...] = STDLIB_MODULES) -> RagSet:
+async def build_rag_set(
+    http: aiohttp.ClientSession,
+    embed_url: str,
+    embed_model: str,
+    n: int,
+    counter: TokenCounter | None,
+    *,
+    k: int = 4,
+    chunk_tokens: int = 160,
+    seed: int = 0,
+    max_tokens: int = 96,
+    modules: tuple[str, ...] = STDLIB_MODULES,
+) -> RagSet:
     """Build ``n`` RAG chat requests (see the module doc) retrieving ``k`` passages each through the
     embeddings server at ``embed_url``. Deterministic for a Python version, ``seed`` and embedder.
     Raises :class:`ConfigError` for ``n``/``k`` below 1 and :class:`RuntimeError` from :func:`embed_texts`."""
@@ -182,19 +238,38 @@ async def build_rag_set(http: aiohttp.ClientSession, embed_url: str, embed_model
     specs: list[RequestSpec] = []
     lengths: list[int] = []
     for q, vec in zip(questions, qv, strict=True):
-        ctx = "\n\n".join(f"[{j + 1}] ({passages[i].source}) {passages[i].text}"
-                          for j, i in enumerate(top_k(vec, pv, k)))
+        ctx = "\n\n".join(
+            f"[{j + 1}] ({passages[i].source}) {passages[i].text}" for j, i in enumerate(top_k(vec, pv, k))
+        )
         text = f"Answer from the passages below.\n\n{ctx}\n\nQuestion: {q}"
         target = counter.count(text) if counter is not None else None
         lengths.append(target if target is not None else len(text.split()))
-        specs.append(RequestSpec(endpoint="chat", max_tokens=max_tokens, messages=[{"role": "user", "content": text}],
-                                 workload="rag-docs", prompt_tokens_target=target))
+        specs.append(
+            RequestSpec(
+                endpoint="chat",
+                max_tokens=max_tokens,
+                messages=[{"role": "user", "content": text}],
+                workload="rag-docs",
+                prompt_tokens_target=target,
+            )
+        )
     a = np.asarray(lengths, dtype=float)
-    dist = {"min": float(a.min()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
-            "max": float(a.max())}
-    return RagSet(corpus=f"Python {sys.version.split()[0]} standard library docstrings ({len(modules)} modules)",
-                  documents=len(docs), passages=len(passages), k=k, embedding_model=embed_model,
-                  tokenizer=counter.name if counter is not None else None, input_tokens=dist, requests=specs)
+    dist = {
+        "min": float(a.min()),
+        "p50": float(np.percentile(a, 50)),
+        "p90": float(np.percentile(a, 90)),
+        "max": float(a.max()),
+    }
+    return RagSet(
+        corpus=f"Python {sys.version.split()[0]} standard library docstrings ({len(modules)} modules)",
+        documents=len(docs),
+        passages=len(passages),
+        k=k,
+        embedding_model=embed_model,
+        tokenizer=counter.name if counter is not None else None,
+        input_tokens=dist,
+        requests=specs,
+    )
 
 
 def rag_docs_workload(rag: RagSet, per_step: int, step: int = 0) -> Workload:
@@ -212,6 +287,12 @@ def rag_docs_workload(rag: RagSet, per_step: int, step: int = 0) -> Workload:
     def make(i: int) -> RequestSpec:
         return specs[(first + i) % len(specs)]
 
-    return Workload("rag-docs", f"RAG on real documents: {rag.corpus}, top-{rag.k} passages by {rag.embedding_model}",
-                    make, rag.tokenizer, {"k": rag.k}, max_input_tokens=int(rag.input_tokens.get("max", 0)) or None,
-                    summary_extra=lambda: {"rag": info.model_dump()})
+    return Workload(
+        "rag-docs",
+        f"RAG on real documents: {rag.corpus}, top-{rag.k} passages by {rag.embedding_model}",
+        make,
+        rag.tokenizer,
+        {"k": rag.k},
+        max_input_tokens=int(rag.input_tokens.get("max", 0)) or None,
+        summary_extra=lambda: {"rag": info.model_dump()},
+    )

@@ -18,6 +18,7 @@ the head) installed for the same Python version: see docs/distributed-bench.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -92,8 +93,10 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ConfigError("--ray needs the ray package: pip install 'servelab[ray]' (on every node of the "
-                          "cluster, the same ray version as its head)") from None
+        raise ConfigError(
+            "--ray needs the ray package: pip install 'servelab[ray]' (on every node of the "
+            "cluster, the same ray version as its head)"
+        ) from None
     return ray
 
 
@@ -116,11 +119,17 @@ class RayPool:
         ray = self._ray = _import_ray()
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(None, lambda: ray.init(address=self.address, log_to_driver=False,
-                                                              logging_level="ERROR", configure_logging=False))
+            await loop.run_in_executor(
+                None,
+                lambda: ray.init(
+                    address=self.address, log_to_driver=False, logging_level="ERROR", configure_logging=False
+                ),
+            )
         except (ConnectionError, RuntimeError, ValueError) as e:
-            raise ConfigError(f"--ray {self.address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]}); "
-                              "start one with 'ray start --head' (docs/distributed-bench.md)") from None
+            raise ConfigError(
+                f"--ray {self.address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]}); "
+                "start one with 'ray start --head' (docs/distributed-bench.md)"
+            ) from None
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         actor_cls = ray.remote(num_cpus=ACTOR_CPUS, max_concurrency=4, max_restarts=0)(RayWorkerActor)
@@ -140,12 +149,16 @@ class RayPool:
             await asyncio.wait_for(asyncio.gather(*refs), PLACE_TIMEOUT_S)
         except TimeoutError:
             cpus = ray.cluster_resources().get("CPU", 0)
-            raise ConfigError(f"--ray {self.address}: Ray could not start {len(placements)} load-generator workers "
-                              f"of {ACTOR_CPUS:g} CPU each in {PLACE_TIMEOUT_S:g} s (the cluster has {cpus:g} CPUs); "
-                              "lower --workers or add nodes") from None
+            raise ConfigError(
+                f"--ray {self.address}: Ray could not start {len(placements)} load-generator workers "
+                f"of {ACTOR_CPUS:g} CPU each in {PLACE_TIMEOUT_S:g} s (the cluster has {cpus:g} CPUs); "
+                "lower --workers or add nodes"
+            ) from None
         except ray.exceptions.RayError as e:
-            raise ConfigError(f"--ray {self.address}: a load-generator worker failed to start: "
-                              f"{str(e).splitlines()[0]}; is servelab installed on every node?") from None
+            raise ConfigError(
+                f"--ray {self.address}: a load-generator worker failed to start: "
+                f"{str(e).splitlines()[0]}; is servelab installed on every node?"
+            ) from None
         out = []
         for k in self.alive:
             samples = []
@@ -171,8 +184,13 @@ class RayPool:
         """See :class:`servelab.bench.workers.Pool`."""
         outcomes = {k: WorkerOutcome() for k in tasks}
         ready = []
-        for k, res in zip(tasks, await asyncio.gather(*(self._actors[k].prepare.remote(t) for k, t in tasks.items()),
-                                                      return_exceptions=True), strict=True):
+        for k, res in zip(
+            tasks,
+            await asyncio.gather(
+                *(self._actors[k].prepare.remote(t) for k, t in tasks.items()), return_exceptions=True
+            ),
+            strict=True,
+        ):
             if isinstance(res, BaseException):
                 self._lose(k, outcomes, res)
             else:
@@ -185,18 +203,17 @@ class RayPool:
             for k, fut in running.items():
                 if not fut.done():
                     self._actors[k].cancel.remote()
-            try:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._follow(running, on_lines, outcomes), 10)
-            except (TimeoutError, asyncio.CancelledError):
-                pass
             raise
         return outcomes
 
     async def _go(self, k: int, start: StartAt) -> Any:
         return await self._actors[k].go.remote(start)
 
-    async def _follow(self, running: dict[int, asyncio.Task[Any]], on_lines: OnLines,
-                      outcomes: dict[int, WorkerOutcome]) -> None:
+    async def _follow(
+        self, running: dict[int, asyncio.Task[Any]], on_lines: OnLines, outcomes: dict[int, WorkerOutcome]
+    ) -> None:
         pending = {k for k, f in running.items() if outcomes[k].report is None and outcomes[k].lost_reason is None}
         while pending:
             await asyncio.wait([running[k] for k in pending], timeout=DRAIN_EVERY_S)
@@ -232,9 +249,7 @@ class RayPool:
                     await asyncio.wait_for(a.close.remote(), 10)
             except (TimeoutError, ray.exceptions.RayError):
                 pass
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 ray.kill(a)
-            except Exception:  # noqa: BLE001 — already gone
-                pass
         self.alive.clear()
         await asyncio.get_running_loop().run_in_executor(None, ray.shutdown)

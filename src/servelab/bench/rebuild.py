@@ -52,8 +52,10 @@ def _json_file(path: Path) -> Any:
     except FileNotFoundError:
         return None
     except (OSError, orjson.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read it as JSON ({e}); it is written before any request, "
-                          f"so this is not a servelab bench run directory") from None
+        raise ConfigError(
+            f"{path}: cannot read it as JSON ({e}); it is written before any request, "
+            f"so this is not a servelab bench run directory"
+        ) from None
 
 
 def read_requests(path: Path) -> Lines:
@@ -82,11 +84,15 @@ def read_requests(path: Path) -> Lines:
             if last:
                 truncated = True
                 continue
-            raise ConfigError(f"{path}: line {lineno} is not valid JSON; only the last line may be cut short "
-                              f"by a crash, so this file was edited or damaged") from None
+            raise ConfigError(
+                f"{path}: line {lineno} is not valid JSON; only the last line may be cut short "
+                f"by a crash, so this file was edited or damaged"
+            ) from None
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ConfigError(f"{path}: line {lineno} is not a servelab bench record (missing or bad {e}); "
-                              f"summarize reads files written by servelab bench 0.1.0 or later") from None
+            raise ConfigError(
+                f"{path}: line {lineno} is not a servelab bench record (missing or bad {e}); "
+                f"summarize reads files written by servelab bench 0.1.0 or later"
+            ) from None
         out.append((index, rec))
         n += 1
     return Lines(out, n, truncated)
@@ -142,8 +148,11 @@ def rebuild_summary(run_dir: str | Path) -> tuple[dict[str, Any], Lines]:
                 break
             recs = sorted(groups.get(k, []), key=lambda r: r.request_id)
             measured = sum(1 for r in recs if not r.warmup)
-            partial = (measured < cfg.requests) if cfg.requests is not None else (
-                k == last_index and old.get("complete") is not True)
+            partial = (
+                (measured < cfg.requests)
+                if cfg.requests is not None
+                else (k == last_index and old.get("complete") is not True)
+            )
             started = old_steps.get((wname, load.label), {}).get("started_unix_s")
             old_step = old_steps.get((wname, load.label), {})
             partial = partial or bool(old_step.get("lost"))
@@ -166,9 +175,14 @@ def rebuild_summary(run_dir: str | Path) -> tuple[dict[str, Any], Lines]:
         summary["finished_unix_s"] = old["finished_unix_s"]
     if isinstance(old.get("generator"), dict):
         summary["generator"] = old["generator"]
-    summary["rebuilt"] = {"from": "requests.jsonl", "lines": found.lines,
-                          "truncated_last_line": found.truncated_last_line, "partial": not complete,
-                          "rebuilt_unix_s": time.time(), "kept_from_summary": sorted(kept)}
+    summary["rebuilt"] = {
+        "from": "requests.jsonl",
+        "lines": found.lines,
+        "truncated_last_line": found.truncated_last_line,
+        "partial": not complete,
+        "rebuilt_unix_s": time.time(),
+        "kept_from_summary": sorted(kept),
+    }
     return summary, found
 
 

@@ -20,10 +20,34 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from servelab.bench.extras import AgentSummary, EmbeddingsSummary, LanguageInfo, RagInfo, ReplayInfo, SessionsSummary
 from servelab.wire.config import PublishedSchema, json_schema_of
 
-__all__ = ["PUBLISHED_SCHEMA", "SUMMARY_SCHEMA_PATH", "SUMMARY_SCHEMA_VERSION", "Counts", "Dist", "Goodput", "LoadInfo",
-           "Generator", "GeneratorWorker", "Interval", "LostPart", "Rebuilt", "RequestError", "Saturation",
-           "RequestLine", "ServerFigure", "SloCheck", "Steady", "StepSummary", "Summary",
-           "TNs", "Throughput", "TokenCheck", "Tokens", "ToolCallLine", "WorkerStep"]
+__all__ = [
+    "PUBLISHED_SCHEMA",
+    "SUMMARY_SCHEMA_PATH",
+    "SUMMARY_SCHEMA_VERSION",
+    "Counts",
+    "Dist",
+    "Goodput",
+    "LoadInfo",
+    "Generator",
+    "GeneratorWorker",
+    "Interval",
+    "LostPart",
+    "Rebuilt",
+    "RequestError",
+    "Saturation",
+    "RequestLine",
+    "ServerFigure",
+    "SloCheck",
+    "Steady",
+    "StepSummary",
+    "Summary",
+    "TNs",
+    "Throughput",
+    "TokenCheck",
+    "Tokens",
+    "ToolCallLine",
+    "WorkerStep",
+]
 
 SUMMARY_SCHEMA_VERSION = 2
 """1: servelab 0.1; 2: percentile intervals (``Dist.p50_ci`` …) and ``StepSummary.steady``. Both read."""

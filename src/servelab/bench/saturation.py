@@ -67,24 +67,48 @@ def p99_s(values_ns: list[int]) -> float | None:
     return float(np.percentile(np.asarray(values_ns, dtype=float), 99)) / 1e9
 
 
-def worker_step(worker: int, host: str, meter: CpuMeter, *, concurrency: int | None, assigned: int | None,
-                finished: int, schedule_lags_s: list[float], dispatch_lags_ns: list[int] | None,
-                start_late_s: float | None = None) -> WorkerStep:
+def worker_step(
+    worker: int,
+    host: str,
+    meter: CpuMeter,
+    *,
+    concurrency: int | None,
+    assigned: int | None,
+    finished: int,
+    schedule_lags_s: list[float],
+    dispatch_lags_ns: list[int] | None,
+    start_late_s: float | None = None,
+) -> WorkerStep:
     """The :class:`WorkerStep` report of one worker from its meter (read now) and its lag samples
     (``schedule_lags_s``: its requests' ``sent - scheduled``, seconds; ``dispatch_lags_ns``: loop
     wake-up lateness per arrival, ns, or ``None`` in a closed loop)."""
     cpu_s, wall_s = meter.read()
     sl = [x for x in schedule_lags_s if x is not None]
-    return WorkerStep(worker=worker, host=host, pid=os.getpid(), concurrency=concurrency, assigned=assigned,
-                      finished=finished, cpu_s=cpu_s, wall_s=wall_s,
-                      cpu_fraction=cpu_s / wall_s if wall_s > 0 else None,
-                      schedule_lag_p99_s=float(np.percentile(sl, 99)) if sl else None,
-                      dispatch_lag_p99_s=p99_s(dispatch_lags_ns) if dispatch_lags_ns is not None else None,
-                      start_late_s=start_late_s)
+    return WorkerStep(
+        worker=worker,
+        host=host,
+        pid=os.getpid(),
+        concurrency=concurrency,
+        assigned=assigned,
+        finished=finished,
+        cpu_s=cpu_s,
+        wall_s=wall_s,
+        cpu_fraction=cpu_s / wall_s if wall_s > 0 else None,
+        schedule_lag_p99_s=float(np.percentile(sl, 99)) if sl else None,
+        dispatch_lag_p99_s=p99_s(dispatch_lags_ns) if dispatch_lags_ns is not None else None,
+        start_late_s=start_late_s,
+    )
 
 
-def saturation(workers: list[WorkerStep], *, kind: str, capped: bool, schedule_lag_p99_s: float | None,
-               lag_bound_s: float, dispatch_lags_ns: list[int] | None = None) -> Saturation:
+def saturation(
+    workers: list[WorkerStep],
+    *,
+    kind: str,
+    capped: bool,
+    schedule_lag_p99_s: float | None,
+    lag_bound_s: float,
+    dispatch_lags_ns: list[int] | None = None,
+) -> Saturation:
     """The verdict of one step (module doc). ``kind``: ``closed``/``open``; ``capped``: the open loop had
     ``--max-concurrency``; ``schedule_lag_p99_s``: the step's P99 over all its measured requests;
     ``dispatch_lags_ns``: every worker's dispatch-lag samples together (used when ``capped``; the P99 of
@@ -92,8 +116,9 @@ def saturation(workers: list[WorkerStep], *, kind: str, capped: bool, schedule_l
     reasons: list[str] = []
     for w in workers:
         if w.cpu_fraction is not None and w.cpu_fraction >= CPU_BOUND_FRACTION:
-            reasons.append(f"worker {w.worker} on {w.host} used {w.cpu_fraction:.0%} of a core "
-                           f"(>= {CPU_BOUND_FRACTION:.0%})")
+            reasons.append(
+                f"worker {w.worker} on {w.host} used {w.cpu_fraction:.0%} of a core (>= {CPU_BOUND_FRACTION:.0%})"
+            )
     metric: str | None = None
     value: float | None = None
     if kind == "open":
@@ -108,5 +133,11 @@ def saturation(workers: list[WorkerStep], *, kind: str, capped: bool, schedule_l
             metric, value = "schedule_lag_s.p99", schedule_lag_p99_s
         if value is not None and value > lag_bound_s:
             reasons.append(f"{metric} {value * 1e3:.3g} ms > bound {lag_bound_s * 1e3:g} ms")
-    return Saturation(generator_bound=bool(reasons), reasons=reasons, lag_metric=metric, lag_value_s=value,
-                      lag_bound_s=lag_bound_s if kind == "open" else None, cpu_bound_fraction=CPU_BOUND_FRACTION)
+    return Saturation(
+        generator_bound=bool(reasons),
+        reasons=reasons,
+        lag_metric=metric,
+        lag_value_s=value,
+        lag_bound_s=lag_bound_s if kind == "open" else None,
+        cpu_bound_fraction=CPU_BOUND_FRACTION,
+    )

@@ -40,8 +40,17 @@ from servelab.wire.client import send
 if TYPE_CHECKING:
     from servelab.modelfile.tokenizer import TokenCounter
 
-__all__ = ["Session", "SessionsSummary", "SessionsWorkload", "TurnResult", "TurnStats", "load_sessions",
-           "make_sessions", "run_sessions", "summarize_sessions"]
+__all__ = [
+    "Session",
+    "SessionsSummary",
+    "SessionsWorkload",
+    "TurnResult",
+    "TurnStats",
+    "load_sessions",
+    "make_sessions",
+    "run_sessions",
+    "summarize_sessions",
+]
 
 OnDone = Callable[[RequestRecord, RequestSpec], None]  # as servelab.bench.driven.OnDone
 
@@ -74,17 +83,27 @@ class TurnResult(BaseModel):
     think_s: float = 0.0
 
 
-def make_sessions(n: int, counter: TokenCounter | None, *, turns: int = 4, first_tokens: int = 128,
-                  turn_tokens: int = 32, max_tokens: int = 64, seed: int = 0,
-                  system: str | None = "You are a helpful assistant.") -> list[Session]:
+def make_sessions(
+    n: int,
+    counter: TokenCounter | None,
+    *,
+    turns: int = 4,
+    first_tokens: int = 128,
+    turn_tokens: int = 32,
+    max_tokens: int = 64,
+    seed: int = 0,
+    system: str | None = "You are a helpful assistant.",
+) -> list[Session]:
     """``n`` built-in sessions of ``turns`` user messages: the first ``first_tokens`` long (context and a
     question), each later one ``turn_tokens`` (a follow-up), exactly in ``counter``'s tokenizer (about,
     without one). Deterministic for ``seed``. Raises :class:`ConfigError` for counts below 1."""
     from servelab.bench.workloads import _TextMaker  # the built-in sets' exact-length text
 
     if n < 1 or turns < 1 or first_tokens < 1 or turn_tokens < 1 or max_tokens < 1:
-        raise ConfigError(f"sessions need n, turns, first_tokens, turn_tokens, max_tokens >= 1 (got {n}, {turns}, "
-                          f"{first_tokens}, {turn_tokens}, {max_tokens})")
+        raise ConfigError(
+            f"sessions need n, turns, first_tokens, turn_tokens, max_tokens >= 1 (got {n}, {turns}, "
+            f"{first_tokens}, {turn_tokens}, {max_tokens})"
+        )
     maker = _TextMaker(counter, "en")
     out = []
     for s in range(n):
@@ -136,8 +155,10 @@ def load_sessions(path: str | Path, *, max_tokens: int = 64, min_turns: int = 2)
         if len(users) >= min_turns:
             out.append(Session(session_id=len(out), user_messages=users, max_tokens=max_tokens, system=system))
     if not out:
-        raise ConfigError(f"sessions dataset {p}: no conversation with at least {min_turns} user turns "
-                          "(ShareGPT 'conversations' or OpenAI 'messages')")
+        raise ConfigError(
+            f"sessions dataset {p}: no conversation with at least {min_turns} user turns "
+            "(ShareGPT 'conversations' or OpenAI 'messages')"
+        )
     return out
 
 
@@ -145,26 +166,49 @@ class _Sink:
     """Where the turns of a run go: ``results`` (one :class:`TurnResult` each), request ids from ``ids``,
     ``records``/``on_done`` (the bench's requests.jsonl line) when given, records labelled ``step``."""
 
-    def __init__(self, ids: Iterator[int] | None = None, on_done: OnDone | None = None,
-                 records: list[RequestRecord] | None = None, step: str = "", headers: dict[str, str] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        ids: Iterator[int] | None = None,
+        on_done: OnDone | None = None,
+        records: list[RequestRecord] | None = None,
+        step: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.results: list[TurnResult] = []
         self.ids, self.on_done, self.records, self.step, self.headers = ids, on_done, records, step, headers
 
 
-async def _one_session(http: aiohttp.ClientSession, base_url: str, model: str, sess: Session, think_time_s: float,
-                       rng: random.Random, timeout_s: float, sink: _Sink, arrival_ns: int | None = None) -> None:
+async def _one_session(
+    http: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    sess: Session,
+    think_time_s: float,
+    rng: random.Random,
+    timeout_s: float,
+    sink: _Sink,
+    arrival_ns: int | None = None,
+) -> None:
     history: list[dict[str, Any]] = [{"role": "system", "content": sess.system}] if sess.system else []
     for k, text in enumerate(sess.user_messages):
         think = rng.expovariate(1.0 / think_time_s) if think_time_s > 0 and k > 0 else 0.0
         if think:
             await asyncio.sleep(think)
         history.append({"role": "user", "content": text})
-        spec = RequestSpec(endpoint="chat", max_tokens=sess.max_tokens, messages=list(history),
-                           workload="sessions", allow_truncation=True)
+        spec = RequestSpec(
+            endpoint="chat",
+            max_tokens=sess.max_tokens,
+            messages=list(history),
+            workload="sessions",
+            allow_truncation=True,
+        )
         rid = next(sink.ids) if sink.ids is not None else sess.session_id * 10_000 + k
-        rec = RequestRecord(request_id=rid, workload="sessions", step=sink.step,
-                            scheduled_ns=arrival_ns if (k == 0 and arrival_ns is not None) else time.monotonic_ns())
+        rec = RequestRecord(
+            request_id=rid,
+            workload="sessions",
+            step=sink.step,
+            scheduled_ns=arrival_ns if (k == 0 and arrival_ns is not None) else time.monotonic_ns(),
+        )
         if sink.records is not None:
             sink.records.append(rec)
         try:
@@ -172,10 +216,17 @@ async def _one_session(http: aiohttp.ClientSession, base_url: str, model: str, s
         finally:
             if sink.on_done is not None:
                 sink.on_done(rec, spec)
-        r = TurnResult(session_id=sess.session_id, turn=k, messages_sent=len(history), ok=rec.ok,
-                       failure=rec.failure.name if rec.failure is not None else None, think_s=think,
-                       prompt_tokens=rec.prompt_tokens, cached_tokens=rec.cached_tokens,
-                       output_tokens=rec.output_tokens)
+        r = TurnResult(
+            session_id=sess.session_id,
+            turn=k,
+            messages_sent=len(history),
+            ok=rec.ok,
+            failure=rec.failure.name if rec.failure is not None else None,
+            think_s=think,
+            prompt_tokens=rec.prompt_tokens,
+            cached_tokens=rec.cached_tokens,
+            output_tokens=rec.output_tokens,
+        )
         if rec.sent_ns is not None and rec.first_token_ns is not None:
             r.ttft_s = (rec.first_token_ns - rec.sent_ns) / 1e9
         if rec.sent_ns is not None and rec.end_ns is not None:
@@ -186,11 +237,23 @@ async def _one_session(http: aiohttp.ClientSession, base_url: str, model: str, s
         history.append({"role": "assistant", "content": rec.content_text})
 
 
-async def run_sessions(http: aiohttp.ClientSession, base_url: str, model: str, sessions: list[Session], *,
-                       concurrency: int | None = 1, rate_sps: float | None = None, think_time_s: float = 0.0,
-                       seed: int = 0, timeout_s: float = 600.0, first_id: int | None = None,
-                       on_done: OnDone | None = None, records: list[RequestRecord] | None = None, step: str = "",
-                       headers: dict[str, str] | None = None) -> list[TurnResult]:
+async def run_sessions(
+    http: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    sessions: list[Session],
+    *,
+    concurrency: int | None = 1,
+    rate_sps: float | None = None,
+    think_time_s: float = 0.0,
+    seed: int = 0,
+    timeout_s: float = 600.0,
+    first_id: int | None = None,
+    on_done: OnDone | None = None,
+    records: list[RequestRecord] | None = None,
+    step: str = "",
+    headers: dict[str, str] | None = None,
+) -> list[TurnResult]:
     """Run ``sessions`` against the OpenAI API root ``base_url`` and return every turn's result in the
     order turns ended. Exactly one of ``concurrency`` (sessions at once) and ``rate_sps`` (new sessions
     per second, Poisson, seeded) applies: ``rate_sps`` wins when given. With ``first_id`` the turns'
@@ -212,8 +275,18 @@ async def run_sessions(http: aiohttp.ClientSession, base_url: str, model: str, s
 
         async def start(i: int, s: Session) -> None:
             await asyncio.sleep(max(0.0, t0 + float(at[i]) - time.monotonic()))
-            await _one_session(http, base_url, model, s, think_time_s, random.Random(f"{seed}:{s.session_id}"),
-                               timeout_s, sink, arrival_ns=t0_ns + int(float(at[i]) * 1e9))
+            await _one_session(
+                http,
+                base_url,
+                model,
+                s,
+                think_time_s,
+                random.Random(f"{seed}:{s.session_id}"),
+                timeout_s,
+                sink,
+                arrival_ns=t0_ns + int(float(at[i]) * 1e9),
+            )
+
         await asyncio.gather(*(start(i, s) for i, s in enumerate(sessions)))
         return sink.results
     if concurrency is None or concurrency < 1:
@@ -223,8 +296,10 @@ async def run_sessions(http: aiohttp.ClientSession, base_url: str, model: str, s
     async def worker() -> None:
         while queue:
             s = queue.pop(0)
-            await _one_session(http, base_url, model, s, think_time_s, random.Random(f"{seed}:{s.session_id}"),
-                               timeout_s, sink)
+            await _one_session(
+                http, base_url, model, s, think_time_s, random.Random(f"{seed}:{s.session_id}"), timeout_s, sink
+            )
+
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(sessions)))))
     return sink.results
 
@@ -234,8 +309,11 @@ def summarize_sessions(sessions: list[Session], results: list[TurnResult], durat
     by_session: dict[int, list[TurnResult]] = {}
     for r in results:
         by_session.setdefault(r.session_id, []).append(r)
-    ok_sessions = sum(1 for s in sessions if len(by_session.get(s.session_id, [])) == len(s.user_messages)
-                      and all(r.ok for r in by_session[s.session_id]))
+    ok_sessions = sum(
+        1
+        for s in sessions
+        if len(by_session.get(s.session_id, [])) == len(s.user_messages) and all(r.ok for r in by_session[s.session_id])
+    )
     stats = []
     for k in range(max((len(s.user_messages) for s in sessions), default=0)):
         rs = [r for r in results if r.turn == k]
@@ -246,15 +324,26 @@ def summarize_sessions(sessions: list[Session], results: list[TurnResult], durat
         pts = [r.prompt_tokens for r in rs if r.prompt_tokens is not None]
         both = [(r.cached_tokens, r.prompt_tokens) for r in good if r.cached_tokens is not None and r.prompt_tokens]
         cached = [r.cached_tokens for r in good if r.cached_tokens is not None]
-        stats.append(TurnStats(turn=k, n=len(rs), ok=len(good),
-                               prompt_tokens_mean=float(np.mean(pts)) if pts else None,
-                               ttft_p50_s=float(np.median(ttft)) if ttft else None,
-                               ttft_max_s=max(ttft) if ttft else None,
-                               cached_share=sum(c for c, _ in both) / sum(p for _, p in both) if both else None,
-                               cached_tokens_mean=float(np.mean(cached)) if cached else None))
+        stats.append(
+            TurnStats(
+                turn=k,
+                n=len(rs),
+                ok=len(good),
+                prompt_tokens_mean=float(np.mean(pts)) if pts else None,
+                ttft_p50_s=float(np.median(ttft)) if ttft else None,
+                ttft_max_s=max(ttft) if ttft else None,
+                cached_share=sum(c for c, _ in both) / sum(p for _, p in both) if both else None,
+                cached_tokens_mean=float(np.mean(cached)) if cached else None,
+            )
+        )
     n = len(sessions)
-    return SessionsSummary(sessions=n, sessions_ok=ok_sessions, session_success=ok_sessions / n if n else 0.0,
-                           turns=stats, duration_s=duration_s)
+    return SessionsSummary(
+        sessions=n,
+        sessions_ok=ok_sessions,
+        session_success=ok_sessions / n if n else 0.0,
+        turns=stats,
+        duration_s=duration_s,
+    )
 
 
 class SessionsWorkload:
@@ -265,8 +354,15 @@ class SessionsWorkload:
 
     name = "sessions"
 
-    def __init__(self, sessions: list[Session], *, think_time_s: float = 0.0, seed: int = 0,
-                 source: str = "built-in", max_input_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        sessions: list[Session],
+        *,
+        think_time_s: float = 0.0,
+        seed: int = 0,
+        source: str = "built-in",
+        max_input_tokens: int | None = None,
+    ) -> None:
         if not sessions:
             raise ConfigError("a sessions workload needs at least one session")
         self.sessions, self.think_time_s, self.seed, self.source = sessions, think_time_s, seed, source
@@ -275,15 +371,39 @@ class SessionsWorkload:
         self._results: list[TurnResult] = []
         self._t0 = 0.0
 
-    async def drive(self, http: aiohttp.ClientSession, base_url: str, model: str, load: LoadModel, *,
-                    headers: dict[str, str] | None, first_id: int, step: str, timeout_s: float, on_done: OnDone,
-                    records: list[RequestRecord], dispatch_lags_ns: list[int] | None = None) -> None:
+    async def drive(
+        self,
+        http: aiohttp.ClientSession,
+        base_url: str,
+        model: str,
+        load: LoadModel,
+        *,
+        headers: dict[str, str] | None,
+        first_id: int,
+        step: str,
+        timeout_s: float,
+        on_done: OnDone,
+        records: list[RequestRecord],
+        dispatch_lags_ns: list[int] | None = None,
+    ) -> None:
         """Run the step (see the class doc); every turn's record goes to ``records`` and ``on_done``."""
         self._t0 = time.monotonic()
         self._results = await run_sessions(
-            http, base_url, model, self.sessions, concurrency=load.concurrency if load.kind == "closed" else None,
-            rate_sps=load.rate_rps if load.kind == "open" else None, think_time_s=self.think_time_s, seed=self.seed,
-            timeout_s=timeout_s, first_id=first_id, on_done=on_done, records=records, step=step, headers=headers)
+            http,
+            base_url,
+            model,
+            self.sessions,
+            concurrency=load.concurrency if load.kind == "closed" else None,
+            rate_sps=load.rate_rps if load.kind == "open" else None,
+            think_time_s=self.think_time_s,
+            seed=self.seed,
+            timeout_s=timeout_s,
+            first_id=first_id,
+            on_done=on_done,
+            records=records,
+            step=step,
+            headers=headers,
+        )
 
     def step_extra(self, records: list[RequestRecord]) -> dict[str, Any]:
         """``{"sessions": SessionsSummary}`` of the step just driven (as a JSON-ready dict)."""

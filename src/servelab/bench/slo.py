@@ -19,11 +19,10 @@ https://arxiv.org/abs/2401.09670, read 2026-11-30).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
-
-import json
 
 import jsonschema
 
@@ -84,14 +83,18 @@ def parse_slo(text: str | None) -> list[Objective]:
             out.append(Objective("error_rate", "rate", frac))
             continue
         if metric not in LATENCY_METRICS:
-            raise ConfigError(f"invalid SLO {part.strip()!r}: unknown metric {metric!r} "
-                              f"(use one of {', '.join(LATENCY_METRICS)}, error_rate), {_EXAMPLE}")
+            raise ConfigError(
+                f"invalid SLO {part.strip()!r}: unknown metric {metric!r} "
+                f"(use one of {', '.join(LATENCY_METRICS)}, error_rate), {_EXAMPLE}"
+            )
         if unit == "%":
             raise ConfigError(f"invalid SLO {part.strip()!r}: a latency needs ms or s, {_EXAMPLE}")
         limit = v / 1000 if unit == "ms" else v
         if not 0 < limit <= MAX_LATENCY_S:
-            raise ConfigError(f"invalid SLO {part.strip()!r}: a latency limit must be > 0 and at most "
-                              f"{MAX_LATENCY_S:g} s (no request can meet 0), {_EXAMPLE}")
+            raise ConfigError(
+                f"invalid SLO {part.strip()!r}: a latency limit must be > 0 and at most "
+                f"{MAX_LATENCY_S:g} s (no request can meet 0), {_EXAMPLE}"
+            )
         out.append(Objective(metric, stat or "p95", limit))
     return out
 
@@ -111,8 +114,9 @@ def load_slo_file(path: str) -> list[Objective]:
     except RecursionError:
         raise ConfigError(f"SLO file {path} is nested too deeply; write a mapping like {{ttft_p95: 500ms}}") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"SLO file {path} cannot be read as text ({getattr(e, 'strerror', None) or e}); "
-                          f"pass a YAML/JSON file") from None
+        raise ConfigError(
+            f"SLO file {path} cannot be read as text ({getattr(e, 'strerror', None) or e}); pass a YAML/JSON file"
+        ) from None
     if isinstance(data, dict) and isinstance(data.get("slo"), str):
         return parse_slo(data["slo"])
     if isinstance(data, dict):

@@ -43,8 +43,7 @@ def _tokens_at(r: RequestRecord) -> list[tuple[int, float]]:
     return [(t, per) for t in c]
 
 
-def steady_window(recs: Sequence[RequestRecord], target_inflight: int | None,
-                  blocks: int = BLOCKS) -> Steady:
+def steady_window(recs: Sequence[RequestRecord], target_inflight: int | None, blocks: int = BLOCKS) -> Steady:
     """The :class:`~servelab.bench.results.Steady` window of one step's measured requests.
 
     ``recs``: the step's records (warmup ones are left out here); ``target_inflight``: the closed
@@ -61,9 +60,12 @@ def steady_window(recs: Sequence[RequestRecord], target_inflight: int | None,
     if target_inflight is None:
         start, stop = sends[0], sends[-1]
     elif target_inflight > len(sends):
-        return Steady(target_inflight=target_inflight, ramp_s=(sends[-1] - t_first) / NS,
-                      drain_s=max(t_last_end - sends[-1], 0) / NS,
-                      note=f"no steady window: {len(sends)} request(s) never put {target_inflight} in flight")
+        return Steady(
+            target_inflight=target_inflight,
+            ramp_s=(sends[-1] - t_first) / NS,
+            drain_s=max(t_last_end - sends[-1], 0) / NS,
+            note=f"no steady window: {len(sends)} request(s) never put {target_inflight} in flight",
+        )
     else:
         c = max(1, target_inflight)
         start = sends[c - 1]
@@ -71,12 +73,19 @@ def steady_window(recs: Sequence[RequestRecord], target_inflight: int | None,
         after = [e for e in ends if e >= last_send]
         stop = after[0] if after else last_send
     length_s = (stop - start) / NS
-    base = Steady(target_inflight=target_inflight, start_ns=start, stop_ns=stop, start_offset_s=(start - t_first) / NS,
-                  steady_s=max(length_s, 0.0), ramp_s=(start - t_first) / NS,
-                  drain_s=max(t_last_end - stop, 0) / NS)
+    base = Steady(
+        target_inflight=target_inflight,
+        start_ns=start,
+        stop_ns=stop,
+        start_offset_s=(start - t_first) / NS,
+        steady_s=max(length_s, 0.0),
+        ramp_s=(start - t_first) / NS,
+        drain_s=max(t_last_end - stop, 0) / NS,
+    )
     if length_s <= 0:
-        base.note = ("no steady window: the load never held its target (fewer requests than the "
-                     "concurrency, or one arrival)")
+        base.note = (
+            "no steady window: the load never held its target (fewer requests than the concurrency, or one arrival)"
+        )
         return base
     toks = [(t, k) for r in measured if r.failure is None for t, k in _tokens_at(r)]
     inside = sum(k for t, k in toks if start <= t < stop)

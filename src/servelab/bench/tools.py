@@ -31,51 +31,99 @@ def _fn(name: str, description: str, parameters: dict[str, Any]) -> dict[str, An
     return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
 
 
-_LOCATION = {"type": "object", "properties": {
-    "city": {"type": "string", "description": "city name"},
-    "country": {"type": "string", "description": "ISO 3166-1 alpha-2 code"}},
-    "required": ["city", "country"], "additionalProperties": False}
+_LOCATION = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "description": "city name"},
+        "country": {"type": "string", "description": "ISO 3166-1 alpha-2 code"},
+    },
+    "required": ["city", "country"],
+    "additionalProperties": False,
+}
 
 TOOLS: list[dict[str, Any]] = [
-    _fn("get_weather", "Current weather at a place.", {
-        "type": "object", "properties": {
-            "location": _LOCATION,
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["location", "unit"], "additionalProperties": False}),
-    _fn("search_flights", "Search flights between two airports.", {
-        "type": "object", "properties": {
-            "origin": {"type": "string", "description": "IATA airport code"},
-            "destination": {"type": "string", "description": "IATA airport code"},
-            "date": {"type": "string", "description": "departure date, YYYY-MM-DD"},
-            "passengers": {"type": "object", "properties": {
-                "adults": {"type": "integer", "minimum": 1, "maximum": 9},
-                "children": {"type": "integer", "minimum": 0, "maximum": 9}},
-                "required": ["adults", "children"], "additionalProperties": False},
-            "cabin": {"type": "string", "enum": ["economy", "premium", "business", "first"]}},
-        "required": ["origin", "destination", "date", "passengers", "cabin"], "additionalProperties": False}),
-    _fn("create_event", "Create a calendar event and invite people.", {
-        "type": "object", "properties": {
-            "title": {"type": "string"},
-            "start": {"type": "string", "description": "ISO 8601 date-time"},
-            "duration_minutes": {"type": "integer", "minimum": 5, "maximum": 1440},
-            "attendees": {"type": "array", "minItems": 1, "items": {
-                "type": "object", "properties": {"name": {"type": "string"}, "email": {"type": "string"}},
-                "required": ["name", "email"], "additionalProperties": False}},
-            "reminders": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
-        "required": ["title", "start", "duration_minutes", "attendees"], "additionalProperties": False}),
-    _fn("convert_currency", "Convert an amount between currencies.", {
-        "type": "object", "properties": {
-            "amount": {"type": "number", "minimum": 0},
-            "source": {"type": "string", "enum": ["USD", "EUR", "CNY", "JPY", "GBP"]},
-            "target": {"type": "string", "enum": ["USD", "EUR", "CNY", "JPY", "GBP"]}},
-        "required": ["amount", "source", "target"], "additionalProperties": False}),
+    _fn(
+        "get_weather",
+        "Current weather at a place.",
+        {
+            "type": "object",
+            "properties": {"location": _LOCATION, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["location", "unit"],
+            "additionalProperties": False,
+        },
+    ),
+    _fn(
+        "search_flights",
+        "Search flights between two airports.",
+        {
+            "type": "object",
+            "properties": {
+                "origin": {"type": "string", "description": "IATA airport code"},
+                "destination": {"type": "string", "description": "IATA airport code"},
+                "date": {"type": "string", "description": "departure date, YYYY-MM-DD"},
+                "passengers": {
+                    "type": "object",
+                    "properties": {
+                        "adults": {"type": "integer", "minimum": 1, "maximum": 9},
+                        "children": {"type": "integer", "minimum": 0, "maximum": 9},
+                    },
+                    "required": ["adults", "children"],
+                    "additionalProperties": False,
+                },
+                "cabin": {"type": "string", "enum": ["economy", "premium", "business", "first"]},
+            },
+            "required": ["origin", "destination", "date", "passengers", "cabin"],
+            "additionalProperties": False,
+        },
+    ),
+    _fn(
+        "create_event",
+        "Create a calendar event and invite people.",
+        {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string"},
+                "start": {"type": "string", "description": "ISO 8601 date-time"},
+                "duration_minutes": {"type": "integer", "minimum": 5, "maximum": 1440},
+                "attendees": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "properties": {"name": {"type": "string"}, "email": {"type": "string"}},
+                        "required": ["name", "email"],
+                        "additionalProperties": False,
+                    },
+                },
+                "reminders": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            },
+            "required": ["title", "start", "duration_minutes", "attendees"],
+            "additionalProperties": False,
+        },
+    ),
+    _fn(
+        "convert_currency",
+        "Convert an amount between currencies.",
+        {
+            "type": "object",
+            "properties": {
+                "amount": {"type": "number", "minimum": 0},
+                "source": {"type": "string", "enum": ["USD", "EUR", "CNY", "JPY", "GBP"]},
+                "target": {"type": "string", "enum": ["USD", "EUR", "CNY", "JPY", "GBP"]},
+            },
+            "required": ["amount", "source", "target"],
+            "additionalProperties": False,
+        },
+    ),
 ]
 
 #: one user request per tool, in the order of :data:`TOOLS`
-ASKS = ("What is the weather in Lyon, France, in celsius?",
-        "Find me an economy flight from PEK to CDG on 2027-03-14 for two adults and one child.",
-        "Book a 30 minute meeting called 'Design review' tomorrow at 10:00 with Ana (ana@example.com).",
-        "How much is 250 euros in Chinese yuan?")
+ASKS = (
+    "What is the weather in Lyon, France, in celsius?",
+    "Find me an economy flight from PEK to CDG on 2027-03-14 for two adults and one child.",
+    "Book a 30 minute meeting called 'Design review' tomorrow at 10:00 with Ana (ana@example.com).",
+    "How much is 250 euros in Chinese yuan?",
+)
 
 
 def tool_names(tools: Any) -> list[str]:

@@ -27,9 +27,9 @@ from __future__ import annotations
 import csv
 import json
 import random
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
@@ -43,8 +43,17 @@ from servelab.wire import ConfigError, RequestRecord, RequestSpec
 if TYPE_CHECKING:
     from servelab.modelfile.tokenizer import TokenCounter
 
-__all__ = ["MOONCAKE_BLOCK_TOKENS", "Trace", "TraceEntry", "TraceWorkload", "parse_window", "read_trace",
-           "replay_offsets_ns", "shared_prefix_tokens", "trace_requests"]
+__all__ = [
+    "MOONCAKE_BLOCK_TOKENS",
+    "Trace",
+    "TraceEntry",
+    "TraceWorkload",
+    "parse_window",
+    "read_trace",
+    "replay_offsets_ns",
+    "shared_prefix_tokens",
+    "trace_requests",
+]
 
 TraceFormat = Literal["mooncake", "azure", "burstgpt"]
 #: prompt tokens per Mooncake hash block (the released traces' block size)
@@ -116,8 +125,15 @@ def _rows_mooncake(path: Path) -> list[tuple[float, int, int, list[int] | None, 
         ids = obj.get("hash_ids")
         if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
             raise _bad(path, where, "hash_ids must be a list of integers")
-        out.append((float(obj["timestamp"]) / 1000.0, _int(path, where, obj["input_length"], "input_length"),
-                    _int(path, where, obj.get("output_length", 1), "output_length"), ids, None))
+        out.append(
+            (
+                float(obj["timestamp"]) / 1000.0,
+                _int(path, where, obj["input_length"], "input_length"),
+                _int(path, where, obj.get("output_length", 1), "output_length"),
+                ids,
+                None,
+            )
+        )
     return out
 
 
@@ -146,21 +162,29 @@ def _rows_csv(path: Path, fmt: TraceFormat, skipped: dict[str, int]) -> list[_Ro
         for n, row in enumerate(reader, 2):
             where = f" line {n}"
             if fmt == "azure":
-                out.append((_azure_time(path, where, row["TIMESTAMP"]),
-                            _int(path, where, row["ContextTokens"], "ContextTokens"),
-                            _int(path, where, row["GeneratedTokens"], "GeneratedTokens"), None, None))
+                out.append(
+                    (
+                        _azure_time(path, where, row["TIMESTAMP"]),
+                        _int(path, where, row["ContextTokens"], "ContextTokens"),
+                        _int(path, where, row["GeneratedTokens"], "GeneratedTokens"),
+                        None,
+                        None,
+                    )
+                )
                 continue
             resp = _int(path, where, row["Response tokens"], "Response tokens")
             if resp == 0:
-                skipped["failed in the original service (0 response tokens)"] = skipped.get(
-                    "failed in the original service (0 response tokens)", 0) + 1
+                skipped["failed in the original service (0 response tokens)"] = (
+                    skipped.get("failed in the original service (0 response tokens)", 0) + 1
+                )
                 continue
             try:
                 t = float(row["Timestamp"])
             except ValueError:
                 raise _bad(path, where, f"Timestamp {row['Timestamp']!r} is not seconds") from None
-            out.append((t, _int(path, where, row["Request tokens"], "Request tokens"), resp, None,
-                        (row.get("Model") or None)))
+            out.append(
+                (t, _int(path, where, row["Request tokens"], "Request tokens"), resp, None, (row.get("Model") or None))
+            )
     return out
 
 
@@ -172,12 +196,20 @@ def _detect(path: Path) -> TraceFormat:
         return "azure"
     if head.startswith("Timestamp"):
         return "burstgpt"
-    raise ConfigError(f"trace {path}: cannot tell its format from the first line; give --trace-format "
-                      "mooncake|azure|burstgpt")
+    raise ConfigError(
+        f"trace {path}: cannot tell its format from the first line; give --trace-format mooncake|azure|burstgpt"
+    )
 
 
-def read_trace(path: str | Path, fmt: TraceFormat | Literal["auto"] = "auto", *, speed: float = 1.0,
-               start_s: float = 0.0, duration_s: float | None = None, max_requests: int | None = None) -> Trace:
+def read_trace(
+    path: str | Path,
+    fmt: TraceFormat | Literal["auto"] = "auto",
+    *,
+    speed: float = 1.0,
+    start_s: float = 0.0,
+    duration_s: float | None = None,
+    max_requests: int | None = None,
+) -> Trace:
     """Parse the trace at ``path`` (``fmt`` ``auto`` tells by the first line). ``speed`` > 0 divides every
     gap (2 = twice the rate); the window keeps requests whose trace time (seconds from the first row) is
     in ``[start_s, start_s + duration_s)``; ``max_requests`` keeps the first that many of it. Entries are
@@ -207,10 +239,18 @@ def read_trace(path: str | Path, fmt: TraceFormat | Literal["auto"] = "auto", *,
     if not kept:
         raise ConfigError(f"trace {p}: no request in the window start {start_s:g} s, duration {duration_s} s")
     first = kept[0][0]
-    entries = [TraceEntry(t_s=(t - first) / speed, input_tokens=i, output_tokens=o, hash_ids=h, model=m)
-               for t, i, o, h, m in kept]
-    return Trace(format=form, path=str(p), speed=speed, skipped=skipped, entries=entries,
-                 window_s=None if start_s == 0 and duration_s is None else (start_s, duration_s))
+    entries = [
+        TraceEntry(t_s=(t - first) / speed, input_tokens=i, output_tokens=o, hash_ids=h, model=m)
+        for t, i, o, h, m in kept
+    ]
+    return Trace(
+        format=form,
+        path=str(p),
+        speed=speed,
+        skipped=skipped,
+        entries=entries,
+        window_s=None if start_s == 0 and duration_s is None else (start_s, duration_s),
+    )
 
 
 def replay_offsets_ns(trace: Trace) -> list[int]:
@@ -227,8 +267,9 @@ def _single_token_words(counter: TokenCounter | None) -> list[str]:
     return [w for w, n in zip(words, map(len, counter.encode_batch([" " + w for w in words])), strict=True) if n == 1]
 
 
-def trace_requests(trace: Trace, counter: TokenCounter | None, endpoint: str = "completions",
-                   block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[RequestSpec]:
+def trace_requests(
+    trace: Trace, counter: TokenCounter | None, endpoint: str = "completions", block_tokens: int = MOONCAKE_BLOCK_TOKENS
+) -> list[RequestSpec]:
     """One request per entry of ``trace``: a prompt of exactly ``input_tokens`` tokens in ``counter``'s
     tokenizer (words without one: approximate), ``max_tokens`` = ``output_tokens`` with ``ignore_eos``.
 
@@ -262,10 +303,18 @@ def trace_requests(trace: Trace, counter: TokenCounter | None, endpoint: str = "
         target = e.input_tokens if counter is not None else None
         extra: dict[str, Any] = {"ignore_eos": True}
         chat = endpoint == "chat"
-        out.append(RequestSpec(endpoint=endpoint, max_tokens=max(1, e.output_tokens),
-                               messages=[{"role": "user", "content": text}] if chat else None,
-                               prompt=None if chat else text, extra=extra, workload=f"trace-{trace.format}",
-                               prompt_tokens_target=target, allow_truncation=True))
+        out.append(
+            RequestSpec(
+                endpoint=endpoint,
+                max_tokens=max(1, e.output_tokens),
+                messages=[{"role": "user", "content": text}] if chat else None,
+                prompt=None if chat else text,
+                extra=extra,
+                workload=f"trace-{trace.format}",
+                prompt_tokens_target=target,
+                allow_truncation=True,
+            )
+        )
     return out
 
 
@@ -275,8 +324,10 @@ def parse_window(text: str | None) -> tuple[float, float | None]:
     trace. Raises :class:`ConfigError` (one line) for anything else, or an ``END`` not after ``START``."""
     if text is None:
         return 0.0, None
-    bad = ConfigError(f"--trace-window {text!r}: give START:END in trace seconds, e.g. --trace-window 0:600 "
-                      "(END may be left out: 600: is from 600 s to the end)")
+    bad = ConfigError(
+        f"--trace-window {text!r}: give START:END in trace seconds, e.g. --trace-window 0:600 "
+        "(END may be left out: 600: is from 600 s to the end)"
+    )
     head, sep, tail = text.partition(":")
     if not sep:
         raise bad
@@ -322,8 +373,13 @@ class TraceWorkload:
 
     name = "trace"
 
-    def __init__(self, trace: Trace, counter: TokenCounter | None, endpoint: str = "completions",
-                 max_concurrency: int | None = None) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        counter: TokenCounter | None,
+        endpoint: str = "completions",
+        max_concurrency: int | None = None,
+    ) -> None:
         self.trace = trace
         self.specs = trace_requests(trace, counter, endpoint)
         self.offsets_ns = replay_offsets_ns(trace)
@@ -332,25 +388,60 @@ class TraceWorkload:
         rate = trace.rate_rps or float(len(self.specs))
         self.fixed_load = LoadModel(kind="open", rate_rps=rate, arrival="trace", max_concurrency=max_concurrency)
 
-    async def drive(self, http: aiohttp.ClientSession, base_url: str, model: str, load: LoadModel, *,
-                    headers: dict[str, str] | None, first_id: int, step: str, timeout_s: float,
-                    on_done: Callable[[RequestRecord, RequestSpec], None], records: list[RequestRecord],
-                    dispatch_lags_ns: list[int] | None = None) -> None:
+    async def drive(
+        self,
+        http: aiohttp.ClientSession,
+        base_url: str,
+        model: str,
+        load: LoadModel,
+        *,
+        headers: dict[str, str] | None,
+        first_id: int,
+        step: str,
+        timeout_s: float,
+        on_done: Callable[[RequestRecord, RequestSpec], None],
+        records: list[RequestRecord],
+        dispatch_lags_ns: list[int] | None = None,
+    ) -> None:
         """Replay the trace (see the class doc)."""
-        await run_step(http, base_url, model, self.specs, load, step=step, first_id=first_id, timeout_s=timeout_s,
-                       headers=headers, on_done=on_done, records=records, offsets_ns=self.offsets_ns,
-                       dispatch_lags_ns=dispatch_lags_ns)
+        await run_step(
+            http,
+            base_url,
+            model,
+            self.specs,
+            load,
+            step=step,
+            first_id=first_id,
+            timeout_s=timeout_s,
+            headers=headers,
+            on_done=on_done,
+            records=records,
+            offsets_ns=self.offsets_ns,
+            dispatch_lags_ns=dispatch_lags_ns,
+        )
 
     def step_extra(self, records: list[RequestRecord]) -> dict[str, Any]:
         """``{"replay": ReplayInfo}`` of the replay just run (as a JSON-ready dict)."""
         t = self.trace
         lags = [(r.sent_ns - r.scheduled_ns) / 1e9 for r in records if r.sent_ns is not None]
         cached = [r.cached_tokens for r in records if r.cached_tokens is not None]
-        window = None if t.window_s is None else [t.window_s[0], None if t.window_s[1] is None
-                                                 else t.window_s[0] + t.window_s[1]]
-        info = ReplayInfo(format=t.format, path=t.path, speed=t.speed, window_s=window, requests=len(records),
-                          skipped=t.skipped, duration_s=t.duration_s, rate_rps=t.rate_rps,
-                          schedule_lag_p99_s=float(np.percentile(lags, 99)) if lags else None,
-                          within_1ms=sum(1 for x in lags if x <= 1e-3) / len(lags) if lags else None,
-                          shared_prefix_tokens=shared_prefix_tokens(t), cached_tokens=sum(cached) if cached else None)
+        window = (
+            None
+            if t.window_s is None
+            else [t.window_s[0], None if t.window_s[1] is None else t.window_s[0] + t.window_s[1]]
+        )
+        info = ReplayInfo(
+            format=t.format,
+            path=t.path,
+            speed=t.speed,
+            window_s=window,
+            requests=len(records),
+            skipped=t.skipped,
+            duration_s=t.duration_s,
+            rate_rps=t.rate_rps,
+            schedule_lag_p99_s=float(np.percentile(lags, 99)) if lags else None,
+            within_1ms=sum(1 for x in lags if x <= 1e-3) / len(lags) if lags else None,
+            shared_prefix_tokens=shared_prefix_tokens(t),
+            cached_tokens=sum(cached) if cached else None,
+        )
         return {"replay": info.model_dump()}

@@ -62,8 +62,12 @@ def _libc() -> ctypes.CDLL | None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.timerfd_create.argtypes = [ctypes.c_int, ctypes.c_int]
         libc.timerfd_create.restype = ctypes.c_int
-        libc.timerfd_settime.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_Itimerspec),
-                                         ctypes.POINTER(_Itimerspec)]
+        libc.timerfd_settime.argtypes = [
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.POINTER(_Itimerspec),
+            ctypes.POINTER(_Itimerspec),
+        ]
         libc.timerfd_settime.restype = ctypes.c_int
         fd = libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
         if fd < 0:

@@ -180,9 +180,20 @@ class StepTask:
     own: bool = False
 
 
-def plan_step(load: LoadModel, pool: list[RequestSpec], n: int, workers: list[int], *, first_id: int, step: str,
-              step_index: int, step_workload: str, warmup: bool, offsets_ns: Sequence[int] | None = None,
-              fixed_count: bool = True) -> dict[int, StepTask]:
+def plan_step(
+    load: LoadModel,
+    pool: list[RequestSpec],
+    n: int,
+    workers: list[int],
+    *,
+    first_id: int,
+    step: str,
+    step_index: int,
+    step_workload: str,
+    warmup: bool,
+    offsets_ns: Sequence[int] | None = None,
+    fixed_count: bool = True,
+) -> dict[int, StepTask]:
     """Split one step of ``n`` requests (drawn cyclically from ``pool``) among ``workers`` (their
     indices, in order) as the module doc says; returns ``{worker: task}`` (workers with no share of a
     closed loop left out). ``offsets_ns``: the step's global open-loop schedule (``n`` values, ns);
@@ -200,8 +211,20 @@ def plan_step(load: LoadModel, pool: list[RequestSpec], n: int, workers: list[in
                 share = Share(n, max(1, load.concurrency), a, c)
                 assigned = len(share) if fixed_count else None
                 specs, own = _specs_for(pool, n, share)
-                out[k] = StepTask(k, step, step_index, step_workload, warmup, replace(load, concurrency=c), specs,
-                                  share, first_id, None, assigned, own)
+                out[k] = StepTask(
+                    k,
+                    step,
+                    step_index,
+                    step_workload,
+                    warmup,
+                    replace(load, concurrency=c),
+                    specs,
+                    share,
+                    first_id,
+                    None,
+                    assigned,
+                    own,
+                )
             a += c
         return out
     if offsets_ns is None or len(offsets_ns) != n:
@@ -216,8 +239,20 @@ def plan_step(load: LoadModel, pool: list[RequestSpec], n: int, workers: list[in
         offs = [int(offsets_ns[j]) for j in share]
         assigned = sum(1 for o in offs if dur_ns is None or o < dur_ns)
         specs, own = _specs_for(pool, n, share)
-        out[k] = StepTask(k, step, step_index, step_workload, warmup, replace(load, max_concurrency=cap), specs,
-                          share, first_id, offs, assigned, own)
+        out[k] = StepTask(
+            k,
+            step,
+            step_index,
+            step_workload,
+            warmup,
+            replace(load, max_concurrency=cap),
+            specs,
+            share,
+            first_id,
+            offs,
+            assigned,
+            own,
+        )
     return out
 
 
@@ -301,8 +336,9 @@ class WorkerCore:
         async def _open() -> None:
             self._session = make_session(max_connections=0)
             try:  # warm the connection pool, DNS and the HTTP code paths before the first measured request
-                async with self._session.get(ctx.base_url + "/models", headers=ctx.headers,
-                                             timeout=aiohttp.ClientTimeout(total=15)) as resp:
+                async with self._session.get(
+                    ctx.base_url + "/models", headers=ctx.headers, timeout=aiohttp.ClientTimeout(total=15)
+                ) as resp:
                     await resp.read()
             except (aiohttp.ClientError, TimeoutError):
                 pass  # the coordinator's preflight already checked the server; a worker's own failures show per request
@@ -330,6 +366,7 @@ class WorkerCore:
 
     def cancel(self) -> None:
         """Cancel the running share: its requests in flight end as ``cancelled`` (and are emitted)."""
+
         def _cancel() -> None:
             if self._running is not None:
                 self._running.cancel()
@@ -338,6 +375,7 @@ class WorkerCore:
 
     def close(self) -> None:
         """Close the session and stop the loop thread."""
+
         async def _close() -> None:
             if self._session is not None:
                 await self._session.close()
@@ -360,8 +398,14 @@ class WorkerCore:
             lag = M.schedule_lag_s(rec)
             if lag is not None:
                 sched_lags.append(lag)
-            line = record_to_json(rec, step_index=task.step_index, step_workload=task.step_workload,
-                                  worker=self.index, host=HOSTNAME, t0_ns=t0)
+            line = record_to_json(
+                rec,
+                step_index=task.step_index,
+                step_workload=task.step_workload,
+                worker=self.index,
+                host=HOSTNAME,
+                t0_ns=t0,
+            )
             emit(rec.failure is not None, line.to_json_bytes())
 
         finished: list[Any] = []
@@ -371,19 +415,39 @@ class WorkerCore:
             late = max(0, time.monotonic_ns() - t0) / 1e9
             meter.start()
             specs = _Picked(task.share, task.pool, own=task.own)
-            await run_step(self._session, ctx.base_url, ctx.model, specs, task.load, step=task.step,
-                           warmup=task.warmup, timeout_s=ctx.timeout_s, drain_s=ctx.drain_s,
-                           headers=ctx.headers, on_done=on_done, records=finished, start_ns=t0,
-                           offsets_ns=task.offsets_ns, ids=_Picked(task.share, None, task.first_id),
-                           dispatch_lags_ns=dispatch)
+            await run_step(
+                self._session,
+                ctx.base_url,
+                ctx.model,
+                specs,
+                task.load,
+                step=task.step,
+                warmup=task.warmup,
+                timeout_s=ctx.timeout_s,
+                drain_s=ctx.drain_s,
+                headers=ctx.headers,
+                on_done=on_done,
+                records=finished,
+                start_ns=t0,
+                offsets_ns=task.offsets_ns,
+                ids=_Picked(task.share, None, task.first_id),
+                dispatch_lags_ns=dispatch,
+            )
         except asyncio.CancelledError:
             late = None  # stopped: the report still goes back with what finished
         finally:
             self._running = None
-        return worker_step(self.index, HOSTNAME, meter, concurrency=task.load.concurrency
-                           if task.load.kind == "closed" else task.load.max_concurrency, assigned=task.assigned,
-                           finished=sum(1 for r in finished if r.end_ns is not None),
-                           schedule_lags_s=sched_lags, dispatch_lags_ns=dispatch, start_late_s=late)
+        return worker_step(
+            self.index,
+            HOSTNAME,
+            meter,
+            concurrency=task.load.concurrency if task.load.kind == "closed" else task.load.max_concurrency,
+            assigned=task.assigned,
+            finished=sum(1 for r in finished if r.end_ns is not None),
+            schedule_lags_s=sched_lags,
+            dispatch_lags_ns=dispatch,
+            start_late_s=late,
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -484,8 +548,15 @@ def generator_worker(k: int, samples: list[tuple[int, ClockSample, int]]) -> Gen
     worker sample, coordinator wall ns at reply)``: the sample with the smallest round trip gives the
     offset (worker wall - midpoint of the coordinator's send and reply)."""
     t1, s, t2 = min(samples, key=lambda x: x[2] - x[0])
-    return GeneratorWorker(worker=k, host=s.host, pid=s.pid, node_id=s.node_id, same_clock=s.boot_id == BOOT_ID,
-                           wall_offset_s=(s.wall_ns - (t1 + t2) / 2) / 1e9, rtt_s=(t2 - t1) / 1e9)
+    return GeneratorWorker(
+        worker=k,
+        host=s.host,
+        pid=s.pid,
+        node_id=s.node_id,
+        same_clock=s.boot_id == BOOT_ID,
+        wall_offset_s=(s.wall_ns - (t1 + t2) / 2) / 1e9,
+        rtt_s=(t2 - t1) / 1e9,
+    )
 
 
 def _process_main(conn: Any, index: int) -> None:
@@ -646,8 +717,9 @@ class LocalPool:
             self._procs[k], self._conns[k] = p, parent
             self._queues[k] = asyncio.Queue()
             self.alive.append(k)
-            threading.Thread(target=self._reader, args=(k, self._loop), name=f"servelab-worker-{k}-reader",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._reader, args=(k, self._loop), name=f"servelab-worker-{k}-reader", daemon=True
+            ).start()
         blob = pickle.dumps(("setup", ctx))
         for k in list(self.alive):
             self._send(k, blob)
@@ -692,8 +764,11 @@ class LocalPool:
                 for k in ready:
                     if k in self.alive and outcomes[k].report is None and outcomes[k].lost_reason is None:
                         self._send(k, ("cancel",))
-                await self._collect([k for k in ready if outcomes[k].report is None and not outcomes[k].lost_reason],
-                                    outcomes, CANCEL_GRACE_S)
+                await self._collect(
+                    [k for k in ready if outcomes[k].report is None and not outcomes[k].lost_reason],
+                    outcomes,
+                    CANCEL_GRACE_S,
+                )
                 raise
         finally:
             for k in outcomes:

@@ -55,9 +55,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from servelab.bench.options import MAX_MIX_WEIGHT, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, dataset_max_tokens, split_list
 from servelab.bench.tools import ASKS as TOOL_ASKS
 from servelab.bench.tools import TOOLS, tool_choice_for
-from servelab.bench.options import MAX_MIX_WEIGHT, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, dataset_max_tokens, split_list
 from servelab.wire import ConfigError, RequestSpec
 
 if TYPE_CHECKING:
@@ -136,6 +136,7 @@ _COMMON_KEYS = frozenset({"input_tokens", "output_tokens", "lang", "extra"})
 def _keys() -> set[str]:
     return set(_COMMON_KEYS).union(*(k.keys for k in _KINDS.values()))
 
+
 #: Approximate words per token when no tokenizer is given.
 WORDS_PER_TOKEN = 0.75
 
@@ -175,40 +176,114 @@ _ZH_WORDS = """
 简单 复杂 公开 私有 本地 全球 清晰 稳定 安全 可靠 重要 主要 已经 正在 可能 因此 但是 而且 如果 虽然
 """.split()
 
-_TOPICS = ["renewable energy", "city planning", "the history of printing", "machine learning systems",
-           "ocean currents", "ancient trade routes", "database indexing", "coffee farming", "public libraries",
-           "volcanoes", "bridge engineering", "the immune system", "jazz music", "train networks",
-           "climate adaptation", "cryptography", "honey bees", "space telescopes", "urban gardens",
-           "supply chains", "language learning", "medieval castles", "electric vehicles", "rainforests"]
+_TOPICS = [
+    "renewable energy",
+    "city planning",
+    "the history of printing",
+    "machine learning systems",
+    "ocean currents",
+    "ancient trade routes",
+    "database indexing",
+    "coffee farming",
+    "public libraries",
+    "volcanoes",
+    "bridge engineering",
+    "the immune system",
+    "jazz music",
+    "train networks",
+    "climate adaptation",
+    "cryptography",
+    "honey bees",
+    "space telescopes",
+    "urban gardens",
+    "supply chains",
+    "language learning",
+    "medieval castles",
+    "electric vehicles",
+    "rainforests",
+]
 
-_QUESTION_STARTS = ["What is the main", "How does the", "Why did the", "Which of the", "When should a",
-                    "Where can the", "Who decides the", "How many", "Can you explain the", "What happens if the"]
+_QUESTION_STARTS = [
+    "What is the main",
+    "How does the",
+    "Why did the",
+    "Which of the",
+    "When should a",
+    "Where can the",
+    "Who decides the",
+    "How many",
+    "Can you explain the",
+    "What happens if the",
+]
 
 # Small strict-mode JSON schemas (every property required, no additional properties).
 SCHEMAS: list[dict[str, Any]] = [
-    {"name": "person", "instruction": "the person mentioned: name, age and city",
-     "schema": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                                                 "city": {"type": "string"}},
-                "required": ["name", "age", "city"], "additionalProperties": False}},
-    {"name": "sentiment", "instruction": "the overall sentiment (positive, negative or neutral) and a confidence 0-1",
-     "schema": {"type": "object", "properties": {"sentiment": {"type": "string",
-                                                               "enum": ["positive", "negative", "neutral"]},
-                                                 "confidence": {"type": "number"}},
-                "required": ["sentiment", "confidence"], "additionalProperties": False}},
-    {"name": "event", "instruction": "the event: title, date (YYYY-MM-DD), location and attendee names",
-     "schema": {"type": "object", "properties": {"title": {"type": "string"}, "date": {"type": "string"},
-                                                 "location": {"type": "string"},
-                                                 "attendees": {"type": "array", "items": {"type": "string"}}},
-                "required": ["title", "date", "location", "attendees"], "additionalProperties": False}},
-    {"name": "product", "instruction": "the product: name, price, currency and whether it is in stock",
-     "schema": {"type": "object", "properties": {"product": {"type": "string"}, "price": {"type": "number"},
-                                                 "currency": {"type": "string"}, "in_stock": {"type": "boolean"}},
-                "required": ["product", "price", "currency", "in_stock"], "additionalProperties": False}},
-    {"name": "keywords", "instruction": "a short summary and up to five keywords",
-     "schema": {"type": "object", "properties": {"summary": {"type": "string"},
-                                                 "keywords": {"type": "array", "items": {"type": "string"},
-                                                              "maxItems": 5}},
-                "required": ["summary", "keywords"], "additionalProperties": False}},
+    {
+        "name": "person",
+        "instruction": "the person mentioned: name, age and city",
+        "schema": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
+            "required": ["name", "age", "city"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "sentiment",
+        "instruction": "the overall sentiment (positive, negative or neutral) and a confidence 0-1",
+        "schema": {
+            "type": "object",
+            "properties": {
+                "sentiment": {"type": "string", "enum": ["positive", "negative", "neutral"]},
+                "confidence": {"type": "number"},
+            },
+            "required": ["sentiment", "confidence"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "event",
+        "instruction": "the event: title, date (YYYY-MM-DD), location and attendee names",
+        "schema": {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string"},
+                "date": {"type": "string"},
+                "location": {"type": "string"},
+                "attendees": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["title", "date", "location", "attendees"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "product",
+        "instruction": "the product: name, price, currency and whether it is in stock",
+        "schema": {
+            "type": "object",
+            "properties": {
+                "product": {"type": "string"},
+                "price": {"type": "number"},
+                "currency": {"type": "string"},
+                "in_stock": {"type": "boolean"},
+            },
+            "required": ["product", "price", "currency", "in_stock"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "keywords",
+        "instruction": "a short summary and up to five keywords",
+        "schema": {
+            "type": "object",
+            "properties": {
+                "summary": {"type": "string"},
+                "keywords": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
+            },
+            "required": ["summary", "keywords"],
+            "additionalProperties": False,
+        },
+    },
 ]
 
 
@@ -241,8 +316,10 @@ def parse_length(value: Any, key: str, limit: int = MAX_PROMPT_TOKENS) -> Length
     prompts would take minutes per request for a length no server accepts).
     """
     bad = ConfigError(f"bad {key}={value!r}: use N, LO-HI or normal:MEAN,STD[,MIN,MAX] (token counts >= 1)")
-    too_long = ConfigError(f"bad {key}={value!r}: at most {limit} tokens per request (servelab's limit, "
-                           f"above any served context length); use a smaller value")
+    too_long = ConfigError(
+        f"bad {key}={value!r}: at most {limit} tokens per request (servelab's limit, "
+        f"above any served context length); use a smaller value"
+    )
 
     def bounded(sampler: Sampler, hi: float) -> Length:
         if hi > limit:
@@ -343,8 +420,9 @@ def _check_sendable(obj: Any, where: str) -> None:
     try:
         orjson.dumps(obj)
     except (orjson.JSONEncodeError, TypeError) as e:
-        raise ConfigError(f"{where}cannot be sent as JSON ({e}); keep nesting under 250 levels and "
-                          f"integers within 64 bits") from None
+        raise ConfigError(
+            f"{where}cannot be sent as JSON ({e}); keep nesting under 250 levels and integers within 64 bits"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -417,8 +495,15 @@ class _TextMaker:
         return self.counter.count(text)
 
     # -- exact fitting --------------------------------------------------------------------------------
-    def fit(self, rng: random.Random, target: int, head: str = "", tail: str = "", para_every: int = 0,
-            lower_first: bool = False) -> str:
+    def fit(
+        self,
+        rng: random.Random,
+        target: int,
+        head: str = "",
+        tail: str = "",
+        para_every: int = 0,
+        lower_first: bool = False,
+    ) -> str:
         """Return ``head + body + tail`` whose token count is exactly ``target`` (``_tokens``).
 
         The body is generated text cut at a token boundary: tokenize, cut, decode, re-count, adjust the
@@ -526,9 +611,17 @@ def _rng(seed: int, name: str, i: int) -> random.Random:
     return random.Random(f"servelab:{seed}:{name}:{i}")
 
 
-def _spec(endpoint: str, text: str, max_tokens: int, workload: str, target: int | None, ignore_eos: bool,
-          extra: dict[str, Any], json_schema: dict[str, Any] | None = None,
-          response_format: dict[str, Any] | None = None) -> RequestSpec:
+def _spec(
+    endpoint: str,
+    text: str,
+    max_tokens: int,
+    workload: str,
+    target: int | None,
+    ignore_eos: bool,
+    extra: dict[str, Any],
+    json_schema: dict[str, Any] | None = None,
+    response_format: dict[str, Any] | None = None,
+) -> RequestSpec:
     ex = dict(extra)
     if response_format is not None:
         ex["response_format"] = response_format
@@ -536,15 +629,36 @@ def _spec(endpoint: str, text: str, max_tokens: int, workload: str, target: int 
     if forced:
         ex["ignore_eos"] = True  # the output length is fixed on purpose: reaching it is no truncation
     if endpoint == "chat":
-        return RequestSpec(endpoint="chat", max_tokens=max_tokens, messages=[{"role": "user", "content": text}],
-                           extra=ex, workload=workload, json_schema=json_schema, prompt_tokens_target=target,
-                           allow_truncation=forced)
-    return RequestSpec(endpoint="completions", max_tokens=max_tokens, prompt=text, extra=ex, workload=workload,
-                       json_schema=json_schema, prompt_tokens_target=target, allow_truncation=forced)
+        return RequestSpec(
+            endpoint="chat",
+            max_tokens=max_tokens,
+            messages=[{"role": "user", "content": text}],
+            extra=ex,
+            workload=workload,
+            json_schema=json_schema,
+            prompt_tokens_target=target,
+            allow_truncation=forced,
+        )
+    return RequestSpec(
+        endpoint="completions",
+        max_tokens=max_tokens,
+        prompt=text,
+        extra=ex,
+        workload=workload,
+        json_schema=json_schema,
+        prompt_tokens_target=target,
+        allow_truncation=forced,
+    )
 
 
-def make_workload(name: str, counter: TokenCounter | None, seed: int = 0, endpoint: str = "chat",
-                  ignore_eos: bool = False, **overrides: Any) -> Workload:
+def make_workload(
+    name: str,
+    counter: TokenCounter | None,
+    seed: int = 0,
+    endpoint: str = "chat",
+    ignore_eos: bool = False,
+    **overrides: Any,
+) -> Workload:
     """Build the registered workload ``name`` (a key of :data:`WORKLOADS`).
 
     ``counter`` fits prompts to exact token lengths (``None``: approximate, ``prompt_tokens_target``
@@ -572,8 +686,14 @@ def make_workload(name: str, counter: TokenCounter | None, seed: int = 0, endpoi
     tok_name = counter.name if counter is not None else None
     ctx = WorkloadContext(maker, seed, endpoint, ignore_eos, extra, overrides)
     make = kind.build(ctx)
-    return Workload(name, kind.description + (f"; {ctx.note}" if ctx.note else ""), make, tok_name,
-                    dict(overrides) if ctx.params is None else ctx.params, max_input_tokens=ctx.max_input_tokens)
+    return Workload(
+        name,
+        kind.description + (f"; {ctx.note}" if ctx.note else ""),
+        make,
+        tok_name,
+        dict(overrides) if ctx.params is None else ctx.params,
+        max_input_tokens=ctx.max_input_tokens,
+    )
 
 
 @dataclass
@@ -619,6 +739,7 @@ def _short_qa(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
         head = f"{rng.choice(_QUESTION_STARTS)} "
         text = ctx.maker.fit(rng, n_in, head, "?\nAnswer briefly.", lower_first=True)
         return _spec(ctx.endpoint, text, n_out, "short-qa", ctx.target(n_in), ctx.ignore_eos, ctx.extra)
+
     return make
 
 
@@ -629,12 +750,14 @@ def _rag(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
         rng = _rng(ctx.seed, "rag", i)
         n_in, n_out = inp(rng), out(rng)
         topic = rng.choice(_TOPICS)
-        head = (f"Answer the question using only the context passages below. The passages are about {topic}."
-                "\n\nContext:\n")
+        head = (
+            f"Answer the question using only the context passages below. The passages are about {topic}.\n\nContext:\n"
+        )
         q = ctx.maker.sentence(rng).rstrip(".!?。！？")
         tail = f"\n\nQuestion: {rng.choice(_QUESTION_STARTS)} {q.lower()}?\nAnswer:"
         text = ctx.maker.fit(rng, n_in, head, tail, para_every=6)
         return _spec(ctx.endpoint, text, n_out, "rag", ctx.target(n_in), ctx.ignore_eos, ctx.extra)
+
     return make
 
 
@@ -644,11 +767,19 @@ def _long_gen(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
     def make(i: int) -> RequestSpec:
         rng = _rng(ctx.seed, "long-gen", i)
         n_in, n_out = inp(rng), out(rng)
-        kind = rng.choice(["a long, detailed article", "a multi-section report", "a detailed technical guide",
-                           "a long story", "an in-depth essay"])
+        kind = rng.choice(
+            [
+                "a long, detailed article",
+                "a multi-section report",
+                "a detailed technical guide",
+                "a long story",
+                "an in-depth essay",
+            ]
+        )
         head = f"Write {kind} about {rng.choice(_TOPICS)}, using these notes: "
         text = ctx.maker.fit(rng, n_in, head)
         return _spec(ctx.endpoint, text, n_out, "long-gen", ctx.target(n_in), ctx.ignore_eos, ctx.extra)
+
     return make
 
 
@@ -662,8 +793,18 @@ def _structured(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
         head = f"Read the text and extract {sch['instruction']}. Reply with one JSON object only.\n\nText:\n"
         text = ctx.maker.fit(rng, n_in, head)
         rf = {"type": "json_schema", "json_schema": {"name": sch["name"], "schema": sch["schema"], "strict": True}}
-        return _spec(ctx.endpoint, text, n_out, "structured", ctx.target(n_in), ctx.ignore_eos, ctx.extra,
-                     json_schema=json.loads(json.dumps(sch["schema"])), response_format=rf)
+        return _spec(
+            ctx.endpoint,
+            text,
+            n_out,
+            "structured",
+            ctx.target(n_in),
+            ctx.ignore_eos,
+            ctx.extra,
+            json_schema=json.loads(json.dumps(sch["schema"])),
+            response_format=rf,
+        )
+
     return make
 
 
@@ -675,14 +816,18 @@ def _shared_prefix(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
         suffix_tokens = int(ov.get("suffix_tokens", 32))
     except (TypeError, ValueError, OverflowError):
         raise ConfigError("prefix_tokens, num_prefixes and suffix_tokens must be integers") from None
-    if any(isinstance(ov.get(k), float) and not float(ov[k]).is_integer()
-           for k in ("prefix_tokens", "num_prefixes", "suffix_tokens")):
+    if any(
+        isinstance(ov.get(k), float) and not float(ov[k]).is_integer()
+        for k in ("prefix_tokens", "num_prefixes", "suffix_tokens")
+    ):
         raise ConfigError("prefix_tokens, num_prefixes and suffix_tokens must be integers")
     if prefix_tokens < 1 or num_prefixes < 1 or suffix_tokens < 1:
         raise ConfigError("prefix_tokens, num_prefixes and suffix_tokens must be >= 1")
     if prefix_tokens + suffix_tokens > MAX_PROMPT_TOKENS:
-        raise ConfigError(f"prefix_tokens + suffix_tokens = {prefix_tokens + suffix_tokens}: at most "
-                          f"{MAX_PROMPT_TOKENS} tokens per request (servelab's limit); use smaller values")
+        raise ConfigError(
+            f"prefix_tokens + suffix_tokens = {prefix_tokens + suffix_tokens}: at most "
+            f"{MAX_PROMPT_TOKENS} tokens per request (servelab's limit); use smaller values"
+        )
     out = ctx.length("output_tokens", "32-64")
     ctx.max_input_tokens = max(ctx.max_input_tokens, prefix_tokens + suffix_tokens)
     prefixes: dict[int, str] = {}
@@ -704,6 +849,7 @@ def _shared_prefix(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
         else:
             text = _fit_suffix(ctx.maker, rng, pre + "\n\nQuestion: ", total)
         return _spec(ctx.endpoint, text, n_out, "shared-prefix", ctx.target(total), ctx.ignore_eos, ctx.extra)
+
     return make
 
 
@@ -729,6 +875,7 @@ def _tools(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
         text = ctx.maker.fit(rng, n_in, head, tail)
         extra = {**ctx.extra, "tools": json.loads(json.dumps(TOOLS)), "tool_choice": tool_choice_for(i, k)}
         return _spec("chat", text, n_out, "tools", ctx.target(n_in), False, extra)
+
     return make
 
 
@@ -756,20 +903,48 @@ def _mix(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
 
 
 for _kind in (
-    WorkloadKind("short-qa", "short question, short answer (input ~64 tokens, output 32-128): TTFT and base "
-                 "throughput", _short_qa, mixable=True),
-    WorkloadKind("rag", "long input, short output (context passages + question, input 1000-3000, output 64-128)",
-                 _rag, mixable=True),
-    WorkloadKind("long-gen", "short input, long output (input ~64, output 512-1024): writing, code, reports",
-                 _long_gen, mixable=True),
-    WorkloadKind("structured", "JSON-schema output (response_format json_schema, strict; input 64-256, output "
-                 "128-256)", _structured, mixable=True),
-    WorkloadKind("mix", "the four sets above mixed by ratio (default short-qa:5,rag:2,long-gen:1,structured:2)",
-                 _mix, keys=frozenset({"ratio"})),
-    WorkloadKind("shared-prefix", "N shared long prefixes (1024 tokens) + short distinct suffixes: prefix-cache "
-                 "effects", _shared_prefix, keys=frozenset({"prefix_tokens", "num_prefixes", "suffix_tokens"})),
-    WorkloadKind("tools", "tool calling: 4 tools with nested schemas offered, tool_choice auto/required/named in "
-                 "turn (input 64-256, output 128-256); every call checked against its tool's schema", _tools),
+    WorkloadKind(
+        "short-qa",
+        "short question, short answer (input ~64 tokens, output 32-128): TTFT and base throughput",
+        _short_qa,
+        mixable=True,
+    ),
+    WorkloadKind(
+        "rag",
+        "long input, short output (context passages + question, input 1000-3000, output 64-128)",
+        _rag,
+        mixable=True,
+    ),
+    WorkloadKind(
+        "long-gen",
+        "short input, long output (input ~64, output 512-1024): writing, code, reports",
+        _long_gen,
+        mixable=True,
+    ),
+    WorkloadKind(
+        "structured",
+        "JSON-schema output (response_format json_schema, strict; input 64-256, output 128-256)",
+        _structured,
+        mixable=True,
+    ),
+    WorkloadKind(
+        "mix",
+        "the four sets above mixed by ratio (default short-qa:5,rag:2,long-gen:1,structured:2)",
+        _mix,
+        keys=frozenset({"ratio"}),
+    ),
+    WorkloadKind(
+        "shared-prefix",
+        "N shared long prefixes (1024 tokens) + short distinct suffixes: prefix-cache effects",
+        _shared_prefix,
+        keys=frozenset({"prefix_tokens", "num_prefixes", "suffix_tokens"}),
+    ),
+    WorkloadKind(
+        "tools",
+        "tool calling: 4 tools with nested schemas offered, tool_choice auto/required/named in "
+        "turn (input 64-256, output 128-256); every call checked against its tool's schema",
+        _tools,
+    ),
 ):
     register_workload(_kind)
 
@@ -786,11 +961,14 @@ def _dataset_entries(p: Path, raw: str, json_list: bool) -> list[tuple[str, Any]
         try:
             data = json.loads(raw)
         except RecursionError:
-            raise ConfigError(f"dataset {p}: JSON nested too deeply to read; entries are prompts or messages, "
-                              f"a few levels deep") from None
+            raise ConfigError(
+                f"dataset {p}: JSON nested too deeply to read; entries are prompts or messages, a few levels deep"
+            ) from None
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"dataset {p}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}; "
-                              "fix the file or pass JSONL (one object per line)") from None
+            raise ConfigError(
+                f"dataset {p}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}; "
+                "fix the file or pass JSONL (one object per line)"
+            ) from None
         if not isinstance(data, list):
             raise ConfigError(f"dataset {p}: expected a JSON list of entries")
         return [(f"entry {k}", obj) for k, obj in enumerate(data)]
@@ -800,11 +978,15 @@ def _dataset_entries(p: Path, raw: str, json_list: bool) -> list[tuple[str, Any]
         try:
             obj = json.loads(line)
         except RecursionError:
-            raise ConfigError(f"dataset {p}: line {lineno} is JSON nested too deeply to read; each line must be "
-                              'one object like {"prompt": "...", "max_tokens": 128}') from None
+            raise ConfigError(
+                f"dataset {p}: line {lineno} is JSON nested too deeply to read; each line must be "
+                'one object like {"prompt": "...", "max_tokens": 128}'
+            ) from None
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"dataset {p}: invalid JSON at line {lineno}: {exc.msg}; each line must be one JSON "
-                              'object like {"prompt": "...", "max_tokens": 128}') from None
+            raise ConfigError(
+                f"dataset {p}: invalid JSON at line {lineno}: {exc.msg}; each line must be one JSON "
+                'object like {"prompt": "...", "max_tokens": 128}'
+            ) from None
         entries.append((f"line {lineno}", obj))
     return entries
 
@@ -822,12 +1004,12 @@ def _plain_content(p: Path, where: str, obj: dict[str, Any]) -> Any:
                 raise ConfigError(f"dataset {p}: {where}: each message needs 'role' and 'content'")
         _check_sendable({"messages": messages}, f"dataset {p}: {where}: messages ")  # as in the body
         return messages
-    raise ConfigError(f"dataset {p}: {where} has no prompt (need a non-empty 'prompt' string or "
-                      "'messages' list)")
+    raise ConfigError(f"dataset {p}: {where} has no prompt (need a non-empty 'prompt' string or 'messages' list)")
 
 
-def load_dataset(path: str, counter: TokenCounter | None, seed: int = 0, endpoint: str = "chat",
-                 max_tokens_default: int = 256) -> Workload:
+def load_dataset(
+    path: str, counter: TokenCounter | None, seed: int = 0, endpoint: str = "chat", max_tokens_default: int = 256
+) -> Workload:
     """Load a user dataset as a :class:`Workload` named ``dataset:<file name>``.
 
     Formats (detected from the first non-blank character):
@@ -872,12 +1054,19 @@ def load_dataset(path: str, counter: TokenCounter | None, seed: int = 0, endpoin
             else:
                 items.append(got)
             continue
-        items.append((_plain_content(p, where, obj),
-                      dataset_max_tokens(obj.get("max_tokens", obj.get("output_tokens", max_tokens_default)),
-                                         f"dataset {p}: {where}")))
+        items.append(
+            (
+                _plain_content(p, where, obj),
+                dataset_max_tokens(
+                    obj.get("max_tokens", obj.get("output_tokens", max_tokens_default)), f"dataset {p}: {where}"
+                ),
+            )
+        )
     if not items:
-        raise ConfigError(f"dataset {p}: no usable entries ({skipped} ShareGPT entries without a human turn); each "
-                          'entry needs a {"from": "human", "value": "..."} turn in "conversations"')
+        raise ConfigError(
+            f"dataset {p}: no usable entries ({skipped} ShareGPT entries without a human turn); each "
+            'entry needs a {"from": "human", "value": "..."} turn in "conversations"'
+        )
     name = f"dataset:{p.name}"
     n_items = len(items)
 
@@ -902,8 +1091,9 @@ _HUMAN = {"human", "user"}
 _GPT = {"gpt", "assistant", "chatgpt", "bard", "bing", "model"}
 
 
-def _sharegpt_item(p: Path, where: str, obj: dict[str, Any], counter: TokenCounter | None,
-                   max_tokens_default: int) -> tuple[str, int] | None:
+def _sharegpt_item(
+    p: Path, where: str, obj: dict[str, Any], counter: TokenCounter | None, max_tokens_default: int
+) -> tuple[str, int] | None:
     conv = obj.get("conversations")
     if not isinstance(conv, list):
         raise ConfigError(f"dataset {p}: {where}: 'conversations' must be a list")
@@ -911,8 +1101,14 @@ def _sharegpt_item(p: Path, where: str, obj: dict[str, Any], counter: TokenCount
         if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
             raise ConfigError(f"dataset {p}: {where}: turn {j} needs 'from' and a string 'value'")
         if turn.get("from") in _HUMAN and turn["value"].strip():
-            reply = next((t["value"] for t in conv[j + 1:] if isinstance(t, dict) and t.get("from") in _GPT
-                          and isinstance(t.get("value"), str)), None)
+            reply = next(
+                (
+                    t["value"]
+                    for t in conv[j + 1 :]
+                    if isinstance(t, dict) and t.get("from") in _GPT and isinstance(t.get("value"), str)
+                ),
+                None,
+            )
             if reply is None or not reply.strip():
                 mt = max_tokens_default
             elif counter is not None:  # an estimate from the reply: capped at servelab's limit, not refused

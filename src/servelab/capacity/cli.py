@@ -14,8 +14,14 @@ from servelab.capacity.fit import fit
 from servelab.capacity.peak import peak_load
 from servelab.capacity.plan import plan_candidate, plan_tiers
 from servelab.capacity.profile import load_profile
-from servelab.capacity.results import (CandidateCapacity, CandidatePlan, CapacityReport, FitReport, PerfParams,
-                                       Validation)
+from servelab.capacity.results import (
+    CandidateCapacity,
+    CandidatePlan,
+    CapacityReport,
+    FitReport,
+    PerfParams,
+    Validation,
+)
 from servelab.capacity.validate import validate
 from servelab.wire.errors import ConfigError
 
@@ -57,14 +63,21 @@ def _iv(ci: object, scale: float = 1.0, fmt: str = ".3g") -> str:
 
 def _print_fit(name: str, f: FitReport) -> None:
     p: PerfParams = f.params
-    rate = "not identifiable" if p.prefill_tokens_per_s is None else \
-        f"{p.prefill_tokens_per_s:.4g} tok/s{_iv(f.prefill_rate_ci)}"
+    rate = (
+        "not identifiable"
+        if p.prefill_tokens_per_s is None
+        else f"{p.prefill_tokens_per_s:.4g} tok/s{_iv(f.prefill_rate_ci)}"
+    )
     print(f"{name}: model fitted on {f.requests} requests ({', '.join(f.steps)}), {f.token_gaps} token gaps")
     print(f"  prefill: {p.prefill_base_s * 1e3:.3g} ms{_iv(f.prefill_base_ci, 1e3)} + prompt / {rate}")
-    print(f"  decode: {p.decode_base_s * 1e3:.3g} ms/token{_iv(f.decode_base_ci, 1e3)} + "
-          f"{p.decode_per_running_s * 1e3:.3g} ms{_iv(f.decode_per_running_ci, 1e3)} per other running request")
-    print(f"  slots: {p.slots} ({'identified' if p.slots_identified else 'lower bound'}; seen {f.seen_slots}"
-          f"{'' if f.declared_slots is None else f', declared {f.declared_slots}'})")
+    print(
+        f"  decode: {p.decode_base_s * 1e3:.3g} ms/token{_iv(f.decode_base_ci, 1e3)} + "
+        f"{p.decode_per_running_s * 1e3:.3g} ms{_iv(f.decode_per_running_ci, 1e3)} per other running request"
+    )
+    print(
+        f"  slots: {p.slots} ({'identified' if p.slots_identified else 'lower bound'}; seen {f.seen_slots}"
+        f"{'' if f.declared_slots is None else f', declared {f.declared_slots}'})"
+    )
     for n in f.notes:
         print(f"  note: {n}")
 
@@ -72,10 +85,15 @@ def _print_fit(name: str, f: FitReport) -> None:
 def _print_validation(v: Validation) -> None:
     for c in v.steps:
         parts = []
-        for label, pr, scale, unit in (("TTFT P50", c.ttft_p50_s, 1e3, "ms"), ("TTFT P95", c.ttft_p95_s, 1e3, "ms"),
-                                       ("out tok/s", c.output_tps, 1.0, "")):
-            parts.append(f"{label} {pr.predicted * scale:.4g}{unit}{_iv(pr.interval, scale, '.4g')} vs "
-                         f"{(pr.measured or 0) * scale:.4g}{unit} ({(pr.error or 0) * 100:+.1f} %)")
+        for label, pr, scale, unit in (
+            ("TTFT P50", c.ttft_p50_s, 1e3, "ms"),
+            ("TTFT P95", c.ttft_p95_s, 1e3, "ms"),
+            ("out tok/s", c.output_tps, 1.0, ""),
+        ):
+            parts.append(
+                f"{label} {pr.predicted * scale:.4g}{unit}{_iv(pr.interval, scale, '.4g')} vs "
+                f"{(pr.measured or 0) * scale:.4g}{unit} ({(pr.error or 0) * 100:+.1f} %)"
+            )
         print(f"  held out {c.step} (fitted on {len(c.fitted_on)} other steps): " + "; ".join(parts))
     if v.median_abs_error is not None:
         print(f"  held-out error: median |error| {v.median_abs_error * 100:.1f} %, max {v.max_abs_error or 0:.1%}")
@@ -83,35 +101,51 @@ def _print_validation(v: Validation) -> None:
 
 def _print_plan(pl: CandidatePlan, indent: str = "  ") -> None:
     cap = pl.capacity_per_replica_rps or 0.0
-    print(f"{indent}plan {pl.candidate} at {pl.rate_rps:.4g} req/s: capacity {cap:.4g} req/s per replica at the SLO"
-          f"{_iv(pl.capacity_ci, 1.0, '.4g')}, saturation {pl.saturation_rps or 0:.4g} req/s")
+    print(
+        f"{indent}plan {pl.candidate} at {pl.rate_rps:.4g} req/s: capacity {cap:.4g} req/s per replica at the SLO"
+        f"{_iv(pl.capacity_ci, 1.0, '.4g')}, saturation {pl.saturation_rps or 0:.4g} req/s"
+    )
     if pl.replicas is not None:
         hi = f" (up to {pl.replicas_hi} at the capacity's low end)" if pl.replicas_hi not in (None, pl.replicas) else ""
-        print(f"{indent}  replicas: {pl.replicas}{hi} = ceil({pl.rate_rps:.4g} / ({cap:.4g} * (1 - "
-              f"{pl.headroom:g} headroom))); predicted TTFT P95 {(pl.predicted_ttft_p95_s or 0) * 1e3:.4g} ms, "
-              f"E2E P50 {pl.predicted_e2e_p50_s or 0:.3g} s")
+        print(
+            f"{indent}  replicas: {pl.replicas}{hi} = ceil({pl.rate_rps:.4g} / ({cap:.4g} * (1 - "
+            f"{pl.headroom:g} headroom))); predicted TTFT P95 {(pl.predicted_ttft_p95_s or 0) * 1e3:.4g} ms, "
+            f"E2E P50 {pl.predicted_e2e_p50_s or 0:.3g} s"
+        )
         print(f"{indent}  burst: {pl.burst_note}")
     if pl.devices is not None:
         print(f"{indent}  devices {pl.devices}, hosts {pl.hosts}")
     if pl.cost_per_hour is not None:
-        print(f"{indent}  cost: {pl.cost_per_hour:.4g} {pl.currency}/h, {pl.cost_per_1m_output or 0:.4g} per 1M "
-              f"output tokens, {pl.cost_per_user_month or 0:.4g} per user per month")
+        print(
+            f"{indent}  cost: {pl.cost_per_hour:.4g} {pl.currency}/h, {pl.cost_per_1m_output or 0:.4g} per 1M "
+            f"output tokens, {pl.cost_per_user_month or 0:.4g} per user per month"
+        )
     for w in pl.what_if:
-        print(f"{indent}  what if {w.change}: {w.replicas} replicas, {w.devices} devices, "
-              f"{'-' if w.cost_per_hour is None else f'{w.cost_per_hour:.4g}'} {pl.currency}/h")
+        print(
+            f"{indent}  what if {w.change}: {w.replicas} replicas, {w.devices} devices, "
+            f"{'-' if w.cost_per_hour is None else f'{w.cost_per_hour:.4g}'} {pl.currency}/h"
+        )
     for n in pl.notes:
         print(f"{indent}  note: {n}")
 
 
 def capacity_command(
     profile: str = typer.Argument(..., help="Traffic profile YAML (see examples/traffic.yaml)."),
-    record: list[str] = typer.Option([], "--record", help="A trial run folder (or its record.json): fit each "
-                                                         "candidate on its measured steps. Repeatable."),
+    record: list[str] = typer.Option(
+        [],
+        "--record",
+        help="A trial run folder (or its record.json): fit each candidate on its measured steps. Repeatable.",
+    ),
     bench: list[str] = typer.Option([], "--bench", help="A bench run folder, as NAME=DIR or DIR. Repeatable."),
-    slots: int | None = typer.Option(None, "--slots", min=1, help="Declared slot limit for --bench evidence "
-                                                                "(count; default: what the evidence shows)."),
-    bootstrap: int = typer.Option(30, "--bootstrap", min=0, max=1000,
-                                  help="Bootstrap refits for the intervals (count)."),
+    slots: int | None = typer.Option(
+        None,
+        "--slots",
+        min=1,
+        help="Declared slot limit for --bench evidence (count; default: what the evidence shows).",
+    ),
+    bootstrap: int = typer.Option(
+        30, "--bootstrap", min=0, max=1000, help="Bootstrap refits for the intervals (count)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap and the simulations."),
     json_out: str | None = typer.Option(None, "--json", help="Write the CapacityReport JSON to this file."),
 ) -> None:
@@ -127,14 +161,22 @@ def capacity_command(
         except ValueError as e:
             raise ConfigError(f"{name}: {e}") from None
         models[name] = (rep.params, boots)
-        cands[name] = CandidateCapacity(fit=rep, validation=validate(steps, declared_slots=declared,
-                                                                      bootstrap=min(bootstrap, 20), seed=seed))
+        cands[name] = CandidateCapacity(
+            fit=rep, validation=validate(steps, declared_slots=declared, bootstrap=min(bootstrap, 20), seed=seed)
+        )
     plans = {n: plan_candidate(n, p, b[:10], prof, seed=seed) for n, (p, b) in models.items()}
     hold = next((pl.predicted_e2e_p50_s for pl in plans.values() if pl.predicted_e2e_p50_s), None)
     peak = peak_load(prof, hold)
     print(f"traffic profile {prof.name}: SLO {', '.join(prof.slo)}")
-    for f in (peak.mean_rps, peak.peak_rps, peak.offered_peak_rps, peak.burst_rps, peak.concurrent_streams,
-              peak.input_tps, peak.output_tps):
+    for f in (
+        peak.mean_rps,
+        peak.peak_rps,
+        peak.offered_peak_rps,
+        peak.burst_rps,
+        peak.concurrent_streams,
+        peak.input_tps,
+        peak.output_tps,
+    ):
         print(f"  {f.name}: {f.value:.4g} {f.unit} = {f.formula}")
     for name, cc in cands.items():
         cc.plan = plans[name]
@@ -150,8 +192,10 @@ def capacity_command(
             _print_plan(pl, "    ")
         strong = tiers.all_strong
         if strong is not None:
-            print(f"  everything to {strong.candidate}: {strong.replicas} replicas, "
-                  f"{'-' if strong.cost_per_hour is None else f'{strong.cost_per_hour:.4g}'} {prof.currency}/h")
+            print(
+                f"  everything to {strong.candidate}: {strong.replicas} replicas, "
+                f"{'-' if strong.cost_per_hour is None else f'{strong.cost_per_hour:.4g}'} {prof.currency}/h"
+            )
         if tiers.blended_cost_per_hour is not None:
             more = "less" if (tiers.saving or 0) >= 0 else "more"
             saving = "" if tiers.saving is None else f" ({abs(tiers.saving):.0%} {more} than all to the strong tier)"

@@ -75,8 +75,15 @@ def _obs(line: RequestLine) -> tuple[int, Obs] | None:
     toks = line.chunk_tokens or [1] * len(line.chunk_offsets_ms)
     chunks = [(ms / 1e3, int(k)) for ms, k in zip(line.chunk_offsets_ms, toks, strict=False) if k > 0]
     last = (t.last_token or end) - sent
-    return sent, Obs(sent=0.0, first=(t.first_token - sent) / 1e9, last=last / 1e9, end=(end - sent) / 1e9,
-                     prompt=line.prompt_tokens, output=line.output_tokens, chunks=chunks)
+    return sent, Obs(
+        sent=0.0,
+        first=(t.first_token - sent) / 1e9,
+        last=last / 1e9,
+        end=(end - sent) / 1e9,
+        prompt=line.prompt_tokens,
+        output=line.output_tokens,
+        chunks=chunks,
+    )
 
 
 def _read_lines(path: Path) -> list[RequestLine]:
@@ -93,8 +100,9 @@ def _read_lines(path: Path) -> list[RequestLine]:
         except (orjson.JSONDecodeError, ValidationError):
             if i == len(raw.splitlines()):
                 continue  # a last line cut by a kill (bench writes line by line)
-            raise ConfigError(f"{path}: line {i} is not a servelab request line; give a bench or trial "
-                              "run folder") from None
+            raise ConfigError(
+                f"{path}: line {i} is not a servelab request line; give a bench or trial run folder"
+            ) from None
     return out
 
 
@@ -124,8 +132,17 @@ def from_folder(folder: Path) -> list[StepEvidence]:
         reqs = []
         for sent, o in got:
             off = (sent - t0) / 1e9
-            reqs.append(Obs(sent=off, first=o.first + off, last=o.last + off, end=o.end + off, prompt=o.prompt,
-                            output=o.output, chunks=[(t + off, k) for t, k in o.chunks]))
+            reqs.append(
+                Obs(
+                    sent=off,
+                    first=o.first + off,
+                    last=o.last + off,
+                    end=o.end + off,
+                    prompt=o.prompt,
+                    output=o.output,
+                    chunks=[(t + off, k) for t, k in o.chunks],
+                )
+            )
         out.append(StepEvidence(source=str(folder), label=st.label, load=st.load, requests=reqs))
     return out
 
@@ -139,8 +156,9 @@ def from_trial_candidate(run_dir: str | Path, name: str) -> list[StepEvidence]:
     """The steps of candidate ``name`` in a trial run folder: every ``candidates/NAME/*/`` and
     ``candidates/NAME/capacity/*/`` folder that holds a bench summary (docs/record-schema.md)."""
     base = Path(run_dir) / "candidates" / name
-    folders = sorted(p.parent for p in base.glob("*/summary.json")) + \
-        sorted(p.parent for p in base.glob("capacity/*/summary.json"))
+    folders = sorted(p.parent for p in base.glob("*/summary.json")) + sorted(
+        p.parent for p in base.glob("capacity/*/summary.json")
+    )
     out: list[StepEvidence] = []
     for f in folders:
         if (f / "requests.jsonl").is_file():

@@ -125,18 +125,26 @@ def refit(p: Prepared, idx: np.ndarray, slots: int, slots_identified: bool) -> P
         d0, d1 = _ols(b - 1.0, g)
     else:  # one batch size seen: the base at it, no slope
         d0, d1 = float(g.mean()), 0.0
-    return PerfParams(prefill_base_s=max(base, 0.0), prefill_tokens_per_s=rate, decode_base_s=max(d0, 0.0),
-                      decode_per_running_s=max(d1, 0.0), slots=slots, slots_identified=slots_identified)
+    return PerfParams(
+        prefill_base_s=max(base, 0.0),
+        prefill_tokens_per_s=rate,
+        decode_base_s=max(d0, 0.0),
+        decode_per_running_s=max(d1, 0.0),
+        slots=slots,
+        slots_identified=slots_identified,
+    )
 
 
 def _iv(vals: list[float], n: int) -> Interval:
     lo, hi = np.percentile(vals, [2.5, 97.5]) if vals else (None, None)
-    return Interval(lo=None if lo is None else float(lo), hi=None if hi is None else float(hi), n=n,
-                    method="bootstrap-percentile")
+    return Interval(
+        lo=None if lo is None else float(lo), hi=None if hi is None else float(hi), n=n, method="bootstrap-percentile"
+    )
 
 
-def fit(steps: list[StepEvidence], *, declared_slots: int | None = None, bootstrap: int = 200,
-        seed: int = 0) -> tuple[FitReport, list[PerfParams]]:
+def fit(
+    steps: list[StepEvidence], *, declared_slots: int | None = None, bootstrap: int = 200, seed: int = 0
+) -> tuple[FitReport, list[PerfParams]]:
     """Fit :class:`PerfParams` on ``steps`` (module doc); returns the report (point fit, 95 % bootstrap
     intervals) and the ``bootstrap`` refits the simulator carries into its prediction intervals.
     Raises ``ValueError`` when ``steps`` hold no request."""
@@ -159,10 +167,16 @@ def fit(steps: list[StepEvidence], *, declared_slots: int | None = None, bootstr
         notes.append("prefill rate not identifiable: the prompts are of one length (the base covers them)")
     resid = prep.prefill - (point.prefill_base_s + prep.prompt / (point.prefill_tokens_per_s or np.inf))
     return FitReport(
-        params=point, requests=n, steps=[s.label for s in steps], seen_slots=seen, declared_slots=declared_slots,
+        params=point,
+        requests=n,
+        steps=[s.label for s in steps],
+        seen_slots=seen,
+        declared_slots=declared_slots,
         token_gaps=int(sum(len(g) for g in prep.gaps)),
         prefill_base_ci=_iv([b.prefill_base_s for b in boots], n),
         prefill_rate_ci=_iv(rates, n) if rates else None,
         decode_base_ci=_iv([b.decode_base_s for b in boots], n),
         decode_per_running_ci=_iv([b.decode_per_running_s for b in boots], n),
-        prefill_residual_s=float(np.sqrt(np.mean(resid ** 2))), notes=notes), boots
+        prefill_residual_s=float(np.sqrt(np.mean(resid**2))),
+        notes=notes,
+    ), boots

@@ -37,16 +37,27 @@ def peak_load(p: TrafficProfile, hold_s: float | None = None) -> PeakLoad:
     e_in, e_out = mean_input_tokens(p), p.output_tokens.expected()
     w_src = "declared" if p.stream_hold_s is not None else "predicted E2E P50"
     return PeakLoad(
-        mean_rps=Formula(name="mean rate", value=mean, unit="req/s",
-                         formula=f"{p.daily_active_users} users * {p.requests_per_user_per_day:g} req/day / 86400 s"),
+        mean_rps=Formula(
+            name="mean rate",
+            value=mean,
+            unit="req/s",
+            formula=f"{p.daily_active_users} users * {p.requests_per_user_per_day:g} req/day / 86400 s",
+        ),
         peak_rps=Formula(name="peak rate", value=peak, unit="req/s", formula=f"{mean:.4g} * {ratio:.3g} peak/mean"),
-        offered_peak_rps=Formula(name="offered at peak", value=off, unit="req/s",
-                                 formula=f"{peak:.4g} * (1 + {p.retry_rate:g} retries)"),
+        offered_peak_rps=Formula(
+            name="offered at peak", value=off, unit="req/s", formula=f"{peak:.4g} * (1 + {p.retry_rate:g} retries)"
+        ),
         burst_rps=Formula(name="burst", value=burst, unit="req/s", formula=f"{off:.4g} * {p.burst_factor:g} burst"),
-        concurrent_streams=Formula(name="concurrent streams", value=off * (w or 0.0), unit="streams",
-                                   formula=f"Little: {off:.4g} req/s * {w:.3g} s hold ({w_src})" if w is not None
-                                   else "unknown: declare stream_hold_s, or give evidence to predict E2E"),
+        concurrent_streams=Formula(
+            name="concurrent streams",
+            value=off * (w or 0.0),
+            unit="streams",
+            formula=f"Little: {off:.4g} req/s * {w:.3g} s hold ({w_src})"
+            if w is not None
+            else "unknown: declare stream_hold_s, or give evidence to predict E2E",
+        ),
         input_tps=Formula(name="input tokens/s", value=off * e_in, unit="tok/s", formula=f"{off:.4g} * {e_in:.4g}"),
-        output_tps=Formula(name="output tokens/s", value=off * e_out, unit="tok/s",
-                           formula=f"{off:.4g} * {e_out:.4g}"),
-        mean_input_tokens=e_in, mean_output_tokens=e_out)
+        output_tps=Formula(name="output tokens/s", value=off * e_out, unit="tok/s", formula=f"{off:.4g} * {e_out:.4g}"),
+        mean_input_tokens=e_in,
+        mean_output_tokens=e_out,
+    )

@@ -44,8 +44,13 @@ class Workload:
     """Request lengths to simulate: ``tasks`` (each its share and lengths) of ``profile``, or the
     profile's own lengths; ``out_scale`` multiplies outputs, ``long_share`` overrides the profile's."""
 
-    def __init__(self, profile: TrafficProfile, tasks: list[Task] | None = None, out_scale: float = 1.0,
-                 long_share: float | None = None) -> None:
+    def __init__(
+        self,
+        profile: TrafficProfile,
+        tasks: list[Task] | None = None,
+        out_scale: float = 1.0,
+        long_share: float | None = None,
+    ) -> None:
         self.p, self.tasks, self.out_scale = profile, tasks or [], out_scale
         self.long_share = profile.long_share if long_share is None else min(long_share, 1.0)
 
@@ -74,8 +79,11 @@ class Workload:
         if not self.tasks:
             return self.p.output_tokens.expected() * self.out_scale
         tot = sum(t.share for t in self.tasks)
-        return sum(t.share * (t.output_tokens or self.p.output_tokens).expected() for t in self.tasks) / tot \
+        return (
+            sum(t.share * (t.output_tokens or self.p.output_tokens).expected() for t in self.tasks)
+            / tot
             * self.out_scale
+        )
 
 
 def _stat(run: SimRun, o: Objective) -> float | None:
@@ -104,8 +112,9 @@ def saturation_rps(p: PerfParams, wl: Workload, seed: int = 0) -> float:
     return len(prompt) / run.window_s
 
 
-def capacity(p: PerfParams, wl: Workload, slo: list[Objective], shape: float = 1.0, seed: int = 0,
-             iterations: int = 10) -> tuple[float, float]:
+def capacity(
+    p: PerfParams, wl: Workload, slo: list[Objective], shape: float = 1.0, seed: int = 0, iterations: int = 10
+) -> tuple[float, float]:
     """``(capacity at the SLO, saturation)`` of one replica, requests/s (module doc); 0 when even a
     light load breaks the SLO."""
     mu = saturation_rps(p, wl, seed)
@@ -122,9 +131,17 @@ def _replicas(rate: float, cap: float, headroom: float) -> int | None:
     return max(1, math.ceil(rate / (cap * (1 - headroom)) - 1e-9)) if cap > 0 else None
 
 
-def plan_candidate(name: str, p: PerfParams, boots: list[PerfParams], profile: TrafficProfile, *,
-                   rate_rps: float | None = None, tasks: list[Task] | None = None, seed: int = 0,
-                   what_if: bool = True) -> CandidatePlan:
+def plan_candidate(
+    name: str,
+    p: PerfParams,
+    boots: list[PerfParams],
+    profile: TrafficProfile,
+    *,
+    rate_rps: float | None = None,
+    tasks: list[Task] | None = None,
+    seed: int = 0,
+    what_if: bool = True,
+) -> CandidatePlan:
     """The :class:`CandidatePlan` of ``name`` with model ``p`` (intervals from ``boots``) at ``rate_rps``
     (default: the profile's offered peak) with ``tasks``' lengths (module doc)."""
     slo = parse_slo(",".join(profile.slo))
@@ -135,12 +152,27 @@ def plan_candidate(name: str, p: PerfParams, boots: list[PerfParams], profile: T
     share = rate / peak.offered_peak_rps.value if peak.offered_peak_rps.value else 1.0
     cap, mu = capacity(p, wl, slo, shape, seed)
     caps = [capacity(b, wl, slo, shape, seed)[0] for b in boots]
-    civ = Interval(lo=float(np.percentile(caps, 2.5)), hi=float(np.percentile(caps, 97.5)), n=len(caps),
-                   method="bootstrap-simulated") if caps else None
+    civ = (
+        Interval(
+            lo=float(np.percentile(caps, 2.5)),
+            hi=float(np.percentile(caps, 97.5)),
+            n=len(caps),
+            method="bootstrap-simulated",
+        )
+        if caps
+        else None
+    )
     dep = profile.deployments.get(name)
-    out = CandidatePlan(candidate=name, rate_rps=rate, capacity_per_replica_rps=cap, capacity_ci=civ,
-                        saturation_rps=mu, headroom=profile.headroom, burst_factor=profile.burst_factor,
-                        currency=profile.currency)
+    out = CandidatePlan(
+        candidate=name,
+        rate_rps=rate,
+        capacity_per_replica_rps=cap,
+        capacity_ci=civ,
+        saturation_rps=mu,
+        headroom=profile.headroom,
+        burst_factor=profile.burst_factor,
+        currency=profile.currency,
+    )
     n = _replicas(rate, cap, profile.headroom)
     if n is None:
         out.notes.append("no arrival rate meets the SLO in the simulation: the SLO is out of this candidate's reach")
@@ -179,33 +211,48 @@ def _burst(out: CandidatePlan, slo: list[Objective], per_replica: float) -> None
         return
     slack = max(0.0, ttft.limit - out.predicted_ttft_p95_s)
     out.burst_holds_s = slack * mu / (load - cap)
-    out.burst_note = (f"a {k:g}x burst ({load:.3g} req/s per replica > capacity {cap:.3g}) breaks TTFT "
-                      f"{ttft.stat} after ~{out.burst_holds_s:.3g} s = {slack:.3g} s slack * {mu:.3g} req/s / "
-                      f"{load - cap:.3g} req/s excess")
+    out.burst_note = (
+        f"a {k:g}x burst ({load:.3g} req/s per replica > capacity {cap:.3g}) breaks TTFT "
+        f"{ttft.stat} after ~{out.burst_holds_s:.3g} s = {slack:.3g} s slack * {mu:.3g} req/s / "
+        f"{load - cap:.3g} req/s excess"
+    )
 
 
-def _what_ifs(name: str, p: PerfParams, profile: TrafficProfile, tasks: list[Task] | None, rate: float,
-              cap: float, seed: int) -> list[WhatIf]:
+def _what_ifs(
+    name: str, p: PerfParams, profile: TrafficProfile, tasks: list[Task] | None, rate: float, cap: float, seed: int
+) -> list[WhatIf]:
     dep = profile.deployments.get(name)
     slo = parse_slo(",".join(profile.slo))
     k = profile.burstiness
-    rows = [("peak x2", rate * 2, cap),
-            ("outputs x2", rate, capacity(p, Workload(profile, tasks, out_scale=2.0), slo, k, seed)[0]),
-            ("long share +10 points", rate,
-             capacity(p, Workload(profile, tasks, long_share=profile.long_share + 0.1), slo, profile.burstiness,
-                      seed)[0] if profile.long_input_tokens is not None else cap)]
+    rows = [
+        ("peak x2", rate * 2, cap),
+        ("outputs x2", rate, capacity(p, Workload(profile, tasks, out_scale=2.0), slo, k, seed)[0]),
+        (
+            "long share +10 points",
+            rate,
+            capacity(p, Workload(profile, tasks, long_share=profile.long_share + 0.1), slo, profile.burstiness, seed)[0]
+            if profile.long_input_tokens is not None
+            else cap,
+        ),
+    ]
     out = []
     for change, r, c in rows:
         n = _replicas(r, c, profile.headroom)
-        out.append(WhatIf(change=change, offered_peak_rps=r, replicas=n,
-                          devices=n * dep.devices_per_replica if n and dep else None,
-                          cost_per_hour=n * dep.price_per_hour if n and dep and dep.price_per_hour is not None
-                          else None))
+        out.append(
+            WhatIf(
+                change=change,
+                offered_peak_rps=r,
+                replicas=n,
+                devices=n * dep.devices_per_replica if n and dep else None,
+                cost_per_hour=n * dep.price_per_hour if n and dep and dep.price_per_hour is not None else None,
+            )
+        )
     return out
 
 
-def plan_tiers(profile: TrafficProfile, models: dict[str, tuple[PerfParams, list[PerfParams]]],
-               seed: int = 0) -> TierPlan | None:
+def plan_tiers(
+    profile: TrafficProfile, models: dict[str, tuple[PerfParams, list[PerfParams]]], seed: int = 0
+) -> TierPlan | None:
     """The :class:`TierPlan` of a profile that routes tasks to tiers (``None`` without tasks, or when a
     tier's candidate has no model in ``models``)."""
     if not profile.tasks or any(c not in models for c in profile.tiers.values()):
@@ -217,8 +264,9 @@ def plan_tiers(profile: TrafficProfile, models: dict[str, tuple[PerfParams, list
         if not tasks:
             continue
         p, boots = models[cand]
-        tp.tiers[tier] = plan_candidate(cand, p, boots, profile, rate_rps=off * sum(t.share for t in tasks),
-                                        tasks=tasks, seed=seed, what_if=False)
+        tp.tiers[tier] = plan_candidate(
+            cand, p, boots, profile, rate_rps=off * sum(t.share for t in tasks), tasks=tasks, seed=seed, what_if=False
+        )
     costs = [t.cost_per_hour for t in tp.tiers.values()]
     tp.blended_cost_per_hour = sum(c for c in costs if c is not None) if all(c is not None for c in costs) else None
     strong = profile.strong_tier or list(profile.tiers)[-1]

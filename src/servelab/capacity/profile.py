@@ -42,9 +42,11 @@ class Lengths(StrictModel):
         if self.mean is not None and self.p95 is not None:
             if self.p95 < self.mean:
                 raise ValueError(f"p95 {self.p95:g} is below the mean {self.mean:g}")
-            if math.log(self.p95 / self.mean) > Z95 ** 2 / 2:
-                raise ValueError(f"p95 {self.p95:g} is more than {math.exp(Z95 ** 2 / 2):.2f}x the mean: no "
-                                 "lognormal has that tail; give values instead")
+            if math.log(self.p95 / self.mean) > Z95**2 / 2:
+                raise ValueError(
+                    f"p95 {self.p95:g} is more than {math.exp(Z95**2 / 2):.2f}x the mean: no "
+                    "lognormal has that tail; give values instead"
+                )
         return self
 
     def expected(self) -> float:
@@ -59,8 +61,8 @@ class Lengths(StrictModel):
             return rng.choice(np.asarray(self.values, dtype=float), n)
         m = float(self.mean or 1.0)
         q = float(self.p95 or m)
-        sigma = Z95 - math.sqrt(max(Z95 ** 2 - 2 * math.log(q / m), 0.0))
-        mu = math.log(m) - sigma ** 2 / 2
+        sigma = Z95 - math.sqrt(max(Z95**2 - 2 * math.log(q / m), 0.0))
+        mu = math.log(m) - sigma**2 / 2
         return np.maximum(1.0, np.round(rng.lognormal(mu, sigma, n) if sigma > 0 else np.full(n, m)))
 
 
@@ -95,16 +97,18 @@ class TrafficProfile(StrictModel):
     daily_active_users: int = Field(ge=1, le=10_000_000_000)
     requests_per_user_per_day: float = Field(gt=0, le=1_000_000)
     peak_to_mean: float | None = Field(None, ge=1, le=1000, description="peak hour rate / daily mean rate")
-    hourly_shape: list[float] | None = Field(None, min_length=24, max_length=24,
-                                             description="relative traffic of each hour (24 values >= 0)")
+    hourly_shape: list[float] | None = Field(
+        None, min_length=24, max_length=24, description="relative traffic of each hour (24 values >= 0)"
+    )
     burst_factor: float = Field(1.0, ge=1, le=1000, description="batch-script bursts: K x the peak rate")
     burstiness: float = Field(1.0, gt=0, le=100, description="gamma shape of arrivals (1 Poisson, < 1 burstier)")
     input_tokens: Lengths
     output_tokens: Lengths
     long_share: float = Field(0.0, ge=0, le=1, description="share of long requests")
     long_input_tokens: Lengths | None = None
-    stream_hold_s: float | None = Field(None, gt=0, le=86400, description="how long a stream is held open, s "
-                                                                         "(default: the predicted E2E)")
+    stream_hold_s: float | None = Field(
+        None, gt=0, le=86400, description="how long a stream is held open, s (default: the predicted E2E)"
+    )
     retry_rate: float = Field(0.0, ge=0, lt=1, description="extra requests from retries, fraction")
     slo: list[str] = Field(default_factory=lambda: ["ttft_p95<=2s"])
     headroom: float = Field(0.3, ge=0, lt=1, description="fraction of each replica's capacity kept free")
@@ -147,8 +151,12 @@ class TrafficProfile(StrictModel):
 def load_profile(path: str | os.PathLike[str]) -> TrafficProfile:
     """Read and validate a traffic profile; raises :class:`ConfigError` with one line naming the file
     and the bad field."""
-    data = read_yaml_file(path, what="traffic profile", missing_fix="give an existing YAML file "
-                          "(see examples/traffic.yaml)", empty_fix="write a profile (see examples/traffic.yaml)")
+    data = read_yaml_file(
+        path,
+        what="traffic profile",
+        missing_fix="give an existing YAML file (see examples/traffic.yaml)",
+        empty_fix="write a profile (see examples/traffic.yaml)",
+    )
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping (daily_active_users:, …)")
     try:

@@ -8,8 +8,19 @@ from pydantic import Field
 
 from servelab.bench.results import Interval, ResultModel
 
-__all__ = ["CandidatePlan", "CapacityReport", "FitReport", "Formula", "PeakLoad", "PerfParams", "Prediction",
-           "StepCheck", "TierPlan", "Validation", "WhatIf"]
+__all__ = [
+    "CandidatePlan",
+    "CapacityReport",
+    "FitReport",
+    "Formula",
+    "PeakLoad",
+    "PerfParams",
+    "Prediction",
+    "StepCheck",
+    "TierPlan",
+    "Validation",
+    "WhatIf",
+]
 
 
 class PerfParams(ResultModel):

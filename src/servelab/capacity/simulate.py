@@ -64,7 +64,7 @@ class _Replica:
         self.waiting: deque[int] = deque()
         self.prefilling: list[tuple[float, int]] = []
         self.dec_next: dict[int, float] = {}  # decoding request -> scheduled time of its next token
-        self.dec_left: dict[int, int] = {}    # tokens left, the next one included
+        self.dec_left: dict[int, int] = {}  # tokens left, the next one included
 
     def gap(self) -> float:
         """Seconds between two tokens at the batch decoding now."""
@@ -128,8 +128,14 @@ class _Replica:
         return ended
 
 
-def simulate(p: PerfParams, prompt: np.ndarray, output: np.ndarray, *, concurrency: int | None = None,
-             arrival_s: np.ndarray | None = None) -> SimRun:
+def simulate(
+    p: PerfParams,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    *,
+    concurrency: int | None = None,
+    arrival_s: np.ndarray | None = None,
+) -> SimRun:
     """Serve the requests (``prompt``/``output`` tokens, in sending order) with ``p``: a closed loop of
     ``concurrency`` clients, or open loop at ``arrival_s``. Raises ``ValueError`` with neither."""
     n = len(prompt)

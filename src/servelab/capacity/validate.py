@@ -34,8 +34,9 @@ def _pred(point: float, boots: list[float], measured: float) -> Prediction:
     if boots:
         lo, hi = np.percentile(boots, [2.5, 97.5])
         iv = Interval(lo=float(lo), hi=float(hi), n=len(boots), method="bootstrap-simulated")
-    return Prediction(predicted=point, interval=iv, measured=measured,
-                      error=(point - measured) / measured if measured else None)
+    return Prediction(
+        predicted=point, interval=iv, measured=measured, error=(point - measured) / measured if measured else None
+    )
 
 
 def predict_step(p: PerfParams, boots: list[PerfParams], st: StepEvidence, fitted_on: list[str]) -> StepCheck:
@@ -46,14 +47,20 @@ def predict_step(p: PerfParams, boots: list[PerfParams], st: StepEvidence, fitte
     m50, m95 = np.percentile(ttft, [50, 95])
     span = max(r.end for r in st.requests) - min(r.sent for r in st.requests)
     m_tps = sum(r.output for r in st.requests) / span
-    return StepCheck(step=st.label, concurrency=st.concurrency, requests=len(st.requests), fitted_on=fitted_on,
-                     ttft_p50_s=_pred(point[0], [b[0] for b in bs], float(m50)),
-                     ttft_p95_s=_pred(point[1], [b[1] for b in bs], float(m95)),
-                     output_tps=_pred(point[2], [b[2] for b in bs], m_tps))
+    return StepCheck(
+        step=st.label,
+        concurrency=st.concurrency,
+        requests=len(st.requests),
+        fitted_on=fitted_on,
+        ttft_p50_s=_pred(point[0], [b[0] for b in bs], float(m50)),
+        ttft_p95_s=_pred(point[1], [b[1] for b in bs], float(m95)),
+        output_tps=_pred(point[2], [b[2] for b in bs], m_tps),
+    )
 
 
-def validate(steps: list[StepEvidence], *, declared_slots: int | None = None, bootstrap: int = 30,
-             seed: int = 0) -> Validation:
+def validate(
+    steps: list[StepEvidence], *, declared_slots: int | None = None, bootstrap: int = 30, seed: int = 0
+) -> Validation:
     """Leave-one-step-out over the closed-loop ``steps`` (module doc); needs two steps or more (else
     an empty :class:`Validation`)."""
     closed = [s for s in steps if s.concurrency]
@@ -63,7 +70,11 @@ def validate(steps: list[StepEvidence], *, declared_slots: int | None = None, bo
             rest = [s for j, s in enumerate(closed) if j != k]
             rep, boots = fit(rest, declared_slots=declared_slots, bootstrap=bootstrap, seed=seed)
             checks.append(predict_step(rep.params, boots, held, [s.label for s in rest]))
-    errs = [abs(e) for c in checks for e in (c.ttft_p50_s.error, c.ttft_p95_s.error, c.output_tps.error)
-            if e is not None]
-    return Validation(steps=checks, median_abs_error=float(np.median(errs)) if errs else None,
-                      max_abs_error=max(errs) if errs else None)
+    errs = [
+        abs(e) for c in checks for e in (c.ttft_p50_s.error, c.ttft_p95_s.error, c.output_tps.error) if e is not None
+    ]
+    return Validation(
+        steps=checks,
+        median_abs_error=float(np.median(errs)) if errs else None,
+        max_abs_error=max(errs) if errs else None,
+    )

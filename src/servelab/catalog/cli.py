@@ -9,9 +9,13 @@ from typing import Any
 
 import typer
 
-catalog_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                          help="The engine, model and hardware catalogs servelab selects from "
-                               "(every row with its source URL and the date it was checked).")
+catalog_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="The engine, model and hardware catalogs servelab selects from "
+    "(every row with its source URL and the date it was checked).",
+)
 
 _JSON = typer.Option(False, "--json", help="Print JSON (a list of entries with every field) instead of a table.")
 
@@ -32,10 +36,21 @@ def _yes(flag: bool | None) -> str:
     return {True: "yes", False: "no", None: "?"}[flag]
 
 
-_FEATURE_SHORT = {"continuous_batching": "CB", "prefix_cache": "prefix", "structured_output": "json",
-                  "tool_calling": "tools", "lora": "LoRA", "speculative_decoding": "spec", "mtp": "MTP",
-                  "tp": "TP", "pp": "PP", "ep": "EP", "dp": "DP", "openai_api": "OpenAI",
-                  "metrics_endpoint": "metrics"}
+_FEATURE_SHORT = {
+    "continuous_batching": "CB",
+    "prefix_cache": "prefix",
+    "structured_output": "json",
+    "tool_calling": "tools",
+    "lora": "LoRA",
+    "speculative_decoding": "spec",
+    "mtp": "MTP",
+    "tp": "TP",
+    "pp": "PP",
+    "ep": "EP",
+    "dp": "DP",
+    "openai_api": "OpenAI",
+    "metrics_endpoint": "metrics",
+}
 
 
 def feature_summary(entry: Any) -> str:
@@ -54,11 +69,16 @@ def lifecycle_text(entry: Any) -> str:
 
 
 @catalog_app.command("engines")
-def engines_command(as_json: bool = _JSON,
-                    lifecycle: bool = typer.Option(False, "--lifecycle",
-                                                   help="Show each project's maintenance state: whether a "
-                                                        "new platform may start on it, since when, and the "
-                                                        "source that says so.")) -> None:
+def engines_command(
+    as_json: bool = _JSON,
+    lifecycle: bool = typer.Option(
+        False,
+        "--lifecycle",
+        help="Show each project's maintenance state: whether a "
+        "new platform may start on it, since when, and the "
+        "source that says so.",
+    ),
+) -> None:
     """Inference engines, pipeline libraries and serving platforms (000 §1–§4): stack layers, tasks,
     input → output modalities, platforms, features, lifecycle."""
     from rich.table import Table
@@ -75,17 +95,31 @@ def engines_command(as_json: bool = _JSON,
             t.add_column(col, overflow="fold")
         for e in sorted(engines, key=lambda x: (x.lifecycle.for_new_platforms, x.name)):
             lc = e.lifecycle
-            t.add_row(e.name, lc.status, str(lc.since or "-"), "yes" if lc.for_new_platforms else "NO",
-                      lc.note or "-", lc.source or e.source, str(lc.checked or e.checked))
+            t.add_row(
+                e.name,
+                lc.status,
+                str(lc.since or "-"),
+                "yes" if lc.for_new_platforms else "NO",
+                lc.note or "-",
+                lc.source or e.source,
+                str(lc.checked or e.checked),
+            )
         console().print(t)
         return
     t = Table(title=f"engines ({len(engines)}; `--lifecycle` for maintenance state, `--json` for every field)")
     for col in ("engine", "layers", "tasks", "input → output", "platforms", "features", "lifecycle", "source"):
         t.add_column(col, overflow="fold")
     for e in engines:
-        t.add_row(e.name, ", ".join(e.layers), ", ".join(e.tasks),
-                  f"{'+'.join(e.input_modalities)} → {'+'.join(e.output_modalities)}", ", ".join(e.platforms),
-                  feature_summary(e), lifecycle_text(e), f"{e.source} ({e.checked})")
+        t.add_row(
+            e.name,
+            ", ".join(e.layers),
+            ", ".join(e.tasks),
+            f"{'+'.join(e.input_modalities)} → {'+'.join(e.output_modalities)}",
+            ", ".join(e.platforms),
+            feature_summary(e),
+            lifecycle_text(e),
+            f"{e.source} ({e.checked})",
+        )
     console().print(t)
 
 
@@ -111,13 +145,18 @@ def hardware_command(as_json: bool = _JSON) -> None:
     for h in hw:
         tf = h.dense_tflops
         bf16 = tf.get("bf16", tf.get("fp16"))
-        t.add_row(h.name, h.kind, est(h, "memory_gib", f"{h.memory_gib:g}"),
-                  est(h, "memory_bandwidth_gbps", f"{h.memory_bandwidth_gbps:g}"),
-                  est(h, "dense_tflops", "-" if bf16 is None else f"{bf16:g}"),
-                  "-" if "fp8" not in tf else est(h, "dense_tflops", f"{tf['fp8']:g}"),
-                  "-" if "fp4" not in tf else f"{tf['fp4']:g}",
-                  f"{h.interconnect.kind} {h.interconnect.bandwidth_gbps:g}", ", ".join(h.aliases),
-                  f"{h.source} ({h.checked})")
+        t.add_row(
+            h.name,
+            h.kind,
+            est(h, "memory_gib", f"{h.memory_gib:g}"),
+            est(h, "memory_bandwidth_gbps", f"{h.memory_bandwidth_gbps:g}"),
+            est(h, "dense_tflops", "-" if bf16 is None else f"{bf16:g}"),
+            "-" if "fp8" not in tf else est(h, "dense_tflops", f"{tf['fp8']:g}"),
+            "-" if "fp4" not in tf else f"{tf['fp4']:g}",
+            f"{h.interconnect.kind} {h.interconnect.bandwidth_gbps:g}",
+            ", ".join(h.aliases),
+            f"{h.source} ({h.checked})",
+        )
     console().print(t)
 
 
@@ -138,6 +177,13 @@ def models_command(as_json: bool = _JSON) -> None:
     for m in models:
         p = m.published_params
         params = f"{p.total / 1e9:.3g}B" + (f" / {p.active / 1e9:.3g}B" if p.active else "")
-        t.add_row(m.name, m.family, m.kind, ", ".join(m.tasks), params, f"{m.architecture.max_context:,}",
-                  f"{m.source} ({m.checked})")
+        t.add_row(
+            m.name,
+            m.family,
+            m.kind,
+            ", ".join(m.tasks),
+            params,
+            f"{m.architecture.max_context:,}",
+            f"{m.source} ({m.checked})",
+        )
     console().print(t)

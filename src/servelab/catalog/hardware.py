@@ -41,18 +41,23 @@ def parse_hardware_spec(spec: str) -> tuple[HardwareEntry, int]:
     above the entry's ``max_per_node`` × 64 (no catalogued deployment is that large)."""
     m = _SPEC.match(spec or "")
     if not spec or m is None or not m.group("name").strip():
-        raise ConfigError(f"--hardware {spec!r}: write NAME[:COUNT], e.g. H100-80GB:2 or laptop-cpu "
-                          "(`servelab catalog hardware` lists the names)")
+        raise ConfigError(
+            f"--hardware {spec!r}: write NAME[:COUNT], e.g. H100-80GB:2 or laptop-cpu "
+            "(`servelab catalog hardware` lists the names)"
+        )
     raw = m.group("count")
     if raw is None:
         count = 1
     elif not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"--hardware {spec!r}: the device count {raw!r} must be a whole number >= 1, "
-                          "e.g. H100-80GB:2")
+        raise ConfigError(
+            f"--hardware {spec!r}: the device count {raw!r} must be a whole number >= 1, e.g. H100-80GB:2"
+        )
     else:
         count = int(raw)
     hw = find_hardware(m.group("name"))
     if count > hw.max_per_node * 64:
-        raise ConfigError(f"--hardware {spec!r}: {count} devices is beyond {hw.max_per_node * 64} "
-                          f"({hw.max_per_node} per node x 64 nodes); give the devices of one deployment")
+        raise ConfigError(
+            f"--hardware {spec!r}: {count} devices is beyond {hw.max_per_node * 64} "
+            f"({hw.max_per_node} per node x 64 nodes); give the devices of one deployment"
+        )
     return hw, count

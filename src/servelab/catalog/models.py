@@ -38,8 +38,12 @@ MODELS_SCHEMA_FILE = DATA_DIR / "models.schema.json"
 Mixer = Literal["full", "sliding", "mla", "mamba2", "none"]
 Ffn = Literal["dense", "moe", "none"]
 _ALL_FULL: tuple[Mixer, ...] = ("full",)  # the default layer pattern: full attention in every layer
-_HYBRID_CHARS: dict[str, tuple[Mixer, Ffn]] = {"M": ("mamba2", "none"), "*": ("full", "none"),
-                                               "-": ("none", "dense"), "E": ("none", "moe")}
+_HYBRID_CHARS: dict[str, tuple[Mixer, Ffn]] = {
+    "M": ("mamba2", "none"),
+    "*": ("full", "none"),
+    "-": ("none", "dense"),
+    "E": ("none", "moe"),
+}
 
 
 class Attention(FrozenModel):
@@ -57,8 +61,10 @@ class Attention(FrozenModel):
     @model_validator(mode="after")
     def _gqa(self) -> Attention:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads}): "
-                             "each KV head serves a whole group of query heads")
+            raise ValueError(
+                f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads}): "
+                "each KV head serves a whole group of query heads"
+            )
         return self
 
     @property
@@ -151,8 +157,10 @@ class Architecture(FrozenModel):
             if bad:
                 raise ValueError(f"hybrid_override_pattern has unknown characters {bad} (allowed M * - E)")
             if len(self.hybrid_override_pattern) != self.num_layers:
-                raise ValueError(f"hybrid_override_pattern has {len(self.hybrid_override_pattern)} characters "
-                                 f"but num_layers is {self.num_layers}")
+                raise ValueError(
+                    f"hybrid_override_pattern has {len(self.hybrid_override_pattern)} characters "
+                    f"but num_layers is {self.num_layers}"
+                )
         mixers = set(self.layer_mixers())
         ffns = set(self.layer_ffns())
         if mixers & {"full", "sliding"} and self.attention is None:
@@ -282,8 +290,12 @@ def load_catalog(path: str | Path | None = None) -> ModelCatalog:
     read, is not YAML, or fails validation (a missing ``source``/``checked`` included).
     """
     p = Path(path) if path is not None else MODELS_FILE
-    raw = read_yaml_file(p, what="models catalog", missing_fix="give a models YAML file (the packaged one: "
-                         "catalog/data/models.yaml)", empty_fix="write a models: list (see catalog/data/models.yaml)")
+    raw = read_yaml_file(
+        p,
+        what="models catalog",
+        missing_fix="give a models YAML file (the packaged one: catalog/data/models.yaml)",
+        empty_fix="write a models: list (see catalog/data/models.yaml)",
+    )
     try:
         return ModelCatalog.model_validate(raw)
     except ValidationError as e:
@@ -319,5 +331,20 @@ def entry_from_dict(data: dict[str, Any], where: str | None = None) -> ModelEntr
         raise ConfigError(validation_error_line(e, where or f"model {data.get('name')!r}", ModelEntry)) from None
 
 
-__all__ = ["MLA", "PUBLISHED_SCHEMA", "SSM", "Architecture", "Attention", "Component", "ModelCatalog", "ModelEntry",
-           "MoE", "PublishedParams", "VideoSpec", "entry_from_dict", "load_catalog", "load_models", "schema_text"]
+__all__ = [
+    "MLA",
+    "PUBLISHED_SCHEMA",
+    "SSM",
+    "Architecture",
+    "Attention",
+    "Component",
+    "ModelCatalog",
+    "ModelEntry",
+    "MoE",
+    "PublishedParams",
+    "VideoSpec",
+    "entry_from_dict",
+    "load_catalog",
+    "load_models",
+    "schema_text",
+]

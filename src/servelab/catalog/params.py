@@ -32,8 +32,9 @@ def attention_params(a: Architecture, mixer: str) -> int:
         assert m is not None
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
         q = h * m.q_lora_rank + m.q_lora_rank * m.num_heads * qk if m.q_lora_rank else h * m.num_heads * qk
-        kv = (h * (m.kv_lora_rank + m.qk_rope_head_dim)
-              + m.kv_lora_rank * m.num_heads * (m.qk_nope_head_dim + m.v_head_dim))
+        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * m.num_heads * (
+            m.qk_nope_head_dim + m.v_head_dim
+        )
         return q + kv + m.num_heads * m.v_head_dim * h
     if mixer == "mamba2":
         s = a.ssm

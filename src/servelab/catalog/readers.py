@@ -59,9 +59,11 @@ def _req(cfg: dict[str, Any], *keys: str, where: str) -> Any:
     for k in keys:
         if cfg.get(k) is not None:
             return cfg[k]
-    raise ConfigError(f"{where}: missing {' / '.join(keys)}; this config.json does not describe a supported "
-                      "decoder (supported: Llama, Mistral, Mixtral, Qwen2/3(-MoE), DeepSeek-V2/V3, Kimi K2, "
-                      "GLM-4-MoE, Gemma 3, gpt-oss, Nemotron-H)")
+    raise ConfigError(
+        f"{where}: missing {' / '.join(keys)}; this config.json does not describe a supported "
+        "decoder (supported: Llama, Mistral, Mixtral, Qwen2/3(-MoE), DeepSeek-V2/V3, Kimi K2, "
+        "GLM-4-MoE, Gemma 3, gpt-oss, Nemotron-H)"
+    )
 
 
 def _pattern_from_layer_types(types: list[str], where: str) -> list[str]:
@@ -85,8 +87,9 @@ def _mtp_params(arch: dict[str, Any]) -> float:
     return layer_params(a, a.num_layers - 1) + 2 * a.hidden_size * a.hidden_size
 
 
-def architecture_from_hf(cfg: dict[str, Any],
-                         where: str = "config.json") -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+def architecture_from_hf(
+    cfg: dict[str, Any], where: str = "config.json"
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
     """Map a transformers ``config.json`` dict to ``(architecture dict, components, notes)``.
 
     Raises :class:`ConfigError` (one line naming the missing field) when it is not a supported decoder.
@@ -98,9 +101,14 @@ def architecture_from_hf(cfg: dict[str, Any],
     if text is not None:
         notes.append(f"decoder read from text_config (model_type {mtype})")
         if isinstance(cfg.get("vision_config"), dict):
-            components.append({"name": "vision encoder (from vision_config, size not in config.json)",
-                               "role": "vision_encoder", "params": 4.2e8,
-                               "note": "assumed ~0.42B (SigLIP-So400m); not stated in config.json"})
+            components.append(
+                {
+                    "name": "vision encoder (from vision_config, size not in config.json)",
+                    "role": "vision_encoder",
+                    "params": 4.2e8,
+                    "note": "assumed ~0.42B (SigLIP-So400m); not stated in config.json",
+                }
+            )
             notes.append("vision encoder size assumed 0.42B (SigLIP-So400m class), not read from the file")
         cfg = {**text, "model_type": text.get("model_type", mtype)}
         mtype = str(cfg.get("model_type", mtype))
@@ -111,7 +119,8 @@ def architecture_from_hf(cfg: dict[str, Any],
         if value < 1:
             raise ConfigError(f"{where}: {key} is {value}; it must be a positive integer")
     arch: dict[str, Any] = {
-        "num_layers": L, "hidden_size": hidden,
+        "num_layers": L,
+        "hidden_size": hidden,
         "vocab_size": int(cfg.get("vocab_size") or 0),
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", mtype.startswith("gemma"))),
         "max_context": int(cfg.get("max_position_embeddings") or cfg.get("seq_length") or 4096),
@@ -121,30 +130,41 @@ def architecture_from_hf(cfg: dict[str, Any],
     window = cfg.get("sliding_window")
     # --- MLA (DeepSeek-V2/V3, Kimi K2)
     if cfg.get("kv_lora_rank"):
-        arch["mla"] = {"num_heads": heads, "q_lora_rank": cfg.get("q_lora_rank"),
-                       "kv_lora_rank": int(cfg["kv_lora_rank"]),
-                       "qk_nope_head_dim": int(_req(cfg, "qk_nope_head_dim", where=where)),
-                       "qk_rope_head_dim": int(_req(cfg, "qk_rope_head_dim", where=where)),
-                       "v_head_dim": int(_req(cfg, "v_head_dim", where=where))}
+        arch["mla"] = {
+            "num_heads": heads,
+            "q_lora_rank": cfg.get("q_lora_rank"),
+            "kv_lora_rank": int(cfg["kv_lora_rank"]),
+            "qk_nope_head_dim": int(_req(cfg, "qk_nope_head_dim", where=where)),
+            "qk_rope_head_dim": int(_req(cfg, "qk_rope_head_dim", where=where)),
+            "v_head_dim": int(_req(cfg, "v_head_dim", where=where)),
+        }
         arch["mixer_pattern"] = ["mla"]
     else:
-        arch["attention"] = {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim,
-                             "sinks": mtype == "gpt_oss"}
+        arch["attention"] = {
+            "num_heads": heads,
+            "num_kv_heads": kv_heads,
+            "head_dim": head_dim,
+            "sinks": mtype == "gpt_oss",
+        }
     # --- layer pattern
     if cfg.get("hybrid_override_pattern"):
         arch["hybrid_override_pattern"] = str(cfg["hybrid_override_pattern"])
-        arch["ssm"] = {"num_heads": int(_req(cfg, "mamba_num_heads", where=where)),
-                       "head_dim": int(_req(cfg, "mamba_head_dim", where=where)),
-                       "d_state": int(_req(cfg, "ssm_state_size", where=where)),
-                       "n_groups": int(cfg.get("n_groups") or 1), "conv_kernel": int(cfg.get("conv_kernel") or 4)}
+        arch["ssm"] = {
+            "num_heads": int(_req(cfg, "mamba_num_heads", where=where)),
+            "head_dim": int(_req(cfg, "mamba_head_dim", where=where)),
+            "d_state": int(_req(cfg, "ssm_state_size", where=where)),
+            "n_groups": int(cfg.get("n_groups") or 1),
+            "conv_kernel": int(cfg.get("conv_kernel") or 4),
+        }
         if cfg.get("attention_head_dim"):
             arch["attention"]["head_dim"] = int(cfg["attention_head_dim"])
         arch["ffn_gated"] = False  # Nemotron-H MLP layers: squared-ReLU up/down (2 matrices)
     elif isinstance(cfg.get("layer_types"), list) and "attention" in arch:
         arch["mixer_pattern"] = _pattern_from_layer_types(cfg["layer_types"], where)
         if len(arch["mixer_pattern"]) != L:
-            raise ConfigError(f"{where}: layer_types has {len(arch['mixer_pattern'])} entries, "
-                              f"num_hidden_layers is {L}")
+            raise ConfigError(
+                f"{where}: layer_types has {len(arch['mixer_pattern'])} entries, num_hidden_layers is {L}"
+            )
     elif mtype.startswith("gemma3") and window:
         period = int(cfg.get("sliding_window_pattern") or 6)
         arch["mixer_pattern"] = ["sliding"] * (period - 1) + ["full"]
@@ -153,8 +173,10 @@ def architecture_from_hf(cfg: dict[str, Any],
         arch["mixer_pattern"] = ["sliding"]
     if "attention" in arch and ("sliding" in arch.get("mixer_pattern", [])):
         if not window:
-            raise ConfigError(f"{where}: layer_types has sliding_attention layers but no sliding_window is set; "
-                              "add sliding_window (tokens) to the config.json")
+            raise ConfigError(
+                f"{where}: layer_types has sliding_attention layers but no sliding_window is set; "
+                "add sliding_window (tokens) to the config.json"
+            )
         arch["attention"]["sliding_window"] = int(window)
     # --- FFN / MoE
     n_exp = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts")
@@ -162,9 +184,13 @@ def architecture_from_hf(cfg: dict[str, Any],
         k = int(_req(cfg, "num_experts_per_tok", "experts_per_token", where=where))
         exp_ffn = int(cfg.get("moe_intermediate_size") or _req(cfg, "intermediate_size", where=where))
         shared = int(cfg.get("n_shared_experts") or (1 if cfg.get("shared_expert_intermediate_size") else 0))
-        moe: dict[str, Any] = {"num_experts": int(n_exp), "experts_per_token": k, "expert_intermediate": exp_ffn,
-                               "shared_experts": shared,
-                               "first_dense_layers": int(cfg.get("first_k_dense_replace") or 0)}
+        moe: dict[str, Any] = {
+            "num_experts": int(n_exp),
+            "experts_per_token": k,
+            "expert_intermediate": exp_ffn,
+            "shared_experts": shared,
+            "first_dense_layers": int(cfg.get("first_k_dense_replace") or 0),
+        }
         if cfg.get("shared_expert_intermediate_size"):
             moe["shared_intermediate"] = int(cfg["shared_expert_intermediate_size"])
         arch["moe"] = moe
@@ -180,9 +206,15 @@ def architecture_from_hf(cfg: dict[str, Any],
         arch["ffn_intermediate"] = int(_req(cfg, "intermediate_size", "n_inner", "ffn_dim", where=where))
     nextn = int(cfg.get("num_nextn_predict_layers") or 0)
     if nextn:
-        components.append({"name": f"MTP module x{nextn} (num_nextn_predict_layers)", "role": "mtp",
-                           "params": nextn * _mtp_params(arch), "decoder_layers": nextn,
-                           "note": "computed as one decoder layer + projection each"})
+        components.append(
+            {
+                "name": f"MTP module x{nextn} (num_nextn_predict_layers)",
+                "role": "mtp",
+                "params": nextn * _mtp_params(arch),
+                "decoder_layers": nextn,
+                "note": "computed as one decoder layer + projection each",
+            }
+        )
     return arch, components, notes
 
 
@@ -209,27 +241,63 @@ def read_hf_config(path: str | Path) -> ModelEntry:
         raise
     except (TypeError, ValueError, ZeroDivisionError, AttributeError) as e:
         # a field of the wrong type or an impossible value (e.g. "head_dim": "x", 0 heads)
-        raise ConfigError(f"{p}: a field has an unusable value ({e}); fix the config.json (numbers must be "
-                          "positive integers) or pass the checkpoint's original config.json") from None
+        raise ConfigError(
+            f"{p}: a field has an unusable value ({e}); fix the config.json (numbers must be "
+            "positive integers) or pass the checkpoint's original config.json"
+        ) from None
     name = str(cfg.get("_name_or_path") or p.parent.name or "model").lower()
-    return _entry(name=name, family=str(cfg.get("model_type", "unknown")), arch=arch, components=components,
-                  notes=[f"read from {p}", *notes], source=HF_CONFIG_DOC,
-                  native=("fp8" if (cfg.get("quantization_config") or {}).get("quant_method") == "fp8" else
-                          "mxfp4-experts" if (cfg.get("quantization_config") or {}).get("quant_method") == "mxfp4"
-                          else "bf16"))
+    return _entry(
+        name=name,
+        family=str(cfg.get("model_type", "unknown")),
+        arch=arch,
+        components=components,
+        notes=[f"read from {p}", *notes],
+        source=HF_CONFIG_DOC,
+        native=(
+            "fp8"
+            if (cfg.get("quantization_config") or {}).get("quant_method") == "fp8"
+            else "mxfp4-experts"
+            if (cfg.get("quantization_config") or {}).get("quant_method") == "mxfp4"
+            else "bf16"
+        ),
+    )
 
 
-def _entry(name: str, family: str, arch: dict[str, Any], components: list[dict[str, Any]], notes: list[str],
-           source: str, native: str) -> ModelEntry:
+def _entry(
+    name: str,
+    family: str,
+    arch: dict[str, Any],
+    components: list[dict[str, Any]],
+    notes: list[str],
+    source: str,
+    native: str,
+) -> ModelEntry:
     safe = re.sub(r"[^a-z0-9_.+-]+", "-", name.lower()).strip("-.") or "model"
-    data = {"name": safe, "display_name": name, "family": family, "kind": "decoder", "tasks": ["chat"],
-            "native_dtype": native, "architecture": arch, "components": components,
-            "published_params": {"total": 1.0}, "source": source, "checked": _today(),
-            "verified": [], "unconfirmed": ["published_params"], "notes": notes}
+    data = {
+        "name": safe,
+        "display_name": name,
+        "family": family,
+        "kind": "decoder",
+        "tasks": ["chat"],
+        "native_dtype": native,
+        "architecture": arch,
+        "components": components,
+        "published_params": {"total": 1.0},
+        "source": source,
+        "checked": _today(),
+        "verified": [],
+        "unconfirmed": ["published_params"],
+        "notes": notes,
+    }
     entry = entry_from_dict(data, where=notes[0].removeprefix("read from ") if notes else None)
     total = total_params(entry)
-    return entry.model_copy(update={"published_params": entry.published_params.model_copy(
-        update={"total": total, "note": "computed from the architecture, not published"})})
+    return entry.model_copy(
+        update={
+            "published_params": entry.published_params.model_copy(
+                update={"total": total, "note": "computed from the architecture, not published"}
+            )
+        }
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -267,22 +335,38 @@ def read_gguf(path: str | Path) -> ModelEntry:
     val_len = int(_arch_key(meta, arch, "attention.value_length") or key_len)
     vocab = _arch_key(meta, arch, "vocab_size") or model_summary(p).get("vocab_size") or 0
     tensors = gguf_tensor_bytes(p)
-    a: dict[str, Any] = {"num_layers": L, "hidden_size": hidden, "vocab_size": int(vocab),
-                         "tie_word_embeddings": "output.weight" not in tensors.names,
-                         "max_context": int(_arch_key(meta, arch, "context_length") or 4096)}
-    notes = [f"read from {p}", f"GGUF file type {model_summary(p).get('file_type_name')}",
-             f"tensor data {tensors.total_bytes} bytes ({tensors.bits_per_weight:.2f} bits/weight over "
-             f"{tensors.total_elements} weights)"]
+    a: dict[str, Any] = {
+        "num_layers": L,
+        "hidden_size": hidden,
+        "vocab_size": int(vocab),
+        "tie_word_embeddings": "output.weight" not in tensors.names,
+        "max_context": int(_arch_key(meta, arch, "context_length") or 4096),
+    }
+    notes = [
+        f"read from {p}",
+        f"GGUF file type {model_summary(p).get('file_type_name')}",
+        f"tensor data {tensors.total_bytes} bytes ({tensors.bits_per_weight:.2f} bits/weight over "
+        f"{tensors.total_elements} weights)",
+    ]
     kv_lora = _arch_key(meta, arch, "attention.kv_lora_rank")
     if kv_lora:
         rope = int(_arch_key(meta, arch, "rope.dimension_count") or 64)
-        a["mla"] = {"num_heads": heads, "q_lora_rank": _arch_key(meta, arch, "attention.q_lora_rank") or None,
-                    "kv_lora_rank": int(kv_lora), "qk_nope_head_dim": max(1, key_len - rope),
-                    "qk_rope_head_dim": rope, "v_head_dim": val_len}
+        a["mla"] = {
+            "num_heads": heads,
+            "q_lora_rank": _arch_key(meta, arch, "attention.q_lora_rank") or None,
+            "kv_lora_rank": int(kv_lora),
+            "qk_nope_head_dim": max(1, key_len - rope),
+            "qk_rope_head_dim": rope,
+            "v_head_dim": val_len,
+        }
         a["mixer_pattern"] = ["mla"]
     else:
-        a["attention"] = {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": key_len,
-                          "v_head_dim": val_len if val_len != key_len else None}
+        a["attention"] = {
+            "num_heads": heads,
+            "num_kv_heads": kv_heads,
+            "head_dim": key_len,
+            "v_head_dim": val_len if val_len != key_len else None,
+        }
         window = _arch_key(meta, arch, "attention.sliding_window")
         if window:
             a["attention"]["sliding_window"] = int(window)
@@ -298,18 +382,25 @@ def read_gguf(path: str | Path) -> ModelEntry:
     if ssm_state:
         inner = int(need("ssm.inner_size"))
         n_heads = int(_arch_key(meta, arch, "ssm.time_step_rank") or inner // 64)
-        a["ssm"] = {"num_heads": n_heads, "head_dim": inner // n_heads, "d_state": int(ssm_state),
-                    "n_groups": int(_arch_key(meta, arch, "ssm.group_count") or 1),
-                    "conv_kernel": int(_arch_key(meta, arch, "ssm.conv_kernel") or 4)}
+        a["ssm"] = {
+            "num_heads": n_heads,
+            "head_dim": inner // n_heads,
+            "d_state": int(ssm_state),
+            "n_groups": int(_arch_key(meta, arch, "ssm.group_count") or 1),
+            "conv_kernel": int(_arch_key(meta, arch, "ssm.conv_kernel") or 4),
+        }
         if "mixer_pattern" not in a or a["mixer_pattern"] == ["full"]:
             a["mixer_pattern"] = ["mamba2"]
     n_exp = _arch_key(meta, arch, "expert_count")
     if n_exp:
         exp_ffn = _arch_key(meta, arch, "expert_feed_forward_length") or need("feed_forward_length")
-        a["moe"] = {"num_experts": int(n_exp), "experts_per_token": int(need("expert_used_count")),
-                    "expert_intermediate": int(exp_ffn),
-                    "shared_experts": int(_arch_key(meta, arch, "expert_shared_count") or 0),
-                    "first_dense_layers": int(_arch_key(meta, arch, "leading_dense_block_count") or 0)}
+        a["moe"] = {
+            "num_experts": int(n_exp),
+            "experts_per_token": int(need("expert_used_count")),
+            "expert_intermediate": int(exp_ffn),
+            "shared_experts": int(_arch_key(meta, arch, "expert_shared_count") or 0),
+            "first_dense_layers": int(_arch_key(meta, arch, "leading_dense_block_count") or 0),
+        }
         if a["moe"]["first_dense_layers"] or a["moe"]["shared_experts"]:
             a["ffn_intermediate"] = int(need("feed_forward_length"))
     else:
@@ -381,7 +472,7 @@ def gguf_tensor_bytes(path: str | Path) -> GGUFTensors:
                 pos = _skip_value(buf, pos + 4, vtype)
             for _ in range(n_tensors):
                 (nlen,) = struct.unpack_from("<Q", buf, pos)
-                name = buf[pos + 8:pos + 8 + nlen].decode("utf-8", "replace")
+                name = buf[pos + 8 : pos + 8 + nlen].decode("utf-8", "replace")
                 pos += 8 + nlen
                 (ndim,) = struct.unpack_from("<I", buf, pos)
                 dims = struct.unpack_from(f"<{ndim}Q", buf, pos + 4)
@@ -418,8 +509,10 @@ def read_model_file(path: str | Path) -> ModelEntry:
         if p.suffix.lower() == ".gguf":
             check_gguf(p)  # raises: names the first bytes and what the file looks like instead
         if head[:1] not in (b"{", b" ", b"\n", b"\r", b"\t"):
-            raise ConfigError(f"{p} is neither a GGUF file (no 'GGUF' magic; first bytes {head!r}) nor a "
-                              "config.json; pass a .gguf file, a Hugging Face config.json or its folder")
+            raise ConfigError(
+                f"{p} is neither a GGUF file (no 'GGUF' magic; first bytes {head!r}) nor a "
+                "config.json; pass a .gguf file, a Hugging Face config.json or its folder"
+            )
         return read_hf_config(p)
     if p.is_dir() and (p / "config.json").is_file():
         return read_hf_config(p)

@@ -42,12 +42,16 @@ def find_model(name_or_path: str | Path) -> ModelEntry:
     if p.exists():
         return read_model_file(p)
     if "/" in key or "\\" in key or p.suffix.lower() in (".gguf", ".json"):
-        raise ConfigError(f"model file {key!r} not found; check the path, or pass a catalog name "
-                          "(`servelab catalog models` lists them)")
+        raise ConfigError(
+            f"model file {key!r} not found; check the path, or pass a catalog name "
+            "(`servelab catalog models` lists them)"
+        )
     names = sorted({m.name for m in load_models()} | {a for m in load_models() for a in m.aliases})
     near = difflib.get_close_matches(key, names, n=3, cutoff=0.4)
     if not near:
         near = difflib.get_close_matches(key.lower(), [n.lower() for n in names], n=3, cutoff=0.3)
     hint = f"; did you mean {', '.join(near)}?" if near else ""
-    raise ConfigError(f"unknown model {key!r}: not in the models catalog and not a config.json/GGUF path{hint} "
-                      "(list them with `servelab catalog models`, or pass a config.json or .gguf path)")
+    raise ConfigError(
+        f"unknown model {key!r}: not in the models catalog and not a config.json/GGUF path{hint} "
+        "(list them with `servelab catalog models`, or pass a config.json or .gguf path)"
+    )

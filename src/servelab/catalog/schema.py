@@ -30,19 +30,63 @@ from servelab.wire.errors import ConfigError
 DATA_DIR = Path(__file__).with_name("data")
 
 #: Stack layers of 000 §2, in order from weights to operations.
-LAYERS: tuple[str, ...] = ("model-artifact", "runtime-kernel", "pipeline-library", "inference-engine",
-                           "serving", "workflow-platform", "deploy-ops")
-Layer = Literal["model-artifact", "runtime-kernel", "pipeline-library", "inference-engine", "serving",
-                "workflow-platform", "deploy-ops"]
+LAYERS: tuple[str, ...] = (
+    "model-artifact",
+    "runtime-kernel",
+    "pipeline-library",
+    "inference-engine",
+    "serving",
+    "workflow-platform",
+    "deploy-ops",
+)
+Layer = Literal[
+    "model-artifact",
+    "runtime-kernel",
+    "pipeline-library",
+    "inference-engine",
+    "serving",
+    "workflow-platform",
+    "deploy-ops",
+]
 
 #: Modalities; inputs and outputs are kept apart (000 §4.2: "input audio" is not "generate audio").
 Modality = Literal["text", "image", "video", "audio", "embedding", "score"]
 
 #: Task ids (000 §1 service types and §9): the advise taxonomy maps user wording onto these.
-TASKS: tuple[str, ...] = ("chat", "code", "agent", "rag", "structured", "batch", "vlm", "embedding", "rerank",
-                          "asr", "tts", "realtime-voice", "image-gen", "video-gen", "edge")
-Task = Literal["chat", "code", "agent", "rag", "structured", "batch", "vlm", "embedding", "rerank", "asr", "tts",
-               "realtime-voice", "image-gen", "video-gen", "edge"]
+TASKS: tuple[str, ...] = (
+    "chat",
+    "code",
+    "agent",
+    "rag",
+    "structured",
+    "batch",
+    "vlm",
+    "embedding",
+    "rerank",
+    "asr",
+    "tts",
+    "realtime-voice",
+    "image-gen",
+    "video-gen",
+    "edge",
+)
+Task = Literal[
+    "chat",
+    "code",
+    "agent",
+    "rag",
+    "structured",
+    "batch",
+    "vlm",
+    "embedding",
+    "rerank",
+    "asr",
+    "tts",
+    "realtime-voice",
+    "image-gen",
+    "video-gen",
+    "edge",
+]
 
 #: Hardware platforms an engine can run on; each hardware entry names exactly one.
 PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "metal", "cpu-x86", "cpu-arm", "ascend", "intel-gpu", "tpu")
@@ -54,9 +98,21 @@ Precision = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4"
 
 #: Feature flags of an engine entry (True = documented, False = documented absent / not offered,
 #: None = unknown or not applicable).
-FEATURES: tuple[str, ...] = ("continuous_batching", "prefix_cache", "structured_output", "tool_calling", "lora",
-                             "speculative_decoding", "mtp", "tp", "pp", "ep", "dp", "openai_api",
-                             "metrics_endpoint")
+FEATURES: tuple[str, ...] = (
+    "continuous_batching",
+    "prefix_cache",
+    "structured_output",
+    "tool_calling",
+    "lora",
+    "speculative_decoding",
+    "mtp",
+    "tp",
+    "pp",
+    "ep",
+    "dp",
+    "openai_api",
+    "metrics_endpoint",
+)
 
 
 def _http_url(v: str) -> str:
@@ -124,7 +180,8 @@ class HardwareEntry(Sourced):
     interconnect: Interconnect
     max_per_node: int = Field(ge=1, description="devices usually found in one machine")
     segment: Literal["datacenter", "workstation", "consumer", "laptop"] = Field(
-        "datacenter", description="where the device is usually found; all but datacenter are 'local' (000 §1 row 6)")
+        "datacenter", description="where the device is usually found; all but datacenter are 'local' (000 §1 row 6)"
+    )
     estimated: list[str] = Field(default_factory=list, description="fields that are estimates, see notes")
     notes: list[str] = Field(default_factory=list)
 
@@ -200,8 +257,11 @@ class Route(FrozenModel):
     task: Task
     tier: Literal["primary", "secondary"]
     condition: str | None = None
-    local_only: bool = Field(False, description="the route applies only to single-machine deployments "
-                                                "(laptop, workstation, consumer GPU, CPU; 000 §1 row 6)")
+    local_only: bool = Field(
+        False,
+        description="the route applies only to single-machine deployments "
+        "(laptop, workstation, consumer GPU, CPU; 000 §1 row 6)",
+    )
 
 
 class EngineEntry(Sourced):
@@ -235,11 +295,15 @@ class EngineEntry(Sourced):
     boundary: str = Field(description="what must be checked (000 §4 应核查的边界 / 选型依据)")
     routes: list[Route] = Field(default_factory=list)
     launch: Literal["vllm", "llamacpp"] | None = Field(
-        None, description="servelab trial candidate kind that servelab can start (CPU builds)")
+        None, description="servelab trial candidate kind that servelab can start (CPU builds)"
+    )
     default_port: int | None = Field(None, ge=1, le=65535, description="usual listen port of its server")
-    serve_hint: str | None = Field(None, description="command template to start its server; {model}, {tp}, "
-                                                    "{ctx} (per request), {parallel} (slots), {ctx_total} "
-                                                    "(ctx x parallel), {port} are filled in by advise")
+    serve_hint: str | None = Field(
+        None,
+        description="command template to start its server; {model}, {tp}, "
+        "{ctx} (per request), {parallel} (slots), {ctx_total} "
+        "(ctx x parallel), {port} are filled in by advise",
+    )
     sources: list[str] = Field(default_factory=list)
 
     @field_validator("project_url")
@@ -282,8 +346,12 @@ def load_yaml_catalog(path: Path, model: type[BaseModel]) -> BaseModel:
     """Read one catalog YAML file and validate it with ``model``. Raises
     :class:`servelab.wire.errors.ConfigError` (one line naming the file and the first bad field) when the
     file is unreadable or invalid, and when two entries share a name or alias."""
-    data = read_yaml_file(path, what="catalog", missing_fix="reinstall servelab (the catalogs ship with it)",
-                          empty_fix="restore the catalog from the servelab source")
+    data = read_yaml_file(
+        path,
+        what="catalog",
+        missing_fix="reinstall servelab (the catalogs ship with it)",
+        empty_fix="restore the catalog from the servelab source",
+    )
     try:
         cat = model.model_validate(data)
     except ValidationError as e:
@@ -294,13 +362,15 @@ def load_yaml_catalog(path: Path, model: type[BaseModel]) -> BaseModel:
             for n in [entry["name"], *entry.get("aliases", [])]:
                 key = norm_name(n)
                 if key in seen and seen[key] != entry["name"]:
-                    raise ConfigError(f"{path}: name or alias {n!r} of {entry['name']!r} is also "
-                                      f"{seen[key]!r}; names and aliases must be unique")
+                    raise ConfigError(
+                        f"{path}: name or alias {n!r} of {entry['name']!r} is also "
+                        f"{seen[key]!r}; names and aliases must be unique"
+                    )
                 seen[key] = entry["name"]
     return cat
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def catalog_entries(path: Path, model: type[BaseModel]) -> tuple[Any, ...]:
     """The entries of one catalog file (its model's single list field), validated once per process
     (frozen). Raises :class:`~servelab.wire.errors.ConfigError` as :func:`load_yaml_catalog`."""
@@ -337,8 +407,10 @@ def lookup(entries: Any, name: str, what: str, list_cmd: str) -> Any:
 # JSON Schemas for editors
 
 
-SCHEMA_FILES: dict[str, type[BaseModel]] = {"engines.schema.json": EngineCatalog,
-                                            "hardware.schema.json": HardwareCatalog}
+SCHEMA_FILES: dict[str, type[BaseModel]] = {
+    "engines.schema.json": EngineCatalog,
+    "hardware.schema.json": HardwareCatalog,
+}
 
 
 def json_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -347,5 +419,6 @@ def json_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 #: ``engines.schema.json`` and ``hardware.schema.json``, written and checked by ``servelab schema write|check``.
-PUBLISHED_SCHEMAS = tuple(PublishedSchema(DATA_DIR / fname, functools.partial(json_schema, model))
-                          for fname, model in SCHEMA_FILES.items())
+PUBLISHED_SCHEMAS = tuple(
+    PublishedSchema(DATA_DIR / fname, functools.partial(json_schema, model)) for fname, model in SCHEMA_FILES.items()
+)

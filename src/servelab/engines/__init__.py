@@ -20,9 +20,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def start_engine(kind: str, model: str | None = None, parallel: int | None = None, ctx_size: int | None = None,
-                 log_dir: str | None = None, settings: Mapping[str, Any] | BaseModel | None = None,
-                 **kwargs: Any) -> Any:
+def start_engine(
+    kind: str,
+    model: str | None = None,
+    parallel: int | None = None,
+    ctx_size: int | None = None,
+    log_dir: str | None = None,
+    settings: Mapping[str, Any] | BaseModel | None = None,
+    **kwargs: Any,
+) -> Any:
     """Start an engine servelab launches and return its ready :class:`~servelab.engines.base.RunningEngine`.
 
     ``kind``: a launched kind of the registry (:data:`ENGINE_KINDS`: ``llamacpp``, ``vllm``, ``mock`` and
@@ -42,8 +48,9 @@ def start_engine(kind: str, model: str | None = None, parallel: int | None = Non
     except ConfigError:
         raise ConfigError(f"unknown engine {kind!r}: servelab can start {', '.join(launched_kinds())}") from None
     if not k.launched:
-        raise ConfigError(f"engine kind {kind!r} is not started by servelab; servelab can start "
-                          f"{', '.join(launched_kinds())}")
+        raise ConfigError(
+            f"engine kind {kind!r} is not started by servelab; servelab can start {', '.join(launched_kinds())}"
+        )
     given = settings.model_dump() if isinstance(settings, BaseModel) else dict(settings or {})
     if kind == "llamacpp":
         shorthands = {"parallel": parallel, "ctx_size": ctx_size}

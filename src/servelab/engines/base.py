@@ -29,6 +29,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import atexit
+import contextlib
 import math
 import os
 import re
@@ -41,6 +42,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +52,16 @@ from servelab.wire.prometheus import parse_prometheus_text
 
 __all__ = [
     "GUARD_SCRIPT",
-    "EngineLauncher", "EngineStartError", "RunningEngine", "describe_exit", "free_port", "log_dir_or_temp",
-    "spawn_engine", "spawn_on_port", "start_failure_message", "tail_lines",
+    "EngineLauncher",
+    "EngineStartError",
+    "RunningEngine",
+    "describe_exit",
+    "free_port",
+    "log_dir_or_temp",
+    "spawn_engine",
+    "spawn_on_port",
+    "start_failure_message",
+    "tail_lines",
 ]
 
 
@@ -87,8 +97,11 @@ def describe_exit(returncode: int | None) -> str:
     if returncode is None:
         return "is still running"
     if returncode < 0:
-        return f"crashed with {_signal_words(-returncode)}" if -returncode != signal.SIGKILL else \
-            f"was killed with {_signal_words(-returncode)}"
+        return (
+            f"crashed with {_signal_words(-returncode)}"
+            if -returncode != signal.SIGKILL
+            else f"was killed with {_signal_words(-returncode)}"
+        )
     if 128 < returncode < 128 + 65:
         try:
             name = signal.Signals(returncode - 128).name
@@ -112,12 +125,11 @@ def _signal_words(signum: int) -> str:
 _SIGNAL_HINTS = {
     signal.SIGILL: "an instruction this CPU lacks: a binary built for another CPU (rebuild it on this host)",
     signal.SIGKILL: "SIGKILL during start is often the kernel's OOM killer (see `dmesg`): less memory "
-                    "(smaller context, fewer slots) or a bigger host",
+    "(smaller context, fewer slots) or a bigger host",
 }
 
 
-def start_failure_message(name: str, returncode: int, elapsed_s: float, log_path: Path,
-                          tail: list[str]) -> str:
+def start_failure_message(name: str, returncode: int, elapsed_s: float, log_path: Path, tail: list[str]) -> str:
     """The message of an engine that ended during start: one first line that stands alone (how it
     ended, when, the last line the engine wrote, the log path), then its last log lines.
 
@@ -169,10 +181,8 @@ def _stop_all_at_exit() -> None:
     with _LIVE_LOCK:
         engines = list(_LIVE)
     for eng in engines:
-        try:
+        with contextlib.suppress(Exception):  # best effort at interpreter exit
             eng.stop(timeout_s=5)
-        except Exception:  # noqa: BLE001 - best effort at interpreter exit
-            pass
 
 
 atexit.register(_stop_all_at_exit)
@@ -182,7 +192,7 @@ def _http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
     """GET ``url``; return (status, body). Raises OSError/URLError when no HTTP response came."""
     req = urllib.request.Request(url, headers={"Accept": "*/*"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - local engine URL
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as e:
         try:
@@ -210,9 +220,20 @@ class RunningEngine:
         started_monotonic: ``time.monotonic()`` just before ``Popen``.
     """
 
-    def __init__(self, *, name: str, process: subprocess.Popen[bytes], host: str, port: int, log_path: Path,
-                 argv: Sequence[str], started_monotonic: float, metrics_path: str = "/metrics",
-                 health_path: str = "/health", model_name: str = "default"):
+    def __init__(
+        self,
+        *,
+        name: str,
+        process: subprocess.Popen[bytes],
+        host: str,
+        port: int,
+        log_path: Path,
+        argv: Sequence[str],
+        started_monotonic: float,
+        metrics_path: str = "/metrics",
+        health_path: str = "/health",
+        model_name: str = "default",
+    ):
         self.name = name
         self.process = process
         self.pid = process.pid
@@ -303,30 +324,20 @@ class RunningEngine:
                 return False
 
             if self.process.poll() is None or group_is_ours():
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, self.stop_signal)
-                except (ProcessLookupError, PermissionError):
-                    pass
             grace_s = self.stop_grace_s if self.stop_grace_s is not None else timeout_s
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.returncode = self.process.wait(timeout=max(0.0, grace_s))
-            except subprocess.TimeoutExpired:
-                pass
             # whatever is left of the group, and descendants that made their own session, get SIGKILL
             if group_is_ours():
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
             for p in tree:
-                try:
+                with contextlib.suppress(psutil.Error):
                     p.kill()
-                except psutil.Error:
-                    pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.returncode = self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
             psutil.wait_procs([p for p in tree if p.pid != self.pid], timeout=2)
             self._stopped = True
             with _LIVE_LOCK:
@@ -342,10 +353,8 @@ class RunningEngine:
         """
         total = 0
         for p in self._tree():
-            try:
+            with contextlib.suppress(psutil.Error):
                 total += p.memory_info().rss
-            except psutil.Error:
-                pass
         self._peak_seen = max(self._peak_seen, total)
         return total
 
@@ -387,18 +396,21 @@ class RunningEngine:
         """
         status, body = self.get(self.metrics_path, timeout_s)
         if status != 200:
-            raise RuntimeError(f"{self.name} {self.metrics_path} answered HTTP {status}: "
-                               f"{body[:200].decode('utf-8', 'replace')}")
+            raise RuntimeError(
+                f"{self.name} {self.metrics_path} answered HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
+            )
         return parse_prometheus_text(body.decode("utf-8", "replace"))
 
-    async def ameasure_first_token(self, timeout_s: float = 120.0, endpoint: str = "chat",
-                                   max_tokens: int = 8, retry_interval_s: float = 0.2) -> float:
+    async def ameasure_first_token(
+        self, timeout_s: float = 120.0, endpoint: str = "chat", max_tokens: int = 8, retry_interval_s: float = 0.2
+    ) -> float:
         """Async form of :meth:`measure_first_token`."""
         from servelab.wire import RequestRecord, RequestSpec, make_session, send
 
         if endpoint == "chat":
-            spec = RequestSpec(endpoint="chat", max_tokens=max_tokens,
-                               messages=[{"role": "user", "content": "Say hello."}])
+            spec = RequestSpec(
+                endpoint="chat", max_tokens=max_tokens, messages=[{"role": "user", "content": "Say hello."}]
+            )
         else:
             spec = RequestSpec(endpoint="completions", max_tokens=max_tokens, prompt="Hello")
         deadline = time.monotonic() + timeout_s
@@ -421,9 +433,12 @@ class RunningEngine:
                 await asyncio.sleep(retry_interval_s)
         why = "process exited" if not self.alive else f"no streamed token within {timeout_s:g} s"
         err = last.error.message if last is not None and last.error is not None else "no error text"
-        raise EngineStartError(f"{self.name}: first-token probe failed ({why}; last error: {err}); "
-                               f"log {self.log_path}:\n" + "\n".join(tail_lines(self.log_path)),
-                               tail_lines(self.log_path), self.process.poll())
+        raise EngineStartError(
+            f"{self.name}: first-token probe failed ({why}; last error: {err}); "
+            f"log {self.log_path}:\n" + "\n".join(tail_lines(self.log_path)),
+            tail_lines(self.log_path),
+            self.process.poll(),
+        )
 
     def measure_first_token(self, timeout_s: float = 120.0, endpoint: str = "chat", max_tokens: int = 8) -> float:
         """Send small streamed requests until one yields a token; record and return seconds from
@@ -434,8 +449,10 @@ class RunningEngine:
         prefer :meth:`ameasure_first_token` there). Raises :class:`EngineStartError` when no token
         arrives within ``timeout_s`` seconds or the process exits.
         """
-        coro_fn = lambda: self.ameasure_first_token(timeout_s=timeout_s, endpoint=endpoint,  # noqa: E731
-                                                    max_tokens=max_tokens)
+
+        def coro_fn() -> Any:
+            return self.ameasure_first_token(timeout_s=timeout_s, endpoint=endpoint, max_tokens=max_tokens)
+
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -460,8 +477,9 @@ class RunningEngine:
 # Spawning
 # ---------------------------------------------------------------------------------------------------
 
-_BIND_FAILURE = re.compile(r"address already in use|couldn't bind|could not bind|failed to bind|bind failed",
-                           re.IGNORECASE)
+_BIND_FAILURE = re.compile(
+    r"address already in use|couldn't bind|could not bind|failed to bind|bind failed", re.IGNORECASE
+)
 
 
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36  # <linux/prctl.h>
@@ -497,10 +515,21 @@ def _port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def spawn_engine(name: str, argv: Sequence[str], *, host: str, port: int, log_path: str | os.PathLike[str],
-                 env: Mapping[str, str] | None = None, ready_timeout_s: float = 300.0,
-                 health_path: str = "/health", poll_interval_s: float = 0.05, model_name: str = "default",
-                 cwd: str | os.PathLike[str] | None = None, ready_status: int = 200) -> RunningEngine:
+def spawn_engine(
+    name: str,
+    argv: Sequence[str],
+    *,
+    host: str,
+    port: int,
+    log_path: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    ready_timeout_s: float = 300.0,
+    health_path: str = "/health",
+    poll_interval_s: float = 0.05,
+    model_name: str = "default",
+    cwd: str | os.PathLike[str] | None = None,
+    ready_status: int = 200,
+) -> RunningEngine:
     """Start ``argv`` in its own session, stdout+stderr appended to ``log_path``, and wait until
     ``GET http://host:port{health_path}`` answers ``ready_status`` (200).
 
@@ -515,16 +544,38 @@ def spawn_engine(name: str, argv: Sequence[str], *, host: str, port: int, log_pa
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ if env is None else env)
     linux = sys.platform.startswith("linux")
-    preexec = (None if not linux else _preexec_die_with_parent
-               if threading.current_thread() is threading.main_thread() else _preexec_subreaper)
+    preexec = (
+        None
+        if not linux
+        else _preexec_die_with_parent
+        if threading.current_thread() is threading.main_thread()
+        else _preexec_subreaper
+    )
     with open(log_path, "ab", buffering=0) as log:
         log.write(f"# servelab: starting {name}: {' '.join(map(str, argv))}\n".encode())
         t0 = time.monotonic()
-        proc = subprocess.Popen(list(map(str, argv)), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=full_env, cwd=cwd, start_new_session=True, preexec_fn=preexec,
-                                close_fds=True)
-    eng = RunningEngine(name=name, process=proc, host=host, port=port, log_path=log_path, argv=argv,
-                        started_monotonic=t0, health_path=health_path, model_name=model_name)
+        proc = subprocess.Popen(
+            list(map(str, argv)),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=preexec,
+            close_fds=True,
+        )
+    eng = RunningEngine(
+        name=name,
+        process=proc,
+        host=host,
+        port=port,
+        log_path=log_path,
+        argv=argv,
+        started_monotonic=t0,
+        health_path=health_path,
+        model_name=model_name,
+    )
     connect_host = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
     deadline = t0 + ready_timeout_s
     last_status: str = "no answer yet"
@@ -533,8 +584,7 @@ def spawn_engine(name: str, argv: Sequence[str], *, host: str, port: int, log_pa
             rc = proc.poll()
             if rc is not None:
                 tail = tail_lines(log_path)
-                err = EngineStartError(start_failure_message(name, rc, time.monotonic() - t0, log_path, tail), tail,
-                                       rc)
+                err = EngineStartError(start_failure_message(name, rc, time.monotonic() - t0, log_path, tail), tail, rc)
                 err.bind_failed = any(_BIND_FAILURE.search(ln) for ln in tail)
                 raise err
             now = time.monotonic()
@@ -542,7 +592,10 @@ def spawn_engine(name: str, argv: Sequence[str], *, host: str, port: int, log_pa
                 tail = tail_lines(log_path)
                 raise EngineStartError(
                     f"{name} not ready after {ready_timeout_s:g} s (last {health_path}: {last_status}); "
-                    f"log {log_path}, last lines:\n" + "\n".join(tail), tail, None)
+                    f"log {log_path}, last lines:\n" + "\n".join(tail),
+                    tail,
+                    None,
+                )
             if "port_open_s" not in eng.cold_start:
                 if _port_open(connect_host, port):
                     eng.cold_start["port_open_s"] = time.monotonic() - t0
@@ -550,10 +603,12 @@ def spawn_engine(name: str, argv: Sequence[str], *, host: str, port: int, log_pa
                     time.sleep(poll_interval_s)
                     continue
             try:
-                status, body = _http_get(f"http://{connect_host}:{port}{health_path}"
-                                         if ":" not in connect_host else
-                                         f"http://[{connect_host}]:{port}{health_path}",
-                                         timeout_s=max(0.5, min(5.0, deadline - now)))
+                status, body = _http_get(
+                    f"http://{connect_host}:{port}{health_path}"
+                    if ":" not in connect_host
+                    else f"http://[{connect_host}]:{port}{health_path}",
+                    timeout_s=max(0.5, min(5.0, deadline - now)),
+                )
             except (OSError, urllib.error.URLError) as e:
                 last_status = f"{type(e).__name__}: {e}"
             else:
@@ -567,8 +622,16 @@ def spawn_engine(name: str, argv: Sequence[str], *, host: str, port: int, log_pa
         raise
 
 
-def spawn_on_port(name: str, argv_for: Callable[[int], Sequence[str]], *, host: str, port: int | None,
-                  log_path_for: Callable[[int], Path], attempts: int = 3, **spawn_kwargs: Any) -> RunningEngine:
+def spawn_on_port(
+    name: str,
+    argv_for: Callable[[int], Sequence[str]],
+    *,
+    host: str,
+    port: int | None,
+    log_path_for: Callable[[int], Path],
+    attempts: int = 3,
+    **spawn_kwargs: Any,
+) -> RunningEngine:
     """:func:`spawn_engine` on ``port``, or, when ``port`` is ``None``, on a free port, retried on a new
     free port (up to ``attempts`` starts) when the server's log says the port could not be bound
     (the race between :func:`free_port` and the server's own bind).
@@ -628,10 +691,16 @@ def runtime_identity(eng: RunningEngine) -> dict[str, Any]:
     """The per-launch part of every launcher's identity: ``host``, ``port``, ``base_url``, ``pid``,
     ``log_path`` and ``started_at`` (UTC, ISO 8601 seconds). These vary between launches and are left
     out of candidate comparisons."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return {"host": eng.host, "port": eng.port, "base_url": eng.base_url, "pid": eng.pid,
-            "log_path": str(eng.log_path), "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "host": eng.host,
+        "port": eng.port,
+        "base_url": eng.base_url,
+        "pid": eng.pid,
+        "log_path": str(eng.log_path),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
 
 
 def human_bytes(n: float) -> str:
@@ -645,10 +714,17 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-
-def run_logged(cmd: Sequence[str], log: Path, progress: Callable[[str], None], label: str, *,
-               cwd: Path | None = None, env: Mapping[str, str] | None = None, timeout_s: float | None = None,
-               show: str | None = None) -> None:
+def run_logged(
+    cmd: Sequence[str],
+    log: Path,
+    progress: Callable[[str], None],
+    label: str,
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float | None = None,
+    show: str | None = None,
+) -> None:
     """Run ``cmd`` (a build/install step) with its output appended to ``log``, reporting progress.
 
     Progress: cmake-style ``[ NN%]`` lines are reported every 10 points; other output as a one-line
@@ -662,8 +738,14 @@ def run_logged(cmd: Sequence[str], log: Path, progress: Callable[[str], None], l
     with open(log, "ab") as lf:
         lf.write(f"\n# servelab: {label}: {show or ' '.join(cmd)}\n".encode())
         lf.flush()
-        proc = subprocess.Popen(list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None)
+        proc = subprocess.Popen(
+            list(cmd),
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+        )
         assert proc.stdout is not None
         try:
             for raw in proc.stdout:

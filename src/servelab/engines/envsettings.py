@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import FieldSerializationInfo, WithJsonSchema, field_serializer, field_validator, model_validator
-from pydantic import Field
+from pydantic import Field, FieldSerializationInfo, WithJsonSchema, field_serializer, field_validator, model_validator
 
 from servelab.engines.kind import ENV_NAME_PATTERN, EngineSettings
 from servelab.engines.secrets import redact_env, refuse_placeholder
@@ -24,14 +23,23 @@ class EnvSettings(EngineSettings):
     validation error when ``secret_env`` names a variable ``env`` does not set, or when a value is a
     fingerprint placeholder copied from a run folder."""
 
-    env: Annotated[dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str], WithJsonSchema({
-        "type": "object", "propertyNames": {"pattern": ENV_NAME_PATTERN},
-        "additionalProperties": {"type": ["string", "number"]},
-        "description": "environment variables for the engine (numbers become strings)"})] = Field(default_factory=dict)
+    env: Annotated[
+        dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str],
+        WithJsonSchema(
+            {
+                "type": "object",
+                "propertyNames": {"pattern": ENV_NAME_PATTERN},
+                "additionalProperties": {"type": ["string", "number"]},
+                "description": "environment variables for the engine (numbers become strings)",
+            }
+        ),
+    ] = Field(default_factory=dict)
     secret_env: list[Annotated[str, Field(pattern=ENV_NAME_PATTERN)]] = Field(
-        default_factory=list, description="names of env variables whose values are secret (recorded as a sha256 "
+        default_factory=list,
+        description="names of env variables whose values are secret (recorded as a sha256 "
         "fingerprint, never the value); names with TOKEN, KEY, SECRET, PASSWORD, PASS, CREDENTIAL, AUTH … are secret "
-        "without being listed")
+        "without being listed",
+    )
 
     @field_validator("env", mode="before")
     @classmethod
@@ -54,8 +62,10 @@ class EnvSettings(EngineSettings):
     def _secrets_named(self) -> Any:
         unknown = [n for n in self.secret_env if n not in self.env]
         if unknown:
-            raise ValueError(f"secret_env names {', '.join(unknown)}, not in env; list only variables that env sets "
-                             "(servelab records none of the environment it inherits)")
+            raise ValueError(
+                f"secret_env names {', '.join(unknown)}, not in env; list only variables that env sets "
+                "(servelab records none of the environment it inherits)"
+            )
         refuse_placeholder(self.env)
         return self
 

@@ -31,21 +31,50 @@ __all__ = ["MACRO_TO_CPUINFO", "HostCpu", "compiler_isa", "host_cpu", "missing_i
 
 #: predefined compiler macro -> the flag name in Linux ``/proc/cpuinfo`` (arch/x86/include/asm/cpufeatures.h)
 MACRO_TO_CPUINFO: dict[str, str] = {
-    "__SSE3__": "pni", "__SSSE3__": "ssse3", "__SSE4_1__": "sse4_1", "__SSE4_2__": "sse4_2",
-    "__POPCNT__": "popcnt", "__AVX__": "avx", "__AVX2__": "avx2", "__FMA__": "fma", "__F16C__": "f16c",
-    "__BMI__": "bmi1", "__BMI2__": "bmi2", "__LZCNT__": "abm", "__MOVBE__": "movbe",
-    "__AVXVNNI__": "avx_vnni", "__AVXVNNIINT8__": "avx_vnni_int8",
-    "__AVX512F__": "avx512f", "__AVX512CD__": "avx512cd", "__AVX512BW__": "avx512bw",
-    "__AVX512DQ__": "avx512dq", "__AVX512VL__": "avx512vl", "__AVX512IFMA__": "avx512ifma",
-    "__AVX512VBMI__": "avx512vbmi", "__AVX512VBMI2__": "avx512_vbmi2", "__AVX512VNNI__": "avx512_vnni",
-    "__AVX512BITALG__": "avx512_bitalg", "__AVX512VPOPCNTDQ__": "avx512_vpopcntdq",
-    "__AVX512BF16__": "avx512_bf16", "__AVX512FP16__": "avx512_fp16",
-    "__AMX_TILE__": "amx_tile", "__AMX_INT8__": "amx_int8", "__AMX_BF16__": "amx_bf16",
-    "__AMX_FP16__": "amx_fp16", "__GFNI__": "gfni", "__VAES__": "vaes", "__VPCLMULQDQ__": "vpclmulqdq",
-    "__SHA__": "sha_ni", "__AES__": "aes", "__PCLMUL__": "pclmulqdq",
+    "__SSE3__": "pni",
+    "__SSSE3__": "ssse3",
+    "__SSE4_1__": "sse4_1",
+    "__SSE4_2__": "sse4_2",
+    "__POPCNT__": "popcnt",
+    "__AVX__": "avx",
+    "__AVX2__": "avx2",
+    "__FMA__": "fma",
+    "__F16C__": "f16c",
+    "__BMI__": "bmi1",
+    "__BMI2__": "bmi2",
+    "__LZCNT__": "abm",
+    "__MOVBE__": "movbe",
+    "__AVXVNNI__": "avx_vnni",
+    "__AVXVNNIINT8__": "avx_vnni_int8",
+    "__AVX512F__": "avx512f",
+    "__AVX512CD__": "avx512cd",
+    "__AVX512BW__": "avx512bw",
+    "__AVX512DQ__": "avx512dq",
+    "__AVX512VL__": "avx512vl",
+    "__AVX512IFMA__": "avx512ifma",
+    "__AVX512VBMI__": "avx512vbmi",
+    "__AVX512VBMI2__": "avx512_vbmi2",
+    "__AVX512VNNI__": "avx512_vnni",
+    "__AVX512BITALG__": "avx512_bitalg",
+    "__AVX512VPOPCNTDQ__": "avx512_vpopcntdq",
+    "__AVX512BF16__": "avx512_bf16",
+    "__AVX512FP16__": "avx512_fp16",
+    "__AMX_TILE__": "amx_tile",
+    "__AMX_INT8__": "amx_int8",
+    "__AMX_BF16__": "amx_bf16",
+    "__AMX_FP16__": "amx_fp16",
+    "__GFNI__": "gfni",
+    "__VAES__": "vaes",
+    "__VPCLMULQDQ__": "vpclmulqdq",
+    "__SHA__": "sha_ni",
+    "__AES__": "aes",
+    "__PCLMUL__": "pclmulqdq",
     # aarch64 (cpuinfo "Features")
-    "__ARM_FEATURE_SVE": "sve", "__ARM_FEATURE_SVE2": "sve2", "__ARM_FEATURE_DOTPROD": "asimddp",
-    "__ARM_FEATURE_MATMUL_INT8": "i8mm", "__ARM_FEATURE_FP16_VECTOR_ARITHMETIC": "asimdhp",
+    "__ARM_FEATURE_SVE": "sve",
+    "__ARM_FEATURE_SVE2": "sve2",
+    "__ARM_FEATURE_DOTPROD": "asimddp",
+    "__ARM_FEATURE_MATMUL_INT8": "i8mm",
+    "__ARM_FEATURE_FP16_VECTOR_ARITHMETIC": "asimdhp",
     "__ARM_FEATURE_SME": "sme",
 }
 
@@ -92,8 +121,13 @@ def compiler_isa(compiler: str, flags: Sequence[str]) -> list[str]:
     when the compiler is missing or rejects the flags."""
     exe = shutil.which(compiler) or compiler
     try:
-        r = subprocess.run([exe, *flags, "-E", "-dM", "-x", "c", "/dev/null"], capture_output=True, text=True,
-                           timeout=60, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [exe, *flags, "-E", "-dM", "-x", "c", "/dev/null"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise RuntimeError(f"cannot run {compiler} to read its ISA macros: {e}") from e
     if r.returncode != 0:

@@ -24,8 +24,17 @@ from servelab.wire.dialects import Dialect, dialect_of
 from servelab.wire.errors import ConfigError
 
 __all__ = [
-    "ENV_NAME_PATTERN", "EngineIdentity", "EngineKind", "EngineSettings", "PortSetting", "Readiness",
-    "ServerMetrics", "SettingsT", "parse_settings", "ready_timeout_setting", "settings_error_line",
+    "ENV_NAME_PATTERN",
+    "EngineIdentity",
+    "EngineKind",
+    "EngineSettings",
+    "PortSetting",
+    "Readiness",
+    "ServerMetrics",
+    "SettingsT",
+    "parse_settings",
+    "ready_timeout_setting",
+    "settings_error_line",
 ]
 
 
@@ -175,8 +184,7 @@ class EngineKind(Generic[SettingsT]):
         dialect (``url``: a server of unknown make; ``command``: whatever the command starts)."""
         return dialect_of(self.kind)
 
-    def launcher(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
-                 **kwargs: Any) -> Any:
+    def launcher(self, settings: Any, *, model: str | None = None, log_dir: str | None = None, **kwargs: Any) -> Any:
         """The :class:`~servelab.engines.base.EngineLauncher` for validated ``settings`` (an instance of
         ``Settings`` or a mapping), not started: what it would run can be inspected (its ``argv``) without
         starting anything. ``model``: a local weights path or ``None`` (engine default); ``log_dir``:
@@ -185,8 +193,7 @@ class EngineKind(Generic[SettingsT]):
         Raises :class:`ConfigError` (bad input, one line; also for a kind servelab does not launch)."""
         raise ConfigError(f"engine kind {self.kind!r} is not launched by servelab")
 
-    def launch(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
-               **kwargs: Any) -> Any:
+    def launch(self, settings: Any, *, model: str | None = None, log_dir: str | None = None, **kwargs: Any) -> Any:
         """Start the engine from validated ``settings`` and return its ready
         :class:`~servelab.engines.base.RunningEngine` with ``identity`` filled from an
         :class:`EngineIdentity`: ``self.launcher(...).start()`` (arguments as :meth:`launcher`).
@@ -217,8 +224,7 @@ def settings_error_line(exc: ValidationError, kind: str, model: Any = None) -> s
     return head + text + more
 
 
-def parse_settings(model: type[EngineSettings], settings: Mapping[str, Any] | EngineSettings | None,
-                   kind: str) -> Any:
+def parse_settings(model: type[EngineSettings], settings: Mapping[str, Any] | EngineSettings | None, kind: str) -> Any:
     """``settings`` (a mapping, an instance of ``model`` or ``None`` = defaults) validated into ``model``.
 
     Raises :class:`ConfigError` with :func:`settings_error_line`'s one line."""

@@ -85,8 +85,19 @@ def server_root(base_url: str) -> str:
 
 
 #: every engine's identity GETs, then ``/v1/models`` (the served model id, asked of any server)
-_GETS = tuple(dict.fromkeys([*(r.split(" ", 1)[1] for d in DIALECTS.values() for r in d.identity
-                               if r.startswith("GET ") and r != "GET /v1/models"), "/v1/models"]))
+_GETS = tuple(
+    dict.fromkeys(
+        [
+            *(
+                r.split(" ", 1)[1]
+                for d in DIALECTS.values()
+                for r in d.identity
+                if r.startswith("GET ") and r != "GET /v1/models"
+            ),
+            "/v1/models",
+        ]
+    )
+)
 
 
 def _put(facts: dict[str, Fact], name: str, value: Any, source: str) -> None:
@@ -134,8 +145,13 @@ def _sglang(got: dict[str, Any], facts: dict[str, Fact]) -> bool:
     srv = got.get("/get_server_info")
     if isinstance(srv, dict):
         src = "GET /get_server_info"
-        for name, key in (("version", "version"), ("tp_size", "tp_size"), ("dp_size", "dp_size"),
-                          ("context_tokens", "context_length"), ("max_concurrent_requests", "max_running_requests")):
+        for name, key in (
+            ("version", "version"),
+            ("tp_size", "tp_size"),
+            ("dp_size", "dp_size"),
+            ("context_tokens", "context_length"),
+            ("max_concurrent_requests", "max_running_requests"),
+        ):
             _put(facts, name, srv.get(key), src)
     return True
 
@@ -145,9 +161,16 @@ def _tgi(got: dict[str, Any], facts: dict[str, Fact]) -> bool:
     if not isinstance(info, dict) or "model_id" not in info or "max_total_tokens" not in info:
         return False
     src = "GET /info"
-    for name, key in (("model_id", "model_id"), ("weights_sha", "model_sha"), ("version", "version"),
-                      ("build", "sha"), ("docker_label", "docker_label"), ("context_tokens", "max_total_tokens"),
-                      ("max_input_tokens", "max_input_tokens"), ("max_concurrent_requests", "max_concurrent_requests")):
+    for name, key in (
+        ("model_id", "model_id"),
+        ("weights_sha", "model_sha"),
+        ("version", "version"),
+        ("build", "sha"),
+        ("docker_label", "docker_label"),
+        ("context_tokens", "max_total_tokens"),
+        ("max_input_tokens", "max_input_tokens"),
+        ("max_concurrent_requests", "max_concurrent_requests"),
+    ):
         _put(facts, name, info.get(key), src)
     return True
 
@@ -186,8 +209,15 @@ def _ollama(got: dict[str, Any], facts: dict[str, Fact]) -> bool:
 #: detection order: the most specific self-descriptions first (llama-server's /v1/models also carries an
 #: Ollama-style ``models`` list, so Ollama is recognised by /api/version, never by /v1/models)
 _KINDS: tuple[tuple[str, str, Callable[[dict[str, Any], dict[str, Fact]], bool]], ...] = tuple(
-    (kind, DIALECTS[kind].title, read) for kind, read in (("llamacpp", _llamacpp), ("sglang", _sglang), ("tgi", _tgi),
-                                                          ("ollama", _ollama), ("vllm", _vllm)))
+    (kind, DIALECTS[kind].title, read)
+    for kind, read in (
+        ("llamacpp", _llamacpp),
+        ("sglang", _sglang),
+        ("tgi", _tgi),
+        ("ollama", _ollama),
+        ("vllm", _vllm),
+    )
+)
 
 
 async def _get_json(session: aiohttp.ClientSession, method: str, url: str, body: Any = None) -> Any:

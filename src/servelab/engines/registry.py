@@ -36,16 +36,44 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from servelab.engines.kind import (ENV_NAME_PATTERN, EngineIdentity, EngineKind, EngineSettings, PortSetting,
-                                   Readiness, ServerMetrics, parse_settings, ready_timeout_setting,
-                                   settings_error_line)
+from servelab.engines.kind import (
+    ENV_NAME_PATTERN,
+    EngineIdentity,
+    EngineKind,
+    EngineSettings,
+    PortSetting,
+    Readiness,
+    ServerMetrics,
+    parse_settings,
+    ready_timeout_setting,
+    settings_error_line,
+)
 from servelab.wire.errors import ConfigError
 
 __all__ = [
-    "BUILTIN_KINDS", "BUILTIN_ORDER", "ENTRY_POINT_GROUP", "ENV_NAME_PATTERN", "EngineIdentity", "EngineKind",
-    "EngineSettings", "PortSetting", "Readiness", "ServerMetrics", "all_metrics", "discover", "get", "kinds",
-    "launched_kinds", "load_errors", "names", "parse_settings", "ready_timeout_setting", "register",
-    "settings_error_line", "subscribe", "unregister",
+    "BUILTIN_KINDS",
+    "BUILTIN_ORDER",
+    "ENTRY_POINT_GROUP",
+    "ENV_NAME_PATTERN",
+    "EngineIdentity",
+    "EngineKind",
+    "EngineSettings",
+    "PortSetting",
+    "Readiness",
+    "ServerMetrics",
+    "all_metrics",
+    "discover",
+    "get",
+    "kinds",
+    "launched_kinds",
+    "load_errors",
+    "names",
+    "parse_settings",
+    "ready_timeout_setting",
+    "register",
+    "settings_error_line",
+    "subscribe",
+    "unregister",
 ]
 
 #: the built-in kinds, ``kind -> "module:attribute"``, in the order the experiment's candidate union and
@@ -89,8 +117,7 @@ def _add(kind: EngineKind[Any], *, replace: bool) -> None:
         if not hasattr(kind, attr):
             raise ValueError(f"engine kind {type(kind).__name__} has no {attr!r}; set it on the class")
     if not (isinstance(kind.Settings, type) and issubclass(kind.Settings, EngineSettings)):
-        raise ValueError(f"engine kind {kind.kind!r}: Settings must subclass "
-                         "servelab.engines.kind.EngineSettings")
+        raise ValueError(f"engine kind {kind.kind!r}: Settings must subclass servelab.engines.kind.EngineSettings")
     with _LOCK:
         if kind.kind in _KINDS and not replace:
             raise ValueError(f"engine kind {kind.kind!r} is registered already")
@@ -113,8 +140,9 @@ def _scan_entry_points() -> bool:
             _ERRORS.pop(ep.name, None)
             added = True
         except Exception as e:  # noqa: BLE001 — another package's bug must not stop servelab
-            _ERRORS[ep.name] = f"entry point {key} ({ep.dist.name if ep.dist else 'unknown package'}): " \
-                               f"{type(e).__name__}: {e}"
+            _ERRORS[ep.name] = (
+                f"entry point {key} ({ep.dist.name if ep.dist else 'unknown package'}): {type(e).__name__}: {e}"
+            )
     return added
 
 
@@ -209,8 +237,9 @@ def get(name: str) -> EngineKind[Any]:
     if k is None:
         known = ", ".join(x.kind for x in kinds())
         if broken:
-            raise ConfigError(f"engine kind {name!r} did not load: {broken}; fix or reinstall that package "
-                              f"(known kinds: {known})")
+            raise ConfigError(
+                f"engine kind {name!r} did not load: {broken}; fix or reinstall that package (known kinds: {known})"
+            )
         raise ConfigError(f"unknown engine {name!r}: known kinds are {known}")
     return k
 

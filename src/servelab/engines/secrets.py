@@ -25,17 +25,36 @@ import hashlib
 import re
 from collections.abc import Iterable, Mapping
 
-__all__ = ["FINGERPRINT_HEX", "SECRET_WORDS", "fingerprint", "is_placeholder", "looks_secret", "redact_env",
-           "redacted", "refuse_placeholder"]
+__all__ = [
+    "FINGERPRINT_HEX",
+    "SECRET_WORDS",
+    "fingerprint",
+    "is_placeholder",
+    "looks_secret",
+    "redact_env",
+    "redacted",
+    "refuse_placeholder",
+]
 
 #: name parts that make an environment variable secret (matched anywhere in the name, any case: ``APIKEY``,
 #: ``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN``, ``PGPASSWORD``, ``GOOGLE_APPLICATION_CREDENTIALS``, ``AUTH_HEADER``)
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "PASS", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE",
-                "SIGNATURE")
+SECRET_WORDS = (
+    "TOKEN",
+    "KEY",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "PASS",
+    "CREDENTIAL",
+    "AUTH",
+    "COOKIE",
+    "PRIVATE",
+    "SIGNATURE",
+)
 _SECRET_RX = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
 #: hex digits of the SHA-256 kept in a fingerprint
 FINGERPRINT_HEX = 12
-_PLACEHOLDER_RX = re.compile(r"^<secret sha256:[0-9a-f]{%d}>$" % FINGERPRINT_HEX)
+_PLACEHOLDER_RX = re.compile(rf"^<secret sha256:[0-9a-f]{{{FINGERPRINT_HEX}}}>$")
 
 
 def looks_secret(name: str) -> bool:
@@ -71,6 +90,8 @@ def refuse_placeholder(env: Mapping[str, str]) -> None:
     experiment was copied from a run folder, where secrets are kept as fingerprints only."""
     for k, v in env.items():
         if is_placeholder(v):
-            raise ValueError(f"env {k}: {v} is the fingerprint a run folder keeps instead of the secret, not its "
-                             f"value; give the value, or leave {k} out of env and export it (inherit_env: true "
-                             "passes servelab's environment to the engine)")
+            raise ValueError(
+                f"env {k}: {v} is the fingerprint a run folder keeps instead of the secret, not its "
+                f"value; give the value, or leave {k} out of env and export it (inherit_env: true "
+                "passes servelab's environment to the engine)"
+            )

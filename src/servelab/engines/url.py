@@ -19,8 +19,12 @@ from servelab.wire.config import StrictModel
 __all__ = ["SGLANG_METRICS", "TGI_METRICS", "UrlFields", "UrlKind", "UrlSettings", "any_server_metrics"]
 
 #: SGLang's Prometheus names (served at /metrics with --enable-metrics)
-SGLANG_METRICS = ServerMetrics(running="sglang:num_running_reqs", waiting="sglang:num_queue_reqs",
-                               kv_usage="sglang:token_usage", generation_tokens=("sglang:generation_tokens_total",))
+SGLANG_METRICS = ServerMetrics(
+    running="sglang:num_running_reqs",
+    waiting="sglang:num_queue_reqs",
+    kv_usage="sglang:token_usage",
+    generation_tokens=("sglang:generation_tokens_total",),
+)
 #: Text Generation Inference's Prometheus names
 TGI_METRICS = ServerMetrics(running="tgi_batch_current_size", waiting="tgi_queue_size")
 
@@ -72,6 +76,6 @@ def any_server_metrics() -> ServerMetrics:
     or one that speaks several engines' dialects (``mock``)."""
     from servelab.engines.registry import kinds  # at call time: the registry loads this module
 
-    return ServerMetrics.merged([*(k.metrics for k in kinds() if k.launched and k.kind != "mock"),
-                                 SGLANG_METRICS, TGI_METRICS])
-
+    return ServerMetrics.merged(
+        [*(k.metrics for k in kinds() if k.launched and k.kind != "mock"), SGLANG_METRICS, TGI_METRICS]
+    )

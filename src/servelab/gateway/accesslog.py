@@ -74,13 +74,28 @@ def api_name(r: RequestState) -> str:
 def access_record(r: RequestState, e2e_ns: int, config_version: int, charged_tokens: int) -> dict[str, Any]:
     """The access-log line of the finished request ``r`` (module doc); ``e2e_ns``: received -> last byte."""
     rec: dict[str, Any] = {
-        "ts": round(r.ts, 3), "request_id": r.rid, "key_id": r.key_id, "tenant": r.tenant, "model": r.model,
-        "backend": r.backend, "api": api_name(r), "endpoint": r.endpoint, "stream": r.stream, "status": r.status,
-        "outcome": r.outcome, "error_code": r.error_code,
+        "ts": round(r.ts, 3),
+        "request_id": r.rid,
+        "key_id": r.key_id,
+        "tenant": r.tenant,
+        "model": r.model,
+        "backend": r.backend,
+        "api": api_name(r),
+        "endpoint": r.endpoint,
+        "stream": r.stream,
+        "status": r.status,
+        "outcome": r.outcome,
+        "error_code": r.error_code,
         "ttft_ms": round(r.ttft_ns / 1e6, 3) if r.ttft_ns is not None else None,
-        "e2e_ms": round(e2e_ns / 1e6, 3), "prompt_tokens": r.prompt_tokens,
-        "completion_tokens": r.completion_tokens, "charged_tokens": charged_tokens, "retries": r.retries,
-        "fallback": r.fallback, "config_version": config_version, "client_request_id": r.client_rid}
+        "e2e_ms": round(e2e_ns / 1e6, 3),
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.completion_tokens,
+        "charged_tokens": charged_tokens,
+        "retries": r.retries,
+        "fallback": r.fallback,
+        "config_version": config_version,
+        "client_request_id": r.client_rid,
+    }
     if r.degraded is not None:
         rec["degraded"] = r.degraded
     if r.client_ip is not None:

@@ -65,12 +65,22 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
-def _error(status: int, message: str, code: str | None = None, param: str | None = None,
-           headers: dict[str, str] | None = None) -> web.Response:
-    typ = {401: "authentication_error", 404: "invalid_request_error", 501: "server_error",
-           500: "server_error", 503: "server_error"}.get(status, "invalid_request_error")
-    return web.Response(body=openai_error_body(message, typ, code, param), status=status,
-                        content_type="application/json", headers=headers)
+def _error(
+    status: int, message: str, code: str | None = None, param: str | None = None, headers: dict[str, str] | None = None
+) -> web.Response:
+    typ = {
+        401: "authentication_error",
+        404: "invalid_request_error",
+        501: "server_error",
+        500: "server_error",
+        503: "server_error",
+    }.get(status, "invalid_request_error")
+    return web.Response(
+        body=openai_error_body(message, typ, code, param),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
 
 
 def _db_errors() -> tuple[type[BaseException], ...]:
@@ -96,8 +106,10 @@ def _limits_error(limits: dict[str, Any]) -> str | None:
         where = ".".join(str(x) for x in err.get("loc", ()))
         if err.get("type") == "extra_forbidden":
             return f"limits.{where}: unknown limit; use rpm, tpm, max_concurrency or token_budget"
-        return (f"limits.{where}: {err.get('msg', 'invalid')}, got {err.get('input')!r}; give a whole number >= 1 "
-                "or null for unlimited (as in the config file)")
+        return (
+            f"limits.{where}: {err.get('msg', 'invalid')}, got {err.get('input')!r}; give a whole number >= 1 "
+            "or null for unlimited (as in the config file)"
+        )
     return None
 
 
@@ -127,20 +139,25 @@ def admin_token_digest(token_env: str | None = "SERVELAB_ADMIN_TOKEN", token_sha
     token = os.environ.get(token_env, "") if token_env else ""
     if token.strip():
         if len(token.strip()) < ADMIN_TOKEN_MIN_CHARS:
-            raise ConfigError(f"admin: the token in {token_env} is {len(token.strip())} characters, shorter than "
-                              f"{ADMIN_TOKEN_MIN_CHARS}; export a long random one, e.g. {token_env}="
-                              "$(python -c 'import secrets; print(secrets.token_hex(32))')")
+            raise ConfigError(
+                f"admin: the token in {token_env} is {len(token.strip())} characters, shorter than "
+                f"{ADMIN_TOKEN_MIN_CHARS}; export a long random one, e.g. {token_env}="
+                "$(python -c 'import secrets; print(secrets.token_hex(32))')"
+            )
         return hashlib.sha256(token.strip().encode()).digest()
     if token_sha256:
         try:
             return bytes.fromhex(token_sha256)
         except ValueError:
-            raise ConfigError("admin.token_sha256: not hex; put the SHA-256 (64 hex characters) of the admin "
-                              "token there") from None
-    raise ConfigError(f"admin: environment variable {token_env or '(admin.token_env)'} is empty and "
-                      "admin.token_sha256 is not set; export a long random token, e.g. "
-                      f"{token_env or 'SERVELAB_ADMIN_TOKEN'}="
-                      "$(python -c 'import secrets; print(secrets.token_hex(32))')")
+            raise ConfigError(
+                "admin.token_sha256: not hex; put the SHA-256 (64 hex characters) of the admin token there"
+            ) from None
+    raise ConfigError(
+        f"admin: environment variable {token_env or '(admin.token_env)'} is empty and "
+        "admin.token_sha256 is not set; export a long random token, e.g. "
+        f"{token_env or 'SERVELAB_ADMIN_TOKEN'}="
+        "$(python -c 'import secrets; print(secrets.token_hex(32))')"
+    )
 
 
 def _errors_middleware(db_errors: tuple[type[BaseException], ...]) -> Any:
@@ -148,22 +165,34 @@ def _errors_middleware(db_errors: tuple[type[BaseException], ...]) -> Any:
     plain-text pages); ``db_errors``, the key/usage database's driver errors, become 503 + Retry-After."""
 
     @web.middleware
-    async def errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                     ) -> web.StreamResponse:
+    async def errors(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         try:
             return await handler(request)
         except web.HTTPException as e:
             if e.status < 400:
                 raise
             code = {404: "unknown_path", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status)
-            msg = {404: f"no such admin endpoint: {request.method} {request.path[:200]}",
-                   405: f"{request.path[:200]} does not take {request.method}"}.get(e.status, e.reason)
+            msg = {
+                404: f"no such admin endpoint: {request.method} {request.path[:200]}",
+                405: f"{request.path[:200]} does not take {request.method}",
+            }.get(e.status, e.reason)
             return _error(e.status, msg, code)
         except db_errors as e:
-            log.error("admin: %s %s: the key/usage database is unavailable: %s: %s", request.method,
-                      request.path[:200], type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
-            return _error(503, "the key/usage database is unavailable; retry in a few seconds",
-                          "database_unavailable", headers={"Retry-After": "5"})
+            log.error(
+                "admin: %s %s: the key/usage database is unavailable: %s: %s",
+                request.method,
+                request.path[:200],
+                type(e).__name__,
+                str(e).splitlines()[0][:200] if str(e) else "",
+            )
+            return _error(
+                503,
+                "the key/usage database is unavailable; retry in a few seconds",
+                "database_unavailable",
+                headers={"Retry-After": "5"},
+            )
         except Exception:
             log.exception("admin: %s %s failed", request.method, request.path[:200])
             return _error(500, "the admin API failed on this request; see the gateway log", "internal_error")
@@ -176,14 +205,19 @@ def _auth_middleware(digest: bytes) -> Any:
     (compared in constant time)."""
 
     @web.middleware
-    async def auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                   ) -> web.StreamResponse:
+    async def auth(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
         given = hashlib.sha256(token.strip().encode()).digest() if scheme.lower() == "bearer" else b""
         if not hmac.compare_digest(given, digest):
-            return _error(401, "admin token missing or wrong: send 'Authorization: Bearer <admin token>'",
-                          "invalid_admin_token", headers={"WWW-Authenticate": "Bearer"})
+            return _error(
+                401,
+                "admin token missing or wrong: send 'Authorization: Bearer <admin token>'",
+                "invalid_admin_token",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         return await handler(request)
 
     return auth
@@ -196,12 +230,12 @@ def _key_request_error(body: Any, tenants: Any) -> web.Response | None:
         return _error(400, "'tenant' (a string) is required", "missing_tenant", "tenant")
     unknown = sorted(set(body) - {"tenant", "allowed_models", "key_id", "limits"})
     if unknown:
-        return _error(400, f"unknown field(s) {unknown}; use tenant, allowed_models, key_id, limits",
-                      "unknown_field", unknown[0])
+        return _error(
+            400, f"unknown field(s) {unknown}; use tenant, allowed_models, key_id, limits", "unknown_field", unknown[0]
+        )
     models = body.get("allowed_models")
     if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
-        return _error(400, "'allowed_models' must be a list of model names or null", "bad_models",
-                      "allowed_models")
+        return _error(400, "'allowed_models' must be a list of model names or null", "bad_models", "allowed_models")
     limits = body.get("limits") or {}
     if not isinstance(limits, dict):
         return _error(400, "'limits' must be an object like {\"rpm\": 60}", "bad_limits", "limits")
@@ -211,8 +245,12 @@ def _key_request_error(body: Any, tenants: Any) -> web.Response | None:
     if body.get("key_id") is not None and not isinstance(body["key_id"], str):
         return _error(400, "'key_id' must be a string or null", "invalid_key_request", "key_id")
     if tenants is not None and body["tenant"] not in tenants:
-        return _error(400, f"tenant {body['tenant']!r} is not in the config; use one of "
-                      f"{sorted(tenants)}", "invalid_key_request", "tenant")
+        return _error(
+            400,
+            f"tenant {body['tenant']!r} is not in the config; use one of {sorted(tenants)}",
+            "invalid_key_request",
+            "tenant",
+        )
     return None
 
 
@@ -237,8 +275,9 @@ def _shadow_handler(shadow_hook: Callable[[str | None, float], Any] | None) -> A
         try:
             agree = float(q.get("agree", "0.9"))
         except ValueError:
-            return _error(400, f"agree: {q['agree'][:40]!r} is not a number; give a similarity in [0, 1], e.g. 0.9",
-                          "bad_query")
+            return _error(
+                400, f"agree: {q['agree'][:40]!r} is not a number; give a similarity in [0, 1], e.g. 0.9", "bad_query"
+            )
         try:
             rep = shadow_hook(q.get("model") or None, agree)
         except ValueError as e:
@@ -248,11 +287,17 @@ def _shadow_handler(shadow_hook: Callable[[str | None, float], Any] | None) -> A
     return shadow
 
 
-def make_admin_app(keystore: KeyStore | Any, token_env: str | None = "SERVELAB_ADMIN_TOKEN", *,
-                   token_sha256: str | None = None, reload_hook: Hook | None = None,
-                   backends_hook: Hook | None = None, ledger: Ledger | None = None,
-                   tenants_hook: Callable[[], Any] | None = None,
-                   shadow_hook: Callable[[str | None, float], Any] | None = None) -> web.Application:
+def make_admin_app(
+    keystore: KeyStore | Any,
+    token_env: str | None = "SERVELAB_ADMIN_TOKEN",
+    *,
+    token_sha256: str | None = None,
+    reload_hook: Hook | None = None,
+    backends_hook: Hook | None = None,
+    ledger: Ledger | None = None,
+    tenants_hook: Callable[[], Any] | None = None,
+    shadow_hook: Callable[[str | None, float], Any] | None = None,
+) -> web.Application:
     """Build the admin :class:`aiohttp.web.Application` (the caller runs it on the admin port).
 
     ``keystore``: the server's :class:`KeyStore` (create/revoke take effect at once on this replica).
@@ -283,18 +328,26 @@ def make_admin_app(keystore: KeyStore | Any, token_env: str | None = "SERVELAB_A
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
-            return _error(400, "the body is not JSON; send {\"tenant\": \"...\"}", "invalid_json")
+            return _error(400, 'the body is not JSON; send {"tenant": "..."}', "invalid_json")
         refused = _key_request_error(body, None if tenants_hook is None else tenants_hook())
         if refused is not None:
             return refused
         try:
-            new = await keystore.create(body["tenant"], body.get("allowed_models"), body.get("limits") or {},
-                                        body.get("key_id"))
+            new = await keystore.create(
+                body["tenant"], body.get("allowed_models"), body.get("limits") or {}, body.get("key_id")
+            )
         except ValueError as e:
             return _error(400, str(e), "invalid_key_request")
-        return _json({"key_id": new.key_id, "tenant": new.tenant, "created_ts": new.created_ts,
-                      "allowed_models": None if new.allowed_models is None else list(new.allowed_models),
-                      "key": new.key}, status=201)
+        return _json(
+            {
+                "key_id": new.key_id,
+                "tenant": new.tenant,
+                "created_ts": new.created_ts,
+                "allowed_models": None if new.allowed_models is None else list(new.allowed_models),
+                "key": new.key,
+            },
+            status=201,
+        )
 
     async def list_keys(request: web.Request) -> web.Response:
         return _json({"keys": keystore.list()})

@@ -59,8 +59,7 @@ def may_use_model(snap: Snapshot, key: KeyInfo, model: str) -> bool:
     return snap.cfg.tenant_may_use(key.tenant, model)
 
 
-async def read_json(request: web.Request, limit: int, max_depth: int = 64,
-                     compressed: bool = False) -> dict[str, Any]:
+async def read_json(request: web.Request, limit: int, max_depth: int = 64, compressed: bool = False) -> dict[str, Any]:
     """The body as a JSON object. Raises GatewayError 413 above ``limit`` bytes (also once inflated),
     415/400 for a Content-Encoding refused or corrupt (``compressed``: server.request_compression;
     servelab.gateway.bodies), 400 ``invalid_json`` for bad JSON or a non-object, 400
@@ -69,8 +68,9 @@ async def read_json(request: web.Request, limit: int, max_depth: int = 64,
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
-        raise bad_request(f"the body is not valid JSON ({str(e).split(':')[0]}); send a JSON object",
-                          code="invalid_json") from None
+        raise bad_request(
+            f"the body is not valid JSON ({str(e).split(':')[0]}); send a JSON object", code="invalid_json"
+        ) from None
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object", code="invalid_json")
     caps_mod.check_depth(raw, body, max_depth)
@@ -92,8 +92,9 @@ class Admitter:
     async def authenticate(self, request: web.Request, api: ApiAdapter | None = None) -> KeyInfo:
         """The caller of ``request`` (its ``Authorization`` header; ``api``: the translated API's own key
         header, servelab.gateway.apis); raises GatewayError 401."""
-        info = self.keystore.authenticate(request.headers.get("Authorization") if api is None
-                                          else api.key_header(request))
+        info = self.keystore.authenticate(
+            request.headers.get("Authorization") if api is None else api.key_header(request)
+        )
         if asyncio.iscoroutine(info):
             info = await info
         return info
@@ -105,8 +106,9 @@ class Admitter:
         with the client's answer."""
         key = await self.authenticate(request, r.api)
         r.key_id, r.tenant = key.key_id, key.tenant
-        body = await read_json(request, snap.cfg.server.max_body_bytes, snap.cfg.server.max_json_depth,
-                               snap.cfg.server.request_compression)
+        body = await read_json(
+            request, snap.cfg.server.max_body_bytes, snap.cfg.server.max_json_depth, snap.cfg.server.request_compression
+        )
         if r.api is not None:
             body = r.api.translate(body, snap.cfg.server.max_tokens_limit)
         model = body.get("model")
@@ -114,17 +116,26 @@ class Admitter:
         if model in (None, "", "auto") and task and task in snap.cfg.routing.tasks:
             model = snap.cfg.routing.tasks[task]
         if not isinstance(model, str) or not model:
-            raise bad_request("'model' must be a model name (GET /v1/models lists yours)", param="model",
-                              code="invalid_type")
+            raise bad_request(
+                "'model' must be a model name (GET /v1/models lists yours)", param="model", code="invalid_type"
+            )
         model = snap.router.resolve_model(model, task)
         entry = snap.cfg.models.get(model)
         if entry is None:
-            raise GatewayError(404, f"the model '{model}' does not exist; GET /v1/models lists the models "
-                               "you can use", code="model_not_found", param="model")
+            raise GatewayError(
+                404,
+                f"the model '{model}' does not exist; GET /v1/models lists the models you can use",
+                code="model_not_found",
+                param="model",
+            )
         r.model = model
         if not may_use_model(snap, key, model):
-            raise GatewayError(403, f"this API key may not use the model '{model}'; GET /v1/models lists "
-                               "the models it may use", code="model_not_allowed", param="model")
+            raise GatewayError(
+                403,
+                f"this API key may not use the model '{model}'; GET /v1/models lists the models it may use",
+                code="model_not_allowed",
+                param="model",
+            )
         server = snap.cfg.server
         pol = policy.apply(body, policy.bounds_for(snap.cfg, model, task), endpoint)  # sampling per model/task
         want = caps_mod.validate_request(endpoint, body, server.max_tokens_limit, server.engine_length_fields)
@@ -146,7 +157,9 @@ class Admitter:
                     f"{seqs} sequences x max_tokens {asked or 1} is above this gateway's limit of {limit} "
                     f"output tokens per request (max_tokens applies to each of the {seqs} sequences: n choices"
                     f"{' per prompt' if endpoint == 'completions' else ''}); lower n or max_tokens",
-                    param=which, code="max_tokens_too_large")
+                    param=which,
+                    code="max_tokens_too_large",
+                )
             default_cap = max(1, (server.default_max_tokens or limit) // seqs)
             ctx = entry.capabilities.context_tokens
             if ctx:  # the injected default must still fit the context
@@ -170,8 +183,11 @@ class Admitter:
             for pat in snap.redact.get(key.tenant, ()):
                 text = pat.sub("[REDACTED]", text)
             r.prompt_text = text
-        r.client_ip = clientip.client_ip(request.remote, request.headers.getall("X-Forwarded-For", ()),
-                                         clientip.trusted_networks(tuple(server.trusted_proxies)))
+        r.client_ip = clientip.client_ip(
+            request.remote,
+            request.headers.getall("X-Forwarded-For", ()),
+            clientip.trusted_networks(tuple(server.trusted_proxies)),
+        )
         r.application = scopes.application_of(snap.cfg, key.key_id)
         extra = scopes.extra_scopes(snap.cfg, key.key_id, key.tenant, model, r.client_ip)
         return Admitted(key, body, task, r.prompt_est + out_cap * seqs, extra)
@@ -182,8 +198,15 @@ class Admitter:
         assert self.limiter is not None
         key = adm.key
         try:
-            return await self.limiter.admit(key.key_id, key.tenant, model, adm.reserve_tokens, key.limits,
-                                            key.tenant_limits, **({"extra": adm.extra} if adm.extra else {}))
+            return await self.limiter.admit(
+                key.key_id,
+                key.tenant,
+                model,
+                adm.reserve_tokens,
+                key.limits,
+                key.tenant_limits,
+                **({"extra": adm.extra} if adm.extra else {}),
+            )
         except GatewayError as e:
             if e.status == 429:
                 self.metrics.limit_rejections.labels(getattr(e, "limit", "other")).inc()
@@ -192,8 +215,9 @@ class Admitter:
     def degrade_hook(self, snap: Snapshot, key: KeyInfo, r: RequestState) -> degrade.Decision | None:
         """The degrade decision for request ``r`` of ``key`` (servelab.gateway.degrade): sets ``r.degraded``
         and ``r.model`` (a ``route_to``), raises its refusal; None when no rule applies."""
-        deg = self.degrader.decide(snap.cfg, key, r.model, r.prompt_est, self.load.outstanding,
-                                   lambda m: may_use_model(snap, key, m))
+        deg = self.degrader.decide(
+            snap.cfg, key, r.model, r.prompt_est, self.load.outstanding, lambda m: may_use_model(snap, key, m)
+        )
         if deg is None:
             return None
         r.degraded = deg.log_record()

@@ -44,8 +44,11 @@ _READ_BYTES = 65536
 
 
 def _too_big(limit: int) -> GatewayError:
-    return GatewayError(413, f"the request body is larger than this gateway's limit of {limit} bytes; "
-                        "send a shorter prompt", code="request_too_large")
+    return GatewayError(
+        413,
+        f"the request body is larger than this gateway's limit of {limit} bytes; send a shorter prompt",
+        code="request_too_large",
+    )
 
 
 async def read_body(request: Any, limit_bytes: int, allow_compressed: bool) -> bytes:
@@ -65,11 +68,17 @@ async def read_body(request: Any, limit_bytes: int, allow_compressed: bool) -> b
             chunks.append(chunk)
         return b"".join(chunks)
     if enc not in ACCEPTED_ENCODINGS or not allow_compressed:
-        taken = ("gzip or deflate (server.request_compression is on)" if allow_compressed
-                 else "none (server.request_compression is off)")
-        raise GatewayError(415, f"this gateway does not take request bodies with Content-Encoding {enc[:40]!r}; "
-                           f"send the body uncompressed (accepted encodings: {taken})",
-                           code="unsupported_content_encoding")
+        taken = (
+            "gzip or deflate (server.request_compression is on)"
+            if allow_compressed
+            else "none (server.request_compression is off)"
+        )
+        raise GatewayError(
+            415,
+            f"this gateway does not take request bodies with Content-Encoding {enc[:40]!r}; "
+            f"send the body uncompressed (accepted encodings: {taken})",
+            code="unsupported_content_encoding",
+        )
     if request.content_length is not None and request.content_length > limit_bytes:
         raise _too_big(limit_bytes)  # the compressed body alone is already too large
     d: Any = zlib.decompressobj(wbits=31 if enc != "deflate" else 15)
@@ -104,6 +113,9 @@ async def read_body(request: Any, limit_bytes: int, allow_compressed: bool) -> b
             raise zlib.error("truncated stream")
     except zlib.error as e:
         _ratelog("request body with Content-Encoding %s could not be inflated: %s", enc, str(e)[:80])
-        raise bad_request(f"the request body's Content-Encoding {enc} cannot be decoded (corrupt or truncated); "
-                          "send the body uncompressed or valid " + enc, code="invalid_body_encoding") from None
+        raise bad_request(
+            f"the request body's Content-Encoding {enc} cannot be decoded (corrupt or truncated); "
+            "send the body uncompressed or valid " + enc,
+            code="invalid_body_encoding",
+        ) from None
     return b"".join(out)

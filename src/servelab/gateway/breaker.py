@@ -39,8 +39,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BreakerBoard", "BreakerSettings", "CircuitBreaker", "RetryBudget", "backoff_s",
-           "CLOSED", "OPEN", "HALF_OPEN"]
+__all__ = [
+    "BreakerBoard",
+    "BreakerSettings",
+    "CircuitBreaker",
+    "RetryBudget",
+    "backoff_s",
+    "CLOSED",
+    "OPEN",
+    "HALF_OPEN",
+]
 
 log = logging.getLogger("servelab.gateway.breaker")
 
@@ -125,9 +133,13 @@ class CircuitBreaker:
     ``clock`` returns seconds (monotonic). ``on_open(name, open_s)`` is called each time it opens.
     """
 
-    def __init__(self, name: str, settings: BreakerSettings | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_open: Callable[[str, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        settings: BreakerSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_open: Callable[[str, float], None] | None = None,
+    ) -> None:
         self.name = name
         self.settings = settings or BreakerSettings()
         self._clock = clock
@@ -278,9 +290,14 @@ class BreakerBoard:
 
     _PTTL_LUA = "local r = {} for i, k in ipairs(KEYS) do r[i] = redis.call('PTTL', k) end return r"
 
-    def __init__(self, settings: BreakerSettings | None = None, redis: Any = None,
-                 prefix: str = "servelab:gateway", sync_interval_s: float = 0.2,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: BreakerSettings | None = None,
+        redis: Any = None,
+        prefix: str = "servelab:gateway",
+        sync_interval_s: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.settings = settings or BreakerSettings()
         self.redis = redis
         self.prefix = prefix
@@ -304,8 +321,9 @@ class BreakerBoard:
         """The breaker of backend ``name`` (created closed on first use)."""
         br = self._breakers.get(name)
         if br is None:
-            br = CircuitBreaker(name, self.settings, self._clock,
-                                on_open=self._publish_soon if self.redis is not None else None)
+            br = CircuitBreaker(
+                name, self.settings, self._clock, on_open=self._publish_soon if self.redis is not None else None
+            )
             self._breakers[name] = br
         return br
 
@@ -317,8 +335,10 @@ class BreakerBoard:
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """``{backend: {"state", "open_remaining_s", "open_reason"}}`` for the admin API and metrics."""
-        return {n: {"state": b.state, "open_remaining_s": round(b.open_remaining_s, 3),
-                    "open_reason": b.open_reason} for n, b in self._breakers.items()}
+        return {
+            n: {"state": b.state, "open_remaining_s": round(b.open_remaining_s, 3), "open_reason": b.open_reason}
+            for n, b in self._breakers.items()
+        }
 
     def key(self, name: str) -> str:
         """Redis key holding the shared open state of backend ``name``."""
@@ -344,7 +364,7 @@ class BreakerBoard:
     async def _publish_logged(self, name: str, open_s: float) -> None:
         try:
             await self.publish_open(name, open_s)
-        except Exception as e:  # Redis down must not break routing: the local breaker still works
+        except Exception as e:  # noqa: BLE001 — Redis down must not break routing: the local breaker still works
             log.warning("breaker %s: could not share the open state through Redis: %s", name, e)
 
     async def sync_once(self, names: Iterable[str] | None = None) -> dict[str, float]:
@@ -384,10 +404,13 @@ class BreakerBoard:
                     failing = False
             except asyncio.CancelledError:
                 raise
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 — the Redis sync loop outlives any error
                 if not failing:
-                    log.warning("breaker sync through Redis failed (local breakers still work; logged again "
-                                "only after it recovers): %s", e)
+                    log.warning(
+                        "breaker sync through Redis failed (local breakers still work; logged again "
+                        "only after it recovers): %s",
+                        e,
+                    )
                     failing = True
             await asyncio.sleep(self.sync_interval_s)
 
@@ -414,8 +437,13 @@ class RetryBudget:
     :class:`ValueError` on negative ``ratio``/``min_retries`` or ``window_s`` <= 0.
     """
 
-    def __init__(self, ratio: float = 0.2, min_retries: int = 3, window_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ratio: float = 0.2,
+        min_retries: int = 3,
+        window_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if ratio < 0 or min_retries < 0 or window_s <= 0:
             raise ValueError("retry budget: ratio and min_retries must be >= 0 and window_s > 0")
         self.ratio = ratio
@@ -442,8 +470,7 @@ class RetryBudget:
         return max(0, math.ceil(self.ratio * requests + self.min_retries - retries))
 
 
-def backoff_s(attempt: int, base_s: float = 0.05, cap_s: float = 2.0,
-              rng: random.Random | None = None) -> float:
+def backoff_s(attempt: int, base_s: float = 0.05, cap_s: float = 2.0, rng: random.Random | None = None) -> float:
     """Seconds to wait before retry number ``attempt`` (1 = first retry): full jitter,
     ``uniform(0, min(cap_s, base_s * 2 ** (attempt - 1)))``.
 

@@ -25,8 +25,17 @@ from servelab.gateway.config import Capabilities, ModelEntry
 from servelab.gateway.errors import GatewayError, bad_request
 from servelab.gateway.lengths import LengthRequest, read_lengths
 
-__all__ = ["BYTES_PER_TOKEN_MAX", "TOKENS_PER_MESSAGE", "check_depth", "check_request", "estimate_prompt_tokens",
-           "prompt_text", "supported_summary", "validate_request", "validate_shape"]
+__all__ = [
+    "BYTES_PER_TOKEN_MAX",
+    "TOKENS_PER_MESSAGE",
+    "check_depth",
+    "check_request",
+    "estimate_prompt_tokens",
+    "prompt_text",
+    "supported_summary",
+    "validate_request",
+    "validate_shape",
+]
 
 #: Upper bound on UTF-8 bytes per token assumed by :func:`estimate_prompt_tokens` (see module doc).
 BYTES_PER_TOKEN_MAX = 6
@@ -52,6 +61,7 @@ def _texts(endpoint: str, body: dict[str, Any]) -> list[str]:
         tools = body.get("tools")
         if isinstance(tools, list):  # tool schemas are part of the prompt on every engine's template
             import orjson
+
             out.append(orjson.dumps(tools).decode())
         return out
     key = "prompt" if endpoint == "completions" else "input"
@@ -68,8 +78,17 @@ def _texts(endpoint: str, body: dict[str, Any]) -> list[str]:
 #: ``guided_grammar`` and ``structured_outputs`` (https://docs.vllm.ai/en/latest/features/structured_outputs.html),
 #: llama.cpp ``grammar``/``json_schema`` (tools/server/README.md), SGLang ``regex``/``ebnf``/``json_schema``
 #: (docs/sampling_params.md), TGI ``grammar`` (checked 2026-12-01)
-CONSTRAINED_FIELDS = ("json_schema", "grammar", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                      "structured_outputs", "regex", "ebnf")
+CONSTRAINED_FIELDS = (
+    "json_schema",
+    "grammar",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+    "regex",
+    "ebnf",
+)
 
 
 def prompt_text(endpoint: str, body: dict[str, Any]) -> str:
@@ -111,21 +130,26 @@ def supported_summary(caps: Capabilities) -> str:
 
 
 def _want(v: Any, name: str, types: type | tuple[type, ...], what: str) -> None:
-    if v is not None and (not isinstance(v, types) or isinstance(v, bool) and bool not in (
-            types if isinstance(types, tuple) else (types,))):
+    if v is not None and (
+        not isinstance(v, types)
+        or isinstance(v, bool)
+        and bool not in (types if isinstance(types, tuple) else (types,))
+    ):
         raise bad_request(f"'{name}' must be {what}, got {type(v).__name__}", param=name, code="invalid_type")
 
 
-def validate_shape(endpoint: str, body: dict[str, Any], max_tokens_limit: int,
-                   engine_length_fields: str = "map") -> int | None:
+def validate_shape(
+    endpoint: str, body: dict[str, Any], max_tokens_limit: int, engine_length_fields: str = "map"
+) -> int | None:
     """Check the types of the fields the gateway relies on and the output bound; returns the largest
     requested output bound (:attr:`~servelab.gateway.lengths.LengthRequest.max_tokens`, None if absent).
     Same checks and errors as :func:`validate_request`."""
     return validate_request(endpoint, body, max_tokens_limit, engine_length_fields).max_tokens
 
 
-def validate_request(endpoint: str, body: dict[str, Any], max_tokens_limit: int,
-                     engine_length_fields: str = "map") -> LengthRequest:
+def validate_request(
+    endpoint: str, body: dict[str, Any], max_tokens_limit: int, engine_length_fields: str = "map"
+) -> LengthRequest:
     """Check the types of the fields the gateway relies on, and read every output-length field of every
     engine dialect (:func:`servelab.gateway.lengths.read_lengths`: the bound is the LARGEST one asked for).
 
@@ -138,16 +162,21 @@ def validate_request(endpoint: str, body: dict[str, Any], max_tokens_limit: int,
     if endpoint == "chat":
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
-            raise bad_request("'messages' must be a non-empty list of {role, content} objects",
-                              param="messages", code="invalid_type")
+            raise bad_request(
+                "'messages' must be a non-empty list of {role, content} objects", param="messages", code="invalid_type"
+            )
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise bad_request(f"messages[{i}] must be an object with a string 'role'",
-                                  param=f"messages[{i}]", code="invalid_type")
+                raise bad_request(
+                    f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]", code="invalid_type"
+                )
             c = m.get("content")
             if c is not None and not isinstance(c, (str, list)):
-                raise bad_request(f"messages[{i}].content must be a string or a list of content parts",
-                                  param=f"messages[{i}].content", code="invalid_type")
+                raise bad_request(
+                    f"messages[{i}].content must be a string or a list of content parts",
+                    param=f"messages[{i}].content",
+                    code="invalid_type",
+                )
     elif endpoint == "completions":
         p = body.get("prompt")
         if not isinstance(p, (str, list)) or isinstance(p, list) and not p:
@@ -176,8 +205,10 @@ def check_depth(raw: bytes, body: Any, max_depth: int) -> None:
     while stack:
         obj, depth = stack.pop()
         if depth > max_depth:
-            raise bad_request(f"the body nests objects/arrays more than {max_depth} levels deep; flatten it "
-                              "(server.max_json_depth)", code="json_too_deep")
+            raise bad_request(
+                f"the body nests objects/arrays more than {max_depth} levels deep; flatten it (server.max_json_depth)",
+                code="json_too_deep",
+            )
         for v in obj.values() if isinstance(obj, dict) else obj:
             if isinstance(v, (dict, list)):
                 stack.append((v, depth + 1))
@@ -218,8 +249,14 @@ def _parts(body: dict[str, Any]) -> set[str]:
     return kinds
 
 
-def check_request(entry: ModelEntry, endpoint: str, body: dict[str, Any], prompt_tokens_est: int,
-                  model_name: str = "this model", max_tokens: int | None = None) -> None:
+def check_request(
+    entry: ModelEntry,
+    endpoint: str,
+    body: dict[str, Any],
+    prompt_tokens_est: int,
+    model_name: str = "this model",
+    max_tokens: int | None = None,
+) -> None:
     """Refuse, before any engine sees it, a request the model's declared capabilities cannot serve.
 
     ``endpoint``: ``chat``, ``completions`` or ``embeddings``. ``prompt_tokens_est``: from
@@ -232,43 +269,65 @@ def check_request(entry: ModelEntry, endpoint: str, body: dict[str, Any], prompt
     sup = f"it supports: {supported_summary(caps)}"
     name = f"model '{model_name}'" if model_name != "this model" else model_name
     if endpoint == "embeddings" and not caps.embeddings:
-        raise bad_request(f"{name} is not an embedding model; send it to /v1/chat/completions ({sup})",
-                          param="model", code="model_not_supported")
+        raise bad_request(
+            f"{name} is not an embedding model; send it to /v1/chat/completions ({sup})",
+            param="model",
+            code="model_not_supported",
+        )
     if endpoint != "embeddings" and caps.embeddings:
-        raise bad_request(f"{name} is an embedding model; send it to /v1/embeddings", param="model",
-                          code="model_not_supported")
+        raise bad_request(
+            f"{name} is an embedding model; send it to /v1/embeddings", param="model", code="model_not_supported"
+        )
     if endpoint == "chat":
         tools = body.get("tools")
         tc = body.get("tool_choice")
         if not caps.tools and (tools or body.get("functions") or (tc is not None and tc != "none")):
-            raise bad_request(f"{name} does not accept tools; remove 'tools' or pick a model with tools ({sup})",
-                              param="tools", code="tools_not_supported")
+            raise bad_request(
+                f"{name} does not accept tools; remove 'tools' or pick a model with tools ({sup})",
+                param="tools",
+                code="tools_not_supported",
+            )
         kinds = _parts(body)
         sends_image = "image_url" in kinds or "input_image" in kinds or "image" in kinds
         if sends_image and "image" not in caps.input_modalities:
-            raise bad_request(f"{name} does not accept images; send text only or pick a vision model ({sup})",
-                              param="messages", code="modality_not_supported")
+            raise bad_request(
+                f"{name} does not accept images; send text only or pick a vision model ({sup})",
+                param="messages",
+                code="modality_not_supported",
+            )
         if ("input_audio" in kinds or "audio_url" in kinds) and "audio" not in caps.input_modalities:
             raise bad_request(f"{name} does not accept audio ({sup})", param="messages", code="modality_not_supported")
     if endpoint in ("chat", "completions"):
         rf = body.get("response_format")
-        field = "response_format" if isinstance(rf, dict) and rf.get("type") in ("json_schema", "json_object") \
+        field = (
+            "response_format"
+            if isinstance(rf, dict) and rf.get("type") in ("json_schema", "json_object")
             else next((k for k in CONSTRAINED_FIELDS if body.get(k) not in (None, "", False)), None)
+        )
         if field is not None and not caps.json_schema:
-            raise bad_request(f"{name} does not support constrained (JSON-schema/grammar) output; remove '{field}' "
-                              f"or pick a model with json_schema ({sup})", param=field,
-                              code="json_schema_not_supported")
+            raise bad_request(
+                f"{name} does not support constrained (JSON-schema/grammar) output; remove '{field}' "
+                f"or pick a model with json_schema ({sup})",
+                param=field,
+                code="json_schema_not_supported",
+            )
         if body.get("reasoning_effort") is not None and not caps.reasoning:
-            raise bad_request(f"{name} is not a reasoning model; remove 'reasoning_effort' ({sup})",
-                              param="reasoning_effort", code="reasoning_not_supported")
+            raise bad_request(
+                f"{name} is not a reasoning model; remove 'reasoning_effort' ({sup})",
+                param="reasoning_effort",
+                code="reasoning_not_supported",
+            )
     ctx = caps.context_tokens
     if ctx:
         asked = body.get("max_completion_tokens") or body.get("max_tokens") or 0
         out = max_tokens if max_tokens is not None else asked
         out = out if endpoint != "embeddings" and isinstance(out, int) else 0
         if prompt_tokens_est + out > ctx:
-            raise GatewayError(400, f"this request needs at least {prompt_tokens_est + out} tokens (prompt at least "
-                               f"{prompt_tokens_est} + max_tokens {out}) but {name} has a {ctx}-token context; "
-                               "shorten the prompt or lower max_tokens", code="context_length_exceeded",
-                               param="messages" if endpoint == "chat" else ("prompt" if endpoint == "completions"
-                                                                            else "input"))
+            raise GatewayError(
+                400,
+                f"this request needs at least {prompt_tokens_est + out} tokens (prompt at least "
+                f"{prompt_tokens_est} + max_tokens {out}) but {name} has a {ctx}-token context; "
+                "shorten the prompt or lower max_tokens",
+                code="context_length_exceeded",
+                param="messages" if endpoint == "chat" else ("prompt" if endpoint == "completions" else "input"),
+            )

@@ -27,8 +27,15 @@ import typer
 from servelab.wire.errors import ConfigError
 from servelab.wire.files import install_uvloop
 
-__all__ = ["alerts_command", "dashboard_command", "explain_command", "gateway_app", "gateway_command", "serve",
-           "shadow_report_command"]
+__all__ = [
+    "alerts_command",
+    "dashboard_command",
+    "explain_command",
+    "gateway_app",
+    "gateway_command",
+    "serve",
+    "shadow_report_command",
+]
 
 
 def _cpus() -> int:
@@ -36,13 +43,22 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-gateway_app = typer.Typer(add_completion=False, rich_markup_mode=None,
-                          help="Run the OpenAI-compatible gateway (--config FILE), or report on a running one.")
+gateway_app = typer.Typer(
+    add_completion=False,
+    rich_markup_mode=None,
+    help="Run the OpenAI-compatible gateway (--config FILE), or report on a running one.",
+)
 
 
-def serve(config_path: str | Path, host: str | None = None, port: int | None = None,
-          admin_port: int | None = -1, no_admin: bool = False, admin_host: str | None = None,
-          worker: int | None = None) -> None:
+def serve(
+    config_path: str | Path,
+    host: str | None = None,
+    port: int | None = None,
+    admin_port: int | None = -1,
+    no_admin: bool = False,
+    admin_host: str | None = None,
+    worker: int | None = None,
+) -> None:
     """Load ``config_path`` and serve until SIGINT/SIGTERM (blocking; uvloop when installed).
 
     ``admin_port`` -1 = from the file; ``no_admin`` runs no admin app; ``admin_host`` None = the file's
@@ -57,15 +73,24 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     uv = install_uvloop()
 
     async def main() -> None:
-        gw = Gateway(cfg, config_path, host=host, port=port, admin_port=None if no_admin else admin_port,
-                     admin_host=admin_host, worker=worker)
+        gw = Gateway(
+            cfg,
+            config_path,
+            host=host,
+            port=port,
+            admin_port=None if no_admin else admin_port,
+            admin_host=admin_host,
+            worker=worker,
+        )
         try:
             await gw.start()
         except OSError as e:
             await gw.close()
-            raise ConfigError(f"cannot listen on {gw.host}:{gw.port} or the admin port {gw.admin_host}:"
-                              f"{gw.admin_port}: {e.strerror or e}; pick a free port with --port/--admin-port "
-                              "and an address of this host with --host/--admin-host") from None
+            raise ConfigError(
+                f"cannot listen on {gw.host}:{gw.port} or the admin port {gw.admin_host}:"
+                f"{gw.admin_port}: {e.strerror or e}; pick a free port with --port/--admin-port "
+                "and an address of this host with --host/--admin-host"
+            ) from None
         except ConfigError:
             await gw.close()
             raise
@@ -77,8 +102,9 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
         stop = asyncio.Event()
         gw.install_signal_handlers(stop.set)
         admin = f" (admin http://{gw.admin_host}:{gw.admin_port})" if gw.admin_port is not None else ""
-        print(f"servelab gateway listening on http://{gw.host}:{gw.port}/v1{admin}"
-              f"{' [uvloop]' if uv else ''}", flush=True)
+        print(
+            f"servelab gateway listening on http://{gw.host}:{gw.port}/v1{admin}{' [uvloop]' if uv else ''}", flush=True
+        )
         try:
             await stop.wait()
         finally:
@@ -90,28 +116,39 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
 @gateway_app.callback(invoke_without_command=True)
 def gateway_command(
     ctx: typer.Context,
-    config: Path | None = typer.Option(None, "--config", "-c", help="Gateway YAML file (example: "
-                                       "examples/gateway.yaml); required to run the gateway."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="Gateway YAML file (example: examples/gateway.yaml); required to run the gateway."
+    ),
     host: str | None = typer.Option(None, "--host", help="Address to bind [default: server.host of the file]."),
     port: int | None = typer.Option(None, "--port", help="API port; 0 = a free port [default: server.port]."),
     admin_port: int | None = typer.Option(None, "--admin-port", help="Admin API port [default: server.admin_port]."),
-    admin_host: str | None = typer.Option(None, "--admin-host", help="Address the admin API binds [default: "
-                                          "server.admin_host, 127.0.0.1; --host does not change it]."),
+    admin_host: str | None = typer.Option(
+        None,
+        "--admin-host",
+        help="Address the admin API binds [default: server.admin_host, 127.0.0.1; --host does not change it].",
+    ),
     no_admin: bool = typer.Option(False, "--no-admin", help="Run without the admin API."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error (stderr)."),
-    workers: str = typer.Option("1", "--workers", help="Gateway processes serving the one port (SO_REUSEPORT), "
-                                "each with its own event loop; 'auto' = one per CPU this process may use "
-                                f"({_cpus()} here) when state.redis_url is set, else 1. N > 1 needs "
-                                "state.redis_url (limits, budgets and breakers shared in Redis)."),
-    worker_index: int | None = typer.Option(None, "--worker-index", hidden=True,
-                                            help="Set by the supervisor: this worker's index."),
+    workers: str = typer.Option(
+        "1",
+        "--workers",
+        help="Gateway processes serving the one port (SO_REUSEPORT), "
+        "each with its own event loop; 'auto' = one per CPU this process may use "
+        f"({_cpus()} here) when state.redis_url is set, else 1. N > 1 needs "
+        "state.redis_url (limits, budgets and breakers shared in Redis).",
+    ),
+    worker_index: int | None = typer.Option(
+        None, "--worker-index", hidden=True, help="Set by the supervisor: this worker's index."
+    ),
 ) -> None:
     """Run the OpenAI-compatible gateway over the engines in --config (SIGHUP or a saved file reloads it)."""
     if ctx.invoked_subcommand is not None:
         return
     if config is None:
-        raise ConfigError("servelab gateway needs --config FILE (example: examples/gateway.yaml); "
-                          "or run `servelab gateway shadow-report` against a running gateway")
+        raise ConfigError(
+            "servelab gateway needs --config FILE (example: examples/gateway.yaml); "
+            "or run `servelab gateway shadow-report` against a running gateway"
+        )
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         raise ConfigError(f"--log-level {log_level!r} is not one of debug, info, warning, error")
@@ -125,26 +162,37 @@ def gateway_command(
         if workers == "auto" and not cfg.state.redis_url and n > 1:
             logging.getLogger("servelab.gateway").warning(
                 "--workers auto: 1 worker, not %d: limits are in memory without state.redis_url and cannot be "
-                "shared; set state.redis_url to run on every core", n)
+                "shared; set state.redis_url to run on every core",
+                n,
+            )
             n = 1
         check_workers(n, cfg.state.redis_url)
         warning = shared_core_warning(n, parse_workers("auto"))
         if warning:
             logging.getLogger("servelab.gateway").warning("%s", warning)
         if n > 1:
-            sup = Supervisor(config, n, host or cfg.server.host, cfg.server.port if port is None else port,
-                             None if no_admin else (-1 if admin_port is None else admin_port), admin_host,
-                             cfg.server.shutdown_grace_s, log_level)
+            sup = Supervisor(
+                config,
+                n,
+                host or cfg.server.host,
+                cfg.server.port if port is None else port,
+                None if no_admin else (-1 if admin_port is None else admin_port),
+                admin_host,
+                cfg.server.shutdown_grace_s,
+                log_level,
+            )
             raise typer.Exit(sup.run())
     serve(config, host, port, -1 if admin_port is None else admin_port, no_admin, admin_host, worker_index)
 
 
 @gateway_app.command("shadow-report")
 def shadow_report_command(
-    admin_url: str | None = typer.Option(None, "--admin-url", help="The gateway's admin URL [default: "
-                                         "$SERVELAB_ADMIN_URL or http://127.0.0.1:8081]."),
-    token_env: str = typer.Option("SERVELAB_ADMIN_TOKEN", "--token-env",
-                                  help="Environment variable holding the admin token."),
+    admin_url: str | None = typer.Option(
+        None, "--admin-url", help="The gateway's admin URL [default: $SERVELAB_ADMIN_URL or http://127.0.0.1:8081]."
+    ),
+    token_env: str = typer.Option(
+        "SERVELAB_ADMIN_TOKEN", "--token-env", help="Environment variable holding the admin token."
+    ),
     model: str | None = typer.Option(None, "--model", help="Only this public model."),
     agree: float = typer.Option(0.9, "--agree", help="Text similarity (0-1) that counts as the same answer."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -173,25 +221,46 @@ def format_shadow_report(rep: Any) -> str:
     from rich.table import Table
 
     if not rep.models:
-        return ("no shadow samples yet: set models.<name>.shadow (target, sample_rate > 0) and send traffic; "
-                "each replica reports the requests it mirrored")
+        return (
+            "no shadow samples yet: set models.<name>.shadow (target, sample_rate > 0) and send traffic; "
+            "each replica reports the requests it mirrored"
+        )
     console = Console(width=160, record=True, file=open(os.devnull, "w"))  # noqa: SIM115 - rendered to text
     for m in rep.models:
         t = Table(title=f"{m.model}: {m.samples} mirrored, {m.compared} compared (both complete)")
-        for col in ("side", "targets", "n", "TTFT P50 ms", "TTFT P99 ms", "E2E P50 ms", "E2E P99 ms",
-                    "tokens mean", "errors"):
+        for col in (
+            "side",
+            "targets",
+            "n",
+            "TTFT P50 ms",
+            "TTFT P99 ms",
+            "E2E P50 ms",
+            "E2E P99 ms",
+            "tokens mean",
+            "errors",
+        ):
             t.add_column(col)
         for name, side in (("primary (old)", m.primary), ("shadow (new)", m.shadow)):
-            t.add_row(name, ", ".join(side.targets), str(side.e2e_ms.n if side.e2e_ms else 0),
-                      _ms(side.ttft_ms, "p50_ms"), _ms(side.ttft_ms, "p99_ms"), _ms(side.e2e_ms, "p50_ms"),
-                      _ms(side.e2e_ms, "p99_ms"), _num(side.completion_tokens_mean), str(side.errors))
+            t.add_row(
+                name,
+                ", ".join(side.targets),
+                str(side.e2e_ms.n if side.e2e_ms else 0),
+                _ms(side.ttft_ms, "p50_ms"),
+                _ms(side.ttft_ms, "p99_ms"),
+                _ms(side.e2e_ms, "p50_ms"),
+                _ms(side.e2e_ms, "p99_ms"),
+                _num(side.completion_tokens_mean),
+                str(side.errors),
+            )
         console.print(t)
-        console.print(f"shadow - primary: TTFT P50 {_delta(m.ttft_p50_delta_ms)} ms, P99 "
-                      f"{_delta(m.ttft_p99_delta_ms)} ms; E2E P50 {_delta(m.e2e_p50_delta_ms)} ms, P99 "
-                      f"{_delta(m.e2e_p99_delta_ms)} ms; completion tokens {_delta(m.completion_tokens_delta_mean)} "
-                      f"per request; text agreement "
-                      f"{_pct(m.text_agreement_rate)} (similarity >= {rep.agree_threshold}), identical "
-                      f"{_pct(m.text_exact_rate)}, mean similarity {_num(m.text_similarity_mean)}")
+        console.print(
+            f"shadow - primary: TTFT P50 {_delta(m.ttft_p50_delta_ms)} ms, P99 "
+            f"{_delta(m.ttft_p99_delta_ms)} ms; E2E P50 {_delta(m.e2e_p50_delta_ms)} ms, P99 "
+            f"{_delta(m.e2e_p99_delta_ms)} ms; completion tokens {_delta(m.completion_tokens_delta_mean)} "
+            f"per request; text agreement "
+            f"{_pct(m.text_agreement_rate)} (similarity >= {rep.agree_threshold}), identical "
+            f"{_pct(m.text_exact_rate)}, mean similarity {_num(m.text_similarity_mean)}"
+        )
     return console.export_text()
 
 
@@ -215,10 +284,12 @@ def _pct(v: float | None) -> str:
 def explain_command(
     request_id: str = typer.Argument(..., help="The X-Request-ID the gateway answered with (or the client's own)."),
     log: Path | None = typer.Option(None, "--log", help="The access log (server.access_log) to read."),
-    config: Path | None = typer.Option(None, "--config", "-c", help="The gateway's config: its server.access_log "
-                                       "is read (when --log is not given)."),
-    ttft_slo_s: float | None = typer.Option(None, "--ttft-slo-s", help="TTFT objective (seconds) to quote in "
-                                            "the diagnosis."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="The gateway's config: its server.access_log is read (when --log is not given)."
+    ),
+    ttft_slo_s: float | None = typer.Option(
+        None, "--ttft-slo-s", help="TTFT objective (seconds) to quote in the diagnosis."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the access-log line, rows and diagnosis as JSON."),
 ) -> None:
     """Where one request's time went: its timeline from the access log and a one-line diagnosis."""
@@ -230,20 +301,33 @@ def explain_command(
         raise ConfigError(f"--ttft-slo-s must be > 0 seconds, got {ttft_slo_s}")
     if log is None:
         if config is None:
-            raise ConfigError("servelab gateway explain needs --log ACCESS_LOG or --config FILE (whose "
-                              "server.access_log is read)")
+            raise ConfigError(
+                "servelab gateway explain needs --log ACCESS_LOG or --config FILE (whose server.access_log is read)"
+            )
         from servelab.gateway.config import load_config
 
         where = load_config(config).server.access_log
         if not where or where == "-":
-            raise ConfigError(f"{config}: server.access_log is {where or 'off'!r}, not a file; nothing to read "
-                              "(pass the file with --log)")
+            raise ConfigError(
+                f"{config}: server.access_log is {where or 'off'!r}, not a file; nothing to read "
+                "(pass the file with --log)"
+            )
         log = Path(where)
     rec = find_record(log, request_id)
     exp = explain(rec, ttft_slo_s)
     if as_json:
-        print(orjson.dumps({"record": rec, "rows": exp.rows, "diagnosis": exp.diagnosis, "cause": exp.cause,
-                            "parts_ms": exp.parts_ms}, option=orjson.OPT_INDENT_2).decode())
+        print(
+            orjson.dumps(
+                {
+                    "record": rec,
+                    "rows": exp.rows,
+                    "diagnosis": exp.diagnosis,
+                    "cause": exp.cause,
+                    "parts_ms": exp.parts_ms,
+                },
+                option=orjson.OPT_INDENT_2,
+            ).decode()
+        )
         return
     print(format_explanation(rec, exp))
 

@@ -39,7 +39,7 @@ def _trusted(addr: ipaddress.IPv4Address | ipaddress.IPv6Address, nets: Sequence
 def _parse(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     t = text.strip()
     if t.startswith("[") and "]" in t:  # "[2001:db8::1]:443"
-        t = t[1:t.index("]")]
+        t = t[1 : t.index("]")]
     elif t.count(":") == 1:  # "203.0.113.7:51000"
         t = t.split(":", 1)[0]
     try:

@@ -23,12 +23,32 @@ from servelab.wire.dialects import KINDS, Kind
 from servelab.wire.errors import ConfigError
 
 __all__ = [
-    "BACKEND_KINDS", "SCHEMA_PATH", "AdminSection", "Backend", "BreakerSection", "Capabilities", "EngineFields",
-    "FallbackStep", "GatewayConfig", "HealthSection", "KeyEntry", "LedgerSection", "ModelEntry", "RetrySection",
+    "BACKEND_KINDS",
+    "SCHEMA_PATH",
+    "AdminSection",
+    "Backend",
+    "BreakerSection",
+    "Capabilities",
+    "EngineFields",
+    "FallbackStep",
+    "GatewayConfig",
+    "HealthSection",
+    "KeyEntry",
+    "LedgerSection",
+    "ModelEntry",
+    "RetrySection",
     "RoutingSection",
-    "ServerSection", "Shadow", "SharedLimits", "StateSection", "Target", "Tenant", "TracingSection", "json_schema",
+    "ServerSection",
+    "Shadow",
+    "SharedLimits",
+    "StateSection",
+    "Target",
+    "Tenant",
+    "TracingSection",
+    "json_schema",
     "load_config",
-    "parse_config", "PUBLISHED_SCHEMA",
+    "parse_config",
+    "PUBLISHED_SCHEMA",
 ]
 
 #: Engine kinds a backend can be: the dialect table's (:mod:`servelab.wire.dialects`, docs/engine-wire.md).
@@ -76,50 +96,93 @@ class ServerSection(FrozenModel):
     port: int = Field(8080, ge=0, le=65535, description="OpenAI API port (0 = free port)")
     admin_port: int | None = Field(8081, ge=0, le=65535, description="admin API port; null = no admin app")
     max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body, bytes (else 413)")
-    max_tokens_limit: int = Field(4096, ge=1, description="largest output a request may ask for: max_tokens x n "
-                                  "(x prompts on /v1/completions), tokens (else 400)")
+    max_tokens_limit: int = Field(
+        4096,
+        ge=1,
+        description="largest output a request may ask for: max_tokens x n "
+        "(x prompts on /v1/completions), tokens (else 400)",
+    )
     default_max_tokens: int | None = Field(None, ge=1, description="max_tokens sent when a request gives none")
     engine_length_fields: Literal["map", "refuse"] = Field(
-        "map", description="engine-specific length fields (n_predict, max_new_tokens, options.num_predict, ...): "
-        "map = count them in the bound and send the backend's own field, refuse = 400")
-    max_json_depth: int = Field(64, ge=2, le=200, description="deepest nesting of arrays/objects a request body "
-                                "may have (else 400)")
+        "map",
+        description="engine-specific length fields (n_predict, max_new_tokens, options.num_predict, ...): "
+        "map = count them in the bound and send the backend's own field, refuse = 400",
+    )
+    max_json_depth: int = Field(
+        64, ge=2, le=200, description="deepest nesting of arrays/objects a request body may have (else 400)"
+    )
     access_log: str | None = Field("-", description="'-' = stderr, a file path, or null = off")
     shutdown_grace_s: float = Field(10.0, ge=0, description="time in-flight requests get on SIGTERM, s")
     # connection discipline of both ports (servelab.gateway.listener; nginx client_header_timeout,
     # client_body_timeout, keepalive_timeout: https://nginx.org/en/docs/http/ngx_http_core_module.html)
-    admin_host: str = Field("127.0.0.1", description="address the admin API binds (separate from host, so "
-                            "--host 0.0.0.0 does not expose it)")
-    header_timeout_s: float = Field(10.0, gt=0, le=3600, description="time from accept (or a request's first "
-                                    "byte on a kept-alive connection) to complete headers, s (else 408/close)")
-    body_timeout_s: float = Field(30.0, gt=0, le=3600, description="longest gap between two reads of a request "
-                                  "body, s (else 408)")
-    body_total_timeout_s: float = Field(120.0, gt=0, le=3600, description="longest time to receive a whole "
-                                        "request body, s (else 408)")
-    keepalive_timeout_s: float = Field(30.0, gt=0, le=3600, description="idle keep-alive connections are closed "
-                                       "after this long, s")
-    max_connections: int | None = Field(None, ge=1, description="open client connections on the API port; null = "
-                                        "(RLIMIT_NOFILE - 64 - admin_max_connections) / 2 (one upstream fd each)")
+    admin_host: str = Field(
+        "127.0.0.1",
+        description="address the admin API binds (separate from host, so --host 0.0.0.0 does not expose it)",
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="time from accept (or a request's first "
+        "byte on a kept-alive connection) to complete headers, s (else 408/close)",
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="longest gap between two reads of a request body, s (else 408)"
+    )
+    body_total_timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="longest time to receive a whole request body, s (else 408)"
+    )
+    keepalive_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="idle keep-alive connections are closed after this long, s"
+    )
+    max_connections: int | None = Field(
+        None,
+        ge=1,
+        description="open client connections on the API port; null = "
+        "(RLIMIT_NOFILE - 64 - admin_max_connections) / 2 (one upstream fd each)",
+    )
     admin_max_connections: int = Field(32, ge=1, description="open connections on the admin port")
     max_connections_per_client: int | None = Field(
-        None, ge=1, description="open API connections of one client address (the peer, or X-Forwarded-For behind "
+        None,
+        ge=1,
+        description="open API connections of one client address (the peer, or X-Forwarded-For behind "
         "trusted_proxies); null = half of max_connections. At it, the address's oldest connection still sending "
-        "its headers (or idle) is closed, else 429 (nginx limit_conn)")
-    public_metrics: bool = Field(False, description="also serve /metrics on the API port without auth (it names "
-                                 "backends and breaker states); it is always on the admin port, behind the "
-                                 "admin token")
-    trusted_proxies: list[str] = Field(default_factory=list, description="addresses/CIDRs of proxies in front of "
-                                       "the gateway; only their X-Forwarded-For is read (servelab.gateway.clientip)")
+        "its headers (or idle) is closed, else 429 (nginx limit_conn)",
+    )
+    public_metrics: bool = Field(
+        False,
+        description="also serve /metrics on the API port without auth (it names "
+        "backends and breaker states); it is always on the admin port, behind the "
+        "admin token",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="addresses/CIDRs of proxies in front of "
+        "the gateway; only their X-Forwarded-For is read (servelab.gateway.clientip)",
+    )
     # request bodies and outputs (break-it report on 4b30bb7, defects 3-5; servelab.gateway.bodies,
     # servelab.gateway.logprobs)
-    request_compression: bool = Field(False, description="accept request bodies with Content-Encoding gzip or "
-                                      "deflate (inflated piece by piece, never past max_body_bytes); false = 415")
-    max_top_logprobs: int = Field(20, ge=0, le=1000, description="largest top_logprobs (chat) / n_probs a request "
-                                  "may ask for (OpenAI: 20), else 400")
-    max_logprobs: int = Field(5, ge=0, le=1000, description="largest logprobs on /v1/completions (OpenAI's legacy "
-                              "maximum: 5), else 400")
-    send_timeout_s: float = Field(60.0, gt=0, le=3600, description="a client that reads nothing of its response "
-                                  "for this long is cut and its upstream released, s (nginx send_timeout: 60)")
+    request_compression: bool = Field(
+        False,
+        description="accept request bodies with Content-Encoding gzip or "
+        "deflate (inflated piece by piece, never past max_body_bytes); false = 415",
+    )
+    max_top_logprobs: int = Field(
+        20,
+        ge=0,
+        le=1000,
+        description="largest top_logprobs (chat) / n_probs a request may ask for (OpenAI: 20), else 400",
+    )
+    max_logprobs: int = Field(
+        5, ge=0, le=1000, description="largest logprobs on /v1/completions (OpenAI's legacy maximum: 5), else 400"
+    )
+    send_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="a client that reads nothing of its response "
+        "for this long is cut and its upstream released, s (nginx send_timeout: 60)",
+    )
 
     @field_validator("trusted_proxies")
     @classmethod
@@ -130,15 +193,18 @@ class ServerSection(FrozenModel):
             try:
                 ipaddress.ip_network(net, strict=False)
             except ValueError:
-                raise ValueError(f"trusted_proxies[{i}] {net!r} is not an IP address or CIDR "
-                                 "(e.g. 10.0.0.0/8)") from None
+                raise ValueError(
+                    f"trusted_proxies[{i}] {net!r} is not an IP address or CIDR (e.g. 10.0.0.0/8)"
+                ) from None
         return v
 
     @model_validator(mode="after")
     def _default_le_limit(self) -> ServerSection:
         if self.default_max_tokens is not None and self.default_max_tokens > self.max_tokens_limit:
-            raise ValueError(f"server.default_max_tokens {self.default_max_tokens} is above max_tokens_limit "
-                             f"{self.max_tokens_limit}; lower it")
+            raise ValueError(
+                f"server.default_max_tokens {self.default_max_tokens} is above max_tokens_limit "
+                f"{self.max_tokens_limit}; lower it"
+            )
         return self
 
 
@@ -162,11 +228,20 @@ class StateSection(FrozenModel):
     background until it lands. These take effect on restart."""
 
     redis_url: str | None = Field(None, description="redis://host:port/db, rediss://… or unix://…; null = memory")
-    redis_max_connections: int | None = Field(None, ge=1, le=1024, description="pooled Redis connections of the "
-                                              "limiter per gateway process; null = API connection cap / 16, "
-                                              "within 4-32")
-    redis_pool_timeout_s: float = Field(5.0, gt=0, le=60, description="longest wait for a free pooled Redis "
-                                        "connection before a request gets 503 limits_unavailable, s")
+    redis_max_connections: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="pooled Redis connections of the "
+        "limiter per gateway process; null = API connection cap / 16, "
+        "within 4-32",
+    )
+    redis_pool_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=60,
+        description="longest wait for a free pooled Redis connection before a request gets 503 limits_unavailable, s",
+    )
 
     @field_validator("redis_url")
     @classmethod
@@ -189,8 +264,11 @@ class LedgerSection(FrozenModel):
 
     sqlite_path: str | None = Field(None, description="SQLite file (relative to the config file's folder)")
     postgres_dsn: str | None = Field(None, description="postgresql://user@host:port/db")
-    spool_path: str | None = Field(None, description="write-ahead journal folder (relative to the config "
-                                   "file's folder); default <sqlite_path>.spool or gateway-usage.spool")
+    spool_path: str | None = Field(
+        None,
+        description="write-ahead journal folder (relative to the config "
+        "file's folder); default <sqlite_path>.spool or gateway-usage.spool",
+    )
     fsync_interval_s: float = Field(0.2, gt=0, le=60, description="journal fsync interval, s")
 
     @model_validator(mode="after")
@@ -202,8 +280,9 @@ class LedgerSection(FrozenModel):
         if self.sqlite_path is None and self.postgres_dsn is None:
             object.__setattr__(self, "sqlite_path", "gateway-usage.db")
         if self.spool_path is None and self.sqlite_path != ":memory:":
-            object.__setattr__(self, "spool_path", f"{self.sqlite_path}.spool" if self.sqlite_path
-                               else "gateway-usage.spool")
+            object.__setattr__(
+                self, "spool_path", f"{self.sqlite_path}.spool" if self.sqlite_path else "gateway-usage.spool"
+            )
         return self
 
 
@@ -345,12 +424,18 @@ class EngineFields(FrozenModel):
     vLLM and SGLang backends (lower = served first; needs vLLM's ``--scheduling-policy priority``), in
     place of the client's."""
 
-    allow: list[str] = Field(default_factory=list, description="engine fields the client may send for this "
-                             "model (e.g. chat_template_kwargs); forwarded as sent")
-    action: Literal["refuse", "drop"] = Field("refuse", description="what happens to any other engine field: "
-                                              "refuse (400 engine_field_not_allowed) or drop (removed)")
-    priority: dict[str, int] = Field(default_factory=dict, description="priority class -> priority sent to "
-                                     "vllm/sglang backends (lower = served first); empty = none sent")
+    allow: list[str] = Field(
+        default_factory=list,
+        description="engine fields the client may send for this model (e.g. chat_template_kwargs); forwarded as sent",
+    )
+    action: Literal["refuse", "drop"] = Field(
+        "refuse",
+        description="what happens to any other engine field: refuse (400 engine_field_not_allowed) or drop (removed)",
+    )
+    priority: dict[str, int] = Field(
+        default_factory=dict,
+        description="priority class -> priority sent to vllm/sglang backends (lower = served first); empty = none sent",
+    )
 
     @field_validator("allow")
     @classmethod
@@ -359,8 +444,9 @@ class EngineFields(FrozenModel):
 
         for name in v:
             if name not in ENGINE_FIELDS:
-                raise ValueError(f"{name!r} is not an engine field; the known ones are "
-                                 f"{', '.join(sorted(ENGINE_FIELDS))}")
+                raise ValueError(
+                    f"{name!r} is not an engine field; the known ones are {', '.join(sorted(ENGINE_FIELDS))}"
+                )
         return v
 
     @field_validator("priority")
@@ -381,9 +467,12 @@ class ModelEntry(FrozenModel):
     fallback: list[FallbackStep] = Field(default_factory=list)
     shadow: Shadow | None = None
     sampling: SamplingPolicy | None = Field(None, description="defaults and bounds of sampling parameters")
-    engine_fields: EngineFields = Field(default_factory=EngineFields, description="engine scheduling, "
-                                        "transport and template fields: allowed, refused or dropped; priority "
-                                        "by the key's class")
+    engine_fields: EngineFields = Field(
+        default_factory=EngineFields,
+        description="engine scheduling, "
+        "transport and template fields: allowed, refused or dropped; priority "
+        "by the key's class",
+    )
     description: str | None = None
 
 
@@ -423,14 +512,22 @@ class Tenant(FrozenModel):
     pools: list[str] | None = Field(None, description="backend pools it may use; null = any")
     log_prompts: bool = Field(False, description="log prompt text (redacted) in the access log")
     redact: list[str] = Field(default_factory=lambda: list(DEFAULT_REDACT), description="regexes to redact")
-    priority: str = Field("standard", pattern=_NAME, description="priority class of its keys (degrade.rules "
-                          "match it); a key's own priority wins")
-    application_limits: dict[str, ScopeLimits] = Field(default_factory=dict, description="per application "
-                                                       "(keys[].application): all its keys together")
-    model_limits: dict[str, ScopeLimits] = Field(default_factory=dict, description="per public model: all the "
-                                                 "tenant's keys together")
-    ip_limits: ScopeLimits | None = Field(None, description="per client IP (server.trusted_proxies decides when "
-                                          "X-Forwarded-For counts): all the tenant's keys together")
+    priority: str = Field(
+        "standard",
+        pattern=_NAME,
+        description="priority class of its keys (degrade.rules match it); a key's own priority wins",
+    )
+    application_limits: dict[str, ScopeLimits] = Field(
+        default_factory=dict, description="per application (keys[].application): all its keys together"
+    )
+    model_limits: dict[str, ScopeLimits] = Field(
+        default_factory=dict, description="per public model: all the tenant's keys together"
+    )
+    ip_limits: ScopeLimits | None = Field(
+        None,
+        description="per client IP (server.trusted_proxies decides when "
+        "X-Forwarded-For counts): all the tenant's keys together",
+    )
 
     @field_validator("redact")
     @classmethod
@@ -457,10 +554,17 @@ class KeyEntry(FrozenModel):
     tpm: int | None = Field(None, ge=1, description="override of the tenant's per-key tpm")
     max_concurrency: int | None = Field(None, ge=1, description="override of the tenant's per-key max_concurrency")
     token_budget: int | None = Field(None, ge=1, description="override of the tenant's per-key token_budget")
-    priority: str | None = Field(None, pattern=_NAME, description="priority class (degrade.rules); null = the "
-                                 "tenant's. Bound to the key: no client header can change it")
-    application: str | None = Field(None, pattern=_NAME, description="application this key belongs to "
-                                    "(tenants.<t>.application_limits, access log); bound to the key")
+    priority: str | None = Field(
+        None,
+        pattern=_NAME,
+        description="priority class (degrade.rules); null = the "
+        "tenant's. Bound to the key: no client header can change it",
+    )
+    application: str | None = Field(
+        None,
+        pattern=_NAME,
+        description="application this key belongs to (tenants.<t>.application_limits, access log); bound to the key",
+    )
 
 
 class DegradeWhen(FrozenModel):
@@ -534,7 +638,8 @@ class PickerSection(FrozenModel):
     blocks hashed for the prefix scorer; ``index_blocks``: block hashes remembered per replica (LRU)."""
 
     policy: Literal["default", "round_robin", "least_outstanding", "power_of_two", "prefix", "engine"] = Field(
-        "default", description="how a replica is chosen inside a group")
+        "default", description="how a replica is chosen inside a group"
+    )
     weights: PickerWeightsSection = Field(default_factory=PickerWeightsSection)
     stale_after_s: float = Field(3.0, gt=0, description="seconds after which a replica's scraped gauges are stale")
     block_chars: int = Field(64, ge=8, le=65536, description="prompt characters per prefix block")
@@ -555,15 +660,24 @@ class RoutingSection(FrozenModel):
 
     task_header: str = Field("X-Servelab-Task")
     tasks: dict[str, str] = Field(default_factory=dict, description="task name -> public model")
-    task_sampling: dict[str, SamplingPolicy] = Field(default_factory=dict, description="task name (task_header) "
-                                                     "-> sampling defaults and bounds, on top of the model's")
+    task_sampling: dict[str, SamplingPolicy] = Field(
+        default_factory=dict,
+        description="task name (task_header) -> sampling defaults and bounds, on top of the model's",
+    )
     affinity_chars: int = Field(256, ge=0, description="prompt characters hashed for prefix affinity; 0 = off")
     balance_factor: float = Field(1.25, ge=1, description="bounded-load factor of prefix affinity (>= 1)")
-    session_header: str | None = Field(None, pattern=r"^[A-Za-z0-9-]{1,64}$", description="client header whose "
-                                       "value keeps one session in one canary group (keyed by HMAC of the API "
-                                       "key id and the value); null = each request drawn at random")
-    session_secret_env: str = Field("SERVELAB_SESSION_SECRET", pattern=_ENV, description="env var with the HMAC "
-                                    "key of session_header (same on every replica); unset = a per-process key")
+    session_header: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9-]{1,64}$",
+        description="client header whose "
+        "value keeps one session in one canary group (keyed by HMAC of the API "
+        "key id and the value); null = each request drawn at random",
+    )
+    session_secret_env: str = Field(
+        "SERVELAB_SESSION_SECRET",
+        pattern=_ENV,
+        description="env var with the HMAC key of session_header (same on every replica); unset = a per-process key",
+    )
     picker: PickerSection = Field(default_factory=PickerSection, description="replica choice inside a group")
 
 
@@ -605,10 +719,12 @@ class TracingSection(FrozenModel):
     traced (0-1) when the client sent no ``traceparent``, else the client's sampled flag decides;
     ``service_name``: the resource's ``service.name``; ``export_timeout_s``: one export's limit (s)."""
 
-    endpoint: str | None = Field(None, description="OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces; "
-                                 "null = tracing off")
-    sample_ratio: float = Field(1.0, ge=0, le=1, description="share of requests traced (0-1) without a "
-                                "client traceparent")
+    endpoint: str | None = Field(
+        None, description="OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces; null = tracing off"
+    )
+    sample_ratio: float = Field(
+        1.0, ge=0, le=1, description="share of requests traced (0-1) without a client traceparent"
+    )
     service_name: str = Field("servelab-gateway", min_length=1, max_length=128, description="service.name of the spans")
     export_timeout_s: float = Field(10.0, gt=0, le=300, description="longest wait for one OTLP export, s")
 
@@ -660,8 +776,10 @@ class GatewayConfig(FrozenModel):
                 raise ValueError(f"models.{name}.capabilities: an embedding model cannot declare tools or json_schema")
             for j, f in enumerate(m.fallback):
                 if f.model not in self.models:
-                    raise ValueError(f"models.{name}.fallback[{j}].model: {f.model!r} is not a model; "
-                                     f"one of {', '.join(self.models)}")
+                    raise ValueError(
+                        f"models.{name}.fallback[{j}].model: {f.model!r} is not a model; "
+                        f"one of {', '.join(self.models)}"
+                    )
                 if f.model == name:
                     raise ValueError(f"models.{name}.fallback[{j}].model: a model cannot fall back to itself")
             if m.shadow is not None:
@@ -670,20 +788,25 @@ class GatewayConfig(FrozenModel):
         for tname, ten in self.tenants.items():
             for j, mname in enumerate(ten.allowed_models):
                 if mname != "*" and mname not in self.models:
-                    raise ValueError(f"tenants.{tname}.allowed_models[{j}]: {mname!r} is not a model; "
-                                     f"one of {', '.join(self.models)} or '*'")
+                    raise ValueError(
+                        f"tenants.{tname}.allowed_models[{j}]: {mname!r} is not a model; "
+                        f"one of {', '.join(self.models)} or '*'"
+                    )
             for j, p in enumerate(ten.pools or []):
                 if p not in pools:
-                    raise ValueError(f"tenants.{tname}.pools[{j}]: no backend is in pool {p!r}; "
-                                     f"pools: {', '.join(sorted(pools))}")
+                    raise ValueError(
+                        f"tenants.{tname}.pools[{j}]: no backend is in pool {p!r}; pools: {', '.join(sorted(pools))}"
+                    )
         seen: set[str] = set()
         for i, k in enumerate(self.keys):
             if k.id in seen:
                 raise ValueError(f"keys[{i}].id: {k.id!r} is used twice; key ids must be unique")
             seen.add(k.id)
             if k.tenant not in self.tenants:
-                raise ValueError(f"keys[{i}].tenant: {k.tenant!r} is not a tenant; "
-                                 f"add it under tenants: or use one of {', '.join(self.tenants) or '(none)'}")
+                raise ValueError(
+                    f"keys[{i}].tenant: {k.tenant!r} is not a tenant; "
+                    f"add it under tenants: or use one of {', '.join(self.tenants) or '(none)'}"
+                )
         for task, mname in self.routing.tasks.items():
             if mname not in self.models:
                 raise ValueError(f"routing.tasks.{task}: {mname!r} is not a model; one of {', '.join(self.models)}")
@@ -710,8 +833,11 @@ class GatewayConfig(FrozenModel):
 def _check_model_refs(cfg: GatewayConfig) -> None:
     """Every model named by ``tenants.*.model_limits`` and ``degrade.rules`` exists (else ValueError)."""
     refs = [(f"tenants.{tname}.model_limits", m) for tname, ten in cfg.tenants.items() for m in ten.model_limits]
-    refs += [(f"degrade.rules[{i}] ({rule.name})", m) for i, rule in enumerate(cfg.degrade.rules)
-             for m in [*(rule.models or []), *([rule.route_to] if rule.route_to else [])]]
+    refs += [
+        (f"degrade.rules[{i}] ({rule.name})", m)
+        for i, rule in enumerate(cfg.degrade.rules)
+        for m in [*(rule.models or []), *([rule.route_to] if rule.route_to else [])]
+    ]
     for where, mname in refs:
         if mname not in cfg.models:
             raise ValueError(f"{where}: {mname!r} is not a model; one of {', '.join(cfg.models)}")
@@ -722,8 +848,10 @@ def _check_target(t: Target, backends: dict[str, Backend], where: str) -> None:
     if b is None:
         raise ValueError(f"{where}.backend: {t.backend!r} is not a backend; one of {', '.join(backends)}")
     if t.model is not None and t.model not in b.models:
-        raise ValueError(f"{where}.model: backend {t.backend!r} does not serve {t.model!r}; "
-                         f"it serves {', '.join(b.models)} (add it to its models: list)")
+        raise ValueError(
+            f"{where}.model: backend {t.backend!r} does not serve {t.model!r}; "
+            f"it serves {', '.join(b.models)} (add it to its models: list)"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -734,8 +862,9 @@ def parse_config(data: Any, source: str = "<config>", base_dir: str | Path | Non
     """Validate a decoded config (a dict). Relative ``ledger.sqlite_path``/``spool_path`` and ``server.access_log``
     are resolved against ``base_dir`` when given. Raises :class:`ConfigError` ``SOURCE: PATH: PROBLEM``."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping (server:, backends:, models:, …), "
-                          f"got {type(data).__name__}")
+        raise ConfigError(
+            f"{source}: the top level must be a mapping (server:, backends:, models:, …), got {type(data).__name__}"
+        )
     try:
         cfg = GatewayConfig.model_validate(data)
     except ValidationError as e:
@@ -744,16 +873,19 @@ def parse_config(data: Any, source: str = "<config>", base_dir: str | Path | Non
         base = Path(base_dir)
         led = cfg.ledger
         if led.sqlite_path and led.sqlite_path != ":memory:" and not Path(led.sqlite_path).is_absolute():
-            cfg = cfg.model_copy(update={"ledger": led.model_copy(
-                update={"sqlite_path": str((base / led.sqlite_path).absolute())})})
+            cfg = cfg.model_copy(
+                update={"ledger": led.model_copy(update={"sqlite_path": str((base / led.sqlite_path).absolute())})}
+            )
         led = cfg.ledger
         if led.spool_path and not Path(led.spool_path).is_absolute():
-            cfg = cfg.model_copy(update={"ledger": led.model_copy(
-                update={"spool_path": str((base / led.spool_path).absolute())})})
+            cfg = cfg.model_copy(
+                update={"ledger": led.model_copy(update={"spool_path": str((base / led.spool_path).absolute())})}
+            )
         al = cfg.server.access_log
         if al not in (None, "-") and not Path(al).is_absolute():
-            cfg = cfg.model_copy(update={"server": cfg.server.model_copy(
-                update={"access_log": str((base / al).absolute())})})
+            cfg = cfg.model_copy(
+                update={"server": cfg.server.model_copy(update={"access_log": str((base / al).absolute())})}
+            )
     return cfg
 
 
@@ -763,8 +895,12 @@ def load_config(path: str | Path) -> GatewayConfig:
     unknown backend/model/tenant reference."""
     src = str(path)
     p = Path(path).expanduser()
-    data = read_yaml_file(path, what="gateway config", missing_fix="give a YAML file (example: examples/gateway.yaml)",
-                          empty_fix="write a gateway config (example: examples/gateway.yaml)")
+    data = read_yaml_file(
+        path,
+        what="gateway config",
+        missing_fix="give a YAML file (example: examples/gateway.yaml)",
+        empty_fix="write a gateway config (example: examples/gateway.yaml)",
+    )
     return parse_config(data, src, p.parent)
 
 

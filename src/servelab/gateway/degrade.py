@@ -128,8 +128,7 @@ class Decision:
 
     def log_record(self) -> dict[str, Any]:
         """The access log's ``degraded`` field."""
-        return {"rule": self.rule, "priority": self.priority, "from_model": self.from_model,
-                "actions": self.actions}
+        return {"rule": self.rule, "priority": self.priority, "from_model": self.from_model, "actions": self.actions}
 
 
 def cap(out_cap: int, decision: Decision | None) -> int:
@@ -145,16 +144,27 @@ class Degrader:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.ttft = TtftWindow()
-        self.applied = Counter("servelab_gateway_degraded_total", "Degrade actions applied under pressure",
-                               ("model", "rule", "action"), registry=registry)
+        self.applied = Counter(
+            "servelab_gateway_degraded_total",
+            "Degrade actions applied under pressure",
+            ("model", "rule", "action"),
+            registry=registry,
+        )
 
     def observe(self, model: str, ttft_ns: int | None) -> None:
         """Record a served request's TTFT (nanoseconds; None = none)."""
         if ttft_ns is not None:
             self.ttft.observe(model, ttft_ns / 1e9)
 
-    def decide(self, cfg: Any, key: Any, model: str, prompt_tokens: int, outstanding: Callable[[str], int],
-               may_use: Callable[[str], bool]) -> Decision | None:
+    def decide(
+        self,
+        cfg: Any,
+        key: Any,
+        model: str,
+        prompt_tokens: int,
+        outstanding: Callable[[str], int],
+        may_use: Callable[[str], bool],
+    ) -> Decision | None:
         """The :class:`Decision` for a request of ``key`` to public ``model`` whose prompt is about
         ``prompt_tokens`` tokens, or None when no rule applies. ``outstanding(backend)``: requests in
         flight on a backend; ``may_use(model)``: whether the key may use a model (a ``route_to`` it may
@@ -171,17 +181,26 @@ class Degrader:
             d = Decision(rule.name, prio, model, model)
             wait_s = math.ceil(rule.retry_after_s)
             if rule.pause:
-                d.refusal = GatewayError(503, f"the model is busy, retry in {wait_s} s", type="server_error",
-                                         code="model_busy", retry_after_s=rule.retry_after_s)
+                d.refusal = GatewayError(
+                    503,
+                    f"the model is busy, retry in {wait_s} s",
+                    type="server_error",
+                    code="model_busy",
+                    retry_after_s=rule.retry_after_s,
+                )
                 d.actions.append("pause")
             elif rule.max_prompt_tokens is not None and prompt_tokens > rule.max_prompt_tokens:
                 over = prompt_tokens - rule.max_prompt_tokens
                 d.refusal = GatewayError(
-                    503, f"the model is under heavy load and takes prompts of at most {rule.max_prompt_tokens} "
+                    503,
+                    f"the model is under heavy load and takes prompts of at most {rule.max_prompt_tokens} "
                     f"tokens right now; this one has about {prompt_tokens}: shorten it by at least {over} tokens "
                     f"(about {math.ceil(over * 0.75)} words), or retry in {wait_s} s",
-                    type="server_error", code="long_prompt_refused", param="messages",
-                    retry_after_s=rule.retry_after_s)
+                    type="server_error",
+                    code="long_prompt_refused",
+                    param="messages",
+                    retry_after_s=rule.retry_after_s,
+                )
                 d.actions.append("refuse_long_prompt")
             else:
                 if rule.route_to is not None and rule.route_to != model and may_use(rule.route_to):

@@ -100,16 +100,19 @@ def screen(body: dict[str, Any], policy: Any, model: str) -> list[str]:
     if policy.action == "refuse":
         name = found[0]
         what, _ = ENGINE_FIELDS[name]
-        raise GatewayError(400, f"'{name}' sets {what} and is not accepted for the model '{model}'; leave it out "
-                           f"(the operator may list it in models.{model}.engine_fields.allow)",
-                           code="engine_field_not_allowed", param=name)
+        raise GatewayError(
+            400,
+            f"'{name}' sets {what} and is not accepted for the model '{model}'; leave it out "
+            f"(the operator may list it in models.{model}.engine_fields.allow)",
+            code="engine_field_not_allowed",
+            param=name,
+        )
     for f in found:
         del body[f]
     return found
 
 
-def apply(up: dict[str, Any], policy: Any, kind: str, priority_class: str,
-          keep: Collection[str] = ()) -> None:
+def apply(up: dict[str, Any], policy: Any, kind: str, priority_class: str, keep: Collection[str] = ()) -> None:
     """Make ``up`` (the body about to be sent to one backend of ``kind``) fit the served model's
     ``policy``: remove every listed field its ``allow`` does not name (except those in ``keep``: set by
     the operator, e.g. a fallback step's ``params``), then set ``priority`` from

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-
 from prometheus_client.core import GaugeMetricFamily
+
 from servelab.wire.dialects import DIALECTS
 from servelab.wire.prometheus import parse_prometheus_text
 
@@ -68,8 +68,11 @@ def names_for(kind: str) -> EngineNames:
     if running and waiting:
         return EngineNames((running,), (waiting,), (kv,) if kv else ())
     every = [x.stream for x in DIALECTS.values() if x.stream is not None]
-    return EngineNames(tuple(x.running_gauge for x in every if x.running_gauge),
-                       tuple(x.waiting_gauge for x in every if x.waiting_gauge), ("vllm:kv_cache_usage_perc",))
+    return EngineNames(
+        tuple(x.running_gauge for x in every if x.running_gauge),
+        tuple(x.waiting_gauge for x in every if x.waiting_gauge),
+        ("vllm:kv_cache_usage_perc",),
+    )
 
 
 def _pick(values: dict[str, float], candidates: tuple[str, ...]) -> float | None:
@@ -110,8 +113,9 @@ class EngineGauges:
         old = getattr(self, "states", {})
         self.backends = {b.name: b for b in backends}
         self.names = {b.name: names_for(b.kind) for b in backends}
-        self.states: dict[str, _State] = {b.name: old[b.name] if b.name in old and old[b.name].kind == b.kind
-                                          else _State(b.kind) for b in backends}
+        self.states: dict[str, _State] = {
+            b.name: old[b.name] if b.name in old and old[b.name].kind == b.kind else _State(b.kind) for b in backends
+        }
 
     def state(self, backend: str) -> dict[str, Any] | None:
         """``{running, waiting, slots, kv_usage, age_s}`` of ``backend`` at its last good scrape (fields it
@@ -155,8 +159,11 @@ class EngineGauges:
             st.up = False
             return False
         n = self.names[name]
-        st.running, st.waiting, st.kv_usage = (_pick(values, n.running), _pick(values, n.waiting),
-                                               _pick(values, n.kv_usage))
+        st.running, st.waiting, st.kv_usage = (
+            _pick(values, n.running),
+            _pick(values, n.waiting),
+            _pick(values, n.kv_usage),
+        )
         st.up, st.at = True, time.monotonic()
         return True
 
@@ -178,8 +185,10 @@ class EngineGauges:
         await self.stop()
         loop = asyncio.get_running_loop()
         n = max(1, len(self.backends))
-        self._tasks = [loop.create_task(self._loop(name, i * self.interval_s / n), name=f"engine-gauges:{name}")
-                       for i, name in enumerate(self.backends)]
+        self._tasks = [
+            loop.create_task(self._loop(name, i * self.interval_s / n), name=f"engine-gauges:{name}")
+            for i, name in enumerate(self.backends)
+        ]
 
     async def stop(self) -> None:
         """Stop the loops (the session stays for a restart; :meth:`close` closes it)."""
@@ -209,14 +218,17 @@ class EngineGauges:
     def _families(self, with_samples: bool) -> list[GaugeMetricFamily]:
         lab = ["backend", "kind"]
         fams = {
-            "running": GaugeMetricFamily(_P + "requests_running", "Requests the engine is running (its own gauge)",
-                                         labels=lab),
-            "waiting": GaugeMetricFamily(_P + "requests_waiting", "Requests queued in the engine (its own gauge)",
-                                         labels=lab),
+            "running": GaugeMetricFamily(
+                _P + "requests_running", "Requests the engine is running (its own gauge)", labels=lab
+            ),
+            "waiting": GaugeMetricFamily(
+                _P + "requests_waiting", "Requests queued in the engine (its own gauge)", labels=lab
+            ),
             "kv_usage": GaugeMetricFamily(_P + "kv_cache_usage_ratio", "Engine KV-cache use, 0-1", labels=lab),
             "slots": GaugeMetricFamily(_P + "slots", "llama.cpp parallel slots", labels=lab),
-            "up": GaugeMetricFamily(_P + "scrape_up", "1 when the last scrape of the engine's /metrics worked",
-                                    labels=lab),
+            "up": GaugeMetricFamily(
+                _P + "scrape_up", "1 when the last scrape of the engine's /metrics worked", labels=lab
+            ),
             "age": GaugeMetricFamily(_P + "scrape_age_seconds", "Seconds since the last good scrape", labels=lab),
         }
         if with_samples:

@@ -18,13 +18,25 @@ from collections.abc import Iterable
 import orjson
 
 __all__ = [
-    "GatewayError", "bad_request", "openai_error_body", "sanitize_upstream_message",
+    "GatewayError",
+    "bad_request",
+    "openai_error_body",
+    "sanitize_upstream_message",
 ]
 
 #: OpenAI error ``type`` by HTTP status (the SDKs pick their exception class from the status).
-_TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                   404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-                   500: "server_error", 502: "server_error", 503: "server_error", 504: "server_error"}
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    502: "server_error",
+    503: "server_error",
+    504: "server_error",
+}
 
 
 class GatewayError(Exception):
@@ -37,8 +49,15 @@ class GatewayError(Exception):
     ``retry_after_s`` (seconds, > 0) becomes a ``Retry-After`` header (whole seconds, rounded up).
     """
 
-    def __init__(self, status: int, message: str, type: str | None = None, code: str | None = None,
-                 param: str | None = None, retry_after_s: float | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str | None = None,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -65,8 +84,9 @@ class GatewayError(Exception):
         return f"GatewayError({self.status}, {self.message!r}, code={self.code!r})"
 
 
-def openai_error_body(message: str, type: str = "invalid_request_error", code: str | None = None,
-                      param: str | None = None) -> bytes:
+def openai_error_body(
+    message: str, type: str = "invalid_request_error", code: str | None = None, param: str | None = None
+) -> bytes:
     """``{"error": {"message", "type", "param", "code"}}`` as bytes (OpenAI's error object)."""
     return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
 
@@ -82,8 +102,9 @@ _TRACE = re.compile(r"Traceback \(most recent call last\)|File \"[^\"]+\", line 
 _PATH = re.compile(r"(?<![\w.])/(?:[\w.-]+/)+[\w.-]+")
 
 
-def sanitize_upstream_message(message: str, hide: Iterable[str] = (), replace_with: str = "the model",
-                              max_chars: int = 300) -> str | None:
+def sanitize_upstream_message(
+    message: str, hide: Iterable[str] = (), replace_with: str = "the model", max_chars: int = 300
+) -> str | None:
     """An upstream error message made safe to show: URLs, host:port, file paths and every string in
     ``hide`` (backend names, upstream model names) removed; only the first line; at most ``max_chars``.
 

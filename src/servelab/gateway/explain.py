@@ -68,10 +68,14 @@ def find_record(path: str | Path, request_id: str) -> dict[str, Any]:
                         if rec is not None and request_id in (rec.get("request_id"), rec.get("client_request_id")):
                             return rec
     except OSError as e:
-        raise ConfigError(f"cannot read the access log {str(p)!r}: {e.strerror or e}; pass the gateway's "
-                          "server.access_log file with --log (or its config with --config)") from None
-    raise ConfigError(f"request {request_id!r} is not in the access log {str(p)!r}; use the X-Request-ID the "
-                      "gateway answered with (or the client's own X-Request-ID)")
+        raise ConfigError(
+            f"cannot read the access log {str(p)!r}: {e.strerror or e}; pass the gateway's "
+            "server.access_log file with --log (or its config with --config)"
+        ) from None
+    raise ConfigError(
+        f"request {request_id!r} is not in the access log {str(p)!r}; use the X-Request-ID the "
+        "gateway answered with (or the client's own X-Request-ID)"
+    )
 
 
 def _decode(line: bytes) -> dict[str, Any] | None:
@@ -108,7 +112,7 @@ def _failure(a: dict[str, Any]) -> str:
     return answer if cause == str(a.get("status")) else f"{cause} -> {answer}"
 
 
-def _detail(name: str, a: dict[str, Any]) -> str:  # noqa: C901 - one flat case per event name
+def _detail(name: str, a: dict[str, Any]) -> str:
     """One row's detail for event ``name`` with attributes ``a``."""
     if name == "routed":
         cands = ", ".join(f"{b} ({role}, {n} in flight)" for b, role, n in a.get("candidates", []))
@@ -147,14 +151,16 @@ def _events(rec: dict[str, Any]) -> list[tuple[str, float, dict[str, Any]]]:
     return out
 
 
-def explain(rec: dict[str, Any], ttft_slo_s: float | None = None) -> Explanation:  # noqa: C901 - one case per cause
+def explain(rec: dict[str, Any], ttft_slo_s: float | None = None) -> Explanation:
     """Explain the access-log line ``rec`` (module doc); ``ttft_slo_s``: the TTFT objective (seconds)
     quoted in the diagnosis when given. Raises :class:`ConfigError` for a line without a timeline
     (written by a gateway older than the timeline)."""
     evs = _events(rec)
     if not evs:
-        raise ConfigError(f"request {rec.get('request_id')!r} has no timeline in its access-log line (a gateway "
-                          "before servelab's request timelines wrote it); nothing to explain")
+        raise ConfigError(
+            f"request {rec.get('request_id')!r} has no timeline in its access-log line (a gateway "
+            "before servelab's request timelines wrote it); nothing to explain"
+        )
     rows = [(t, name, _detail(name, a)) for name, t, a in evs]
     first: dict[str, tuple[float, dict[str, Any]]] = {}
     for name, t, a in evs:
@@ -168,13 +174,19 @@ def explain(rec: dict[str, Any], ttft_slo_s: float | None = None) -> Explanation
     if "refused" in first:
         t, a = first["refused"]
         if a.get("limit"):
-            ra = (f"; the client was told to retry in {math.ceil(a['retry_after_s'])} s"
-                  if a.get("retry_after_s") else "")
-            diag = (f"refused by the {a['limit']} limit on the {a.get('scope', 'key')} after {t:.1f} ms: "
-                    f"{a.get('status')} {a.get('code')}{ra}; nothing was sent to an engine")
+            ra = (
+                f"; the client was told to retry in {math.ceil(a['retry_after_s'])} s" if a.get("retry_after_s") else ""
+            )
+            diag = (
+                f"refused by the {a['limit']} limit on the {a.get('scope', 'key')} after {t:.1f} ms: "
+                f"{a.get('status')} {a.get('code')}{ra}; nothing was sent to an engine"
+            )
             return Explanation(rows, diag, "limit")
-        return Explanation(rows, f"refused at admission after {t:.1f} ms: {a.get('status')} {a.get('code')}; "
-                                 "nothing was sent to an engine", "refused")
+        return Explanation(
+            rows,
+            f"refused at admission after {t:.1f} ms: {a.get('status')} {a.get('code')}; nothing was sent to an engine",
+            "refused",
+        )
 
     ttft = rec.get("ttft_ms")
     t_first = first["first_token"][0] if "first_token" in first else (float(ttft) if ttft is not None else None)
@@ -182,16 +194,24 @@ def explain(rec: dict[str, Any], ttft_slo_s: float | None = None) -> Explanation
     if t_first is None:  # no answer reached the client
         if client_left:
             t = first["client_left"][0]
-            where = f" while attempt {attempts[-1][1].get('n')} on {attempts[-1][1].get('backend')} waited" \
-                if attempts else ""
-            return Explanation(rows, f"the client left after {_s(t)} before the first token{where}"
-                               + (f"; before that {fails_txt}" if failures else ""), "client_left")
+            where = (
+                f" while attempt {attempts[-1][1].get('n')} on {attempts[-1][1].get('backend')} waited"
+                if attempts
+                else ""
+            )
+            return Explanation(
+                rows,
+                f"the client left after {_s(t)} before the first token{where}"
+                + (f"; before that {fails_txt}" if failures else ""),
+                "client_left",
+            )
         diag = f"no backend answered: {fails_txt}" if failures else "no backend could be tried"
         skipped = [a for name, _, a in evs if name == "skipped"]
         if skipped:
             diag += "; skipped " + ", ".join(f"{a.get('backend')} ({a.get('why')})" for a in skipped)
-        return Explanation(rows, f"{diag}; the client got {status} {rec.get('error_code') or ''}".rstrip(),
-                           "upstream_failed")
+        return Explanation(
+            rows, f"{diag}; the client got {status} {rec.get('error_code') or ''}".rstrip(), "upstream_failed"
+        )
 
     checked = first.get("checked", (0.0, {}))[0]
     admitted = first.get("admitted", (checked, {}))[0]
@@ -210,14 +230,19 @@ def explain(rec: dict[str, Any], ttft_slo_s: float | None = None) -> Explanation
     backend = att.get("backend") or rec.get("backend")
     head = f"{_s(t_first)} to first token"
     if cause_part == "engine queue":
-        why = (f"{_s(parts['engine queue'])} waiting in backend {backend}'s queue ({_busy(att)}), prefill "
-               f"{_s(parts['prefill'])}")
+        why = (
+            f"{_s(parts['engine queue'])} waiting in backend {backend}'s queue ({_busy(att)}), prefill "
+            f"{_s(parts['prefill'])}"
+        )
         cause = "engine_queue"
     elif cause_part == "prefill":
         cached = engine.get("cache_n", engine.get("cached_tokens"))
-        why = (f"prefill of {engine.get('prompt_n', '?')} prompt tokens on backend {backend} took "
-               f"{_s(parts['prefill'])}" + (f" ({cached} more reused from the prompt cache)" if cached else "")
-               + f", {_s(parts['engine queue'])} queued ({_busy(att)})")
+        why = (
+            f"prefill of {engine.get('prompt_n', '?')} prompt tokens on backend {backend} took "
+            f"{_s(parts['prefill'])}"
+            + (f" ({cached} more reused from the prompt cache)" if cached else "")
+            + f", {_s(parts['engine queue'])} queued ({_busy(att)})"
+        )
         cause = "prefill"
     elif cause_part == "failed attempts":
         why = f"{_s(parts['failed attempts'])} lost on failed attempts ({fails_txt}) before {backend} answered"
@@ -229,16 +254,20 @@ def explain(rec: dict[str, Any], ttft_slo_s: float | None = None) -> Explanation
         why = f"{_s(parts['checks'])} in admission checks (auth, body, policy) before the limiter"
         cause = "checks"
     else:
-        why = (f"{_s(at_engine)} from sending to backend {backend} to its first token ({_busy(att)}); the "
-               "engine reports no timings, so its queue and prefill cannot be told apart")
+        why = (
+            f"{_s(at_engine)} from sending to backend {backend} to its first token ({_busy(att)}); the "
+            "engine reports no timings, so its queue and prefill cannot be told apart"
+        )
         cause = "engine"
     diag = f"{head}: {why}"
     if failures and cause != "failed_attempts":
         diag += f"; after {len(failures)} failed attempt{'s' if len(failures) > 1 else ''} ({fails_txt})"
     if "predicted_n" in engine and engine.get("predicted_ms"):
         n = engine["predicted_n"]
-        diag += (f"; decode {_s(float(engine['predicted_ms']))} for {n} tokens "
-                 f"({float(engine['predicted_ms']) / max(1, n):.1f} ms/token)")
+        diag += (
+            f"; decode {_s(float(engine['predicted_ms']))} for {n} tokens "
+            f"({float(engine['predicted_ms']) / max(1, n):.1f} ms/token)"
+        )
     if client_left:
         diag += f"; the client left at {_s(first['client_left'][0])}"
     elif rec.get("outcome") == "error" and rec.get("error_code"):
@@ -253,15 +282,20 @@ def format_explanation(rec: dict[str, Any], exp: Explanation) -> str:
     """The text ``servelab gateway explain`` prints: a header line about the request, the timeline rows
     (ms since received, event, detail) and ``diagnosis: ...``."""
     ts = rec.get("ts")
-    when = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z" \
-        if isinstance(ts, (int, float)) else "?"
+    when = (
+        _dt.datetime.fromtimestamp(ts, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+        if isinstance(ts, (int, float))
+        else "?"
+    )
     client = f" (client id {rec['client_request_id']})" if rec.get("client_request_id") else ""
-    head = (f"request {rec.get('request_id')}{client} at {when}: key {rec.get('key_id')} tenant {rec.get('tenant')} "
-            f"model {rec.get('model')} -> backend {rec.get('backend') or 'none'}, {rec.get('status')} "
-            f"{rec.get('outcome')}{' stream' if rec.get('stream') else ''}, TTFT "
-            f"{'-' if rec.get('ttft_ms') is None else format(rec['ttft_ms'], '.1f')} ms, E2E "
-            f"{rec.get('e2e_ms', 0):.1f} ms, tokens {rec.get('prompt_tokens')} in / {rec.get('completion_tokens')} "
-            f"out, retries {rec.get('retries', 0)}{', fallback' if rec.get('fallback') else ''}")
+    head = (
+        f"request {rec.get('request_id')}{client} at {when}: key {rec.get('key_id')} tenant {rec.get('tenant')} "
+        f"model {rec.get('model')} -> backend {rec.get('backend') or 'none'}, {rec.get('status')} "
+        f"{rec.get('outcome')}{' stream' if rec.get('stream') else ''}, TTFT "
+        f"{'-' if rec.get('ttft_ms') is None else format(rec['ttft_ms'], '.1f')} ms, E2E "
+        f"{rec.get('e2e_ms', 0):.1f} ms, tokens {rec.get('prompt_tokens')} in / {rec.get('completion_tokens')} "
+        f"out, retries {rec.get('retries', 0)}{', fallback' if rec.get('fallback') else ''}"
+    )
     lines = [head, f"{'ms':>10}  {'event':<12} detail"]
     lines += [f"{t:>10.1f}  {name:<12} {detail}".rstrip() for t, name, detail in exp.rows]
     lines.append(f"diagnosis: {exp.diagnosis}")

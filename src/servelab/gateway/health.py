@@ -51,8 +51,10 @@ def health_url(backend: Backend) -> str:
         root = root[:-3]
     path = backend.health_path or HEALTH_PATHS.get(backend.kind)
     if path is None:
-        raise ValueError(f"backends.{backend.name}: no readiness path known for kind {backend.kind!r}; "
-                         f"set health_path (kinds with a default: {', '.join(sorted(HEALTH_PATHS))})")
+        raise ValueError(
+            f"backends.{backend.name}: no readiness path known for kind {backend.kind!r}; "
+            f"set health_path (kinds with a default: {', '.join(sorted(HEALTH_PATHS))})"
+        )
     return root + (path if path.startswith("/") else "/" + path)
 
 
@@ -85,10 +87,17 @@ class HealthChecker:
     interval/timeout/fall/rise or a backend whose health URL cannot be built.
     """
 
-    def __init__(self, backends: Sequence[Backend], breakers: BreakerBoard, interval_s: float = 1.0,
-                 timeout_s: float = 2.0, fall: int = 1, rise: int = 1,
-                 session: aiohttp.ClientSession | None = None,
-                 on_change: Callable[[str, HealthStatus], None] | None = None) -> None:
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        breakers: BreakerBoard,
+        interval_s: float = 1.0,
+        timeout_s: float = 2.0,
+        fall: int = 1,
+        rise: int = 1,
+        session: aiohttp.ClientSession | None = None,
+        on_change: Callable[[str, HealthStatus], None] | None = None,
+    ) -> None:
         if interval_s <= 0 or timeout_s <= 0:
             raise ValueError(f"health: interval_s {interval_s} and timeout_s {timeout_s} must be > 0 seconds")
         if fall < 1 or rise < 1:
@@ -130,21 +139,26 @@ class HealthChecker:
         t0 = time.monotonic()
         code: int | None = None
         try:
-            async with self._sess().get(url, timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                                        allow_redirects=False) as r:
+            async with self._sess().get(
+                url, timeout=aiohttp.ClientTimeout(total=self.timeout_s), allow_redirects=False
+            ) as r:
                 code = r.status
                 await r.read()
             ok = 200 <= code < 300
             detail = "" if ok else f"http {code}"
-        except asyncio.TimeoutError:
+        except TimeoutError:
             ok, detail = False, f"timeout after {self.timeout_s:g} s"
         except (aiohttp.ClientError, OSError) as e:
             if is_local_resource_error(e):
                 # EMFILE/ENFILE/ENOBUFS: this process ran out, the engine did not fail; counting it would
                 # open the breakers of healthy backends under a connection flood
                 st.local_errors += 1
-                self._local_log("health check of %s skipped: no file descriptor or buffer left in the gateway "
-                                "(%s); not counted against the backend", name, e)
+                self._local_log(
+                    "health check of %s skipped: no file descriptor or buffer left in the gateway "
+                    "(%s); not counted against the backend",
+                    name,
+                    e,
+                )
                 return st.up is not False
             ok, detail = False, "connect" if isinstance(e, aiohttp.ClientConnectorError) else type(e).__name__
         now = time.monotonic()
@@ -196,7 +210,7 @@ class HealthChecker:
                 await self.check_once(name)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # a bug in one check must not end the loop silently
+            except Exception as e:  # noqa: BLE001 — a bug in one check must not end the loop silently
                 log.error("health check of %s failed unexpectedly: %r", name, e)
             await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - t0)))
 
@@ -206,8 +220,10 @@ class HealthChecker:
             return
         n = max(1, len(self.backends))
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._loop(name, i * self.interval_s / n), name=f"health:{name}")
-                       for i, name in enumerate(self.backends)]
+        self._tasks = [
+            loop.create_task(self._loop(name, i * self.interval_s / n), name=f"health:{name}")
+            for i, name in enumerate(self.backends)
+        ]
 
     async def close(self) -> None:
         """Stop the loops and close the session if it is this checker's own."""

@@ -182,8 +182,13 @@ class UsageJournal:
             now = time.monotonic()
             if now - self._last_error_log > 60:
                 self._last_error_log = now
-                log.error("journal: cannot write to %s (%s); usage of requests in flight is not crash-safe "
-                          "until this is fixed (%d write errors so far)", seg.path, e, self.write_errors)
+                log.error(
+                    "journal: cannot write to %s (%s); usage of requests in flight is not crash-safe "
+                    "until this is fixed (%d write errors so far)",
+                    seg.path,
+                    e,
+                    self.write_errors,
+                )
             return
         seg.lines += len(recs)
         self._dirty = True
@@ -209,7 +214,7 @@ class UsageJournal:
                 continue
             try:
                 p = o.live()
-            except Exception:  # a progress probe must never break the journal
+            except Exception:  # noqa: BLE001 — a progress probe must never break the journal
                 continue
             if p != o.last:
                 o.last = p
@@ -234,8 +239,9 @@ class UsageJournal:
         if old is None or (old.settles == 0 and old.lines < SEGMENT_MAX_LINES):
             return False
         self._cur = self._new_segment()
-        self._write_lines([{"op": "a", "id": jid, "row": o.row, **({"p": o.last} if o.last else {})}
-                           for jid, o in self._open.items()])
+        self._write_lines(
+            [{"op": "a", "id": jid, "row": o.row, **({"p": o.last} if o.last else {})} for jid, o in self._open.items()]
+        )
         self._sealed.append(old)
         return True
 
@@ -332,19 +338,26 @@ class DurableLedger:
         try:
             rows, incomplete = self.journal.recover()
         except OSError as e:
-            raise ConfigError(f"ledger.spool_path: cannot use {folder} ({e.strerror or e}); give a writable "
-                              "folder") from None
+            raise ConfigError(
+                f"ledger.spool_path: cannot use {folder} ({e.strerror or e}); give a writable folder"
+            ) from None
         if rows:
             n = await self.store.insert_missing(rows)
-            log.warning("ledger: replayed %d usage rows from the spool %s (%d of them incomplete: the gateway "
-                        "stopped while they were in flight; %d were already in the ledger)",
-                        n, folder, incomplete, len(rows) - n)
+            log.warning(
+                "ledger: replayed %d usage rows from the spool %s (%d of them incomplete: the gateway "
+                "stopped while they were in flight; %d were already in the ledger)",
+                n,
+                folder,
+                incomplete,
+                len(rows) - n,
+            )
         self.journal.drop_orphans()
         try:
             self.journal.open()
         except OSError as e:
-            raise ConfigError(f"ledger.spool_path: cannot write in {folder} ({e.strerror or e}); give a "
-                              "writable folder") from None
+            raise ConfigError(
+                f"ledger.spool_path: cannot write in {folder} ({e.strerror or e}); give a writable folder"
+            ) from None
         self._dropped_seen = self._dropped_base = getattr(self.store, "dropped_rows", 0)
         self._task = asyncio.get_running_loop().create_task(self._maintain(), name="servelab-journal")
 
@@ -378,7 +391,7 @@ class DurableLedger:
                 await self.journal.sync()
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # the journal must outlive a bad moment of the disk or database
+            except Exception as e:  # noqa: BLE001 — the journal must outlive a bad moment of the disk or database
                 log.error("journal: maintenance failed: %s", e)
 
     async def _checkpoint(self) -> bool:
@@ -388,7 +401,7 @@ class DurableLedger:
         await self.journal.sync_sealed()
         try:
             await self.store.flush()
-        except Exception:  # the store logs its own failure (PostgreSQL down): retry next time
+        except Exception:  # noqa: BLE001 — the store logs its own failure (PostgreSQL down): retry next time
             return False
         dropped = getattr(self.store, "dropped_rows", 0)
         if dropped != self._dropped_seen:  # the store lost rows: keep their journal for the next start
@@ -410,7 +423,7 @@ class DurableLedger:
         flushed = True
         try:
             await self.store.flush()
-        except Exception:
+        except Exception:  # noqa: BLE001 — any failure of the flush means not flushed
             flushed = False
         lost = getattr(self.store, "dropped_rows", 0) - self._dropped_base
         left = self.journal.close(keep=not flushed or lost > 0)
@@ -420,6 +433,9 @@ class DurableLedger:
         else:
             await self.store.close()
         if left and flushed:
-            log.error("ledger: %d usage rows the store could not write (or requests still in flight) are spooled "
-                      "in %s; they are written when the gateway next starts", lost, folder)
-
+            log.error(
+                "ledger: %d usage rows the store could not write (or requests still in flight) are spooled "
+                "in %s; they are written when the gateway next starts",
+                lost,
+                folder,
+            )

@@ -20,6 +20,7 @@ Secrets are never logged: :class:`KeyInfo` holds none, :class:`NewKey`'s ``repr`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -34,8 +35,7 @@ from servelab.gateway.errors import GatewayError
 from servelab.gateway.ledger import KeyRecord, Ledger
 from servelab.gateway.limits import Limits
 
-__all__ = ["KEY_PREFIX", "KeyInfo", "KeyStore", "NewKey", "TenantPolicy", "format_key", "hash_secret",
-           "parse_key"]
+__all__ = ["KEY_PREFIX", "KeyInfo", "KeyStore", "NewKey", "TenantPolicy", "format_key", "hash_secret", "parse_key"]
 
 log = logging.getLogger("servelab.gateway.keys")
 
@@ -60,7 +60,7 @@ def parse_key(key: str) -> tuple[str, str] | None:
     """``(key_id, secret)`` of a well-formed key, else ``None``."""
     if not key.startswith(KEY_PREFIX):
         return None
-    key_id, sep, secret = key[len(KEY_PREFIX):].partition("-")
+    key_id, sep, secret = key[len(KEY_PREFIX) :].partition("-")
     if not sep or not _KEY_ID.match(key_id) or not _SECRET.match(secret):
         return None
     return key_id, secret
@@ -94,8 +94,7 @@ class TenantPolicy:
         get = obj.get if isinstance(obj, Mapping) else (lambda k, d=None: getattr(obj, k, d))
         models = get("allowed_models")
         models = None if models is None or "*" in models else tuple(models)
-        return cls(models, Limits.from_obj(obj), bool(get("log_prompts", False)),
-                   Limits.from_obj(get("shared_limits")))
+        return cls(models, Limits.from_obj(obj), bool(get("log_prompts", False)), Limits.from_obj(get("shared_limits")))
 
 
 @dataclass(frozen=True)
@@ -167,8 +166,9 @@ class KeyStore:
     at their next :meth:`refresh` (``start(refresh_interval_s=...)`` runs it periodically).
     """
 
-    def __init__(self, config_keys: Iterable[Any] = (), ledger: Ledger | None = None,
-                 tenants: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, config_keys: Iterable[Any] = (), ledger: Ledger | None = None, tenants: Mapping[str, Any] | None = None
+    ) -> None:
         self.ledger = ledger
         self.tenants: dict[str, TenantPolicy] | None = None
         self._config: dict[str, _Entry] = {}
@@ -180,8 +180,7 @@ class KeyStore:
     def update_config_keys(self, config_keys: Iterable[Any], tenants: Mapping[str, Any] | None = None) -> None:
         """Replace the keys (and tenants, when given) from the config, e.g. after a hot reload; the lookup
         table is swapped atomically. Raises ``ValueError`` (nothing changes) for a malformed key."""
-        policies = (self.tenants if tenants is None else
-                    {name: TenantPolicy.from_obj(t) for name, t in tenants.items()})
+        policies = self.tenants if tenants is None else {name: TenantPolicy.from_obj(t) for name, t in tenants.items()}
         entries: dict[str, _Entry] = {}
         for k in config_keys:
             e = self._config_entry(k, policies)
@@ -201,11 +200,15 @@ class KeyStore:
             raise ValueError(f"keys: {e}") from None
         tenant, sha = get("tenant"), str(get("sha256") or "").lower()
         if not isinstance(tenant, str) or (tenants is not None and tenant not in tenants):
-            raise ValueError(f"keys[{key_id}].tenant: {tenant!r} is not a tenant in the config; "
-                             f"add it under tenants or use one of {sorted(tenants or ())}")
+            raise ValueError(
+                f"keys[{key_id}].tenant: {tenant!r} is not a tenant in the config; "
+                f"add it under tenants or use one of {sorted(tenants or ())}"
+            )
         if not re.fullmatch(r"[0-9a-f]{64}", sha):
-            raise ValueError(f"keys[{key_id}].sha256: not 64 hex characters; put the SHA-256 of the secret "
-                             "(the part after the last '-' of the key) there")
+            raise ValueError(
+                f"keys[{key_id}].sha256: not 64 hex characters; put the SHA-256 of the secret "
+                "(the part after the last '-' of the key) there"
+            )
         models = get("allowed_models")
         return _Entry(key_id, tenant, sha, None if models is None else tuple(models), Limits.from_obj(k), "config")
 
@@ -221,7 +224,7 @@ class KeyStore:
             await asyncio.sleep(interval_s)
             try:
                 await self.refresh()
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 — any refresh failure keeps the current keys
                 log.error("keys: refresh from the ledger failed (keeping the current keys): %s", e)
 
     async def refresh(self) -> None:
@@ -230,8 +233,16 @@ class KeyStore:
             return
         persisted = {}
         for r in await self.ledger.load_keys():
-            persisted[r.key_id] = _Entry(r.key_id, r.tenant, r.sha256, r.allowed_models,
-                                         Limits.from_obj(r.limits), r.source, r.created_ts, r.revoked_ts)
+            persisted[r.key_id] = _Entry(
+                r.key_id,
+                r.tenant,
+                r.sha256,
+                r.allowed_models,
+                Limits.from_obj(r.limits),
+                r.source,
+                r.created_ts,
+                r.revoked_ts,
+            )
         self._persisted = persisted
         self._rebuild()
 
@@ -251,10 +262,8 @@ class KeyStore:
         """Stop the refresh task (the ledger is closed by its owner)."""
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
 
     def authenticate(self, header_value: str | None) -> KeyInfo:
@@ -270,8 +279,10 @@ class KeyStore:
         token = rest.strip() if scheme.lower() == "bearer" else value
         parsed = parse_key(token)
         if parsed is None:
-            raise _unauthorized("Malformed API key: servelab keys look like 'sk-sl-<id>-<64 hex characters>'; "
-                                "check that the whole key was copied")
+            raise _unauthorized(
+                "Malformed API key: servelab keys look like 'sk-sl-<id>-<64 hex characters>'; "
+                "check that the whole key was copied"
+            )
         key_id, secret = parsed
         e = self._active.get(key_id)
         # compare even when the id is unknown, so both paths take the same time
@@ -281,13 +292,24 @@ class KeyStore:
         tenant = (self.tenants or {}).get(e.tenant) or TenantPolicy()
         models = e.allowed_models
         if tenant.allowed_models is not None:
-            models = tenant.allowed_models if models is None else tuple(
-                m for m in models if m in tenant.allowed_models)
-        return KeyInfo(e.key_id, e.tenant, models, tenant.limits.merged(e.limits), tenant.shared_limits,
-                       tenant.log_prompts, e.source)
+            models = tenant.allowed_models if models is None else tuple(m for m in models if m in tenant.allowed_models)
+        return KeyInfo(
+            e.key_id,
+            e.tenant,
+            models,
+            tenant.limits.merged(e.limits),
+            tenant.shared_limits,
+            tenant.log_prompts,
+            e.source,
+        )
 
-    async def create(self, tenant: str, allowed_models: Iterable[str] | None = None,
-                     limits: Mapping[str, int | None] | None = None, key_id: str | None = None) -> NewKey:
+    async def create(
+        self,
+        tenant: str,
+        allowed_models: Iterable[str] | None = None,
+        limits: Mapping[str, int | None] | None = None,
+        key_id: str | None = None,
+    ) -> NewKey:
         """Create a key for ``tenant``, persist its hash, make it usable at once; the secret is returned
         only here. Raises ``ValueError`` for an unknown tenant, a bad or taken ``key_id``, bad limits, or
         ``allowed_models`` the tenant may not use (a key never widens its tenant's list)."""
@@ -308,8 +330,10 @@ class KeyStore:
         if models is not None and pol is not None and pol.allowed_models is not None:
             denied = sorted(set(models) - set(pol.allowed_models) - {"*"})
             if denied or "*" in models:
-                raise ValueError(f"allowed_models {denied or ['*']} are not allowed for tenant {tenant!r} (it may use "
-                                 f"{list(pol.allowed_models)}); give a subset of those, or null for all of them")
+                raise ValueError(
+                    f"allowed_models {denied or ['*']} are not allowed for tenant {tenant!r} (it may use "
+                    f"{list(pol.allowed_models)}); give a subset of those, or null for all of them"
+                )
         secret = secrets.token_hex(SECRET_BYTES)
         rec = KeyRecord(key_id, tenant, hash_secret(secret), models, clean, time.time())
         if self.ledger is not None:
@@ -326,12 +350,14 @@ class KeyStore:
         if e is None:
             return False
         now = time.time()
-        rec = KeyRecord(key_id, e.tenant, e.sha256, e.allowed_models, _limits_dict(e.limits),
-                        e.created_ts or now, now, e.source)
+        rec = KeyRecord(
+            key_id, e.tenant, e.sha256, e.allowed_models, _limits_dict(e.limits), e.created_ts or now, now, e.source
+        )
         if self.ledger is not None:
             await self.ledger.put_key(rec)
-        self._persisted[key_id] = _Entry(key_id, e.tenant, e.sha256, e.allowed_models, e.limits, e.source,
-                                         rec.created_ts, now)
+        self._persisted[key_id] = _Entry(
+            key_id, e.tenant, e.sha256, e.allowed_models, e.limits, e.source, rec.created_ts, now
+        )
         self._rebuild()
         log.info("keys: revoked key %s", key_id)
         return True
@@ -344,13 +370,26 @@ class KeyStore:
             for key_id, e in src.items():
                 if e.source == "config" and src is self._persisted and key_id in self._config:
                     e = _Entry(**{**self._config[key_id].__dict__, "revoked_ts": e.revoked_ts})
-                out[key_id] = {"key_id": key_id, "tenant": e.tenant,
-                               "allowed_models": None if e.allowed_models is None else list(e.allowed_models),
-                               "source": e.source, "created_ts": e.created_ts,
-                               "revoked": key_id not in self._active, "limits": _limits_dict(e.limits)}
+                out[key_id] = {
+                    "key_id": key_id,
+                    "tenant": e.tenant,
+                    "allowed_models": None if e.allowed_models is None else list(e.allowed_models),
+                    "source": e.source,
+                    "created_ts": e.created_ts,
+                    "revoked": key_id not in self._active,
+                    "limits": _limits_dict(e.limits),
+                }
         return sorted(out.values(), key=lambda d: (d["tenant"], d["key_id"]))
 
 
 def _limits_dict(lim: Limits) -> dict[str, int | None]:
-    return {k: v for k, v in (("rpm", lim.rpm), ("tpm", lim.tpm), ("max_concurrency", lim.max_concurrency),
-                              ("token_budget", lim.token_budget)) if v is not None}
+    return {
+        k: v
+        for k, v in (
+            ("rpm", lim.rpm),
+            ("tpm", lim.tpm),
+            ("max_concurrency", lim.max_concurrency),
+            ("token_budget", lim.token_budget),
+        )
+        if v is not None
+    }

@@ -21,6 +21,7 @@ stored, never secrets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import sqlite3
@@ -33,8 +34,7 @@ from typing import Any, Protocol
 
 import orjson
 
-__all__ = ["GROUP_BY_COLUMNS", "KeyRecord", "Ledger", "PostgresLedger", "SqliteLedger", "UsageRow",
-           "token_cost"]
+__all__ = ["GROUP_BY_COLUMNS", "KeyRecord", "Ledger", "PostgresLedger", "SqliteLedger", "UsageRow", "token_cost"]
 
 log = logging.getLogger("servelab.gateway.ledger")
 
@@ -46,8 +46,9 @@ OUTCOMES = ("ok", "error", "client_disconnect", "incomplete")
 NANOS = 1_000_000_000
 
 
-def token_cost(prompt_tokens: int, completion_tokens: int, input_price_per_1m: float | None,
-               output_price_per_1m: float | None) -> float:
+def token_cost(
+    prompt_tokens: int, completion_tokens: int, input_price_per_1m: float | None, output_price_per_1m: float | None
+) -> float:
     """Cost of one request from prices per 1M tokens (the unit OpenAI's price list uses,
     https://openai.com/api/pricing/, checked 2026-11-30): ``p * in/1e6 + c * out/1e6``; missing price = 0."""
     return (prompt_tokens * (input_price_per_1m or 0.0) + completion_tokens * (output_price_per_1m or 0.0)) / 1e6
@@ -113,15 +114,30 @@ class KeyRecord:
 
     def db_tuple(self) -> tuple[Any, ...]:
         models = None if self.allowed_models is None else orjson.dumps(list(self.allowed_models)).decode()
-        return (self.key_id, self.tenant, self.sha256, models, orjson.dumps(self.limits).decode(),
-                self.created_ts, self.revoked_ts, self.source)
+        return (
+            self.key_id,
+            self.tenant,
+            self.sha256,
+            models,
+            orjson.dumps(self.limits).decode(),
+            self.created_ts,
+            self.revoked_ts,
+            self.source,
+        )
 
     @classmethod
     def from_db(cls, row: Sequence[Any]) -> KeyRecord:
         key_id, tenant, sha, models, limits, created, revoked, source = row
-        return cls(key_id, tenant, sha, None if models is None else tuple(orjson.loads(models)),
-                   orjson.loads(limits) if limits else {}, float(created),
-                   None if revoked is None else float(revoked), source)
+        return cls(
+            key_id,
+            tenant,
+            sha,
+            None if models is None else tuple(orjson.loads(models)),
+            orjson.loads(limits) if limits else {},
+            float(created),
+            None if revoked is None else float(revoked),
+            source,
+        )
 
 
 _KEY_COLUMNS = ("key_id", "tenant", "sha256", "allowed_models", "limits", "created_ts", "revoked_ts", "source")
@@ -132,8 +148,12 @@ class Ledger(Protocol):
 
     async def start(self) -> None: ...
     async def record(self, row: UsageRow) -> None: ...
-    async def totals(self, group_by: Sequence[str] = ("key_id", "model"), since_ts: float | None = None,
-                     until_ts: float | None = None) -> list[dict[str, Any]]: ...
+    async def totals(
+        self,
+        group_by: Sequence[str] = ("key_id", "model"),
+        since_ts: float | None = None,
+        until_ts: float | None = None,
+    ) -> list[dict[str, Any]]: ...
     async def put_key(self, record: KeyRecord) -> None: ...
     async def load_keys(self) -> list[KeyRecord]: ...
     async def close(self) -> None: ...
@@ -153,8 +173,9 @@ def _schema(real: str, big: str) -> list[str]:
     ]
 
 
-def _totals_sql(group_by: Sequence[str], since_ts: float | None, until_ts: float | None,
-                ph: Callable[[int], str]) -> tuple[str, list[Any]]:
+def _totals_sql(
+    group_by: Sequence[str], since_ts: float | None, until_ts: float | None, ph: Callable[[int], str]
+) -> tuple[str, list[Any]]:
     """SQL + params for :meth:`Ledger.totals`; ``ph(i)`` renders the i-th (1-based) placeholder."""
     bad = [g for g in group_by if g not in GROUP_BY_COLUMNS]
     if bad:
@@ -167,10 +188,12 @@ def _totals_sql(group_by: Sequence[str], since_ts: float | None, until_ts: float
     if until_ts is not None:
         params.append(until_ts)
         where.append(f"ts < {ph(len(params))}")
-    sql = (f"SELECT {cols + ', ' if cols else ''}COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), "
-           f"SUM(reserved_tokens), SUM(cost_nanos) FROM servelab_usage"
-           + (" WHERE " + " AND ".join(where) if where else "")
-           + (f" GROUP BY {cols} ORDER BY {cols}" if cols else ""))
+    sql = (
+        f"SELECT {cols + ', ' if cols else ''}COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), "
+        f"SUM(reserved_tokens), SUM(cost_nanos) FROM servelab_usage"
+        + (" WHERE " + " AND ".join(where) if where else "")
+        + (f" GROUP BY {cols} ORDER BY {cols}" if cols else "")
+    )
     return sql, params
 
 
@@ -180,8 +203,15 @@ def _totals_rows(group_by: Sequence[str], rows: Sequence[Sequence[Any]]) -> list
         n = len(group_by)
         d: dict[str, Any] = dict(zip(group_by, r[:n], strict=True))
         req, p, c, res, cost = (int(x or 0) for x in r[n:])
-        d.update(requests=req, prompt_tokens=p, completion_tokens=c, total_tokens=p + c, reserved_tokens=res,
-                 cost_nanos=cost, cost=cost / NANOS)
+        d.update(
+            requests=req,
+            prompt_tokens=p,
+            completion_tokens=c,
+            total_tokens=p + c,
+            reserved_tokens=res,
+            cost_nanos=cost,
+            cost=cost / NANOS,
+        )
         out.append(d)
     return out
 
@@ -191,9 +221,11 @@ def _budget_sql(greatest: str) -> str:
     counts: prompt + completion of finished rows; an ``incomplete`` row counts the larger of its
     reservation and what was known served (the output cap bounds what the engine could still have sent,
     so the reservation is a safe upper bound on a request whose end the gateway never saw)."""
-    return (f"SELECT tenant, key_id, SUM(CASE WHEN outcome = 'incomplete' THEN "
-            f"{greatest}(reserved_tokens, prompt_tokens + completion_tokens) "
-            "ELSE prompt_tokens + completion_tokens END) FROM servelab_usage GROUP BY tenant, key_id")
+    return (
+        f"SELECT tenant, key_id, SUM(CASE WHEN outcome = 'incomplete' THEN "
+        f"{greatest}(reserved_tokens, prompt_tokens + completion_tokens) "
+        "ELSE prompt_tokens + completion_tokens END) FROM servelab_usage GROUP BY tenant, key_id"
+    )
 
 
 def _missing(rows: Sequence[UsageRow], present: set[tuple[str, float]]) -> list[UsageRow]:
@@ -236,8 +268,13 @@ class SqliteLedger:
     and counted in ``dropped_rows``; it never raises into the request path.
     """
 
-    def __init__(self, path: str | Path, batch_max_rows: int = 500, max_pending_rows: int = 100_000,
-                 linger_s: float = SQLITE_LINGER_S) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        batch_max_rows: int = 500,
+        max_pending_rows: int = 100_000,
+        linger_s: float = SQLITE_LINGER_S,
+    ) -> None:
         self.path = Path(path)
         self.batch_max_rows = batch_max_rows
         self.linger_s = linger_s
@@ -285,7 +322,7 @@ class SqliteLedger:
     def _run(self, ready: queue.SimpleQueue[BaseException | None]) -> None:
         try:
             conn = self._open()
-        except BaseException as e:  # reported to start()
+        except BaseException as e:  # noqa: BLE001 — handed to start(), which re-raises it
             ready.put(e)
             return
         ready.put(None)
@@ -303,7 +340,7 @@ class SqliteLedger:
                         return
                     try:
                         res = it.fn(conn)
-                    except BaseException as e:
+                    except BaseException as e:  # noqa: BLE001 — handed to the awaiting coroutine
                         it.loop.call_soon_threadsafe(_set_exc, it.fut, e)
                     else:
                         it.loop.call_soon_threadsafe(_set_res, it.fut, res)
@@ -365,8 +402,10 @@ class SqliteLedger:
         since = min(r.ts for r in rows)
 
         def run(conn: sqlite3.Connection) -> int:
-            present = {(a, float(b)) for a, b in conn.execute(
-                "SELECT request_id, ts FROM servelab_usage WHERE ts >= ?", (since,))}
+            present = {
+                (a, float(b))
+                for a, b in conn.execute("SELECT request_id, ts FROM servelab_usage WHERE ts >= ?", (since,))
+            }
             new = _missing(rows, present)
             conn.execute("BEGIN")
             try:
@@ -386,8 +425,12 @@ class SqliteLedger:
         rows = await self._call(lambda conn: conn.execute(sql).fetchall())
         return {(t, k): int(n or 0) for t, k, n in rows}
 
-    async def totals(self, group_by: Sequence[str] = ("key_id", "model"), since_ts: float | None = None,
-                     until_ts: float | None = None) -> list[dict[str, Any]]:
+    async def totals(
+        self,
+        group_by: Sequence[str] = ("key_id", "model"),
+        since_ts: float | None = None,
+        until_ts: float | None = None,
+    ) -> list[dict[str, Any]]:
         """Exact sums per group: ``requests``, ``prompt_tokens``, ``completion_tokens``, ``total_tokens``,
         ``reserved_tokens``, ``cost_nanos`` (int), ``cost`` (float) plus the ``group_by`` columns, ordered by
         them; only rows with ``since_ts <= ts < until_ts`` when given. Raises ``ValueError`` for an unknown
@@ -398,14 +441,19 @@ class SqliteLedger:
 
     async def put_key(self, record: KeyRecord) -> None:
         """Insert or replace the key ``record.key_id`` (committed when this returns)."""
-        sql = (f"INSERT OR REPLACE INTO servelab_keys ({', '.join(_KEY_COLUMNS)}) "
-               f"VALUES ({', '.join('?' * len(_KEY_COLUMNS))})")
+        sql = (
+            f"INSERT OR REPLACE INTO servelab_keys ({', '.join(_KEY_COLUMNS)}) "
+            f"VALUES ({', '.join('?' * len(_KEY_COLUMNS))})"
+        )
         await self._call(lambda conn: conn.execute(sql, record.db_tuple()))
 
     async def load_keys(self) -> list[KeyRecord]:
         """Every persisted key record (revoked ones included), ordered by creation time."""
-        rows = await self._call(lambda conn: conn.execute(
-            f"SELECT {', '.join(_KEY_COLUMNS)} FROM servelab_keys ORDER BY created_ts, key_id").fetchall())
+        rows = await self._call(
+            lambda conn: conn.execute(
+                f"SELECT {', '.join(_KEY_COLUMNS)} FROM servelab_keys ORDER BY created_ts, key_id"
+            ).fetchall()
+        )
         return [KeyRecord.from_db(r) for r in rows]
 
     async def close(self) -> None:
@@ -440,8 +488,14 @@ class PostgresLedger:
 
     _LOCK_ID = 0x5E4E1AB  # advisory lock id for schema creation (any fixed 64-bit number)
 
-    def __init__(self, dsn: str, batch_max_rows: int = 1000, flush_interval_s: float = 0.2,
-                 pool_max_size: int = 4, max_pending_rows: int = 100_000) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        batch_max_rows: int = 1000,
+        flush_interval_s: float = 0.2,
+        pool_max_size: int = 4,
+        max_pending_rows: int = 100_000,
+    ) -> None:
         self.dsn = dsn
         self.batch_max_rows = batch_max_rows
         self.flush_interval_s = flush_interval_s
@@ -491,31 +545,36 @@ class PostgresLedger:
 
     async def _flusher(self) -> None:
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
-            except TimeoutError:
-                pass
             self._wake.clear()
             try:
                 await self.flush()
             except asyncio.CancelledError:
                 raise
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 — the flusher outlives any outage
                 # one line per outage (the flusher retries every flush_interval_s), a summary when it ends
                 down = self._down
                 if down is None:
                     self._down = [time.monotonic(), 1]
-                    log.error("ledger: PostgreSQL write failed, %d rows kept, retrying every %g s quietly until "
-                              "it is back: %s", len(self._buf), self.flush_interval_s, str(e).splitlines()[0][:200]
-                              if str(e) else type(e).__name__)
+                    log.error(
+                        "ledger: PostgreSQL write failed, %d rows kept, retrying every %g s quietly until "
+                        "it is back: %s",
+                        len(self._buf),
+                        self.flush_interval_s,
+                        str(e).splitlines()[0][:200] if str(e) else type(e).__name__,
+                    )
                 else:
                     down[1] += 1
                 continue
             down = self._down
             if down is not None:
                 self._down = None
-                log.warning("ledger: PostgreSQL is back after %.1f s (%d failed writes); buffered rows written",
-                            time.monotonic() - down[0], down[1])
+                log.warning(
+                    "ledger: PostgreSQL is back after %.1f s (%d failed writes); buffered rows written",
+                    time.monotonic() - down[0],
+                    down[1],
+                )
 
     async def flush(self) -> None:
         """Write every buffered row; raises the database error (rows stay buffered) on failure."""
@@ -547,12 +606,15 @@ class PostgresLedger:
             return 0
         since = min(r.ts for r in rows)
         async with self._pool.acquire() as conn, conn.transaction():
-            present = {(a, float(b)) for a, b in await conn.fetch(
-                "SELECT request_id, ts FROM servelab_usage WHERE ts >= $1", since)}
+            present = {
+                (a, float(b))
+                for a, b in await conn.fetch("SELECT request_id, ts FROM servelab_usage WHERE ts >= $1", since)
+            }
             new = _missing(rows, present)
             if new:
-                await conn.copy_records_to_table("servelab_usage", records=[r.db_tuple() for r in new],
-                                                 columns=_USAGE_COLUMNS)
+                await conn.copy_records_to_table(
+                    "servelab_usage", records=[r.db_tuple() for r in new], columns=_USAGE_COLUMNS
+                )
         return len(new)
 
     async def budget_spend(self) -> dict[tuple[str, str], int]:
@@ -562,8 +624,12 @@ class PostgresLedger:
         rows = await self._pool.fetch(_budget_sql("GREATEST"))
         return {(r[0], r[1]): int(r[2] or 0) for r in rows}
 
-    async def totals(self, group_by: Sequence[str] = ("key_id", "model"), since_ts: float | None = None,
-                     until_ts: float | None = None) -> list[dict[str, Any]]:
+    async def totals(
+        self,
+        group_by: Sequence[str] = ("key_id", "model"),
+        since_ts: float | None = None,
+        until_ts: float | None = None,
+    ) -> list[dict[str, Any]]:
         """As :meth:`SqliteLedger.totals` (flushes this process's buffer first)."""
         sql, params = _totals_sql(group_by, since_ts, until_ts, lambda i: f"${i}")
         await self.flush()
@@ -576,14 +642,17 @@ class PostgresLedger:
         cols = ", ".join(_KEY_COLUMNS)
         vals = ", ".join(f"${i + 1}" for i in range(len(_KEY_COLUMNS)))
         upd = ", ".join(f"{c} = EXCLUDED.{c}" for c in _KEY_COLUMNS[1:])
-        await self._pool.execute(f"INSERT INTO servelab_keys ({cols}) VALUES ({vals}) "
-                                 f"ON CONFLICT (key_id) DO UPDATE SET {upd}", *record.db_tuple())
+        await self._pool.execute(
+            f"INSERT INTO servelab_keys ({cols}) VALUES ({vals}) ON CONFLICT (key_id) DO UPDATE SET {upd}",
+            *record.db_tuple(),
+        )
 
     async def load_keys(self) -> list[KeyRecord]:
         """Every persisted key record (revoked ones included), ordered by creation time."""
         self._require()
-        rows = await self._pool.fetch(f"SELECT {', '.join(_KEY_COLUMNS)} FROM servelab_keys "
-                                      "ORDER BY created_ts, key_id")
+        rows = await self._pool.fetch(
+            f"SELECT {', '.join(_KEY_COLUMNS)} FROM servelab_keys ORDER BY created_ts, key_id"
+        )
         return [KeyRecord.from_db(tuple(r)) for r in rows]
 
     async def close(self, spooled_in: str | None = None) -> None:
@@ -594,16 +663,19 @@ class PostgresLedger:
             return
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
         try:
             await self.flush()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 — whatever failed is spooled
             if spooled_in is not None:
-                log.error("ledger: PostgreSQL unreachable at close (%s): %d usage rows spooled in %s; they are "
-                          "written to PostgreSQL when the gateway next starts", e, len(self._buf), spooled_in)
+                log.error(
+                    "ledger: PostgreSQL unreachable at close (%s): %d usage rows spooled in %s; they are "
+                    "written to PostgreSQL when the gateway next starts",
+                    e,
+                    len(self._buf),
+                    spooled_in,
+                )
             else:
                 log.error("ledger: %d usage rows not written at close: %s", len(self._buf), e)
         await self._pool.close()

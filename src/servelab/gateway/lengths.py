@@ -34,16 +34,27 @@ from typing import Any
 from servelab.gateway.errors import bad_request
 from servelab.wire.dialects import DIALECTS, Dialect, fields_union
 
-__all__ = ["BOUND_FIELDS", "DIALECT_OF_KIND", "ENGINE_FIELDS", "FORWARDERS", "LengthRequest", "MIN_FIELDS",
-           "canonicalise", "for_backend", "read_lengths"]
+__all__ = [
+    "BOUND_FIELDS",
+    "DIALECT_OF_KIND",
+    "ENGINE_FIELDS",
+    "FORWARDERS",
+    "LengthRequest",
+    "MIN_FIELDS",
+    "canonicalise",
+    "for_backend",
+    "read_lengths",
+]
 
 #: Every field any dialect reads as an upper bound on generated tokens: (container or None, name).
 BOUND_FIELDS = fields_union(d.lengths.reads for d in DIALECTS.values())
 #: Lower bounds on generated tokens.
 MIN_FIELDS = fields_union(d.lengths.min_reads for d in DIALECTS.values())
 #: The fields the gateway sends (a dialect's bound field, ``min_tokens``): portable, never refused.
-_SENT = frozenset({(None, "min_tokens")} | {(None, f) for d in DIALECTS.values()
-                                            for f in (d.lengths.chat_field, d.lengths.completions_field)})
+_SENT = frozenset(
+    {(None, "min_tokens")}
+    | {(None, f) for d in DIALECTS.values() for f in (d.lengths.chat_field, d.lengths.completions_field)}
+)
 #: The fields that are not OpenAI's (mapped or refused, see module doc).
 ENGINE_FIELDS = frozenset(BOUND_FIELDS + MIN_FIELDS) - _SENT
 _ALL_FIELDS = BOUND_FIELDS + MIN_FIELDS
@@ -103,15 +114,19 @@ def read_lengths(body: Mapping[str, Any], max_tokens_limit: int, policy: str = "
             full = _name(where, name)
             if (where, name) in ENGINE_FIELDS:
                 if policy == "refuse":
-                    raise bad_request(f"'{full}' is an engine-specific length field; this gateway takes "
-                                      "max_tokens or max_completion_tokens only (server.engine_length_fields: "
-                                      "refuse); send the bound as max_tokens", param=full,
-                                      code="unsupported_parameter")
+                    raise bad_request(
+                        f"'{full}' is an engine-specific length field; this gateway takes "
+                        "max_tokens or max_completion_tokens only (server.engine_length_fields: "
+                        "refuse); send the bound as max_tokens",
+                        param=full,
+                        code="unsupported_parameter",
+                    )
                 if full not in engine:
                     engine.append(full)
             if not isinstance(v, int) or isinstance(v, bool):
-                raise bad_request(f"'{full}' must be an integer, got {type(v).__name__}", param=full,
-                                  code="invalid_value")
+                raise bad_request(
+                    f"'{full}' must be an integer, got {type(v).__name__}", param=full, code="invalid_value"
+                )
             if (where, name) in MIN_FIELDS:
                 if v < 0:
                     raise bad_request(f"'{full}' must be >= 0, got {v}", param=full, code="invalid_value")
@@ -123,13 +138,20 @@ def read_lengths(body: Mapping[str, Any], max_tokens_limit: int, policy: str = "
             if v < 1:
                 raise bad_request(f"'{full}' must be an integer >= 1, got {v}", param=full, code="invalid_value")
             if v > max_tokens_limit:
-                raise bad_request(f"'{full}' {v} is above this gateway's limit of {max_tokens_limit} tokens; "
-                                  f"ask for {max_tokens_limit} or fewer", param=full, code="max_tokens_too_large")
+                raise bad_request(
+                    f"'{full}' {v} is above this gateway's limit of {max_tokens_limit} tokens; "
+                    f"ask for {max_tokens_limit} or fewer",
+                    param=full,
+                    code="max_tokens_too_large",
+                )
             if best is None or v > best:
                 best, best_field = v, full
     if low is not None and best is not None and not unbounded and low > best:
-        raise bad_request(f"'min_tokens' {low} is above the output bound {best} ({best_field}); lower min_tokens",
-                          param="min_tokens", code="invalid_value")
+        raise bad_request(
+            f"'min_tokens' {low} is above the output bound {best} ({best_field}); lower min_tokens",
+            param="min_tokens",
+            code="invalid_value",
+        )
     return LengthRequest(best, unbounded, low, best_field, tuple(engine))
 
 
@@ -176,12 +198,14 @@ def _forwarder(d: Dialect) -> Callable[[Mapping[str, Any], int, str], dict[str, 
     def forward(body: Mapping[str, Any], cap: int, endpoint: str) -> dict[str, Any]:
         field = rules.chat_field if endpoint == "chat" else rules.completions_field
         return _forward(body, cap, field, rules.keeps_min_tokens)
+
     return forward
 
 
 #: The forwarding function of each dialect: ``f(body, cap_tokens, endpoint) -> body to send``.
 FORWARDERS: dict[str, Callable[[Mapping[str, Any], int, str], dict[str, Any]]] = {
-    kind: _forwarder(d) for kind, d in DIALECTS.items()}
+    kind: _forwarder(d) for kind, d in DIALECTS.items()
+}
 #: Backend ``kind`` -> the dialect whose length rules it follows (each kind has its own table entry).
 DIALECT_OF_KIND = {kind: kind for kind in DIALECTS}
 

@@ -74,8 +74,17 @@ from typing import Any, Protocol
 
 from servelab.gateway.errors import GatewayError
 
-__all__ = ["Admission", "LimitExceeded", "Limiter", "Limits", "MemoryLimiter", "RedisLimiter", "redis_client",
-           "redis_pool_size", "safe_url"]
+__all__ = [
+    "Admission",
+    "LimitExceeded",
+    "Limiter",
+    "Limits",
+    "MemoryLimiter",
+    "RedisLimiter",
+    "redis_client",
+    "redis_pool_size",
+    "safe_url",
+]
 
 log = logging.getLogger("servelab.gateway.limits")
 
@@ -118,15 +127,15 @@ class Limits:
         if isinstance(obj, Limits):
             return obj
         get = obj.get if isinstance(obj, Mapping) else (lambda k, d=None: getattr(obj, k, d))
-        return cls(rpm=get("rpm"), tpm=get("tpm"), max_concurrency=get("max_concurrency"),
-                   token_budget=get("token_budget"))
+        return cls(
+            rpm=get("rpm"), tpm=get("tpm"), max_concurrency=get("max_concurrency"), token_budget=get("token_budget")
+        )
 
     def merged(self, override: Limits | None) -> Limits:
         """These limits with every non-``None`` field of ``override`` taking precedence."""
         if override is None:
             return self
-        return Limits(*(o if o is not None else s for s, o in
-                        zip(_fields(self), _fields(override), strict=True)))
+        return Limits(*(o if o is not None else s for s, o in zip(_fields(self), _fields(override), strict=True)))
 
 
 def _fields(lim: Limits) -> tuple[int | None, ...]:
@@ -137,44 +146,83 @@ class LimitExceeded(GatewayError):
     """429 from a limit. ``limit`` is ``"rpm"``, ``"tpm"``, ``"concurrency"`` or ``"budget"`` (for the
     ``servelab_gateway_limit_rejections_total{limit}`` metric); ``scope`` is ``"key"`` or ``"tenant"``."""
 
-    def __init__(self, limit: str, scope: str, message: str, type: str, code: str,
-                 retry_after_s: float | None) -> None:
+    def __init__(self, limit: str, scope: str, message: str, type: str, code: str, retry_after_s: float | None) -> None:
         super().__init__(429, message, type=type, code=code, retry_after_s=retry_after_s)
         self.limit = limit
         self.scope = scope
 
 
 #: How each scope is named to the client in a 429 (``{tenant}`` and ``{name}`` filled in).
-_WHO = {"key": "this API key", "tenant": "your team ({tenant})", "app": "your application ({name})",
-        "model": "the model {name} for your team", "ip": "your network address"}
+_WHO = {
+    "key": "this API key",
+    "tenant": "your team ({tenant})",
+    "app": "your application ({name})",
+    "model": "the model {name} for your team",
+    "ip": "your network address",
+}
 
 
-def _reject(kind: str, scope: str, tenant: str, limit: int, used: int, reserve: int,
-            wait_s: float | None, name: str = "") -> LimitExceeded:
+def _reject(
+    kind: str, scope: str, tenant: str, limit: int, used: int, reserve: int, wait_s: float | None, name: str = ""
+) -> LimitExceeded:
     """The user-facing 429 for ``kind`` (rpm|tpm|tpm_too_large|concurrency|budget) on ``scope`` (key,
     tenant, app, model, ip; ``name``: the app, model or IP)."""
     who = _WHO.get(scope, "this API key").format(tenant=tenant, name=name)
     retry = f"; retry in {max(1, math.ceil(wait_s))} s" if wait_s is not None else ""
     if kind == "rpm":
-        return LimitExceeded("rpm", scope, f"Rate limit reached for requests per minute (RPM) on {who}: "
-                             f"limit {limit}, used {used}{retry}", "requests", "rate_limit_exceeded", wait_s)
+        return LimitExceeded(
+            "rpm",
+            scope,
+            f"Rate limit reached for requests per minute (RPM) on {who}: limit {limit}, used {used}{retry}",
+            "requests",
+            "rate_limit_exceeded",
+            wait_s,
+        )
     if kind == "tpm":
-        return LimitExceeded("tpm", scope, f"Rate limit reached for tokens per minute (TPM) on {who}: limit "
-                             f"{limit}, used {used}, requested {reserve}{retry}; a lower max_tokens reserves "
-                             "fewer tokens", "tokens", "rate_limit_exceeded", wait_s)
+        return LimitExceeded(
+            "tpm",
+            scope,
+            f"Rate limit reached for tokens per minute (TPM) on {who}: limit "
+            f"{limit}, used {used}, requested {reserve}{retry}; a lower max_tokens reserves "
+            "fewer tokens",
+            "tokens",
+            "rate_limit_exceeded",
+            wait_s,
+        )
     if kind == "tpm_too_large":
-        return LimitExceeded("tpm", scope, f"Request too large for the tokens per minute (TPM) limit of {who}: "
-                             f"it reserves {reserve} tokens (prompt + max_tokens), the limit is {limit}; "
-                             "lower max_tokens or shorten the prompt", "tokens", "rate_limit_exceeded", None)
+        return LimitExceeded(
+            "tpm",
+            scope,
+            f"Request too large for the tokens per minute (TPM) limit of {who}: "
+            f"it reserves {reserve} tokens (prompt + max_tokens), the limit is {limit}; "
+            "lower max_tokens or shorten the prompt",
+            "tokens",
+            "rate_limit_exceeded",
+            None,
+        )
     if kind == "concurrency":
-        return LimitExceeded("concurrency", scope, f"Too many requests in flight on {who}: limit {limit} at "
-                             "once; retry when one of them has finished", "requests", "rate_limit_exceeded",
-                             wait_s)
+        return LimitExceeded(
+            "concurrency",
+            scope,
+            f"Too many requests in flight on {who}: limit {limit} at once; retry when one of them has finished",
+            "requests",
+            "rate_limit_exceeded",
+            wait_s,
+        )
     left = max(0, limit - used)
-    detail = ("is used up" if left == 0 else
-              f"has {left} tokens left, this request reserves {reserve} (prompt + max_tokens); lower max_tokens")
-    return LimitExceeded("budget", scope, f"The token budget of {who} ({limit} tokens) {detail}; ask your "
-                         "administrator for more", "insufficient_quota", "insufficient_quota", None)
+    detail = (
+        "is used up"
+        if left == 0
+        else f"has {left} tokens left, this request reserves {reserve} (prompt + max_tokens); lower max_tokens"
+    )
+    return LimitExceeded(
+        "budget",
+        scope,
+        f"The token budget of {who} ({limit} tokens) {detail}; ask your administrator for more",
+        "insufficient_quota",
+        "insufficient_quota",
+        None,
+    )
 
 
 @dataclass
@@ -198,9 +246,16 @@ class Admission:
 class Limiter(Protocol):
     """What the server needs from a limiter (see the module docstring for semantics)."""
 
-    async def admit(self, key_id: str, tenant: str, model: str, reserve_tokens: int, limits: Limits,
-                    tenant_limits: Limits | None = None,
-                    extra: Sequence[tuple[str, str, Limits]] = ()) -> Admission: ...
+    async def admit(
+        self,
+        key_id: str,
+        tenant: str,
+        model: str,
+        reserve_tokens: int,
+        limits: Limits,
+        tenant_limits: Limits | None = None,
+        extra: Sequence[tuple[str, str, Limits]] = (),
+    ) -> Admission: ...
 
     async def settle(self, admission: Admission, used_tokens: int) -> float: ...
 
@@ -221,6 +276,7 @@ def _begin_settle(admission: Admission, used_tokens: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- memory
+
 
 @dataclass
 class _MemScope:
@@ -262,9 +318,16 @@ class MemoryLimiter:
         s.limits = limits
         return s
 
-    async def admit(self, key_id: str, tenant: str, model: str, reserve_tokens: int, limits: Limits,
-                    tenant_limits: Limits | None = None,
-                    extra: Sequence[tuple[str, str, Limits]] = ()) -> Admission:
+    async def admit(
+        self,
+        key_id: str,
+        tenant: str,
+        model: str,
+        reserve_tokens: int,
+        limits: Limits,
+        tenant_limits: Limits | None = None,
+        extra: Sequence[tuple[str, str, Limits]] = (),
+    ) -> Admission:
         """Admit or raise :class:`LimitExceeded` (429) naming the limit. Checks key scope, then tenant,
         then the ``extra`` scopes in order."""
         _check_args(reserve_tokens)
@@ -297,8 +360,9 @@ class MemoryLimiter:
                         break
                 raise _reject("tpm", s.name, tenant, lim.tpm, s.tpm_sum, reserve_tokens, wait, s.label)
             if lim.max_concurrency is not None and len(s.in_flight) >= lim.max_concurrency:
-                raise _reject("concurrency", s.name, tenant, lim.max_concurrency, len(s.in_flight),
-                              reserve_tokens, 1.0, s.label)
+                raise _reject(
+                    "concurrency", s.name, tenant, lim.max_concurrency, len(s.in_flight), reserve_tokens, 1.0, s.label
+                )
             if lim.token_budget is not None and s.spent + reserve_tokens > lim.token_budget:
                 raise _reject("budget", s.name, tenant, lim.token_budget, s.spent, reserve_tokens, None, s.label)
         adm = Admission(key_id, tenant, model, reserve_tokens, time.time())
@@ -506,8 +570,14 @@ def redis_pool_size(max_connections: int, configured: int | None = None) -> int:
     return max(POOL_MIN, min(POOL_MAX, int(max_connections) // POOL_SHARE))
 
 
-def redis_client(url: str, max_connections: int = POOL_MAX, pool_timeout_s: float = 5.0,
-                 socket_timeout_s: float = 2.0, health_check_interval_s: int = 15, retries: int = 3) -> Any:
+def redis_client(
+    url: str,
+    max_connections: int = POOL_MAX,
+    pool_timeout_s: float = 5.0,
+    socket_timeout_s: float = 2.0,
+    health_check_interval_s: int = 15,
+    retries: int = 3,
+) -> Any:
     """A ``redis.asyncio.Redis`` on its own ``BlockingConnectionPool`` (closed with the client).
 
     ``max_connections``: connections of the pool; a command that finds them all busy waits for one up to
@@ -523,9 +593,15 @@ def redis_client(url: str, max_connections: int = POOL_MAX, pool_timeout_s: floa
     from redis.backoff import ExponentialWithJitterBackoff
 
     pool = BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=pool_timeout_s, socket_timeout=socket_timeout_s,
-        socket_connect_timeout=socket_timeout_s, socket_keepalive=True, health_check_interval=health_check_interval_s,
-        retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.5), retries))
+        url,
+        max_connections=max_connections,
+        timeout=pool_timeout_s,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_timeout_s,
+        socket_keepalive=True,
+        health_check_interval=health_check_interval_s,
+        retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.5), retries),
+    )
     return Redis.from_pool(pool)
 
 
@@ -550,18 +626,27 @@ class RedisLimiter:
     one is given up and its slot frees after ``lease_s``).
     """
 
-    def __init__(self, url: str, window_s: float = MINUTE_S, lease_s: float = 900.0,
-                 prefix: str = "servelab", max_connections: int = POOL_MAX, pool_timeout_s: float = 5.0,
-                 socket_timeout_s: float = 2.0, settle_retry_max_s: float = 5.0,
-                 max_pending_settles: int = 100_000) -> None:
+    def __init__(
+        self,
+        url: str,
+        window_s: float = MINUTE_S,
+        lease_s: float = 900.0,
+        prefix: str = "servelab",
+        max_connections: int = POOL_MAX,
+        pool_timeout_s: float = 5.0,
+        socket_timeout_s: float = 2.0,
+        settle_retry_max_s: float = 5.0,
+        max_pending_settles: int = 100_000,
+    ) -> None:
         self.url = url
         self.window_s = window_s
         self.lease_s = lease_s
         self.prefix = prefix
         self.settle_retry_max_s = settle_retry_max_s
         self.max_pending_settles = max_pending_settles
-        self._redis = redis_client(url, max_connections=max_connections, pool_timeout_s=pool_timeout_s,
-                                   socket_timeout_s=socket_timeout_s)
+        self._redis = redis_client(
+            url, max_connections=max_connections, pool_timeout_s=pool_timeout_s, socket_timeout_s=socket_timeout_s
+        )
         self._admit = self._redis.register_script(_ADMIT_LUA)
         self._settle = self._redis.register_script(_SETTLE_LUA)
         self._seed = self._redis.register_script(_SEED_LUA)
@@ -593,9 +678,16 @@ class RedisLimiter:
         base = f"{self.prefix}:{{{_tag(tenant)}}}:" + tail
         return [f"{base}:rpm", f"{base}:tpm", f"{base}:tpm_sum", f"{base}:conc", f"{base}:budget"]
 
-    async def admit(self, key_id: str, tenant: str, model: str, reserve_tokens: int, limits: Limits,
-                    tenant_limits: Limits | None = None,
-                    extra: Sequence[tuple[str, str, Limits]] = ()) -> Admission:
+    async def admit(
+        self,
+        key_id: str,
+        tenant: str,
+        model: str,
+        reserve_tokens: int,
+        limits: Limits,
+        tenant_limits: Limits | None = None,
+        extra: Sequence[tuple[str, str, Limits]] = (),
+    ) -> Admission:
         """Admit or raise :class:`LimitExceeded` (429, names the limit; ``retry_after_s`` when waiting
         helps). Unlimited scopes cost no Redis call. ``extra``: (kind, name, limits) scopes of the tenant
         (module doc), checked in the same script."""
@@ -617,8 +709,13 @@ class RedisLimiter:
         argv[0] = adm.uid
         keys.append(self._done_key(tenant, adm.uid))
         budgeted = self.budget_source is not None and any(lim.token_budget is not None for _, lim, _ in scopes)
-        unavailable = GatewayError(503, "the service cannot check usage limits right now; retry in a few seconds",
-                                   type="server_error", code="limits_unavailable", retry_after_s=2.0)
+        unavailable = GatewayError(
+            503,
+            "the service cannot check usage limits right now; retry in a few seconds",
+            type="server_error",
+            code="limits_unavailable",
+            retry_after_s=2.0,
+        )
         try:
             res = await self._admit(keys=keys + [self._marker(tenant)] if budgeted else keys, args=argv)
             if int(res[0]) == 0 and _s(res[2]) == "unseeded":
@@ -626,19 +723,37 @@ class RedisLimiter:
                 res = await self._admit(keys=keys + [self._marker(tenant)], args=argv)
                 if int(res[0]) == 0 and _s(res[2]) == "unseeded":
                     raise RuntimeError("budget counters could not be seeded from the ledger")
-        except Exception as e:  # redis.exceptions.RedisError, OSError: no limiter -> no admission
+        except Exception as e:  # noqa: BLE001 — redis.exceptions.RedisError, OSError: no limiter -> no admission
             log.error("limits: Redis at %s failed on admit: %s", safe_url(self.url), e)
             raise unavailable from None
         if int(res[0]) == 0:
             i, kind, used, wait_us = int(res[1]), _s(res[2]), int(res[3]), float(res[4])
             scope_kind, lim, name = scopes[i]
-            limit = {"rpm": lim.rpm, "tpm": lim.tpm, "tpm_too_large": lim.tpm,
-                     "concurrency": lim.max_concurrency, "budget": lim.token_budget}[kind]
-            raise _reject(kind, scope_kind, tenant, int(limit or 0), used, reserve_tokens,
-                          max(wait_us, 1000.0) / 1e6 if wait_us >= 0 else None, name)
+            limit = {
+                "rpm": lim.rpm,
+                "tpm": lim.tpm,
+                "tpm_too_large": lim.tpm,
+                "concurrency": lim.max_concurrency,
+                "budget": lim.token_budget,
+            }[kind]
+            raise _reject(
+                kind,
+                scope_kind,
+                tenant,
+                int(limit or 0),
+                used,
+                reserve_tokens,
+                max(wait_us, 1000.0) / 1e6 if wait_us >= 0 else None,
+                name,
+            )
         adm.admitted_ts = int(res[1]) / 1e6
-        adm._scopes = (keys, tuple((lim.tpm is not None, lim.max_concurrency is not None,
-                                    lim.token_budget is not None) for _, lim, _ in scopes))
+        adm._scopes = (
+            keys,
+            tuple(
+                (lim.tpm is not None, lim.max_concurrency is not None, lim.token_budget is not None)
+                for _, lim, _ in scopes
+            ),
+        )
         return adm
 
     async def settle(self, admission: Admission, used_tokens: int) -> float:
@@ -651,7 +766,7 @@ class RedisLimiter:
             return time.time()
         try:
             return await self._settle_once(admission, used_tokens)
-        except Exception as e:  # redis.exceptions.RedisError, OSError: keep it and retry
+        except Exception as e:  # noqa: BLE001 — redis.exceptions.RedisError, OSError: keep it and retry
             self._defer(admission, used_tokens, e)
             return time.time()
 
@@ -659,8 +774,7 @@ class RedisLimiter:
         """Run the settle script once for ``admission`` (idempotent: a second run changes nothing).
         Returns the Redis time in epoch seconds; raises what redis-py raises."""
         keys, flags = admission._scopes
-        argv: list[Any] = [admission.uid, admission.reserved_tokens, used_tokens, int(self.window_s * 1e6),
-                           len(flags)]
+        argv: list[Any] = [admission.uid, admission.reserved_tokens, used_tokens, int(self.window_s * 1e6), len(flags)]
         for f in flags:
             argv += ["1" if x else "0" for x in f]
         return int(await self._settle(keys=keys, args=argv)) / 1e6
@@ -669,17 +783,27 @@ class RedisLimiter:
         """Keep a settle that failed for the background retry (bounded by :attr:`max_pending_settles`)."""
         if not self._pending:
             self._pending_since = time.monotonic()
-            log.warning("limits: Redis at %s failed on settle of %s (%s); retrying in the background until it "
-                        "lands", safe_url(self.url), admission.uid, error)
+            log.warning(
+                "limits: Redis at %s failed on settle of %s (%s); retrying in the background until it lands",
+                safe_url(self.url),
+                admission.uid,
+                error,
+            )
         if len(self._pending) >= self.max_pending_settles:
             uid, _ = next(iter(self._pending.items()))
             del self._pending[uid]
-            log.error("limits: %d settles wait for Redis at %s; gave up the oldest (%s): its slot frees after "
-                      "lease_s=%s", self.max_pending_settles, safe_url(self.url), uid, self.lease_s)
+            log.error(
+                "limits: %d settles wait for Redis at %s; gave up the oldest (%s): its slot frees after lease_s=%s",
+                self.max_pending_settles,
+                safe_url(self.url),
+                uid,
+                self.lease_s,
+            )
         self._pending[admission.uid] = (admission, used_tokens)
         if self._retry_task is None or self._retry_task.done():
-            self._retry_task = asyncio.get_running_loop().create_task(self._retry_settles(),
-                                                                      name="servelab-settle-retry")
+            self._retry_task = asyncio.get_running_loop().create_task(
+                self._retry_settles(), name="servelab-settle-retry"
+            )
 
     async def _retry_settles(self) -> None:
         """Send the pending settles again, oldest first, until none is left: 50 ms after a failure, the
@@ -696,8 +820,11 @@ class RedisLimiter:
                 self._pending.pop(uid, None)
             else:
                 wait = 0.05
-        log.warning("limits: the settles that waited for Redis at %s have landed (%.1f s after the first "
-                    "failed)", safe_url(self.url), time.monotonic() - self._pending_since)
+        log.warning(
+            "limits: the settles that waited for Redis at %s have landed (%.1f s after the first failed)",
+            safe_url(self.url),
+            time.monotonic() - self._pending_since,
+        )
 
     async def seed_budgets(self, spend: Mapping[tuple[str, str], int], tenants: Sequence[str] = ()) -> None:
         """As :meth:`MemoryLimiter.seed_budgets`, on the Redis counters (one script per counter, in one
@@ -723,9 +850,13 @@ class RedisLimiter:
                 return
             spend = await self.budget_source()
             await self.seed_budgets(spend, (tenant,))
-            log.warning("limits: Redis at %s had lost the budget counters (flushed or restarted empty); "
-                        "seeded again from the ledger (%d keys, %d tokens)", safe_url(self.url), len(spend),
-                        sum(spend.values()))
+            log.warning(
+                "limits: Redis at %s had lost the budget counters (flushed or restarted empty); "
+                "seeded again from the ledger (%d keys, %d tokens)",
+                safe_url(self.url),
+                len(spend),
+                sum(spend.values()),
+            )
 
     async def close(self, grace_s: float = 2.0) -> None:
         """Give the pending settles up to ``grace_s`` seconds to land (one line names those that did not:
@@ -738,8 +869,12 @@ class RedisLimiter:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self._pending:
-            log.error("limits: %d settles could not reach Redis at %s before shutdown; their slots free after "
-                      "lease_s=%s", len(self._pending), safe_url(self.url), self.lease_s)
+            log.error(
+                "limits: %d settles could not reach Redis at %s before shutdown; their slots free after lease_s=%s",
+                len(self._pending),
+                safe_url(self.url),
+                self.lease_s,
+            )
         await self._redis.aclose()
 
 

@@ -71,6 +71,7 @@ tests/gateway/test_connection_flood.py) fail if an aiohttp upgrade changes them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import struct
 import sys
@@ -89,8 +90,18 @@ from aiohttp.web_server import Server
 from servelab.gateway import clientip
 from servelab.gateway.errors import openai_error_body
 
-__all__ = ["EVENTS", "LOG_BURST", "LOG_WINDOW_S", "GuardedHandler", "GuardedRunner", "ListenerSettings",
-           "RateLimitedLog", "default_per_client", "describe_parse_error", "settings_for"]
+__all__ = [
+    "EVENTS",
+    "LOG_BURST",
+    "LOG_WINDOW_S",
+    "GuardedHandler",
+    "GuardedRunner",
+    "ListenerSettings",
+    "RateLimitedLog",
+    "default_per_client",
+    "describe_parse_error",
+    "settings_for",
+]
 
 log = logging.getLogger("servelab.gateway.listener")
 
@@ -104,8 +115,16 @@ else:  # elsewhere only the transport's own buffer counts
     _SIOCOUTQ = None
 
 #: reasons passed to ``on_event``
-EVENTS = ("idle_timeout", "header_timeout", "body_timeout", "refused", "evicted", "bad_request", "send_timeout",
-          "client_refused")
+EVENTS = (
+    "idle_timeout",
+    "header_timeout",
+    "body_timeout",
+    "refused",
+    "evicted",
+    "bad_request",
+    "send_timeout",
+    "client_refused",
+)
 #: at most this many connection-level log lines per :data:`LOG_WINDOW_S` per port
 LOG_BURST = 10
 LOG_WINDOW_S = 10.0
@@ -143,14 +162,24 @@ def settings_for(server: Any, name: str, nofile: int | None = None) -> ListenerS
         fit = default_max_connections(nofile, server.admin_max_connections)
         cap = server.max_connections or fit
         if cap > fit:
-            log.warning("server.max_connections %d is more than the descriptor limit allows (ulimit -n %d: %d "
-                        "with an upstream connection each); raise ulimit -n or lower it", cap, nofile, fit)
+            log.warning(
+                "server.max_connections %d is more than the descriptor limit allows (ulimit -n %d: %d "
+                "with an upstream connection each); raise ulimit -n or lower it",
+                cap,
+                nofile,
+                fit,
+            )
         per_client = getattr(server, "max_connections_per_client", None) or default_per_client(cap)
-    return ListenerSettings(name=name, header_timeout_s=server.header_timeout_s, body_timeout_s=server.body_timeout_s,
-                            body_total_timeout_s=server.body_total_timeout_s,
-                            keepalive_timeout_s=server.keepalive_timeout_s, max_connections=cap,
-                            send_timeout_s=getattr(server, "send_timeout_s", 60.0),
-                            max_connections_per_client=min(per_client, cap))
+    return ListenerSettings(
+        name=name,
+        header_timeout_s=server.header_timeout_s,
+        body_timeout_s=server.body_timeout_s,
+        body_total_timeout_s=server.body_total_timeout_s,
+        keepalive_timeout_s=server.keepalive_timeout_s,
+        max_connections=cap,
+        send_timeout_s=getattr(server, "send_timeout_s", 60.0),
+        max_connections_per_client=min(per_client, cap),
+    )
 
 
 def default_per_client(max_connections: int) -> int:
@@ -164,8 +193,13 @@ class RateLimitedLog:
     """Emits at most ``burst`` lines per ``window_s`` seconds to ``logger`` at ``level``; the first line
     after a suppressed stretch says how many were dropped. Not thread-safe (one event loop)."""
 
-    def __init__(self, logger: logging.Logger, burst: int = LOG_BURST, window_s: float = LOG_WINDOW_S,
-                 level: int = logging.WARNING) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        burst: int = LOG_BURST,
+        window_s: float = LOG_WINDOW_S,
+        level: int = logging.WARNING,
+    ) -> None:
         self.logger, self.burst, self.window_s, self.level = logger, burst, window_s, level
         self._start = -1e18
         self._n = 0
@@ -188,31 +222,50 @@ class RateLimitedLog:
         return True
 
 
-def _raw_response(status: int, reason: str, message: str, code: str, typ: str = "invalid_request_error",
-                  extra: str = "") -> bytes:
+def _raw_response(
+    status: int, reason: str, message: str, code: str, typ: str = "invalid_request_error", extra: str = ""
+) -> bytes:
     body = openai_error_body(message, typ, code)
-    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-            f"{extra}Connection: close\r\n\r\n")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"{extra}Connection: close\r\n\r\n"
+    )
     return head.encode() + body
 
 
 #: parser error class -> (what to log and tell the client, OpenAI error code); the most specific first
 _PARSE_ERRORS: tuple[tuple[type[BaseException], str, str], ...] = (
-    (hx.LineTooLong, "a request line or header field is longer than {limit} bytes; send shorter headers "
-                     "(an API key is under 100 characters)", "header_too_large"),
-    (hx.BadHttpMethod, "the request line is not HTTP/1.1 (bytes after a body shorter than its Content-Length, "
-                       "or HTTPS sent to an HTTP port?); send an exact Content-Length, use http://",
-     "bad_http_request"),
+    (
+        hx.LineTooLong,
+        "a request line or header field is longer than {limit} bytes; send shorter headers "
+        "(an API key is under 100 characters)",
+        "header_too_large",
+    ),
+    (
+        hx.BadHttpMethod,
+        "the request line is not HTTP/1.1 (bytes after a body shorter than its Content-Length, "
+        "or HTTPS sent to an HTTP port?); send an exact Content-Length, use http://",
+        "bad_http_request",
+    ),
     (hx.InvalidHeader, "a header field is malformed; send 'Name: value' lines", "bad_http_header"),
     (hx.InvalidURLError, "the request target is not a valid URL path", "bad_http_request"),
-    (hx.BadStatusLine, "the request line is malformed (bytes after a body shorter than its Content-Length?); "
-                       "send 'METHOD /path HTTP/1.1' and an exact Content-Length", "bad_http_request"),
-    (hx.TransferEncodingError, "the chunked body is malformed; send valid chunked encoding or a "
-                               "Content-Length", "bad_http_body"),
-    (hx.ContentLengthError, "the body is shorter than its Content-Length; send exactly that many bytes",
-     "bad_http_body"),
-    (hx.ContentEncodingError, "the body's Content-Encoding cannot be decoded; send it uncompressed",
-     "bad_http_body"),
+    (
+        hx.BadStatusLine,
+        "the request line is malformed (bytes after a body shorter than its Content-Length?); "
+        "send 'METHOD /path HTTP/1.1' and an exact Content-Length",
+        "bad_http_request",
+    ),
+    (
+        hx.TransferEncodingError,
+        "the chunked body is malformed; send valid chunked encoding or a Content-Length",
+        "bad_http_body",
+    ),
+    (
+        hx.ContentLengthError,
+        "the body is shorter than its Content-Length; send exactly that many bytes",
+        "bad_http_body",
+    ),
+    (hx.ContentEncodingError, "the body's Content-Encoding cannot be decoded; send it uncompressed", "bad_http_body"),
     (hx.HttpProcessingError, "the HTTP request is malformed", "bad_http_request"),
 )
 
@@ -222,8 +275,10 @@ def describe_parse_error(exc: BaseException | None, limit: int = 8190) -> tuple[
     class, never from its message (which quotes the request bytes)."""
     if type(exc) is hx.BadHttpMessage and str(getattr(exc, "message", "")).startswith("Data after"):
         # aiohttp's fixed prefix for bytes following a 'Connection: close' request (only the prefix is read)
-        return ("bytes follow the body of a 'Connection: close' request (is Content-Length shorter than the "
-                "body?); send an exact Content-Length"), "bad_http_body"
+        return (
+            "bytes follow the body of a 'Connection: close' request (is Content-Length shorter than the "
+            "body?); send an exact Content-Length"
+        ), "bad_http_body"
     for cls, text, code in _PARSE_ERRORS:
         if isinstance(exc, cls):
             return text.format(limit=limit), code
@@ -242,20 +297,34 @@ def _where(exc: BaseException) -> str:
 class _Guard:
     """State shared by every connection of one port: settings, the rate-limited log, the event hook."""
 
-    __slots__ = ("settings", "ratelog", "on_event", "refusal", "client_refusal", "counts", "clients", "open",
-                 "trusted")
+    __slots__ = ("settings", "ratelog", "on_event", "refusal", "client_refusal", "counts", "clients", "open", "trusted")
 
-    def __init__(self, settings: ListenerSettings, on_event: Callable[[str, str], None] | None,
-                 trusted_proxies: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        settings: ListenerSettings,
+        on_event: Callable[[str, str], None] | None,
+        trusted_proxies: tuple[str, ...] = (),
+    ) -> None:
         self.settings = settings
         self.ratelog = RateLimitedLog(log)
         self.on_event = on_event
         self.counts = dict.fromkeys(EVENTS, 0)
-        self.refusal = _raw_response(503, "Service Unavailable",
-                                     "this gateway has too many open connections; retry in 1 s", "too_many_connections",
-                                     "server_error", "Retry-After: 1\r\n")
-        self.client_refusal = _raw_response(429, "Too Many Requests", _client_cap_message(settings),
-                                            "too_many_connections", "rate_limit_error", "Retry-After: 1\r\n")
+        self.refusal = _raw_response(
+            503,
+            "Service Unavailable",
+            "this gateway has too many open connections; retry in 1 s",
+            "too_many_connections",
+            "server_error",
+            "Retry-After: 1\r\n",
+        )
+        self.client_refusal = _raw_response(
+            429,
+            "Too Many Requests",
+            _client_cap_message(settings),
+            "too_many_connections",
+            "rate_limit_error",
+            "Retry-After: 1\r\n",
+        )
         #: client address -> its open connections, oldest first (a dict used as an ordered set)
         self.clients: dict[str, dict[GuardedHandler, None]] = {}
         self.open = 0  # connections registered in ``clients``
@@ -280,13 +349,15 @@ class _Guard:
         if self.on_event is not None:
             try:
                 self.on_event(self.settings.name, reason)
-            except Exception as e:  # a metrics bug must not break connection handling
+            except Exception as e:  # noqa: BLE001 — a metrics bug must not break connection handling
                 log.debug("listener on_event failed: %r", e)
 
 
 def _client_cap_message(s: ListenerSettings) -> str:
-    return (f"this client address has {s.max_connections_per_client} connections open to the gateway "
-            f"(server.max_connections_per_client); reuse or close them, retry in 1 s")
+    return (
+        f"this client address has {s.max_connections_per_client} connections open to the gateway "
+        f"(server.max_connections_per_client); reuse or close them, retry in 1 s"
+    )
 
 
 class _ClientCapExceeded(Exception):
@@ -295,8 +366,13 @@ class _ClientCapExceeded(Exception):
 
 def _sheddable(h: GuardedHandler) -> bool:
     """True when ``h`` is header-incomplete (idle or part of a request's head sent; nothing of it handled)."""
-    return (not h._force_close and (h._g_idle or h._g_hdr_at > 0) and not h._messages
-            and h._waiter is not None and not h._waiter.done())
+    return (
+        not h._force_close
+        and (h._g_idle or h._g_hdr_at > 0)
+        and not h._messages
+        and h._waiter is not None
+        and not h._waiter.done()
+    )
 
 
 def _oldest_sheddable(conns: dict[GuardedHandler, None]) -> GuardedHandler | None:
@@ -309,7 +385,7 @@ def _oldest_sheddable(conns: dict[GuardedHandler, None]) -> GuardedHandler | Non
 def _peer(transport: Any) -> str:
     try:
         p = transport.get_extra_info("peername") if transport is not None else None
-    except Exception:
+    except Exception:  # noqa: BLE001 — no peer name is not an error
         p = None
     return str(p[0]) if isinstance(p, (tuple, list)) and p else "?"
 
@@ -318,8 +394,21 @@ class GuardedHandler(RequestHandler):
     """aiohttp's per-connection protocol with the header/body timeouts, the connection cap and the
     quiet parser-error handling of this module (see the module doc). Built by :class:`_GuardedServer`."""
 
-    __slots__ = ("_g", "_g_timer", "_g_due", "_g_hdr_at", "_g_body", "_g_body_last", "_g_body_end", "_g_idle",
-                 "_g_send_timer", "_g_send_left", "_g_key", "_g_peer", "_g_proxy")
+    __slots__ = (
+        "_g",
+        "_g_timer",
+        "_g_due",
+        "_g_hdr_at",
+        "_g_body",
+        "_g_body_last",
+        "_g_body_end",
+        "_g_idle",
+        "_g_send_timer",
+        "_g_send_left",
+        "_g_key",
+        "_g_peer",
+        "_g_proxy",
+    )
 
     def __init__(self, manager: Server, guard: _Guard, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -412,22 +501,28 @@ class GuardedHandler(RequestHandler):
         registering the connection or starting a task."""
         g = self._g
         self._manager = None  # connection_lost then does nothing
-        try:  # a TCP transport: it writes
+        with contextlib.suppress(Exception):  # a TCP transport: it writes, unless the peer is already gone
             cast(asyncio.WriteTransport, transport).write(g.client_refusal if per_client else g.refusal)
-        except Exception:  # the peer is already gone
-            pass
         transport.close()
         if per_client:
             g.event("client_refused")
-            g.ratelog("%s port: refused a connection from %s: it has %d connections open "
-                      "(server.max_connections_per_client), none header-incomplete", g.settings.name,
-                      self._g_peer, g.settings.max_connections_per_client)
+            g.ratelog(
+                "%s port: refused a connection from %s: it has %d connections open "
+                "(server.max_connections_per_client), none header-incomplete",
+                g.settings.name,
+                self._g_peer,
+                g.settings.max_connections_per_client,
+            )
             return
         g.event("refused")
-        g.ratelog("%s port: refused a connection from %s: %d connections open (server.%s); header-incomplete "
-                  "ones are closed first, none was", g.settings.name, self._g_peer,
-                  g.settings.max_connections,
-                  "max_connections" if g.settings.name == "api" else "admin_max_connections")
+        g.ratelog(
+            "%s port: refused a connection from %s: %d connections open (server.%s); header-incomplete "
+            "ones are closed first, none was",
+            g.settings.name,
+            self._g_peer,
+            g.settings.max_connections,
+            "max_connections" if g.settings.name == "api" else "admin_max_connections",
+        )
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._g_timer is not None:
@@ -504,10 +599,8 @@ class GuardedHandler(RequestHandler):
         k = 0
         sock = tr.get_extra_info("socket")
         if _SIOCOUTQ is not None and sock is not None:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 k = struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0]
-            except (OSError, ValueError):
-                pass
         return (n, k)
 
     def _g_send_arm(self) -> None:
@@ -528,8 +621,12 @@ class GuardedHandler(RequestHandler):
             return
         g = self._g
         g.event("send_timeout")
-        g.ratelog("%s port: cut a connection from %s: it read nothing of its response for %g s "
-                  "(server.send_timeout_s)", g.settings.name, _peer(self.transport), g.settings.send_timeout_s)
+        g.ratelog(
+            "%s port: cut a connection from %s: it read nothing of its response for %g s (server.send_timeout_s)",
+            g.settings.name,
+            _peer(self.transport),
+            g.settings.send_timeout_s,
+        )
         if self.transport is not None:
             self.transport.abort()  # connection_lost cancels the handler: its upstream is closed
 
@@ -559,8 +656,12 @@ class GuardedHandler(RequestHandler):
                     self._g.event("idle_timeout")
                     self.force_close()
                     return
-                self._timeout("header_timeout", f"the request headers did not arrive within "
-                              f"{s.header_timeout_s:g} s; send the whole request without pauses", answer=True)
+                self._timeout(
+                    "header_timeout",
+                    f"the request headers did not arrive within "
+                    f"{s.header_timeout_s:g} s; send the whole request without pauses",
+                    answer=True,
+                )
                 return
             else:  # a request is being handled (pipelining): the keep-alive timer covers what follows
                 self._g_hdr_at = 0.0
@@ -575,11 +676,17 @@ class GuardedHandler(RequestHandler):
                 if now >= gap_at or now >= self._g_body_end:
                     req = self._current_request
                     answer = req is not None and req.writer is not None and req.writer.output_size == 0
-                    limit = (f"{s.body_timeout_s:g} s between two reads" if now >= gap_at
-                             else f"{s.body_total_timeout_s:g} s in all")
-                    self._timeout("body_timeout", f"the request body did not arrive in time ({limit}; is "
-                                  "Content-Length larger than the body?); send the whole body at once",
-                                  answer=answer)
+                    limit = (
+                        f"{s.body_timeout_s:g} s between two reads"
+                        if now >= gap_at
+                        else f"{s.body_total_timeout_s:g} s in all"
+                    )
+                    self._timeout(
+                        "body_timeout",
+                        f"the request body did not arrive in time ({limit}; is "
+                        "Content-Length larger than the body?); send the whole body at once",
+                        answer=answer,
+                    )
                     return
                 due = min(gap_at, self._g_body_end)
                 nxt = due if not nxt else min(nxt, due)
@@ -589,18 +696,18 @@ class GuardedHandler(RequestHandler):
     def _timeout(self, reason: str, message: str, answer: bool) -> None:
         g = self._g
         g.event(reason)
-        g.ratelog("%s port: closed a connection from %s: %s", g.settings.name, _peer(self.transport),
-                  reason.replace("_", " "))
+        g.ratelog(
+            "%s port: closed a connection from %s: %s", g.settings.name, _peer(self.transport), reason.replace("_", " ")
+        )
         if answer and self.transport is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.transport.write(_raw_response(408, "Request Timeout", message, "request_timeout"))
-            except Exception:
-                pass
         self.force_close()
 
     # ------------------------------------------------------------------ errors: one quiet line
-    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
         """The response for a parser error (400) or a handler that raised (500) / timed out (504): an
         OpenAI error with a fixed message, ``Connection: close``; one rate-limited log line without
         any request byte. Raises :class:`ConnectionError` when a response was already being sent
@@ -610,27 +717,43 @@ class GuardedHandler(RequestHandler):
         if isinstance(exc, _ClientCapExceeded):
             text, code, typ = _client_cap_message(g.settings), "too_many_connections", "rate_limit_error"
             g.event("client_refused")
-            g.ratelog("%s port: refused a request from %s (via proxy %s): over server.max_connections_per_client",
-                      g.settings.name, self._g_key, peer)
+            g.ratelog(
+                "%s port: refused a request from %s (via proxy %s): over server.max_connections_per_client",
+                g.settings.name,
+                self._g_key,
+                peer,
+            )
         elif isinstance(exc, hx.HttpProcessingError) or (status == 400 and exc is None):
             text, code = describe_parse_error(exc, self.max_field_size)
             g.event("bad_request")
-            g.ratelog("%s port: rejected a malformed request from %s: %s (%s)", g.settings.name, peer,
-                      type(exc).__name__ if exc is not None else "error", code)
+            g.ratelog(
+                "%s port: rejected a malformed request from %s: %s (%s)",
+                g.settings.name,
+                peer,
+                type(exc).__name__ if exc is not None else "error",
+                code,
+            )
             typ = "invalid_request_error"
             status = exc.code if isinstance(exc, hx.HttpProcessingError) and 400 <= exc.code < 500 else 400
         elif isinstance(exc, ConnectionError):  # the client went away (or a timeout closed it) mid-request
             log.debug("%s port: client gone during a request (%s)", g.settings.name, type(exc).__name__)
             text, code, typ = "the connection was closed", "client_disconnect", "invalid_request_error"
         elif status == 504:
-            text, code, typ = "the gateway did not finish this request in time; retry", "gateway_timeout", \
-                "server_error"
+            text, code, typ = (
+                "the gateway did not finish this request in time; retry",
+                "gateway_timeout",
+                "server_error",
+            )
             g.ratelog("%s port: a request handler timed out (peer %s)", g.settings.name, peer)
         else:
             text, code, typ = "the gateway failed on this request; retry", "internal_error", "server_error"
-            g.ratelog("%s port: unhandled %s at %s (peer %s)", g.settings.name,
-                      type(exc).__name__ if exc is not None else "error",
-                      _where(exc) if exc is not None else "?", peer)
+            g.ratelog(
+                "%s port: unhandled %s at %s (peer %s)",
+                g.settings.name,
+                type(exc).__name__ if exc is not None else "error",
+                _where(exc) if exc is not None else "?",
+                peer,
+            )
         if request.writer.output_size > 0:
             raise ConnectionError("a response was already being sent; cannot send the error response")
         resp = web.Response(status=status, body=openai_error_body(text, typ, code), content_type="application/json")
@@ -643,8 +766,9 @@ class GuardedHandler(RequestHandler):
         """aiohttp's other exception logs (``Unhandled exception`` in its loop): one line, class only."""
         exc = kw.get("exc_info")
         name = type(exc).__name__ if isinstance(exc, BaseException) else "error"
-        self._g.ratelog("%s port: connection error %s (%s)", self._g.settings.name, name,
-                        str(args[0])[:80] if args else "")
+        self._g.ratelog(
+            "%s port: connection error %s (%s)", self._g.settings.name, name, str(args[0])[:80] if args else ""
+        )
 
 
 class _GuardedServer(Server):
@@ -665,9 +789,15 @@ class GuardedRunner(web.AppRunner):
     (``keepalive_timeout`` is taken from ``settings``). :attr:`counts`: events so far by reason;
     :meth:`connections`: open connections now."""
 
-    def __init__(self, app: web.Application, settings: ListenerSettings, *,
-                 on_event: Callable[[str, str], None] | None = None, trusted_proxies: tuple[str, ...] = (),
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        settings: ListenerSettings,
+        *,
+        on_event: Callable[[str, str], None] | None = None,
+        trusted_proxies: tuple[str, ...] = (),
+        **kwargs: Any,
+    ) -> None:
         kwargs["keepalive_timeout"] = settings.keepalive_timeout_s
         # aiohttp would inflate a compressed request body in the loop, before the handler could refuse it;
         # bodies are inflated (or refused) by servelab.gateway.bodies instead

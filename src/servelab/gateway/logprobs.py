@@ -28,22 +28,28 @@ __all__ = ["COUNT_FIELDS", "check_logprobs"]
 
 #: (container or None, field, which bound: "top" = server.max_top_logprobs, "legacy" = server.max_logprobs)
 #: every dialect's count fields, those of the chat bound first
-COUNT_FIELDS: tuple[tuple[str | None, str, str], ...] = tuple(sorted(
-    dict.fromkeys((f.field[0], f.field[1], f.bound) for d in DIALECTS.values() for f in d.logprobs),
-    key=lambda f: f[2] != "top"))
+COUNT_FIELDS: tuple[tuple[str | None, str, str], ...] = tuple(
+    sorted(
+        dict.fromkeys((f.field[0], f.field[1], f.bound) for d in DIALECTS.values() for f in d.logprobs),
+        key=lambda f: f[2] != "top",
+    )
+)
 
 
 def _check(full: str, v: Any, cap: int, setting: str) -> None:
     if v is None:
         return
     if not isinstance(v, int) or isinstance(v, bool):
-        raise bad_request(f"'{full}' must be an integer >= 0, got {type(v).__name__}", param=full,
-                          code="invalid_value")
+        raise bad_request(f"'{full}' must be an integer >= 0, got {type(v).__name__}", param=full, code="invalid_value")
     if v < 0:
         raise bad_request(f"'{full}' must be >= 0, got {v}", param=full, code="invalid_value")
     if v > cap:
-        raise bad_request(f"'{full}' {v} is above this gateway's limit of {cap} alternatives per token "
-                          f"(server.{setting}); ask for {cap} or fewer", param=full, code="logprobs_too_large")
+        raise bad_request(
+            f"'{full}' {v} is above this gateway's limit of {cap} alternatives per token "
+            f"(server.{setting}); ask for {cap} or fewer",
+            param=full,
+            code="logprobs_too_large",
+        )
 
 
 def check_logprobs(endpoint: str, body: Mapping[str, Any], max_top: int, max_legacy: int) -> None:

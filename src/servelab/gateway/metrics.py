@@ -53,7 +53,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -68,6 +67,7 @@ FLUSH_S = 1.0
 def multiprocess_dir() -> str | None:
     """``PROMETHEUS_MULTIPROC_DIR`` when set (several workers), else None (one process)."""
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
 
 _TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -86,39 +86,69 @@ class GatewayMetrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         p = "servelab_gateway_"
         self.requests = Counter(p + "requests_total", "Finished requests", ("model", "backend", "status"), registry=r)
-        self.api_requests = Counter(p + "api_requests_total", "Finished requests by the API they came in on",
-                                    ("api", "status"), registry=r)
-        self.api_tokens = Counter(p + "api_tokens_total", "Tokens as reported by the engines, by API",
-                                  ("api", "direction"), registry=r)
-        self.stream_errors = Counter(p + "stream_errors_total", "200 streams ended by an error or cut off",
-                                     ("model", "backend"), registry=r)
-        self.ttft = Histogram(p + "ttft_seconds", "Time to first token at the gateway", ("model",),
-                              buckets=_TTFT_BUCKETS_S, registry=r)
+        self.api_requests = Counter(
+            p + "api_requests_total", "Finished requests by the API they came in on", ("api", "status"), registry=r
+        )
+        self.api_tokens = Counter(
+            p + "api_tokens_total", "Tokens as reported by the engines, by API", ("api", "direction"), registry=r
+        )
+        self.stream_errors = Counter(
+            p + "stream_errors_total", "200 streams ended by an error or cut off", ("model", "backend"), registry=r
+        )
+        self.ttft = Histogram(
+            p + "ttft_seconds", "Time to first token at the gateway", ("model",), buckets=_TTFT_BUCKETS_S, registry=r
+        )
         # per-token observations: plain counts behind the public collector API (CountingHistogram)
-        self.itl = CountingHistogram(p + "inter_token_seconds", "Time between token chunks at the gateway",
-                                     ("model",), _ITL_BUCKETS_S, registry=r)
-        self.e2e = Histogram(p + "request_duration_seconds", "Request received to last byte written", ("model",),
-                             buckets=_E2E_BUCKETS_S, registry=r)
-        self.tokens = Counter(p + "tokens_total", "Tokens as reported by the engines", ("model", "direction"),
-                              registry=r)
-        self.in_flight = Gauge(p + "in_flight", "Requests in flight", ("model",), registry=r,
-                               multiprocess_mode="livesum")
-        self.retries = Counter(p + "retries_total", "Upstream retries before the first byte", ("model", "reason"),
-                               registry=r)
-        self.fallbacks = Counter(p + "fallbacks_total", "Requests answered by a fallback model", ("model",),
-                                 registry=r)
-        self.fallbacks_denied = Counter(p + "fallbacks_denied_total", "Fallback steps left out because the "
-                                        "key/tenant may not use that model", ("model", "fallback"), registry=r)
-        self.breaker_state = Gauge(p + "breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open",
-                                   ("backend",), registry=r, multiprocess_mode="livemax")
-        self.limit_rejections = Counter(p + "limit_rejections_total", "Requests refused by a limit", ("limit",),
-                                        registry=r)
+        self.itl = CountingHistogram(
+            p + "inter_token_seconds",
+            "Time between token chunks at the gateway",
+            ("model",),
+            _ITL_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            p + "request_duration_seconds",
+            "Request received to last byte written",
+            ("model",),
+            buckets=_E2E_BUCKETS_S,
+            registry=r,
+        )
+        self.tokens = Counter(
+            p + "tokens_total", "Tokens as reported by the engines", ("model", "direction"), registry=r
+        )
+        self.in_flight = Gauge(
+            p + "in_flight", "Requests in flight", ("model",), registry=r, multiprocess_mode="livesum"
+        )
+        self.retries = Counter(
+            p + "retries_total", "Upstream retries before the first byte", ("model", "reason"), registry=r
+        )
+        self.fallbacks = Counter(p + "fallbacks_total", "Requests answered by a fallback model", ("model",), registry=r)
+        self.fallbacks_denied = Counter(
+            p + "fallbacks_denied_total",
+            "Fallback steps left out because the key/tenant may not use that model",
+            ("model", "fallback"),
+            registry=r,
+        )
+        self.breaker_state = Gauge(
+            p + "breaker_state",
+            "Circuit breaker: 0 closed, 1 half-open, 2 open",
+            ("backend",),
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.limit_rejections = Counter(
+            p + "limit_rejections_total", "Requests refused by a limit", ("limit",), registry=r
+        )
         self.reloads = Counter(p + "config_reloads_total", "Config reloads by result", ("result",), registry=r)
-        self.connection_events = Counter(p + "connection_events_total", "Connections closed or refused by the "
-                                         "listener (servelab.gateway.listener.EVENTS)", ("port", "reason"),
-                                         registry=r)
-        self.connections = Gauge(p + "connections", "Open client connections", ("port",), registry=r,
-                                 multiprocess_mode="livesum")
+        self.connection_events = Counter(
+            p + "connection_events_total",
+            "Connections closed or refused by the listener (servelab.gateway.listener.EVENTS)",
+            ("port", "reason"),
+            registry=r,
+        )
+        self.connections = Gauge(
+            p + "connections", "Open client connections", ("port",), registry=r, multiprocess_mode="livesum"
+        )
         self.multiproc_dir = multiprocess_dir()
         self._flushed = -1.0
         self._children: dict[str, tuple[Any, Any, Any, Any]] = {}
@@ -127,8 +157,12 @@ class GatewayMetrics:
         """Cached children ``(ttft, inter_token, e2e, in_flight)`` for ``model``."""
         c = self._children.get(model)
         if c is None:
-            c = self._children[model] = (self.ttft.labels(model), self.itl.labels(model), self.e2e.labels(model),
-                                         self.in_flight.labels(model))
+            c = self._children[model] = (
+                self.ttft.labels(model),
+                self.itl.labels(model),
+                self.e2e.labels(model),
+                self.in_flight.labels(model),
+            )
         return c
 
     def set_breakers(self, states: dict[str, str]) -> None:
@@ -201,8 +235,14 @@ class CountingHistogram:
     observations and scrapes run on the same thread. No ``_created`` sample.
     """
 
-    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], buckets: tuple[float, ...],
-                 registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: tuple[str, ...],
+        buckets: tuple[float, ...],
+        registry: CollectorRegistry,
+    ) -> None:
         self.name, self.documentation, self.labelnames = name, documentation, labelnames
         self.bounds = [float(b) for b in buckets] + [math.inf]
         self._children: dict[tuple[str, ...], CountingHistogram._Child] = {}

@@ -73,8 +73,16 @@ from prometheus_client import CollectorRegistry, Counter
 
 from servelab.gateway.routing import hrw_order, stable_unit
 
-__all__ = ["POLICIES", "Pick", "PickContext", "Picker", "PickerSettings", "PickerState", "ScoreWeights",
-           "prompt_blocks"]
+__all__ = [
+    "POLICIES",
+    "Pick",
+    "PickContext",
+    "Picker",
+    "PickerSettings",
+    "PickerState",
+    "ScoreWeights",
+    "prompt_blocks",
+]
 
 #: Every policy name (``default`` = the router's own rule).
 POLICIES = ("default", "round_robin", "least_outstanding", "power_of_two", "prefix", "engine")
@@ -118,7 +126,7 @@ def prompt_blocks(text: str, block_chars: int, max_blocks: int) -> list[int]:
     out: list[int] = []
     prev = b""
     for k in range(min(max_blocks, len(text) // block_chars)):
-        prev = hashlib.blake2b(prev + text[k * block_chars:(k + 1) * block_chars].encode(), digest_size=8).digest()
+        prev = hashlib.blake2b(prev + text[k * block_chars : (k + 1) * block_chars].encode(), digest_size=8).digest()
         out.append(int.from_bytes(prev, "big"))
     return out
 
@@ -163,9 +171,12 @@ class PickerState:
         self.engine_state = engine_state
         self.index: dict[str, OrderedDict[int, None]] = {}
         self.rr: dict[tuple[str, ...], int] = {}
-        self.decisions = Counter("servelab_gateway_picker_decisions_total", "Replica choices of the endpoint "
-                                 "picker by policy and how the choice was made", ("policy", "how"),
-                                 registry=registry if registry is not None else CollectorRegistry())
+        self.decisions = Counter(
+            "servelab_gateway_picker_decisions_total",
+            "Replica choices of the endpoint picker by policy and how the choice was made",
+            ("policy", "how"),
+            registry=registry if registry is not None else CollectorRegistry(),
+        )
 
     def matched(self, backend: str, blocks: Sequence[int]) -> int:
         """Leading ``blocks`` found in ``backend``'s index (count)."""
@@ -209,8 +220,14 @@ class Picker:
         s = self.settings
         return PickContext(tuple(prompt_blocks(text, s.block_chars, s.max_blocks)), session, tie)
 
-    def order(self, names: Sequence[str], weights: Mapping[str, float], outstanding: Mapping[str, int],
-              max_in_flight: Mapping[str, int], ctx: PickContext) -> tuple[list[str], Pick]:
+    def order(
+        self,
+        names: Sequence[str],
+        weights: Mapping[str, float],
+        outstanding: Mapping[str, int],
+        max_in_flight: Mapping[str, int],
+        ctx: PickContext,
+    ) -> tuple[list[str], Pick]:
         """The replicas ``names`` (available ones, at least one) in the order to try, and the decision.
         ``weights``: replica weight (0 = standby, tried last); ``outstanding``: this gateway's requests in
         flight per replica; ``max_in_flight``: per replica, 0 = no limit."""
@@ -230,8 +247,9 @@ class Picker:
             ordered, pick = self._scored(live, outstanding, max_in_flight, ctx)
         else:
             ordered = self._least(live, outstanding, max_in_flight, ctx)
-            pick = Pick(policy, ordered[0], "least_outstanding",
-                        {n: {"in_flight": float(outstanding.get(n, 0))} for n in names})
+            pick = Pick(
+                policy, ordered[0], "least_outstanding", {n: {"in_flight": float(outstanding.get(n, 0))} for n in names}
+            )
         return ordered + standby, pick
 
     def commit(self, pick: Pick, backend: str, ctx: PickContext) -> None:
@@ -242,12 +260,18 @@ class Picker:
 
     # -- policies
     @staticmethod
-    def _least(names: Sequence[str], outstanding: Mapping[str, int], max_in_flight: Mapping[str, int],
-               ctx: PickContext) -> list[str]:
+    def _least(
+        names: Sequence[str], outstanding: Mapping[str, int], max_in_flight: Mapping[str, int], ctx: PickContext
+    ) -> list[str]:
         relative = all(max_in_flight.get(n, 0) > 0 for n in names)
         rank = {n: i for i, n in enumerate(hrw_order(ctx.tie, names))}
-        return sorted(names, key=lambda n: (outstanding.get(n, 0) / max_in_flight[n] if relative
-                                            else float(outstanding.get(n, 0)), rank[n]))
+        return sorted(
+            names,
+            key=lambda n: (
+                outstanding.get(n, 0) / max_in_flight[n] if relative else float(outstanding.get(n, 0)),
+                rank[n],
+            ),
+        )
 
     def _fresh(self, names: Sequence[str]) -> tuple[dict[str, dict[str, Any]], str]:
         """The gauges of every replica in ``names`` when all are fresh, else ``({}, why)``."""
@@ -272,8 +296,9 @@ class Picker:
         engine = float(st.get("running") or 0.0) + float(st.get("waiting") or 0.0)
         return max(engine, own)
 
-    def _two_choices(self, names: Sequence[str], outstanding: Mapping[str, int], max_in_flight: Mapping[str, int],
-                     ctx: PickContext) -> tuple[list[str], Pick]:
+    def _two_choices(
+        self, names: Sequence[str], outstanding: Mapping[str, int], max_in_flight: Mapping[str, int], ctx: PickContext
+    ) -> tuple[list[str], Pick]:
         gauges, _ = self._fresh(names)
         loads = {n: self._load(n, gauges.get(n), outstanding) for n in names}
         rest = self._least(names, outstanding, max_in_flight, ctx)
@@ -284,16 +309,27 @@ class Picker:
         a, b = names[i], [n for n in names if n != names[i]][j]
         first = a if loads[a] <= loads[b] else b
         ordered = [first] + [n for n in rest if n != first]
-        return ordered, Pick("power_of_two", first, "two_choices", {n: {"load": loads[n]} for n in (a, b)},
-                             detail="" if gauges else "loads: gateway in-flight counts (gauges stale or missing)")
+        return ordered, Pick(
+            "power_of_two",
+            first,
+            "two_choices",
+            {n: {"load": loads[n]} for n in (a, b)},
+            detail="" if gauges else "loads: gateway in-flight counts (gauges stale or missing)",
+        )
 
-    def _scored(self, names: Sequence[str], outstanding: Mapping[str, int], max_in_flight: Mapping[str, int],
-                ctx: PickContext) -> tuple[list[str], Pick]:
+    def _scored(
+        self, names: Sequence[str], outstanding: Mapping[str, int], max_in_flight: Mapping[str, int], ctx: PickContext
+    ) -> tuple[list[str], Pick]:
         gauges, why = self._fresh(names)
         if not gauges:
             ordered = self._least(names, outstanding, max_in_flight, ctx)
-            return ordered, Pick("engine", ordered[0], "fallback_stale",
-                                 {n: {"in_flight": float(outstanding.get(n, 0))} for n in names}, detail=why)
+            return ordered, Pick(
+                "engine",
+                ordered[0],
+                "fallback_stale",
+                {n: {"in_flight": float(outstanding.get(n, 0))} for n in names},
+                detail=why,
+            )
         w = self.settings.weights
         loads = {n: self._load(n, gauges[n], outstanding) for n in names}
         own = {n: float(outstanding.get(n, 0)) for n in names}

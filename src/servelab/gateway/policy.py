@@ -81,8 +81,13 @@ class Applied:
 def _out_of_range(name: str, value: Any, lo: float | None, hi: float | None, default: Any) -> GatewayError:
     rng = f"[{_fmt(lo) if lo is not None else '-inf'}, {_fmt(hi) if hi is not None else 'inf'}]"
     dflt = f" (default {default})" if default is not None else ""
-    return GatewayError(400, f"{name} {value} is outside what this model allows for this task {rng}; send a "
-                        f"value in that range or leave it out{dflt}", code="parameter_out_of_range", param=name)
+    return GatewayError(
+        400,
+        f"{name} {value} is outside what this model allows for this task {rng}; send a "
+        f"value in that range or leave it out{dflt}",
+        code="parameter_out_of_range",
+        param=name,
+    )
 
 
 def _fmt(v: float) -> str:
@@ -147,9 +152,13 @@ def apply(body: dict[str, Any], bounds: dict[str, _Bound], endpoint: str) -> App
                 done.defaults["stop"] = list(b.default)
             elif isinstance(v, list) and b.hi is not None and len(v) > b.hi:
                 if b.refuse:
-                    raise GatewayError(400, f"stop has {len(v)} sequences; this model takes at most {int(b.hi)} "
-                                       "for this task: send fewer", code="parameter_out_of_range", param="stop")
-                body["stop"] = v[:int(b.hi)]
+                    raise GatewayError(
+                        400,
+                        f"stop has {len(v)} sequences; this model takes at most {int(b.hi)} for this task: send fewer",
+                        code="parameter_out_of_range",
+                        param="stop",
+                    )
+                body["stop"] = v[: int(b.hi)]
                 done.clamped["stop"] = [len(v), int(b.hi)]
             continue
         if v is None:

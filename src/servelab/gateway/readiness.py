@@ -63,7 +63,7 @@ class Readiness:
                 try:
                     await asyncio.wait_for(self.redis.ping(), self.timeout_s)
                     out["redis"] = "ok"
-                except Exception as e:  # redis errors, OSError, TimeoutError
+                except Exception as e:  # noqa: BLE001 — redis errors, OSError, TimeoutError
                     out["redis"] = f"unreachable ({_why(e)})"
                     if self._last.get("redis") != out["redis"]:  # logged when it changes, not per probe
                         log.warning("health: Redis does not answer PING: %s", _line(e))
@@ -72,7 +72,7 @@ class Readiness:
                 try:
                     await asyncio.wait_for(ping(self.timeout_s), self.timeout_s + 0.5)
                     out["ledger"] = "ok"
-                except Exception as e:  # asyncpg/sqlite/OS errors, TimeoutError
+                except Exception as e:  # noqa: BLE001 — asyncpg/sqlite/OS errors, TimeoutError
                     out["ledger"] = f"unusable ({_why(e)})"
                     if self._last.get("ledger") != out["ledger"]:
                         log.warning("health: the ledger is unusable: %s", _line(e))

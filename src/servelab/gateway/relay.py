@@ -93,7 +93,7 @@ def public_model(data: bytes, r: RequestState) -> bytes:
             return out
 
     def sub(m: re.Match[bytes]) -> bytes:
-        r.model_seen = m.group(0)[len(m.group(1)):]
+        r.model_seen = m.group(0)[len(m.group(1)) :]
         return m.group(1) + r.model_field
 
     return _MODEL_RE.sub(sub, data)
@@ -106,8 +106,9 @@ class Relay:
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
 
-    async def pipe_whole(self, hide: tuple[str, ...], r: RequestState,
-                         resp: aiohttp.ClientResponse) -> tuple[web.StreamResponse, bool]:
+    async def pipe_whole(
+        self, hide: tuple[str, ...], r: RequestState, resp: aiohttp.ClientResponse
+    ) -> tuple[web.StreamResponse, bool]:
         """A whole JSON answer (non-streamed request, or an engine that ignored ``stream``): forwarded
         unchanged after its usage is read, except engine finish reasons mapped to OpenAI's."""
         raw = await resp.read()
@@ -115,8 +116,11 @@ class Relay:
             ev = orjson.loads(raw)
         except orjson.JSONDecodeError:
             ev = None
-        gerr = (scrub.from_event(ev, r.rid, r.backend, hide) if isinstance(ev, dict)
-                else scrub.from_body(raw, 200, r.rid, r.backend, hide))  # engine text: log only
+        gerr = (
+            scrub.from_event(ev, r.rid, r.backend, hide)
+            if isinstance(ev, dict)
+            else scrub.from_body(raw, 200, r.rid, r.backend, hide)
+        )  # engine text: log only
         if gerr is not None:
             raise UpstreamFailed(gerr, degrade.another_target(gerr), "protocol")
         if r.tally is not None:
@@ -154,8 +158,13 @@ class Relay:
             r.completion_tokens = 0
 
     async def pipe_stream(  # noqa: C901 - the per-chunk hot loop, kept whole: each split adds calls per chunk
-            self, request: web.Request, hide: tuple[str, ...], r: RequestState, resp: aiohttp.ClientResponse,
-            client_usage: bool) -> tuple[web.StreamResponse, bool | None]:
+        self,
+        request: web.Request,
+        hide: tuple[str, ...],
+        r: RequestState,
+        resp: aiohttp.ClientResponse,
+        client_usage: bool,
+    ) -> tuple[web.StreamResponse, bool | None]:
         """Forward the SSE body read by read. Returns (response, complete): complete is False when the
         stream ended in an error event or was cut off (the client then got a clean error event + [DONE]),
         None when the client went away (says nothing about the backend).
@@ -238,11 +247,23 @@ class Relay:
         if error is None and not saw_done and not saw_finish:
             cut = True
         if out is None:  # an empty 200 body
-            raise UpstreamFailed(GatewayError(502, "the model closed the connection without answering; retry",
-                                               type="server_error", code="upstream_error"), True, "connect")
+            raise UpstreamFailed(
+                GatewayError(
+                    502,
+                    "the model closed the connection without answering; retry",
+                    type="server_error",
+                    code="upstream_error",
+                ),
+                True,
+                "connect",
+            )
         if error is None and cut:
-            error = GatewayError(502, "the model stopped answering mid-way; retry the request", type="server_error",
-                                 code="upstream_cut_off")
+            error = GatewayError(
+                502,
+                "the model stopped answering mid-way; retry the request",
+                type="server_error",
+                code="upstream_cut_off",
+            )
         if error is not None:
             self.metrics.stream_errors.labels(r.model, r.backend or "none").inc()
             r.outcome = "error"
@@ -255,8 +276,9 @@ class Relay:
         await out.write_eof()
         return out, error is None
 
-    def charge_unread(self, hide: tuple[str, ...], r: RequestState, buf: bytes, resp: aiohttp.ClientResponse,
-                       client_usage: bool) -> None:
+    def charge_unread(
+        self, hide: tuple[str, ...], r: RequestState, buf: bytes, resp: aiohttp.ClientResponse, client_usage: bool
+    ) -> None:
         """The client left mid-stream: also charge the complete events the engine already delivered to
         this process but that were not forwarded (``buf`` and the upstream read buffer; a usage chunk among
         them is taken as usage). An incomplete trailing event is not charged: what it is cannot be told."""
@@ -276,8 +298,9 @@ class Relay:
         r.status = 200
         return out, writer
 
-    def inspect(self, block: bytes, hide: tuple[str, ...], r: RequestState,
-                client_usage: bool) -> tuple[bytes, int, GatewayError | None, bool]:
+    def inspect(
+        self, block: bytes, hide: tuple[str, ...], r: RequestState, client_usage: bool
+    ) -> tuple[bytes, int, GatewayError | None, bool]:
         """Slow path for one block of complete events: find usage, errors, token-carrying events; drop
         the usage-only chunk unless the client asked for usage. Returns (bytes to forward, token events,
         error, saw [DONE])."""

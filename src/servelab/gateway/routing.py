@@ -65,8 +65,21 @@ from servelab.gateway.breaker import BreakerBoard
 from servelab.gateway.errors import GatewayError
 from servelab.wire.errors import ConfigError
 
-__all__ = ["Backend", "FallbackSpec", "Lease", "LoadTracker", "ModelRoute", "RoutePlan", "Router",
-           "ShadowSpec", "Target", "TargetSpec", "affinity_text", "hrw_order", "stable_unit"]
+__all__ = [
+    "Backend",
+    "FallbackSpec",
+    "Lease",
+    "LoadTracker",
+    "ModelRoute",
+    "RoutePlan",
+    "Router",
+    "ShadowSpec",
+    "Target",
+    "TargetSpec",
+    "affinity_text",
+    "hrw_order",
+    "stable_unit",
+]
 
 PRIMARY = "primary"
 RETRY = "retry"
@@ -291,8 +304,11 @@ class Lease:
         self.released = True
         self._tracker._dec(self.target.backend)
         if self._breaker is not None:
-            {"success": self._breaker.on_success, "failure": self._breaker.on_failure,
-             "neutral": self._breaker.on_neutral}[outcome]()
+            {
+                "success": self._breaker.on_success,
+                "failure": self._breaker.on_failure,
+                "neutral": self._breaker.on_neutral,
+            }[outcome]()
 
     def __enter__(self) -> Lease:
         return self
@@ -326,10 +342,19 @@ class Router:
     :class:`servelab.gateway.picker.Picker` that orders the replicas of a group (module doc, step 8).
     """
 
-    def __init__(self, backends: Sequence[Backend], models: Sequence[ModelRoute],
-                 tasks: Mapping[str, str] | None = None, breakers: BreakerBoard | None = None,
-                 load: LoadTracker | None = None, affinity_chars: int = 0, balance_factor: float = 1.25,
-                 max_fallback_depth: int = 3, seed: int | None = None, picker: Any = None) -> None:
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        models: Sequence[ModelRoute],
+        tasks: Mapping[str, str] | None = None,
+        breakers: BreakerBoard | None = None,
+        load: LoadTracker | None = None,
+        affinity_chars: int = 0,
+        balance_factor: float = 1.25,
+        max_fallback_depth: int = 3,
+        seed: int | None = None,
+        picker: Any = None,
+    ) -> None:
         self.backends: dict[str, Backend] = {}
         for b in backends:
             if b.name in self.backends:
@@ -357,15 +382,17 @@ class Router:
         for m in self.models.values():
             for f in m.fallback:
                 if f.model not in self.models:
-                    raise ConfigError(f"models.{m.name}.fallback: unknown model {f.model!r}; "
-                                      f"known: {', '.join(sorted(self.models))}")
+                    raise ConfigError(
+                        f"models.{m.name}.fallback: unknown model {f.model!r}; known: {', '.join(sorted(self.models))}"
+                    )
                 if f.max_tokens is not None and f.max_tokens < 1:
                     raise ConfigError(f"models.{m.name}.fallback.max_tokens {f.max_tokens} must be >= 1")
         self.tasks = dict(tasks or {})
         for tag, model in self.tasks.items():
             if model not in self.models:
-                raise ConfigError(f"routing.tasks.{tag}: unknown model {model!r}; "
-                                  f"known: {', '.join(sorted(self.models))}")
+                raise ConfigError(
+                    f"routing.tasks.{tag}: unknown model {model!r}; known: {', '.join(sorted(self.models))}"
+                )
         if balance_factor < 1:
             raise ConfigError(f"routing.balance_factor {balance_factor} must be >= 1")
         if affinity_chars < 0:
@@ -385,11 +412,14 @@ class Router:
     def _check_target(self, where: str, backend: str, model: str) -> None:
         b = self.backends.get(backend)
         if b is None:
-            raise ConfigError(f"{where}: unknown backend {backend!r}; "
-                              f"known: {', '.join(sorted(self.backends)) or 'none'}")
+            raise ConfigError(
+                f"{where}: unknown backend {backend!r}; known: {', '.join(sorted(self.backends)) or 'none'}"
+            )
         if b.models and model not in b.models:
-            raise ConfigError(f"{where}: backend {backend!r} does not list model {model!r} "
-                              f"(its models: {', '.join(b.models)}); add it to backends.{backend}.models")
+            raise ConfigError(
+                f"{where}: backend {backend!r} does not list model {model!r} "
+                f"(its models: {', '.join(b.models)}); add it to backends.{backend}.models"
+            )
 
     def _build_groups(self, m: ModelRoute) -> list[_Group]:
         groups: dict[tuple[str, str], _Group] = {}
@@ -424,9 +454,17 @@ class Router:
         return self.breakers.get(backend).available()
 
     # -- planning
-    def plan(self, public_model: str | None, body: Mapping[str, Any] | None = None, task_tag: str | None = None,
-             prompt_prefix: str = "", request_id: str | None = None, *,
-             may_use: Callable[[str], bool] | None = None, pools: Collection[str] | None = None) -> RoutePlan:
+    def plan(
+        self,
+        public_model: str | None,
+        body: Mapping[str, Any] | None = None,
+        task_tag: str | None = None,
+        prompt_prefix: str = "",
+        request_id: str | None = None,
+        *,
+        may_use: Callable[[str], bool] | None = None,
+        pools: Collection[str] | None = None,
+    ) -> RoutePlan:
         """Route one request. ``body``: the client's JSON body (reads ``max_tokens``/``max_completion_tokens``
         to apply fallback caps). ``prompt_prefix``: text for prefix affinity (see :func:`affinity_text`).
         ``request_id``: makes the weighted split and shadow sampling deterministic; the server passes a
@@ -448,8 +486,12 @@ class Router:
         task = task_tag if name != (public_model or "") else None
         route = self.models.get(name)
         if route is None:
-            raise GatewayError(404, f"the model {public_model!r} does not exist; GET /v1/models lists the models "
-                               "you can use", code="model_not_found", param="model")
+            raise GatewayError(
+                404,
+                f"the model {public_model!r} does not exist; GET /v1/models lists the models you can use",
+                code="model_not_found",
+                param="model",
+            )
         u = stable_unit(request_id, "split") if request_id else self._rng.random()
         tie = request_id if request_id else f"{self._rng.random():.17f}"
         chars = self.affinity_chars if route.affinity_chars is None else route.affinity_chars
@@ -478,21 +520,27 @@ class Router:
         shadow = None
         if route.shadow is not None and route.shadow.sample_rate > 0:
             v = stable_unit(request_id, "shadow") if request_id else self._rng.random()
-            if (v < route.shadow.sample_rate and self.available(route.shadow.backend)
-                    and in_pools(route.shadow.backend)):
+            if v < route.shadow.sample_rate and self.available(route.shadow.backend) and in_pools(route.shadow.backend):
                 shadow = self._target(route.shadow.backend, route.shadow.model, name, SHADOW, _EMPTY)
-        return RoutePlan(public_model=name, targets=tuple(targets), shadow=shadow, task=task,
-                         degraded=not own, affinity=hashlib.blake2b(prefix.encode(), digest_size=8).hexdigest()
-                         if prefix else None, denied=tuple(denied),
-                         pick=pick.record() if pick is not None else None,
-                         why=f"picker {pick.policy}: {pick.how}" if pick is not None else None)
+        return RoutePlan(
+            public_model=name,
+            targets=tuple(targets),
+            shadow=shadow,
+            task=task,
+            degraded=not own,
+            affinity=hashlib.blake2b(prefix.encode(), digest_size=8).hexdigest() if prefix else None,
+            denied=tuple(denied),
+            pick=pick.record() if pick is not None else None,
+            why=f"picker {pick.policy}: {pick.how}" if pick is not None else None,
+        )
 
     def _target(self, backend: str, model: str, public: str, role: str, overrides: Mapping[str, Any]) -> Target:
         b = self.backends[backend]
         return Target(backend, model, public, b.base_url, b.kind, role, overrides)
 
-    def _model_targets(self, name: str, u: float, tie: str, prefix: str, role: str,
-                       overrides: Mapping[str, Any]) -> list[Target]:
+    def _model_targets(
+        self, name: str, u: float, tie: str, prefix: str, role: str, overrides: Mapping[str, Any]
+    ) -> list[Target]:
         groups = self._groups[name]
         total = sum(g.weight for g in groups)
         chosen = groups[-1]
@@ -521,8 +569,13 @@ class Router:
         load = {s.backend: self.load.outstanding(s.backend) for s in specs}
         if self.picker is not None and self._pick_ctx is not None:
             by_name = {s.backend: s for s in specs}
-            names, pick = self.picker.order(list(by_name), {s.backend: s.weight for s in specs}, load,
-                                            {n: self.backends[n].max_in_flight for n in by_name}, self._pick_ctx)
+            names, pick = self.picker.order(
+                list(by_name),
+                {s.backend: s.weight for s in specs},
+                load,
+                {n: self.backends[n].max_in_flight for n in by_name},
+                self._pick_ctx,
+            )
             if self._pick is None:
                 self._pick = pick
             return [by_name[n] for n in names]
@@ -539,14 +592,27 @@ class Router:
 
         def key(s: TargetSpec) -> tuple[bool, float, int]:  # weight-0 replicas are standby: last
             n = load[s.backend]
-            return (s.weight <= 0, n / self.backends[s.backend].max_in_flight if relative else float(n),
-                    tie_rank[s.backend])
+            return (
+                s.weight <= 0,
+                n / self.backends[s.backend].max_in_flight if relative else float(n),
+                tie_rank[s.backend],
+            )
 
         return sorted(specs, key=key)
 
-    def _fallbacks(self, route: ModelRoute, body: Mapping[str, Any], visited: set[str], depth: int,
-                   u: float, tie: str, prefix: str, inherited: Mapping[str, Any],
-                   may_use: Callable[[str], bool] | None = None, denied: list[str] | None = None) -> list[Target]:
+    def _fallbacks(
+        self,
+        route: ModelRoute,
+        body: Mapping[str, Any],
+        visited: set[str],
+        depth: int,
+        u: float,
+        tie: str,
+        prefix: str,
+        inherited: Mapping[str, Any],
+        may_use: Callable[[str], bool] | None = None,
+        denied: list[str] | None = None,
+    ) -> list[Target]:
         if depth > self.max_fallback_depth:
             return []
         out: list[Target] = []
@@ -558,8 +624,20 @@ class Router:
                 out.extend(self._model_targets(f.model, u, tie, prefix, FALLBACK, overrides))
             elif denied is not None and f.model not in denied:
                 denied.append(f.model)
-            out.extend(self._fallbacks(self.models[f.model], body, visited | {f.model}, depth + 1, u, tie,
-                                       prefix, overrides, may_use, denied))
+            out.extend(
+                self._fallbacks(
+                    self.models[f.model],
+                    body,
+                    visited | {f.model},
+                    depth + 1,
+                    u,
+                    tie,
+                    prefix,
+                    overrides,
+                    may_use,
+                    denied,
+                )
+            )
         return out
 
     @staticmethod
@@ -580,8 +658,13 @@ class Router:
         opens = [self.breakers.get(n).open_remaining_s for n in names if self.breakers.get(n).state == "open"]
         wait = min(opens) if opens and len(opens) == len(names) else 1.0
         wait = max(1.0, wait)
-        return GatewayError(503, f"the model is busy or temporarily unavailable, retry in {math.ceil(wait)} s",
-                            type="server_error", code="model_busy", retry_after_s=wait)
+        return GatewayError(
+            503,
+            f"the model is busy or temporarily unavailable, retry in {math.ceil(wait)} s",
+            type="server_error",
+            code="model_busy",
+            retry_after_s=wait,
+        )
 
     # -- outstanding accounting
     def acquire(self, target: Target) -> Lease | None:

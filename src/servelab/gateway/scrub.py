@@ -39,8 +39,17 @@ from servelab.gateway.errors import GatewayError, sanitize_upstream_message
 from servelab.wire.errors import error_from_body, error_from_event, is_context_overflow
 from servelab.wire.types import WireError
 
-__all__ = ["ErrorClass", "INTERNAL_SIGNS", "classify", "client_error", "context_numbers", "from_body",
-           "from_event", "redact_prompt", "user_safe_text"]
+__all__ = [
+    "ErrorClass",
+    "INTERNAL_SIGNS",
+    "classify",
+    "client_error",
+    "context_numbers",
+    "from_body",
+    "from_event",
+    "redact_prompt",
+    "user_safe_text",
+]
 
 log = logging.getLogger("servelab.gateway.upstream")
 
@@ -53,7 +62,9 @@ INTERNAL_SIGNS = re.compile(
     r"device|\bworker|\brank\b|\bbatch|scheduler|\bengine\b|traceback|exception|errno|\bpid\b|thread|"
     r"segfault|assert|\bnode\b|\bpod\b|\bslot\b|\.py\b|\.cpp\b|\.cu\b|\.rs\b|0x[0-9a-f]+|"
     r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{6,}\b|"
-    r"[0-9a-f]{8}-[0-9a-f]{4}-|\b(?:req|cmpl|chatcmpl|batch)[-_][\w-]+", re.I)
+    r"[0-9a-f]{8}-[0-9a-f]{4}-|\b(?:req|cmpl|chatcmpl|batch)[-_][\w-]+",
+    re.I,
+)
 
 #: The engine text written to the log at most (characters; the rest is cut with a marker).
 LOG_CHARS = 2000
@@ -76,15 +87,24 @@ def redact_prompt(text: str, prompt: str | None) -> str:
 
     return _QUOTED.sub(sub, text)
 
+
 # context-overflow wordings (docs/engine-wire.md case 18), each giving (context, prompt, output) tokens
-_VLLM = re.compile(r"maximum context length is (\d+) tokens\. However, you requested \d+ tokens "
-                   r"\((\d+) in the messages, (\d+) in the completion\)", re.I)
-_VLLM_NEW = re.compile(r"too large: (\d+)\. This model's maximum context length is (\d+) tokens and your "
-                       r"request has (\d+) input tokens", re.I)
-_SGLANG = re.compile(r"maximum context length of (\d+) tokens.*?(\d+) tokens from the input messages and (\d+) "
-                     r"tokens for the completion", re.I | re.S)
-_SGLANG_INPUT = re.compile(r"input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)",
-                           re.I)
+_VLLM = re.compile(
+    r"maximum context length is (\d+) tokens\. However, you requested \d+ tokens "
+    r"\((\d+) in the messages, (\d+) in the completion\)",
+    re.I,
+)
+_VLLM_NEW = re.compile(
+    r"too large: (\d+)\. This model's maximum context length is (\d+) tokens and your "
+    r"request has (\d+) input tokens",
+    re.I,
+)
+_SGLANG = re.compile(
+    r"maximum context length of (\d+) tokens.*?(\d+) tokens from the input messages and (\d+) "
+    r"tokens for the completion",
+    re.I | re.S,
+)
+_SGLANG_INPUT = re.compile(r"input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)", re.I)
 _TGI = re.compile(r"must be <= (\d+)\. Given: (\d+) `inputs` tokens and (\d+) `max_new_tokens`", re.I)
 
 
@@ -138,25 +158,34 @@ def user_safe_text(message: str, hide: Iterable[str] = (), max_chars: int = 200)
 
 def _too_long(nums: tuple[int, int, int] | None) -> GatewayError:
     if nums is None:
-        text = ("the prompt plus max_tokens does not fit this model's context; shorten the messages or lower "
-                "max_tokens")
+        text = "the prompt plus max_tokens does not fit this model's context; shorten the messages or lower max_tokens"
     else:
         ctx, prompt, out = nums
         if out:
             over = max(1, prompt + out - ctx)
-            text = (f"the prompt is too long for this model: {prompt} prompt tokens plus {out} for the answer "
-                    f"(max_tokens) exceed its context of {ctx} tokens; remove at least {over} tokens from the "
-                    f"messages or lower max_tokens by {over}")
+            text = (
+                f"the prompt is too long for this model: {prompt} prompt tokens plus {out} for the answer "
+                f"(max_tokens) exceed its context of {ctx} tokens; remove at least {over} tokens from the "
+                f"messages or lower max_tokens by {over}"
+            )
         else:
             over = max(1, prompt - ctx + 1)
-            text = (f"the prompt is too long for this model: {prompt} prompt tokens do not fit its context of "
-                    f"{ctx} tokens; remove at least {over} tokens from the messages")
+            text = (
+                f"the prompt is too long for this model: {prompt} prompt tokens do not fit its context of "
+                f"{ctx} tokens; remove at least {over} tokens from the messages"
+            )
     return GatewayError(400, text, code="context_length_exceeded", param="messages")
 
 
-def client_error(err: WireError, rid: str, backend: str | None = None, hide: Iterable[str] = (),
-                 retry_after_s: float | None = None, fields: Mapping[str, Any] | None = None,
-                 prompt: str | None = None) -> GatewayError:
+def client_error(
+    err: WireError,
+    rid: str,
+    backend: str | None = None,
+    hide: Iterable[str] = (),
+    retry_after_s: float | None = None,
+    fields: Mapping[str, Any] | None = None,
+    prompt: str | None = None,
+) -> GatewayError:
     """The :class:`GatewayError` the client gets for engine error ``err`` (see the module table), after
     logging the engine's text on one line at WARNING with request id ``rid`` and ``backend``.
 
@@ -167,24 +196,47 @@ def client_error(err: WireError, rid: str, backend: str | None = None, hide: Ite
     cls = classify(err)
     text = redact_prompt(err.message, prompt)
     text = text if len(text) <= LOG_CHARS else text[:LOG_CHARS] + "...[cut]"
-    log.warning("request %s: backend %s answered %s (%s, type %s, code %s): %r", rid, backend or "-",
-                err.status if err.status is not None else "an in-stream error", cls, err.type, err.code, text)
+    log.warning(
+        "request %s: backend %s answered %s (%s, type %s, code %s): %r",
+        rid,
+        backend or "-",
+        err.status if err.status is not None else "an in-stream error",
+        cls,
+        err.type,
+        err.code,
+        text,
+    )
     if cls == "busy":
         wait = retry_after_s if retry_after_s and retry_after_s > 0 else 1.0
-        return GatewayError(503, f"the model is busy, retry in {max(1, int(-(-wait // 1)))} s",
-                            type="server_error", code="model_busy", retry_after_s=wait)
+        return GatewayError(
+            503,
+            f"the model is busy, retry in {max(1, int(-(-wait // 1)))} s",
+            type="server_error",
+            code="model_busy",
+            retry_after_s=wait,
+        )
     if cls == "too_long":
         return _too_long(context_numbers(err.message, fields))
     if cls == "bad_request":
         safe = user_safe_text(err.message, hide)
-        return GatewayError(400, f"the model rejected the request: {safe}" if safe else
-                            "the model rejected the request; check its parameters (values and types)",
-                            code="upstream_rejected")
+        return GatewayError(
+            400,
+            f"the model rejected the request: {safe}"
+            if safe
+            else "the model rejected the request; check its parameters (values and types)",
+            code="upstream_rejected",
+        )
     if cls == "unavailable":
-        return GatewayError(503, "the model is temporarily unavailable, retry in 1 s; report the request id if "
-                            "it persists", type="server_error", code="model_unavailable", retry_after_s=1.0)
-    return GatewayError(502, "the model failed while answering; retry the request", type="server_error",
-                        code="upstream_error")
+        return GatewayError(
+            503,
+            "the model is temporarily unavailable, retry in 1 s; report the request id if it persists",
+            type="server_error",
+            code="model_unavailable",
+            retry_after_s=1.0,
+        )
+    return GatewayError(
+        502, "the model failed while answering; retry the request", type="server_error", code="upstream_error"
+    )
 
 
 def _fields(decoded: Any) -> Mapping[str, Any] | None:
@@ -194,8 +246,15 @@ def _fields(decoded: Any) -> Mapping[str, Any] | None:
     return None
 
 
-def from_body(raw: bytes, status: int, rid: str, backend: str | None = None, hide: Iterable[str] = (),
-              retry_after_s: float | None = None, prompt: str | None = None) -> GatewayError:
+def from_body(
+    raw: bytes,
+    status: int,
+    rid: str,
+    backend: str | None = None,
+    hide: Iterable[str] = (),
+    retry_after_s: float | None = None,
+    prompt: str | None = None,
+) -> GatewayError:
     """:func:`client_error` for a whole non-2xx engine body ``raw`` (any case-17 shape, or not JSON)."""
     import orjson
 

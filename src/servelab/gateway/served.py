@@ -74,8 +74,16 @@ class ServedCount:
     chunk's choices) and :meth:`take_whole` (a whole answer); read :meth:`completion` /
     :meth:`prompt`, which return None until some usage was seen."""
 
-    __slots__ = ("n_per_prompt", "sequences", "_agg_pt", "_agg_ct", "_choice_ct", "_choice_pt", "_whole_lb",
-                 "_final_chunk")
+    __slots__ = (
+        "n_per_prompt",
+        "sequences",
+        "_agg_pt",
+        "_agg_ct",
+        "_choice_ct",
+        "_choice_pt",
+        "_whole_lb",
+        "_final_chunk",
+    )
 
     def __init__(self, n_per_prompt: int = 1, sequences: int = 1) -> None:
         self.n_per_prompt = max(1, n_per_prompt)

@@ -79,8 +79,15 @@ from servelab.gateway.upstream import Upstream, reason
 from servelab.gateway.workers import worker_session_key
 from servelab.wire.client import ConfigError
 
-__all__ = ["Gateway", "LEDGER_RETRY_MAX_S", "LEDGER_RETRY_S", "RELOAD_POLL_S", "WORKER_KEYS_REFRESH_S",
-           "map_finish_bytes", "openai_finish"]
+__all__ = [
+    "Gateway",
+    "LEDGER_RETRY_MAX_S",
+    "LEDGER_RETRY_S",
+    "RELOAD_POLL_S",
+    "WORKER_KEYS_REFRESH_S",
+    "map_finish_bytes",
+    "openai_finish",
+]
 
 log = logging.getLogger("servelab.gateway")
 _now = time.monotonic_ns
@@ -93,9 +100,18 @@ LEDGER_RETRY_S = 0.5
 LEDGER_RETRY_MAX_S = 5.0
 _RID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 #: the public routes and their method (for the 404/405 answers)
-_ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/embeddings": "POST",
-           "/v1/messages": "POST", "/v1/messages/count_tokens": "POST", "/v1/responses": "POST", "/v1/models": "GET",
-           "/health": "GET", "/health/live": "GET", "/metrics": "GET"}
+_ROUTES = {
+    "/v1/chat/completions": "POST",
+    "/v1/completions": "POST",
+    "/v1/embeddings": "POST",
+    "/v1/messages": "POST",
+    "/v1/messages/count_tokens": "POST",
+    "/v1/responses": "POST",
+    "/v1/models": "GET",
+    "/health": "GET",
+    "/health/live": "GET",
+    "/metrics": "GET",
+}
 
 
 def _request_id(request: web.Request) -> str:
@@ -115,19 +131,34 @@ def _client_request_id(request: web.Request) -> str | None:
 
 def _listener_fields(s: Any) -> tuple[Any, ...]:
     """The ``server`` fields the listeners take at start (a change needs a restart)."""
-    return (s.admin_host, s.header_timeout_s, s.body_timeout_s, s.body_total_timeout_s, s.keepalive_timeout_s,
-            s.max_connections, s.admin_max_connections, s.send_timeout_s, s.max_connections_per_client)
+    return (
+        s.admin_host,
+        s.header_timeout_s,
+        s.body_timeout_s,
+        s.body_total_timeout_s,
+        s.keepalive_timeout_s,
+        s.max_connections,
+        s.admin_max_connections,
+        s.send_timeout_s,
+        s.max_connections_per_client,
+    )
 
 
 def _error_response(e: GatewayError, rid: str) -> web.Response:
-    return web.Response(status=e.status, body=e.body(), content_type="application/json",
-                        headers={"X-Request-ID": rid, **e.headers()})
+    return web.Response(
+        status=e.status, body=e.body(), content_type="application/json", headers={"X-Request-ID": rid, **e.headers()}
+    )
 
 
 def _starting() -> GatewayError:
     """The answer to requests while the replica is not ready (PostgreSQL down at start): nothing internal."""
-    return GatewayError(503, "the service is starting and cannot take requests yet; retry in 2 s",
-                        type="server_error", code="service_starting", retry_after_s=2.0)
+    return GatewayError(
+        503,
+        "the service is starting and cannot take requests yet; retry in 2 s",
+        type="server_error",
+        code="service_starting",
+        retry_after_s=2.0,
+    )
 
 
 def _database_down(e: BaseException) -> bool:
@@ -166,10 +197,21 @@ class Gateway:
     multiprocess mode the inter-token counts are flushed every :data:`~servelab.gateway.metrics.FLUSH_S`.
     """
 
-    def __init__(self, config: GatewayConfig, config_path: str | Path | None = None, *, host: str | None = None,
-                 port: int | None = None, admin_port: int | None = -1, ledger: Ledger | None = None,
-                 limiter: Limiter | None = None, keystore: Any = None, watch: bool = True,
-                 admin_host: str | None = None, worker: int | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        config_path: str | Path | None = None,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        admin_port: int | None = -1,
+        ledger: Ledger | None = None,
+        limiter: Limiter | None = None,
+        keystore: Any = None,
+        watch: bool = True,
+        admin_host: str | None = None,
+        worker: int | None = None,
+    ) -> None:
         self.worker = worker
         self.config_path = Path(config_path) if config_path is not None else None
         self.host = host or config.server.host
@@ -193,8 +235,13 @@ class Gateway:
         self.picks = PickerState(self._engine_state, self.metrics.registry)
         self.snap = self._build(config)
         self.retry_budget = RetryBudget(ratio=config.retry.budget_ratio)
-        self.last_reload: dict[str, Any] = {"ok": True, "version": 1, "at": time.time(), "error": None,
-                                            "source": "start"}
+        self.last_reload: dict[str, Any] = {
+            "ok": True,
+            "version": 1,
+            "at": time.time(),
+            "error": None,
+            "source": "start",
+        }
         self._ledger: Any = ledger  # Ledger; DurableLedger adds admit/settle (journal.py)
         self._limiter: Any = limiter  # Limiter; RedisLimiter adds seed_budgets/budget_source
         self._keystore = keystore
@@ -223,8 +270,14 @@ class Gateway:
         # session_secret: HMAC key of routing.session_header when its env var is unset: the one the
         # supervisor drew for all its workers (workers.worker_session_key), else this process's own
         session_key = worker_session_key() if worker is not None else None
-        self.upstream = Upstream(self.metrics, self.relay, self.retry_budget, self.shadows, self._spawn,
-                                 session_secret=session_key or secrets.token_bytes(32))
+        self.upstream = Upstream(
+            self.metrics,
+            self.relay,
+            self.retry_budget,
+            self.shadows,
+            self._spawn,
+            session_secret=session_key or secrets.token_bytes(32),
+        )
         #: each backend's own queue/running/KV gauges, re-exported by backend (servelab.gateway.enginegauges)
         self.engine_gauges = EngineGauges(self.snap.route_backends)
         self.metrics.registry.register(self.engine_gauges)
@@ -264,20 +317,28 @@ class Gateway:
         allowed = _ROUTES.get(path)
         if allowed is not None and allowed == request.method:
             # routed by the raw path, decoded only here: /v1/chat%2Fcompletions (break-it report on 4b30bb7)
-            e = GatewayError(404, f"no such endpoint: {request.raw_path[:200]} (an encoded '/' is not a path "
-                             f"separator); send {request.method} {path} with plain slashes", code="unknown_path")
+            e = GatewayError(
+                404,
+                f"no such endpoint: {request.raw_path[:200]} (an encoded '/' is not a path "
+                f"separator); send {request.method} {path} with plain slashes",
+                code="unknown_path",
+            )
             return _error_response(e, _request_id(request))
         if allowed is not None:
-            e = GatewayError(405, f"{path} takes {allowed} requests, not {request.method}",
-                             code="method_not_allowed")
-            return web.Response(status=405, body=e.body(), content_type="application/json",
-                                headers={"Allow": allowed, "X-Request-ID": _request_id(request)})
+            e = GatewayError(405, f"{path} takes {allowed} requests, not {request.method}", code="method_not_allowed")
+            return web.Response(
+                status=405,
+                body=e.body(),
+                content_type="application/json",
+                headers={"Allow": allowed, "X-Request-ID": _request_id(request)},
+            )
         hint = ""
         if "/v1" + path in _ROUTES:
             hint = f"; did you mean /v1{path}? set the client's base_url to end in /v1"
         served = ", ".join(f"{m} {p}" for p, m in _ROUTES.items())
-        e = GatewayError(404, f"no such endpoint: {request.method} {path}{hint} (this gateway serves {served})",
-                         code="unknown_path")
+        e = GatewayError(
+            404, f"no such endpoint: {request.method} {path}{hint} (this gateway serves {served})", code="unknown_path"
+        )
         return _error_response(e, _request_id(request))
 
     async def start(self) -> None:
@@ -286,15 +347,20 @@ class Gateway:
         cfg = self.snap.cfg
         self.upstream.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=30),
-            cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, skip_auto_headers=("User-Agent",),
-            trace_configs=[connection_trace()])
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+            trace_configs=[connection_trace()],
+        )
         if self._redis is not None:
             try:
                 await self._redis.ping()
-            except Exception as e:  # redis.exceptions.RedisError, OSError
-                raise ConfigError(f"state.redis_url: cannot reach Redis at {safe_url(cfg.state.redis_url or '')} "
-                                  f"({reason(e)}); start Redis there, or set state.redis_url: null "
-                                  "(one replica, limits and breakers in memory)") from None
+            except Exception as e:  # noqa: BLE001 — redis.exceptions.RedisError, OSError
+                raise ConfigError(
+                    f"state.redis_url: cannot reach Redis at {safe_url(cfg.state.redis_url or '')} "
+                    f"({reason(e)}); start Redis there, or set state.redis_url: null "
+                    "(one replica, limits and breakers in memory)"
+                ) from None
         if self._ledger is None:
             from servelab.gateway.journal import DurableLedger
             from servelab.gateway.ledger import PostgresLedger, SqliteLedger
@@ -309,7 +375,7 @@ class Gateway:
             spool = cfg.ledger.spool_path
             if spool and self.worker:  # worker 0 keeps the folder itself (its segments: the one-process ones)
                 spool = str(Path(spool) / f"worker-{self.worker}")
-            self._ledger = (DurableLedger(store, spool, cfg.ledger.fsync_interval_s) if spool else store)
+            self._ledger = DurableLedger(store, spool, cfg.ledger.fsync_interval_s) if spool else store
             down = await self._start_ledger(cfg)
         else:
             await self._ledger.start()
@@ -319,11 +385,13 @@ class Gateway:
             from servelab.gateway.limits import MemoryLimiter, RedisLimiter, redis_pool_size
 
             if cfg.state.redis_url:  # a pool that queues, sized from the API connection cap (limits.py doc)
-                cap = cfg.server.max_connections or default_max_connections(nofile_limit(),
-                                                                            cfg.server.admin_max_connections)
+                cap = cfg.server.max_connections or default_max_connections(
+                    nofile_limit(), cfg.server.admin_max_connections
+                )
                 pool = redis_pool_size(cap, cfg.state.redis_max_connections)
-                self._limiter = RedisLimiter(cfg.state.redis_url, max_connections=pool,
-                                             pool_timeout_s=cfg.state.redis_pool_timeout_s)
+                self._limiter = RedisLimiter(
+                    cfg.state.redis_url, max_connections=pool, pool_timeout_s=cfg.state.redis_pool_timeout_s
+                )
             else:
                 self._limiter = MemoryLimiter()
         if self._keystore is None:
@@ -333,20 +401,31 @@ class Gateway:
             await self._start_after_ledger()
         else:  # PostgreSQL is down: serve nothing until it answers, but start (module doc "Start-up")
             self._set_not_ready(down)
-            log.warning("%s; the gateway starts but answers 503 (and /health is not ready) until it is reachable",
-                        down)
-            self._ledger_task = asyncio.get_running_loop().create_task(self._wait_for_ledger(cfg),
-                                                                       name="servelab-ledger-wait")
+            log.warning("%s; the gateway starts but answers 503 (and /health is not ready) until it is reachable", down)
+            self._ledger_task = asyncio.get_running_loop().create_task(
+                self._wait_for_ledger(cfg), name="servelab-ledger-wait"
+            )
         self.admitter.keystore, self.admitter.limiter = self._keystore, self._limiter
         await self.breakers.start()  # Redis sync of open states (no-op without state.redis_url)
         await self._start_health()
-        self._runner = GuardedRunner(self.app, settings_for(cfg.server, "api"), on_event=self._conn_event,
-                                     trusted_proxies=tuple(cfg.server.trusted_proxies),
-                                     access_log=None, handler_cancellation=True,
-                                     shutdown_timeout=cfg.server.shutdown_grace_s)
+        self._runner = GuardedRunner(
+            self.app,
+            settings_for(cfg.server, "api"),
+            on_event=self._conn_event,
+            trusted_proxies=tuple(cfg.server.trusted_proxies),
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=cfg.server.shutdown_grace_s,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=2048, reuse_address=True,
-                           reuse_port=True if self.worker is not None else None)
+        site = web.TCPSite(
+            self._runner,
+            self.host,
+            self.port,
+            backlog=2048,
+            reuse_address=True,
+            reuse_port=True if self.worker is not None else None,
+        )
         await site.start()
         self.port = self._runner.addresses[0][1]
         if self.admin_port is not None:
@@ -362,10 +441,13 @@ class Gateway:
         """One warning (worker 0 or the only process) when sessions are sticky by a key drawn at start."""
         r = cfg.routing
         if r.session_header and not os.environ.get(r.session_secret_env) and not self.worker:
-            log.warning("routing.session_header is set but $%s is not: the session key is drawn at start (one for "
-                        "all workers of this gateway), so after a restart, or on another replica, a session may "
-                        "land in another canary group; set %s to the same secret on every replica",
-                        r.session_secret_env, r.session_secret_env)
+            log.warning(
+                "routing.session_header is set but $%s is not: the session key is drawn at start (one for "
+                "all workers of this gateway), so after a restart, or on another replica, a session may "
+                "land in another canary group; set %s to the same secret on every replica",
+                r.session_secret_env,
+                r.session_secret_env,
+            )
 
     def _set_not_ready(self, detail: str, unreachable: bool = True) -> None:
         """Mark this replica not ready: ``detail`` (may name the database's address) for the log and the
@@ -385,15 +467,19 @@ class Gateway:
             return None
         except ConfigError:
             raise
-        except Exception as e:  # sqlite3.Error, OSError, asyncpg errors: name the field, not a port
+        except Exception as e:  # noqa: BLE001 — sqlite3.Error, OSError, asyncpg errors: name the field, not a port
             if cfg.ledger.postgres_dsn:
                 where = f"ledger.postgres_dsn: PostgreSQL at {safe_url(cfg.ledger.postgres_dsn)}"
                 if _database_down(e):
                     return f"{where} is unreachable ({reason(e)})"
-                raise ConfigError(f"{where} cannot be used ({reason(e)}); check host, port, user and database "
-                                  "(createdb it first), or use ledger.sqlite_path") from None
-            raise ConfigError(f"ledger.sqlite_path: cannot open {cfg.ledger.sqlite_path} ({reason(e)}); "
-                              "give a path in a writable folder") from None
+                raise ConfigError(
+                    f"{where} cannot be used ({reason(e)}); check host, port, user and database "
+                    "(createdb it first), or use ledger.sqlite_path"
+                ) from None
+            raise ConfigError(
+                f"ledger.sqlite_path: cannot open {cfg.ledger.sqlite_path} ({reason(e)}); "
+                "give a path in a writable folder"
+            ) from None
 
     async def _start_after_ledger(self) -> None:
         """The start-up steps that need the ledger: budgets seeded from its spend, keys loaded from it."""
@@ -437,10 +523,12 @@ class Gateway:
         try:
             spend = await spend_fn()
             await seed(spend, tuple(self.snap.cfg.tenants))
-        except Exception as e:  # fail closed: a budget that forgot its spend is no budget
-            raise ConfigError(f"token budgets: cannot load their spend from the ledger into the limiter "
-                              f"({reason(e)}); "
-                              "check ledger.* and state.redis_url") from None
+        except Exception as e:  # noqa: BLE001 — fail closed: a budget that forgot its spend is no budget
+            raise ConfigError(
+                f"token budgets: cannot load their spend from the ledger into the limiter "
+                f"({reason(e)}); "
+                "check ledger.* and state.redis_url"
+            ) from None
         if spend:
             log.info("budgets: spend of %d keys (%d tokens) loaded from the ledger", len(spend), sum(spend.values()))
         if hasattr(self._limiter, "budget_source"):  # RedisLimiter: seeds again if Redis loses the counters
@@ -467,25 +555,38 @@ class Gateway:
         from servelab.gateway.admin import make_admin_app
 
         adm = self.snap.cfg.admin
-        admin_app = make_admin_app(self._keystore, adm.token_env, token_sha256=adm.token_sha256,
-                                   reload_hook=self._admin_reload, backends_hook=self.backend_states,
-                                   ledger=self._ledger, shadow_hook=self.shadows.report)
+        admin_app = make_admin_app(
+            self._keystore,
+            adm.token_env,
+            token_sha256=adm.token_sha256,
+            reload_hook=self._admin_reload,
+            backends_hook=self.backend_states,
+            ledger=self._ledger,
+            shadow_hook=self.shadows.report,
+        )
         admin_app.router.add_get("/metrics", self._metrics_ep)  # behind the admin token (its middleware)
         admin_app.middlewares.append(self._admin_not_ready)  # inside the token check
-        self._admin_runner = GuardedRunner(admin_app, settings_for(self.snap.cfg.server, "admin"),
-                                           on_event=self._conn_event, access_log=None)
+        self._admin_runner = GuardedRunner(
+            admin_app, settings_for(self.snap.cfg.server, "admin"), on_event=self._conn_event, access_log=None
+        )
         await self._admin_runner.setup()
         site = web.TCPSite(self._admin_runner, self.admin_host, self.admin_port, reuse_address=True)
         await site.start()
         self.admin_port = self._admin_runner.addresses[0][1]
 
     @web.middleware
-    async def _admin_not_ready(self, request: web.Request,
-                               handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    async def _admin_not_ready(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         """Keys and usage need the ledger: 503 ``database_unavailable`` while it was down since start."""
         if self.not_ready is not None and request.path.startswith(("/admin/keys", "/admin/usage")):
-            e = GatewayError(503, f"the usage database is not reachable yet ({self.not_ready}); retry in 2 s",
-                             type="server_error", code="database_unavailable", retry_after_s=2.0)
+            e = GatewayError(
+                503,
+                f"the usage database is not reachable yet ({self.not_ready}); retry in 2 s",
+                type="server_error",
+                code="database_unavailable",
+                retry_after_s=2.0,
+            )
             return _error_response(e, _request_id(request))
         return await handler(request)
 
@@ -499,8 +600,9 @@ class Gateway:
             return
         from servelab.gateway.health import HealthChecker
 
-        self._health = HealthChecker(self.snap.route_backends, self.breakers, interval_s=cfg.health.interval_s,
-                                     timeout_s=cfg.health.timeout_s)
+        self._health = HealthChecker(
+            self.snap.route_backends, self.breakers, interval_s=cfg.health.interval_s, timeout_s=cfg.health.timeout_s
+        )
         await self._health.start()
         self.engine_gauges.set_backends(self.snap.route_backends)  # scraped as often as health is checked
         self.engine_gauges.interval_s, self.engine_gauges.timeout_s = cfg.health.interval_s, cfg.health.timeout_s
@@ -594,9 +696,16 @@ class Gateway:
         """Per backend: breaker state, health, requests in flight (for the admin API)."""
         br = self.breakers.snapshot()
         hs = self._health.snapshot() if self._health is not None else {}
-        return {b.name: {"kind": b.kind, "pool": b.pool, "in_flight": self.load.outstanding(b.name),
-                         "breaker": br.get(b.name, {"state": "closed"}), "health": hs.get(b.name)}
-                for b in self.snap.cfg.backends}
+        return {
+            b.name: {
+                "kind": b.kind,
+                "pool": b.pool,
+                "in_flight": self.load.outstanding(b.name),
+                "breaker": br.get(b.name, {"state": "closed"}),
+                "health": hs.get(b.name),
+            }
+            for b in self.snap.cfg.backends
+        }
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         t = asyncio.get_running_loop().create_task(coro)
@@ -620,8 +729,13 @@ class Gateway:
         field. Sections that need a restart (server ports/host, state, ledger) keep their running values
         and the reload says so in ``warnings``."""
         if self.config_path is None:
-            self.last_reload = {"ok": False, "version": self.snap.version, "at": time.time(), "source": source,
-                                "error": "this gateway was started without a config file; nothing to reload"}
+            self.last_reload = {
+                "ok": False,
+                "version": self.snap.version,
+                "at": time.time(),
+                "source": source,
+                "error": "this gateway was started without a config file; nothing to reload",
+            }
             return self.last_reload
         self._file_sig = self._signature()
         old = self.snap.cfg
@@ -632,22 +746,38 @@ class Gateway:
             tracing = Tracing.from_section(cfg.tracing, self.worker) if cfg.tracing != old.tracing else self.tracing
         except Exception as e:  # noqa: BLE001 - any failure (RecursionError from deep YAML, MemoryError)
             # leaves the running config in force; ConfigError/ValueError already name the field
-            msg = str(e) if isinstance(e, (ConfigError, ValueError)) else (
-                f"{self.config_path}: cannot be loaded ({reason(e)}); fix the file (too deeply nested or "
-                "too large?) and save it again")
+            msg = (
+                str(e)
+                if isinstance(e, (ConfigError, ValueError))
+                else (
+                    f"{self.config_path}: cannot be loaded ({reason(e)}); fix the file (too deeply nested or "
+                    "too large?) and save it again"
+                )
+            )
             self.metrics.reloads.labels("error").inc()
             log.error("config reload (%s) failed, keeping version %d: %s", source, self.snap.version, msg)
-            self.last_reload = {"ok": False, "version": self.snap.version, "at": time.time(), "error": msg,
-                                "source": source}
+            self.last_reload = {
+                "ok": False,
+                "version": self.snap.version,
+                "at": time.time(),
+                "error": msg,
+                "source": source,
+            }
             return self.last_reload
-        warnings = [f"{name} changed: restart the gateway to apply it"
-                    for name, a, b in (("server.host/port/admin_port", (old.server.host, old.server.port,
-                                                                         old.server.admin_port),
-                                        (cfg.server.host, cfg.server.port, cfg.server.admin_port)),
-                                       ("state", old.state, cfg.state), ("ledger", old.ledger, cfg.ledger),
-                                       ("server connection limits/admin_host", _listener_fields(old.server),
-                                        _listener_fields(cfg.server)))
-                    if a != b]
+        warnings = [
+            f"{name} changed: restart the gateway to apply it"
+            for name, a, b in (
+                (
+                    "server.host/port/admin_port",
+                    (old.server.host, old.server.port, old.server.admin_port),
+                    (cfg.server.host, cfg.server.port, cfg.server.admin_port),
+                ),
+                ("state", old.state, cfg.state),
+                ("ledger", old.ledger, cfg.ledger),
+                ("server connection limits/admin_host", _listener_fields(old.server), _listener_fields(cfg.server)),
+            )
+            if a != b
+        ]
         for w in warnings:
             log.warning("config reload: %s", w)
         if self._own_keystore and (old.keys != cfg.keys or old.tenants != cfg.tenants):
@@ -655,8 +785,13 @@ class Gateway:
                 self._keystore.update_config_keys(cfg.keys, cfg.tenants)  # swaps its table atomically
             except ValueError as e:
                 self.metrics.reloads.labels("error").inc()
-                self.last_reload = {"ok": False, "version": self.snap.version, "at": time.time(),
-                                    "error": f"{self.config_path}: {e}", "source": source}
+                self.last_reload = {
+                    "ok": False,
+                    "version": self.snap.version,
+                    "at": time.time(),
+                    "error": f"{self.config_path}: {e}",
+                    "source": source,
+                }
                 return self.last_reload
         self.snap = snap  # the atomic swap: new requests see the new config, running ones keep theirs
         if old.breaker != cfg.breaker:
@@ -675,8 +810,14 @@ class Gateway:
             await self._start_health()
         self.metrics.reloads.labels("ok").inc()
         log.info("config reloaded (%s): version %d", source, snap.version)
-        self.last_reload = {"ok": True, "version": snap.version, "at": time.time(), "error": None,
-                            "source": source, "warnings": warnings}
+        self.last_reload = {
+            "ok": True,
+            "version": snap.version,
+            "at": time.time(),
+            "error": None,
+            "source": source,
+            "warnings": warnings,
+        }
         return self.last_reload
 
     async def _watch_loop(self) -> None:
@@ -705,8 +846,9 @@ class Gateway:
         serve, 503 ``unavailable`` with ``reasons`` when no backend is up or Redis (``state.redis_url``)
         does not answer; ``checks`` shows Redis and ledger state."""
         names = [b.name for b in self.snap.cfg.backends]
-        up = [n for n in names if self.breakers.get(n).state != "open"
-              and (self._health is None or self._health.is_up(n))]
+        up = [
+            n for n in names if self.breakers.get(n).state != "open" and (self._health is None or self._health.is_up(n))
+        ]
         if self._readiness is None:
             from servelab.gateway.readiness import Readiness
 
@@ -717,13 +859,26 @@ class Gateway:
             reasons.append(f"starting: {self.not_ready_public}; requests get 503 until it answers")
         if checks.get("redis", "ok") != "ok":
             reasons.append(f"Redis (state.redis_url) is {checks['redis']}: limits cannot be checked")
-        degraded = [f"ledger is {checks['ledger']}: usage is kept locally until it is back"] \
-            if checks.get("ledger", "ok") != "ok" else []
+        degraded = (
+            [f"ledger is {checks['ledger']}: usage is kept locally until it is back"]
+            if checks.get("ledger", "ok") != "ok"
+            else []
+        )
         status = "unavailable" if reasons else ("degraded" if degraded else "ok")
-        return web.Response(status=503 if reasons else 200, content_type="application/json",
-                            body=orjson.dumps({"status": status, "reasons": reasons + degraded, "checks": checks,
-                                               "backends_up": len(up), "backends": len(names),
-                                               "config_version": self.snap.version}))
+        return web.Response(
+            status=503 if reasons else 200,
+            content_type="application/json",
+            body=orjson.dumps(
+                {
+                    "status": status,
+                    "reasons": reasons + degraded,
+                    "checks": checks,
+                    "backends_up": len(up),
+                    "backends": len(names),
+                    "config_version": self.snap.version,
+                }
+            ),
+        )
 
     async def _live_ep(self, request: web.Request) -> web.Response:
         """Liveness: 200 while the process and its event loop run (checks nothing else)."""
@@ -734,8 +889,12 @@ class Gateway:
         states); otherwise 404 pointing to the admin port."""
         if self.snap.cfg.server.public_metrics:
             return await self._metrics_ep(request)
-        e = GatewayError(404, "no such endpoint: /metrics is served on the admin port (with the admin token); "
-                         "set server.public_metrics: true to serve it here", code="unknown_path")
+        e = GatewayError(
+            404,
+            "no such endpoint: /metrics is served on the admin port (with the admin token); "
+            "set server.public_metrics: true to serve it here",
+            code="unknown_path",
+        )
         return _error_response(e, _request_id(request))
 
     def _conn_event(self, port: str, reason: str) -> None:
@@ -763,8 +922,11 @@ class Gateway:
             return _error_response(e, rid)
         snap = self.snap
         data = [card for name, card in snap.model_cards.items() if may_use_model(snap, key, name)]
-        return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type="application/json",
-                            headers={"X-Request-ID": rid})
+        return web.Response(
+            body=orjson.dumps({"object": "list", "data": data}),
+            content_type="application/json",
+            headers={"X-Request-ID": rid},
+        )
 
     # ------------------------------------------------------------------ the hot path
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -781,8 +943,9 @@ class Gateway:
         translated to chat completions (Anthropic Messages, OpenAI Responses; servelab.gateway.apis), whose
         answers and errors are in its own shape."""
         snap = self.snap  # this request's config for its whole life
-        r = RequestState(_request_id(request), endpoint, _now(), time.time(), client_rid=_client_request_id(request),
-                         api=api)
+        r = RequestState(
+            _request_id(request), endpoint, _now(), time.time(), client_rid=_client_request_id(request), api=api
+        )
         if self.tracing is not None:
             r.trace = self.tracing.begin(request.headers)
         answer = _error_response if api is None else api.error_response
@@ -816,8 +979,11 @@ class Gateway:
         except Exception:  # a bug must not reach the client as a stack trace
             log.exception("request %s failed inside the gateway", r.rid)
             r.status, r.outcome, r.error_code = 500, "error", "internal_error"
-            err = GatewayError(500, "the gateway failed on this request; retry, and report the request id "
-                               f"{r.rid} if it persists", code="internal_error")
+            err = GatewayError(
+                500,
+                f"the gateway failed on this request; retry, and report the request id {r.rid} if it persists",
+                code="internal_error",
+            )
             return answer(err, r.rid)
         finally:
             if in_flight is not None:
@@ -851,12 +1017,19 @@ class Gateway:
         if self.tracing is not None:
             self.tracing.finish(r, e2e_ns, snap)
         if r.shadow is not None:  # a mirrored request: its primary side, for the shadow report
-            r.shadow.primary_done(ShadowSide(
-                backend=r.backend, upstream_model=r.upstream_model, status=r.status,
-                complete=r.status == 200 and r.outcome == "ok",
-                ttft_ms=r.ttft_ns / 1e6 if r.ttft_ns is not None else None, e2e_ms=e2e_ns / 1e6,
-                completion_tokens=r.completion_tokens if r.completion_tokens is not None
-                else (r.token_events if r.served else None),
-                error=r.error_code or (None if r.outcome == "ok" else r.outcome)))
+            r.shadow.primary_done(
+                ShadowSide(
+                    backend=r.backend,
+                    upstream_model=r.upstream_model,
+                    status=r.status,
+                    complete=r.status == 200 and r.outcome == "ok",
+                    ttft_ms=r.ttft_ns / 1e6 if r.ttft_ns is not None else None,
+                    e2e_ms=e2e_ns / 1e6,
+                    completion_tokens=r.completion_tokens
+                    if r.completion_tokens is not None
+                    else (r.token_events if r.served else None),
+                    error=r.error_code or (None if r.outcome == "ok" else r.outcome),
+                )
+            )
         if admission is not None:
             self._spawn(settle(self._ledger, self._limiter, snap, r, admission, used))

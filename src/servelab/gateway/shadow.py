@@ -42,9 +42,23 @@ from pydantic import BaseModel, ConfigDict, Field
 from servelab.wire.stream import StreamParser, apply_event, finalize_tool_calls
 from servelab.wire.types import RequestRecord
 
-__all__ = ["AGREE_DEFAULT", "WINDOW", "Capture", "LatencySummary", "ModelShadowReport", "ShadowBook",
-           "ShadowRun", "ShadowSample", "ShadowSide", "ShadowReport", "SideReport", "answer_text",
-           "fetch_shadow", "sample_of", "text_similarity"]
+__all__ = [
+    "AGREE_DEFAULT",
+    "WINDOW",
+    "Capture",
+    "LatencySummary",
+    "ModelShadowReport",
+    "ShadowBook",
+    "ShadowRun",
+    "ShadowSample",
+    "ShadowSide",
+    "ShadowReport",
+    "SideReport",
+    "answer_text",
+    "fetch_shadow",
+    "sample_of",
+    "text_similarity",
+]
 
 #: samples kept per public model (the oldest is dropped first)
 WINDOW = 10_000
@@ -83,8 +97,9 @@ class ShadowSample(_Model):
     stream: bool
     primary: ShadowSide
     shadow: ShadowSide
-    text_similarity: float | None = Field(description="text_similarity() of the answers, 0-1; None unless "
-                                                      "both sides are complete (and for embeddings)")
+    text_similarity: float | None = Field(
+        description="text_similarity() of the answers, 0-1; None unless both sides are complete (and for embeddings)"
+    )
     text_exact: bool | None = Field(description="answers' text identical; None unless both are complete")
 
 
@@ -125,8 +140,7 @@ class ModelShadowReport(_Model):
     e2e_p99_delta_ms: float | None
     completion_tokens_delta_mean: float | None
     text_similarity_mean: float | None
-    text_agreement_rate: float | None = Field(description="share of compared pairs with similarity >= "
-                                                          "agree_threshold")
+    text_agreement_rate: float | None = Field(description="share of compared pairs with similarity >= agree_threshold")
     text_exact_rate: float | None
 
 
@@ -198,7 +212,8 @@ class ShadowRun:
     t0_ns: int
     capture: Capture = field(default_factory=Capture)
     primary: asyncio.Future[tuple[ShadowSide, str]] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future())
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
     def primary_done(self, side: ShadowSide) -> None:
         """The primary ended (called once from the request's finish; later calls are ignored)."""
@@ -206,9 +221,17 @@ class ShadowRun:
             self.primary.set_result((side, self.capture.text() if side.complete else ""))
 
 
-async def fetch_shadow(session: aiohttp.ClientSession, url: str, data: bytes, headers: dict[str, str],
-                       timeout: aiohttp.ClientTimeout, stream: bool, t0_ns: int, backend: str,
-                       upstream_model: str) -> tuple[ShadowSide, str]:
+async def fetch_shadow(
+    session: aiohttp.ClientSession,
+    url: str,
+    data: bytes,
+    headers: dict[str, str],
+    timeout: aiohttp.ClientTimeout,
+    stream: bool,
+    t0_ns: int,
+    backend: str,
+    upstream_model: str,
+) -> tuple[ShadowSide, str]:
     """Send the shadow copy and measure its answer (times from ``t0_ns``). Returns (side, text); a
     connection failure or timeout is a side with status 0 and ``error`` set, never an exception (only
     :class:`asyncio.CancelledError` propagates)."""
@@ -239,9 +262,16 @@ async def fetch_shadow(session: aiohttp.ClientSession, url: str, data: bytes, he
     ct = usage.get("completion_tokens")
     tokens = ct if isinstance(ct, int) and not isinstance(ct, bool) else (len(rec.chunk_ns) if complete else None)
     first = rec.first_token_ns
-    side = ShadowSide(backend=backend, upstream_model=upstream_model, status=status, complete=complete,
-                      ttft_ms=(first - t0_ns) / 1e6 if first is not None else None,
-                      e2e_ms=(end_ns - t0_ns) / 1e6, completion_tokens=tokens, error=error)
+    side = ShadowSide(
+        backend=backend,
+        upstream_model=upstream_model,
+        status=status,
+        complete=complete,
+        ttft_ms=(first - t0_ns) / 1e6 if first is not None else None,
+        e2e_ms=(end_ns - t0_ns) / 1e6,
+        completion_tokens=tokens,
+        error=error,
+    )
     return side, answer_text(rec) if complete else ""
 
 
@@ -251,8 +281,13 @@ def _latency(values: list[float]) -> LatencySummary | None:
     import numpy as np
 
     p50, p90, p99 = (float(x) for x in np.percentile(values, [50, 90, 99]))
-    return LatencySummary(n=len(values), p50_ms=round(p50, 3), p90_ms=round(p90, 3), p99_ms=round(p99, 3),
-                          mean_ms=round(float(np.mean(values)), 3))
+    return LatencySummary(
+        n=len(values),
+        p50_ms=round(p50, 3),
+        p90_ms=round(p90, 3),
+        p99_ms=round(p99, 3),
+        mean_ms=round(float(np.mean(values)), 3),
+    )
 
 
 def _delta(a: LatencySummary | None, b: LatencySummary | None, attr: str) -> float | None:
@@ -268,11 +303,14 @@ def _mean(values: list[float]) -> float | None:
 def _side_report(sides: list[ShadowSide], pairs: list[ShadowSide]) -> SideReport:
     targets = sorted({f"{s.backend}/{s.upstream_model}" for s in sides if s.backend is not None})
     complete = sum(1 for s in sides if s.complete)
-    return SideReport(targets=targets, complete=complete, errors=len(sides) - complete,
-                      ttft_ms=_latency([s.ttft_ms for s in pairs if s.ttft_ms is not None]),
-                      e2e_ms=_latency([s.e2e_ms for s in pairs]),
-                      completion_tokens_mean=_mean([float(s.completion_tokens) for s in pairs
-                                                    if s.completion_tokens is not None]))
+    return SideReport(
+        targets=targets,
+        complete=complete,
+        errors=len(sides) - complete,
+        ttft_ms=_latency([s.ttft_ms for s in pairs if s.ttft_ms is not None]),
+        e2e_ms=_latency([s.e2e_ms for s in pairs]),
+        completion_tokens_mean=_mean([float(s.completion_tokens) for s in pairs if s.completion_tokens is not None]),
+    )
 
 
 class ShadowBook:
@@ -300,12 +338,14 @@ class ShadowBook:
         """Old vs new per model (only ``model`` when given). ``agree`` in [0, 1] is the similarity at
         which a pair counts as agreeing; raises ValueError outside it."""
         if not 0.0 <= agree <= 1.0:
-            raise ValueError(f"agree {agree} is not in [0, 1]; give the text similarity that counts as the same "
-                             "answer, e.g. 0.9")
+            raise ValueError(
+                f"agree {agree} is not in [0, 1]; give the text similarity that counts as the same answer, e.g. 0.9"
+            )
         names = [model] if model is not None else sorted(self._samples)
         out = [self._model_report(n, list(self._samples.get(n, ())), agree) for n in names]
-        return ShadowReport(generated_ts=time.time(), window=self.window, agree_threshold=agree,
-                            models=[m for m in out if m.samples])
+        return ShadowReport(
+            generated_ts=time.time(), window=self.window, agree_threshold=agree, models=[m for m in out if m.samples]
+        )
 
     @staticmethod
     def _model_report(name: str, samples: list[ShadowSample], agree: float) -> ModelShadowReport:
@@ -313,24 +353,50 @@ class ShadowBook:
         prim = _side_report([s.primary for s in samples], [s.primary for s in pairs])
         shad = _side_report([s.shadow for s in samples], [s.shadow for s in pairs])
         sims = [s.text_similarity for s in pairs if s.text_similarity is not None]
-        tok = [float(s.shadow.completion_tokens - s.primary.completion_tokens) for s in pairs
-               if s.shadow.completion_tokens is not None and s.primary.completion_tokens is not None]
+        tok = [
+            float(s.shadow.completion_tokens - s.primary.completion_tokens)
+            for s in pairs
+            if s.shadow.completion_tokens is not None and s.primary.completion_tokens is not None
+        ]
         return ModelShadowReport(
-            model=name, samples=len(samples), compared=len(pairs), primary=prim, shadow=shad,
+            model=name,
+            samples=len(samples),
+            compared=len(pairs),
+            primary=prim,
+            shadow=shad,
             ttft_p50_delta_ms=_delta(prim.ttft_ms, shad.ttft_ms, "p50_ms"),
             ttft_p99_delta_ms=_delta(prim.ttft_ms, shad.ttft_ms, "p99_ms"),
             e2e_p50_delta_ms=_delta(prim.e2e_ms, shad.e2e_ms, "p50_ms"),
             e2e_p99_delta_ms=_delta(prim.e2e_ms, shad.e2e_ms, "p99_ms"),
-            completion_tokens_delta_mean=_mean(tok), text_similarity_mean=_mean(sims),
+            completion_tokens_delta_mean=_mean(tok),
+            text_similarity_mean=_mean(sims),
             text_agreement_rate=_mean([1.0 if x >= agree else 0.0 for x in sims]),
-            text_exact_rate=_mean([1.0 if s.text_exact else 0.0 for s in pairs]))
+            text_exact_rate=_mean([1.0 if s.text_exact else 0.0 for s in pairs]),
+        )
 
 
-def sample_of(run_primary: ShadowSide, primary_text: str, shadow: ShadowSide, shadow_text: str, *, ts: float,
-              request_id: str, model: str, endpoint: Any, stream: bool) -> ShadowSample:
+def sample_of(
+    run_primary: ShadowSide,
+    primary_text: str,
+    shadow: ShadowSide,
+    shadow_text: str,
+    *,
+    ts: float,
+    request_id: str,
+    model: str,
+    endpoint: Any,
+    stream: bool,
+) -> ShadowSample:
     """The :class:`ShadowSample` of one pair (text compared when both sides are complete)."""
     both = run_primary.complete and shadow.complete and endpoint != "embeddings"
-    return ShadowSample(ts=ts, request_id=request_id, model=model, endpoint=endpoint, stream=stream,
-                        primary=run_primary, shadow=shadow,
-                        text_similarity=round(text_similarity(primary_text, shadow_text), 4) if both else None,
-                        text_exact=(primary_text == shadow_text) if both else None)
+    return ShadowSample(
+        ts=ts,
+        request_id=request_id,
+        model=model,
+        endpoint=endpoint,
+        stream=stream,
+        primary=run_primary,
+        shadow=shadow,
+        text_similarity=round(text_similarity(primary_text, shadow_text), 4) if both else None,
+        text_exact=(primary_text == shadow_text) if both else None,
+    )

@@ -31,7 +31,7 @@ def split_complete(buf: bytes) -> tuple[bytes, bytes] | None:
             return None
         buf = buf.replace(b"\r\n", b"\n")
         end = buf.rfind(b"\n\n")
-    return buf[:end + 2], buf[end + 2:]
+    return buf[: end + 2], buf[end + 2 :]
 
 
 def events(block: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -46,5 +46,10 @@ def events(block: bytes) -> Iterator[tuple[bytes, bytes]]:
 def count_token_events(block: bytes) -> int:
     """Token-carrying events in ``block`` by a bytes count (no JSON parse; the relay's estimate once the
     first token passed): ``data:`` lines that are not ``[DONE]``, an empty delta or empty content."""
-    return (block.count(b"data:") - block.count(b"data: [DONE]") - block.count(b'"delta":{}')
-            - block.count(b'"content":""') - block.count(b'"text":""'))
+    return (
+        block.count(b"data:")
+        - block.count(b"data: [DONE]")
+        - block.count(b'"delta":{}')
+        - block.count(b'"content":""')
+        - block.count(b'"text":""')
+    )

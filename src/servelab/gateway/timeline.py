@@ -40,8 +40,15 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["ENGINE_FIELDS", "Timeline", "attempt_event", "connection_trace", "engine_account", "route_event",
-           "skip_reason"]
+__all__ = [
+    "ENGINE_FIELDS",
+    "Timeline",
+    "attempt_event",
+    "connection_trace",
+    "engine_account",
+    "route_event",
+    "skip_reason",
+]
 
 _now = time.monotonic_ns
 
@@ -134,8 +141,11 @@ def route_event(plan: Any, outstanding: Callable[[str], int]) -> dict[str, Any]:
             parts.append(f"task {plan.task}")
         if plan.degraded:
             parts.append("no target of the requested model was available: fallback first")
-        parts.append("prefix affinity (rendezvous hash of the prompt's start)" if plan.affinity
-                     else "weighted split, then the fewest requests in flight")
+        parts.append(
+            "prefix affinity (rendezvous hash of the prompt's start)"
+            if plan.affinity
+            else "weighted split, then the fewest requests in flight"
+        )
         why = "; ".join(parts)
     return {"candidates": [[t.backend, t.role, outstanding(t.backend)] for t in plan.targets], "why": why}
 
@@ -151,8 +161,9 @@ def skip_reason(router: Any, target: Any) -> str:
     return f"breaker {router.breakers.get(b.name).state}"
 
 
-def attempt_event(n: int, target: Any, in_flight: int,
-                  engine_state: Callable[[str], dict[str, Any] | None] | None) -> dict[str, Any]:
+def attempt_event(
+    n: int, target: Any, in_flight: int, engine_state: Callable[[str], dict[str, Any] | None] | None
+) -> dict[str, Any]:
     """The ``attempt`` event of attempt ``n`` on ``target``: its backend and role, ``in_flight`` (the
     gateway's other requests on that backend) and the engine's gauges at their last scrape
     (``running``/``waiting`` requests, ``slots``, ``kv_usage`` 0-1, ``age_s``) when ``engine_state`` knows them."""

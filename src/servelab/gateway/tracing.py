@@ -73,9 +73,13 @@ OPERATION = {"chat": "chat", "completions": "text_completion", "embeddings": "em
 #: the batch processor's wait before exporting what it holds (ms); a full batch (512 spans) leaves at once
 EXPORT_DELAY_MS = 1000
 #: engine gauges of the ``attempt`` event -> span attribute
-_GAUGES = {"running": "servelab.engine.running", "waiting": "servelab.engine.waiting",
-           "slots": "servelab.engine.slots", "kv_usage": "servelab.engine.kv_usage",
-           "age_s": "servelab.engine.gauges_age_s"}
+_GAUGES = {
+    "running": "servelab.engine.running",
+    "waiting": "servelab.engine.waiting",
+    "slots": "servelab.engine.slots",
+    "kv_usage": "servelab.engine.kv_usage",
+    "age_s": "servelab.engine.gauges_age_s",
+}
 
 
 def traceparent(trace_id: int, span_id: int, sampled: bool) -> str:
@@ -90,8 +94,9 @@ class RequestTrace:
 
     __slots__ = ("trace_id", "span_id", "parent", "sampled", "tracestate", "attempts", "_ids")
 
-    def __init__(self, trace_id: int, span_id: int, parent: Any, sampled: bool, tracestate: str | None,
-                 ids: Any) -> None:
+    def __init__(
+        self, trace_id: int, span_id: int, parent: Any, sampled: bool, tracestate: str | None, ids: Any
+    ) -> None:
         self.trace_id = trace_id
         self.span_id = span_id
         self.parent = parent
@@ -128,8 +133,10 @@ class Tracing:
             from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
             from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
         except ImportError as e:
-            raise ConfigError(f"tracing.endpoint: tracing needs OpenTelemetry ({e.name} is not installed); "
-                              "pip install 'servelab[otel]', or set tracing.endpoint: null") from None
+            raise ConfigError(
+                f"tracing.endpoint: tracing needs OpenTelemetry ({e.name} is not installed); "
+                "pip install 'servelab[otel]', or set tracing.endpoint: null"
+            ) from None
 
         class _Planned(IdGenerator):
             """Hands the SDK the ids already sent to engines (one pending trace id and span id), else random."""
@@ -157,9 +164,12 @@ class Tracing:
             attrs["servelab.worker"] = worker
         # the decision is taken at arrival (begin); what reaches finish is to be recorded
         self._provider = TracerProvider(sampler=ALWAYS_ON, resource=Resource.create(attrs), id_generator=self._planned)
-        self._provider.add_span_processor(BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=section.endpoint, timeout=section.export_timeout_s),
-            schedule_delay_millis=EXPORT_DELAY_MS))
+        self._provider.add_span_processor(
+            BatchSpanProcessor(
+                OTLPSpanExporter(endpoint=section.endpoint, timeout=section.export_timeout_s),
+                schedule_delay_millis=EXPORT_DELAY_MS,
+            )
+        )
         from servelab import __version__
 
         self._tracer = self._provider.get_tracer("servelab.gateway", __version__)
@@ -183,8 +193,14 @@ class Tracing:
         else:
             trace_id, state = self._ids.generate_trace_id(), None
         sampled = self._sampler.should_sample(ctx, trace_id, "request").decision.is_sampled()
-        return RequestTrace(trace_id, self._ids.generate_span_id(), ctx, sampled,
-                            state[:512] if isinstance(state, str) else None, self._ids)
+        return RequestTrace(
+            trace_id,
+            self._ids.generate_span_id(),
+            ctx,
+            sampled,
+            state[:512] if isinstance(state, str) else None,
+            self._ids,
+        )
 
     def finish(self, r: RequestState, e2e_ns: int, snap: Snapshot) -> None:
         """Build and hand over the spans of finished request ``r`` (module doc) if it is traced;
@@ -214,8 +230,9 @@ class Tracing:
             hit = self._addresses[b.base_url] = (u.hostname or "", u.port)
         return hit
 
-    def _start(self, name: str, span_id: int, parent: Any, kind: Any, attrs: dict[str, Any], at_ns: int,
-               trace_id: int = 0) -> Any:
+    def _start(
+        self, name: str, span_id: int, parent: Any, kind: Any, attrs: dict[str, Any], at_ns: int, trace_id: int = 0
+    ) -> Any:
         self._planned.trace_id, self._planned.span_id = trace_id, span_id
         return self._tracer.start_span(name, context=parent, kind=kind, attributes=attrs, start_time=at_ns)
 
@@ -224,18 +241,32 @@ class Tracing:
         base = int(r.ts * 1e9) - r.t0_ns  # monotonic ns -> epoch ns
         events = sorted(r.timeline.events, key=lambda e: e[1])
         op = OPERATION.get(r.endpoint, r.endpoint)
-        root = self._start(f"{op} {r.model}" if r.model != "-" else op, t.span_id, t.parent, api.SpanKind.SERVER,
-                           self._root_attrs(r, op, snap), base + r.t0_ns, t.trace_id)
+        root = self._start(
+            f"{op} {r.model}" if r.model != "-" else op,
+            t.span_id,
+            t.parent,
+            api.SpanKind.SERVER,
+            self._root_attrs(r, op, snap),
+            base + r.t0_ns,
+            t.trace_id,
+        )
         under = api.set_span_in_context(root)
         self._admission(events, under, base, r.t0_ns)
         self._attempts(r, t, events, under, base, op, snap, r.t0_ns + e2e_ns)
         for name, at, attrs in events:
             if name == "routed" and attrs:
-                root.add_event("routed", {"why": str(attrs.get("why", "")), "candidates": [
-                    f"{c[0]} {c[1]} in_flight={c[2]}" for c in attrs.get("candidates", ())]}, base + at)
+                root.add_event(
+                    "routed",
+                    {
+                        "why": str(attrs.get("why", "")),
+                        "candidates": [f"{c[0]} {c[1]} in_flight={c[2]}" for c in attrs.get("candidates", ())],
+                    },
+                    base + at,
+                )
             elif name == "skipped" and attrs:
-                root.add_event("skipped", {"backend": str(attrs.get("backend")), "why": str(attrs.get("why"))},
-                               base + at)
+                root.add_event(
+                    "skipped", {"backend": str(attrs.get("backend")), "why": str(attrs.get("why"))}, base + at
+                )
             elif name in ("first_token", "last_token", "client_left"):
                 root.add_event(name, None, base + at)
         if r.status >= 500:
@@ -244,11 +275,17 @@ class Tracing:
 
     def _root_attrs(self, r: RequestState, op: str, snap: Snapshot) -> dict[str, Any]:
         b = snap.backends.get(r.backend) if r.backend else None
-        a: dict[str, Any] = {"gen_ai.operation.name": op, "gen_ai.provider.name": b.kind if b else "servelab",
-                             "gen_ai.request.stream": r.stream,
-                             "http.response.status_code": r.status, "servelab.request_id": r.rid,
-                             "servelab.tenant": r.tenant, "servelab.key_id": r.key_id,
-                             "servelab.retries": r.retries, "servelab.fallback": r.fallback}
+        a: dict[str, Any] = {
+            "gen_ai.operation.name": op,
+            "gen_ai.provider.name": b.kind if b else "servelab",
+            "gen_ai.request.stream": r.stream,
+            "http.response.status_code": r.status,
+            "servelab.request_id": r.rid,
+            "servelab.tenant": r.tenant,
+            "servelab.key_id": r.key_id,
+            "servelab.retries": r.retries,
+            "servelab.fallback": r.fallback,
+        }
         if r.model != "-":  # "-": refused before its model was read
             a["gen_ai.request.model"] = r.model
         if r.upstream_model:
@@ -297,8 +334,17 @@ class Tracing:
             span.add_event("checked", None, base + checked)
         span.end(base + at)
 
-    def _attempts(self, r: RequestState, t: RequestTrace, events: list[Any], under: Any, base: int, op: str,
-                  snap: Snapshot, last_ns: int) -> None:
+    def _attempts(
+        self,
+        r: RequestState,
+        t: RequestTrace,
+        events: list[Any],
+        under: Any,
+        base: int,
+        op: str,
+        snap: Snapshot,
+        last_ns: int,
+    ) -> None:
         api = self._api
         # group the events of each attempt: those between its ``attempt`` and the next one
         groups: list[dict[str, Any]] = []
@@ -306,8 +352,7 @@ class Tracing:
         for name, at, attrs in events:
             end_ns = max(end_ns, at)
             if name == "attempt" and attrs:
-                groups.append({"start": at, "attrs": attrs, "events": [], "end": None, "failed": None,
-                               "status": None})
+                groups.append({"start": at, "attrs": attrs, "events": [], "end": None, "failed": None, "status": None})
             elif groups and groups[-1]["end"] is None:
                 g = groups[-1]
                 if name == "failed":
@@ -323,10 +368,14 @@ class Tracing:
             at_attrs = g["attrs"]
             n, backend = int(at_attrs.get("n", i + 1)), str(at_attrs.get("backend"))
             b = snap.backends.get(backend)
-            a: dict[str, Any] = {"gen_ai.operation.name": op, "gen_ai.provider.name": b.kind if b else "unknown",
-                                 "servelab.attempt": n, "servelab.backend": backend,
-                                 "servelab.backend.role": str(at_attrs.get("role")),
-                                 "servelab.gateway_in_flight": int(at_attrs.get("in_flight", 0))}
+            a: dict[str, Any] = {
+                "gen_ai.operation.name": op,
+                "gen_ai.provider.name": b.kind if b else "unknown",
+                "servelab.attempt": n,
+                "servelab.backend": backend,
+                "servelab.backend.role": str(at_attrs.get("role")),
+                "servelab.gateway_in_flight": int(at_attrs.get("in_flight", 0)),
+            }
             addr = self._address(snap, backend)
             if addr is not None:
                 a["server.address"] = addr[0]
@@ -350,6 +399,5 @@ class Tracing:
                 span.add_event(name, ev_attrs, base + at)
             if failed is not None:
                 span.set_status(api.Status(api.StatusCode.ERROR, a["error.type"]))
-            end = g["end"] if g["end"] is not None else (
-                groups[i + 1]["start"] if i + 1 < len(groups) else end_ns)
+            end = g["end"] if g["end"] is not None else (groups[i + 1]["start"] if i + 1 < len(groups) else end_ns)
             span.end(base + min(end, last_ns))  # within the request span ("done" is marked just after)

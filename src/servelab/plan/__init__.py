@@ -23,5 +23,12 @@ from servelab.plan.kv import sequence_state
 from servelab.plan.layouts import Layout, default_layout
 from servelab.plan.llamacpp import llamacpp_memory
 
-__all__ = ["CapacityPlan", "Layout", "default_layout", "estimate", "llamacpp_memory", "sequence_state",
-           "smallest_fitting_layout"]
+__all__ = [
+    "CapacityPlan",
+    "Layout",
+    "default_layout",
+    "estimate",
+    "llamacpp_memory",
+    "sequence_state",
+    "smallest_fitting_layout",
+]

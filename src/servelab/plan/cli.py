@@ -42,32 +42,42 @@ def parse_hardware(text: str) -> tuple[str, int]:
 
 
 def plan_command(
-    model: str = typer.Option(..., "--model",
-                              help="catalog name/alias, a config.json (or its folder), or a .gguf file"),
+    model: str = typer.Option(
+        ..., "--model", help="catalog name/alias, a config.json (or its folder), or a .gguf file"
+    ),
     hardware: str = typer.Option(..., "--hardware", help="catalog hardware name, optionally :COUNT (H100-80GB-SXM:8)"),
     context: str = typer.Option("8192", "--context", help="tokens per sequence (prompt + output): 8192, 32k ..."),
     concurrency: int = typer.Option(1, "--concurrency", help="concurrent sequences to hold"),
-    precision: str = typer.Option("bf16", "--precision",
-                                  help="weights: bf16, fp8, int8, int4, mxfp4, nvfp4, q4_k_m ..., native"),
-    kv_precision: str | None = typer.Option(None, "--kv-precision",
-                                            help="KV cache: bf16/fp16/fp8 (llama.cpp: f16, q8_0, q4_0)"),
+    precision: str = typer.Option(
+        "bf16", "--precision", help="weights: bf16, fp8, int8, int4, mxfp4, nvfp4, q4_k_m ..., native"
+    ),
+    kv_precision: str | None = typer.Option(
+        None, "--kv-precision", help="KV cache: bf16/fp16/fp8 (llama.cpp: f16, q8_0, q4_0)"
+    ),
     tp: int | None = typer.Option(None, "--tp", help="tensor parallel size (default: all devices / (pp*dp))"),
     pp: int = typer.Option(1, "--pp", help="pipeline parallel stages"),
     ep: int | None = typer.Option(None, "--ep", help="expert parallel size (MoE)"),
     dp: int = typer.Option(1, "--dp", help="data parallel replicas"),
     engine: str = typer.Option("vllm", "--engine", help="vllm | sglang | llamacpp (how KV is allocated)"),
     parallel: int | None = typer.Option(None, "--parallel", help="llama.cpp -np slots (default: --concurrency)"),
-    ctx_size: int | None = typer.Option(None, "--ctx-size",
-                                        help="llama.cpp -c total tokens (default: context x parallel)"),
+    ctx_size: int | None = typer.Option(
+        None, "--ctx-size", help="llama.cpp -c total tokens (default: context x parallel)"
+    ),
     kv_unified: bool = typer.Option(False, "--kv-unified", help="llama.cpp -kvu (one KV buffer shared by all slots)"),
-    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization",
-                                                        help="engine budget fraction (warns above 0.95)"),
-    speculative: str | None = typer.Option(None, "--speculative",
-                                           help="count speculative decoding: mtp (the catalog's MTP module) "
-                                                "or draft (with --draft-model)"),
-    draft_model: str | None = typer.Option(None, "--draft-model",
-                                           help="draft model for speculative decoding (catalog name, config.json "
-                                                "or .gguf): its weights and KV are counted"),
+    gpu_memory_utilization: float | None = typer.Option(
+        None, "--gpu-memory-utilization", help="engine budget fraction (warns above 0.95)"
+    ),
+    speculative: str | None = typer.Option(
+        None,
+        "--speculative",
+        help="count speculative decoding: mtp (the catalog's MTP module) or draft (with --draft-model)",
+    ),
+    draft_model: str | None = typer.Option(
+        None,
+        "--draft-model",
+        help="draft model for speculative decoding (catalog name, config.json "
+        "or .gguf): its weights and KV are counted",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
 ) -> None:
     """Plan memory by part per device, whether it fits, the max concurrent sequences and roofline floors.
@@ -75,10 +85,26 @@ def plan_command(
     from servelab.plan.estimate import estimate
 
     name, count = parse_hardware(hardware)
-    plan = estimate(model, name, count, parse_tokens(context), concurrency, precision=precision,
-                    kv_precision=kv_precision, tp=tp, pp=pp, ep=ep, dp=dp, engine=engine, parallel=parallel,
-                    ctx_size=ctx_size, kv_unified=kv_unified, gpu_memory_utilization=gpu_memory_utilization,
-                    speculative=speculative, draft_model=draft_model)
+    plan = estimate(
+        model,
+        name,
+        count,
+        parse_tokens(context),
+        concurrency,
+        precision=precision,
+        kv_precision=kv_precision,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        dp=dp,
+        engine=engine,
+        parallel=parallel,
+        ctx_size=ctx_size,
+        kv_unified=kv_unified,
+        gpu_memory_utilization=gpu_memory_utilization,
+        speculative=speculative,
+        draft_model=draft_model,
+    )
     if as_json:
         typer.echo(json.dumps(plan.to_dict(), indent=1, default=str))
     else:

@@ -41,8 +41,7 @@ from servelab.plan.kv import ENGINES, SequenceState, kv_heads_per_device, sequen
 from servelab.plan.layouts import Layout, candidate_layouts, default_layout, validate_layout
 from servelab.plan.llamacpp import LlamaCppMemory, llamacpp_memory
 from servelab.plan.memory import active_params, params_by_part, weight_bytes_by_part
-from servelab.plan.pitfalls import (Speculative, kv_warning, mtp_note, speculative_memory,
-                                    utilization_warning)
+from servelab.plan.pitfalls import Speculative, kv_warning, mtp_note, speculative_memory, utilization_warning
 from servelab.plan.roofline import Roofline, roofline
 from servelab.wire.errors import ConfigError
 
@@ -81,8 +80,12 @@ def _peak_flops(hw: Any, precision: str) -> float | None:
     """Dense FLOP/s of one device for the math a precision runs in: fp8 weights on fp8 tensor cores
     when listed, int8 likewise, 4-bit and GGUF weights are dequantized to 16-bit (bf16/fp16), fp32 as is."""
     t = dict(getattr(hw, "dense_tflops", {}) or {})
-    order = {"fp8": ["fp8", "bf16", "fp16", "fp32"], "int8": ["int8", "bf16", "fp16", "fp32"],
-             "fp32": ["fp32", "tf32"], "fp16": ["fp16", "bf16", "fp32"]}.get(precision, ["bf16", "fp16", "fp32"])
+    order = {
+        "fp8": ["fp8", "bf16", "fp16", "fp32"],
+        "int8": ["int8", "bf16", "fp16", "fp32"],
+        "fp32": ["fp32", "tf32"],
+        "fp16": ["fp16", "bf16", "fp32"],
+    }.get(precision, ["bf16", "fp16", "fp32"])
     for k in order:
         if t.get(k):
             return float(t[k]) * 1e12
@@ -111,8 +114,14 @@ class DeviceMemory:
     @property
     def needed_bytes(self) -> float:
         """Memory the plan needs at the requested concurrency and context."""
-        return self.weights_bytes + self.kv_needed_bytes + self.activation_bytes + self.graph_bytes + \
-            self.comm_bytes + self.reserve_bytes
+        return (
+            self.weights_bytes
+            + self.kv_needed_bytes
+            + self.activation_bytes
+            + self.graph_bytes
+            + self.comm_bytes
+            + self.reserve_bytes
+        )
 
 
 @dataclass
@@ -147,22 +156,37 @@ class CapacityPlan:
         """JSON-able plan (bytes as numbers; GiB views rounded to 3 decimals)."""
         d = self.device
         out: dict[str, Any] = {
-            "model": self.model.name, "hardware": self.hardware_name, "count": self.count,
-            "layout": self.layout.as_dict(), "engine": self.engine, "precision": self.precision,
-            "kv_precision": self.kv_precision, "context_tokens": self.context_tokens,
-            "concurrency": self.concurrency, "fits": self.fits, "reasons": self.reasons,
+            "model": self.model.name,
+            "hardware": self.hardware_name,
+            "count": self.count,
+            "layout": self.layout.as_dict(),
+            "engine": self.engine,
+            "precision": self.precision,
+            "kv_precision": self.kv_precision,
+            "context_tokens": self.context_tokens,
+            "concurrency": self.concurrency,
+            "fits": self.fits,
+            "reasons": self.reasons,
             "per_device": {
-                "weights_by_part_bytes": d.weights_by_part, "weights_bytes": d.weights_bytes,
-                "kv_needed_bytes": d.kv_needed_bytes, "kv_pool_bytes": d.kv_pool_bytes,
-                "activation_bytes": d.activation_bytes, "cuda_graph_bytes": d.graph_bytes,
-                "communication_bytes": d.comm_bytes, "runtime_reserve_bytes": d.reserve_bytes,
-                "needed_bytes": d.needed_bytes, "capacity_bytes": d.capacity_bytes,
-                "needed_gib": round(d.needed_bytes / GIB, 3), "capacity_gib": round(d.capacity_bytes / GIB, 3),
+                "weights_by_part_bytes": d.weights_by_part,
+                "weights_bytes": d.weights_bytes,
+                "kv_needed_bytes": d.kv_needed_bytes,
+                "kv_pool_bytes": d.kv_pool_bytes,
+                "activation_bytes": d.activation_bytes,
+                "cuda_graph_bytes": d.graph_bytes,
+                "communication_bytes": d.comm_bytes,
+                "runtime_reserve_bytes": d.reserve_bytes,
+                "needed_bytes": d.needed_bytes,
+                "capacity_bytes": d.capacity_bytes,
+                "needed_gib": round(d.needed_bytes / GIB, 3),
+                "capacity_gib": round(d.capacity_bytes / GIB, 3),
                 "estimated_parts": d.estimates,
             },
             "state_per_sequence": self.state_per_sequence,
             "max_concurrent_sequences": self.max_concurrent_sequences,
-            "roofline": self.roofline.as_dict(), "notes": self.notes, "warnings": self.warnings,
+            "roofline": self.roofline.as_dict(),
+            "notes": self.notes,
+            "warnings": self.warnings,
             "speculative": self.speculative.as_dict(self.context_tokens) if self.speculative else None,
             "smallest_fitting_layout": self.smallest_layout.as_dict() if self.smallest_layout else None,
         }
@@ -177,8 +201,11 @@ class CapacityPlan:
         from rich.text import Text
 
         d = self.device
-        t = Table(title=f"{self.model.display_name} on {self.count} x {self.hardware_name}, {self.layout}, "
-                        f"{self.engine}, weights {self.precision}, KV {self.kv_precision}", title_justify="left")
+        t = Table(
+            title=f"{self.model.display_name} on {self.count} x {self.hardware_name}, {self.layout}, "
+            f"{self.engine}, weights {self.precision}, KV {self.kv_precision}",
+            title_justify="left",
+        )
         t.add_column("per device (fullest)")
         t.add_column("GiB", justify="right")
         t.add_column("how")
@@ -186,11 +213,17 @@ class CapacityPlan:
             if b:
                 t.add_row(f"weights: {part}", f"{b / GIB:.3f}", "params x bytes/weight, sharded by layout")
         spec = self.speculative
-        t.add_row("KV / state needed", f"{d.kv_needed_bytes / GIB:.3f}",
-                  f"{self.concurrency} seq x {self.context_tokens} tokens, per attention kind"
-                  + (f", + {spec.layers} {spec.method} layer(s)" if spec else ""))
-        t.add_row("activations (prefill peak)", f"{d.activation_bytes / GIB:.3f}",
-                  "estimate" if self.engine != "llamacpp" else "llama.cpp compute + output buffers")
+        t.add_row(
+            "KV / state needed",
+            f"{d.kv_needed_bytes / GIB:.3f}",
+            f"{self.concurrency} seq x {self.context_tokens} tokens, per attention kind"
+            + (f", + {spec.layers} {spec.method} layer(s)" if spec else ""),
+        )
+        t.add_row(
+            "activations (prefill peak)",
+            f"{d.activation_bytes / GIB:.3f}",
+            "estimate" if self.engine != "llamacpp" else "llama.cpp compute + output buffers",
+        )
         if d.graph_bytes:
             t.add_row("CUDA graphs", f"{d.graph_bytes / GIB:.3f}", "estimate")
         if d.comm_bytes:
@@ -200,16 +233,23 @@ class CapacityPlan:
         t.add_row("needed", f"{d.needed_bytes / GIB:.3f}", "")
         t.add_row("device memory", f"{d.capacity_bytes / GIB:.3f}", "")
         seqs = self.max_concurrent_sequences if self.max_concurrent_sequences is not None else "not cache-bound"
-        verdict = Text(("FITS" if self.fits else "DOES NOT FIT")
-                       + f": max concurrent sequences at {self.context_tokens} tokens = {seqs}",
-                       style="bold green" if self.fits else "bold red")
+        verdict = Text(
+            ("FITS" if self.fits else "DOES NOT FIT")
+            + f": max concurrent sequences at {self.context_tokens} tokens = {seqs}",
+            style="bold green" if self.fits else "bold red",
+        )
         lines: list[RenderableType] = [t, verdict]
         for r in self.reasons:
             lines.append(Text(f"  - {r}"))
         if not self.fits:
-            lines.append(Text(f"  smallest layout that fits: {self.smallest_layout} "
-                              f"({self.smallest_layout.devices} x {self.hardware_name})" if self.smallest_layout
-                              else "  no layout of this hardware up to 64 devices fits"))
+            lines.append(
+                Text(
+                    f"  smallest layout that fits: {self.smallest_layout} "
+                    f"({self.smallest_layout.devices} x {self.hardware_name})"
+                    if self.smallest_layout
+                    else "  no layout of this hardware up to 64 devices fits"
+                )
+            )
         for w in self.warnings:
             lines.append(Text(f"warning: {w}", style="yellow"))
         roof = self.roofline
@@ -219,8 +259,10 @@ class CapacityPlan:
         rt.add_row("TPOT floor at this concurrency", f"{roof.decode_step_s * 1e3:.2f} ms")
         rt.add_row("tokens/s per sequence (max)", f"{roof.per_sequence_tokens_per_s:.1f}")
         rt.add_row("tokens/s aggregate (max)", f"{roof.aggregate_tokens_per_s * self.layout.dp:.1f}")
-        rt.add_row("prefill of one prompt (min)",
-                   f"{roof.prefill_s:.3f} s" if roof.prefill_s is not None else "unknown peak FLOP/s")
+        rt.add_row(
+            "prefill of one prompt (min)",
+            f"{roof.prefill_s:.3f} s" if roof.prefill_s is not None else "unknown peak FLOP/s",
+        )
         lines.append(rt)
         if self.llamacpp is not None:
             lines.append(_llamacpp_table(self.llamacpp, self.kv_precision))
@@ -234,19 +276,27 @@ def _llamacpp_table(llm: LlamaCppMemory, kv_precision: str) -> Any:
     the memory breakdown), so the two can be compared line by line."""
     from rich.table import Table
 
-    mib = 1024.0 ** 2
-    t = Table(title=f"llama-server at start: -c {llm.n_ctx} -np {llm.n_seq}{' -kvu' if llm.kv_unified else ''} "
-                    f"(n_ctx_seq = {llm.n_ctx_seq}, {llm.n_stream} KV stream{'s' if llm.n_stream != 1 else ''})",
-              title_justify="left")
+    mib = 1024.0**2
+    t = Table(
+        title=f"llama-server at start: -c {llm.n_ctx} -np {llm.n_seq}{' -kvu' if llm.kv_unified else ''} "
+        f"(n_ctx_seq = {llm.n_ctx_seq}, {llm.n_stream} KV stream{'s' if llm.n_stream != 1 else ''})",
+        title_justify="left",
+    )
     t.add_column("buffer")
     t.add_column("MiB", justify="right")
     t.add_column("cells x layers x streams")
     if llm.layers_base:
-        t.add_row("KV cache (non-SWA)", f"{llm.kv_base_bytes / mib:.2f}",
-                  f"{llm.cells_base} x {llm.layers_base} x {llm.n_stream}, K and V {kv_precision}")
+        t.add_row(
+            "KV cache (non-SWA)",
+            f"{llm.kv_base_bytes / mib:.2f}",
+            f"{llm.cells_base} x {llm.layers_base} x {llm.n_stream}, K and V {kv_precision}",
+        )
     if llm.layers_swa:
-        t.add_row("KV cache (SWA)", f"{llm.kv_swa_bytes / mib:.2f}",
-                  f"{llm.cells_swa} x {llm.layers_swa} x {llm.n_stream}, K and V {kv_precision}")
+        t.add_row(
+            "KV cache (SWA)",
+            f"{llm.kv_swa_bytes / mib:.2f}",
+            f"{llm.cells_swa} x {llm.layers_swa} x {llm.n_stream}, K and V {kv_precision}",
+        )
     if llm.layers_recurrent:
         t.add_row("recurrent state", f"{llm.recurrent_bytes / mib:.2f}", f"{llm.layers_recurrent} layers")
     t.add_row("model", f"{llm.model_bytes / mib:.2f}", "weights (the GGUF tensor table when a file is given)")
@@ -276,10 +326,13 @@ def _stage_weights(model: ModelEntry, parts: dict[str, float], layout: Layout) -
         kv_bytes = parts["attention"] * kv_params / n_attn if n_attn else 0.0
         attention += kv_bytes * (kv_heads_per_device(at.num_kv_heads, tp) / at.num_kv_heads - 1 / tp)
     out = {
-        "attention": attention * stage, "ssm": parts["ssm"] * stage / tp,
-        "dense_ffn": parts["dense_ffn"] * stage / tp, "moe_shared": parts["moe_shared"] * stage / tp,
+        "attention": attention * stage,
+        "ssm": parts["ssm"] * stage / tp,
+        "dense_ffn": parts["dense_ffn"] * stage / tp,
+        "moe_shared": parts["moe_shared"] * stage / tp,
         "moe_experts": parts["moe_experts"] * stage / exp_div,
-        "embedding": parts["embedding"] / tp, "lm_head": parts["lm_head"] / tp,
+        "embedding": parts["embedding"] / tp,
+        "lm_head": parts["lm_head"] / tp,
         "components": parts["components"] / tp,
     }
     if layout.pp > 1:  # first stage: embedding + components; last: lm_head; report the larger end stage
@@ -291,13 +344,28 @@ def _stage_weights(model: ModelEntry, parts: dict[str, float], layout: Layout) -
     return out
 
 
-def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurrency: int,
-             precision: str | None = "bf16", kv_precision: str | None = None, tp: int | None = None, pp: int = 1,
-             ep: int | None = None, dp: int = 1,
-             engine: str | None = None, parallel: int | None = None, ctx_size: int | None = None,
-             kv_unified: bool = False, gpu_memory_utilization: float | None = None,
-             max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS, find_smallest: bool = True,
-             speculative: str | None = None, draft_model: Any = None) -> CapacityPlan:
+def estimate(
+    model: Any,
+    hardware: Any,
+    count: int,
+    context_tokens: int,
+    concurrency: int,
+    precision: str | None = "bf16",
+    kv_precision: str | None = None,
+    tp: int | None = None,
+    pp: int = 1,
+    ep: int | None = None,
+    dp: int = 1,
+    engine: str | None = None,
+    parallel: int | None = None,
+    ctx_size: int | None = None,
+    kv_unified: bool = False,
+    gpu_memory_utilization: float | None = None,
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+    find_smallest: bool = True,
+    speculative: str | None = None,
+    draft_model: Any = None,
+) -> CapacityPlan:
     """Plan ``model`` on ``count`` devices of ``hardware`` for ``concurrency`` sequences of
     ``context_tokens`` tokens each.
 
@@ -350,8 +418,9 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
     elif context_tokens > a.max_context:
         # an encoder truncates/rejects longer input; Whisper's decoder stops at max_target_positions (448)
         what = "decoder tokens per request" if m.kind == "encoder-decoder" else "input tokens per request"
-        notes.append(f"{m.name} takes at most {a.max_context} {what}: planned at {a.max_context}, "
-                     f"not the {context_tokens} asked")
+        notes.append(
+            f"{m.name} takes at most {a.max_context} {what}: planned at {a.max_context}, not the {context_tokens} asked"
+        )
         context_tokens = a.max_context
     capacity = float(hw.memory_gib) * GIB
     parts_b = weight_bytes_by_part(m, precision)
@@ -361,8 +430,15 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
     llm: LlamaCppMemory | None = None
     if engine == "llamacpp":
         np_ = parallel or concurrency
-        llm = llamacpp_memory(m, ctx_size if ctx_size is not None else context_tokens * np_, np_, kv_unified,
-                              kv_prec, kv_prec, weight_precision=precision)
+        llm = llamacpp_memory(
+            m,
+            ctx_size if ctx_size is not None else context_tokens * np_,
+            np_,
+            kv_unified,
+            kv_prec,
+            kv_prec,
+            weight_precision=precision,
+        )
         scale = llm.model_bytes / max(1.0, sum(parts_b.values()))
         dev_w = {k: v * scale / layout.devices for k, v in parts_b.items()}
         kv_need = llm.context_bytes / layout.devices
@@ -373,8 +449,10 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
         est.append("compute buffer (fitted), see servelab.plan.llamacpp")
         notes.extend(llm.notes)
         if llm.n_ctx_seq < context_tokens:
-            reasons.append(f"each of the {np_} slots gets n_ctx_seq = {llm.n_ctx_seq} tokens < the {context_tokens} "
-                           f"requested; raise -c to {context_tokens * np_}")
+            reasons.append(
+                f"each of the {np_} slots gets n_ctx_seq = {llm.n_ctx_seq} tokens < the {context_tokens} "
+                f"requested; raise -c to {context_tokens * np_}"
+            )
         if np_ < concurrency:
             reasons.append(f"{np_} slots < {concurrency} concurrent requests: the rest queue (raise --parallel)")
         max_seqs: int | None = np_ if llm.n_ctx_seq >= context_tokens else 0
@@ -390,8 +468,16 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
         reserve = capacity * (1 - util) + (CUDA_CONTEXT_BYTES if is_gpu else 0.0)
         graph = CUDA_GRAPH_BYTES if is_gpu and m.kind != "diffusion" else 0.0
         comm = NCCL_BYTES if is_gpu and (layout.tp > 1 or layout.pp > 1 or (layout.ep or 1) > 1) else 0.0
-        est += [x for x, on in (("activations", True), ("cuda_graphs", graph > 0), ("communication", comm > 0),
-                                ("cuda_context", is_gpu)) if on]
+        est += [
+            x
+            for x, on in (
+                ("activations", True),
+                ("cuda_graphs", graph > 0),
+                ("communication", comm > 0),
+                ("cuda_context", is_gpu),
+            )
+            if on
+        ]
         act = _activation_bytes(m, layout, context_tokens, max_num_batched_tokens, per_replica_conc)
         state = sequence_state(m, context_tokens, kv_prec, layout.tp, layout.pp, engine)
         seq_bytes = _sequence_bytes(m, kv_prec, layout, engine, spec)
@@ -400,26 +486,40 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
         kv_need = per_seq * per_replica_conc
         kv_pool = capacity - reserve - graph - comm - act - sum(dev_w.values())
         if kv_pool < 0:
-            reasons.append(f"weights + activations + buffers need {(capacity - kv_pool) / GIB:.2f} GiB per device, "
-                           f"{capacity / GIB:.2f} GiB available ({util:.0%} usable by {engine})")
+            reasons.append(
+                f"weights + activations + buffers need {(capacity - kv_pool) / GIB:.2f} GiB per device, "
+                f"{capacity / GIB:.2f} GiB available ({util:.0%} usable by {engine})"
+            )
             max_seqs = 0
         elif per_seq == 0:
             max_seqs = None
         else:
             max_seqs = int(kv_pool // per_seq) * dp
             if max_seqs < concurrency:
-                reasons.append(f"KV pool {kv_pool / GIB:.2f} GiB per device holds {max_seqs} sequences of "
-                               f"{context_tokens} tokens, {concurrency} requested")
+                reasons.append(
+                    f"KV pool {kv_pool / GIB:.2f} GiB per device holds {max_seqs} sequences of "
+                    f"{context_tokens} tokens, {concurrency} requested"
+                )
                 warnings += kv_warning(context_tokens, concurrency, dp, max_seqs, kv_pool, seq_bytes, engine)
         if m.kind == "diffusion":
-            notes.append("diffusion model: no KV cache; memory is weights + the activations of the latent "
-                         f"sequence ({context_tokens} tokens here; see VideoSpec.latent_tokens)")
+            notes.append(
+                "diffusion model: no KV cache; memory is weights + the activations of the latent "
+                f"sequence ({context_tokens} tokens here; see VideoSpec.latent_tokens)"
+            )
         if m.kind == "encoder":
             notes.append("encoder/pooling model: no KV cache is kept between requests")
     fits = not reasons
-    dev = DeviceMemory(weights_by_part=dev_w, kv_pool_bytes=max(0.0, kv_pool), kv_needed_bytes=kv_need,
-                       activation_bytes=act, graph_bytes=graph, comm_bytes=comm, reserve_bytes=reserve,
-                       capacity_bytes=capacity, estimates=est)
+    dev = DeviceMemory(
+        weights_by_part=dev_w,
+        kv_pool_bytes=max(0.0, kv_pool),
+        kv_needed_bytes=kv_need,
+        activation_bytes=act,
+        graph_bytes=graph,
+        comm_bytes=comm,
+        reserve_bytes=reserve,
+        capacity_bytes=capacity,
+        estimates=est,
+    )
     # roofline for one replica: bandwidth and FLOP/s of its TP group (PP stages run in turn)
     bw = float(hw.memory_bandwidth_gbps) * 1e9 * layout.tp
     peak1 = _peak_flops(hw, precision)
@@ -431,40 +531,88 @@ def estimate(model: Any, hardware: Any, count: int, context_tokens: int, concurr
     if m.architecture.tie_word_embeddings:
         # a tied LM head is the embedding matrix, read whole at every decode step (the lookup reads rows only)
         dense_b += parts_b["embedding"] * w_scale
-    rl = roofline(m, dense_b + experts_b, dense_b, experts_b, active_params(m), full_state.total_bytes,
-                  per_replica_conc, context_tokens, bw, peak1 * layout.tp if peak1 else None)
-    plan = CapacityPlan(model=m, hardware_name=str(getattr(hw, "name", "device")), count=count, layout=layout,
-                        engine=engine, precision=("as in the GGUF file" if llm is not None and not any(
-                            n.startswith("weights estimated") for n in llm.notes) else precision),
-                        kv_precision=kv_prec, context_tokens=context_tokens, concurrency=concurrency, device=dev,
-                        state_per_sequence=_state_dict(state, spec, context_tokens),
-                        max_concurrent_sequences=max_seqs, fits=fits, reasons=reasons, roofline=rl, notes=notes,
-                        llamacpp=llm, warnings=warnings, speculative=spec)
+    rl = roofline(
+        m,
+        dense_b + experts_b,
+        dense_b,
+        experts_b,
+        active_params(m),
+        full_state.total_bytes,
+        per_replica_conc,
+        context_tokens,
+        bw,
+        peak1 * layout.tp if peak1 else None,
+    )
+    plan = CapacityPlan(
+        model=m,
+        hardware_name=str(getattr(hw, "name", "device")),
+        count=count,
+        layout=layout,
+        engine=engine,
+        precision=(
+            "as in the GGUF file"
+            if llm is not None and not any(n.startswith("weights estimated") for n in llm.notes)
+            else precision
+        ),
+        kv_precision=kv_prec,
+        context_tokens=context_tokens,
+        concurrency=concurrency,
+        device=dev,
+        state_per_sequence=_state_dict(state, spec, context_tokens),
+        max_concurrent_sequences=max_seqs,
+        fits=fits,
+        reasons=reasons,
+        roofline=rl,
+        notes=notes,
+        llamacpp=llm,
+        warnings=warnings,
+        speculative=spec,
+    )
     if not fits and find_smallest and engine != "llamacpp":
-        plan.smallest_layout = smallest_fitting_layout(m, hw, context_tokens, concurrency, precision=precision,
-                                                       kv_precision=kv_precision, engine=engine,
-                                                       gpu_memory_utilization=gpu_memory_utilization,
-                                                       speculative=speculative, draft_model=draft_model)
+        plan.smallest_layout = smallest_fitting_layout(
+            m,
+            hw,
+            context_tokens,
+            concurrency,
+            precision=precision,
+            kv_precision=kv_precision,
+            engine=engine,
+            gpu_memory_utilization=gpu_memory_utilization,
+            speculative=speculative,
+            draft_model=draft_model,
+        )
     return plan
 
 
-def _speculative(m: ModelEntry, method: str | None, draft_model: Any, precision: str, kv_prec: str, layout: Layout,
-                 engine: str, notes: list[str]) -> Speculative | None:
+def _speculative(
+    m: ModelEntry,
+    method: str | None,
+    draft_model: Any,
+    precision: str,
+    kv_prec: str,
+    layout: Layout,
+    engine: str,
+    notes: list[str],
+) -> Speculative | None:
     """:func:`servelab.plan.pitfalls.speculative_memory` for ``method``/``draft_model``; without one, a
     note in ``notes`` when the catalog lists an MTP module that is not counted."""
-    spec = speculative_memory(m, method, _model(draft_model) if draft_model is not None else None,
-                              precision, kv_prec, layout, engine)
+    spec = speculative_memory(
+        m, method, _model(draft_model) if draft_model is not None else None, precision, kv_prec, layout, engine
+    )
     note = mtp_note(m, precision, layout) if spec is None else None
     notes.extend([note] if note else [])
     return spec
 
 
-def _sequence_bytes(m: ModelEntry, kv_prec: str, layout: Layout, engine: str,
-                    spec: Speculative | None) -> Callable[[int], float]:
+def _sequence_bytes(
+    m: ModelEntry, kv_prec: str, layout: Layout, engine: str, spec: Speculative | None
+) -> Callable[[int], float]:
     """Bytes of KV one sequence of a given context holds on the fullest device, speculative layers included."""
+
     def f(ctx: int) -> float:
         own = sequence_state(m, ctx, kv_prec, layout.tp, layout.pp, engine).total_bytes
         return own + (spec.state(ctx) if spec else 0.0)
+
     return f
 
 
@@ -494,10 +642,19 @@ def _activation_bytes(m: ModelEntry, layout: Layout, context_tokens: int, max_ba
     return t * per_token + logits
 
 
-def smallest_fitting_layout(model: Any, hardware: Any, context_tokens: int, concurrency: int, precision: str = "bf16",
-                            kv_precision: str | None = None, engine: str | None = None,
-                            gpu_memory_utilization: float | None = None, max_devices: int = 64,
-                            speculative: str | None = None, draft_model: Any = None) -> Layout | None:
+def smallest_fitting_layout(
+    model: Any,
+    hardware: Any,
+    context_tokens: int,
+    concurrency: int,
+    precision: str = "bf16",
+    kv_precision: str | None = None,
+    engine: str | None = None,
+    gpu_memory_utilization: float | None = None,
+    max_devices: int = 64,
+    speculative: str | None = None,
+    draft_model: Any = None,
+) -> Layout | None:
     """The layout with the fewest devices on which ``model`` fits ``concurrency`` sequences of
     ``context_tokens`` (the sequences spread evenly over DP replicas); among layouts of one size, no PP
     first, then the smallest TP (order of :func:`servelab.plan.layouts.candidate_layouts`). None when
@@ -507,10 +664,23 @@ def smallest_fitting_layout(model: Any, hardware: Any, context_tokens: int, conc
     hw = _hardware(hardware)
     per_node = int(getattr(hw, "max_per_node", 8) or 8)
     for lay in candidate_layouts(m, max_devices, per_node):
-        p = estimate(m, hw, lay.devices, context_tokens, concurrency, precision=precision, kv_precision=kv_precision,
-                     tp=lay.tp, pp=lay.pp, dp=lay.dp, engine=engine if engine != "llamacpp" else "vllm",
-                     gpu_memory_utilization=gpu_memory_utilization, find_smallest=False,
-                     speculative=speculative, draft_model=draft_model)
+        p = estimate(
+            m,
+            hw,
+            lay.devices,
+            context_tokens,
+            concurrency,
+            precision=precision,
+            kv_precision=kv_precision,
+            tp=lay.tp,
+            pp=lay.pp,
+            dp=lay.dp,
+            engine=engine if engine != "llamacpp" else "vllm",
+            gpu_memory_utilization=gpu_memory_utilization,
+            find_smallest=False,
+            speculative=speculative,
+            draft_model=draft_model,
+        )
         if p.fits:
             return lay
     return None

@@ -59,9 +59,14 @@ class SequenceState:
 
     def as_dict(self) -> dict[str, float]:
         """JSON-able by-kind dict (bytes)."""
-        return {"full_attention_bytes": self.full_bytes, "sliding_window_bytes": self.sliding_bytes,
-                "mla_bytes": self.mla_bytes, "ssm_state_bytes": self.ssm_bytes,
-                "cross_attention_bytes": self.cross_bytes, "total_bytes": self.total_bytes}
+        return {
+            "full_attention_bytes": self.full_bytes,
+            "sliding_window_bytes": self.sliding_bytes,
+            "mla_bytes": self.mla_bytes,
+            "ssm_state_bytes": self.ssm_bytes,
+            "cross_attention_bytes": self.cross_bytes,
+            "total_bytes": self.total_bytes,
+        }
 
 
 def kv_heads_per_device(num_kv_heads: int, tp: int) -> int:
@@ -82,8 +87,15 @@ def tokens_held(engine: str | None, context_tokens: int, window: int | None) -> 
     return context_tokens if window is None else min(context_tokens, window)
 
 
-def sequence_state(model: ModelEntry, context_tokens: int, kv_precision: str = "bf16", tp: int = 1, pp: int = 1,
-                   engine: str | None = None, state_precision: str | None = None) -> SequenceState:
+def sequence_state(
+    model: ModelEntry,
+    context_tokens: int,
+    kv_precision: str = "bf16",
+    tp: int = 1,
+    pp: int = 1,
+    engine: str | None = None,
+    state_precision: str | None = None,
+) -> SequenceState:
     """Cache bytes of one sequence of ``context_tokens`` on one device of a ``tp`` x ``pp`` layout.
 
     TP splits KV heads (:func:`kv_heads_per_device`) and Mamba heads; an MLA latent is replicated on

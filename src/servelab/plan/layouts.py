@@ -54,13 +54,17 @@ def validate_layout(model: ModelEntry, layout: Layout, count: int | None = None)
     a = model.architecture
     heads = a.attention.num_heads if a.attention else (a.mla.num_heads if a.mla else None)
     if heads and heads % layout.tp:
-        raise ConfigError(f"TP {layout.tp} does not divide the {heads} attention heads of {model.name}; "
-                          f"use --tp one of {_divisors_hint(heads)}")
+        raise ConfigError(
+            f"TP {layout.tp} does not divide the {heads} attention heads of {model.name}; "
+            f"use --tp one of {_divisors_hint(heads)}"
+        )
     if a.attention and layout.tp > 1:
         kv = a.attention.num_kv_heads
         if kv % layout.tp and layout.tp % kv:
-            raise ConfigError(f"TP {layout.tp} neither divides nor is a multiple of the {kv} KV heads of {model.name}; "
-                              f"use --tp one of {_divisors_hint(heads or kv)} that is a divisor or multiple of {kv}")
+            raise ConfigError(
+                f"TP {layout.tp} neither divides nor is a multiple of the {kv} KV heads of {model.name}; "
+                f"use --tp one of {_divisors_hint(heads or kv)} that is a divisor or multiple of {kv}"
+            )
     if a.ssm and a.ssm.num_heads % layout.tp:
         raise ConfigError(f"TP {layout.tp} does not divide the {a.ssm.num_heads} Mamba heads of {model.name}")
     if layout.pp > a.num_layers:
@@ -71,11 +75,15 @@ def validate_layout(model: ModelEntry, layout: Layout, count: int | None = None)
         if layout.ep < 1 or a.moe.num_experts % layout.ep:
             raise ConfigError(f"EP {layout.ep} does not divide the {a.moe.num_experts} experts of {model.name}")
         if (layout.tp * layout.dp) % layout.ep:
-            raise ConfigError(f"EP {layout.ep} must divide TP x DP = {layout.tp * layout.dp} (experts are spread "
-                              "over the devices of the MoE layers)")
+            raise ConfigError(
+                f"EP {layout.ep} must divide TP x DP = {layout.tp * layout.dp} (experts are spread "
+                "over the devices of the MoE layers)"
+            )
     if count is not None and layout.devices > count:
-        raise ConfigError(f"layout {layout} needs {layout.devices} devices but --hardware gives {count}; "
-                          f"raise the count (H:{layout.devices}) or lower --tp/--pp/--dp")
+        raise ConfigError(
+            f"layout {layout} needs {layout.devices} devices but --hardware gives {count}; "
+            f"raise the count (H:{layout.devices}) or lower --tp/--pp/--dp"
+        )
 
 
 def candidate_layouts(model: ModelEntry, max_devices: int, per_node: int) -> list[Layout]:
@@ -119,6 +127,8 @@ def default_layout(model: ModelEntry, count: int, pp: int = 1, dp: int = 1) -> t
             continue
         if tp == group:
             return lay, None
-        return lay, (f"TP{group} is not possible for {model.name} (heads do not divide); using {lay} on the "
-                     f"{count} devices (pass --tp/--dp to choose)")
+        return lay, (
+            f"TP{group} is not possible for {model.name} (heads do not divide); using {lay} on the "
+            f"{count} devices (pass --tp/--dp to choose)"
+        )
     return Layout(tp=group, pp=pp, dp=dp), None  # validate_layout names the problem

@@ -42,8 +42,16 @@ from servelab.wire.errors import ConfigError
 MIB = 1024 * 1024
 _PAD = 256
 #: llama.cpp ggml type names accepted for -ctk/-ctv
-CACHE_TYPES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32,
-               "q4_0": 18 / 32, "q4_1": 20 / 32}
+CACHE_TYPES = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q5_0": 22 / 32,
+    "q5_1": 24 / 32,
+    "q4_0": 18 / 32,
+    "q4_1": 20 / 32,
+}
 
 
 def _pad(x: int, n: int = _PAD) -> int:
@@ -106,9 +114,17 @@ def gguf_weight_bytes(model: ModelEntry) -> float | None:
     return None
 
 
-def llamacpp_memory(model: ModelEntry, ctx_size: int, n_parallel: int = 1, kv_unified: bool = False,
-                    cache_type_k: str = "f16", cache_type_v: str = "f16", n_ubatch: int = 512,
-                    swa_full: bool = False, weight_precision: str = "q4_k_m") -> LlamaCppMemory:
+def llamacpp_memory(
+    model: ModelEntry,
+    ctx_size: int,
+    n_parallel: int = 1,
+    kv_unified: bool = False,
+    cache_type_k: str = "f16",
+    cache_type_v: str = "f16",
+    n_ubatch: int = 512,
+    swa_full: bool = False,
+    weight_precision: str = "q4_k_m",
+) -> LlamaCppMemory:
     """llama-server's allocation for ``-c ctx_size -np n_parallel`` (see the module docstring).
 
     ``ctx_size`` 0 = the model's trained context. ``weight_precision`` is used only when the model
@@ -165,11 +181,25 @@ def llamacpp_memory(model: ModelEntry, ctx_size: int, n_parallel: int = 1, kv_un
     weights = exact if exact is not None else sum(weight_bytes_by_part(model, weight_precision).values())
     if exact is None:
         notes.append(f"weights estimated at {weight_precision} (pass the .gguf file for exact bytes)")
-    return LlamaCppMemory(n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_seq=n_parallel, n_stream=n_stream, kv_unified=kv_unified,
-                          cells_base=n_ctx_seq if layers_base else 0, cells_swa=cells_swa, layers_base=layers_base,
-                          layers_swa=layers_swa, layers_recurrent=rec_layers, kv_base_bytes=kv_base,
-                          kv_swa_bytes=kv_swa, recurrent_bytes=recurrent, output_bytes=output, compute_bytes=compute,
-                          model_bytes=weights, notes=notes)
+    return LlamaCppMemory(
+        n_ctx=n_ctx,
+        n_ctx_seq=n_ctx_seq,
+        n_seq=n_parallel,
+        n_stream=n_stream,
+        kv_unified=kv_unified,
+        cells_base=n_ctx_seq if layers_base else 0,
+        cells_swa=cells_swa,
+        layers_base=layers_base,
+        layers_swa=layers_swa,
+        layers_recurrent=rec_layers,
+        kv_base_bytes=kv_base,
+        kv_swa_bytes=kv_swa,
+        recurrent_bytes=recurrent,
+        output_bytes=output,
+        compute_bytes=compute,
+        model_bytes=weights,
+        notes=notes,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -194,13 +224,25 @@ def parse_server_log(text: str) -> dict[str, object]:
         out["n_ctx"] = int(m.group(1))
     if m := _CTX_SEQ.search(text):
         out["n_ctx_seq"] = int(m.group(1))
-    caches = [{"mib": float(m.group(1)), "cells": int(m.group(2)), "layers": int(m.group(3)),
-               "seqs": int(m.group(4)), "streams": int(m.group(5))} for m in _KV_LINE.finditer(text)]
+    caches = [
+        {
+            "mib": float(m.group(1)),
+            "cells": int(m.group(2)),
+            "layers": int(m.group(3)),
+            "seqs": int(m.group(4)),
+            "streams": int(m.group(5)),
+        }
+        for m in _KV_LINE.finditer(text)
+    ]
     if caches:
         out["kv_caches"] = caches
     if m := _BREAKDOWN.search(text):
-        out["host_mib"] = {"total": int(m.group(1)), "model": int(m.group(2)), "context": int(m.group(3)),
-                           "compute": int(m.group(4))}
+        out["host_mib"] = {
+            "total": int(m.group(1)),
+            "model": int(m.group(2)),
+            "context": int(m.group(3)),
+            "compute": int(m.group(4)),
+        }
     if m := _REPACK.search(text):
         out["repack_mib"] = int(m.group(2))
     if m := _COMPUTE.search(text):

@@ -38,33 +38,77 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from servelab.catalog.params import (PARTS, active_params, attention_params, cross_attention_params, ffn_params,
-                                     layer_params, params_by_part, total_params)
+from servelab.catalog.params import (
+    PARTS,
+    active_params,
+    attention_params,
+    cross_attention_params,
+    ffn_params,
+    layer_params,
+    params_by_part,
+    total_params,
+)
 from servelab.wire.errors import ConfigError
 
-__all__ = ["PARTS", "active_params", "attention_params", "cross_attention_params", "ffn_params", "layer_params",
-           "params_by_part", "total_params", "weight_bytes_by_part", "weight_bytes_per_param", "kv_bytes_per_element",
-           "mtp_bytes"]
+__all__ = [
+    "PARTS",
+    "active_params",
+    "attention_params",
+    "cross_attention_params",
+    "ffn_params",
+    "layer_params",
+    "params_by_part",
+    "total_params",
+    "weight_bytes_by_part",
+    "weight_bytes_per_param",
+    "kv_bytes_per_element",
+    "mtp_bytes",
+]
 
 if TYPE_CHECKING:
     from servelab.catalog.models import ModelEntry
 
 BYTES_PER_WEIGHT: dict[str, float] = {
-    "fp32": 4.0, "bf16": 2.0, "fp16": 2.0,
-    "fp8": 1.0 + 4.0 / (128 * 128), "int8": 1.0,
-    "int4": 0.5 + 2.5 / 128, "awq": 0.5 + 2.5 / 128, "gptq": 0.5 + 2.5 / 128,
-    "mxfp4": 4.25 / 8, "nvfp4": 4.5 / 8,
-    "q8_0": 8.5 / 8, "q6_k": 6.5625 / 8, "q5_k": 5.5 / 8, "q4_k": 4.5 / 8, "q4_0": 4.5 / 8,
-    "q3_k": 3.4375 / 8, "q2_k": 2.625 / 8,
-    "q4_k_m": 4.8944 / 8, "q4_k_s": 4.6672 / 8, "q5_k_m": 5.7036 / 8, "q5_k_s": 5.5704 / 8,
-    "q3_k_m": 3.9960 / 8, "q2_k_gguf": 3.1593 / 8,
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0 + 4.0 / (128 * 128),
+    "int8": 1.0,
+    "int4": 0.5 + 2.5 / 128,
+    "awq": 0.5 + 2.5 / 128,
+    "gptq": 0.5 + 2.5 / 128,
+    "mxfp4": 4.25 / 8,
+    "nvfp4": 4.5 / 8,
+    "q8_0": 8.5 / 8,
+    "q6_k": 6.5625 / 8,
+    "q5_k": 5.5 / 8,
+    "q4_k": 4.5 / 8,
+    "q4_0": 4.5 / 8,
+    "q3_k": 3.4375 / 8,
+    "q2_k": 2.625 / 8,
+    "q4_k_m": 4.8944 / 8,
+    "q4_k_s": 4.6672 / 8,
+    "q5_k_m": 5.7036 / 8,
+    "q5_k_s": 5.5704 / 8,
+    "q3_k_m": 3.9960 / 8,
+    "q2_k_gguf": 3.1593 / 8,
 }
 
 #: Bytes per KV-cache element by cache dtype (``q8_0``/``q4_0`` are llama.cpp block types:
 #: 34 B / 32 and 18 B / 32).
-KV_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "f16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0,
-                              "fp8_e5m2": 1.0, "int8": 1.0, "q8_0": 34 / 32, "q5_0": 22 / 32, "q4_0": 18 / 32}
-
+KV_BYTES: dict[str, float] = {
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "f16": 2.0,
+    "fp8": 1.0,
+    "fp8_e4m3": 1.0,
+    "fp8_e5m2": 1.0,
+    "int8": 1.0,
+    "q8_0": 34 / 32,
+    "q5_0": 22 / 32,
+    "q4_0": 18 / 32,
+}
 
 
 def weight_bytes_per_param(precision: str) -> float:
@@ -107,15 +151,22 @@ def weight_bytes_by_part(model: ModelEntry, precision: str) -> dict[str, float]:
     b_lin, b_exp, b_emb = (weight_bytes_per_param(x) for x in (lin, experts, emb))
     comp = "fp32" if model.native_dtype == "fp32" else "bf16"
     return {
-        "embedding": p["embedding"] * b_emb, "lm_head": p["lm_head"] * b_emb,
-        "attention": p["attention"] * b_lin, "ssm": p["ssm"] * b_lin, "dense_ffn": p["dense_ffn"] * b_lin,
-        "moe_experts": p["moe_experts"] * b_exp, "moe_shared": p["moe_shared"] * b_lin,
+        "embedding": p["embedding"] * b_emb,
+        "lm_head": p["lm_head"] * b_emb,
+        "attention": p["attention"] * b_lin,
+        "ssm": p["ssm"] * b_lin,
+        "dense_ffn": p["dense_ffn"] * b_lin,
+        "moe_experts": p["moe_experts"] * b_exp,
+        "moe_shared": p["moe_shared"] * b_lin,
         "components": p["components"] * weight_bytes_per_param(comp),
     }
 
 
 def mtp_bytes(model: ModelEntry, precision: str) -> float:
     """Bytes of the MTP/draft components at ``precision`` (0 when the model has none)."""
-    prec = "fp8" if precision == "native" and model.native_dtype == "fp8" else (
-        "bf16" if precision == "native" else precision)
+    prec = (
+        "fp8"
+        if precision == "native" and model.native_dtype == "fp8"
+        else ("bf16" if precision == "native" else precision)
+    )
     return sum(c.params for c in model.components if c.role in ("mtp", "draft")) * weight_bytes_per_param(prec)

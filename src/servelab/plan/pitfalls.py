@@ -33,8 +33,17 @@ from servelab.plan.layouts import Layout
 from servelab.plan.memory import kv_bytes_per_element, weight_bytes_by_part, weight_bytes_per_param
 from servelab.wire.errors import ConfigError
 
-__all__ = ["SPECULATIVE_METHODS", "UTILIZATION_HEADROOM_LIMIT", "Speculative", "context_that_fits", "kv_warning",
-           "mtp_note", "one_layer_state_bytes", "speculative_memory", "utilization_warning"]
+__all__ = [
+    "SPECULATIVE_METHODS",
+    "UTILIZATION_HEADROOM_LIMIT",
+    "Speculative",
+    "context_that_fits",
+    "kv_warning",
+    "mtp_note",
+    "one_layer_state_bytes",
+    "speculative_memory",
+    "utilization_warning",
+]
 
 GIB = 1024**3
 #: Above this ``gpu_memory_utilization`` the plan warns (issue 23 item 5, after seed 003 §20).
@@ -57,12 +66,19 @@ class Speculative:
 
     def as_dict(self, context_tokens: int) -> dict[str, Any]:
         """JSON-able view at ``context_tokens`` (bytes per device)."""
-        return {"method": self.method, "name": self.name, "params": self.params, "decoder_layers": self.layers,
-                "weights_bytes": self.weights_bytes, "kv_bytes_per_sequence": self.state(context_tokens)}
+        return {
+            "method": self.method,
+            "name": self.name,
+            "params": self.params,
+            "decoder_layers": self.layers,
+            "weights_bytes": self.weights_bytes,
+            "kv_bytes_per_sequence": self.state(context_tokens),
+        }
 
 
-def one_layer_state_bytes(model: ModelEntry, context_tokens: int, kv_precision: str, tp: int,
-                          engine: str | None) -> float:
+def one_layer_state_bytes(
+    model: ModelEntry, context_tokens: int, kv_precision: str, tp: int, engine: str | None
+) -> float:
     """KV bytes of one full-attention (or MLA) layer of ``model`` for one sequence on one device of a
     ``tp`` group: MLA ``tokens * (kv_lora_rank + qk_rope_head_dim) * b``, GQA ``tokens * n_kv_local *
     (d_k + d_v) * b`` (formulas of :mod:`servelab.plan.kv`); 0 for a model with neither."""
@@ -84,8 +100,15 @@ def _mtp_precision(model: ModelEntry, precision: str) -> str:
     return "fp8" if model.native_dtype == "fp8" else "bf16"
 
 
-def speculative_memory(model: ModelEntry, method: str | None, draft: ModelEntry | None, precision: str,
-                       kv_precision: str, layout: Layout, engine: str) -> Speculative | None:
+def speculative_memory(
+    model: ModelEntry,
+    method: str | None,
+    draft: ModelEntry | None,
+    precision: str,
+    kv_precision: str,
+    layout: Layout,
+    engine: str,
+) -> Speculative | None:
     """The :class:`Speculative` of ``method`` (``mtp``, ``draft``, or None = no speculative decoding;
     ``draft`` alone implies ``draft``). Weights are split over ``layout.tp`` (the MTP module sits with
     the last pipeline stage, which the plan reports when it is the fuller one).
@@ -99,33 +122,51 @@ def speculative_memory(model: ModelEntry, method: str | None, draft: ModelEntry 
     if method not in SPECULATIVE_METHODS:
         raise ConfigError(f"unknown --speculative {method!r}; use one of {', '.join(SPECULATIVE_METHODS)}")
     if engine == "llamacpp":
-        raise ConfigError("--speculative/--draft-model are planned for vllm and sglang only; "
-                          "llama-server's -md draft is not modelled")
+        raise ConfigError(
+            "--speculative/--draft-model are planned for vllm and sglang only; llama-server's -md draft is not modelled"
+        )
     tp = layout.tp
     if method == "mtp":
         if draft is not None:
-            raise ConfigError("--speculative mtp uses the model's own MTP module; drop --draft-model "
-                              "(or use --speculative draft)")
+            raise ConfigError(
+                "--speculative mtp uses the model's own MTP module; drop --draft-model (or use --speculative draft)"
+            )
         mods = [c for c in model.components if c.role == "mtp"]
         if not mods:
-            raise ConfigError(f"{model.name} has no MTP module in the catalog (`servelab catalog models` "
-                              "lists components); use --draft-model for a separate draft")
+            raise ConfigError(
+                f"{model.name} has no MTP module in the catalog (`servelab catalog models` "
+                "lists components); use --draft-model for a separate draft"
+            )
         params = sum(c.params for c in mods)
         layers = sum(c.decoder_layers for c in mods)
         w = params * weight_bytes_per_param(_mtp_precision(model, precision)) / tp
-        return Speculative("mtp", " + ".join(c.name for c in mods), params, layers, w,
-                           lambda ctx: layers * one_layer_state_bytes(model, ctx, kv_precision, tp, engine))
+        return Speculative(
+            "mtp",
+            " + ".join(c.name for c in mods),
+            params,
+            layers,
+            w,
+            lambda ctx: layers * one_layer_state_bytes(model, ctx, kv_precision, tp, engine),
+        )
     if draft is None:
         raise ConfigError("--speculative draft needs --draft-model NAME (a catalog model, config.json or .gguf)")
     va, vb = model.architecture.vocab_size, draft.architecture.vocab_size
     if va and vb and va != vb:
-        raise ConfigError(f"draft {draft.name} has a vocabulary of {vb} tokens, {model.name} {va}: "
-                          "a draft must share the target's tokenizer")
+        raise ConfigError(
+            f"draft {draft.name} has a vocabulary of {vb} tokens, {model.name} {va}: "
+            "a draft must share the target's tokenizer"
+        )
     parts = weight_bytes_by_part(draft, precision)
     w = sum(parts.values()) / tp
     params = float(draft.published_params.total)
-    return Speculative("draft", draft.name, params, draft.architecture.num_layers, w,
-                       lambda ctx: sequence_state(draft, ctx, kv_precision, tp, 1, engine).total_bytes)
+    return Speculative(
+        "draft",
+        draft.name,
+        params,
+        draft.architecture.num_layers,
+        w,
+        lambda ctx: sequence_state(draft, ctx, kv_precision, tp, 1, engine).total_bytes,
+    )
 
 
 def mtp_note(model: ModelEntry, precision: str, layout: Layout) -> str | None:
@@ -135,9 +176,11 @@ def mtp_note(model: ModelEntry, precision: str, layout: Layout) -> str | None:
         return None
     params = sum(c.params for c in mods)
     gib = params * weight_bytes_per_param(_mtp_precision(model, precision)) / layout.tp / GIB
-    return (f"{model.name} ships an MTP module ({params / 1e9:.1f}B parameters, {gib:.2f} GiB per device at this "
-            "layout) that is loaded only with MTP speculative decoding: not counted; add --speculative mtp if "
-            "you serve with it")
+    return (
+        f"{model.name} ships an MTP module ({params / 1e9:.1f}B parameters, {gib:.2f} GiB per device at this "
+        "layout) that is loaded only with MTP speculative decoding: not counted; add --speculative mtp if "
+        "you serve with it"
+    )
 
 
 def utilization_warning(util: float, capacity_bytes: float, engine: str) -> list[str]:
@@ -146,10 +189,12 @@ def utilization_warning(util: float, capacity_bytes: float, engine: str) -> list
         return []
     left = capacity_bytes * (1 - util) / GIB
     name = "mem_fraction_static" if engine == "sglang" else "gpu_memory_utilization"
-    return [f"{name} {util:g} > {UTILIZATION_HEADROOM_LIMIT:g} leaves {left:.2f} GiB of {capacity_bytes / GIB:.1f} "
-            "GiB per device outside the engine: no headroom for long requests, concurrency swings or fragmentation "
-            f"(OOM risk, 003 §20); keep it at or below {UTILIZATION_HEADROOM_LIMIT:g} and bound the load with "
-            "max input length and rate limits instead"]
+    return [
+        f"{name} {util:g} > {UTILIZATION_HEADROOM_LIMIT:g} leaves {left:.2f} GiB of {capacity_bytes / GIB:.1f} "
+        "GiB per device outside the engine: no headroom for long requests, concurrency swings or fragmentation "
+        f"(OOM risk, 003 §20); keep it at or below {UTILIZATION_HEADROOM_LIMIT:g} and bound the load with "
+        "max input length and rate limits instead"
+    ]
 
 
 def context_that_fits(state: Callable[[int], float], pool_bytes: float, seqs: int, upper: int) -> int:
@@ -164,8 +209,15 @@ def context_that_fits(state: Callable[[int], float], pool_bytes: float, seqs: in
     return lo
 
 
-def kv_warning(context_tokens: int, concurrency: int, dp: int, max_seqs: int, pool_bytes: float,
-               state: Callable[[int], float], engine: str) -> list[str]:
+def kv_warning(
+    context_tokens: int,
+    concurrency: int,
+    dp: int,
+    max_seqs: int,
+    pool_bytes: float,
+    state: Callable[[int], float],
+    engine: str,
+) -> list[str]:
     """The warning when ``concurrency`` sequences of ``context_tokens`` exceed the KV pool that holds
     ``max_seqs`` of them (over ``dp`` replicas; ``pool_bytes`` and ``state`` per device); none when they
     fit."""
@@ -176,16 +228,25 @@ def kv_warning(context_tokens: int, concurrency: int, dp: int, max_seqs: int, po
     fit_ctx = context_that_fits(state, pool_bytes, per_replica, context_tokens)
     one = state(context_tokens)
     if max_seqs == 0:
-        start = (f"vLLM refuses to start (one sequence of {context_tokens} tokens needs {one / GIB:.2f} GiB of KV per "
-                 f"device, the pool has {pool_bytes / GIB:.2f} GiB: check_enough_kv_cache_memory)"
-                 if engine == "vllm" else
-                 f"not even one sequence of {context_tokens} tokens fits ({one / GIB:.2f} GiB of KV per device, "
-                 f"pool {pool_bytes / GIB:.2f} GiB)")
+        start = (
+            f"vLLM refuses to start (one sequence of {context_tokens} tokens needs {one / GIB:.2f} GiB of KV per "
+            f"device, the pool has {pool_bytes / GIB:.2f} GiB: check_enough_kv_cache_memory)"
+            if engine == "vllm"
+            else f"not even one sequence of {context_tokens} tokens fits ({one / GIB:.2f} GiB of KV per device, "
+            f"pool {pool_bytes / GIB:.2f} GiB)"
+        )
     else:
-        start = (f"the engine starts but runs at most {max_seqs} sequences of {context_tokens} tokens at once; "
-                 "the rest wait or are preempted (and recomputed), so TTFT and E2E grow")
-    fix = (f"at concurrency {concurrency} a context of {fit_ctx} tokens fits" if fit_ctx else
-           f"no context fits {concurrency} sequences")
-    return [f"context {context_tokens} x concurrency {concurrency} = {asked} tokens of KV, the pool holds "
-            f"{max_seqs * context_tokens} ({max_seqs} sequences): {start}; {fix}, or keep this context for a few "
-            "long requests on their own backend (003 §20)"]
+        start = (
+            f"the engine starts but runs at most {max_seqs} sequences of {context_tokens} tokens at once; "
+            "the rest wait or are preempted (and recomputed), so TTFT and E2E grow"
+        )
+    fix = (
+        f"at concurrency {concurrency} a context of {fit_ctx} tokens fits"
+        if fit_ctx
+        else f"no context fits {concurrency} sequences"
+    )
+    return [
+        f"context {context_tokens} x concurrency {concurrency} = {asked} tokens of KV, the pool holds "
+        f"{max_seqs * context_tokens} ({max_seqs} sequences): {start}; {fix}, or keep this context for a few "
+        "long requests on their own backend (003 §20)"
+    ]

@@ -54,13 +54,19 @@ class Roofline:
 
     def as_dict(self) -> dict[str, float | int | None]:
         """JSON-able view."""
-        return {"batch": self.batch, "bytes_per_step": self.bytes_per_step, "flops_per_step": self.flops_per_step,
-                "decode_memory_floor_s": self.decode_memory_floor_s,
-                "decode_compute_floor_s": self.decode_compute_floor_s, "decode_step_s": self.decode_step_s,
-                "tpot_floor_ms": self.decode_step_s * 1e3,
-                "per_sequence_tokens_per_s": self.per_sequence_tokens_per_s,
-                "aggregate_tokens_per_s": self.aggregate_tokens_per_s,
-                "prefill_flops": self.prefill_flops, "prefill_s": self.prefill_s}
+        return {
+            "batch": self.batch,
+            "bytes_per_step": self.bytes_per_step,
+            "flops_per_step": self.flops_per_step,
+            "decode_memory_floor_s": self.decode_memory_floor_s,
+            "decode_compute_floor_s": self.decode_compute_floor_s,
+            "decode_step_s": self.decode_step_s,
+            "tpot_floor_ms": self.decode_step_s * 1e3,
+            "per_sequence_tokens_per_s": self.per_sequence_tokens_per_s,
+            "aggregate_tokens_per_s": self.aggregate_tokens_per_s,
+            "prefill_flops": self.prefill_flops,
+            "prefill_s": self.prefill_s,
+        }
 
 
 def expected_distinct_experts(num_experts: int, k: int, batch: int) -> float:
@@ -89,9 +95,18 @@ def attention_flops(model: ModelEntry, tokens: int) -> float:
     return total
 
 
-def roofline(model: ModelEntry, weight_bytes_read_b1: float, dense_weight_bytes: float, expert_bytes_total: float,
-             active_params: float, state_bytes_per_seq: float, batch: int, prompt_tokens: int,
-             bandwidth_bytes_s: float, peak_flops: float | None) -> Roofline:
+def roofline(
+    model: ModelEntry,
+    weight_bytes_read_b1: float,
+    dense_weight_bytes: float,
+    expert_bytes_total: float,
+    active_params: float,
+    state_bytes_per_seq: float,
+    batch: int,
+    prompt_tokens: int,
+    bandwidth_bytes_s: float,
+    peak_flops: float | None,
+) -> Roofline:
     """Compute the floors for one replica.
 
     ``dense_weight_bytes``: bytes read every step whatever the routing (everything but routed experts
@@ -108,7 +123,12 @@ def roofline(model: ModelEntry, weight_bytes_read_b1: float, dense_weight_bytes:
     bytes_step = weights + batch * state_bytes_per_seq
     flops_step = 2.0 * active_params * batch
     prefill = 2.0 * active_params * prompt_tokens + attention_flops(model, prompt_tokens)
-    return Roofline(batch=batch, bytes_per_step=bytes_step, flops_per_step=flops_step,
-                    decode_memory_floor_s=bytes_step / bandwidth_bytes_s,
-                    decode_compute_floor_s=(flops_step / peak_flops) if peak_flops else None,
-                    prefill_flops=prefill, prefill_s=(prefill / peak_flops) if peak_flops else None)
+    return Roofline(
+        batch=batch,
+        bytes_per_step=bytes_step,
+        flops_per_step=flops_step,
+        decode_memory_floor_s=bytes_step / bandwidth_bytes_s,
+        decode_compute_floor_s=(flops_step / peak_flops) if peak_flops else None,
+        prefill_flops=prefill,
+        prefill_s=(prefill / peak_flops) if peak_flops else None,
+    )

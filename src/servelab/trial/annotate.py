@@ -35,8 +35,9 @@ def _lines(path: Path) -> list[RequestLine]:
     return out
 
 
-def annotate(steps: Sequence[StepSummary], requests_jsonl: Path, objectives: list[Objective],
-             repeat: int | None = None) -> None:
+def annotate(
+    steps: Sequence[StepSummary], requests_jsonl: Path, objectives: list[Objective], repeat: int | None = None
+) -> None:
     """Set ``steady``, ``repeat`` and (``mix`` steps) ``by_class`` on every step of ``steps`` that ran,
     in place, from the bench's ``requests_jsonl``. A missing file leaves the steps as they are."""
     by_step: dict[tuple[str, str], list[RequestRecord]] = {}

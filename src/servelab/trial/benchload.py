@@ -27,5 +27,6 @@ def bench_load(models: list[LoadModel]) -> BenchLoad:
     if all(m.kind == "closed" for m in models):
         return BenchLoad([m.concurrency for m in models], None)
     first = models[0]
-    return BenchLoad(None, [float(m.rate_rps or 0) for m in models], first.arrival, first.gamma_shape,
-                     first.max_concurrency)
+    return BenchLoad(
+        None, [float(m.rate_rps or 0) for m in models], first.arrival, first.gamma_shape, first.max_concurrency
+    )

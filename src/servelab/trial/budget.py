@@ -81,7 +81,10 @@ class TrialBudget:
         spent = self.elapsed_s()
         note = ""
         if self.skipped:
-            note = (f"trial budget of {self.limit_s / 60:g} min (goal.budget.max_minutes) spent: not started "
-                    f"for budget: {', '.join(self.skipped)}; the decision covers only the work that ran")
-        return BudgetUse(limit_s=self.limit_s, spent_s=spent, exhausted=bool(self.skipped), skipped=list(self.skipped),
-                         note=note)
+            note = (
+                f"trial budget of {self.limit_s / 60:g} min (goal.budget.max_minutes) spent: not started "
+                f"for budget: {', '.join(self.skipped)}; the decision covers only the work that ran"
+            )
+        return BudgetUse(
+            limit_s=self.limit_s, spent_s=spent, exhausted=bool(self.skipped), skipped=list(self.skipped), note=note
+        )

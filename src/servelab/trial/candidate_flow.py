@@ -7,8 +7,15 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-from servelab.trial.results import (CandidateIdentity, CandidateResult, Decision, EnvironmentRow, GoalRow, Host,
-                                    MethodRow)
+from servelab.trial.results import (
+    CandidateIdentity,
+    CandidateResult,
+    Decision,
+    EnvironmentRow,
+    GoalRow,
+    Host,
+    MethodRow,
+)
 from servelab.trial.spec import Candidate
 
 __all__ = ["CandidateFlow", "CandidateRun"]
@@ -49,7 +56,14 @@ class CandidateFlow(Protocol):
         """Adjust the record's goal and method rows to what this flow measured."""
         ...
 
-    def decide(self, results: dict[str, CandidateResult], identities: dict[str, CandidateIdentity], *,
-               goal: GoalRow, environment: EnvironmentRow, method: MethodRow) -> Decision:
+    def decide(
+        self,
+        results: dict[str, CandidateResult],
+        identities: dict[str, CandidateIdentity],
+        *,
+        goal: GoalRow,
+        environment: EnvironmentRow,
+        method: MethodRow,
+    ) -> Decision:
         """The decision over every candidate."""
         ...

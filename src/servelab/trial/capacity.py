@@ -24,12 +24,21 @@ from servelab.trial.results import Capacity, Probe
 
 __all__ = ["RESOLUTION_NOTE", "search"]
 
-RESOLUTION_NOTE = ("resolution of the search, not a confidence interval: the highest rate that held and the lowest "
-                   "that broke, each probe's verdict taken as exact")
+RESOLUTION_NOTE = (
+    "resolution of the search, not a confidence interval: the highest rate that held and the lowest "
+    "that broke, each probe's verdict taken as exact"
+)
 
 
-def search(probe: Callable[[float], Probe], start_rps: float, *, max_probes: int = 4, tolerance: float = 0.05,
-           floor_rps: float = 1e-3, ceiling_rps: float = 1e4) -> Capacity:
+def search(
+    probe: Callable[[float], Probe],
+    start_rps: float,
+    *,
+    max_probes: int = 4,
+    tolerance: float = 0.05,
+    floor_rps: float = 1e-3,
+    ceiling_rps: float = 1e4,
+) -> Capacity:
     """The :class:`~servelab.trial.results.Capacity` found by probing ``probe(rate_rps)`` (module doc).
 
     ``start_rps`` > 0: the first rate; ``max_probes``: probes at most; ``tolerance``: relative bracket
@@ -58,8 +67,9 @@ def search(probe: Callable[[float], Probe], start_rps: float, *, max_probes: int
             if held is not None or rate / 2 < floor_rps:
                 break
             rate /= 2
-    while held is not None and broke is not None and len(probes) < max_probes \
-            and (broke - held) / held > tolerance:  # bisect
+    while (
+        held is not None and broke is not None and len(probes) < max_probes and (broke - held) / held > tolerance
+    ):  # bisect
         mid = (held + broke) / 2
         if run(mid):
             held = mid
@@ -72,6 +82,12 @@ def search(probe: Callable[[float], Probe], start_rps: float, *, max_probes: int
         note = f"every rate up to {held:g} req/s held: the capacity is higher (more probes would find it)"
     interval = None if held is None else Interval(lo=held, hi=broke, level=1.0, n=len(probes), method="bracket")
     best = max((p for p in probes if p.held), key=lambda p: p.rate_rps, default=None)
-    return Capacity(rate_rps=held, broke_at_rps=broke, interval=interval,
-                    interval_note=RESOLUTION_NOTE if interval is not None else None,
-                    output_tokens_per_s=best.output_tokens_per_s if best else None, probes=probes, note=note)
+    return Capacity(
+        rate_rps=held,
+        broke_at_rps=broke,
+        interval=interval,
+        interval_note=RESOLUTION_NOTE if interval is not None else None,
+        output_tokens_per_s=best.output_tokens_per_s if best else None,
+        probes=probes,
+        note=note,
+    )

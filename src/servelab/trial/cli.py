@@ -14,14 +14,21 @@ from servelab.wire.errors import ConfigError
 
 
 def trial_command(
-    file: str = typer.Argument(None, help="Experiment YAML (docs/experiment.md). Omit to run the built-in "
-                               "experiment: llama-server + Gemma 3 270M at 1 slot vs 4 slots."),
+    file: str = typer.Argument(
+        None,
+        help="Experiment YAML (docs/experiment.md). Omit to run the built-in "
+        "experiment: llama-server + Gemma 3 270M at 1 slot vs 4 slots.",
+    ),
     out: str = typer.Option(None, "--out", "-o", help="Run folder (default runs/trial-YYYYmmdd-HHMMSS-xxxx)."),
-    no_report: bool = typer.Option(False, "--no-report", help="Skip report.html (write it later with "
-                                   "'servelab report RUN')."),
+    no_report: bool = typer.Option(
+        False, "--no-report", help="Skip report.html (write it later with 'servelab report RUN')."
+    ),
     no_index: bool = typer.Option(False, "--no-index", help="Do not add the record to the records database."),
-    check: bool = typer.Option(False, "--check", help="Only validate the experiment and print it back as YAML "
-                               "(with every default filled in); start nothing."),
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="Only validate the experiment and print it back as YAML (with every default filled in); start nothing.",
+    ),
 ) -> None:
     """Run the selection experiment: launch each candidate, time its cold start, smoke-test the needed
     sub-features, gate on quality, raise load 1, 2, 4, 8 … until an SLO breaks, run the stated arrival
@@ -47,8 +54,11 @@ def trial_command(
     try:
         record = runner.run()
     except TrialInterrupted:
-        print(f"interrupted: partial record {run_dir / 'record.json'} (decision covers finished candidates only); "
-              f"`servelab report {run_dir}` renders it", file=sys.stderr)
+        print(
+            f"interrupted: partial record {run_dir / 'record.json'} (decision covers finished candidates only); "
+            f"`servelab report {run_dir}` renders it",
+            file=sys.stderr,
+        )
         sys.exit(130)
     except KeyboardInterrupt:
         print(f"interrupted: finished steps are kept under {run_dir}/candidates/", file=sys.stderr)
@@ -79,8 +89,9 @@ def report_command(run: str = typer.Argument(..., help="Trial run folder (holds 
 def compare_command(
     run_a: str = typer.Argument(..., help="First trial run folder."),
     run_b: str = typer.Argument(..., help="Second trial run folder."),
-    out: str = typer.Option(None, "--out", "-o",
-                            help="HTML file (default compare-<A>-<B>.html in the current folder)."),
+    out: str = typer.Option(
+        None, "--out", "-o", help="HTML file (default compare-<A>-<B>.html in the current folder)."
+    ),
 ) -> None:
     """Set two trials side by side in one self-contained HTML page."""
     from servelab.trial.report import write_compare

@@ -35,11 +35,22 @@ def step_line(name: str, s: StepSummary) -> str:
     if s.skipped:
         return f"[{name}] {s.workload} {s.step}: skipped ({s.skipped_reason})"
     c = s.counts
-    slo = "" if not s.slo else (" SLO met" if s.slo_met else " SLO BROKEN: " + ", ".join(
-        f"{v.objective} (was {v.value:.3g})" if v.value is not None else v.objective
-        for v in s.slo if not v.met))
-    return (f"[{name}] {s.workload} {s.step}: {c.succeeded}/{c.submitted} ok, TTFT p95 "
-            f"{_ms(s.ttft_s.p95)}, ITL p95 {_ms(s.itl_s.p95)}, {_tps(s)}{slo}")
+    slo = (
+        ""
+        if not s.slo
+        else (
+            " SLO met"
+            if s.slo_met
+            else " SLO BROKEN: "
+            + ", ".join(
+                f"{v.objective} (was {v.value:.3g})" if v.value is not None else v.objective for v in s.slo if not v.met
+            )
+        )
+    )
+    return (
+        f"[{name}] {s.workload} {s.step}: {c.succeeded}/{c.submitted} ok, TTFT p95 "
+        f"{_ms(s.ttft_s.p95)}, ITL p95 {_ms(s.itl_s.p95)}, {_tps(s)}{slo}"
+    )
 
 
 def gate_text(c: QualityCheck) -> str:
@@ -62,8 +73,7 @@ def _table(rows: list[VerdictRow]) -> list[str]:
     head = ("candidate", "verdict", "ranked on", "95 % CI", "measured", "SLO")
     cells = [head, *((r.candidate, r.verdict.upper(), r.figure, r.interval, r.measured, r.slo) for r in rows)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(head) - 1)]
-    return ["  " + "  ".join([*(v.ljust(w) for v, w in zip(row[:-1], widths, strict=True)), row[-1]])
-            for row in cells]
+    return ["  " + "  ".join([*(v.ljust(w) for v, w in zip(row[:-1], widths, strict=True)), row[-1]]) for row in cells]
 
 
 def decision_lines(decision: Decision, candidates: Mapping[str, CandidateResult]) -> list[str]:
@@ -72,8 +82,10 @@ def decision_lines(decision: Decision, candidates: Mapping[str, CandidateResult]
     rows = verdict_table(decision, candidates)
     out = ["decision:", *_table(rows)]
     if any("steady window" in r.measured for r in rows):
-        out.append("  (ranked tok/s: the steady window, ramp-up and drain left out; the step lines above "
-                   "are whole-step figures)")
+        out.append(
+            "  (ranked tok/s: the steady window, ramp-up and drain left out; the step lines above "
+            "are whole-step figures)"
+        )
     out.append("reasons:")
     for r in rows:
         v = decision.verdict_of(r.candidate)

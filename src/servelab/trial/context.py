@@ -53,5 +53,11 @@ class TrialContext:
 
         objectives = trial_objectives(exp.goal)
         fresh = TrialBudget(exp.goal.budget.max_minutes, budget.clock if budget is not None else time.monotonic)
-        return cls(exp=exp, out=Path(out), say=say, budget=fresh, objectives=objectives,
-                   judged=[*objectives, *scoped_objectives(exp.goal.workload_slo)])
+        return cls(
+            exp=exp,
+            out=Path(out),
+            say=say,
+            budget=fresh,
+            objectives=objectives,
+            judged=[*objectives, *scoped_objectives(exp.goal.workload_slo)],
+        )

@@ -73,8 +73,7 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 async def _probe(session: aiohttp.ClientSession, url: str, model: str, words: int, timeout_s: float) -> ContextProbe:
     t0 = time.monotonic()
-    body = {"model": model, "prompt": " ".join(["the"] * words), "max_tokens": 1, "temperature": 0,
-            "stream": False}
+    body = {"model": model, "prompt": " ".join(["the"] * words), "max_tokens": 1, "temperature": 0, "stream": False}
     p = ContextProbe(sent_words=words)
     try:
         async with session.post(url, data=orjson.dumps(body), timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
@@ -101,8 +100,17 @@ async def _probe(session: aiohttp.ClientSession, url: str, model: str, words: in
     return p
 
 
-def check_context(base_url: str, model: str, limit_tokens: int, *, step_tokens: int = 16, start_words: int = 16,
-                  budget_s: float = 120.0, timeout_s: float = 60.0, api_key: str | None = None) -> ContextCheck:
+def check_context(
+    base_url: str,
+    model: str,
+    limit_tokens: int,
+    *,
+    step_tokens: int = 16,
+    start_words: int = 16,
+    budget_s: float = 120.0,
+    timeout_s: float = 60.0,
+    api_key: str | None = None,
+) -> ContextCheck:
     """Find the longest prompt the server at ``base_url`` (OpenAI API root) answers whole, up to
     ``limit_tokens`` (the declared context), to within ``step_tokens``, spending at most ``budget_s``
     seconds (each request bounded by ``timeout_s``). ``model``: the served model id.
@@ -111,8 +119,10 @@ def check_context(base_url: str, model: str, limit_tokens: int, *, step_tokens: 
     below ``limit_tokens``; everything the server does is a result, never an exception.
     """
     if limit_tokens < 1 or step_tokens < 1 or not 0 < start_words < limit_tokens:
-        raise ValueError(f"need limit_tokens >= 1, step_tokens >= 1 and 0 < start_words < limit_tokens "
-                         f"(got {limit_tokens}, {step_tokens}, {start_words})")
+        raise ValueError(
+            f"need limit_tokens >= 1, step_tokens >= 1 and 0 < start_words < limit_tokens "
+            f"(got {limit_tokens}, {step_tokens}, {start_words})"
+        )
     t0 = time.monotonic()
     out = ContextCheck(limit_tokens=limit_tokens)
     url = base_url.rstrip("/") + "/completions"
@@ -120,11 +130,21 @@ def check_context(base_url: str, model: str, limit_tokens: int, *, step_tokens: 
     return asyncio.run(_search(out, url, model, headers, step_tokens, start_words, budget_s, timeout_s, t0))
 
 
-async def _search(out: ContextCheck, url: str, model: str, headers: dict[str, str], step_tokens: int,
-                  start_words: int, budget_s: float, timeout_s: float, t0: float) -> ContextCheck:
+async def _search(
+    out: ContextCheck,
+    url: str,
+    model: str,
+    headers: dict[str, str],
+    step_tokens: int,
+    start_words: int,
+    budget_s: float,
+    timeout_s: float,
+    t0: float,
+) -> ContextCheck:
     limit_tokens = out.limit_tokens
     headers = {"Content-Type": "application/json", **headers}
     async with aiohttp.ClientSession(headers=headers) as session:
+
         async def ask(words: int) -> ContextProbe:
             p = await _probe(session, url, model, words, timeout_s)
             out.probes.append(p)
@@ -139,8 +159,12 @@ async def _search(out: ContextCheck, url: str, model: str, headers: dict[str, st
         out.accepted_tokens = first.prompt_tokens
 
         def whole(p: ContextProbe) -> bool:
-            return p.status is not None and p.status < 300 and p.prompt_tokens is not None \
+            return (
+                p.status is not None
+                and p.status < 300
+                and p.prompt_tokens is not None
                 and p.prompt_tokens >= p.sent_words + out.offset_tokens
+            )
 
         lo_words = start_words  # answered whole
         hi_words = max(limit_tokens - out.offset_tokens, start_words + 1)  # the declared limit, in words
@@ -164,8 +188,10 @@ async def _search(out: ContextCheck, url: str, model: str, headers: dict[str, st
                 out.verdict, out.message = ("clear_error" if converged else "undetermined"), failing.error
             elif failing.status is not None and failing.status < 300 and failing.prompt_tokens is not None:
                 out.verdict = "truncates"  # flagged even before convergence: a cut prompt was seen
-                out.message = (f"answered a {failing.sent_words + out.offset_tokens}-token prompt but counted "
-                               f"{failing.prompt_tokens}: the prompt was cut without an error")
+                out.message = (
+                    f"answered a {failing.sent_words + out.offset_tokens}-token prompt but counted "
+                    f"{failing.prompt_tokens}: the prompt was cut without an error"
+                )
             else:
                 out.message = failing.error or "answer without usage.prompt_tokens"
     out.elapsed_s = time.monotonic() - t0

@@ -51,9 +51,11 @@ def ranking_basis(task_kind: str) -> str | None:
     """The report's sentence on what an embeddings trial ranks on (``None`` for a chat trial)."""
     if task_kind != "embeddings":
         return None
-    return ("inputs/s (embedding vectors per second) each server sustained at the highest load step that met "
-            "every SLO, mean over repeats; a candidate is behind only when the 95 % interval of the ratio "
-            "excludes 1, else the tie-break orders them")
+    return (
+        "inputs/s (embedding vectors per second) each server sustained at the highest load step that met "
+        "every SLO, mean over repeats; a candidate is behind only when the 95 % interval of the ratio "
+        "excludes 1, else the tie-break orders them"
+    )
 
 
 def fact_text(f: EmbeddingsFigures) -> str:
@@ -63,10 +65,17 @@ def fact_text(f: EmbeddingsFigures) -> str:
     if f.inputs_per_s is None:
         return "no inputs/s figure (no load level met the SLO)"
     ci = f.inputs_per_s_ci
-    ci_text = f" (95 % CI {ci.lo:.1f}–{ci.hi:.1f})" if ci is not None and ci.lo is not None and ci.hi is not None \
-        else ""
+    ci_text = (
+        f" (95 % CI {ci.lo:.1f}–{ci.hi:.1f})" if ci is not None and ci.lo is not None and ci.hi is not None else ""
+    )
     it = f.input_tokens
-    length = (f"input length {it['mean']:.0f} tokens mean ({it['min']:.0f}-{it['max']:.0f}) in "
-              f"{f.tokenizer or 'approximate words'}" if it else "input length unknown")
-    return (f"effective {f.inputs_per_s:.1f} inputs/s{ci_text}, {f.tokens_per_s or 0:.0f} tokens/s at {f.at_step}; "
-            f"{f.batch_size} input(s) per request, {length}; {f.dimensions} dimensions")
+    length = (
+        f"input length {it['mean']:.0f} tokens mean ({it['min']:.0f}-{it['max']:.0f}) in "
+        f"{f.tokenizer or 'approximate words'}"
+        if it
+        else "input length unknown"
+    )
+    return (
+        f"effective {f.inputs_per_s:.1f} inputs/s{ci_text}, {f.tokens_per_s or 0:.0f} tokens/s at {f.at_step}; "
+        f"{f.batch_size} input(s) per request, {length}; {f.dimensions} dimensions"
+    )

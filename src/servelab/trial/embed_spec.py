@@ -24,8 +24,14 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from servelab.wire.config import StrictModel
 
-__all__ = ["CHAT_ONLY_FIELDS", "EMBEDDING_KINDS", "EmbeddingsOptions", "ReferenceItem", "embeddings_conflicts",
-           "load_reference"]
+__all__ = [
+    "CHAT_ONLY_FIELDS",
+    "EMBEDDING_KINDS",
+    "EmbeddingsOptions",
+    "ReferenceItem",
+    "embeddings_conflicts",
+    "load_reference",
+]
 
 #: engine kinds an embeddings trial accepts: servers the experiment names (``url``) or starts with its
 #: own command line (``command``, e.g. ``servelab embed-engine --port {port}``); ``llamacpp`` only with
@@ -74,8 +80,9 @@ def load_reference(path: str) -> list[ReferenceItem]:
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read reference {path}: {e}; give a JSON file "
-                         "{items: [{text, embedding}]}") from None
+        raise ValueError(
+            f"cannot read reference {path}: {e}; give a JSON file {{items: [{{text, embedding}}]}}"
+        ) from None
     items = doc.get("items") if isinstance(doc, dict) else None
     if not isinstance(items, list) or not items:
         raise ValueError(f"reference {path} has no 'items' list; write {{items: [{{text, embedding}}]}}")
@@ -102,12 +109,16 @@ class EmbeddingsOptions(StrictModel):
     """
 
     batch_size: int = Field(1, ge=1, le=2048, description="inputs per /v1/embeddings request (1-2048)")
-    input_tokens: str | int = Field("16-256", description="per-input length distribution, tokens of the "
-                                                          "embedding model's tokenizer", examples=["16-256", 128])
+    input_tokens: str | int = Field(
+        "16-256",
+        description="per-input length distribution, tokens of the embedding model's tokenizer",
+        examples=["16-256", 128],
+    )
     dimensions: int | None = Field(None, ge=1, description="vector length required; null = the model's stated one")
     reference: str | None = Field(None, description="JSON file {items: [{text, embedding}]} of reference vectors")
-    similarity_min: float = Field(0.0, ge=-1, le=1, description="min cosine similarity to the reference "
-                                                                "(0 = informational)")
+    similarity_min: float = Field(
+        0.0, ge=-1, le=1, description="min cosine similarity to the reference (0 = informational)"
+    )
 
     @field_validator("input_tokens")
     @classmethod
@@ -158,25 +169,35 @@ def embeddings_conflicts(exp: Any) -> str | None:
     ``None``. For a chat experiment: ``embeddings`` set is the problem."""
     if exp.goal.task_kind != "embeddings":
         if exp.embeddings != EmbeddingsOptions():
-            return ("embeddings: applies to an embeddings trial only; set goal.task_kind: embeddings, "
-                    "or remove the embeddings section")
+            return (
+                "embeddings: applies to an embeddings trial only; set goal.task_kind: embeddings, "
+                "or remove the embeddings section"
+            )
         return None
     for path, what in CHAT_ONLY_FIELDS:
         if _is_set(exp, path):
-            return (f"{path}: is for {what} and does not apply to an embeddings trial (goal.task_kind: embeddings); "
-                    "remove it")
+            return (
+                f"{path}: is for {what} and does not apply to an embeddings trial (goal.task_kind: embeddings); "
+                "remove it"
+            )
     for o in exp.goal.objectives:
         if o.metric in _TOKEN_METRICS:
-            return (f"goal.slo: {o.name} times streamed tokens, which an embeddings response has none of; "
-                    "use e2e (request latency), e.g. e2e_p95<=500ms, and error_rate")
+            return (
+                f"goal.slo: {o.name} times streamed tokens, which an embeddings response has none of; "
+                "use e2e (request latency), e.g. e2e_p95<=500ms, and error_rate"
+            )
     for i, c in enumerate(exp.candidates):
         if c.engine not in EMBEDDING_KINDS:
-            return (f"candidates[{i}].engine: {c.engine!r} is a chat engine here; an embeddings trial compares "
-                    "/v1/embeddings servers: use engine: command (e.g. argv: [servelab, embed-engine, --port, "
-                    "'{port}']), engine: url, or llamacpp with settings.extra_args [--embeddings, ...]")
+            return (
+                f"candidates[{i}].engine: {c.engine!r} is a chat engine here; an embeddings trial compares "
+                "/v1/embeddings servers: use engine: command (e.g. argv: [servelab, embed-engine, --port, "
+                "'{port}']), engine: url, or llamacpp with settings.extra_args [--embeddings, ...]"
+            )
         if c.engine == "llamacpp":
             extra = [str(a) for a in (getattr(c.settings, "extra_args", None) or [])]
             if not {"--embeddings", "--embedding"} & set(extra):
-                return (f"candidates[{i}]: a llamacpp candidate serves chat unless started with --embeddings; "
-                        "add settings.extra_args: [--embeddings, --pooling, mean] and an embedding model")
+                return (
+                    f"candidates[{i}]: a llamacpp candidate serves chat unless started with --embeddings; "
+                    "add settings.extra_args: [--embeddings, --pooling, mean] and an embedding model"
+                )
     return None

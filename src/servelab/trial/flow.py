@@ -18,7 +18,6 @@ import socket
 import time
 from pathlib import Path
 
-from servelab.wire.host import host_identity
 from servelab.trial.budget import TrialBudget
 from servelab.trial.context import Progress, TrialContext
 from servelab.trial.flows import flow_for
@@ -26,6 +25,7 @@ from servelab.trial.results import CandidateIdentity, CandidateResult, Host, Tri
 from servelab.trial.rows import budget_in_decision, environment_row, goal_row, method_row, trial_record
 from servelab.trial.spec import Experiment
 from servelab.wire.errors import ConfigError
+from servelab.wire.host import host_identity
 
 __all__ = ["TrialInterrupted", "TrialRunner"]
 
@@ -47,8 +47,9 @@ class TrialRunner:
     does raise :class:`ConfigError` for bad input found before any engine starts. ``budget``: its
     clock is the trial's (a test passes one on a fake clock)."""
 
-    def __init__(self, exp: Experiment, out: Path, progress: Progress = print, budget: TrialBudget | None = None
-                 ) -> None:
+    def __init__(
+        self, exp: Experiment, out: Path, progress: Progress = print, budget: TrialBudget | None = None
+    ) -> None:
         self.ctx = TrialContext.of(exp, Path(out), progress, budget)
 
     def preflight(self) -> None:
@@ -62,8 +63,10 @@ class TrialRunner:
                 sock.settimeout(0.5)
                 in_use = sock.connect_ex(("127.0.0.1", int(port))) == 0
             if in_use:
-                raise ConfigError(f"candidates[{i}].settings.port: port {port} is already in use on 127.0.0.1; "
-                                  f"choose a free port or leave it null to pick one")
+                raise ConfigError(
+                    f"candidates[{i}].settings.port: port {port} is already in use on 127.0.0.1; "
+                    f"choose a free port or leave it null to pick one"
+                )
 
     def run(self) -> TrialRecord:
         """Run every candidate, decide, and write ``record.json``; returns the record. Raises
@@ -92,18 +95,25 @@ class TrialRunner:
             est = flow.candidate_estimate_s()
             if not budget.allows(est):
                 budget.skip(cand.name)
-                not_run(cand.name, cand.engine,
-                        f"not run: the trial budget ({exp.goal.budget.max_minutes:g} min, goal.budget.max_minutes) "
-                        f"had {max(budget.remaining_s() or 0.0, 0):.0f} s left, less than a candidate takes to "
-                        f"its first load step here (~{est:.0f} s)")
+                not_run(
+                    cand.name,
+                    cand.engine,
+                    f"not run: the trial budget ({exp.goal.budget.max_minutes:g} min, goal.budget.max_minutes) "
+                    f"had {max(budget.remaining_s() or 0.0, 0):.0f} s left, less than a candidate takes to "
+                    f"its first load step here (~{est:.0f} s)",
+                )
                 say(f"[{cand.name}] {results[cand.name].reason}")
                 continue
             try:
                 identities[cand.name], results[cand.name], files[cand.name] = flow.run_candidate(cand, host)
             except KeyboardInterrupt:
                 interrupted = cand.name
-                not_run(cand.name, cand.engine, "interrupted (Ctrl-C) during this candidate; the requests it "
-                        f"finished are in candidates/{cand.name}/steps/requests.jsonl")
+                not_run(
+                    cand.name,
+                    cand.engine,
+                    "interrupted (Ctrl-C) during this candidate; the requests it "
+                    f"finished are in candidates/{cand.name}/steps/requests.jsonl",
+                )
                 say(f"[{cand.name}] interrupted; writing a partial record")
         for r in range(1, exp.repeats if interrupted is None else 1):  # rounds interleave: A B A B
             for cand in exp.candidates:
@@ -116,8 +126,18 @@ class TrialRunner:
         flow.rows(goal, method)
         decision = flow.decide(results, identities, goal=goal, environment=environment, method=method)
         budget_in_decision(ctx, decision, method.budget)
-        record = trial_record(ctx, t0, goal=goal, environment=environment, method=method, identities=identities,
-                              results=results, files=files, decision=decision, interrupted=interrupted)
+        record = trial_record(
+            ctx,
+            t0,
+            goal=goal,
+            environment=environment,
+            method=method,
+            identities=identities,
+            results=results,
+            files=files,
+            decision=decision,
+            interrupted=interrupted,
+        )
         write_record(record, ctx.out)
         if interrupted is not None:
             raise TrialInterrupted(record)

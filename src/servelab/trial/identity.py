@@ -32,8 +32,11 @@ class Declared(StrictModel):
     keeps each with source ``declared``. ``image_digest``: the container image (``sha256:…``);
     ``gpu_model`` and ``gpu_count``; ``tp``/``pp``/``dp``: tensor, pipeline and data parallel sizes."""
 
-    image_digest: str | None = Field(None, pattern=r"^(.+@)?sha256:[0-9a-f]{64}$",
-                                     description="container image digest: sha256:<64 hex> or IMAGE@sha256:<64 hex>")
+    image_digest: str | None = Field(
+        None,
+        pattern=r"^(.+@)?sha256:[0-9a-f]{64}$",
+        description="container image digest: sha256:<64 hex> or IMAGE@sha256:<64 hex>",
+    )
     gpu_model: str | None = Field(None, min_length=1, description="GPU model, e.g. NVIDIA H100 80GB HBM3")
     gpu_count: int | None = Field(None, ge=0, description="GPUs the engine uses")
     tp: int | None = Field(None, ge=1, description="tensor parallel size")
@@ -42,12 +45,22 @@ class Declared(StrictModel):
 
 
 #: declared field -> the fact name it fills (the probe's names where it has one: SGLang tp_size/dp_size)
-_DECLARED_NAMES = {"image_digest": "image_digest", "gpu_model": "gpu_model", "gpu_count": "gpu_count",
-                   "tp": "tp_size", "pp": "pp_size", "dp": "dp_size"}
+_DECLARED_NAMES = {
+    "image_digest": "image_digest",
+    "gpu_model": "gpu_model",
+    "gpu_count": "gpu_count",
+    "tp": "tp_size",
+    "pp": "pp_size",
+    "dp": "dp_size",
+}
 
 
-def merge_facts(engine: Mapping[str, Any] | None, probed: ProbedIdentity | None, declared: Declared | None,
-                price_per_hour: float | None = None) -> dict[str, Fact]:
+def merge_facts(
+    engine: Mapping[str, Any] | None,
+    probed: ProbedIdentity | None,
+    declared: Declared | None,
+    price_per_hour: float | None = None,
+) -> dict[str, Fact]:
     """Facts ``name -> Fact`` from the launcher's identity dump ``engine`` (``None`` for a server servelab
     did not start), the probe and the declared block (see the module doc for the order)."""
     facts: dict[str, Fact] = {}
@@ -85,15 +98,19 @@ def probe_candidate(base_url: str, api_key: str | None = None, timeout_s: float 
     return probe_sync(base_url, api_key=api_key, timeout_s=timeout_s)
 
 
-def fill_identity(identity: Any, base_url: str, api_key: str | None, declared: Declared | None,
-                  price_per_hour: float | None) -> None:
+def fill_identity(
+    identity: Any, base_url: str, api_key: str | None, declared: Declared | None, price_per_hour: float | None
+) -> None:
     """Set ``identity.probe`` (the launcher's probe when it made one, else a new one of ``base_url``) and
     ``identity.facts`` (:func:`merge_facts`) on a :class:`servelab.trial.results.CandidateIdentity`.
     Never raises: a probe that fails leaves its errors in ``identity.probe.errors``."""
     eng = identity.engine.model_dump(mode="json") if identity.engine is not None else None
     try:
-        probed = (ProbedIdentity.model_validate(eng["probe"]) if eng and eng.get("probe")
-                  else probe_candidate(base_url, api_key))
+        probed = (
+            ProbedIdentity.model_validate(eng["probe"])
+            if eng and eng.get("probe")
+            else probe_candidate(base_url, api_key)
+        )
     except Exception as e:  # noqa: BLE001 — identity must not fail a candidate
         probed = ProbedIdentity(errors={"probe": f"{type(e).__name__}: {e}"})
     identity.probe = probed

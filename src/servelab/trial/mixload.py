@@ -43,5 +43,11 @@ def experiment_mix(factory: Callable[[str, int], Any], ratio: str, seed: int) ->
 
     tok = next((getattr(w, "tokenizer", None) for w in subs.values()), None)
     longest = [m for w in subs.values() if (m := getattr(w, "max_input_tokens", None)) is not None]
-    return Workload("mix", f"the experiment's workloads at ratio {ratio}, run together", make, tok,
-                    {"ratio": parts}, max_input_tokens=max(longest) if longest else None)
+    return Workload(
+        "mix",
+        f"the experiment's workloads at ratio {ratio}, run together",
+        make,
+        tok,
+        {"ratio": parts},
+        max_input_tokens=max(longest) if longest else None,
+    )

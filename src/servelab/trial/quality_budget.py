@@ -58,8 +58,8 @@ class GateTiming:
 def first_timing(jsonl: Path) -> GateTiming | None:
     """:class:`GateTiming` of the first request in a requests.jsonl-format file (the smoke tests')
     that produced tokens; ``None`` when there is none or the file is missing."""
-    from servelab.bench.runner import record_from_json
     from servelab.bench.results import RequestLine
+    from servelab.bench.runner import record_from_json
 
     if not jsonl.is_file():
         return None

@@ -32,7 +32,6 @@ import time
 from contextlib import closing
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
 
 import typer
 from pydantic import Field, JsonValue
@@ -95,8 +94,9 @@ def _connect(db: str | os.PathLike[str] | None) -> sqlite3.Connection:
         p.parent.mkdir(parents=True, exist_ok=True)
         con = sqlite3.connect(p, timeout=30)
     except (OSError, sqlite3.Error) as e:
-        raise ConfigError(f"cannot open the records database {p} ({e}); "
-                          "set SERVELAB_RECORDS_DB to a writable path") from None
+        raise ConfigError(
+            f"cannot open the records database {p} ({e}); set SERVELAB_RECORDS_DB to a writable path"
+        ) from None
     con.row_factory = sqlite3.Row
     con.execute("PRAGMA foreign_keys = ON")
     con.executescript(_SCHEMA)
@@ -110,7 +110,7 @@ def _load_record(run_dir: Path) -> TrialRecord:
     return read_record(f)
 
 
-def _decision_summary(rec: TrialRecord) -> tuple[str, Optional[str]]:
+def _decision_summary(rec: TrialRecord) -> tuple[str, str | None]:
     dec = rec.decision
     adopt = dec.adopt or next((n for n, v in dec.verdicts.items() if v.verdict == "adopt"), None)
     parts = []
@@ -131,7 +131,8 @@ def _decision_summary(rec: TrialRecord) -> tuple[str, Optional[str]]:
 def _mark_historical(con: sqlite3.Connection) -> None:
     rows = con.execute(
         "SELECT c.trial_id, c.name, c.engine_version, c.binary_sha256, c.model_sha256, t.created_unix_s "
-        "FROM candidates c JOIN trials t USING (trial_id)").fetchall()
+        "FROM candidates c JOIN trials t USING (trial_id)"
+    ).fetchall()
     by_name: dict[str, list[sqlite3.Row]] = {}
     for r in rows:
         by_name.setdefault(r["name"], []).append(r)
@@ -140,16 +141,21 @@ def _mark_historical(con: sqlite3.Connection) -> None:
         return (r["created_unix_s"] if r["created_unix_s"] is not None else 0.0, r["trial_id"])
 
     def _differs(a: sqlite3.Row, b: sqlite3.Row) -> bool:
-        return any(a[k] is not None and b[k] is not None and a[k] != b[k]
-                   for k in ("engine_version", "binary_sha256", "model_sha256"))
+        return any(
+            a[k] is not None and b[k] is not None and a[k] != b[k]
+            for k in ("engine_version", "binary_sha256", "model_sha256")
+        )
 
     for r in rows:
         hist = any(_key(o) > _key(r) and _differs(r, o) for o in by_name[r["name"]])
-        con.execute("UPDATE candidates SET historical=? WHERE trial_id=? AND name=?",
-                    (int(hist), r["trial_id"], r["name"]))
-    con.execute("UPDATE trials SET historical = CASE WHEN n_candidates > 0 AND NOT EXISTS ("
-                "SELECT 1 FROM candidates c WHERE c.trial_id = trials.trial_id AND c.historical = 0) "
-                "AND EXISTS (SELECT 1 FROM candidates c WHERE c.trial_id = trials.trial_id) THEN 1 ELSE 0 END")
+        con.execute(
+            "UPDATE candidates SET historical=? WHERE trial_id=? AND name=?", (int(hist), r["trial_id"], r["name"])
+        )
+    con.execute(
+        "UPDATE trials SET historical = CASE WHEN n_candidates > 0 AND NOT EXISTS ("
+        "SELECT 1 FROM candidates c WHERE c.trial_id = trials.trial_id AND c.historical = 0) "
+        "AND EXISTS (SELECT 1 FROM candidates c WHERE c.trial_id = trials.trial_id) THEN 1 ELSE 0 END"
+    )
 
 
 def index_record(run_dir: str | os.PathLike[str], db: str | os.PathLike[str] | None = None) -> str:
@@ -166,11 +172,12 @@ def index_record(run_dir: str | os.PathLike[str], db: str | os.PathLike[str] | N
         created = rec.method.started_unix_s or (rd / "record.json").stat().st_mtime
     with closing(_connect(db)) as con, con:
         con.execute("DELETE FROM candidates WHERE trial_id=?", (tid,))
-        con.execute("INSERT OR REPLACE INTO trials (trial_id, run_dir, created_unix_s, name, task, "
-                    "decision_summary, adopt, n_candidates, indexed_unix_s, historical) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,0)",
-                    (tid, str(rd), float(created), rec.name or tid, rec.goal.task, summary, adopt, len(names),
-                     time.time()))
+        con.execute(
+            "INSERT OR REPLACE INTO trials (trial_id, run_dir, created_unix_s, name, task, "
+            "decision_summary, adopt, n_candidates, indexed_unix_s, historical) "
+            "VALUES (?,?,?,?,?,?,?,?,?,0)",
+            (tid, str(rd), float(created), rec.name or tid, rec.goal.task, summary, adopt, len(names), time.time()),
+        )
         for n in names:
             r = rec.result(n)
             ident = rec.ident(n)
@@ -178,21 +185,30 @@ def index_record(run_dir: str | os.PathLike[str], db: str | os.PathLike[str] | N
             model = ident.model or (ident.engine.model if ident.engine is not None else None) or {}
             eff = r.effective_throughput
             v = rec.decision.verdict_of(n)
-            con.execute("INSERT INTO candidates (trial_id, name, status, verdict, engine_kind, engine_version, "
-                        "binary_sha256, model_sha256, settings_json, effective_tok_s, at_step, ttft_p95_s) "
-                        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                        (tid, n, r.status if n in rec.results.candidates else None, v.verdict if v else None,
-                         e.kind, e.version, e.binary_sha256, model.get("sha256"),
-                         json.dumps(ident.settings, sort_keys=True),
-                         eff.output_tokens_per_s if eff else None,
-                         (eff.at_step if eff else None) or r.max_step_meeting_slo,
-                         r.tail_latency.ttft_p95_s if r.tail_latency else None))
+            con.execute(
+                "INSERT INTO candidates (trial_id, name, status, verdict, engine_kind, engine_version, "
+                "binary_sha256, model_sha256, settings_json, effective_tok_s, at_step, ttft_p95_s) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    tid,
+                    n,
+                    r.status if n in rec.results.candidates else None,
+                    v.verdict if v else None,
+                    e.kind,
+                    e.version,
+                    e.binary_sha256,
+                    model.get("sha256"),
+                    json.dumps(ident.settings, sort_keys=True),
+                    eff.output_tokens_per_s if eff else None,
+                    (eff.at_step if eff else None) or r.max_step_meeting_slo,
+                    r.tail_latency.ttft_p95_s if r.tail_latency else None,
+                ),
+            )
         _mark_historical(con)
     return tid
 
 
-def _resolve(con: sqlite3.Connection, key: str | os.PathLike[str], db: str | os.PathLike[str] | None
-             ) -> sqlite3.Row:
+def _resolve(con: sqlite3.Connection, key: str | os.PathLike[str], db: str | os.PathLike[str] | None) -> sqlite3.Row:
     k = str(key)
     row = con.execute("SELECT * FROM trials WHERE trial_id=?", (k,)).fetchone()
     if row is None:
@@ -200,13 +216,17 @@ def _resolve(con: sqlite3.Connection, key: str | os.PathLike[str], db: str | os.
         if p.exists():
             row = con.execute("SELECT * FROM trials WHERE run_dir=?", (str(p.resolve()),)).fetchone()
     if row is None and k:
-        rows = con.execute("SELECT * FROM trials WHERE trial_id LIKE ? ESCAPE '\\'",
-                           (k.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",)).fetchall()
+        rows = con.execute(
+            "SELECT * FROM trials WHERE trial_id LIKE ? ESCAPE '\\'",
+            (k.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",),
+        ).fetchall()
         if len(rows) == 1:
             row = rows[0]
         elif len(rows) > 1:
-            raise ConfigError(f"trial id prefix {k!r} is ambiguous in {_db_path(db)} "
-                              f"({', '.join(r['trial_id'] for r in rows[:5])}…): give more of the id")
+            raise ConfigError(
+                f"trial id prefix {k!r} is ambiguous in {_db_path(db)} "
+                f"({', '.join(r['trial_id'] for r in rows[:5])}…): give more of the id"
+            )
     if row is None:
         raise ConfigError(f"no trial {k!r} in {_db_path(db)}: see 'servelab records list'")
     return row
@@ -255,8 +275,13 @@ class ShownRecord(ResultModel):
     def as_json(self) -> JsonObject:
         """The record as written plus ``historical``, ``historical_candidates`` and ``index``."""
         out: JsonObject = self.record.model_dump(mode="json", by_alias=True, exclude_unset=True)
-        out.update({"historical": self.historical, "historical_candidates": dict(self.historical_candidates),
-                    "index": self.index.model_dump(mode="json")})
+        out.update(
+            {
+                "historical": self.historical,
+                "historical_candidates": dict(self.historical_candidates),
+                "index": self.index.model_dump(mode="json"),
+            }
+        )
         return out
 
 
@@ -305,18 +330,35 @@ class RecordsComparison(ResultModel):
 
 
 def _trial_row(row: sqlite3.Row, cands: list[sqlite3.Row]) -> IndexedTrial:
-    return IndexedTrial(trial_id=row["trial_id"], run_dir=row["run_dir"], created_unix_s=row["created_unix_s"],
-                        name=row["name"], task=row["task"], decision=row["decision_summary"], adopt=row["adopt"],
-                        n_candidates=row["n_candidates"], historical=bool(row["historical"]),
-                        candidates=[_cand_row(c) for c in cands])
+    return IndexedTrial(
+        trial_id=row["trial_id"],
+        run_dir=row["run_dir"],
+        created_unix_s=row["created_unix_s"],
+        name=row["name"],
+        task=row["task"],
+        decision=row["decision_summary"],
+        adopt=row["adopt"],
+        n_candidates=row["n_candidates"],
+        historical=bool(row["historical"]),
+        candidates=[_cand_row(c) for c in cands],
+    )
 
 
 def _cand_row(c: sqlite3.Row) -> IndexedCandidate:
-    return IndexedCandidate(name=c["name"], status=c["status"], verdict=c["verdict"], engine_kind=c["engine_kind"],
-                            engine_version=c["engine_version"], binary_sha256=c["binary_sha256"],
-                            model_sha256=c["model_sha256"], settings=json.loads(c["settings_json"] or "{}"),
-                            effective_tok_s=c["effective_tok_s"], at_step=c["at_step"], ttft_p95_s=c["ttft_p95_s"],
-                            historical=bool(c["historical"]))
+    return IndexedCandidate(
+        name=c["name"],
+        status=c["status"],
+        verdict=c["verdict"],
+        engine_kind=c["engine_kind"],
+        engine_version=c["engine_version"],
+        binary_sha256=c["binary_sha256"],
+        model_sha256=c["model_sha256"],
+        settings=json.loads(c["settings_json"] or "{}"),
+        effective_tok_s=c["effective_tok_s"],
+        at_step=c["at_step"],
+        ttft_p95_s=c["ttft_p95_s"],
+        historical=bool(c["historical"]),
+    )
 
 
 def _cands(con: sqlite3.Connection, tid: str) -> list[sqlite3.Row]:
@@ -330,8 +372,7 @@ def list_records(db: str | os.PathLike[str] | None = None) -> list[IndexedTrial]
         return [_trial_row(r, _cands(con, r["trial_id"])) for r in rows]
 
 
-def show_record(trial_id_or_run_dir: str | os.PathLike[str], db: str | os.PathLike[str] | None = None
-                ) -> ShownRecord:
+def show_record(trial_id_or_run_dir: str | os.PathLike[str], db: str | os.PathLike[str] | None = None) -> ShownRecord:
     """The trial's record (:class:`ShownRecord`: the record, ``historical``, ``historical_candidates``
     name -> bool, its ``index`` row). Accepts a trial id, a unique id prefix, or a run folder (indexed
     first if it is not yet). Raises :class:`ConfigError` for an unknown trial or a run folder whose
@@ -346,9 +387,12 @@ def show_record(trial_id_or_run_dir: str | os.PathLike[str], db: str | os.PathLi
     with closing(_connect(db)) as con:
         row = _resolve(con, key, db)
         cands = _cands(con, row["trial_id"])
-    return ShownRecord(record=_load_record(Path(row["run_dir"])), historical=bool(row["historical"]),
-                       historical_candidates={c["name"]: bool(c["historical"]) for c in cands},
-                       index=_trial_row(row, cands))
+    return ShownRecord(
+        record=_load_record(Path(row["run_dir"])),
+        historical=bool(row["historical"]),
+        historical_candidates={c["name"]: bool(c["historical"]) for c in cands},
+        index=_trial_row(row, cands),
+    )
 
 
 def _ident_from_row(c: IndexedCandidate) -> CandidateIdentity:
@@ -359,8 +403,9 @@ def _ident_from_row(c: IndexedCandidate) -> CandidateIdentity:
     return CandidateIdentity(engine=engine, model={"sha256": c.model_sha256}, settings=c.settings)
 
 
-def compare_records(a: str | os.PathLike[str], b: str | os.PathLike[str],
-                    db: str | os.PathLike[str] | None = None) -> RecordsComparison:
+def compare_records(
+    a: str | os.PathLike[str], b: str | os.PathLike[str], db: str | os.PathLike[str] | None = None
+) -> RecordsComparison:
     """Compare two indexed trials from the index alone (the run folders may be gone): every candidate
     name present in both, with its figures in each trial and the identity factors that differ.
     Raises :class:`ConfigError` for an unknown trial."""
@@ -376,28 +421,54 @@ def compare_records(a: str | os.PathLike[str], b: str | os.PathLike[str],
         change = None
         if x.effective_tok_s and y.effective_tok_s is not None:
             change = (y.effective_tok_s / x.effective_tok_s - 1) * 100
-        out.append(CandidateChange(name=n, a=SideFigures(**x.model_dump(include=fields)),
-                                   b=SideFigures(**y.model_dump(include=fields)), tok_s_change_pct=change,
-                                   differs_in=cmp.differs_in, details=cmp.details, note=cmp.note))
+        out.append(
+            CandidateChange(
+                name=n,
+                a=SideFigures(**x.model_dump(include=fields)),
+                b=SideFigures(**y.model_dump(include=fields)),
+                tok_s_change_pct=change,
+                differs_in=cmp.differs_in,
+                details=cmp.details,
+                note=cmp.note,
+            )
+        )
 
     def _head(r: sqlite3.Row) -> TrialHead:
-        return TrialHead(trial_id=r["trial_id"], created_unix_s=r["created_unix_s"], adopt=r["adopt"],
-                         historical=bool(r["historical"]), run_dir=r["run_dir"])
+        return TrialHead(
+            trial_id=r["trial_id"],
+            created_unix_s=r["created_unix_s"],
+            adopt=r["adopt"],
+            historical=bool(r["historical"]),
+            run_dir=r["run_dir"],
+        )
 
-    return RecordsComparison(a=_head(ra), b=_head(rb), candidates=out,
-                             only_in_a=[n for n in ca if n not in cb], only_in_b=[n for n in cb if n not in ca])
+    return RecordsComparison(
+        a=_head(ra),
+        b=_head(rb),
+        candidates=out,
+        only_in_a=[n for n in ca if n not in cb],
+        only_in_b=[n for n in cb if n not in ca],
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
 # CLI: servelab records ...
 # ---------------------------------------------------------------------------------------------------
 
-records_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                          help="List, show and compare past trials (index: $SERVELAB_RECORDS_DB or "
-                               "${SERVELAB_HOME:-~/.local/share/servelab}/records.db).")
+records_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="List, show and compare past trials (index: $SERVELAB_RECORDS_DB or "
+    "${SERVELAB_HOME:-~/.local/share/servelab}/records.db).",
+)
 
-_DB_OPT = typer.Option(None, "--db", help="Records database (path; default: $SERVELAB_RECORDS_DB, else "
-                                         "${SERVELAB_HOME:-~/.local/share/servelab}/records.db).")
+_DB_OPT = typer.Option(
+    None,
+    "--db",
+    help="Records database (path; default: $SERVELAB_RECORDS_DB, else "
+    "${SERVELAB_HOME:-~/.local/share/servelab}/records.db).",
+)
 
 
 def _date(t: float | None) -> str:
@@ -409,8 +480,9 @@ def _tps(v: float | None) -> str:
 
 
 @records_app.command("list")
-def list_command(db: Optional[Path] = _DB_OPT,
-                 as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+def list_command(
+    db: Path | None = _DB_OPT, as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")
+) -> None:
     """List indexed trials, newest first."""
     from rich.console import Console
     from rich.table import Table
@@ -427,24 +499,34 @@ def list_command(db: Optional[Path] = _DB_OPT,
         t.add_column(col)
     for r in rows:
         cands = ", ".join(f"{c.name}:{c.verdict or c.status or '?'}" for c in r.candidates)
-        t.add_row(r.trial_id, _date(r.created_unix_s), str(r.name or ""), str(r.adopt or "-"),
-                  cands or "-", "yes" if r.historical else "no")
+        t.add_row(
+            r.trial_id,
+            _date(r.created_unix_s),
+            str(r.name or ""),
+            str(r.adopt or "-"),
+            cands or "-",
+            "yes" if r.historical else "no",
+        )
     Console(width=200).print(t)
 
 
 @records_app.command("show")
-def show_command(trial: str = typer.Argument(..., help="Trial id (or a unique prefix) or run folder."),
-                 db: Optional[Path] = _DB_OPT,
-                 as_json: bool = typer.Option(False, "--json", help="Print the whole record as JSON.")) -> None:
+def show_command(
+    trial: str = typer.Argument(..., help="Trial id (or a unique prefix) or run folder."),
+    db: Path | None = _DB_OPT,
+    as_json: bool = typer.Option(False, "--json", help="Print the whole record as JSON."),
+) -> None:
     """Show one trial: its decision, candidates and where its evidence lies."""
     shown = show_record(trial, db)
     if as_json:
         typer.echo(json.dumps(shown.as_json(), indent=2, ensure_ascii=False))
         return
     idx, rec = shown.index, shown.record
-    lines = [f"trial {idx.trial_id}  {_date(idx.created_unix_s)}"
-             + ("  [HISTORICAL: a newer trial used another engine or weights]" if shown.historical else ""),
-             f"run folder: {idx.run_dir}"]
+    lines = [
+        f"trial {idx.trial_id}  {_date(idx.created_unix_s)}"
+        + ("  [HISTORICAL: a newer trial used another engine or weights]" if shown.historical else ""),
+        f"run folder: {idx.run_dir}",
+    ]
     if idx.task:
         lines.append(f"task: {idx.task}")
     if rec.goal.slo:
@@ -452,10 +534,12 @@ def show_command(trial: str = typer.Argument(..., help="Trial id (or a unique pr
     lines.append(f"decision: {idx.decision}")
     dec = rec.decision
     for c in idx.candidates:
-        lines.append(f"  {c.name}: {c.verdict or c.status or '?'}, {_tps(c.effective_tok_s)} tok/s at "
-                     f"{c.at_step or '-'}, ttft_p95 {c.ttft_p95_s if c.ttft_p95_s is not None else '-'} s, "
-                     f"{c.engine_kind or '?'} {c.engine_version or ''}, model sha256 "
-                     f"{(c.model_sha256 or '?')[:12]}" + ("  (historical)" if c.historical else ""))
+        lines.append(
+            f"  {c.name}: {c.verdict or c.status or '?'}, {_tps(c.effective_tok_s)} tok/s at "
+            f"{c.at_step or '-'}, ttft_p95 {c.ttft_p95_s if c.ttft_p95_s is not None else '-'} s, "
+            f"{c.engine_kind or '?'} {c.engine_version or ''}, model sha256 "
+            f"{(c.model_sha256 or '?')[:12]}" + ("  (historical)" if c.historical else "")
+        )
         v = dec.verdict_of(c.name)
         for reason in v.reasons if v else []:
             lines.append(f"      - {reason}")
@@ -469,10 +553,12 @@ def show_command(trial: str = typer.Argument(..., help="Trial id (or a unique pr
 
 
 @records_app.command("compare")
-def compare_command(a: str = typer.Argument(..., help="First trial id or run folder."),
-                    b: str = typer.Argument(..., help="Second trial id or run folder."),
-                    db: Optional[Path] = _DB_OPT,
-                    as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def compare_command(
+    a: str = typer.Argument(..., help="First trial id or run folder."),
+    b: str = typer.Argument(..., help="Second trial id or run folder."),
+    db: Path | None = _DB_OPT,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
     """Compare two trials candidate by candidate: throughput, TTFT P95, verdict, what differs."""
     from rich.console import Console
     from rich.table import Table
@@ -482,16 +568,31 @@ def compare_command(a: str = typer.Argument(..., help="First trial id or run fol
         typer.echo(res.model_dump_json(indent=2))
         return
     t = Table(title=f"{res.a.trial_id} (A) vs {res.b.trial_id} (B)")
-    for col in ("candidate", "tok/s A", "tok/s B", "change", "ttft_p95 A", "ttft_p95 B", "verdict A",
-                "verdict B", "what differs"):
+    for col in (
+        "candidate",
+        "tok/s A",
+        "tok/s B",
+        "change",
+        "ttft_p95 A",
+        "ttft_p95 B",
+        "verdict A",
+        "verdict B",
+        "what differs",
+    ):
         t.add_column(col)
     for c in res.candidates:
         ch = c.tok_s_change_pct
-        t.add_row(c.name, _tps(c.a.effective_tok_s), _tps(c.b.effective_tok_s),
-                  "-" if ch is None else f"{ch:+.1f}%",
-                  "-" if c.a.ttft_p95_s is None else f"{c.a.ttft_p95_s:.3g} s",
-                  "-" if c.b.ttft_p95_s is None else f"{c.b.ttft_p95_s:.3g} s",
-                  str(c.a.verdict or c.a.status or "-"), str(c.b.verdict or c.b.status or "-"), c.note)
+        t.add_row(
+            c.name,
+            _tps(c.a.effective_tok_s),
+            _tps(c.b.effective_tok_s),
+            "-" if ch is None else f"{ch:+.1f}%",
+            "-" if c.a.ttft_p95_s is None else f"{c.a.ttft_p95_s:.3g} s",
+            "-" if c.b.ttft_p95_s is None else f"{c.b.ttft_p95_s:.3g} s",
+            str(c.a.verdict or c.a.status or "-"),
+            str(c.b.verdict or c.b.status or "-"),
+            c.note,
+        )
     con = Console(width=200)
     con.print(t)
     if res.only_in_a or res.only_in_b:
@@ -499,11 +600,23 @@ def compare_command(a: str = typer.Argument(..., help="First trial id or run fol
 
 
 @records_app.command("index")
-def index_command(run_dir: Path = typer.Argument(..., help="Trial run folder (holds record.json)."),
-                  db: Optional[Path] = _DB_OPT) -> None:
+def index_command(
+    run_dir: Path = typer.Argument(..., help="Trial run folder (holds record.json)."), db: Path | None = _DB_OPT
+) -> None:
     """Add (or refresh) a run folder in the index; prints its trial id."""
     typer.echo(index_record(run_dir, db))
 
 
-__all__ = ["CandidateChange", "IndexedCandidate", "IndexedTrial", "RecordsComparison", "ShownRecord", "compare_records",
-           "default_db_path", "index_record", "list_records", "records_app", "show_record"]
+__all__ = [
+    "CandidateChange",
+    "IndexedCandidate",
+    "IndexedTrial",
+    "RecordsComparison",
+    "ShownRecord",
+    "compare_records",
+    "default_db_path",
+    "index_record",
+    "list_records",
+    "records_app",
+    "show_record",
+]

@@ -29,8 +29,18 @@ from pydantic import Field
 from servelab.bench.results import ResultModel, StepSummary
 from servelab.engines.base import tail_lines
 
-__all__ = ["OOM_PATTERNS", "Crash", "EngineWatch", "Reliability", "StepReliability", "classify_exit", "current_engine",
-           "end_watch", "step_counters", "watch_engine"]
+__all__ = [
+    "OOM_PATTERNS",
+    "Crash",
+    "EngineWatch",
+    "Reliability",
+    "StepReliability",
+    "classify_exit",
+    "current_engine",
+    "end_watch",
+    "step_counters",
+    "watch_engine",
+]
 
 #: out-of-memory messages per engine (case-insensitive): PyTorch's CUDA allocator (vLLM, SGLang,
 #: TensorRT-LLM's PyTorch backend, LMDeploy's PyTorch engine: ``torch.OutOfMemoryError: CUDA out of
@@ -38,8 +48,15 @@ __all__ = ["OOM_PATTERNS", "Crash", "EngineWatch", "Reliability", "StepReliabili
 #: allocate``), TGI's router report (``OutOfMemory``), Ollama's runner (``out of memory``), and the
 #: kernel's OOM killer as a process sees it (``Killed``).
 OOM_PATTERNS: dict[str, tuple[str, ...]] = {
-    "any": (r"out of memory", r"OutOfMemoryError", r"std::bad_alloc", r"cannot allocate memory",
-            r"failed to allocate", r"\bOOM\b", r"CUDA error: out of memory"),
+    "any": (
+        r"out of memory",
+        r"OutOfMemoryError",
+        r"std::bad_alloc",
+        r"cannot allocate memory",
+        r"failed to allocate",
+        r"\bOOM\b",
+        r"CUDA error: out of memory",
+    ),
     "llamacpp": (r"ggml_backend_.*failed to allocate", r"failed to allocate .* buffer"),
     "vllm": (r"torch\.OutOfMemoryError", r"No available memory for the cache blocks"),
     "tgi": (r"OutOfMemory", r"Not enough memory to handle"),
@@ -90,8 +107,9 @@ class Reliability(ResultModel):
     restart_count: int = 0
 
 
-def classify_exit(returncode: int | None, log_path: Any,
-                  kind: str | None = None) -> tuple[bool, str | None, str | None]:
+def classify_exit(
+    returncode: int | None, log_path: Any, kind: str | None = None
+) -> tuple[bool, str | None, str | None]:
     """(``oom``, signal name, the log line that says so) for an engine that exited with ``returncode``,
     from the last 60 lines of its log (``log_path``) and :data:`OOM_PATTERNS` (``any`` + ``kind``'s)."""
     sig = None
@@ -110,9 +128,12 @@ def classify_exit(returncode: int | None, log_path: Any,
 def step_counters(step: StepSummary) -> StepReliability:
     """The request-side counters of ``step`` (from ``counts.failed``; the watch adds crashes)."""
     f = step.counts.failed
-    return StepReliability(timeouts=f.get("timeout", 0),
-                           stream_interruptions=f.get("cut_off", 0) + f.get("stream_error", 0),
-                           connect_errors=f.get("connect", 0), http_errors=f.get("http_status", 0))
+    return StepReliability(
+        timeouts=f.get("timeout", 0),
+        stream_interruptions=f.get("cut_off", 0) + f.get("stream_error", 0),
+        connect_errors=f.get("connect", 0),
+        http_errors=f.get("http_status", 0),
+    )
 
 
 class EngineWatch(threading.Thread):
@@ -124,9 +145,18 @@ class EngineWatch(threading.Thread):
     restarted engine replaces the old one (the metrics sampler follows it); ``kind``: the engine kind,
     for its OOM messages. After :meth:`stop`, :attr:`engine` is the engine that runs (or ran) last."""
 
-    def __init__(self, engine: Any, *, relaunch: Callable[[int], Any] | None, restart: str = "never",
-                 step_of: Callable[[], str | None] = lambda: None, on_swap: Callable[[Any], None] | None = None,
-                 kind: str | None = None, poll_s: float = 0.2, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        relaunch: Callable[[int], Any] | None,
+        restart: str = "never",
+        step_of: Callable[[], str | None] = lambda: None,
+        on_swap: Callable[[Any], None] | None = None,
+        kind: str | None = None,
+        poll_s: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(daemon=True)
         self.engine = engine
         self.relaunch, self.restart, self.step_of, self.on_swap, self.kind = relaunch, restart, step_of, on_swap, kind
@@ -145,8 +175,15 @@ class EngineWatch(threading.Thread):
             rc = eng.process.poll()
             seen = self.clock()
             oom, sig, line = classify_exit(rc, eng.log_path, self.kind)
-            crash = Crash(at_s=round(seen - self.t0, 3), at_unix_s=time.time(), step=self.step_of(), returncode=rc,
-                          signal=sig, oom=oom, log_line=line)
+            crash = Crash(
+                at_s=round(seen - self.t0, 3),
+                at_unix_s=time.time(),
+                step=self.step_of(),
+                returncode=rc,
+                signal=sig,
+                oom=oom,
+                log_line=line,
+            )
             with self._lock:
                 self.crashes.append(crash)
             if self.restart != "once" or self.relaunch is None or sum(c.restarted for c in self.crashes) >= 1:
@@ -187,9 +224,13 @@ class EngineWatch(threading.Thread):
 
     def report(self, steps: Iterable[StepSummary]) -> Reliability:
         """The :class:`Reliability` of ``steps`` with the crashes seen."""
-        out = Reliability(restart=self.restart, crashes=list(self.crashes), crash_count=len(self.crashes),
-                          oom_count=sum(c.oom for c in self.crashes),
-                          restart_count=sum(c.recovered for c in self.crashes))
+        out = Reliability(
+            restart=self.restart,
+            crashes=list(self.crashes),
+            crash_count=len(self.crashes),
+            oom_count=sum(c.oom for c in self.crashes),
+            restart_count=sum(c.recovered for c in self.crashes),
+        )
         per: dict[str, StepReliability] = {}
         for st in steps:
             if st.skipped:
@@ -209,6 +250,7 @@ def watch_engine(cand: Any, running: Any, sampler: Any, log_dir: str) -> EngineW
     """Start an :class:`EngineWatch` on a trial candidate's ``running`` engine: its ``restart`` policy,
     a relaunch of the same kind and settings on the same port (logs into ``log_dir``), the step from
     the metrics ``sampler``, which follows a restarted engine."""
+
     def relaunch(port: int) -> Any:
         settings = cand.settings.model_copy(update={"port": port})
         return cand.kind.launch(settings, model=cand.model, log_dir=log_dir)
@@ -217,8 +259,14 @@ def watch_engine(cand: Any, running: Any, sampler: Any, log_dir: str) -> EngineW
         if sampler is not None:
             sampler.engine = new
 
-    w = EngineWatch(running, relaunch=relaunch, restart=getattr(cand, "restart", "never"),
-                    step_of=lambda: getattr(sampler, "step", None), on_swap=swap, kind=cand.engine)
+    w = EngineWatch(
+        running,
+        relaunch=relaunch,
+        restart=getattr(cand, "restart", "never"),
+        step_of=lambda: getattr(sampler, "step", None),
+        on_swap=swap,
+        kind=cand.engine,
+    )
     w.start()
     return w
 

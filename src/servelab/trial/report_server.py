@@ -74,16 +74,37 @@ def _telemetry_table(c: CandidateResult) -> str:
     rows = []
     for label, st in tel.steps.items():
         t = st.tokens
-        row = [f"<code>{_e(label)}</code>", _mean_max(st.waiting), _mean_max(st.running),
-               _mean_max(st.kv_usage, pct=True), _n(st.cpu_percent), _mib(st.rss_max_bytes)]
+        row = [
+            f"<code>{_e(label)}</code>",
+            _mean_max(st.waiting),
+            _mean_max(st.running),
+            _mean_max(st.kv_usage, pct=True),
+            _n(st.cpu_percent),
+            _mib(st.rss_max_bytes),
+        ]
         if gpu:
-            row.append(" · ".join(f"{g.index}: {_mib(g.memory_used_max_bytes)}, {_n(g.utilization_mean_pct)} %, "
-                                  f"{_n(g.power_max_w)} W" for g in st.gpus) or "—")
-        row += [_n(t.client_output_tokens_per_s) if t else "—", _n(t.server_output_tokens_per_s) if t else "—",
-                f"{t.client_output_tokens} / {_n(t.server_output_tokens)}" if t else "—", _diff(st)]
+            row.append(
+                " · ".join(
+                    f"{g.index}: {_mib(g.memory_used_max_bytes)}, {_n(g.utilization_mean_pct)} %, {_n(g.power_max_w)} W"
+                    for g in st.gpus
+                )
+                or "—"
+            )
+        row += [
+            _n(t.client_output_tokens_per_s) if t else "—",
+            _n(t.server_output_tokens_per_s) if t else "—",
+            f"{t.client_output_tokens} / {_n(t.server_output_tokens)}" if t else "—",
+            _diff(st),
+        ]
         rows.append(row)
-    heads = ["step", "queue (waiting) mean / max", "running mean / max", "KV cache mean / max",
-             f"CPU % of one core ({tel.cpu_cores or '?'} cores)", "RSS peak"]
+    heads = [
+        "step",
+        "queue (waiting) mean / max",
+        "running mean / max",
+        "KV cache mean / max",
+        f"CPU % of one core ({tel.cpu_cores or '?'} cores)",
+        "RSS peak",
+    ]
     if gpu:
         heads.append("GPU: memory peak, util. mean, power max")
     heads += ["client out tok/s", "server out tok/s", "output tokens client / server", "server − client"]
@@ -97,8 +118,10 @@ def _gpu_line(c: CandidateResult) -> str:
     if not g.present:
         return f'<p class="muted">GPU: not measured — {_e(g.reason or "no NVIDIA GPU")}.</p>'
     devs = ", ".join(f"{d.index}: {_e(d.name)} ({_mib(d.memory_total_bytes)})" for d in g.devices)
-    return (f'<p class="muted">GPU (NVML, driver {_e(g.driver_version)}; {_e(g.selected_by)}): {devs}; '
-            f"peak memory used {_mib(tel.peak_gpu_memory_bytes)}.</p>")
+    return (
+        f'<p class="muted">GPU (NVML, driver {_e(g.driver_version)}; {_e(g.selected_by)}): {devs}; '
+        f"peak memory used {_mib(tel.peak_gpu_memory_bytes)}.</p>"
+    )
 
 
 def _lifecycle_html(c: CandidateResult) -> str:
@@ -108,27 +131,75 @@ def _lifecycle_html(c: CandidateResult) -> str:
     out = []
     w = lc.warm_start
     if w is not None:
-        rows = [[name, _n(s.port_open_s), _n(s.health_s), _n(s.first_token_s), _n(s.first_request_ttft_s)]
-                for name, s in (("cold (first launch)", w.cold), ("warm (second launch)", w.warm)) if s is not None]
-        out.append("<p><b>Cold vs warm start</b> (seconds from process start"
-                   f"{'; run because the cold start was short' if w.auto else ''}):</p>")
+        rows = [
+            [name, _n(s.port_open_s), _n(s.health_s), _n(s.first_token_s), _n(s.first_request_ttft_s)]
+            for name, s in (("cold (first launch)", w.cold), ("warm (second launch)", w.warm))
+            if s is not None
+        ]
+        out.append(
+            "<p><b>Cold vs warm start</b> (seconds from process start"
+            f"{'; run because the cold start was short' if w.auto else ''}):</p>"
+        )
         out.append(_table(("launch", "port open", "ready", "first token", "first request TTFT"), rows))
-        out.append(f'<p class="muted">Engine caches between starts: {_e(w.engine_caches)}'
-                   f"{'. Second launch failed: ' + _e(w.error) if w.error else ''}.</p>")
+        out.append(
+            f'<p class="muted">Engine caches between starts: {_e(w.engine_caches)}'
+            f"{'. Second launch failed: ' + _e(w.error) if w.error else ''}.</p>"
+        )
     r = lc.restart_under_load
     if r is not None:
-        out.append("<p><b>Restart under load</b>:</p>" + _table(
-            ("clients", "ok", "failed", "down (s)", "longest gap (s)", "first success after restart (s)"),
-            [[str(r.clients), str(r.requests_ok), str(r.requests_failed), _n(r.down_s), _n(r.longest_gap_s),
-              _n(r.first_success_after_restart_s)]]))
+        out.append(
+            "<p><b>Restart under load</b>:</p>"
+            + _table(
+                ("clients", "ok", "failed", "down (s)", "longest gap (s)", "first success after restart (s)"),
+                [
+                    [
+                        str(r.clients),
+                        str(r.requests_ok),
+                        str(r.requests_failed),
+                        _n(r.down_s),
+                        _n(r.longest_gap_s),
+                        _n(r.first_success_after_restart_s),
+                    ]
+                ],
+            )
+        )
     k = lc.cancellation
     if k is not None:
-        out.append("<p><b>Cancellation</b> (<code>" + _e(k.metric) + "</code>):</p>" + _table(
-            ("clients", "cancelled", "gauge before", "at cancel", "drop (s)", "back to baseline (s)",
-             "kept decoding (s)", "wasted decode (s)", "limit (s)", "verdict", "note"),
-            [[str(k.clients), str(k.cancelled), _n(k.baseline), _n(k.running_at_cancel), _n(k.drop_s),
-              _n(k.baseline_return_s), _n(k.decode_after_leave_s), _n(k.wasted_decode_s), _n(k.max_decode_s),
-              _e(k.verdict or ""), _e(k.note or "")]]))
+        out.append(
+            "<p><b>Cancellation</b> (<code>"
+            + _e(k.metric)
+            + "</code>):</p>"
+            + _table(
+                (
+                    "clients",
+                    "cancelled",
+                    "gauge before",
+                    "at cancel",
+                    "drop (s)",
+                    "back to baseline (s)",
+                    "kept decoding (s)",
+                    "wasted decode (s)",
+                    "limit (s)",
+                    "verdict",
+                    "note",
+                ),
+                [
+                    [
+                        str(k.clients),
+                        str(k.cancelled),
+                        _n(k.baseline),
+                        _n(k.running_at_cancel),
+                        _n(k.drop_s),
+                        _n(k.baseline_return_s),
+                        _n(k.decode_after_leave_s),
+                        _n(k.wasted_decode_s),
+                        _n(k.max_decode_s),
+                        _e(k.verdict or ""),
+                        _e(k.note or ""),
+                    ]
+                ],
+            )
+        )
     if lc.skipped:
         out.append(f'<p class="muted">{_e(lc.skipped)}</p>')
     return "\n".join(out)
@@ -138,22 +209,56 @@ def _reliability_html(c: CandidateResult) -> str:
     rel = c.reliability
     if rel is None:
         return ""
-    rows = [[f"<code>{_e(k)}</code>", str(v.timeouts), str(v.stream_interruptions), str(v.connect_errors),
-             str(v.http_errors), str(v.crashes), str(v.ooms), str(v.restarts)] for k, v in rel.steps.items()]
-    head = (f"<p><b>Reliability</b> (restart: {_e(rel.restart)}; crashes {rel.crash_count}, OOMs "
-            f"{rel.oom_count}, restarts {rel.restart_count}"
-            + "".join(f"; recovered in {_n(cr.recovery_s)} s" for cr in rel.crashes if cr.recovered) + "):</p>")
-    return head + (_table(("step", "timeouts", "stream interruptions", "connect errors", "HTTP errors", "crashes",
-                           "OOMs", "restarts"), rows) if rows else "")
+    rows = [
+        [
+            f"<code>{_e(k)}</code>",
+            str(v.timeouts),
+            str(v.stream_interruptions),
+            str(v.connect_errors),
+            str(v.http_errors),
+            str(v.crashes),
+            str(v.ooms),
+            str(v.restarts),
+        ]
+        for k, v in rel.steps.items()
+    ]
+    head = (
+        f"<p><b>Reliability</b> (restart: {_e(rel.restart)}; crashes {rel.crash_count}, OOMs "
+        f"{rel.oom_count}, restarts {rel.restart_count}"
+        + "".join(f"; recovered in {_n(cr.recovery_s)} s" for cr in rel.crashes if cr.recovered)
+        + "):</p>"
+    )
+    return head + (
+        _table(
+            (
+                "step",
+                "timeouts",
+                "stream interruptions",
+                "connect errors",
+                "HTTP errors",
+                "crashes",
+                "OOMs",
+                "restarts",
+            ),
+            rows,
+        )
+        if rows
+        else ""
+    )
 
 
 def _facts_html(rec: TrialRecord, name: str) -> str:
     facts = rec.ident(name).facts
     if not facts:
         return ""
-    rows = [[f"<code>{_e(k)}</code>",
-             _e(f.value if isinstance(f.value, (str, int, float)) else json.dumps(f.value, default=str)),
-             _e(f.source)] for k, f in sorted(facts.items())]
+    rows = [
+        [
+            f"<code>{_e(k)}</code>",
+            _e(f.value if isinstance(f.value, (str, int, float)) else json.dumps(f.value, default=str)),
+            _e(f.source),
+        ]
+        for k, f in sorted(facts.items())
+    ]
     return "<p><b>Identity facts</b> (each with how it was learned):</p>" + _table(("fact", "value", "source"), rows)
 
 
@@ -164,8 +269,10 @@ def _checks_html(c: CandidateResult) -> str:
     items = []
     if ch.context is not None:
         x = ch.context
-        items.append(f"context: {_e(x.verdict)}, longest prompt served whole {_n(x.accepted_tokens)} of "
-                     f"{x.limit_tokens} tokens" + (f" (past it: {_e(x.message)})" if x.message else ""))
+        items.append(
+            f"context: {_e(x.verdict)}, longest prompt served whole {_n(x.accepted_tokens)} of "
+            f"{x.limit_tokens} tokens" + (f" (past it: {_e(x.message)})" if x.message else "")
+        )
     if ch.template is not None:
         items.append(f"chat template: {_e(ch.template.verdict)} — {_e(ch.template.note)}")
     items += [f"{_e(k)}: not run — {_e(v)}" for k, v in ch.skipped.items()]
@@ -174,17 +281,21 @@ def _checks_html(c: CandidateResult) -> str:
 
 def server_panel_html(rec: TrialRecord, names: list[str]) -> str:
     """The server-side panel of every candidate in ``names`` (see the module doc) as one HTML fragment."""
-    out = ['<div id="server-panel"><h3>Server-side panel</h3>'
-           '<p class="muted">Sampled every second and at each step\'s start and end. Queue and running are the '
-           "engine's own gauges; CPU % is the launched process tree's CPU seconds over the step (100 = one core "
-           "busy); output tokens: the engine's generation counter increase over the step vs the client's "
-           "usage.completion_tokens of the succeeded requests (a gap over 2 % is marked).</p>"]
+    out = [
+        '<div id="server-panel"><h3>Server-side panel</h3>'
+        '<p class="muted">Sampled every second and at each step\'s start and end. Queue and running are the '
+        "engine's own gauges; CPU % is the launched process tree's CPU seconds over the step (100 = one core "
+        "busy); output tokens: the engine's generation counter increase over the step vs the client's "
+        "usage.completion_tokens of the succeeded requests (a gap over 2 % is marked).</p>"
+    ]
     for n in names:
         c = rec.result(n)
         out.append(f"<h4>{_e(n)}</h4>")
         if c.telemetry is None or not c.telemetry.steps:
-            out.append('<p class="muted">No server-side telemetry: the engine was not launched by servelab or no '
-                       "load step ran.</p>")
+            out.append(
+                '<p class="muted">No server-side telemetry: the engine was not launched by servelab or no '
+                "load step ran.</p>"
+            )
         else:
             out.append(_telemetry_table(c))
             out.append(_gpu_line(c))

@@ -43,16 +43,30 @@ from servelab.wire.config import PublishedSchema, json_schema_of, validation_err
 from servelab.wire.errors import ConfigError
 from servelab.wire.jsontypes import JsonObject
 
-__all__ = ["RECORD_SCHEMA_PATH", "RECORD_SCHEMA_VERSION", "Break", "BudgetUse", "CandidateIdentity", "CandidateResult",
-           "Comparison", "Decision", "EffectiveStep", "Level", "MetricsSample", "TrialRecord", "migrate", "read_record"]
+__all__ = [
+    "RECORD_SCHEMA_PATH",
+    "RECORD_SCHEMA_VERSION",
+    "Break",
+    "BudgetUse",
+    "CandidateIdentity",
+    "CandidateResult",
+    "Comparison",
+    "Decision",
+    "EffectiveStep",
+    "Level",
+    "MetricsSample",
+    "TrialRecord",
+    "migrate",
+    "read_record",
+]
 
 RECORD_SCHEMA_VERSION = 3
 #: the committed JSON Schema of ``record.json`` (generated from :class:`TrialRecord`)
 RECORD_SCHEMA_PATH = Path(__file__).with_name("record.schema.json")
 
 
-
 # --------------------------------------------------------------------------------------------- results
+
 
 class SmokeCheck(ResultModel):
     """One smoke test (``streaming``, ``json_schema``, ``stop``, ``usage``): passed, and what was seen."""
@@ -356,6 +370,7 @@ MetricsSample = TelemetrySample
 
 # --------------------------------------------------------------------------------------------- rows
 
+
 class Budget(ResultModel):
     """``goal.budget``: wall-clock limit (minutes), machine price per hour in ``currency``."""
 
@@ -557,8 +572,7 @@ class TrialRecord(ResultModel):
 
     def names(self) -> list[str]:
         """Candidate names: ranking order first, then the rest as the record lists them."""
-        return list(dict.fromkeys([*self.decision.ranking, *self.results.candidates,
-                                   *self.identity.candidates]))
+        return list(dict.fromkeys([*self.decision.ranking, *self.results.candidates, *self.identity.candidates]))
 
     def result(self, name: str) -> CandidateResult:
         """The result of candidate ``name`` (an empty ``failed`` one when the record has none)."""
@@ -570,6 +584,7 @@ class TrialRecord(ResultModel):
 
 
 # --------------------------------------------------------------------------------------------- reading
+
 
 def _engine_v1(e: Any, engine_kind: Any) -> Any:
     """A launcher identity of schema version 1 as an :class:`EngineIdentity` dict (module doc)."""
@@ -583,10 +598,15 @@ def _engine_v1(e: Any, engine_kind: Any) -> Any:
     if version is None and build is not None:
         version = f"b{build}"
     out = {k: v for k, v in e.items() if k not in ("kind", "engine", "name", "version", "engine_version")}
-    out.update({"kind": str(engine_kind or name), "engine": str(name),
-                "version": None if version is None else str(version),
-                "build": None if build is None else str(build),
-                "binary_sha256": b.get("sha256") or e.get("binary_sha256") or e.get("sha256")})
+    out.update(
+        {
+            "kind": str(engine_kind or name),
+            "engine": str(name),
+            "version": None if version is None else str(version),
+            "build": None if build is None else str(build),
+            "binary_sha256": b.get("sha256") or e.get("binary_sha256") or e.get("sha256"),
+        }
+    )
     return out
 
 
@@ -596,8 +616,10 @@ def migrate(raw: dict[str, Any]) -> dict[str, Any]:
     :class:`ConfigError` for a newer version."""
     version = raw.get("schema_version", 1)
     if not isinstance(version, int) or version > RECORD_SCHEMA_VERSION:
-        raise ConfigError(f"record.json has schema version {version!r}; this servelab reads versions 1 to "
-                          f"{RECORD_SCHEMA_VERSION}: upgrade servelab")
+        raise ConfigError(
+            f"record.json has schema version {version!r}; this servelab reads versions 1 to "
+            f"{RECORD_SCHEMA_VERSION}: upgrade servelab"
+        )
     if version == RECORD_SCHEMA_VERSION:
         return raw
     if version == 2:
@@ -623,8 +645,10 @@ def read_record(path: str | Path) -> TrialRecord:
     p = Path(path)
     f = p / "record.json" if p.is_dir() else p
     if not f.is_file():
-        raise ConfigError(f"{p} has no record.json: is it a trial run folder? Give the folder that "
-                          "`servelab trial` printed (it holds record.json).")
+        raise ConfigError(
+            f"{p} has no record.json: is it a trial run folder? Give the folder that "
+            "`servelab trial` printed (it holds record.json)."
+        )
     try:
         raw = json.loads(f.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -634,8 +658,9 @@ def read_record(path: str | Path) -> TrialRecord:
     try:
         rec = TrialRecord.model_validate(migrate(raw))
     except ValidationError as e:
-        raise ConfigError(validation_error_line(e, str(f), TrialRecord)
-                          + "; it is not a servelab trial record (rerun the trial)") from None
+        raise ConfigError(
+            validation_error_line(e, str(f), TrialRecord) + "; it is not a servelab trial record (rerun the trial)"
+        ) from None
     version = raw.get("schema_version", 1)
     rec._read_version = version if isinstance(version, int) else None
     return rec
@@ -648,5 +673,6 @@ def write_record(record: TrialRecord, run_dir: Path) -> Path:
     return out
 
 
-PUBLISHED_SCHEMA = PublishedSchema(RECORD_SCHEMA_PATH,
-                                   lambda: json_schema_of(TrialRecord, "servelab trial record.json"))
+PUBLISHED_SCHEMA = PublishedSchema(
+    RECORD_SCHEMA_PATH, lambda: json_schema_of(TrialRecord, "servelab trial record.json")
+)

@@ -17,6 +17,7 @@ source ``context check``; ``chat_template``, source ``template check``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -60,10 +61,8 @@ def model_chat_template(model: JsonObject | None) -> tuple[str | None, str, str,
     p = Path(path)
     if p.is_dir():
         cfg: JsonObject = {}
-        try:
+        with contextlib.suppress(OSError, ValueError):
             cfg = json.loads((p / "tokenizer_config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            pass
         tmpl = cfg.get("chat_template")
         jinja = p / "chat_template.jinja"
         if not isinstance(tmpl, str) and jinja.is_file():
@@ -72,8 +71,12 @@ def model_chat_template(model: JsonObject | None) -> tuple[str | None, str, str,
         def tok(x: Any) -> str:
             return str(x.get("content", "")) if isinstance(x, dict) else str(x or "")
 
-        return (tmpl if isinstance(tmpl, str) else None, "model file (HF tokenizer_config.json)",
-                tok(cfg.get("bos_token")), tok(cfg.get("eos_token")))
+        return (
+            tmpl if isinstance(tmpl, str) else None,
+            "model file (HF tokenizer_config.json)",
+            tok(cfg.get("bos_token")),
+            tok(cfg.get("eos_token")),
+        )
     from servelab.modelfile.gguf_meta import read_arrays, read_metadata
 
     try:
@@ -89,13 +92,17 @@ def model_chat_template(model: JsonObject | None) -> tuple[str | None, str, str,
         i = kv.get(key)
         return str(tokens[i]) if isinstance(i, int) and 0 <= i < len(tokens) else ""
 
-    return tmpl, "model file (GGUF tokenizer.chat_template)", at("tokenizer.ggml.bos_token_id"), \
-        at("tokenizer.ggml.eos_token_id")
+    return (
+        tmpl,
+        "model file (GGUF tokenizer.chat_template)",
+        at("tokenizer.ggml.bos_token_id"),
+        at("tokenizer.ggml.eos_token_id"),
+    )
 
 
 def _served_model(base_url: str, model: str | None, api_key: str | None) -> str:
-    from servelab.wire.preflight import preflight
     from servelab.wire.client import make_session
+    from servelab.wire.preflight import preflight
 
     async def go() -> str:
         hdrs = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -106,9 +113,17 @@ def _served_model(base_url: str, model: str | None, api_key: str | None) -> str:
     return asyncio.run(go())
 
 
-def run_checks(which: list[CheckName], identity: Any, base_url: str, model: str | None, api_key: str | None, *,
-               budget_s: float | None = None, context_budget_s: float = 60.0,
-               timeout_s: float = 60.0) -> ServedChecks | None:
+def run_checks(
+    which: list[CheckName],
+    identity: Any,
+    base_url: str,
+    model: str | None,
+    api_key: str | None,
+    *,
+    budget_s: float | None = None,
+    context_budget_s: float = 60.0,
+    timeout_s: float = 60.0,
+) -> ServedChecks | None:
     """Run the checks in ``which`` on the server at ``base_url`` (OpenAI API root; ``model``: the model
     name to send, ``None`` = the server's first) for a candidate whose
     :class:`~servelab.trial.results.CandidateIdentity` is ``identity`` (its ``facts`` give the context
@@ -126,27 +141,34 @@ def run_checks(which: list[CheckName], identity: Any, base_url: str, model: str 
     facts: dict[str, Fact] = dict(identity.facts)
     if "context" in which:
         ctx = facts.get("context_tokens")
-        limit = ctx.value if ctx is not None and isinstance(ctx.value, int) and not isinstance(ctx.value, bool) \
-            else None
+        limit = (
+            ctx.value if ctx is not None and isinstance(ctx.value, int) and not isinstance(ctx.value, bool) else None
+        )
         allowed = context_budget_s if budget_s is None else min(context_budget_s, budget_s)
         if limit is None or limit < 32:
             skipped["context"] = "no context size known (no context_tokens fact from the launcher or the server)"
         elif allowed <= 1:
             skipped["context"] = "trial budget spent (goal.budget.max_minutes)"
         else:
-            c = check_context(base_url, served, limit, step_tokens=max(16, limit // 64), budget_s=allowed,
-                              timeout_s=timeout_s, api_key=api_key)
+            c = check_context(
+                base_url,
+                served,
+                limit,
+                step_tokens=max(16, limit // 64),
+                budget_s=allowed,
+                timeout_s=timeout_s,
+                api_key=api_key,
+            )
             out.context = ContextCheck.model_validate(c.model_dump())  # every field set: written in full
             if c.accepted_tokens is not None:
-                facts["accepted_context_tokens"] = Fact(value=c.accepted_tokens,
-                                                        source=f"context check ({c.verdict})")
+                facts["accepted_context_tokens"] = Fact(value=c.accepted_tokens, source=f"context check ({c.verdict})")
     if "template" in which:
         tmpl, where, bos, eos = model_chat_template(identity.model)
-        t = check_template(base_url, served, tmpl, reference=where, bos_token=bos, eos_token=eos,
-                           timeout_s=min(timeout_s, 30.0))
+        t = check_template(
+            base_url, served, tmpl, reference=where, bos_token=bos, eos_token=eos, timeout_s=min(timeout_s, 30.0)
+        )
         out.template = TemplateCheck.model_validate(t.model_dump())
-        facts["chat_template"] = Fact(value=t.verdict if tmpl else "none in the model file",
-                                      source="template check")
+        facts["chat_template"] = Fact(value=t.verdict if tmpl else "none in the model file", source="template check")
     identity.facts = facts
     if skipped:
         out.skipped = skipped

@@ -26,6 +26,7 @@ import asyncio
 import re
 import time
 from collections.abc import Awaitable, Callable
+
 import aiohttp
 
 from servelab.bench.tools import TOOLS, tool_call_failures
@@ -34,8 +35,7 @@ from servelab.trial.results import SmokeCheck
 from servelab.wire.client import send
 from servelab.wire.types import RequestRecord, RequestSpec
 
-__all__ = ["CANCEL_SETTLE_S", "MORE_CHECKS", "cancellation_check", "reasoning_check", "reasoning_leak",
-           "tools_check"]
+__all__ = ["CANCEL_SETTLE_S", "MORE_CHECKS", "cancellation_check", "reasoning_check", "reasoning_leak", "tools_check"]
 
 #: the checks of this module, in the order they run
 MORE_CHECKS = ("tools", "reasoning", "cancellation")
@@ -61,9 +61,17 @@ async def tools_check(one: One) -> SmokeCheck:
     """The ``tools`` check (module doc); ``one(spec, request_id)`` sends one gate request."""
     detail = ""
     for attempt in range(3):
-        spec = RequestSpec(endpoint="chat", max_tokens=160, extra={
-            "temperature": 0 if attempt == 0 else 0.7, "seed": attempt, "tools": TOOLS, "tool_choice": "required"},
-            messages=[{"role": "user", "content": "What is the weather in Paris, France, in celsius? Use a tool."}])
+        spec = RequestSpec(
+            endpoint="chat",
+            max_tokens=160,
+            extra={
+                "temperature": 0 if attempt == 0 else 0.7,
+                "seed": attempt,
+                "tools": TOOLS,
+                "tool_choice": "required",
+            },
+            messages=[{"role": "user", "content": "What is the weather in Paris, France, in celsius? Use a tool."}],
+        )
         r = await one(spec, 30 + attempt)
         if r.failure is not None:
             detail = _fail(r)
@@ -78,18 +86,28 @@ async def tools_check(one: One) -> SmokeCheck:
 
 async def reasoning_check(one: One) -> SmokeCheck:
     """The ``reasoning`` check (module doc)."""
-    spec = RequestSpec(endpoint="chat", max_tokens=256, extra={"temperature": 0},
-                       messages=[{"role": "user", "content": "Think step by step: what is 17 * 23?"}])
+    spec = RequestSpec(
+        endpoint="chat",
+        max_tokens=256,
+        extra={"temperature": 0},
+        messages=[{"role": "user", "content": "Think step by step: what is 17 * 23?"}],
+    )
     r = await one(spec, 40)
     if r.failure is not None:
         return SmokeCheck(ok=False, detail=_fail(r))
     leak = reasoning_leak(r.content_text)
     if leak is not None:
-        return SmokeCheck(ok=False, detail=f"reasoning inline in the answer ({leak!r} in content): not separated "
-                                           "into reasoning_content/reasoning")
+        return SmokeCheck(
+            ok=False,
+            detail=f"reasoning inline in the answer ({leak!r} in content): not separated "
+            "into reasoning_content/reasoning",
+        )
     if r.reasoning_text:
-        return SmokeCheck(ok=True, detail=f"reasoning separated: {len(r.reasoning_text)} characters in the "
-                                          "reasoning field, none inline in content")
+        return SmokeCheck(
+            ok=True,
+            detail=f"reasoning separated: {len(r.reasoning_text)} characters in the "
+            "reasoning field, none inline in content",
+        )
     return SmokeCheck(ok=True, detail="informational: the model gave no reasoning (nothing to separate)")
 
 
@@ -103,15 +121,20 @@ async def _running(session: aiohttp.ClientSession, base_url: str, names: tuple[s
             if resp.status != 200:
                 return None
             text = await resp.text()
-        found = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-                 if s.name in names]
+        found = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name in names]
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return None
     return float(sum(found)) if found else None
 
 
-async def cancellation_check(session: aiohttp.ClientSession, base_url: str, model: str, one: One,
-                             headers: dict[str, str] | None, timeout_s: float) -> SmokeCheck:
+async def cancellation_check(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    one: One,
+    headers: dict[str, str] | None,
+    timeout_s: float,
+) -> SmokeCheck:
     """The ``cancellation`` check (module doc)."""
     names = tuple({k.metrics.running for k in registry.kinds() if k.metrics.running})
     before = await _running(session, base_url, names)
@@ -122,10 +145,15 @@ async def cancellation_check(session: aiohttp.ClientSession, base_url: str, mode
         if r.first_token_ns is not None:
             first.set()
 
-    spec = RequestSpec(endpoint="chat", max_tokens=256, extra={"ignore_eos": True},
-                       messages=[{"role": "user", "content": "Write a long story about a lighthouse keeper."}])
-    task = asyncio.create_task(send(session, base_url, model, spec, rec, timeout_s=timeout_s, headers=headers,
-                                    on_chunk=on_chunk))
+    spec = RequestSpec(
+        endpoint="chat",
+        max_tokens=256,
+        extra={"ignore_eos": True},
+        messages=[{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
+    )
+    task = asyncio.create_task(
+        send(session, base_url, model, spec, rec, timeout_s=timeout_s, headers=headers, on_chunk=on_chunk)
+    )
     try:
         await asyncio.wait_for(first.wait(), timeout=timeout_s)
     except TimeoutError:
@@ -144,22 +172,45 @@ async def cancellation_check(session: aiohttp.ClientSession, base_url: str, mode
                 back_s = time.monotonic() - t0
                 break
             await asyncio.sleep(0.1)
-    after = await one(RequestSpec(endpoint="chat", max_tokens=8, extra={"temperature": 0},
-                                  messages=[{"role": "user", "content": "Say hello."}]), 51)
+    after = await one(
+        RequestSpec(
+            endpoint="chat",
+            max_tokens=8,
+            extra={"temperature": 0},
+            messages=[{"role": "user", "content": "Say hello."}],
+        ),
+        51,
+    )
     if after.failure is not None:
         return SmokeCheck(ok=False, detail=f"the request after the disconnect failed: {after.failure}")
     if before is None:
-        return SmokeCheck(ok=True, detail="the server serves on after a client left mid-stream (no running-requests "
-                                          "gauge on /metrics: whether it stopped decoding is not known)")
+        return SmokeCheck(
+            ok=True,
+            detail="the server serves on after a client left mid-stream (no running-requests "
+            "gauge on /metrics: whether it stopped decoding is not known)",
+        )
     if back_s is None:
-        return SmokeCheck(ok=False, detail=f"running requests {during:g} -> not back to {before:g} within "
-                                           f"{CANCEL_SETTLE_S:g} s after the client left: the engine kept decoding")
-    return SmokeCheck(ok=True, detail=f"running requests {during if during is not None else '?'} -> back to "
-                                      f"{before:g} {back_s:.2f} s after the client left")
+        return SmokeCheck(
+            ok=False,
+            detail=f"running requests {during:g} -> not back to {before:g} within "
+            f"{CANCEL_SETTLE_S:g} s after the client left: the engine kept decoding",
+        )
+    return SmokeCheck(
+        ok=True,
+        detail=f"running requests {during if during is not None else '?'} -> back to "
+        f"{before:g} {back_s:.2f} s after the client left",
+    )
 
 
-async def more_checks(session: aiohttp.ClientSession, base_url: str, model: str, checks: tuple[str, ...],
-                      one: One, headers: dict[str, str] | None, timeout_s: float) -> dict[str, SmokeCheck]:
+async def more_checks(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    checks: tuple[str, ...],
+    one: One,
+    headers: dict[str, str] | None,
+    timeout_s: float,
+) -> dict[str, SmokeCheck]:
     """The checks of :data:`MORE_CHECKS` that ``checks`` names, by name."""
     out: dict[str, SmokeCheck] = {}
     if "tools" in checks:

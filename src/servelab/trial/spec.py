@@ -31,13 +31,22 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (BaseModel, Discriminator, Field, GetCoreSchemaHandler, ValidationError,
-                      ValidationInfo, WithJsonSchema, create_model, field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    Discriminator,
+    Field,
+    GetCoreSchemaHandler,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from pydantic.json_schema import JsonSchemaValue
 
 from servelab.bench.load import LoadModel
-from servelab.bench.options import (MAX_CONCURRENCY, MAX_OUTPUT_TOKENS, MAX_RATE_RPS, MAX_REQUESTS_PER_STEP,
-                                    MAX_STEP_S)
+from servelab.bench.options import MAX_CONCURRENCY, MAX_OUTPUT_TOKENS, MAX_RATE_RPS, MAX_REQUESTS_PER_STEP, MAX_STEP_S
 from servelab.bench.slo import Objective, parse_slo
 from servelab.bench.workloads import WORKLOADS, make_workload, mixable_workloads, parse_ratio
 from servelab.engines import registry
@@ -50,17 +59,45 @@ from servelab.trial.embed_spec import EmbeddingsOptions, embeddings_conflicts
 from servelab.trial.identity import Declared
 from servelab.trial.lifecycle import LifecycleOptions
 from servelab.trial.served_checks import CheckName, default_checks
-from servelab.wire.config import (PublishedSchema, StrictModel, json_schema_of, read_yaml_file, suggest,
-                                  validation_error_line)
+from servelab.wire.config import (
+    PublishedSchema,
+    StrictModel,
+    json_schema_of,
+    read_yaml_file,
+    suggest,
+    validation_error_line,
+)
 from servelab.wire.errors import ConfigError
 from servelab.wire.jsontypes import JsonObject
 
 __all__ = [
-    "SCHEMA_PATH", "AnyCandidate", "ArrivalTest", "Budget", "Candidate", "CapacitySearch", "Experiment", "Goal",
-    "LlamaCppCandidate", "LlamaCppSettings", "MockCandidate", "MockSettings", "Quality", "Sample", "Steps",
-    "UrlCandidate", "UrlSettings", "VllmCandidate", "VllmSettings", "WorkloadItem", "candidate_model",
-    "candidate_union", "default_experiment",
-    "describe_validation_error", "json_schema", "load_experiment", "PUBLISHED_SCHEMA",
+    "SCHEMA_PATH",
+    "AnyCandidate",
+    "ArrivalTest",
+    "Budget",
+    "Candidate",
+    "CapacitySearch",
+    "Experiment",
+    "Goal",
+    "LlamaCppCandidate",
+    "LlamaCppSettings",
+    "MockCandidate",
+    "MockSettings",
+    "Quality",
+    "Sample",
+    "Steps",
+    "UrlCandidate",
+    "UrlSettings",
+    "VllmCandidate",
+    "VllmSettings",
+    "WorkloadItem",
+    "candidate_model",
+    "candidate_union",
+    "default_experiment",
+    "describe_validation_error",
+    "json_schema",
+    "load_experiment",
+    "PUBLISHED_SCHEMA",
 ]
 
 #: The committed JSON Schema file (regenerate with ``servelab schema write``).
@@ -73,6 +110,7 @@ def __getattr__(name: str) -> Any:
     if name == "ENGINES":  # engine kinds a candidate can name (``candidates[i].engine``): the registry's
         return tuple(k.kind for k in registry.kinds())
     raise AttributeError(name)
+
 
 _ENV_NAME = ENV_NAME_PATTERN
 #: sub-features the smoke test can require of a candidate
@@ -109,8 +147,9 @@ class Sample(StrictModel):
 
     name: str | None = Field(None, pattern=_NAME_PATTERN, description="label in the report; default s<index>")
     prompt: str | None = Field(None, min_length=1, description="user message text")
-    messages: list[dict[str, Any]] | None = Field(None, min_length=1,
-                                                  description="chat messages [{role, content}] instead of prompt")
+    messages: list[dict[str, Any]] | None = Field(
+        None, min_length=1, description="chat messages [{role, content}] instead of prompt"
+    )
     expect_regex: str | None = Field(None, description="Python regex that must be found in the answer text")
     expect_json_schema: dict[str, Any] | None = Field(None, description="JSON Schema the answer must satisfy")
     max_tokens: int = Field(64, ge=1, le=MAX_OUTPUT_TOKENS, description="answer length cap, tokens")
@@ -167,13 +206,15 @@ class Quality(StrictModel):
     """
 
     structured_valid_min: float = Field(0.5, ge=0, le=1, description="min fraction of schema-valid structured answers")
-    structured_requests: int = Field(8, ge=1, le=MAX_REQUESTS_PER_STEP,
-                                     description="requests of the structured set sent by the quality gate")
+    structured_requests: int = Field(
+        8, ge=1, le=MAX_REQUESTS_PER_STEP, description="requests of the structured set sent by the quality gate"
+    )
     samples: list[Sample] = Field(default_factory=list, description="business samples: request + check")
     samples_pass_min: float = Field(0.0, ge=0, le=1, description="min fraction of samples passing (0 = informational)")
     smoke: list[SmokeCheck] = Field(
         default_factory=lambda: list(_ALL_SMOKE),
-        description="sub-features the smoke test requires (a failure excludes the candidate)")
+        description="sub-features the smoke test requires (a failure excludes the candidate)",
+    )
 
 
 class Budget(StrictModel):
@@ -185,17 +226,26 @@ class Budget(StrictModel):
     currency: str = Field("USD", min_length=1, description="currency of price_per_hour")
 
 
-_SLO_SCHEMA = WithJsonSchema({
-    "anyOf": [
-        {"type": "string", "description": "METRIC_STAT<=VALUE[ms|s|%], comma-separated",
-         "examples": ["ttft_p95<=2s,itl_p95<=300ms,error_rate<=1%"]},
-        {"type": "object", "additionalProperties": {"type": ["string", "number"]},
-         "description": "mapping METRIC_STAT -> limit", "examples": [{"ttft_p95": "2s", "error_rate": "1%"}]},
-        {"type": "null"},
-    ],
-    "default": None,
-    "description": "SLOs (servelab.bench.slo syntax); null = no SLO (the error budget still applies)",
-})
+_SLO_SCHEMA = WithJsonSchema(
+    {
+        "anyOf": [
+            {
+                "type": "string",
+                "description": "METRIC_STAT<=VALUE[ms|s|%], comma-separated",
+                "examples": ["ttft_p95<=2s,itl_p95<=300ms,error_rate<=1%"],
+            },
+            {
+                "type": "object",
+                "additionalProperties": {"type": ["string", "number"]},
+                "description": "mapping METRIC_STAT -> limit",
+                "examples": [{"ttft_p95": "2s", "error_rate": "1%"}],
+            },
+            {"type": "null"},
+        ],
+        "default": None,
+        "description": "SLOs (servelab.bench.slo syntax); null = no SLO (the error budget still applies)",
+    }
+)
 
 
 class Goal(StrictModel):
@@ -229,22 +279,28 @@ class Goal(StrictModel):
 
     task: str | None = Field(None, description="what the service does (free text)")
     task_kind: Literal["chat", "embeddings"] = Field(
-        "chat", description="chat (the chat flow) or embeddings (/v1/embeddings servers: embeddings gate, "
-                            "inputs/s at the SLO; servelab.trial.flows.embeddings)")
+        "chat",
+        description="chat (the chat flow) or embeddings (/v1/embeddings servers: embeddings gate, "
+        "inputs/s at the SLO; servelab.trial.flows.embeddings)",
+    )
     slo: Annotated[str | None, _SLO_SCHEMA] = None
     workload_slo: dict[str, str] = Field(
-        default_factory=dict, description="per-workload SLOs: workload name -> METRIC_STAT<=VALUE[ms|s|%],… judged "
-                                          "on that workload's requests (its sweep and its class in the mix)",
-        examples=[{"structured": "ttft_p95<=5s"}])
+        default_factory=dict,
+        description="per-workload SLOs: workload name -> METRIC_STAT<=VALUE[ms|s|%],… judged "
+        "on that workload's requests (its sweep and its class in the mix)",
+        examples=[{"structured": "ttft_p95<=5s"}],
+    )
     error_budget: float = Field(0.01, ge=0, le=1, description="max failed/submitted per load step (fraction)")
     quality: Quality = Field(default_factory=Quality)
     expected_rate_rps: float | None = Field(None, gt=0, description="stated arrival rate, requests/s")
     burstiness: float = Field(0.5, gt=0, description="gamma shape k of arrivals (1 = Poisson, <1 = bursty)")
-    mix: str | None = Field(None, description="arrival-test ratio, e.g. short-qa:3,structured:1",
-                            examples=["short-qa:3,structured:1"])
+    mix: str | None = Field(
+        None, description="arrival-test ratio, e.g. short-qa:3,structured:1", examples=["short-qa:3,structured:1"]
+    )
     budget: Budget = Field(default_factory=Budget)
-    peak_rate_rps: float | None = Field(None, gt=0, description="peak arrival rate to plan replicas for, requests/s "
-                                                                "(null = expected_rate_rps)")
+    peak_rate_rps: float | None = Field(
+        None, gt=0, description="peak arrival rate to plan replicas for, requests/s (null = expected_rate_rps)"
+    )
     headroom: float = Field(0.3, ge=0, lt=1, description="fraction of each replica's capacity kept free at the peak")
 
     @field_validator("slo", mode="before")
@@ -317,12 +373,16 @@ class Candidate(StrictModel):
     name: str = Field(pattern=_NAME_PATTERN, description="unique candidate name, [A-Za-z0-9_.-]+")
     engine: str
     model: str | None = Field(None, description="model file/folder; null = engine default")
-    price_per_hour: float | None = Field(None, ge=0, description="hardware price per hour, in goal.budget.currency "
-                                                                 "(null = goal.budget.price_per_hour)")
-    restart: Literal["never", "once"] = Field("never", description="once: an engine that exits during the load "
-                                                                 "steps is started again once (recovery time recorded)")
-    declared: Declared | None = Field(None, description="facts the server cannot tell (image digest, GPUs, TP/PP/DP); "
-                                                        "recorded with source 'declared'")
+    price_per_hour: float | None = Field(
+        None, ge=0, description="hardware price per hour, in goal.budget.currency (null = goal.budget.price_per_hour)"
+    )
+    restart: Literal["never", "once"] = Field(
+        "never",
+        description="once: an engine that exits during the load steps is started again once (recovery time recorded)",
+    )
+    declared: Declared | None = Field(
+        None, description="facts the server cannot tell (image digest, GPUs, TP/PP/DP); recorded with source 'declared'"
+    )
     if typing.TYPE_CHECKING:  # the field is added per kind by candidate_model (narrowed to kind.Settings)
         settings: EngineSettings
 
@@ -334,19 +394,26 @@ class Candidate(StrictModel):
         engine = info.data.get("engine")
         kind = registry.get(engine) if isinstance(engine, str) and engine in registry.names() else None
         if kind is not None and kind.launched and not kind.takes_model:
-            raise ValueError(f"engine {engine!r} takes no model file; remove model (the {kind.title} engine "
-                             "names its model in settings)")
-        path = _resolve_path(v, info, "model path",
-                             "give an existing model file or folder (relative to the experiment file), "
-                             "or null for the engine default")
+            raise ValueError(
+                f"engine {engine!r} takes no model file; remove model (the {kind.title} engine "
+                "names its model in settings)"
+            )
+        path = _resolve_path(
+            v,
+            info,
+            "model path",
+            "give an existing model file or folder (relative to the experiment file), or null for the engine default",
+        )
         if kind is not None and not kind.launched and Path(path).is_file():  # url: a copy of the served weights
             from servelab.modelfile.gguf_meta import check_gguf
 
             try:
                 check_gguf(path)
             except ConfigError:
-                raise ValueError(f"{v!r} is not a GGUF file; give the local copy of the served weights as a GGUF "
-                                 "file or an HF folder, or null") from None
+                raise ValueError(
+                    f"{v!r} is not a GGUF file; give the local copy of the served weights as a GGUF "
+                    "file or an HF folder, or null"
+                ) from None
         return path
 
     @property
@@ -390,10 +457,17 @@ def candidate_model(kind: str | EngineKind) -> type[Candidate]:
     bases: tuple[type[BaseModel], ...] = (Candidate,) if k.candidate_fields is None else (k.candidate_fields, Candidate)
     name = "".join(p[:1].upper() + p[1:] for p in re.split(r"[^A-Za-z0-9]+", k.kind) if p) + "Candidate"
     engine: Any = Literal[k.kind]  # a Literal of a value known at run time
-    model = typing.cast("type[Candidate]", create_model(
-        name, __base__=bases, __module__=__name__, __doc__=f"``engine: {k.kind}`` — {k.summary}",
-        engine=(engine, Field(description=f"engine kind: {k.kind}")),
-        settings=(k.Settings, Field(default_factory=k.Settings, description=f"{k.title} settings"))))
+    model = typing.cast(
+        "type[Candidate]",
+        create_model(
+            name,
+            __base__=bases,
+            __module__=__name__,
+            __doc__=f"``engine: {k.kind}`` — {k.summary}",
+            engine=(engine, Field(description=f"engine kind: {k.kind}")),
+            settings=(k.Settings, Field(default_factory=k.Settings, description=f"{k.title} settings")),
+        ),
+    )
     _CANDIDATE_MODELS[k.kind] = (k, model)
     return model
 
@@ -401,7 +475,7 @@ def candidate_model(kind: str | EngineKind) -> type[Candidate]:
 def candidate_union() -> Any:
     """``Annotated[Union[<candidate model of every registered kind>], Discriminator("engine")]``."""
     models = tuple(candidate_model(k) for k in registry.kinds())
-    return Annotated[Union[models], Discriminator("engine")]
+    return Annotated[Union[models], Discriminator("engine")]  # noqa: UP007 — a union of a runtime tuple
 
 
 class _CandidateUnion:
@@ -435,9 +509,16 @@ class WorkloadItem(StrictModel):
     file) whose entries without a length get ``max_tokens_default`` tokens. In YAML a bare name
     (``short-qa``) means ``{name: short-qa}``."""
 
-    name: Annotated[str | None, WithJsonSchema({"anyOf": [{"type": "string", "enum": list(WORKLOADS)},
-                                                          {"type": "null"}],
-                                                "default": None, "description": "built-in workload set"})] = None
+    name: Annotated[
+        str | None,
+        WithJsonSchema(
+            {
+                "anyOf": [{"type": "string", "enum": list(WORKLOADS)}, {"type": "null"}],
+                "default": None,
+                "description": "built-in workload set",
+            }
+        ),
+    ] = None
     set: dict[str, Any] = Field(default_factory=dict, description="workload parameter overrides (bench --set)")
     dataset: str | None = Field(None, description="JSONL or ShareGPT JSON file instead of a built-in set")
     max_tokens_default: int = Field(256, ge=1, description="dataset: max_tokens of entries without one")
@@ -451,8 +532,10 @@ class WorkloadItem(StrictModel):
     @classmethod
     def _known(cls, v: str | None) -> str | None:
         if v is not None and v not in WORKLOADS:
-            raise ValueError(f"unknown workload {v!r}{suggest(v, WORKLOADS)}; choose from {', '.join(WORKLOADS)}"
-                             " or give {dataset: FILE}")
+            raise ValueError(
+                f"unknown workload {v!r}{suggest(v, WORKLOADS)}; choose from {', '.join(WORKLOADS)}"
+                " or give {dataset: FILE}"
+            )
         return v
 
     @field_validator("dataset")
@@ -460,8 +543,9 @@ class WorkloadItem(StrictModel):
     def _dataset_exists(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is None:
             return None
-        return _resolve_path(v, info, "dataset",
-                             "give an existing JSONL/ShareGPT file (relative to the experiment file)")
+        return _resolve_path(
+            v, info, "dataset", "give an existing JSONL/ShareGPT file (relative to the experiment file)"
+        )
 
     @model_validator(mode="after")
     def _one_source(self) -> WorkloadItem:
@@ -496,9 +580,11 @@ class Steps(StrictModel):
     requests in flight; ``None`` = none)."""
 
     concurrency: list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]] | None = Field(
-        None, description="closed-loop levels")
+        None, description="closed-loop levels"
+    )
     rates: list[Annotated[float, Field(gt=0, le=MAX_RATE_RPS)]] | None = Field(
-        None, description="open-loop rates, requests/s")
+        None, description="open-loop rates, requests/s"
+    )
     arrival: Literal["constant", "poisson", "gamma"] = Field("poisson", description="open loop: arrival process")
     max_concurrency: int | None = Field(None, ge=1, description="open loop: cap on requests in flight")
 
@@ -528,8 +614,16 @@ class Steps(StrictModel):
         ``burstiness`` is the gamma shape used when ``arrival`` is ``gamma``."""
         if self.concurrency is not None:
             return [LoadModel(kind="closed", concurrency=c) for c in self.concurrency]
-        return [LoadModel(kind="open", rate_rps=r, arrival=self.arrival, gamma_shape=burstiness,
-                          max_concurrency=self.max_concurrency) for r in self.rates or []]
+        return [
+            LoadModel(
+                kind="open",
+                rate_rps=r,
+                arrival=self.arrival,
+                gamma_shape=burstiness,
+                max_concurrency=self.max_concurrency,
+            )
+            for r in self.rates or []
+        ]
 
 
 class ArrivalTest(StrictModel):
@@ -544,6 +638,7 @@ class ArrivalTest(StrictModel):
     requests: int = Field(16, ge=1, le=MAX_REQUESTS_PER_STEP, description="requests in the arrival test")
     max_concurrency: int | None = Field(None, ge=1, description="cap on requests in flight")
     set: dict[str, Any] = Field(default_factory=dict, description="mix workload overrides (bench --set)")
+
 
 class CapacitySearch(StrictModel):
     """The open-loop search for the highest arrival rate whose objectives hold
@@ -589,8 +684,10 @@ class LoadGenerator(StrictModel):
     @model_validator(mode="after")
     def _ray_needed(self) -> LoadGenerator:
         if self.workers_per_node is not None and self.ray is None:
-            raise ValueError("load_generator.workers_per_node places Ray actors on every node: set "
-                             "load_generator.ray (a cluster address or auto)")
+            raise ValueError(
+                "load_generator.workers_per_node places Ray actors on every node: set "
+                "load_generator.ray (a cluster address or auto)"
+            )
         if self.workers_per_node is not None and self.workers != 1:
             raise ValueError("load_generator: give workers (in total) or workers_per_node, not both")
         return self
@@ -626,29 +723,39 @@ class Experiment(StrictModel):
     candidates: list[AnyCandidate] = Field(min_length=1, description="engines to compare")
     workloads: list[WorkloadItem] = Field(default_factory=_default_workloads, min_length=1)
     steps: Steps = Field(default_factory=_default_steps)
-    requests_per_step: int = Field(8, ge=1, le=MAX_REQUESTS_PER_STEP,
-                                   description="measured requests per workload and step")
+    requests_per_step: int = Field(
+        8, ge=1, le=MAX_REQUESTS_PER_STEP, description="measured requests per workload and step"
+    )
     warmup: int = Field(2, ge=0, le=MAX_REQUESTS_PER_STEP, description="warmup requests before each step (excluded)")
     seed: int = Field(0, ge=-(2**63), lt=2**63, description="seed of requests and arrival times")
     timeout_s: float = Field(120.0, gt=0, le=MAX_STEP_S, description="per-request timeout, seconds")
     ignore_eos: bool = Field(True, description="exact output lengths (ignore_eos) except structured requests")
     stop_on_slo: bool = Field(True, description="skip higher steps after the first step that breaks an SLO")
     arrival_test: ArrivalTest = Field(default_factory=ArrivalTest)
-    repeats: int = Field(3, ge=1, le=20, description="runs of the ranked mix level per candidate, interleaved "
-                                                     "across candidates (A B A B)")
+    repeats: int = Field(
+        3,
+        ge=1,
+        le=20,
+        description="runs of the ranked mix level per candidate, interleaved across candidates (A B A B)",
+    )
     mix_sweep: bool = Field(True, description="run the goal's mix concurrently at every load step (the ranked figure)")
     capacity: CapacitySearch = Field(default_factory=CapacitySearch)
-    lifecycle: LifecycleOptions = Field(default_factory=LifecycleOptions,
-                                        description="cold vs warm start, restart under load and cancellation")
-    checks: list[CheckName] = Field(default_factory=default_checks,
-                                    description="served-behaviour checks per candidate after its gates: context "
-                                                "(longest prompt served whole, <= 60 s) and template (the chat "
-                                                "template the server applies vs the model's)")
-    load_generator: LoadGenerator = Field(default_factory=LoadGenerator,
-                                          description="processes or Ray actors that send the load steps' load")
-    embeddings: EmbeddingsOptions = Field(default_factory=EmbeddingsOptions,
-                                          description="requests and gate of an embeddings trial (goal.task_kind: "
-                                                      "embeddings)")
+    lifecycle: LifecycleOptions = Field(
+        default_factory=LifecycleOptions, description="cold vs warm start, restart under load and cancellation"
+    )
+    checks: list[CheckName] = Field(
+        default_factory=default_checks,
+        description="served-behaviour checks per candidate after its gates: context "
+        "(longest prompt served whole, <= 60 s) and template (the chat "
+        "template the server applies vs the model's)",
+    )
+    load_generator: LoadGenerator = Field(
+        default_factory=LoadGenerator, description="processes or Ray actors that send the load steps' load"
+    )
+    embeddings: EmbeddingsOptions = Field(
+        default_factory=EmbeddingsOptions,
+        description="requests and gate of an embeddings trial (goal.task_kind: embeddings)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -656,8 +763,10 @@ class Experiment(StrictModel):
         where = non_finite_path(data)
         if where is not None:
             path, value = where
-            raise ValueError(f"{path}: {value} is not a finite number; give a finite value (YAML reads .inf, "
-                             ".nan and 1.0e+400 as infinite or not a number)")
+            raise ValueError(
+                f"{path}: {value} is not a finite number; give a finite value (YAML reads .inf, "
+                ".nan and 1.0e+400 as infinite or not a number)"
+            )
         return data
 
     @model_validator(mode="after")
@@ -665,29 +774,39 @@ class Experiment(StrictModel):
         seen: dict[str, int] = {}
         for i, c in enumerate(self.candidates):
             if c.name in seen:
-                raise ValueError(f"candidates[{i}].name: duplicate name {c.name!r} (also candidates[{seen[c.name]}]); "
-                                 "give each candidate a unique name")
+                raise ValueError(
+                    f"candidates[{i}].name: duplicate name {c.name!r} (also candidates[{seen[c.name]}]); "
+                    "give each candidate a unique name"
+                )
             seen[c.name] = i
         wseen: dict[str, int] = {}
         for i, w in enumerate(self.workloads):
             if w.label in wseen:
-                raise ValueError(f"workloads[{i}]: workload {w.label!r} is listed twice "
-                                 f"(also workloads[{wseen[w.label]}]); list each once")
+                raise ValueError(
+                    f"workloads[{i}]: workload {w.label!r} is listed twice "
+                    f"(also workloads[{wseen[w.label]}]); list each once"
+                )
             wseen[w.label] = i
         for k in self.goal.workload_slo:
             if k not in wseen:
-                raise ValueError(f"goal.workload_slo: {k!r} is not one of the experiment's workloads "
-                                 f"({', '.join(wseen)}); name a listed workload")
+                raise ValueError(
+                    f"goal.workload_slo: {k!r} is not one of the experiment's workloads "
+                    f"({', '.join(wseen)}); name a listed workload"
+                )
         conflict = embeddings_conflicts(self)  # goal.task_kind: embeddings (servelab.trial.embed_spec)
         if conflict is not None:
             raise ValueError(conflict)
         if self.arrival_test.enabled and self.goal.task_kind == "chat":
             if self.goal.expected_rate_rps is None:
-                raise ValueError("goal.expected_rate_rps: required when arrival_test.enabled is true; give the stated "
-                                 "arrival rate in requests/s, or set arrival_test.enabled: false")
+                raise ValueError(
+                    "goal.expected_rate_rps: required when arrival_test.enabled is true; give the stated "
+                    "arrival rate in requests/s, or set arrival_test.enabled: false"
+                )
             if self.goal.mix is None and not any(w.name in mixable_workloads() for w in self.workloads):
-                raise ValueError(f"goal.mix: required for the arrival test when no workload is one of "
-                                 f"{', '.join(mixable_workloads())}; give e.g. short-qa:3,structured:1")
+                raise ValueError(
+                    f"goal.mix: required for the arrival test when no workload is one of "
+                    f"{', '.join(mixable_workloads())}; give e.g. short-qa:3,structured:1"
+                )
             try:
                 make_workload("mix", None, **{**self.arrival_test.set, "ratio": self.arrival_mix})
             except ConfigError as e:
@@ -709,8 +828,13 @@ class Experiment(StrictModel):
         if self.goal.expected_rate_rps is None:
             raise ConfigError("goal.expected_rate_rps is not set; the arrival test needs a rate in requests/s")
         k = self.goal.burstiness
-        return LoadModel(kind="open", rate_rps=self.goal.expected_rate_rps, arrival="poisson" if k == 1 else "gamma",
-                         gamma_shape=k, max_concurrency=self.arrival_test.max_concurrency)
+        return LoadModel(
+            kind="open",
+            rate_rps=self.goal.expected_rate_rps,
+            arrival="poisson" if k == 1 else "gamma",
+            gamma_shape=k,
+            max_concurrency=self.arrival_test.max_concurrency,
+        )
 
     def candidate(self, name: str) -> Candidate:
         """The candidate called ``name``; raises :class:`KeyError` when there is none."""
@@ -722,8 +846,12 @@ class Experiment(StrictModel):
     def to_dict(self) -> JsonObject:
         """Plain JSON-able dict in file form (aliases such as ``set``; bare workload names)."""
         d = self.model_dump(mode="json", by_alias=True)
-        d["workloads"] = [w["name"] if w["name"] is not None and not w["set"] and w["dataset"] is None
-                          and w["max_tokens_default"] == 256 else w for w in d["workloads"]]
+        d["workloads"] = [
+            w["name"]
+            if w["name"] is not None and not w["set"] and w["dataset"] is None and w["max_tokens_default"] == 256
+            else w
+            for w in d["workloads"]
+        ]
         return d
 
     def to_yaml(self) -> str:
@@ -745,8 +873,10 @@ registry.subscribe(_rebuild_on_registry_change)
 
 
 #: Fixes appended when a string does not match one of these patterns.
-_PATTERN_HINTS = {_NAME_PATTERN: "use letters, digits, '_', '.' or '-'",
-                  _ENV_NAME: "an environment variable name is letters, digits and '_', not starting with a digit"}
+_PATTERN_HINTS = {
+    _NAME_PATTERN: "use letters, digits, '_', '.' or '-'",
+    _ENV_NAME: "an environment variable name is letters, digits and '_', not starting with a digit",
+}
 
 
 def non_finite_path(data: Any, path: str = "") -> tuple[str, str] | None:
@@ -787,13 +917,16 @@ def load_experiment(path: str | os.PathLike[str]) -> Experiment:
     """
     src = str(path)
     p = Path(path).expanduser()
-    data = read_yaml_file(path, what="experiment",
-                          missing_fix="give an existing YAML file (or run `servelab trial` without a file for "
-                                      "the built-in experiment)",
-                          empty_fix="write an experiment (see docs/experiment.md)")
+    data = read_yaml_file(
+        path,
+        what="experiment",
+        missing_fix="give an existing YAML file (or run `servelab trial` without a file for the built-in experiment)",
+        empty_fix="write an experiment (see docs/experiment.md)",
+    )
     if not isinstance(data, dict):
-        raise ConfigError(f"{src}: the top level must be a mapping (goal:, candidates:, …), "
-                          f"got a {type(data).__name__}")
+        raise ConfigError(
+            f"{src}: the top level must be a mapping (goal:, candidates:, …), got a {type(data).__name__}"
+        )
     if data.get("name") is None:
         data["name"] = re.sub(r"[^A-Za-z0-9_.-]+", "-", p.stem).strip("-") or "experiment"
     try:
@@ -814,14 +947,23 @@ _DEFAULT: JsonObject = {
         "quality": {
             "structured_valid_min": 0.5,
             "samples": [
-                {"name": "say-ok", "prompt": "Reply with the single word OK.", "expect_regex": "(?i)\\bok\\b",
-                 "max_tokens": 8},
-                {"name": "json-city",
-                 "prompt": "Paris is the capital of France. Give the city and the country as JSON.",
-                 "expect_json_schema": {"type": "object",
-                                        "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
-                                        "required": ["city", "country"], "additionalProperties": False},
-                 "max_tokens": 48},
+                {
+                    "name": "say-ok",
+                    "prompt": "Reply with the single word OK.",
+                    "expect_regex": "(?i)\\bok\\b",
+                    "max_tokens": 8,
+                },
+                {
+                    "name": "json-city",
+                    "prompt": "Paris is the capital of France. Give the city and the country as JSON.",
+                    "expect_json_schema": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+                        "required": ["city", "country"],
+                        "additionalProperties": False,
+                    },
+                    "max_tokens": 48,
+                },
             ],
             "samples_pass_min": 0.0,
         },
@@ -849,8 +991,14 @@ _DEFAULT: JsonObject = {
     "arrival_test": {"enabled": True, "requests": 12},
     "repeats": 3,
     "mix_sweep": True,
-    "capacity": {"enabled": True, "requests": 8, "max_probes": 3, "start_rps": None, "tolerance": 0.05,
-                 "arrival": "goal"},
+    "capacity": {
+        "enabled": True,
+        "requests": 8,
+        "max_probes": 3,
+        "start_rps": None,
+        "tolerance": 0.05,
+        "arrival": "goal",
+    },
 }
 
 

@@ -22,6 +22,7 @@ difference in %. Every sample is also appended to ``server_metrics.jsonl`` (one 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -36,10 +37,26 @@ from servelab.bench.results import ResultModel, ServerFigure, StepSummary
 from servelab.engines import registry
 from servelab.wire.jsontypes import JsonObject
 
-__all__ = ["generation_counters", "GpuDevice", "GpuInfo", "GpuSample", "GpuStep", "MetricsSampler", "Nvml",
-           "StepTelemetry", "Telemetry", "TelemetrySample", "TokenAgreement", "UrlTarget", "host_gpus",
-           "parse_visible_devices",
-           "start_sampler", "tree_cpu_seconds", "visible_devices_of"]
+__all__ = [
+    "generation_counters",
+    "GpuDevice",
+    "GpuInfo",
+    "GpuSample",
+    "GpuStep",
+    "MetricsSampler",
+    "Nvml",
+    "StepTelemetry",
+    "Telemetry",
+    "TelemetrySample",
+    "TokenAgreement",
+    "UrlTarget",
+    "host_gpus",
+    "parse_visible_devices",
+    "start_sampler",
+    "tree_cpu_seconds",
+    "visible_devices_of",
+]
+
 
 #: the engine counters of generated (output) tokens, by engine; the first present in a step is used.
 #: vLLM ``vllm:generation_tokens_total`` (https://docs.vllm.ai/en/latest/design/metrics.html, read
@@ -54,6 +71,7 @@ def generation_counters() -> tuple[str, ...]:
 
 
 # --------------------------------------------------------------------------------------------- models
+
 
 class GpuSample(ResultModel):
     """One NVIDIA device at one instant: NVML ``index``, ``memory_used_bytes``
@@ -168,6 +186,7 @@ class Telemetry(ResultModel):
 
 # --------------------------------------------------------------------------------------------- helpers
 
+
 def tree_cpu_seconds(pid: int | None) -> float | None:
     """CPU seconds (user + system) used so far by process ``pid`` and all its live descendants, plus
     the children they already reaped (psutil ``cpu_times``). ``None`` when ``pid`` is gone."""
@@ -235,8 +254,10 @@ class Nvml:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError_LibraryNotFound:
-            self.info.reason = ("NVML: libnvidia-ml.so.1 not found (no NVIDIA driver on this host): GPU "
-                                "memory, utilisation and power not measured")
+            self.info.reason = (
+                "NVML: libnvidia-ml.so.1 not found (no NVIDIA driver on this host): GPU "
+                "memory, utilisation and power not measured"
+            )
             return
         except pynvml.NVMLError as e:
             self.info.reason = f"NVML: {e}"
@@ -253,8 +274,11 @@ class Nvml:
                 if idx is not None and i not in idx and uuid not in (uuids or []):
                     continue
                 mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-                devices.append(GpuDevice(index=i, name=_text(pynvml.nvmlDeviceGetName(h)), uuid=uuid,
-                                                   memory_total_bytes=int(mem.total)))
+                devices.append(
+                    GpuDevice(
+                        index=i, name=_text(pynvml.nvmlDeviceGetName(h)), uuid=uuid, memory_total_bytes=int(mem.total)
+                    )
+                )
                 self._handles.append((i, h))
             self.info.devices = devices
         except pynvml.NVMLError as e:
@@ -263,8 +287,11 @@ class Nvml:
             return
         self.info.present = bool(self._handles)
         if not self._handles:
-            self.info.reason = (f"NVML: no device matches CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None
-                                else "NVML: the driver lists no GPU")
+            self.info.reason = (
+                f"NVML: no device matches CUDA_VISIBLE_DEVICES={visible!r}"
+                if visible is not None
+                else "NVML: the driver lists no GPU"
+            )
 
     def sample(self) -> list[GpuSample]:
         """One :class:`GpuSample` per watched device (a figure NVML refuses is ``None``)."""
@@ -272,23 +299,21 @@ class Nvml:
         out = []
         for i, h in self._handles:
             s = GpuSample(index=i)
-            for field, read in (("memory_used_bytes", lambda h: int(nv.nvmlDeviceGetMemoryInfo(h).used)),
-                                ("utilization_pct", lambda h: float(nv.nvmlDeviceGetUtilizationRates(h).gpu)),
-                                ("power_w", lambda h: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)):
-                try:
+            for field, read in (
+                ("memory_used_bytes", lambda h: int(nv.nvmlDeviceGetMemoryInfo(h).used)),
+                ("utilization_pct", lambda h: float(nv.nvmlDeviceGetUtilizationRates(h).gpu)),
+                ("power_w", lambda h: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
+            ):
+                with contextlib.suppress(nv.NVMLError):
                     setattr(s, field, read(h))
-                except nv.NVMLError:
-                    pass
             out.append(s)
         return out
 
     def close(self) -> None:
         """``nvmlShutdown`` (once per :class:`Nvml` that opened it)."""
         if self._nv is not None:
-            try:
+            with contextlib.suppress(self._nv.NVMLError):
                 self._nv.nvmlShutdown()
-            except self._nv.NVMLError:
-                pass
             self._nv = None
 
 
@@ -300,8 +325,10 @@ def host_gpus() -> JsonObject | None:
     try:
         if not nv.info.present:
             return None
-        return {"driver_version": nv.info.driver_version,
-                "devices": [d.model_dump(mode="json") for d in nv.info.devices]}
+        return {
+            "driver_version": nv.info.driver_version,
+            "devices": [d.model_dump(mode="json") for d in nv.info.devices],
+        }
     finally:
         nv.close()
 
@@ -346,7 +373,7 @@ class UrlTarget:
         hdrs = {"Accept": "text/plain"} | ({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})
         req = urllib.request.Request(self.root_url + "/metrics", headers=hdrs)
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 — the candidate's own URL
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                 body = resp.read()
         except urllib.error.HTTPError as e:
             raise RuntimeError(f"{self.root_url}/metrics answered HTTP {e.code}") from e
@@ -360,14 +387,20 @@ def start_sampler(cand: Any, running: Any, base_url: str, api_key: str | None, p
     if running is not None:
         s = MetricsSampler(running, path, metrics=cand.kind.metrics, visible_devices=visible_devices_of(cand))
     else:
-        s = MetricsSampler(UrlTarget(base_url, api_key), path, metrics=cand.kind.metrics, gpu=False,
-                           no_gpu_reason="not launched by servelab: its process and GPUs may be on another host, "
-                                         "only its /metrics is read")
+        s = MetricsSampler(
+            UrlTarget(base_url, api_key),
+            path,
+            metrics=cand.kind.metrics,
+            gpu=False,
+            no_gpu_reason="not launched by servelab: its process and GPUs may be on another host, "
+            "only its /metrics is read",
+        )
     s.start()
     return s
 
 
 # --------------------------------------------------------------------------------------------- sampler
+
 
 class MetricsSampler(threading.Thread):
     """Samples a running engine every ``interval_s`` seconds while load steps run (see the module doc).
@@ -378,9 +411,16 @@ class MetricsSampler(threading.Thread):
     candidate's ``CUDA_VISIBLE_DEVICES`` (``None`` = all devices); ``gpu``: ``False`` skips NVML (the
     telemetry then says ``no_gpu_reason``)."""
 
-    def __init__(self, engine: Any, path: Path, interval_s: float = 1.0,
-                 metrics: registry.ServerMetrics | None = None, visible_devices: str | None = None,
-                 gpu: bool = True, no_gpu_reason: str = "GPU sampling off") -> None:
+    def __init__(
+        self,
+        engine: Any,
+        path: Path,
+        interval_s: float = 1.0,
+        metrics: registry.ServerMetrics | None = None,
+        visible_devices: str | None = None,
+        gpu: bool = True,
+        no_gpu_reason: str = "GPU sampling off",
+    ) -> None:
         super().__init__(daemon=True)
         self.engine, self.path, self.interval_s = engine, path, interval_s
         self.metrics = metrics if metrics is not None else registry.all_metrics()
@@ -416,8 +456,9 @@ class MetricsSampler(threading.Thread):
         gpus = self.nvml.sample() if self.nvml is not None else []
         with self._lock:
             self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
-            s = TelemetrySample(t_unix_s=time.time(), step=self.step, rss_bytes=rss, pid=pid, cpu_s=cpu,
-                                metrics=keep, gpus=gpus)
+            s = TelemetrySample(
+                t_unix_s=time.time(), step=self.step, rss_bytes=rss, pid=pid, cpu_s=cpu, metrics=keep, gpus=gpus
+            )
             self.samples.append(s)
             f.write(s.to_json_bytes() + b"\n")
             f.flush()
@@ -468,9 +509,12 @@ class MetricsSampler(threading.Thread):
         """The typed :class:`Telemetry` of the samples so far; ``steps``: the candidate's step summaries
         (for the client's output tokens; a step without one has no :attr:`StepTelemetry.tokens`)."""
         by_label = {st.label: st for st in steps if st is not None and not st.skipped}
-        out = Telemetry(interval_s=self.interval_s, cpu_cores=psutil.cpu_count(logical=True),
-                        process_tree=any(s.cpu_s is not None for s in self.samples),
-                        gpu=self.nvml.info if self.nvml is not None else GpuInfo(reason=self.no_gpu_reason))
+        out = Telemetry(
+            interval_s=self.interval_s,
+            cpu_cores=psutil.cpu_count(logical=True),
+            process_tree=any(s.cpu_s is not None for s in self.samples),
+            gpu=self.nvml.info if self.nvml is not None else GpuInfo(reason=self.no_gpu_reason),
+        )
         # assigned, not filled in place: the record is written with exclude_unset
         out.steps = {label: self._step(ss, by_label.get(label)) for label, ss in self._by_step().items()}
         rss = [s.rss_bytes for s in self.samples if s.rss_bytes]
@@ -487,8 +531,11 @@ class MetricsSampler(threading.Thread):
         from servelab.engines.url import SGLANG_METRICS, TGI_METRICS
 
         seen = {k.split("{")[0] for s in ss for k in s.metrics}
-        known = [k.metrics for k in registry.kinds()] + [SGLANG_METRICS, TGI_METRICS,
-                                                         registry.ServerMetrics(running="mock_requests_running")]
+        known = [k.metrics for k in registry.kinds()] + [
+            SGLANG_METRICS,
+            TGI_METRICS,
+            registry.ServerMetrics(running="mock_requests_running"),
+        ]
         return next((k for k in known if k.running in seen), self.metrics)
 
     def _step(self, ss: list[TelemetrySample], st: StepSummary | None) -> StepTelemetry:
@@ -516,11 +563,14 @@ class MetricsSampler(threading.Thread):
                 client = st.tokens.output_total
                 server = last - first
                 out.tokens = TokenAgreement(
-                    counter=counter, server_output_tokens=server, client_output_tokens=client,
+                    counter=counter,
+                    server_output_tokens=server,
+                    client_output_tokens=client,
                     server_output_tokens_per_s=round(server / span, 3) if span > 0 else None,
                     client_output_tokens_per_s=round(client / st.window_s, 3) if st.window_s else None,
                     diff_pct=round(100.0 * (server - client) / client, 3) if client else None,
-                    client_failed=st.counts.failed_total)
+                    client_failed=st.counts.failed_total,
+                )
             break
         devices = sorted({g.index for s in ss for g in s.gpus})
         gpus: list[GpuStep] = []
@@ -529,12 +579,17 @@ class MetricsSampler(threading.Thread):
             mem = [g.memory_used_bytes for g in gs if g.memory_used_bytes is not None]
             util = [g.utilization_pct for g in gs if g.utilization_pct is not None]
             pw = [g.power_w for g in gs if g.power_w is not None]
-            gpus.append(GpuStep(index=i, memory_used_max_bytes=max(mem) if mem else None,
-                                    memory_used_mean_bytes=sum(mem) / len(mem) if mem else None,
-                                    utilization_mean_pct=sum(util) / len(util) if util else None,
-                                    utilization_max_pct=max(util) if util else None,
-                                    power_mean_w=sum(pw) / len(pw) if pw else None,
-                                    power_max_w=max(pw) if pw else None))
+            gpus.append(
+                GpuStep(
+                    index=i,
+                    memory_used_max_bytes=max(mem) if mem else None,
+                    memory_used_mean_bytes=sum(mem) / len(mem) if mem else None,
+                    utilization_mean_pct=sum(util) / len(util) if util else None,
+                    utilization_max_pct=max(util) if util else None,
+                    power_mean_w=sum(pw) / len(pw) if pw else None,
+                    power_max_w=max(pw) if pw else None,
+                )
+            )
         if gpus:
             out.gpus = gpus
         return out

@@ -42,8 +42,15 @@ from pydantic import BaseModel, Field
 
 from servelab.wire.jsontypes import JsonObject
 
-__all__ = ["CONVERSATIONS", "ChatMessage", "TemplateCheck", "TemplateComparison", "check_template", "render_template",
-           "template_family"]
+__all__ = [
+    "CONVERSATIONS",
+    "ChatMessage",
+    "TemplateCheck",
+    "TemplateComparison",
+    "check_template",
+    "render_template",
+    "template_family",
+]
 
 Verdict = Literal["equal", "different", "unknown"]
 #: the whole check's verdict: a conversation's, or ``fallback`` (module doc)
@@ -59,14 +66,19 @@ class ChatMessage(TypedDict, total=False):
     name: str
     tool_calls: list[Any]
 
+
 #: the fixed conversations: a single question, a system prompt, several turns
 CONVERSATIONS: dict[str, list[ChatMessage]] = {
     "single_user": [{"role": "user", "content": "What is the capital of France?"}],
-    "system_user": [{"role": "system", "content": "Answer in one word."},
-                    {"role": "user", "content": "What colour is the sky?"}],
-    "multi_turn": [{"role": "user", "content": "Hi, I need a number."},
-                   {"role": "assistant", "content": "Sure: which one?"},
-                   {"role": "user", "content": "Two plus two, 中文也可以."}],
+    "system_user": [
+        {"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "What colour is the sky?"},
+    ],
+    "multi_turn": [
+        {"role": "user", "content": "Hi, I need a number."},
+        {"role": "assistant", "content": "Sure: which one?"},
+        {"role": "user", "content": "Two plus two, 中文也可以."},
+    ],
 }
 
 
@@ -109,8 +121,15 @@ def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
-def render_template(source: str, messages: list[ChatMessage], *, bos_token: str = "", eos_token: str = "",
-                    add_generation_prompt: bool = True, tools: list[JsonObject] | None = None) -> str:
+def render_template(
+    source: str,
+    messages: list[ChatMessage],
+    *,
+    bos_token: str = "",
+    eos_token: str = "",
+    add_generation_prompt: bool = True,
+    tools: list[JsonObject] | None = None,
+) -> str:
     """The prompt ``source`` (a jinja2 chat template) makes of ``messages``, as transformers renders it.
 
     Raises :class:`jinja2.TemplateError` when the template is invalid or refuses the conversation
@@ -118,11 +137,17 @@ def render_template(source: str, messages: list[ChatMessage], *, bos_token: str 
     """
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
-        x, indent=indent, ensure_ascii=ensure_ascii)
+        x, indent=indent, ensure_ascii=ensure_ascii
+    )
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
-                                          add_generation_prompt=add_generation_prompt, tools=tools)
+    return env.from_string(source).render(
+        messages=messages,
+        bos_token=bos_token,
+        eos_token=eos_token,
+        add_generation_prompt=add_generation_prompt,
+        tools=tools,
+    )
 
 
 def template_family(text: str | None) -> str | None:
@@ -131,8 +156,13 @@ def template_family(text: str | None) -> str | None:
     ``llama2/mistral`` (``[INST]``), ``phi3`` (``<|user|>``); ``None`` when none is present."""
     if not text:
         return None
-    for marker, name in (("<|im_start|>", "chatml"), ("<start_of_turn>", "gemma"),
-                         ("<|start_header_id|>", "llama3"), ("[INST]", "llama2/mistral"), ("<|user|>", "phi3")):
+    for marker, name in (
+        ("<|im_start|>", "chatml"),
+        ("<start_of_turn>", "gemma"),
+        ("<|start_header_id|>", "llama3"),
+        ("[INST]", "llama2/mistral"),
+        ("<|user|>", "phi3"),
+    ):
         if marker in text:
             return name
     return None
@@ -146,8 +176,9 @@ async def _post(s: aiohttp.ClientSession, url: str, body: Mapping[str, object]) 
         return orjson.loads(raw)
 
 
-async def _served(s: aiohttp.ClientSession, root: str, base_url: str, model: str,
-                  messages: list[ChatMessage]) -> tuple[str | None, str]:
+async def _served(
+    s: aiohttp.ClientSession, root: str, base_url: str, model: str, messages: list[ChatMessage]
+) -> tuple[str | None, str]:
     """``(prompt, how)``: the server's own rendering, or ``(None, why not)``."""
     try:
         got = await _post(s, root + "/apply-template", {"messages": messages})
@@ -157,8 +188,11 @@ async def _served(s: aiohttp.ClientSession, root: str, base_url: str, model: str
         pass
     for api in (root, base_url.rstrip("/")):  # vLLM serves /tokenize at the root
         try:
-            tok = await _post(s, api + "/tokenize", {"model": model, "messages": messages,
-                                                     "add_generation_prompt": True, "add_special_tokens": False})
+            tok = await _post(
+                s,
+                api + "/tokenize",
+                {"model": model, "messages": messages, "add_generation_prompt": True, "add_special_tokens": False},
+            )
             if isinstance(tok, dict) and isinstance(tok.get("tokens"), list):
                 det = await _post(s, api + "/detokenize", {"model": model, "tokens": tok["tokens"]})
                 if isinstance(det, dict) and isinstance(det.get("prompt"), str):
@@ -169,25 +203,34 @@ async def _served(s: aiohttp.ClientSession, root: str, base_url: str, model: str
 
 
 def _strip_bos(text: str, bos_token: str) -> str:
-    return text[len(bos_token):] if bos_token and text.startswith(bos_token) else text
+    return text[len(bos_token) :] if bos_token and text.startswith(bos_token) else text
 
 
 def _compare(name: str, expected: str, served: str) -> TemplateComparison:
     if expected == served:
         return TemplateComparison(conversation=name, verdict="equal")
-    i = next((k for k, (a, b) in enumerate(zip(expected, served, strict=False)) if a != b),
-             min(len(expected), len(served)))
+    i = next(
+        (k for k, (a, b) in enumerate(zip(expected, served, strict=False)) if a != b), min(len(expected), len(served))
+    )
     j = max(0, i - 10)
-    return TemplateComparison(conversation=name, verdict="different", first_diff=i,
-                              expected=expected[j:i + 40], served=served[j:i + 40])
+    return TemplateComparison(
+        conversation=name, verdict="different", first_diff=i, expected=expected[j : i + 40], served=served[j : i + 40]
+    )
 
 
-async def _check(base_url: str, model: str, reference: str | None, bos_token: str, eos_token: str,
-                 conversations: dict[str, list[ChatMessage]], timeout_s: float) -> tuple[
-                     list[tuple[str, str | None, str]], str | None]:
+async def _check(
+    base_url: str,
+    model: str,
+    reference: str | None,
+    bos_token: str,
+    eos_token: str,
+    conversations: dict[str, list[ChatMessage]],
+    timeout_s: float,
+) -> tuple[list[tuple[str, str | None, str]], str | None]:
     root = base_url.rstrip("/").removesuffix("/v1")
-    async with aiohttp.ClientSession(headers={"Content-Type": "application/json"},
-                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+    async with aiohttp.ClientSession(
+        headers={"Content-Type": "application/json"}, timeout=aiohttp.ClientTimeout(total=timeout_s)
+    ) as s:
         served = [(name, *await _served(s, root, base_url, model, msgs)) for name, msgs in conversations.items()]
         source = None
         try:
@@ -200,10 +243,17 @@ async def _check(base_url: str, model: str, reference: str | None, bos_token: st
     return served, source
 
 
-def check_template(base_url: str, model: str, reference_template: str | None, *, reference: str = "declared",
-                   bos_token: str = "", eos_token: str = "",
-                   conversations: dict[str, list[ChatMessage]] | None = None,
-                   timeout_s: float = 30.0) -> TemplateCheck:
+def check_template(
+    base_url: str,
+    model: str,
+    reference_template: str | None,
+    *,
+    reference: str = "declared",
+    bos_token: str = "",
+    eos_token: str = "",
+    conversations: dict[str, list[ChatMessage]] | None = None,
+    timeout_s: float = 30.0,
+) -> TemplateCheck:
     """Compare the server at ``base_url`` (OpenAI API root) with ``reference_template`` (jinja2 source, or
     ``None`` when the model has none) over ``conversations`` (default :data:`CONVERSATIONS`).
 
@@ -213,22 +263,29 @@ def check_template(base_url: str, model: str, reference_template: str | None, *,
     """
     convs = conversations or CONVERSATIONS
     served, source = asyncio.run(_check(base_url, model, reference_template, bos_token, eos_token, convs, timeout_s))
-    out = TemplateCheck(reference=reference if reference_template else None, server_template_source=source,
-                        served_family=template_family(next((p for _, p, _ in served if p), None)),
-                        reference_family=template_family(reference_template))
+    out = TemplateCheck(
+        reference=reference if reference_template else None,
+        server_template_source=source,
+        served_family=template_family(next((p for _, p, _ in served if p), None)),
+        reference_family=template_family(reference_template),
+    )
     for name, prompt, how in served:
         if prompt is None:
             out.comparisons.append(TemplateComparison(conversation=name, verdict="unknown", reason=how))
             continue
         if reference_template is None:
-            out.comparisons.append(TemplateComparison(conversation=name, verdict="unknown",
-                                                      reason="no reference template to compare with"))
+            out.comparisons.append(
+                TemplateComparison(conversation=name, verdict="unknown", reason="no reference template to compare with")
+            )
             continue
         try:
             expected = render_template(reference_template, convs[name], bos_token=bos_token, eos_token=eos_token)
         except TemplateError as e:
-            out.comparisons.append(TemplateComparison(conversation=name, verdict="unknown",
-                                                      reason=f"the reference template refused it: {e}"))
+            out.comparisons.append(
+                TemplateComparison(
+                    conversation=name, verdict="unknown", reason=f"the reference template refused it: {e}"
+                )
+            )
             continue
         out.comparisons.append(_compare(name, _strip_bos(expected, bos_token), _strip_bos(prompt, bos_token)))
     verdicts = {c.verdict for c in out.comparisons}
@@ -237,13 +294,16 @@ def check_template(base_url: str, model: str, reference_template: str | None, *,
         out.verdict = "fallback"
     if reference_template is None:
         fam = out.served_family or "an unrecognised format"
-        out.note = (f"the model has no chat template of its own; the server falls back to {fam}"
-                    + (" (its /props chat_template)" if source else ""))
+        out.note = f"the model has no chat template of its own; the server falls back to {fam}" + (
+            " (its /props chat_template)" if source else ""
+        )
     elif out.verdict == "different":
         bad = next(c for c in out.comparisons if c.verdict == "different")
-        out.note = (f"the server's prompt differs from the model's template ({out.reference_family or '?'}) at "
-                    f"character {bad.first_diff} of '{bad.conversation}': expected {bad.expected!r}, "
-                    f"served {bad.served!r}")
+        out.note = (
+            f"the server's prompt differs from the model's template ({out.reference_family or '?'}) at "
+            f"character {bad.first_diff} of '{bad.conversation}': expected {bad.expected!r}, "
+            f"served {bad.served!r}"
+        )
     elif out.verdict == "equal":
         out.note = f"the server renders the model's template ({out.reference_family or '?'}) exactly"
     else:

@@ -70,9 +70,20 @@ from servelab.bench.results import Dist, Interval, StepSummary
 from servelab.bench.slo import Objective, parse_slo
 from servelab.trial.results import ObjectiveVerdict
 
-__all__ = ["MIX", "ScopedObjective", "exclusion_open", "expected_rate_verdicts", "judged_on", "mean_bounds",
-           "objective_verdict", "objective_verdicts", "run_to_run_variation", "scoped_objectives", "stat_value",
-           "t_mean_bounds"]
+__all__ = [
+    "MIX",
+    "ScopedObjective",
+    "exclusion_open",
+    "expected_rate_verdicts",
+    "judged_on",
+    "mean_bounds",
+    "objective_verdict",
+    "objective_verdicts",
+    "run_to_run_variation",
+    "scoped_objectives",
+    "stat_value",
+    "t_mean_bounds",
+]
 
 MIX = "mix"
 """The workload name of the goal's mix run concurrently."""
@@ -170,27 +181,48 @@ def objective_verdict(step: StepSummary, o: Objective) -> ObjectiveVerdict | Non
     elif o.stat == "max":
         n = sub.dist(o.metric).count
         if value is not None and value > o.limit:
-            return ObjectiveVerdict(objective=o.name, value=value, limit=o.limit, verdict="broken", workload=wl,
-                                    note=f"observed maximum {value:.3g} > limit {o.limit:g}: a fact of the "
-                                         f"sample (n={n}), no interval needed")
+            return ObjectiveVerdict(
+                objective=o.name,
+                value=value,
+                limit=o.limit,
+                verdict="broken",
+                workload=wl,
+                note=f"observed maximum {value:.3g} > limit {o.limit:g}: a fact of the "
+                f"sample (n={n}), no interval needed",
+            )
         if value is None:
-            return ObjectiveVerdict(objective=o.name, value=None, limit=o.limit, verdict="undetermined",
-                                    workload=wl, note="no value: no successful request")
-        return ObjectiveVerdict(objective=o.name, value=value, limit=o.limit, verdict="met", workload=wl,
-                                note=f"met in the sample (n={n}): no interval is claimed for a maximum "
-                                     "(a larger sample may exceed it)")
+            return ObjectiveVerdict(
+                objective=o.name,
+                value=None,
+                limit=o.limit,
+                verdict="undetermined",
+                workload=wl,
+                note="no value: no successful request",
+            )
+        return ObjectiveVerdict(
+            objective=o.name,
+            value=value,
+            limit=o.limit,
+            verdict="met",
+            workload=wl,
+            note=f"met in the sample (n={n}): no interval is claimed for a maximum (a larger sample may exceed it)",
+        )
     elif o.stat == "mean":
         d = sub.dist(o.metric)
         b = mean_bounds(d)
         if b.lo is None:
-            note = ("no interval: fewer than 2 values" if d.count < 2 else
-                    "no interval: the step records no standard deviation")
+            note = (
+                "no interval: fewer than 2 values"
+                if d.count < 2
+                else "no interval: the step records no standard deviation"
+            )
     else:
         b = _bounds(sub.dist(o.metric).ci(o.stat))
         if b is None:
             note = f"no interval recorded for {o.stat}"
-    return ObjectiveVerdict(objective=o.name, value=value, limit=o.limit, ci=_iv(b), verdict=slo_verdict(b, o.limit),
-                            workload=wl, note=note)
+    return ObjectiveVerdict(
+        objective=o.name, value=value, limit=o.limit, ci=_iv(b), verdict=slo_verdict(b, o.limit), workload=wl, note=note
+    )
 
 
 def objective_verdicts(step: StepSummary, objectives: Iterable[Objective]) -> list[ObjectiveVerdict]:
@@ -247,29 +279,45 @@ def _combine(o: Objective, runs: list[ObjectiveVerdict], variation: float | None
             verdict = "undetermined"
             pick = max(runs, key=lambda r: r.value if r.value is not None else -math.inf)
         counts = ", ".join(f"{per.count(v)} {v}" for v in ("broken", "undetermined", "met") if per.count(v))
-        note = (f"{per[0]} in each of {len(runs)} runs" if len(set(per)) == 1
-                else f"not the same in every run ({counts} of {len(runs)}): an exclusion needs a breach in each run")
-        return pick.model_copy(update={"verdict": verdict, "run_verdicts": per, "rule": "each-run",
-                                       "variation": variation, "note": note,
-                                       "run_values": [r.value for r in runs]})
+        note = (
+            f"{per[0]} in each of {len(runs)} runs"
+            if len(set(per)) == 1
+            else f"not the same in every run ({counts} of {len(runs)}): an exclusion needs a breach in each run"
+        )
+        return pick.model_copy(
+            update={
+                "verdict": verdict,
+                "run_verdicts": per,
+                "rule": "each-run",
+                "variation": variation,
+                "note": note,
+                "run_values": [r.value for r in runs],
+            }
+        )
     one = runs[0]
-    upd: dict[str, object] = {"run_verdicts": per, "rule": "one-run", "variation": variation,
-                              "run_values": [one.value]}
+    upd: dict[str, object] = {"run_verdicts": per, "rule": "one-run", "variation": variation, "run_values": [one.value]}
     if one.verdict == "broken" and o.stat != "max":
         lo = one.ci.lo if one.ci is not None else None
         margin = math.inf if lo is None or o.limit <= 0 else lo / o.limit - 1.0
         against = variation if variation is not None else ASSUMED_RUN_SHIFT
-        what = (f"the run-to-run variation of {_pct(against)} on its repeated load steps" if variation is not None
-                else f"the ±{_pct(against)} run-to-run variation assumed when none is measured (no load step of it "
-                     "ran twice)")
+        what = (
+            f"the run-to-run variation of {_pct(against)} on its repeated load steps"
+            if variation is not None
+            else f"the ±{_pct(against)} run-to-run variation assumed when none is measured (no load step of it "
+            "ran twice)"
+        )
         if margin > against:
-            upd["note"] = (f"broken in its one run by a margin of {_pct(margin)} (lower bound over the limit), "
-                           f"more than {what}")
+            upd["note"] = (
+                f"broken in its one run by a margin of {_pct(margin)} (lower bound over the limit), more than {what}"
+            )
         else:
             why = f"not more than {what}"
-            upd.update(verdict="undetermined", confirm=True,
-                       note=f"broken in its one run by a margin of {_pct(margin)} (lower bound over the limit), "
-                            f"{why}: a confirmation run is needed before excluding on it")
+            upd.update(
+                verdict="undetermined",
+                confirm=True,
+                note=f"broken in its one run by a margin of {_pct(margin)} (lower bound over the limit), "
+                f"{why}: a confirmation run is needed before excluding on it",
+            )
     return one.model_copy(update=upd)
 
 
@@ -287,8 +335,9 @@ def exclusion_open(runs: Sequence[StepSummary], objectives: Sequence[Objective])
     return out
 
 
-def expected_rate_verdicts(runs: Sequence[StepSummary], objectives: Sequence[Objective],
-                           steps: Sequence[StepSummary] = ()) -> list[ObjectiveVerdict]:
+def expected_rate_verdicts(
+    runs: Sequence[StepSummary], objectives: Sequence[Objective], steps: Sequence[StepSummary] = ()
+) -> list[ObjectiveVerdict]:
     """Each objective at the expected rate over every run of the arrival test (``runs``, skipped ones
     left out; module doc): ``rule`` ``each-run`` (two runs or more: broken / met only when so in every
     run) or ``one-run`` (broken only by a margin above :func:`run_to_run_variation` of ``steps``, the

@@ -21,8 +21,13 @@ __all__ = ["WorkloadFactory", "experiment_workloads"]
 WorkloadFactory = Callable[[str, int], W.Workload]
 
 
-def experiment_workloads(exp: Experiment, counter: TokenCounter | None, *, seeded: bool = False,
-                         mix_overrides: Mapping[str, Any] | None = None) -> WorkloadFactory:
+def experiment_workloads(
+    exp: Experiment,
+    counter: TokenCounter | None,
+    *,
+    seeded: bool = False,
+    mix_overrides: Mapping[str, Any] | None = None,
+) -> WorkloadFactory:
     """The factory of ``exp``'s workloads fitted with ``counter``. ``seeded``: every request carries a
     sampling seed (:meth:`~servelab.bench.workloads.Workload.with_request_seeds`; the quality gate).
     ``mix_overrides``: the arrival test's ``set`` with its ``ratio``."""

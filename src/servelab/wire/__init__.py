@@ -12,7 +12,19 @@ from servelab.wire.stream import StreamParser, apply_event
 from servelab.wire.types import FailureClass, RequestRecord, RequestSpec, ToolCall, WireError, normalize_finish
 
 __all__ = [
-    "ConfigError", "FailureClass", "RequestRecord", "RequestSpec", "StreamParser", "ToolCall", "WireError",
-    "apply_event", "build_body", "error_from_body", "error_from_event", "make_session", "normalize_base_url",
-    "normalize_finish", "send",
+    "ConfigError",
+    "FailureClass",
+    "RequestRecord",
+    "RequestSpec",
+    "StreamParser",
+    "ToolCall",
+    "WireError",
+    "apply_event",
+    "build_body",
+    "error_from_body",
+    "error_from_event",
+    "make_session",
+    "normalize_base_url",
+    "normalize_finish",
+    "send",
 ]

@@ -31,25 +31,39 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from servelab.wire.errors import ConfigError, error_from_event
 from servelab.wire.stream import StreamParser, _apply_parts, _count_token_chunk
 from servelab.wire.types import FailureClass, RequestSpec, ToolCall, WireError
 
-__all__ = ["API_ENDPOINTS", "ANTHROPIC_VERSION", "MessagesStreamParser", "ResponsesStreamParser", "api_headers",
-           "messages_body", "responses_body", "usage_counts"]
+__all__ = [
+    "API_ENDPOINTS",
+    "ANTHROPIC_VERSION",
+    "MessagesStreamParser",
+    "ResponsesStreamParser",
+    "api_headers",
+    "messages_body",
+    "responses_body",
+    "usage_counts",
+]
 
 #: the request endpoints spoken in another API's shape, and their paths under the API root
 API_ENDPOINTS = {"messages": "/messages", "responses": "/responses"}
 #: the ``anthropic-version`` header the bench sends (the one the Anthropic SDKs send)
 ANTHROPIC_VERSION = "2023-06-01"
 
-_MESSAGES_STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
-                  "refusal": "content_filter", "model_context_window_exceeded": "length"}
+_MESSAGES_STOP = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+    "model_context_window_exceeded": "length",
+}
 _INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
 
 
 # --------------------------------------------------------------------------------------------- request bodies
+
 
 def _split_system(spec: RequestSpec, api: str) -> tuple[str | None, list[dict[str, Any]]]:
     """(the system messages' text joined, the other messages) of a chat-shaped spec; ConfigError for a
@@ -59,11 +73,14 @@ def _split_system(spec: RequestSpec, api: str) -> tuple[str | None, list[dict[st
     for m in spec.messages or ():
         role, content = m.get("role"), m.get("content")
         if role not in ("system", "developer", "user", "assistant") or not isinstance(content, str | list):
-            raise ConfigError(f"--endpoint {api}: a {role!r} message cannot be sent as {api}; the bench sends "
-                              "system, user and assistant messages with text content (use --endpoint chat)")
+            raise ConfigError(
+                f"--endpoint {api}: a {role!r} message cannot be sent as {api}; the bench sends "
+                "system, user and assistant messages with text content (use --endpoint chat)"
+            )
         if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            ):
                 raise ConfigError(f"--endpoint {api}: only text content is sent as {api} (use --endpoint chat)")
             content = "".join(p["text"] for p in content)
         if role in ("system", "developer"):
@@ -76,9 +93,11 @@ def _split_system(spec: RequestSpec, api: str) -> tuple[str | None, list[dict[st
 
 
 def _unsupported(api: str, key: str) -> ConfigError:
-    return ConfigError(f"--endpoint {api}: {key!r} is not a field of the {api} API (the bench sends only what "
-                       f"the API defines); leave it out (--ignore-eos, --set extra=..., a structured or tools "
-                       "workload) or use --endpoint chat")
+    return ConfigError(
+        f"--endpoint {api}: {key!r} is not a field of the {api} API (the bench sends only what "
+        f"the API defines); leave it out (--ignore-eos, --set extra=..., a structured or tools "
+        "workload) or use --endpoint chat"
+    )
 
 
 def messages_body(model: str, spec: RequestSpec, stream: bool = True) -> dict[str, Any]:
@@ -86,8 +105,10 @@ def messages_body(model: str, spec: RequestSpec, stream: bool = True) -> dict[st
     ``max_tokens`` (required: ConfigError without one), ``stop`` -> ``stop_sequences``,
     ``temperature``/``top_p``/``top_k`` as they are; any other ``extra`` key raises ConfigError (one line)."""
     if spec.max_tokens is None:
-        raise ConfigError("--endpoint messages: the Messages API needs max_tokens on every request; give each "
-                          "dataset entry a max_tokens")
+        raise ConfigError(
+            "--endpoint messages: the Messages API needs max_tokens on every request; give each "
+            "dataset entry a max_tokens"
+        )
     system, turns = _split_system(spec, "messages")
     body: dict[str, Any] = {"model": model, "max_tokens": spec.max_tokens, "messages": turns, "stream": stream}
     if system is not None:
@@ -108,8 +129,12 @@ def responses_body(model: str, spec: RequestSpec, stream: bool = True) -> dict[s
     as agents send it), ``response_format`` -> ``text.format``, ``temperature``/``top_p`` as they are; any
     other ``extra`` key raises ConfigError (one line)."""
     system, turns = _split_system(spec, "responses")
-    body: dict[str, Any] = {"model": model, "input": [{"type": "message", **t} for t in turns], "stream": stream,
-                            "store": False}
+    body: dict[str, Any] = {
+        "model": model,
+        "input": [{"type": "message", **t} for t in turns],
+        "stream": stream,
+        "store": False,
+    }
     if system is not None:
         body["instructions"] = system
     if spec.max_tokens is not None:
@@ -142,12 +167,14 @@ def api_headers(endpoint: str, headers: dict[str, str]) -> dict[str, str]:
 
 # --------------------------------------------------------------------------------------------- usage
 
+
 def usage_counts(u: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
     """(prompt tokens, output tokens, cached prompt tokens) of a usage object of any of the three APIs:
     chat (``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``), Messages
     (``input_tokens`` + ``cache_read_input_tokens`` + ``cache_creation_input_tokens``, ``output_tokens``,
     ``cache_read_input_tokens``), Responses (``input_tokens``, ``output_tokens``,
     ``input_tokens_details.cached_tokens``). A count the object does not hold is None (unknown, never 0)."""
+
     def num(k: str) -> int | None:
         v = u.get(k)
         return v if isinstance(v, int) and not isinstance(v, bool) else None
@@ -166,6 +193,7 @@ def usage_counts(u: dict[str, Any]) -> tuple[int | None, int | None, int | None]
 
 
 # --------------------------------------------------------------------------------------------- stream parsers
+
 
 class _ApiStreamParser(StreamParser):
     """A :class:`StreamParser` whose events are another API's typed events (``type`` in each data payload;
@@ -302,13 +330,22 @@ class ResponsesStreamParser(_ApiStreamParser):
             resp = ev.get("response")
             err = resp.get("error") if isinstance(resp, dict) else None
             if isinstance(err, dict):
-                self._error(WireError(status=rec.status, message=str(err.get("message", "")), type="response.failed",
-                                      code=err.get("code")))
+                self._error(
+                    WireError(
+                        status=rec.status,
+                        message=str(err.get("message", "")),
+                        type="response.failed",
+                        code=err.get("code"),
+                    )
+                )
             else:
                 self._error(None)
         elif kind == "error":
-            self._error(WireError(status=rec.status, message=str(ev.get("message", "")), type="error",
-                                  code=ev.get("code")) if "message" in ev else error_from_event(ev, rec.status))
+            self._error(
+                WireError(status=rec.status, message=str(ev.get("message", "")), type="error", code=ev.get("code"))
+                if "message" in ev
+                else error_from_event(ev, rec.status)
+            )
 
 
 def _int(v: Any) -> int:

@@ -15,8 +15,15 @@ from typing import Any
 import aiohttp
 import orjson
 
-from servelab.wire.apis import (API_ENDPOINTS, MessagesStreamParser, ResponsesStreamParser, api_headers, messages_body,
-                                responses_body, usage_counts)
+from servelab.wire.apis import (
+    API_ENDPOINTS,
+    MessagesStreamParser,
+    ResponsesStreamParser,
+    api_headers,
+    messages_body,
+    responses_body,
+    usage_counts,
+)
 from servelab.wire.errors import ConfigError as ConfigError  # re-exported: it lived here before wire/errors.py
 from servelab.wire.errors import error_from_body
 from servelab.wire.stream import StreamParser, apply_event, finalize_tool_calls
@@ -65,16 +72,26 @@ def build_body(model: str, spec: RequestSpec, stream: bool = True) -> dict[str, 
 def make_session(max_connections: int = 0, connect_timeout_s: float = 10.0) -> aiohttp.ClientSession:
     """An aiohttp session tuned for load generation: no connection cap unless given, no cookie jar,
     no automatic decompression work on the hot path beyond what the server asks for."""
-    conn = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=300,
-                                enable_cleanup_closed=False)
-    return aiohttp.ClientSession(connector=conn, cookie_jar=aiohttp.DummyCookieJar(),
-                                 timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s),
-                                 skip_auto_headers=("User-Agent",), json_serialize=lambda o: orjson.dumps(o).decode())
+    conn = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=False)
+    return aiohttp.ClientSession(
+        connector=conn,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s),
+        skip_auto_headers=("User-Agent",),
+        json_serialize=lambda o: orjson.dumps(o).decode(),
+    )
 
 
-async def send(session: aiohttp.ClientSession, base_url: str, model: str, spec: RequestSpec,
-               rec: RequestRecord, timeout_s: float = 600.0, headers: dict[str, str] | None = None,
-               on_chunk: Callable[[RequestRecord], None] | None = None) -> RequestRecord:
+async def send(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    spec: RequestSpec,
+    rec: RequestRecord,
+    timeout_s: float = 600.0,
+    headers: dict[str, str] | None = None,
+    on_chunk: Callable[[RequestRecord], None] | None = None,
+) -> RequestRecord:
     """Send ``spec`` as a streaming request and fill ``rec`` with timestamps, text, usage and outcome.
 
     ``timeout_s`` bounds the whole request (headers may legitimately wait for the first token on
@@ -92,8 +109,17 @@ async def send(session: aiohttp.ClientSession, base_url: str, model: str, spec: 
     rec.max_tokens = spec.max_tokens
     rec.prompt_tokens_target = spec.prompt_tokens_target
     for attempt in range(_MAX_STALE_RETRIES + 1):
-        stale = await _attempt(session, base_url + path, body, hdrs, rec, timeout_s, on_chunk,
-                               retry_ok=attempt < _MAX_STALE_RETRIES, parser_cls=parser_cls)
+        stale = await _attempt(
+            session,
+            base_url + path,
+            body,
+            hdrs,
+            rec,
+            timeout_s,
+            on_chunk,
+            retry_ok=attempt < _MAX_STALE_RETRIES,
+            parser_cls=parser_cls,
+        )
         if not stale:
             break
         # the pooled keep-alive connection had been closed by the server (llama-server closes after
@@ -111,9 +137,17 @@ _STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 _MAX_STALE_RETRIES = 16
 
 
-async def _attempt(session: aiohttp.ClientSession, url: str, body: bytes, hdrs: dict[str, str], rec: RequestRecord,
-                   timeout_s: float, on_chunk: Callable[[RequestRecord], None] | None, retry_ok: bool,
-                   parser_cls: type[StreamParser] = StreamParser) -> bool:
+async def _attempt(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    hdrs: dict[str, str],
+    rec: RequestRecord,
+    timeout_s: float,
+    on_chunk: Callable[[RequestRecord], None] | None,
+    retry_ok: bool,
+    parser_cls: type[StreamParser] = StreamParser,
+) -> bool:
     """One try of :func:`send`. Returns True (and leaves ``rec`` clean) when the request failed on a
     reused connection before any response byte and may be retried; otherwise fills ``rec``."""
     parser = parser_cls(rec)
@@ -147,11 +181,21 @@ async def _attempt(session: aiohttp.ClientSession, url: str, body: bytes, hdrs: 
         rec.end_ns = _now()
         rec.failure = FailureClass.TIMEOUT
         rec.error = WireError(status=rec.status, message=f"no complete response within {timeout_s:g} s")
-    except (aiohttp.ClientConnectorError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError,
-            aiohttp.ClientPayloadError, aiohttp.ClientResponseError, ConnectionError) as e:
+    except (
+        aiohttp.ClientConnectorError,
+        aiohttp.ClientOSError,
+        aiohttp.ServerDisconnectedError,
+        aiohttp.ClientPayloadError,
+        aiohttp.ClientResponseError,
+        ConnectionError,
+    ) as e:
         rec.end_ns = _now()
-        if (retry_ok and rec.headers_ns is None and isinstance(e, _STALE)
-                and not isinstance(e, aiohttp.ClientConnectorError)):
+        if (
+            retry_ok
+            and rec.headers_ns is None
+            and isinstance(e, _STALE)
+            and not isinstance(e, aiohttp.ClientConnectorError)
+        ):
             rec.sent_ns = rec.end_ns = None
             return True
         if rec.headers_ns is None:
@@ -189,8 +233,10 @@ async def _non_stream(resp: aiohttp.ClientResponse, rec: RequestRecord, parser: 
         return
     rec.failure = FailureClass.PROTOCOL
     ctype = resp.headers.get("Content-Type", "?")
-    rec.error = WireError(status=rec.status, message=f"not an OpenAI-compatible response (Content-Type {ctype}): "
-                          + raw[:120].decode("utf-8", "replace"))
+    rec.error = WireError(
+        status=rec.status,
+        message=f"not an OpenAI-compatible response (Content-Type {ctype}): " + raw[:120].decode("utf-8", "replace"),
+    )
 
 
 def finalize(rec: RequestRecord) -> None:

@@ -15,8 +15,8 @@ JSON Schemas servelab publishes for editors (``servelab schema write|check``).
 from __future__ import annotations
 
 import difflib
-import os
 import json
+import os
 import re
 import types
 import typing
@@ -30,8 +30,19 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from servelab.wire.errors import ConfigError
 
-__all__ = ["JSON_SCHEMA_DIALECT", "MAX_YAML_DEPTH", "FrozenModel", "PublishedSchema", "StrictModel", "error_problem",
-           "json_schema_of", "loc_path", "read_yaml_file", "suggest", "validation_error_line"]
+__all__ = [
+    "JSON_SCHEMA_DIALECT",
+    "MAX_YAML_DEPTH",
+    "FrozenModel",
+    "PublishedSchema",
+    "StrictModel",
+    "error_problem",
+    "json_schema_of",
+    "loc_path",
+    "read_yaml_file",
+    "suggest",
+    "validation_error_line",
+]
 
 #: The ``$schema`` of every published schema (pydantic generates draft 2020-12).
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -69,7 +80,7 @@ class _DepthBoundedLoader(yaml.SafeLoader):
 
     _depth = 0
 
-    def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: D102 - PyYAML's hook
+    def compose_node(self, parent: Any, index: Any) -> Any:
         self._depth += 1
         try:
             if self._depth > MAX_YAML_DEPTH:
@@ -98,12 +109,14 @@ def read_yaml_file(path: str | os.PathLike[str], *, what: str, missing_fix: str,
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{src}: cannot read as UTF-8 text ({e}); give a YAML file") from None
     try:
-        data = yaml.load(text, Loader=_DepthBoundedLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_DepthBoundedLoader)
     except _TooDeep as e:
         mark = e.problem_mark
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
-        raise ConfigError(f"{src}: {where}{e.problem} (servelab's limit); no {what} field nests "
-                          "that deep: remove the extra brackets or indentation") from None
+        raise ConfigError(
+            f"{src}: {where}{e.problem} (servelab's limit); no {what} field nests "
+            "that deep: remove the extra brackets or indentation"
+        ) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
@@ -169,9 +182,13 @@ def _unwrap(t: Any) -> tuple[Any, str | None]:
 def _union_member(t: Any, disc: str, tag: str) -> Any:
     """The model of the discriminated union ``t`` whose ``disc`` field accepts ``tag``, or ``None``."""
     for m in typing.get_args(t):
-        if isinstance(m, type) and issubclass(m, BaseModel) and disc in m.model_fields:
-            if tag in typing.get_args(m.model_fields[disc].annotation):
-                return m
+        if (
+            isinstance(m, type)
+            and issubclass(m, BaseModel)
+            and disc in m.model_fields
+            and tag in typing.get_args(m.model_fields[disc].annotation)
+        ):
+            return m
     return None
 
 
@@ -277,8 +294,9 @@ def _problem_by_type(err: Mapping[str, Any], pattern_hints: Mapping[str, str]) -
     return None
 
 
-def error_problem(err: Mapping[str, Any], model: Any = None, *, pattern_hints: Mapping[str, str] | None = None,
-                  unknown: str = "field") -> tuple[str, str]:
+def error_problem(
+    err: Mapping[str, Any], model: Any = None, *, pattern_hints: Mapping[str, str] | None = None, unknown: str = "field"
+) -> tuple[str, str]:
     """``(PATH, PROBLEM)`` for one pydantic error (an item of ``ValidationError.errors()``).
 
     ``model``: the model class validated (lets an unknown key get the closest field name as a "did you
@@ -302,8 +320,14 @@ def error_problem(err: Mapping[str, Any], model: Any = None, *, pattern_hints: M
     return path, msg if isinstance(inp, (dict, list)) else f"{msg}, got {_short(inp)}"
 
 
-def validation_error_line(exc: ValidationError, source: str | None = None, model: Any = None, *,
-                          pattern_hints: Mapping[str, str] | None = None, unknown: str = "field") -> str:
+def validation_error_line(
+    exc: ValidationError,
+    source: str | None = None,
+    model: Any = None,
+    *,
+    pattern_hints: Mapping[str, str] | None = None,
+    unknown: str = "field",
+) -> str:
     """One line for ``exc``: ``SOURCE: PATH: PROBLEM`` for its first error, plus ``(+N more)`` when it has
     others. ``source`` (a file name, ``model 'x'``) is left out when ``None``; ``model``, the model class
     validated, and the other arguments as in :func:`error_problem`. Never raises."""

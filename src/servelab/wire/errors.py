@@ -28,8 +28,9 @@ class ConfigError(ValueError):
 
 
 #: Statuses worth a retry before the first byte: the engines' "overloaded" answers (docs/engine-wire.md case 19).
-RETRYABLE_STATUS = frozenset(d.stream.overload_status for d in DIALECTS.values()
-                             if d.stream is not None and d.stream.overload_status is not None)
+RETRYABLE_STATUS = frozenset(
+    d.stream.overload_status for d in DIALECTS.values() if d.stream is not None and d.stream.overload_status is not None
+)
 
 
 def error_from_event(event: Any, status: int | None) -> WireError | None:
@@ -43,13 +44,15 @@ def error_from_event(event: Any, status: int | None) -> WireError | None:
     err = event.get("error")
     if isinstance(err, dict):
         msg = err.get("message")
-        return WireError(status=status, message=str(msg if msg is not None else err),
-                         type=err.get("type"), code=err.get("code"))
+        return WireError(
+            status=status, message=str(msg if msg is not None else err), type=err.get("type"), code=err.get("code")
+        )
     if isinstance(err, str):
         return WireError(status=status, message=err, type=event.get("error_type"), code=event.get("code"))
     if event.get("object") == "error":
-        return WireError(status=status, message=str(event.get("message", "")),
-                         type=event.get("type"), code=event.get("code"))
+        return WireError(
+            status=status, message=str(event.get("message", "")), type=event.get("type"), code=event.get("code")
+        )
     return None
 
 
@@ -71,6 +74,11 @@ def is_context_overflow(error: WireError) -> bool:
     """True when an error says the prompt does not fit the context (docs/engine-wire.md case 18):
     llama-server's ``exceed_context_size_error``, vLLM/SGLang 400s naming the context length, TGI 422."""
     text = f"{error.type} {error.code} {error.message}".lower()
-    return ("exceed_context_size" in text or "context length" in text or "context_length" in text
-            or "maximum context" in text or ("input validation" in text and "tokens" in text)
-            or (error.status == 422 and "token" in text))
+    return (
+        "exceed_context_size" in text
+        or "context length" in text
+        or "context_length" in text
+        or "maximum context" in text
+        or ("input validation" in text and "tokens" in text)
+        or (error.status == 422 and "token" in text)
+    )

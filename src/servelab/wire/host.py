@@ -24,5 +24,10 @@ def host_identity() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    return {"cpu": cpu, "logical_cores": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total,
-            "os": platform.platform(), "python": sys.version.split()[0]}
+    return {
+        "cpu": cpu,
+        "logical_cores": os.cpu_count(),
+        "ram_bytes": psutil.virtual_memory().total,
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+    }

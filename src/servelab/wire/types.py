@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-class FailureClass(str, enum.Enum):
+class FailureClass(str, enum.Enum):  # noqa: UP042 — StrEnum would change str() of members in records
     """Why a request failed. Every submitted request is either succeeded or exactly one of these.
 
     - ``connect``: no HTTP response at all (refused, DNS, reset before the status line).

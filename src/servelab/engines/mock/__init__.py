@@ -20,11 +20,33 @@ as a child process). The package re-exports what callers use of config, encoders
 from __future__ import annotations
 
 from servelab.engines.mock.cli import mock_engine_command, serve
-from servelab.engines.mock.config import (DIALECTS, FAILURE_RATES, Dialect, MockConfig, check_failure_rates,
-                                          validate_config)
+from servelab.engines.mock.config import (
+    DIALECTS,
+    FAILURE_RATES,
+    Dialect,
+    MockConfig,
+    check_failure_rates,
+    validate_config,
+)
 from servelab.engines.mock.encoders import HOLD_HEADERS, REASONING_FIELD, context_overflow, error_body
 from servelab.engines.mock.server import INJECTED_KINDS, SAMPLING_FIELDS, MockRecord, MockServer, start_mock
 
-__all__ = ["DIALECTS", "FAILURE_RATES", "HOLD_HEADERS", "INJECTED_KINDS", "REASONING_FIELD", "SAMPLING_FIELDS",
-           "Dialect", "MockConfig", "MockRecord", "MockServer", "check_failure_rates", "context_overflow",
-           "error_body", "mock_engine_command", "serve", "start_mock", "validate_config"]
+__all__ = [
+    "DIALECTS",
+    "FAILURE_RATES",
+    "HOLD_HEADERS",
+    "INJECTED_KINDS",
+    "REASONING_FIELD",
+    "SAMPLING_FIELDS",
+    "Dialect",
+    "MockConfig",
+    "MockRecord",
+    "MockServer",
+    "check_failure_rates",
+    "context_overflow",
+    "error_body",
+    "mock_engine_command",
+    "serve",
+    "start_mock",
+    "validate_config",
+]

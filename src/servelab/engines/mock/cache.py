@@ -72,8 +72,9 @@ class PrefixCache:
         keys: list[bytes] = []
         prev = b""
         for k in range(len(words) // BLOCK_WORDS):
-            prev = hashlib.blake2b(prev + " ".join(words[k * BLOCK_WORDS:(k + 1) * BLOCK_WORDS]).encode(),
-                                   digest_size=16).digest()
+            prev = hashlib.blake2b(
+                prev + " ".join(words[k * BLOCK_WORDS : (k + 1) * BLOCK_WORDS]).encode(), digest_size=16
+            ).digest()
             keys.append(prev)
         hit = 0
         for key in keys:

@@ -55,39 +55,54 @@ class MockConfig:
     port: Annotated[int, Field(ge=0, le=65535, description="TCP port; 0 = a free port")] = 0
     ttft_ms: Annotated[float, Field(ge=0, description="time to first token chunk, ms")] = 0.0
     itl_ms: Annotated[float, Field(ge=0, description="time between token chunks, ms")] = 0.0
-    output_tokens: Annotated[int, Field(ge=0, description="tokens generated per answer (fewer if max_tokens is "
-                                                          "smaller)")] = 16
+    output_tokens: Annotated[
+        int, Field(ge=0, description="tokens generated per answer (fewer if max_tokens is smaller)")
+    ] = 16
     tokens_per_chunk: Annotated[int, Field(ge=1, description="tokens per streamed chunk")] = 1
     dialect: Annotated[Dialect, Field(description="the engine whose wire format it speaks")] = "vllm"
     reasoning_tokens: Annotated[int, Field(ge=0, description="reasoning tokens before the answer")] = 0
     seed: Annotated[int, Field(description="seed of the failure draws")] = 0
     fail_http_rate: Annotated[float, Field(ge=0, le=1, description="probability of an HTTP error status")] = 0.0
     fail_http_status: Annotated[int, Field(ge=100, le=599, description="status of injected HTTP errors")] = 500
-    stream_error_rate: Annotated[float, Field(ge=0, le=1, description="probability of an in-stream error "
-                                                                      "event")] = 0.0
+    stream_error_rate: Annotated[float, Field(ge=0, le=1, description="probability of an in-stream error event")] = 0.0
     cut_rate: Annotated[float, Field(ge=0, le=1, description="probability of a cut connection mid-stream")] = 0.0
     hang_rate: Annotated[float, Field(ge=0, le=1, description="probability of a hung request")] = 0.0
     hang_s: Annotated[float, Field(ge=0, description="how long a hung request stalls, s")] = 30.0
     max_inflight: Annotated[int, Field(ge=0, description="cap on running requests (0 = none)")] = 0
-    overload_status: Annotated[int | None, Field(ge=100, le=599, description="status beyond max_inflight "
-                                                                            "(null = by dialect)")] = None
+    overload_status: Annotated[
+        int | None, Field(ge=100, le=599, description="status beyond max_inflight (null = by dialect)")
+    ] = None
     model: Annotated[str, Field(min_length=1, description="model name listed by /v1/models")] = "mock"
     invalid_json: Annotated[bool, Field(description="answer schema requests with broken JSON")] = False
-    bad_tool_call: Annotated[Literal["none", "json", "schema", "name"], Field(
-        description="tool calls with arguments cut short (json), arguments against the schema (schema) or "
-                    "an unknown function name (name)")] = "none"
-    crash_after_requests: Annotated[int | None, Field(ge=0, description="exit while answering request N+1 "
-                                                                        "(null = never)")] = None
-    error_message: Annotated[str | None, Field(min_length=1, description="text of injected errors "
-                                                                         "(null = a plain mock text)")] = None
-    context_tokens: Annotated[int, Field(ge=0, description="context window in prompt words + max_tokens "
-                                                           "(0 = unlimited)")] = 0
-    prefill_tokens_per_s: Annotated[float, Field(ge=0, description="prefill rate: the first token comes "
-                                                                   "prompt/rate s after ttft_ms (0 = off)")] = 0.0
-    itl_ms_per_running: Annotated[float, Field(ge=0, description="ms added to itl_ms per other answer decoding "
-                                                                 "at once (0 = off)")] = 0.0
-    prefix_cache_blocks: Annotated[int, Field(ge=0, description="prefix-cache blocks of 16 words kept (LRU); 0 = "
-                                                                "no prefix cache (servelab.engines.mock.cache)")] = 0
+    bad_tool_call: Annotated[
+        Literal["none", "json", "schema", "name"],
+        Field(
+            description="tool calls with arguments cut short (json), arguments against the schema (schema) or "
+            "an unknown function name (name)"
+        ),
+    ] = "none"
+    crash_after_requests: Annotated[
+        int | None, Field(ge=0, description="exit while answering request N+1 (null = never)")
+    ] = None
+    error_message: Annotated[
+        str | None, Field(min_length=1, description="text of injected errors (null = a plain mock text)")
+    ] = None
+    context_tokens: Annotated[
+        int, Field(ge=0, description="context window in prompt words + max_tokens (0 = unlimited)")
+    ] = 0
+    prefill_tokens_per_s: Annotated[
+        float, Field(ge=0, description="prefill rate: the first token comes prompt/rate s after ttft_ms (0 = off)")
+    ] = 0.0
+    itl_ms_per_running: Annotated[
+        float, Field(ge=0, description="ms added to itl_ms per other answer decoding at once (0 = off)")
+    ] = 0.0
+    prefix_cache_blocks: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="prefix-cache blocks of 16 words kept (LRU); 0 = no prefix cache (servelab.engines.mock.cache)",
+        ),
+    ] = 0
 
 
 #: the failure-rate fields: exclusive bands of one uniform draw per request, so their sum is <= 1
@@ -97,8 +112,10 @@ FAILURE_RATES = ("fail_http_rate", "stream_error_rate", "cut_rate", "hang_rate")
 def check_failure_rates(values: Any) -> None:
     """Raise :class:`ValueError` when the :data:`FAILURE_RATES` of ``values`` (attributes) add up to more than 1."""
     if sum(float(getattr(values, n)) for n in FAILURE_RATES) > 1.0 + 1e-9:
-        raise ValueError("fail_http_rate + stream_error_rate + cut_rate + hang_rate must be <= 1 (the failure "
-                         "rates add up to more than 1)")
+        raise ValueError(
+            "fail_http_rate + stream_error_rate + cut_rate + hang_rate must be <= 1 (the failure "
+            "rates add up to more than 1)"
+        )
 
 
 def validate_config(cfg: MockConfig) -> None:

@@ -14,8 +14,7 @@ from servelab.engines.mock.plan import Plan
 from servelab.wire.dialects import DIALECTS as WIRE_DIALECTS
 from servelab.wire.dialects import stream_rules
 
-__all__ = ["DONE", "HOLD_HEADERS", "REASONING_FIELD", "Encoder", "context_overflow", "error_body",
-           "stream_trailer"]
+__all__ = ["DONE", "HOLD_HEADERS", "REASONING_FIELD", "Encoder", "context_overflow", "error_body", "stream_trailer"]
 
 #: Dialects that hold the HTTP headers until the first token (docs/engine-wire.md case 20).
 HOLD_HEADERS = frozenset(d for d in DIALECTS if stream_rules(d).holds_headers)
@@ -32,8 +31,9 @@ def _dumps(o: Any) -> bytes:
 class Encoder:
     """Pre-encoded byte pieces of one response in one dialect; each method returns one SSE event (bytes)."""
 
-    def __init__(self, cfg: MockConfig, dialect: str, chat: bool, model: str, rid: int,
-                 prompt_tokens: int, plan: Plan) -> None:
+    def __init__(
+        self, cfg: MockConfig, dialect: str, chat: bool, model: str, rid: int, prompt_tokens: int, plan: Plan
+    ) -> None:
         self.d = dialect
         self.w = w = stream_rules(dialect)
         self.chat = chat
@@ -45,17 +45,44 @@ class Encoder:
         mdl = _dumps(model)
         if chat:
             cid = f"chatcmpl-mock{rid:x}"
-            self.head = (b'data: {"id":"' + cid.encode() + b'","object":"chat.completion.chunk","created":'
-                         + str(created).encode() + b',"model":' + mdl + b',"choices":[{"index":0,"delta":')
-            self.usage_head = (b'data: {"id":"' + (b"" if w.usage_id_empty else cid.encode())
-                               + b'","object":"chat.completion.chunk","created":' + str(created).encode()
-                               + b',"model":' + mdl + b',"choices":[],"usage":')
+            self.head = (
+                b'data: {"id":"'
+                + cid.encode()
+                + b'","object":"chat.completion.chunk","created":'
+                + str(created).encode()
+                + b',"model":'
+                + mdl
+                + b',"choices":[{"index":0,"delta":'
+            )
+            self.usage_head = (
+                b'data: {"id":"'
+                + (b"" if w.usage_id_empty else cid.encode())
+                + b'","object":"chat.completion.chunk","created":'
+                + str(created).encode()
+                + b',"model":'
+                + mdl
+                + b',"choices":[],"usage":'
+            )
         else:
             cid = f"cmpl-mock{rid:x}"
-            self.head = (b'data: {"id":"' + cid.encode() + b'","object":"text_completion","created":'
-                         + str(created).encode() + b',"model":' + mdl + b',"choices":[{"index":0,"text":')
-            self.usage_head = (b'data: {"id":"' + cid.encode() + b'","object":"text_completion","created":'
-                               + str(created).encode() + b',"model":' + mdl + b',"choices":[],"usage":')
+            self.head = (
+                b'data: {"id":"'
+                + cid.encode()
+                + b'","object":"text_completion","created":'
+                + str(created).encode()
+                + b',"model":'
+                + mdl
+                + b',"choices":[{"index":0,"text":'
+            )
+            self.usage_head = (
+                b'data: {"id":"'
+                + cid.encode()
+                + b'","object":"text_completion","created":'
+                + str(created).encode()
+                + b',"model":'
+                + mdl
+                + b',"choices":[],"usage":'
+            )
         # tail after finish_reason: vLLM/TGI omit usage on ordinary chunks; others send usage: null (case 8)
         self.tail = b'}],"usage":null}\n\n' if w.usage_null_on_chunks else b"}]}\n\n"
         self.mid = b',"logprobs":null,"finish_reason":'
@@ -70,8 +97,9 @@ class Encoder:
         content = b"null" if self.w.role_chunk == "null" else b'""'
         return self.head + b'{"role":"assistant","content":' + content + b"}" + self.mid + b"null" + self.tail
 
-    def token(self, kind: str, text: str, first_tool: bool, finish: str | None, usage: bytes | None = None,
-              extra: bytes = b"") -> bytes:
+    def token(
+        self, kind: str, text: str, first_tool: bool, finish: str | None, usage: bytes | None = None, extra: bytes = b""
+    ) -> bytes:
         """One token-carrying chunk (with ``finish`` on vLLM's last chunk and on /v1/completions)."""
         fr = b"null" if finish is None else b'"' + finish.encode() + b'"'
         tail = self.tail
@@ -86,8 +114,9 @@ class Encoder:
         else:
             if self.w.tool_calls_whole or first_tool:
                 fn = b'{"name":' + _dumps(self.plan.tool_name) + b',"arguments":' + _dumps(text) + b"}"
-                call = (b'{"index":0,"id":"' + self.plan.tool_id.encode() + b'","type":"function","function":'
-                        + fn + b"}")
+                call = (
+                    b'{"index":0,"id":"' + self.plan.tool_id.encode() + b'","type":"function","function":' + fn + b"}"
+                )
             else:
                 call = b'{"index":0,"function":{"arguments":' + _dumps(text) + b"}}"
             delta = self.role_prefix + b'"tool_calls":[' + call + b"]}"
@@ -104,8 +133,11 @@ class Encoder:
 
     def usage_bytes(self, generated: int | None = None) -> bytes:
         g = self.plan.generated if generated is None else generated
-        u: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": g,
-                             "total_tokens": self.prompt_tokens + g}
+        u: dict[str, Any] = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": g,
+            "total_tokens": self.prompt_tokens + g,
+        }
         if self.cfg.prefix_cache_blocks:
             u["prompt_tokens_details"] = {"cached_tokens": self.cached}
         return _dumps(u)
@@ -119,17 +151,31 @@ class Encoder:
         c = self.cfg
         n = self.plan.generated
         pred_ms = c.itl_ms * max(0, len(self.plan.chunks) - 1)
-        return _dumps({"cache_n": self.cached, "prompt_n": self.prompt_tokens, "prompt_ms": c.ttft_ms,
-                       "predicted_n": n, "predicted_ms": pred_ms,
-                       "predicted_per_second": (n / pred_ms * 1000.0) if pred_ms else 0.0})
+        return _dumps(
+            {
+                "cache_n": self.cached,
+                "prompt_n": self.prompt_tokens,
+                "prompt_ms": c.ttft_ms,
+                "predicted_n": n,
+                "predicted_ms": pred_ms,
+                "predicted_per_second": (n / pred_ms * 1000.0) if pred_ms else 0.0,
+            }
+        )
 
     def error_event(self, message: str) -> bytes:
         """An error inside a 200 stream in this dialect's shape (case 15)."""
         if WIRE_DIALECTS[self.d].error_shape == "text":
             ev: dict[str, Any] = {"error": message, "error_type": "generation"}
         elif self.d == "sglang":
-            ev = {"error": {"object": "error", "message": message, "type": "InternalServerError",
-                            "param": None, "code": 500}}
+            ev = {
+                "error": {
+                    "object": "error",
+                    "message": message,
+                    "type": "InternalServerError",
+                    "param": None,
+                    "code": 500,
+                }
+            }
         elif self.d == "llamacpp":
             ev = {"error": {"code": 500, "message": message, "type": "server_error"}}
         else:
@@ -149,11 +195,19 @@ def error_body(dialect: str, status: int, message: str) -> bytes:
         etype = "overloaded" if status == 429 else ("validation" if status in (400, 422) else "generation")
         return _dumps({"error": message, "error_type": etype})
     if shape == "flat":
-        return _dumps({"object": "error", "message": message, "type": _status_type(status), "param": None,
-                       "code": status})
+        return _dumps(
+            {"object": "error", "message": message, "type": _status_type(status), "param": None, "code": status}
+        )
     if dialect == "llamacpp":
-        return _dumps({"error": {"code": status, "message": message, "type": "server_error"
-                                 if status >= 500 else "invalid_request_error"}})
+        return _dumps(
+            {
+                "error": {
+                    "code": status,
+                    "message": message,
+                    "type": "server_error" if status >= 500 else "invalid_request_error",
+                }
+            }
+        )
     if dialect == "ollama":
         return _dumps({"error": {"message": message, "type": "api_error", "param": None, "code": None}})
     return _dumps({"error": {"message": message, "type": _status_type(status), "param": None, "code": status}})
@@ -176,35 +230,53 @@ def context_overflow(cfg: MockConfig, body: dict[str, Any], prompt_tokens: int) 
     if d == "llamacpp":
         if prompt_tokens < ctx:
             return None
-        return 400, _dumps({"error": {"code": 400, "message": "the request exceeds the available context size, "
-                                      "try increasing it", "type": "exceed_context_size_error",
-                                      "n_prompt_tokens": prompt_tokens, "n_ctx": ctx}})
+        return 400, _dumps(
+            {
+                "error": {
+                    "code": 400,
+                    "message": "the request exceeds the available context size, try increasing it",
+                    "type": "exceed_context_size_error",
+                    "n_prompt_tokens": prompt_tokens,
+                    "n_ctx": ctx,
+                }
+            }
+        )
     total = prompt_tokens + out
     if total <= ctx:
         return None
     if d == "tgi":
-        return status, _dumps({"error": f"Input validation error: `inputs` tokens + `max_new_tokens` must be <= {ctx}. "
-                                     f"Given: {prompt_tokens} `inputs` tokens and {out} `max_new_tokens`",
-                            "error_type": "validation"})
+        return status, _dumps(
+            {
+                "error": f"Input validation error: `inputs` tokens + `max_new_tokens` must be <= {ctx}. "
+                f"Given: {prompt_tokens} `inputs` tokens and {out} `max_new_tokens`",
+                "error_type": "validation",
+            }
+        )
     if d == "sglang":
-        msg = (f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested "
-               f"a total of {total} tokens: {prompt_tokens} tokens from the input messages and {out} tokens for "
-               "the completion. Please reduce the number of tokens in the input messages or the completion to "
-               "fit within the limit.")
+        msg = (
+            f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested "
+            f"a total of {total} tokens: {prompt_tokens} tokens from the input messages and {out} tokens for "
+            "the completion. Please reduce the number of tokens in the input messages or the completion to "
+            "fit within the limit."
+        )
         return 400, error_body(d, 400, msg)
-    msg = (f"This model's maximum context length is {ctx} tokens. However, you requested {total} tokens "
-           f"({prompt_tokens} in the messages, {out} in the completion). Please reduce the length of the "
-           "messages or completion.")
+    msg = (
+        f"This model's maximum context length is {ctx} tokens. However, you requested {total} tokens "
+        f"({prompt_tokens} in the messages, {out} in the completion). Please reduce the length of the "
+        "messages or completion."
+    )
     return 400, error_body(d, 400, msg)
 
 
 def _status_type(status: int) -> str:
-    return {400: "BadRequestError", 404: "NotFoundError", 429: "TooManyRequests",
-            503: "ServiceUnavailableError"}.get(status, "InternalServerError")
+    return {400: "BadRequestError", 404: "NotFoundError", 429: "TooManyRequests", 503: "ServiceUnavailableError"}.get(
+        status, "InternalServerError"
+    )
 
 
-def stream_trailer(enc: Encoder, plan: Plan, d: str,
-             include_usage: bool) -> tuple[str | None, bytes | None, bytes, bytes]:
+def stream_trailer(
+    enc: Encoder, plan: Plan, d: str, include_usage: bool
+) -> tuple[str | None, bytes | None, bytes, bytes]:
     """What follows the last token chunk of a stream, by dialect: ``(finish reason carried by the last
     token chunk, usage carried by it, extra fields on it, the trailer bytes after it)``; the trailer is
     finish and usage chunks then ``[DONE]``, written with the last token (docs/engine-wire.md cases 20-24)."""

@@ -20,11 +20,16 @@ from typing import Any
 from pydantic import create_model, model_validator
 
 import servelab
-from servelab.engines.base import (EngineLauncher, RunningEngine, log_dir_or_temp, runtime_identity,
-                                   spawn_on_port)
+from servelab.engines.base import EngineLauncher, RunningEngine, log_dir_or_temp, runtime_identity, spawn_on_port
+from servelab.engines.kind import (
+    EngineIdentity,
+    EngineKind,
+    EngineSettings,
+    PortSetting,
+    ServerMetrics,
+    ready_timeout_setting,
+)
 from servelab.engines.mock.config import MockConfig, check_failure_rates
-from servelab.engines.kind import (EngineIdentity, EngineKind, EngineSettings, PortSetting, ServerMetrics,
-                                   ready_timeout_setting)
 from servelab.wire.errors import ConfigError
 
 __all__ = ["MOCK_SETTINGS", "MockKind", "MockLauncher", "MockSettings", "check_mock_settings", "mock_argv"]
@@ -52,14 +57,19 @@ _HINTS = typing.get_type_hints(MockConfig, include_extras=True)
 #: descriptions: MockConfig is the single definition) except ``host`` and ``port``, plus ``port``
 #: (``None`` = a free port) and ``ready_timeout_s`` (seconds, default 60).
 MockSettings: type[_MockLaunch] = create_model(  # type: ignore[call-overload]  # fields built from MockConfig
-    "MockSettings", __base__=_MockLaunch, __module__=__name__,
+    "MockSettings",
+    __base__=_MockLaunch,
+    __module__=__name__,
     __doc__="Mock engine settings (servelab.engines.mock.MockConfig fields; same names and units).",
     **{f.name: (_HINTS[f.name], f.default) for f in dataclasses.fields(MockConfig) if f.name not in ("host", "port")},
-    port=(PortSetting, None), ready_timeout_s=(float, ready_timeout_setting(60.0)))
+    port=(PortSetting, None),
+    ready_timeout_s=(float, ready_timeout_setting(60.0)),
+)
 
 #: Settings a :class:`MockLauncher` accepts, each with its default.
-MOCK_SETTINGS: dict[str, Any] = {n: f.get_default(call_default_factory=True)
-                                 for n, f in MockSettings.model_fields.items()}
+MOCK_SETTINGS: dict[str, Any] = {
+    n: f.get_default(call_default_factory=True) for n, f in MockSettings.model_fields.items()
+}
 
 
 def check_mock_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -110,9 +120,15 @@ class MockLauncher(EngineLauncher):
 
     name = "servelab-mock"
 
-    def __init__(self, settings: Mapping[str, Any] | EngineSettings | None = None, host: str | None = None,
-                 port: int | None = None, log_dir: str | os.PathLike[str] | None = None,
-                 ready_timeout_s: float | None = None, python: str | None = None):
+    def __init__(
+        self,
+        settings: Mapping[str, Any] | EngineSettings | None = None,
+        host: str | None = None,
+        port: int | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        ready_timeout_s: float | None = None,
+        python: str | None = None,
+    ):
         if isinstance(settings, EngineSettings):
             self.config = MockKind().parse(settings)
             self.settings = self.config.model_dump()
@@ -140,22 +156,35 @@ class MockLauncher(EngineLauncher):
         src = str(Path(servelab.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env["PYTHONUNBUFFERED"] = "1"
-        eng = spawn_on_port(self.name, lambda port: mock_argv(self.settings, self.host, port, self.python),
-                            host=self.host, port=self.port,
-                            log_path_for=lambda port: log_dir / f"mock-engine-{port}.log", env=env,
-                            ready_timeout_s=self.ready_timeout_s, health_path=MockKind.readiness.path,
-                            model_name=str(self.config.model_dump()["model"]))
+        eng = spawn_on_port(
+            self.name,
+            lambda port: mock_argv(self.settings, self.host, port, self.python),
+            host=self.host,
+            port=self.port,
+            log_path_for=lambda port: log_dir / f"mock-engine-{port}.log",
+            env=env,
+            ready_timeout_s=self.ready_timeout_s,
+            health_path=MockKind.readiness.path,
+            model_name=str(self.config.model_dump()["model"]),
+        )
         used = self.config.model_dump(exclude={"ready_timeout_s"})
         eng.identity = EngineIdentity(
-            kind="mock", engine="servelab-mock", version=servelab.__version__, argv=list(eng.argv), devices=[],
-            settings={**used, "host": self.host, "port": eng.port}, model={"path": None, "sha256": None},
-            **runtime_identity(eng)).model_dump(mode="json")
+            kind="mock",
+            engine="servelab-mock",
+            version=servelab.__version__,
+            argv=list(eng.argv),
+            devices=[],
+            settings={**used, "host": self.host, "port": eng.port},
+            model={"path": None, "sha256": None},
+            **runtime_identity(eng),
+        ).model_dump(mode="json")
         return eng
 
 
 # ---------------------------------------------------------------------------------------------------
 # the engine kind ``mock``
 # ---------------------------------------------------------------------------------------------------
+
 
 class MockKind(EngineKind[_MockLaunch]):
     """``engine: mock``: servelab's mock engine in its own process (calibration, failure injection); no
@@ -173,16 +202,18 @@ class MockKind(EngineKind[_MockLaunch]):
         ``mock_requests_running`` gauge and request counters."""
         from servelab.engines.url import any_server_metrics
 
-        own = ServerMetrics(running="mock_requests_running",
-                            counters=("mock_requests_total", "mock_requests_completed_total"))
+        own = ServerMetrics(
+            running="mock_requests_running", counters=("mock_requests_total", "mock_requests_completed_total")
+        )
         return ServerMetrics.merged([any_server_metrics(), own])
 
-    def launcher(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
-                 **kwargs: Any) -> MockLauncher:
+    def launcher(
+        self, settings: Any, *, model: str | None = None, log_dir: str | None = None, **kwargs: Any
+    ) -> MockLauncher:
         """:class:`MockLauncher` with ``settings`` (:data:`MockSettings`); ``kwargs`` go to it (``host``,
         ``port``, ``ready_timeout_s``, ``python``). Raises :class:`ConfigError` when ``model`` is given."""
         if model is not None:
-            raise ConfigError(f"the mock engine takes no model file (got {model!r}); "
-                              "name its model with settings={'model': NAME}")
+            raise ConfigError(
+                f"the mock engine takes no model file (got {model!r}); name its model with settings={{'model': NAME}}"
+            )
         return MockLauncher(self.parse(settings), log_dir=log_dir, **kwargs)
-

@@ -55,8 +55,10 @@ def _value_from_schema(p: dict[str, Any], t: Any, i: int) -> Any:
         raw_items = p.get("items")
         items: dict[str, Any] = raw_items if isinstance(raw_items, dict) else {}
         it = items.get("type")
-        return [_value_from_schema(items, it, j) if it != "object" else _object_from_schema(items)
-                for j in range(n if isinstance(n, int) else 0)]
+        return [
+            _value_from_schema(items, it, j) if it != "object" else _object_from_schema(items)
+            for j in range(n if isinstance(n, int) else 0)
+        ]
     if t == "object":
         return _object_from_schema(p)
     return f"tok{i}"
@@ -66,11 +68,11 @@ def break_json(text: str) -> str:
     """``text`` (a JSON object) cut so that it no longer parses: after its last top-level-ish comma
     (``{"name":"tok0",``), else without its closing brace (``{"answer":"mock"``)."""
     cut = text.rfind(",")
-    return text[:cut + 1] if cut > 0 else text[:-1]
+    return text[: cut + 1] if cut > 0 else text[:-1]
 
 
 def _split(text: str, size: int) -> list[str]:
-    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
 
 class Plan:
@@ -120,8 +122,13 @@ def plan_answer(cfg: MockConfig, body: dict[str, Any], chat: bool) -> Plan:
     tools = body.get("tools") if chat else None
     tool_choice = body.get("tool_choice", "auto")
     msgs = body.get("messages")
-    if tool_choice == "auto" and isinstance(msgs, list) and msgs and isinstance(msgs[-1], dict) \
-            and msgs[-1].get("role") == "tool":
+    if (
+        tool_choice == "auto"
+        and isinstance(msgs, list)
+        and msgs
+        and isinstance(msgs[-1], dict)
+        and msgs[-1].get("role") == "tool"
+    ):
         tools = None  # an agent loop's tool result came back: answer it in text, as a model does
     rf = body.get("response_format")
     pieces: list[tuple[str, str]] = []  # (kind, text) one token each
@@ -131,8 +138,14 @@ def plan_answer(cfg: MockConfig, body: dict[str, Any], chat: bool) -> Plan:
         fn = tools[0].get("function") or {}
         if isinstance(tool_choice, dict):
             fn_named = (tool_choice.get("function") or {}).get("name")
-            fn = next((t.get("function") or {} for t in tools if isinstance(t, dict)
-                       and (t.get("function") or {}).get("name") == fn_named), fn)
+            fn = next(
+                (
+                    t.get("function") or {}
+                    for t in tools
+                    if isinstance(t, dict) and (t.get("function") or {}).get("name") == fn_named
+                ),
+                fn,
+            )
             plan.named_tool = True
         plan.tool_name = str(fn.get("name") or "tool")
         args = orjson.dumps(_object_from_schema(fn.get("parameters"))).decode()

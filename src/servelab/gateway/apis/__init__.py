@@ -19,7 +19,6 @@ from servelab.gateway.apis.chatstream import Part, chunk_events, chunk_parts
 from servelab.gateway.errors import GatewayError
 
 
-
 class RequestState(Protocol):
     """What an adapter reads of a request (:class:`servelab.gateway.reqstate.RequestState` has it): the
     gateway's request id, the model asked for and the usage counted so far (tokens). A protocol, so that
@@ -29,6 +28,7 @@ class RequestState(Protocol):
     model: str
     prompt_tokens: int | None
     completion_tokens: int | None
+
 
 __all__ = ["ApiAdapter", "RequestState", "StreamingApi"]
 
@@ -69,8 +69,12 @@ class ApiAdapter:
 
     def error_response(self, e: GatewayError, rid: str) -> web.Response:
         """The HTTP error answer in the API's shape (default: OpenAI's, as chat completions)."""
-        return web.Response(status=e.status, body=e.body(), content_type="application/json",
-                            headers={"X-Request-ID": rid, **e.headers()})
+        return web.Response(
+            status=e.status,
+            body=e.body(),
+            content_type="application/json",
+            headers={"X-Request-ID": rid, **e.headers()},
+        )
 
 
 class StreamingApi(ApiAdapter):

@@ -90,9 +90,13 @@ def chunk_parts(ev: dict[str, Any]) -> Iterator[Part]:
                 idx = tc.get("index")
                 name = fn.get("name")
                 args = fn.get("arguments")
-                yield Part("tool", args if isinstance(args, str) else "", idx if isinstance(idx, int) else i,
-                           tc.get("id") if isinstance(tc.get("id"), str) else None,
-                           name if isinstance(name, str) and name else None)
+                yield Part(
+                    "tool",
+                    args if isinstance(args, str) else "",
+                    idx if isinstance(idx, int) else i,
+                    tc.get("id") if isinstance(tc.get("id"), str) else None,
+                    name if isinstance(name, str) and name else None,
+                )
     fin = ch.get("finish_reason")
     if isinstance(fin, str) and fin:
         yield Part("finish", fin)
@@ -111,8 +115,13 @@ def answer_parts(answer: dict[str, Any]) -> tuple[str, str, list[ToolCall], str]
         if isinstance(tc, dict) and isinstance(tc.get("function"), dict):
             fn = tc["function"]
             args = fn.get("arguments")
-            calls.append(ToolCall(str(tc.get("id") or f"call_{i}"), str(fn.get("name") or ""),
-                                  args if isinstance(args, str) else orjson.dumps(args or {}).decode()))
+            calls.append(
+                ToolCall(
+                    str(tc.get("id") or f"call_{i}"),
+                    str(fn.get("name") or ""),
+                    args if isinstance(args, str) else orjson.dumps(args or {}).decode(),
+                )
+            )
     fin = ch.get("finish_reason")
     return reasoning, text, calls, fin if isinstance(fin, str) else "stop"
 

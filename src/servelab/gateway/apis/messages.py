@@ -46,18 +46,46 @@ from servelab.gateway.apis import RequestState, StreamingApi
 from servelab.gateway.apis.chatstream import Part, answer_parts, stop_string
 from servelab.gateway.errors import GatewayError, bad_request
 
-
 __all__ = ["CountTokensApi", "MessagesApi", "anthropic_error_body", "anthropic_error_type"]
 
 #: Anthropic error ``type`` by HTTP status (https://docs.anthropic.com/en/api/errors)
-_TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                   404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-                   415: "invalid_request_error", 429: "rate_limit_error", 503: "overloaded_error",
-                   529: "overloaded_error"}
-_STOP_REASON = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
-                "content_filter": "refusal"}
-_TOP_FIELDS = frozenset({"model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p",
-                         "top_k", "tools", "tool_choice", "stream", "metadata", "service_tier", "thinking"})
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+_STOP_REASON = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "content_filter": "refusal",
+}
+_TOP_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "system",
+        "stop_sequences",
+        "temperature",
+        "top_p",
+        "top_k",
+        "tools",
+        "tool_choice",
+        "stream",
+        "metadata",
+        "service_tier",
+        "thinking",
+    }
+)
 _COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking"})
 _SKIPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
@@ -71,8 +99,9 @@ def anthropic_error_type(status: int) -> str:
 def anthropic_error_body(e: GatewayError, rid: str) -> bytes:
     """``{"type": "error", "error": {"type", "message"}, "request_id"}`` for ``e`` (its message is already
     free of internals)."""
-    return orjson.dumps({"type": "error", "error": {"type": anthropic_error_type(e.status), "message": e.message},
-                         "request_id": rid})
+    return orjson.dumps(
+        {"type": "error", "error": {"type": anthropic_error_type(e.status), "message": e.message}, "request_id": rid}
+    )
 
 
 def _type_name(v: Any) -> str:
@@ -87,12 +116,16 @@ def _text_of(v: Any, where: str) -> str:
         out = []
         for i, b in enumerate(v):
             if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-                raise bad_request(f"'{where}[{i}]' must be a text block {{\"type\": \"text\", \"text\": ...}}",
-                                  param=f"{where}[{i}]", code="invalid_value")
+                raise bad_request(
+                    f'\'{where}[{i}]\' must be a text block {{"type": "text", "text": ...}}',
+                    param=f"{where}[{i}]",
+                    code="invalid_value",
+                )
             out.append(b["text"])
         return "\n".join(out)
-    raise bad_request(f"'{where}' must be a string or a list of text blocks, got {_type_name(v)}", param=where,
-                      code="invalid_type")
+    raise bad_request(
+        f"'{where}' must be a string or a list of text blocks, got {_type_name(v)}", param=where, code="invalid_type"
+    )
 
 
 def _image(b: dict[str, Any], where: str) -> dict[str, Any]:
@@ -102,19 +135,27 @@ def _image(b: dict[str, Any], where: str) -> dict[str, Any]:
     elif isinstance(src, dict) and src.get("type") == "url" and isinstance(src.get("url"), str):
         url = src["url"]
     else:
-        raise bad_request(f"'{where}.source' must be a base64 or url image source", param=f"{where}.source",
-                          code="invalid_value")
+        raise bad_request(
+            f"'{where}.source' must be a base64 or url image source", param=f"{where}.source", code="invalid_value"
+        )
     return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _tool_result(b: dict[str, Any], where: str) -> dict[str, Any]:
     tid = b.get("tool_use_id")
     if not isinstance(tid, str) or not tid:
-        raise bad_request(f"'{where}.tool_use_id' must be the id of the tool_use block it answers",
-                          param=f"{where}.tool_use_id", code="invalid_value")
+        raise bad_request(
+            f"'{where}.tool_use_id' must be the id of the tool_use block it answers",
+            param=f"{where}.tool_use_id",
+            code="invalid_value",
+        )
     content = b.get("content", "")
-    text = _text_of([x for x in content if not (isinstance(x, dict) and x.get("type") == "image")]
-                    if isinstance(content, list) else content, f"{where}.content")
+    text = _text_of(
+        [x for x in content if not (isinstance(x, dict) and x.get("type") == "image")]
+        if isinstance(content, list)
+        else content,
+        f"{where}.content",
+    )
     if b.get("is_error") is True:
         text = f"Error: {text}"
     return {"role": "tool", "tool_call_id": tid, "content": text}
@@ -127,14 +168,20 @@ def _turn(m: Any, i: int) -> list[dict[str, Any]]:
         raise bad_request(f"'{where}' must be an object with 'role' and 'content'", param=where, code="invalid_type")
     role = m.get("role")
     if role not in ("user", "assistant"):
-        raise bad_request(f"'{where}.role' must be 'user' or 'assistant', got {role!r}"[:200], param=f"{where}.role",
-                          code="invalid_value")
+        raise bad_request(
+            f"'{where}.role' must be 'user' or 'assistant', got {role!r}"[:200],
+            param=f"{where}.role",
+            code="invalid_value",
+        )
     content = m.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
-        raise bad_request(f"'{where}.content' must be a string or a list of content blocks, got "
-                          f"{_type_name(content)}", param=f"{where}.content", code="invalid_type")
+        raise bad_request(
+            f"'{where}.content' must be a string or a list of content blocks, got {_type_name(content)}",
+            param=f"{where}.content",
+            code="invalid_type",
+        )
     tools: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
@@ -150,14 +197,22 @@ def _turn(m: Any, i: int) -> list[dict[str, Any]]:
         elif kind == "tool_use" and isinstance(b, dict) and role == "assistant":
             if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
                 raise bad_request(f"'{bw}' needs a string 'id' and 'name'", param=bw, code="invalid_value")
-            calls.append({"id": b["id"], "type": "function", "function": {
-                "name": b["name"], "arguments": orjson.dumps(b.get("input") or {}).decode()}})
+            calls.append(
+                {
+                    "id": b["id"],
+                    "type": "function",
+                    "function": {"name": b["name"], "arguments": orjson.dumps(b.get("input") or {}).decode()},
+                }
+            )
         elif kind in _SKIPPED_BLOCKS and role == "assistant":
             continue
         else:
-            raise bad_request(f"'{bw}': a {str(kind)[:40]!r} block is not supported in a {role} message here "
-                              "(text, image, tool_use and tool_result blocks are)", param=bw,
-                              code="unsupported_content")
+            raise bad_request(
+                f"'{bw}': a {str(kind)[:40]!r} block is not supported in a {role} message here "
+                "(text, image, tool_use and tool_result blocks are)",
+                param=bw,
+                code="unsupported_content",
+            )
     out = list(tools)
     if calls:
         out.append({"role": "assistant", "content": _join(parts) or None, "tool_calls": calls})
@@ -177,12 +232,19 @@ def _tools(v: Any) -> list[dict[str, Any]]:
     for i, t in enumerate(v):
         kind = t.get("type", "custom") if isinstance(t, dict) else None
         if kind != "custom" or not isinstance(t, dict):
-            raise bad_request(f"'tools[{i}]': the server tool {str(kind)[:60]!r} is not available through this "
-                              "gateway (it has no tool runner); define it as a custom tool with name, "
-                              "description and input_schema", param=f"tools[{i}]", code="unsupported_tool")
+            raise bad_request(
+                f"'tools[{i}]': the server tool {str(kind)[:60]!r} is not available through this "
+                "gateway (it has no tool runner); define it as a custom tool with name, "
+                "description and input_schema",
+                param=f"tools[{i}]",
+                code="unsupported_tool",
+            )
         if not isinstance(t.get("name"), str) or not isinstance(t.get("input_schema", {}), dict):
-            raise bad_request(f"'tools[{i}]' needs a string 'name' and an object 'input_schema'", param=f"tools[{i}]",
-                              code="invalid_value")
+            raise bad_request(
+                f"'tools[{i}]' needs a string 'name' and an object 'input_schema'",
+                param=f"tools[{i}]",
+                code="invalid_value",
+            )
         fn: dict[str, Any] = {"name": t["name"], "parameters": t.get("input_schema") or {"type": "object"}}
         if isinstance(t.get("description"), str):
             fn["description"] = t["description"]
@@ -201,8 +263,11 @@ def _tool_choice(v: Any, chat: dict[str, Any]) -> None:
     elif kind == "tool" and isinstance(v, dict) and isinstance(v.get("name"), str):
         chat["tool_choice"] = {"type": "function", "function": {"name": v["name"]}}
     else:
-        raise bad_request("'tool_choice' must be {\"type\": \"auto\"|\"any\"|\"none\"} or {\"type\": \"tool\", "
-                          "\"name\": ...}", param="tool_choice", code="invalid_value")
+        raise bad_request(
+            '\'tool_choice\' must be {"type": "auto"|"any"|"none"} or {"type": "tool", "name": ...}',
+            param="tool_choice",
+            code="invalid_value",
+        )
     if isinstance(v, dict) and v.get("disable_parallel_tool_use") is True:
         chat["parallel_tool_calls"] = False
 
@@ -212,12 +277,16 @@ def to_chat(body: dict[str, Any], max_tokens_limit: int, fields: frozenset[str] 
     the gateway's cap on ``max_tokens`` (tokens). Raises GatewayError 400 naming the field."""
     for k in body:
         if k not in fields:
-            raise bad_request(f"'{k[:60]}' is not a field this gateway's /v1/messages accepts", param=k[:60],
-                              code="unsupported_parameter")
+            raise bad_request(
+                f"'{k[:60]}' is not a field this gateway's /v1/messages accepts",
+                param=k[:60],
+                code="unsupported_parameter",
+            )
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
-        raise bad_request("'messages' must be a non-empty list of {role, content}", param="messages",
-                          code="invalid_value")
+        raise bad_request(
+            "'messages' must be a non-empty list of {role, content}", param="messages", code="invalid_value"
+        )
     chat: dict[str, Any] = {"model": body.get("model"), "messages": []}
     if "system" in body:
         chat["messages"].append({"role": "system", "content": _text_of(body["system"], "system")})
@@ -226,20 +295,29 @@ def to_chat(body: dict[str, Any], max_tokens_limit: int, fields: frozenset[str] 
     if "max_tokens" in fields:
         mt = body.get("max_tokens")
         if mt is None:
-            raise bad_request("'max_tokens' is required: the most tokens to generate", param="max_tokens",
-                              code="missing_required_parameter")
+            raise bad_request(
+                "'max_tokens' is required: the most tokens to generate",
+                param="max_tokens",
+                code="missing_required_parameter",
+            )
         if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
-            raise bad_request(f"'max_tokens' must be an integer >= 1, got {mt!r}"[:200], param="max_tokens",
-                              code="invalid_value")
+            raise bad_request(
+                f"'max_tokens' must be an integer >= 1, got {mt!r}"[:200], param="max_tokens", code="invalid_value"
+            )
         if mt > max_tokens_limit:
-            raise bad_request(f"'max_tokens' {mt} is above this gateway's limit of {max_tokens_limit} tokens; ask "
-                              f"for {max_tokens_limit} or fewer", param="max_tokens", code="max_tokens_too_large")
+            raise bad_request(
+                f"'max_tokens' {mt} is above this gateway's limit of {max_tokens_limit} tokens; ask "
+                f"for {max_tokens_limit} or fewer",
+                param="max_tokens",
+                code="max_tokens_too_large",
+            )
         chat["max_tokens"] = mt
     stops = body.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise bad_request("'stop_sequences' must be a list of non-empty strings", param="stop_sequences",
-                              code="invalid_value")
+            raise bad_request(
+                "'stop_sequences' must be a list of non-empty strings", param="stop_sequences", code="invalid_value"
+            )
         chat["stop"] = stops
     for k in ("temperature", "top_p", "top_k"):
         if k in body:
@@ -284,8 +362,11 @@ class MessagesApi(StreamingApi):
             return key
         value = request.headers.get("Authorization")
         if value is None:
-            raise GatewayError(401, "Missing API key: send it as 'x-api-key: sk-sl-...' (or 'Authorization: "
-                               "Bearer sk-sl-...')", code="invalid_api_key")
+            raise GatewayError(
+                401,
+                "Missing API key: send it as 'x-api-key: sk-sl-...' (or 'Authorization: Bearer sk-sl-...')",
+                code="invalid_api_key",
+            )
         return value
 
     def translate(self, body: dict[str, Any], max_tokens_limit: int) -> dict[str, Any]:
@@ -315,15 +396,31 @@ class MessagesApi(StreamingApi):
             except orjson.JSONDecodeError:
                 args = {"_unparsed_arguments": c.arguments}  # the model's broken JSON, kept for the client
             content.append({"type": "tool_use", "id": c.call_id, "name": c.name, "input": args})
-        return orjson.dumps({"id": f"msg_{r.rid}", "type": "message", "role": "assistant", "model": r.model,
-                             "content": content, "stop_reason": self._stop_reason(), "stop_sequence": self.stop_seq,
-                             "usage": _usage(r)})
+        return orjson.dumps(
+            {
+                "id": f"msg_{r.rid}",
+                "type": "message",
+                "role": "assistant",
+                "model": r.model,
+                "content": content,
+                "stop_reason": self._stop_reason(),
+                "stop_sequence": self.stop_seq,
+                "usage": _usage(r),
+            }
+        )
 
     # ---------------------------------------------------------------- streaming
     def opening(self, r: RequestState) -> bytes:
-        msg: dict[str, Any] = {"id": f"msg_{r.rid}", "type": "message", "role": "assistant", "model": r.model,
-                               "content": [], "stop_reason": None, "stop_sequence": None,
-                               "usage": {"input_tokens": 0, "output_tokens": 0}}
+        msg: dict[str, Any] = {
+            "id": f"msg_{r.rid}",
+            "type": "message",
+            "role": "assistant",
+            "model": r.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
         return _sse("message_start", {"message": msg}) + _sse("ping", {})
 
     def _close_block(self) -> bytes:
@@ -347,34 +444,49 @@ class MessagesApi(StreamingApi):
         if p.kind == "reasoning":
             if self.block_kind != "thinking":
                 out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            return out + _sse("content_block_delta", {"index": self.block,
-                                                      "delta": {"type": "thinking_delta", "thinking": p.text}})
+            return out + _sse(
+                "content_block_delta", {"index": self.block, "delta": {"type": "thinking_delta", "thinking": p.text}}
+            )
         if p.kind == "text":
             if self.block_kind != "text":
                 out += self._open("text", {"type": "text", "text": ""})
-            return out + _sse("content_block_delta", {"index": self.block,
-                                                      "delta": {"type": "text_delta", "text": p.text}})
+            return out + _sse(
+                "content_block_delta", {"index": self.block, "delta": {"type": "text_delta", "text": p.text}}
+            )
         self.tool_called = True
         if p.index not in self.tool_blocks:
-            out += self._open("tool", {"type": "tool_use", "id": p.call_id or f"toolu_{r.rid}_{p.index}",
-                                       "name": p.name or "", "input": {}})
+            out += self._open(
+                "tool",
+                {"type": "tool_use", "id": p.call_id or f"toolu_{r.rid}_{p.index}", "name": p.name or "", "input": {}},
+            )
             self.tool_blocks[p.index] = self.block
         if p.text:
-            out += _sse("content_block_delta", {"index": self.tool_blocks[p.index],
-                                                "delta": {"type": "input_json_delta", "partial_json": p.text}})
+            out += _sse(
+                "content_block_delta",
+                {"index": self.tool_blocks[p.index], "delta": {"type": "input_json_delta", "partial_json": p.text}},
+            )
         return out
 
     def closing(self, r: RequestState) -> bytes:
-        return self._close_block() + _sse("message_delta", {
-            "delta": {"stop_reason": self._stop_reason(), "stop_sequence": self.stop_seq},
-            "usage": _usage(r)}) + _sse("message_stop", {})
+        return (
+            self._close_block()
+            + _sse(
+                "message_delta",
+                {"delta": {"stop_reason": self._stop_reason(), "stop_sequence": self.stop_seq}, "usage": _usage(r)},
+            )
+            + _sse("message_stop", {})
+        )
 
     def failure(self, e: GatewayError, r: RequestState) -> bytes:
         return _sse("error", {"error": {"type": anthropic_error_type(e.status), "message": e.message}})
 
     def error_response(self, e: GatewayError, rid: str) -> web.Response:
-        return web.Response(status=e.status, body=anthropic_error_body(e, rid), content_type="application/json",
-                            headers={"X-Request-ID": rid, "request-id": rid, **e.headers()})
+        return web.Response(
+            status=e.status,
+            body=anthropic_error_body(e, rid),
+            content_type="application/json",
+            headers={"X-Request-ID": rid, "request-id": rid, **e.headers()},
+        )
 
 
 class CountTokensApi(MessagesApi):
@@ -390,6 +502,10 @@ class CountTokensApi(MessagesApi):
 
     def whole(self, answer: dict[str, Any], r: RequestState) -> bytes:
         if r.prompt_tokens is None:
-            raise GatewayError(502, "the model did not report its prompt tokens; the count is unavailable",
-                               type="server_error", code="upstream_error")
+            raise GatewayError(
+                502,
+                "the model did not report its prompt tokens; the count is unavailable",
+                type="server_error",
+                code="upstream_error",
+            )
         return orjson.dumps({"input_tokens": r.prompt_tokens})

@@ -45,13 +45,33 @@ from servelab.gateway.apis import RequestState, StreamingApi
 from servelab.gateway.apis.chatstream import Part, answer_parts
 from servelab.gateway.errors import GatewayError, bad_request
 
-
 __all__ = ["ResponsesApi", "to_chat"]
 
-_ACCEPTED = frozenset({"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
-                       "tool_choice", "parallel_tool_calls", "stream", "text", "store", "metadata", "user",
-                       "safety_identifier", "prompt_cache_key", "service_tier", "include", "reasoning",
-                       "truncation", "stream_options"})
+_ACCEPTED = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "stream",
+        "text",
+        "store",
+        "metadata",
+        "user",
+        "safety_identifier",
+        "prompt_cache_key",
+        "service_tier",
+        "include",
+        "reasoning",
+        "truncation",
+        "stream_options",
+    }
+)
 _STATEFUL = ("previous_response_id", "conversation")
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
@@ -65,8 +85,11 @@ def _content(v: Any, where: str) -> str | list[dict[str, Any]]:
     if isinstance(v, str):
         return v
     if not isinstance(v, list):
-        raise bad_request(f"'{where}' must be a string or a list of content parts, got {_type_name(v)}", param=where,
-                          code="invalid_type")
+        raise bad_request(
+            f"'{where}' must be a string or a list of content parts, got {_type_name(v)}",
+            param=where,
+            code="invalid_type",
+        )
     parts: list[dict[str, Any]] = []
     for i, p in enumerate(v):
         kind = p.get("type") if isinstance(p, dict) else None
@@ -75,9 +98,12 @@ def _content(v: Any, where: str) -> str | list[dict[str, Any]]:
         elif kind == "input_image" and isinstance(p, dict) and isinstance(p.get("image_url"), str):
             parts.append({"type": "image_url", "image_url": {"url": p["image_url"]}})
         else:
-            raise bad_request(f"'{where}[{i}]': a {str(kind)[:40]!r} part is not supported here (input_text, "
-                              "output_text and input_image with an image_url are)", param=f"{where}[{i}]",
-                              code="unsupported_content")
+            raise bad_request(
+                f"'{where}[{i}]': a {str(kind)[:40]!r} part is not supported here (input_text, "
+                "output_text and input_image with an image_url are)",
+                param=f"{where}[{i}]",
+                code="unsupported_content",
+            )
     if all(p["type"] == "text" for p in parts):
         return "".join(p["text"] for p in parts)
     return parts
@@ -97,15 +123,22 @@ def _items(v: Any) -> list[dict[str, Any]]:
         if kind == "message":
             role = _ROLES.get(it.get("role"))  # type: ignore[arg-type]
             if role is None:
-                raise bad_request(f"'{where}.role' must be user, assistant, system or developer", param=f"{where}.role",
-                                  code="invalid_value")
+                raise bad_request(
+                    f"'{where}.role' must be user, assistant, system or developer",
+                    param=f"{where}.role",
+                    code="invalid_value",
+                )
             out.append({"role": role, "content": _content(it.get("content"), f"{where}.content")})
         elif kind == "function_call":
             if not all(isinstance(it.get(k), str) for k in ("call_id", "name", "arguments")):
-                raise bad_request(f"'{where}' needs string 'call_id', 'name' and 'arguments'", param=where,
-                                  code="invalid_value")
-            call = {"id": it["call_id"], "type": "function", "function": {"name": it["name"],
-                                                                          "arguments": it["arguments"]}}
+                raise bad_request(
+                    f"'{where}' needs string 'call_id', 'name' and 'arguments'", param=where, code="invalid_value"
+                )
+            call = {
+                "id": it["call_id"],
+                "type": "function",
+                "function": {"name": it["name"], "arguments": it["arguments"]},
+            }
             if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
                 out[-1]["tool_calls"].append(call)
             else:
@@ -113,16 +146,28 @@ def _items(v: Any) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             output = it.get("output")
             if not isinstance(it.get("call_id"), str):
-                raise bad_request(f"'{where}.call_id' must be the call_id of the function_call it answers",
-                                  param=f"{where}.call_id", code="invalid_value")
+                raise bad_request(
+                    f"'{where}.call_id' must be the call_id of the function_call it answers",
+                    param=f"{where}.call_id",
+                    code="invalid_value",
+                )
             text = output if isinstance(output, str) else _content(output, f"{where}.output")
-            out.append({"role": "tool", "tool_call_id": it["call_id"],
-                        "content": text if isinstance(text, str) else orjson.dumps(text).decode()})
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": it["call_id"],
+                    "content": text if isinstance(text, str) else orjson.dumps(text).decode(),
+                }
+            )
         elif kind == "reasoning":
             continue
         else:
-            raise bad_request(f"'{where}': a {str(kind)[:40]!r} item is not supported (message, function_call, "
-                              "function_call_output and reasoning items are)", param=where, code="unsupported_item")
+            raise bad_request(
+                f"'{where}': a {str(kind)[:40]!r} item is not supported (message, function_call, "
+                "function_call_output and reasoning items are)",
+                param=where,
+                code="unsupported_item",
+            )
     return out
 
 
@@ -133,9 +178,12 @@ def _tools(v: Any) -> list[dict[str, Any]]:
     for i, t in enumerate(v):
         kind = t.get("type") if isinstance(t, dict) else None
         if kind != "function" or not isinstance(t, dict) or not isinstance(t.get("name"), str):
-            raise bad_request(f"'tools[{i}]': the built-in tool {str(kind)[:60]!r} is not available through this "
-                              "gateway (it has no tool runner); only function tools with a name are",
-                              param=f"tools[{i}]", code="unsupported_tool")
+            raise bad_request(
+                f"'tools[{i}]': the built-in tool {str(kind)[:60]!r} is not available through this "
+                "gateway (it has no tool runner); only function tools with a name are",
+                param=f"tools[{i}]",
+                code="unsupported_tool",
+            )
         fn = {"name": t["name"], "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
         for k in ("description", "strict"):
             if t.get(k) is not None:
@@ -149,8 +197,11 @@ def _tool_choice(v: Any) -> Any:
         return v
     if isinstance(v, dict) and v.get("type") == "function" and isinstance(v.get("name"), str):
         return {"type": "function", "function": {"name": v["name"]}}
-    raise bad_request("'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}",
-                      param="tool_choice", code="invalid_value")
+    raise bad_request(
+        '\'tool_choice\' must be auto, none, required or {"type": "function", "name": ...}',
+        param="tool_choice",
+        code="invalid_value",
+    )
 
 
 def _text_format(v: Any) -> dict[str, Any] | None:
@@ -161,10 +212,16 @@ def _text_format(v: Any) -> dict[str, Any] | None:
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema" and isinstance(fmt, dict) and isinstance(fmt.get("schema"), dict):
-        return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict", "description")
-                                                       if k in fmt}}
-    raise bad_request("'text.format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
-                      "{\"type\": \"json_schema\", \"name\", \"schema\"}", param="text.format", code="invalid_value")
+        return {
+            "type": "json_schema",
+            "json_schema": {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt},
+        }
+    raise bad_request(
+        '\'text.format\' must be {"type": "text"}, {"type": "json_object"} or '
+        '{"type": "json_schema", "name", "schema"}',
+        param="text.format",
+        code="invalid_value",
+    )
 
 
 def to_chat(body: dict[str, Any], max_tokens_limit: int) -> dict[str, Any]:
@@ -172,16 +229,25 @@ def to_chat(body: dict[str, Any], max_tokens_limit: int) -> dict[str, Any]:
     cap on ``max_output_tokens`` (tokens). Raises GatewayError 400 naming the field."""
     for k in _STATEFUL:
         if body.get(k) is not None:
-            raise bad_request(f"'{k}' is not supported: this gateway keeps no responses (stateless, as with "
-                              "store: false); send the whole conversation in 'input'", param=k,
-                              code="unsupported_parameter")
+            raise bad_request(
+                f"'{k}' is not supported: this gateway keeps no responses (stateless, as with "
+                "store: false); send the whole conversation in 'input'",
+                param=k,
+                code="unsupported_parameter",
+            )
     for k in body:
         if k not in _ACCEPTED:
-            raise bad_request(f"'{k[:60]}' is not a field this gateway's /v1/responses accepts", param=k[:60],
-                              code="unsupported_parameter")
+            raise bad_request(
+                f"'{k[:60]}' is not a field this gateway's /v1/responses accepts",
+                param=k[:60],
+                code="unsupported_parameter",
+            )
     if body.get("truncation") not in (None, "disabled"):
-        raise bad_request("'truncation' must be 'disabled': this gateway does not drop input to fit the context",
-                          param="truncation", code="unsupported_parameter")
+        raise bad_request(
+            "'truncation' must be 'disabled': this gateway does not drop input to fit the context",
+            param="truncation",
+            code="unsupported_parameter",
+        )
     msgs = _items(body.get("input"))
     if body.get("instructions") is not None:
         if not isinstance(body["instructions"], str):
@@ -191,12 +257,18 @@ def to_chat(body: dict[str, Any], max_tokens_limit: int) -> dict[str, Any]:
     mt = body.get("max_output_tokens")
     if mt is not None:
         if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
-            raise bad_request(f"'max_output_tokens' must be an integer >= 1, got {mt!r}"[:200],
-                              param="max_output_tokens", code="invalid_value")
+            raise bad_request(
+                f"'max_output_tokens' must be an integer >= 1, got {mt!r}"[:200],
+                param="max_output_tokens",
+                code="invalid_value",
+            )
         if mt > max_tokens_limit:
-            raise bad_request(f"'max_output_tokens' {mt} is above this gateway's limit of {max_tokens_limit} tokens; "
-                              f"ask for {max_tokens_limit} or fewer", param="max_output_tokens",
-                              code="max_tokens_too_large")
+            raise bad_request(
+                f"'max_output_tokens' {mt} is above this gateway's limit of {max_tokens_limit} tokens; "
+                f"ask for {max_tokens_limit} or fewer",
+                param="max_output_tokens",
+                code="max_tokens_too_large",
+            )
         chat["max_tokens"] = mt
     for k in ("temperature", "top_p", "parallel_tool_calls", "stream"):
         if body.get(k) is not None:
@@ -229,26 +301,54 @@ class ResponsesApi(StreamingApi):
 
     def translate(self, body: dict[str, Any], max_tokens_limit: int) -> dict[str, Any]:
         chat = to_chat(body, max_tokens_limit)
-        self.echo = {"instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
-                     "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
-                     "parallel_tool_calls": body.get("parallel_tool_calls", True),
-                     "temperature": body.get("temperature"), "top_p": body.get("top_p"),
-                     "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
-                     "text": body.get("text") if isinstance(body.get("text"), dict) else {"format": {"type": "text"}}}
+        self.echo = {
+            "instructions": body.get("instructions"),
+            "max_output_tokens": body.get("max_output_tokens"),
+            "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "temperature": body.get("temperature"),
+            "top_p": body.get("top_p"),
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [],
+            "text": body.get("text") if isinstance(body.get("text"), dict) else {"format": {"type": "text"}},
+        }
         return chat
 
-    def _response(self, r: RequestState, status: str, output: list[dict[str, Any]],
-                  usage: bool, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _response(
+        self,
+        r: RequestState,
+        status: str,
+        output: list[dict[str, Any]],
+        usage: bool,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         u = None
         if usage:
             pt, ct = r.prompt_tokens or 0, r.completion_tokens or 0
-            u = {"input_tokens": pt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": ct,
-                 "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": pt + ct}
-        return {"id": f"resp_{r.rid}", "object": "response", "created_at": self.created, "status": status,
-                "error": error, "incomplete_details": incomplete, "model": r.model, "output": output,
-                "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
-                "truncation": "disabled", "usage": u, **self.echo}
+            u = {
+                "input_tokens": pt,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": ct,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": pt + ct,
+            }
+        return {
+            "id": f"resp_{r.rid}",
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "error": error,
+            "incomplete_details": incomplete,
+            "model": r.model,
+            "output": output,
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "store": False,
+            "truncation": "disabled",
+            "usage": u,
+            **self.echo,
+        }
 
     def _status(self) -> str:
         return "incomplete" if self.finish == "length" else "completed"
@@ -261,8 +361,16 @@ class ResponsesApi(StreamingApi):
         if text or not calls:
             out.append(_message_item(r, text, "completed"))
         for i, c in enumerate(calls):
-            out.append({"type": "function_call", "id": f"fc_{r.rid}_{i}", "call_id": c.call_id, "name": c.name,
-                        "arguments": c.arguments, "status": "completed"})
+            out.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{r.rid}_{i}",
+                    "call_id": c.call_id,
+                    "name": c.name,
+                    "arguments": c.arguments,
+                    "status": "completed",
+                }
+            )
         return orjson.dumps(self._response(r, self._status(), out, True))
 
     # ---------------------------------------------------------------- streaming
@@ -294,8 +402,10 @@ class ResponsesApi(StreamingApi):
             ids = {"item_id": it["id"], "output_index": i, "content_index": 0}
             out += self._ev("response.reasoning_text.done", {**ids, "text": it["content"][0]["text"]})
         else:
-            out += self._ev("response.function_call_arguments.done", {"item_id": it["id"], "output_index": i,
-                                                                      "arguments": it["arguments"]})
+            out += self._ev(
+                "response.function_call_arguments.done",
+                {"item_id": it["id"], "output_index": i, "arguments": it["arguments"]},
+            )
         it["status"] = "completed"
         out += self._ev("response.output_item.done", {"output_index": i, "item": it})
         self.output.append(it)
@@ -307,8 +417,15 @@ class ResponsesApi(StreamingApi):
         shown = {**it, "content": []} if "content" in it else it
         out += self._ev("response.output_item.added", {"output_index": self._index(), "item": shown})
         if it["type"] == "message":
-            out += self._ev("response.content_part.added", {"item_id": it["id"], "output_index": self._index(),
-                                                            "content_index": 0, "part": dict(it["content"][0])})
+            out += self._ev(
+                "response.content_part.added",
+                {
+                    "item_id": it["id"],
+                    "output_index": self._index(),
+                    "content_index": 0,
+                    "part": dict(it["content"][0]),
+                },
+            )
         return out
 
     def on_part(self, p: Part, r: RequestState) -> bytes:
@@ -319,27 +436,43 @@ class ResponsesApi(StreamingApi):
                 out += self._open(_reasoning_item(r, "", len(self.output)))
             assert self.item is not None
             self.item["content"][0]["text"] += p.text
-            return out + self._ev("response.reasoning_text.delta", {
-                "item_id": self.item["id"], "output_index": self._index(), "content_index": 0, "delta": p.text})
+            return out + self._ev(
+                "response.reasoning_text.delta",
+                {"item_id": self.item["id"], "output_index": self._index(), "content_index": 0, "delta": p.text},
+            )
         if p.kind == "text":
             if it is None or it["type"] != "message":
                 out += self._open(_message_item(r, "", "in_progress", len(self.output)))
             assert self.item is not None
             self.item["content"][0]["text"] += p.text
-            return out + self._ev("response.output_text.delta", {
-                "item_id": self.item["id"], "output_index": self._index(), "content_index": 0, "delta": p.text,
-                "logprobs": []})
+            return out + self._ev(
+                "response.output_text.delta",
+                {
+                    "item_id": self.item["id"],
+                    "output_index": self._index(),
+                    "content_index": 0,
+                    "delta": p.text,
+                    "logprobs": [],
+                },
+            )
         if p.index not in self.tools:
-            call = {"type": "function_call", "id": f"fc_{r.rid}_{p.index}",
-                    "call_id": p.call_id or f"call_{r.rid}_{p.index}", "name": p.name or "", "arguments": "",
-                    "status": "in_progress"}
+            call = {
+                "type": "function_call",
+                "id": f"fc_{r.rid}_{p.index}",
+                "call_id": p.call_id or f"call_{r.rid}_{p.index}",
+                "name": p.name or "",
+                "arguments": "",
+                "status": "in_progress",
+            }
             self.tools[p.index] = call
             out += self._open(call)
         call = self.tools[p.index]
         if p.text and call is self.item:
             call["arguments"] += p.text
-            out += self._ev("response.function_call_arguments.delta", {
-                "item_id": call["id"], "output_index": self._index(), "delta": p.text})
+            out += self._ev(
+                "response.function_call_arguments.delta",
+                {"item_id": call["id"], "output_index": self._index(), "delta": p.text},
+            )
         return out
 
     def closing(self, r: RequestState) -> bytes:
@@ -354,10 +487,19 @@ class ResponsesApi(StreamingApi):
 
 
 def _message_item(r: RequestState, text: str, status: str, n: int = 0) -> dict[str, Any]:
-    return {"type": "message", "id": f"msg_{r.rid}_{n}", "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+    return {
+        "type": "message",
+        "id": f"msg_{r.rid}_{n}",
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
 
 
 def _reasoning_item(r: RequestState, text: str, n: int = 0) -> dict[str, Any]:
-    return {"type": "reasoning", "id": f"rs_{r.rid}_{n}", "summary": [],
-            "content": [{"type": "reasoning_text", "text": text}]}
+    return {
+        "type": "reasoning",
+        "id": f"rs_{r.rid}_{n}",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+    }

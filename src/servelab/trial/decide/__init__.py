@@ -19,11 +19,33 @@ from __future__ import annotations
 from servelab.trial.decide.compare import difference
 from servelab.trial.decide.decision import TIE_BREAK, decide
 from servelab.trial.decide.effective import candidate_levels, effective_step, ranked_workload
-from servelab.trial.decide.identities import (VOLATILE_KEYS, EngineFacts, comparability, compare_identities,
-                                              engine_facts, identity_factors, tokenizer_key)
+from servelab.trial.decide.identities import (
+    VOLATILE_KEYS,
+    EngineFacts,
+    comparability,
+    compare_identities,
+    engine_facts,
+    identity_factors,
+    tokenizer_key,
+)
 from servelab.trial.decide.wording import budget_note
 from servelab.trial.verdicts import MIX, objective_verdicts
 
-__all__ = ["MIX", "TIE_BREAK", "VOLATILE_KEYS", "EngineFacts", "budget_note", "candidate_levels", "comparability",
-           "compare_identities", "decide", "difference", "effective_step", "engine_facts", "identity_factors",
-           "objective_verdicts", "ranked_workload", "tokenizer_key"]
+__all__ = [
+    "MIX",
+    "TIE_BREAK",
+    "VOLATILE_KEYS",
+    "EngineFacts",
+    "budget_note",
+    "candidate_levels",
+    "comparability",
+    "compare_identities",
+    "decide",
+    "difference",
+    "effective_step",
+    "engine_facts",
+    "identity_factors",
+    "objective_verdicts",
+    "ranked_workload",
+    "tokenizer_key",
+]

@@ -35,10 +35,8 @@ def tail(c: CandidateResult, key: str) -> float:
     return float(v) if v is not None else math.inf
 
 
-
 def figure_name(metric: str) -> str:
     return "output tok/s" if metric == "output_tokens_per_s" else "completed requests/s"
-
 
 
 def _by_round(c: CandidateResult) -> dict[int, list[float]]:
@@ -83,14 +81,21 @@ def difference(a: str, ca: CandidateResult, b: str, cb: CandidateResult, metric:
     if r is None:
         va, vb = figure(ca, metric), figure(cb, metric)
         ratio = (va / vb) if va and vb else None
-        return Difference(a=a, b=b, metric=metric, ratio=ratio, significant=False,
-                          text=f"no significant difference shown between {a} and {b}: too few samples for an "
-                               f"interval ({what} ratio {num(ratio)}×)")
-    ci = Interval(lo=r.lo, hi=r.hi, level=r.level, n=len(samples(ca, metric)) + len(samples(cb, metric)),
-                  method=method)
+        return Difference(
+            a=a,
+            b=b,
+            metric=metric,
+            ratio=ratio,
+            significant=False,
+            text=f"no significant difference shown between {a} and {b}: too few samples for an "
+            f"interval ({what} ratio {num(ratio)}×)",
+        )
+    ci = Interval(lo=r.lo, hi=r.hi, level=r.level, n=len(samples(ca, metric)) + len(samples(cb, metric)), method=method)
     if r.significant:
         text = f"{a} sustains {r.ratio:.2f}× {b}'s {what} (95 % CI {r.lo:.2f}–{r.hi:.2f}×)"
     else:
-        text = (f"no significant difference between {a} and {b} in {what}: ratio {r.ratio:.2f}× "
-                f"(95 % CI {r.lo:.2f}–{r.hi:.2f}×, includes 1)")
+        text = (
+            f"no significant difference between {a} and {b} in {what}: ratio {r.ratio:.2f}× "
+            f"(95 % CI {r.lo:.2f}–{r.hi:.2f}×, includes 1)"
+        )
     return Difference(a=a, b=b, metric=metric, ratio=r.ratio, ci=ci, significant=r.significant, text=text)

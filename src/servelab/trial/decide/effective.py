@@ -36,8 +36,16 @@ from servelab.bench.intervals import Bounds, SloVerdict, mean_interval
 from servelab.bench.results import Interval, SloCheck, StepSummary
 from servelab.bench.slo import Objective, parse_slo
 from servelab.trial.decide.fmt import fmt_obj_value, metric_of, num
-from servelab.trial.results import (Break, CandidateResult, EffectiveStep, EffectiveThroughput, Level, ObjectiveVerdict,
-                                    TailLatency, WorkloadCapacity)
+from servelab.trial.results import (
+    Break,
+    CandidateResult,
+    EffectiveStep,
+    EffectiveThroughput,
+    Level,
+    ObjectiveVerdict,
+    TailLatency,
+    WorkloadCapacity,
+)
 from servelab.trial.verdicts import MIX, judged_on, objective_verdicts, stat_value
 
 _STEP_RX = re.compile(r"^([a-z]+)([0-9]+(?:\.[0-9]+)?)$")
@@ -54,7 +62,6 @@ def _rate_iv(b: Bounds) -> Interval | None:
     if i is not None and i.lo is not None and i.lo < 0:
         i.lo = 0.0
     return i
-
 
 
 def _objectives(objectives: str | Iterable[Objective | str] | None) -> list[Objective] | None:
@@ -115,8 +122,7 @@ def level_key(label: str, step: StepSummary, first_seen: int) -> tuple[str, floa
     return (kind, mag if mag is not None else math.inf, first_seen)
 
 
-def _step_breaks(step: StepSummary, objs: list[Objective] | None, budget: float | None,
-                 multi: bool) -> list[Break]:
+def _step_breaks(step: StepSummary, objs: list[Objective] | None, budget: float | None, multi: bool) -> list[Break]:
     """The objectives a run (not skipped) step broke."""
     wl = step.workload
     out: list[Break] = []
@@ -125,24 +131,41 @@ def _step_breaks(step: StepSummary, objs: list[Objective] | None, budget: float 
         if ch.met:
             continue
         scoped = (ch.objective or "").split(":", 1)[0] if ":" in (ch.objective or "") else None
-        out.append(Break(objective=ch.objective, metric=metric_of(ch.objective or "?"), value=ch.value,
-                         limit=ch.limit, workload=scoped or wl))
+        out.append(
+            Break(
+                objective=ch.objective,
+                metric=metric_of(ch.objective or "?"),
+                value=ch.value,
+                limit=ch.limit,
+                workload=scoped or wl,
+            )
+        )
     if objs is None and not out and step.slo_met is False:
-        out.append(Break(objective="slo", metric="slo", workload=wl,
-                         text="the bench marked the step as not meeting its SLO"))
+        out.append(
+            Break(objective="slo", metric="slo", workload=wl, text="the bench marked the step as not meeting its SLO")
+        )
     c = step.counts
     if budget is not None and c.submitted:
         rate = c.failed_total / c.submitted
         if rate > budget:
-            out.append(Break(objective=f"error_budget<={num(budget * 100)}%", metric="error_budget", value=rate,
-                             limit=budget, workload=wl,
-                             text=f"error rate {num(rate * 100)}% > budget {num(budget * 100)}% "
-                                  f"({c.failed_total}/{c.submitted} failed)"))
+            out.append(
+                Break(
+                    objective=f"error_budget<={num(budget * 100)}%",
+                    metric="error_budget",
+                    value=rate,
+                    limit=budget,
+                    workload=wl,
+                    text=f"error rate {num(rate * 100)}% > budget {num(budget * 100)}% "
+                    f"({c.failed_total}/{c.submitted} failed)",
+                )
+            )
     for b in out:
         if not b.text:
             lim = b.limit
-            b.text = (f"{b.metric} {fmt_obj_value(b.metric, b.value)} > "
-                      f"{fmt_obj_value(b.metric, lim) if lim is not None else '?'}")
+            b.text = (
+                f"{b.metric} {fmt_obj_value(b.metric, b.value)} > "
+                f"{fmt_obj_value(b.metric, lim) if lim is not None else '?'}"
+            )
         if multi and wl:
             b.text += f" ({wl})"
     return out
@@ -165,8 +188,7 @@ class _Sweep(NamedTuple):
     by_level: dict[str, list[StepSummary]]
 
 
-def _sweep(steps: Sequence[StepSummary], objs: list[Objective] | None, budget: float | None,
-           multi: bool) -> _Sweep:
+def _sweep(steps: Sequence[StepSummary], objs: list[Objective] | None, budget: float | None, multi: bool) -> _Sweep:
     """Levels of ``steps`` (one workload, or several that must all meet), in load order."""
     workloads: list[str] = []
     by_level: dict[str, list[StepSummary]] = {}
@@ -193,8 +215,9 @@ def _sweep(steps: Sequence[StepSummary], objs: list[Objective] | None, budget: f
         verdict = weakest(verdicts) if verdicts else None
         if breaks and verdict == "met":
             verdict = "undetermined"
-        levels.append(Level(step=label, ran=bool(ran), met=met, verdict=verdict if ran else None,
-                            workloads=sorted(present)))
+        levels.append(
+            Level(step=label, ran=bool(ran), met=met, verdict=verdict if ran else None, workloads=sorted(present))
+        )
         if broken_at is None and breaks:
             broken_at, broken_by = label, breaks
         if met and not stopped:
@@ -249,9 +272,13 @@ def _sustained(group: list[StepSummary]) -> EffectiveThroughput:
     elif group[0].steady is not None and group[0].steady.output_tokens_per_s_ci is not None:
         ci = eff.output_tokens_per_s_ci = group[0].steady.output_tokens_per_s_ci
         share = good[0] / vals[0] if vals[0] else 0.0
-        eff.goodput_output_tokens_per_s_ci = Interval(lo=None if ci.lo is None else ci.lo * share,
-                                                      hi=None if ci.hi is None else ci.hi * share,
-                                                      level=ci.level, n=ci.n, method=ci.method)
+        eff.goodput_output_tokens_per_s_ci = Interval(
+            lo=None if ci.lo is None else ci.lo * share,
+            hi=None if ci.hi is None else ci.hi * share,
+            level=ci.level,
+            n=ci.n,
+            method=ci.method,
+        )
     return eff
 
 
@@ -276,8 +303,11 @@ def ranked_workload(steps: Iterable[StepSummary]) -> str | None:
     return names[0] if len(names) == 1 else None
 
 
-def effective_step(steps: Sequence[StepSummary], objectives: str | Iterable[Objective | str] | None = None,
-                   error_budget: float | str | None = None) -> EffectiveStep:
+def effective_step(
+    steps: Sequence[StepSummary],
+    objectives: str | Iterable[Objective | str] | None = None,
+    error_budget: float | str | None = None,
+) -> EffectiveStep:
     """The effective load level of one candidate (module doc).
 
     ``steps``: bench step summaries (docs/summary-schema.md), any order, skipped ones and every
@@ -323,8 +353,11 @@ def effective_step(steps: Sequence[StepSummary], objectives: str | Iterable[Obje
         group = [s for s in sw.by_level[sw.max_ok] if not s.skipped]
         eff = _sustained(group)
         eff.at_step, eff.workload = sw.max_ok, ranked
-        for key, metric, stat in (("ttft_p95", "ttft_s", "p95"), ("itl_p95", "itl_s", "p95"),
-                                  ("e2e_p99", "e2e_s", "p99")):
+        for key, metric, stat in (
+            ("ttft_p95", "ttft_s", "p95"),
+            ("itl_p95", "itl_s", "p95"),
+            ("e2e_p99", "e2e_s", "p99"),
+        ):
             v, ci = _worst(group, metric, stat)
             setattr(tail, f"{key}_s", v)
             setattr(tail, f"{key}_ci", ci)
@@ -332,15 +365,25 @@ def effective_step(steps: Sequence[StepSummary], objectives: str | Iterable[Obje
         for s in group:
             for ov in objective_verdicts(s, _step_objectives(s, objs)):
                 cur = worst.get(ov.objective)
-                if cur is None or VERDICT_ORDER[ov.verdict] < VERDICT_ORDER[cur.verdict] or (
-                        ov.verdict == cur.verdict and (ov.value or 0) > (cur.value or 0)):
+                if (
+                    cur is None
+                    or VERDICT_ORDER[ov.verdict] < VERDICT_ORDER[cur.verdict]
+                    or (ov.verdict == cur.verdict and (ov.value or 0) > (cur.value or 0))
+                ):
                     worst[ov.objective] = ov
         verdicts = list(worst.values())
-    return EffectiveStep(max_step_meeting_slo=sw.max_ok, broken_at=sw.broken_at, broken_by=sw.broken_by,
-                         effective_throughput=eff, tail_latency=tail,
-                         error_rate=(failed / submitted) if submitted else None, levels=sw.levels,
-                         ranked_on=ranked, slo_verdicts=verdicts, per_workload=per_workload)
-
+    return EffectiveStep(
+        max_step_meeting_slo=sw.max_ok,
+        broken_at=sw.broken_at,
+        broken_by=sw.broken_by,
+        effective_throughput=eff,
+        tail_latency=tail,
+        error_rate=(failed / submitted) if submitted else None,
+        levels=sw.levels,
+        ranked_on=ranked,
+        slo_verdicts=verdicts,
+        per_workload=per_workload,
+    )
 
 
 def candidate_levels(steps: Iterable[StepSummary]) -> list[str]:
@@ -349,7 +392,6 @@ def candidate_levels(steps: Iterable[StepSummary]) -> list[str]:
     for i, s in enumerate(steps):
         seen.setdefault(str(s.step), level_key(str(s.step), s, i))
     return sorted(seen, key=lambda k: seen[k])
-
 
 
 def arrival_broken(c: CandidateResult) -> list[ObjectiveVerdict]:

@@ -17,10 +17,24 @@ from servelab.engines.registry import EngineIdentity
 from servelab.trial.decide.fmt import short
 from servelab.trial.results import CandidateIdentity, Comparability, Comparison
 
-VOLATILE_KEYS = frozenset({
-    "port", "pid", "base_url", "url", "log_path", "log_dir", "started_at", "argv", "host", "out_dir",
-    "cache_dir", "started_unix_s", "finished_unix_s", "ready_timeout_s",
-})
+VOLATILE_KEYS = frozenset(
+    {
+        "port",
+        "pid",
+        "base_url",
+        "url",
+        "log_path",
+        "log_dir",
+        "started_at",
+        "argv",
+        "host",
+        "out_dir",
+        "cache_dir",
+        "started_unix_s",
+        "finished_unix_s",
+        "ready_timeout_s",
+    }
+)
 """Leaf names ignored when comparing identities: they differ between any two launches."""
 
 
@@ -86,8 +100,9 @@ def identity_factors(identity: CandidateIdentity | None) -> Factors:
     return out
 
 
-def compare_identities(a: CandidateIdentity | None, b: CandidateIdentity | None,
-                       a_name: str = "a", b_name: str = "b") -> Comparison:
+def compare_identities(
+    a: CandidateIdentity | None, b: CandidateIdentity | None, a_name: str = "a", b_name: str = "b"
+) -> Comparison:
     """Which factors differ between two identities: a :class:`Comparison` with ``a``/``b`` the names,
     ``details`` mapping every differing key to ``[a_value, b_value]`` and ``differs_in`` the
     *factors*: a different engine kind subsumes its version and binary, a different version subsumes
@@ -96,8 +111,9 @@ def compare_identities(a: CandidateIdentity | None, b: CandidateIdentity | None,
         missing = ", ".join(n for n, i in ((a_name, a), (b_name, b)) if not i)
         return Comparison(a=a_name, b=b_name, note=f"cannot compare: no identity recorded for {missing}")
     fa, fb = identity_factors(a), identity_factors(b)
-    details: dict[str, list[JsonValue]] = {k: [fa.get(k), fb.get(k)] for k in sorted(set(fa) | set(fb))
-                                           if fa.get(k) != fb.get(k)}
+    details: dict[str, list[JsonValue]] = {
+        k: [fa.get(k), fb.get(k)] for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)
+    }
     factors = list(details)
     if "engine.kind" in details:
         factors = [k for k in factors if k not in ("engine.version", "engine.binary_sha256")]
@@ -110,18 +126,18 @@ def compare_identities(a: CandidateIdentity | None, b: CandidateIdentity | None,
         note = "no factor differs: same engine build, weights and settings"
     elif factors == ["server.url"]:
         va, vb = details["server.url"]
-        note = (f"different servers ({short(va)} vs {short(vb)}) with nothing else recorded that differs: what "
-                "runs behind each address (engine, weights, hardware) is not known here, so the comparison does "
-                "not isolate one cause")
+        note = (
+            f"different servers ({short(va)} vs {short(vb)}) with nothing else recorded that differs: what "
+            "runs behind each address (engine, weights, hardware) is not known here, so the comparison does "
+            "not isolate one cause"
+        )
     elif len(factors) == 1:
         k = factors[0]
         va, vb = details[k]
         note = f"one factor differs: {k} ({short(va)} vs {short(vb)}): the difference is attributable to it"
     else:
-        note = (f"{len(factors)} factors differ ({', '.join(factors)}): "
-                f"the comparison does not isolate one cause")
+        note = f"{len(factors)} factors differ ({', '.join(factors)}): the comparison does not isolate one cause"
     return Comparison(a=a_name, b=b_name, differs_in=factors, details=details, note=note)
-
 
 
 def tokenizer_key(identity: CandidateIdentity | None) -> str | None:
@@ -145,12 +161,17 @@ def comparability(names: Sequence[str], identities: Mapping[str, CandidateIdenti
     same = len(groups) <= 1
     if same:
         key = next(iter(groups), "not recorded")
-        note = ("same tokenizer for every candidate (weights " + key + "): output tok/s compare directly"
-                if key != "not recorded" else
-                "tokenizers not recorded (no local weights): output tok/s are compared as if the same; "
-                "check that every candidate serves the same model")
+        note = (
+            "same tokenizer for every candidate (weights " + key + "): output tok/s compare directly"
+            if key != "not recorded"
+            else "tokenizers not recorded (no local weights): output tok/s are compared as if the same; "
+            "check that every candidate serves the same model"
+        )
     else:
-        note = ("tokenizers differ (" + "; ".join(f"{k}: {', '.join(v)}" for k, v in groups.items())
-                + "): token/s are per-tokenizer and not compared; candidates are ranked on completed "
-                  "requests/s for the same prompts, with success rate and time per request")
+        note = (
+            "tokenizers differ ("
+            + "; ".join(f"{k}: {', '.join(v)}" for k, v in groups.items())
+            + "): token/s are per-tokenizer and not compared; candidates are ranked on completed "
+            "requests/s for the same prompts, with success rate and time per request"
+        )
     return Comparability(same_tokenizer=same, groups=groups, note=note)

@@ -50,8 +50,15 @@ def _figure(c: CandidateResult, metric: str) -> tuple[str, str, str]:
         return "—", "—", "—"
     ci = e2.output_tokens_per_s_ci if metric == "output_tokens_per_s" else e2.requests_per_s_ci
     unit = "out tok/s" if metric == "output_tokens_per_s" else "req/s"
-    where = ", ".join(x for x in (f"{e2.workload} at {e2.at_step}" if e2.workload else f"at {e2.at_step}",
-                                  e2.basis, f"{e2.repeats} repeat(s)" if e2.repeats else None) if x)
+    where = ", ".join(
+        x
+        for x in (
+            f"{e2.workload} at {e2.at_step}" if e2.workload else f"at {e2.at_step}",
+            e2.basis,
+            f"{e2.repeats} repeat(s)" if e2.repeats else None,
+        )
+        if x
+    )
     return f"{num(value)} {unit}", _span(ci), where
 
 
@@ -76,14 +83,25 @@ def _slo(c: CandidateResult) -> str:
 
 def verdict_table(decision: Decision, candidates: Mapping[str, CandidateResult]) -> list[VerdictRow]:
     """The table's rows: the ranking's order first, then the excluded candidates in record order."""
-    metric = ("output_tokens_per_s" if decision.comparability is None or decision.comparability.same_tokenizer
-              else "requests_per_s")
+    metric = (
+        "output_tokens_per_s"
+        if decision.comparability is None or decision.comparability.same_tokenizer
+        else "requests_per_s"
+    )
     order = [*decision.ranking, *(n for n in candidates if n not in decision.ranking)]
     rows = []
     for n in order:
         c = candidates.get(n) or CandidateResult()
         v = decision.verdict_of(n)
         figure, interval, where = _figure(c, metric)
-        rows.append(VerdictRow(candidate=n, verdict=v.verdict if v is not None else "—", figure=figure,
-                               interval=interval, measured=where, slo=_slo(c)))
+        rows.append(
+            VerdictRow(
+                candidate=n,
+                verdict=v.verdict if v is not None else "—",
+                figure=figure,
+                interval=interval,
+                measured=where,
+                slo=_slo(c),
+            )
+        )
     return rows

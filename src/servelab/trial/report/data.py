@@ -108,8 +108,7 @@ def workloads(steps: list[StepSummary]) -> list[str]:
 
 def series(rec: TrialRecord, label: Callable[[str], str], colors: Callable[[int, str], str]) -> Series:
     """One chart series per candidate of ``rec`` that ran load steps."""
-    return [(label(n), colors(i, n), steps) for i, n in enumerate(rec.names())
-            if (steps := rec.result(n).ran_steps())]
+    return [(label(n), colors(i, n), steps) for i, n in enumerate(rec.names()) if (steps := rec.result(n).ran_steps())]
 
 
 def total_tps(s: StepSummary) -> tuple[float | None, Interval | None]:

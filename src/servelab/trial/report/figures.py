@@ -19,8 +19,7 @@ from markupsafe import Markup
 from plotly.subplots import make_subplots
 
 from servelab.bench.results import StepSummary
-from servelab.trial.report.data import (Series, axis_title, pareto_steps, read_jsonl, safe_rel, step_x,
-                                            total_tps)
+from servelab.trial.report.data import Series, axis_title, pareto_steps, read_jsonl, safe_rel, step_x, total_tps
 from servelab.trial.report.fmt import ci_text, esc, finite, fmt
 from servelab.trial.results import TrialRecord
 
@@ -40,12 +39,21 @@ class Charts:
     def html(self, fig: go.Figure, height: int = 380) -> Markup:
         """``fig`` as a chart ``<div>`` with the report's layout, numbered in page order."""
         self.count += 1
-        fig.update_layout(template="plotly_white", height=height, margin={"l": 60, "r": 20, "t": 60, "b": 50},
-                          font={"family": "system-ui, -apple-system, Segoe UI, Roboto, Arial, sans-serif",
-                                "size": 12},
-                          legend={"orientation": "h", "yanchor": "bottom", "y": -0.35, "x": 0})
-        div = fig.to_html(full_html=False, include_plotlyjs=False, config=PLOTLY_CONFIG,
-                          div_id=f"chart-{self.count}", default_height=f"{height}px", default_width="100%")
+        fig.update_layout(
+            template="plotly_white",
+            height=height,
+            margin={"l": 60, "r": 20, "t": 60, "b": 50},
+            font={"family": "system-ui, -apple-system, Segoe UI, Roboto, Arial, sans-serif", "size": 12},
+            legend={"orientation": "h", "yanchor": "bottom", "y": -0.35, "x": 0},
+        )
+        div = fig.to_html(
+            full_html=False,
+            include_plotlyjs=False,
+            config=PLOTLY_CONFIG,
+            div_id=f"chart-{self.count}",
+            default_height=f"{height}px",
+            default_width="100%",
+        )
         return Markup(f'<div class="chart">{div}</div>')
 
 
@@ -54,36 +62,60 @@ def palette_for(names: list[str]) -> dict[str, str]:
     return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
 
 
-def latency_fig(series: Series, key: str, metric: str, title: str, limits: dict[tuple[str, str], float],
-                workloads: list[str], pcts: tuple[tuple[str, str], ...] = PCTS) -> go.Figure:
+def latency_fig(
+    series: Series,
+    key: str,
+    metric: str,
+    title: str,
+    limits: dict[tuple[str, str], float],
+    workloads: list[str],
+    pcts: tuple[tuple[str, str], ...] = PCTS,
+) -> go.Figure:
     """Subplot per workload; one line per (label, percentile). ``series`` = [(label, color, steps)]."""
-    fig = make_subplots(rows=1, cols=max(len(workloads), 1), subplot_titles=workloads or [""],
-                        shared_yaxes=True)
+    fig = make_subplots(rows=1, cols=max(len(workloads), 1), subplot_titles=workloads or [""], shared_yaxes=True)
     all_steps: list[StepSummary] = []
     for label, color, steps in series:
         all_steps += steps
         for ci, wl in enumerate(workloads, start=1):
-            pts = sorted(((x, s) for s in steps if s.workload == wl
-                          and (x := step_x(s)) is not None), key=lambda t: t[0])
+            pts = sorted(
+                ((x, s) for s in steps if s.workload == wl and (x := step_x(s)) is not None), key=lambda t: t[0]
+            )
             for p, dash in pcts:
                 ys = [finite(getattr(s.dist(key), p)) for _, s in pts]
                 if not any(y is not None for y in ys):
                     continue
                 cis = [s.dist(key).ci(p) for _, s in pts]
-                fig.add_trace(go.Scatter(
-                    x=[x for x, _ in pts], y=ys, mode="lines+markers", name=f"{label} {p}",
-                    legendgroup=f"{label} {p}", showlegend=ci == 1, error_y=error_bars(ys, cis),
-                    line={"color": color, "dash": dash},
-                    text=[f"{s.step}{'' if s.repeat is None else f' r{s.repeat + 1}'} ({ci_text(c, ' s')})"
-                          for (_, s), c in zip(pts, cis, strict=True)],
-                    hovertemplate=f"{esc(label)} {p}<br>%{{text}}: %{{y:.3f}} s<extra>{esc(wl)}</extra>"),
-                    row=1, col=ci)
+                fig.add_trace(
+                    go.Scatter(
+                        x=[x for x, _ in pts],
+                        y=ys,
+                        mode="lines+markers",
+                        name=f"{label} {p}",
+                        legendgroup=f"{label} {p}",
+                        showlegend=ci == 1,
+                        error_y=error_bars(ys, cis),
+                        line={"color": color, "dash": dash},
+                        text=[
+                            f"{s.step}{'' if s.repeat is None else f' r{s.repeat + 1}'} ({ci_text(c, ' s')})"
+                            for (_, s), c in zip(pts, cis, strict=True)
+                        ],
+                        hovertemplate=f"{esc(label)} {p}<br>%{{text}}: %{{y:.3f}} s<extra>{esc(wl)}</extra>",
+                    ),
+                    row=1,
+                    col=ci,
+                )
     for (m, stat), lim in limits.items():
         if m == metric:
             for ci in range(1, max(len(workloads), 1) + 1):
-                fig.add_hline(y=lim, line={"color": "#b42318", "dash": "dashdot", "width": 1.5}, row=1, col=ci,
-                              annotation_text=f"SLO {m}_{stat} ≤ {lim:g} s", annotation_position="top left",
-                              annotation_font={"color": "#b42318", "size": 11})
+                fig.add_hline(
+                    y=lim,
+                    line={"color": "#b42318", "dash": "dashdot", "width": 1.5},
+                    row=1,
+                    col=ci,
+                    annotation_text=f"SLO {m}_{stat} ≤ {lim:g} s",
+                    annotation_position="top left",
+                    annotation_font={"color": "#b42318", "size": 11},
+                )
     fig.update_layout(title=f"{title} percentiles vs load (s)")
     fig.update_xaxes(title_text=axis_title(all_steps), type="log", dtick=math.log10(2))
     fig.update_yaxes(title_text=f"{title} (s)", rangemode="tozero", col=1)
@@ -91,29 +123,37 @@ def latency_fig(series: Series, key: str, metric: str, title: str, limits: dict[
 
 
 def throughput_fig(series: Series, workloads: list[str]) -> go.Figure:
-    fig = make_subplots(rows=1, cols=max(len(workloads), 1), subplot_titles=workloads or [""],
-                        shared_yaxes=True)
+    fig = make_subplots(rows=1, cols=max(len(workloads), 1), subplot_titles=workloads or [""], shared_yaxes=True)
     all_steps: list[StepSummary] = []
     for label, color, steps in series:
         all_steps += steps
         for ci, wl in enumerate(workloads, start=1):
-            pts = sorted(((x, s) for s in steps if s.workload == wl
-                          and (x := step_x(s)) is not None), key=lambda t: t[0])
+            pts = sorted(
+                ((x, s) for s in steps if s.workload == wl and (x := step_x(s)) is not None), key=lambda t: t[0]
+            )
             for what, dash in (("throughput", "solid"), ("goodput", "dot")):
-                ys = [finite((s.throughput if what == "throughput" else s.goodput).output_tokens_per_s)
-                      for _, s in pts]
+                ys = [finite((s.throughput if what == "throughput" else s.goodput).output_tokens_per_s) for _, s in pts]
                 if not any(y is not None for y in ys):
                     continue
                 if what == "throughput":  # the steady window's figure and its interval, where the trial added one
                     ys = [total_tps(s)[0] for _, s in pts]
                 cis = [total_tps(s)[1] if what == "throughput" else None for _, s in pts]
-                fig.add_trace(go.Scatter(
-                    x=[x for x, _ in pts], y=ys, mode="lines+markers", name=f"{label} {what}",
-                    error_y=error_bars(ys, cis),
-                    legendgroup=f"{label} {what}", showlegend=ci == 1, line={"color": color, "dash": dash},
-                    text=[s.step for _, s in pts],
-                    hovertemplate=f"{esc(label)} {what}<br>%{{text}}: %{{y:.1f}} tok/s<extra>{esc(wl)}</extra>"),
-                    row=1, col=ci)
+                fig.add_trace(
+                    go.Scatter(
+                        x=[x for x, _ in pts],
+                        y=ys,
+                        mode="lines+markers",
+                        name=f"{label} {what}",
+                        error_y=error_bars(ys, cis),
+                        legendgroup=f"{label} {what}",
+                        showlegend=ci == 1,
+                        line={"color": color, "dash": dash},
+                        text=[s.step for _, s in pts],
+                        hovertemplate=f"{esc(label)} {what}<br>%{{text}}: %{{y:.1f}} tok/s<extra>{esc(wl)}</extra>",
+                    ),
+                    row=1,
+                    col=ci,
+                )
     fig.update_layout(title="Output throughput and goodput vs load (tokens/s)")
     fig.update_xaxes(title_text=axis_title(all_steps), type="log", dtick=math.log10(2))
     fig.update_yaxes(title_text="output tokens/s", rangemode="tozero", col=1)
@@ -147,8 +187,9 @@ def frontier(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return sorted(out)
 
 
-def pareto_fig(rec: TrialRecord, names: list[str], colors: dict[str, str],
-               limits: dict[tuple[str, str], float]) -> go.Figure | None:
+def pareto_fig(
+    rec: TrialRecord, names: list[str], colors: dict[str, str], limits: dict[tuple[str, str], float]
+) -> go.Figure | None:
     """Output tok/s per user (median, P50 of ``output_tps_per_user``) against total output tok/s, one
     point per step and repeat, per candidate; error bars are the 95 % intervals; the frontier of each
     candidate is drawn; the per-user speed the ITL/TPOT limit implies is shaded as the SLO region."""
@@ -168,28 +209,51 @@ def pareto_fig(rec: TrialRecord, names: list[str], colors: dict[str, str],
             xci.append(ci)
             yci.append(d.ci("p50"))
             rep = "" if s.repeat is None else f" r{s.repeat + 1}"
-            text.append(f"{s.workload}/{s.step}{rep}: total {x:.1f} tok/s ({ci_text(ci)}), per user "
-                        f"{y:.1f} tok/s ({ci_text(d.ci('p50'))})")
+            text.append(
+                f"{s.workload}/{s.step}{rep}: total {x:.1f} tok/s ({ci_text(ci)}), per user "
+                f"{y:.1f} tok/s ({ci_text(d.ci('p50'))})"
+            )
         if not xs:
             continue
         drawn = True
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=n, marker={"color": colors[n], "size": 9},
-                                 error_x=error_bars(list(xs), xci), error_y=error_bars(list(ys), yci), text=text,
-                                 hovertemplate="%{text}<extra>" + esc(n) + "</extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="markers",
+                name=n,
+                marker={"color": colors[n], "size": 9},
+                error_x=error_bars(list(xs), xci),
+                error_y=error_bars(list(ys), yci),
+                text=text,
+                hovertemplate="%{text}<extra>" + esc(n) + "</extra>",
+            )
+        )
         fr = frontier(list(zip(xs, ys, strict=True)))
         if len(fr) > 1:
-            fig.add_trace(go.Scatter(x=[p[0] for p in fr], y=[p[1] for p in fr], mode="lines", showlegend=False,
-                                     line={"color": colors[n], "dash": "dot"}, hoverinfo="skip"))
+            fig.add_trace(
+                go.Scatter(
+                    x=[p[0] for p in fr],
+                    y=[p[1] for p in fr],
+                    mode="lines",
+                    showlegend=False,
+                    line={"color": colors[n], "dash": "dot"},
+                    hoverinfo="skip",
+                )
+            )
     if not drawn:
         return None
     per_token = [lim for (m, st), lim in limits.items() if m in ("itl", "tpot")]
     if per_token:
         floor = 1.0 / min(per_token)
-        fig.add_hrect(y0=floor, y1=1.0, yref="y", fillcolor="#1a7f37", opacity=0.08, line_width=0,
-                      layer="below")
-        fig.add_hline(y=floor, line={"color": "#1a7f37", "dash": "dashdot", "width": 1.5},
-                      annotation_text=f"SLO region: ≥ {floor:.3g} tok/s per user (ITL/TPOT ≤ {min(per_token):g} s)",
-                      annotation_position="top left", annotation_font={"color": "#1a7f37", "size": 11})
+        fig.add_hrect(y0=floor, y1=1.0, yref="y", fillcolor="#1a7f37", opacity=0.08, line_width=0, layer="below")
+        fig.add_hline(
+            y=floor,
+            line={"color": "#1a7f37", "dash": "dashdot", "width": 1.5},
+            annotation_text=f"SLO region: ≥ {floor:.3g} tok/s per user (ITL/TPOT ≤ {min(per_token):g} s)",
+            annotation_position="top left",
+            annotation_font={"color": "#1a7f37", "size": 11},
+        )
         fig.update_yaxes(range=[0, None])
     fig.update_layout(title="Pareto: output tok/s per user (median) vs total output tok/s, one point per step")
     fig.update_xaxes(title_text="total output tokens/s (steady window)", rangemode="tozero")
@@ -210,16 +274,28 @@ def capacity_fig(rec: TrialRecord, names: list[str], colors: dict[str, str]) -> 
             ps = [p for p in cap.probes if p.held is held]
             if not ps:
                 continue
-            fig.add_trace(go.Scatter(
-                x=[p.rate_rps for p in ps], y=[p.achieved_rps for p in ps], mode="markers",
-                name=f"{n} {'held' if held else 'broke'}",
-                marker={"color": colors[n], "size": 10, "symbol": "circle" if held else "x"},
-                text=[f"probe {cap.probes.index(p) + 1}: {p.rate_rps:.3g} req/s "
-                      + ("held" if held else "broke: " + "; ".join(p.broken_by)) for p in ps],
-                hovertemplate="%{text}<extra>" + esc(n) + "</extra>"))
+            fig.add_trace(
+                go.Scatter(
+                    x=[p.rate_rps for p in ps],
+                    y=[p.achieved_rps for p in ps],
+                    mode="markers",
+                    name=f"{n} {'held' if held else 'broke'}",
+                    marker={"color": colors[n], "size": 10, "symbol": "circle" if held else "x"},
+                    text=[
+                        f"probe {cap.probes.index(p) + 1}: {p.rate_rps:.3g} req/s "
+                        + ("held" if held else "broke: " + "; ".join(p.broken_by))
+                        for p in ps
+                    ],
+                    hovertemplate="%{text}<extra>" + esc(n) + "</extra>",
+                )
+            )
         if cap.rate_rps is not None:
-            fig.add_vline(x=cap.rate_rps, line={"color": colors[n], "dash": "dash", "width": 1.5},
-                          annotation_text=f"{n}: {cap.rate_rps:.3g} req/s", annotation_font={"color": colors[n]})
+            fig.add_vline(
+                x=cap.rate_rps,
+                line={"color": colors[n], "dash": "dash", "width": 1.5},
+                annotation_text=f"{n}: {cap.rate_rps:.3g} req/s",
+                annotation_font={"color": colors[n]},
+            )
     if not drawn:
         return None
     fig.update_layout(title="Capacity search (open loop): offered vs completed requests/s per probe")
@@ -228,10 +304,9 @@ def capacity_fig(rec: TrialRecord, names: list[str], colors: dict[str, str]) -> 
     return fig
 
 
-
-
-def ttft_cdf_fig(run: Path, rec: TrialRecord, names: list[str],
-                 limits: dict[tuple[str, str], float]) -> tuple[go.Figure | None, list[str]]:
+def ttft_cdf_fig(
+    run: Path, rec: TrialRecord, names: list[str], limits: dict[tuple[str, str], float]
+) -> tuple[go.Figure | None, list[str]]:
     notes = []
     data: dict[str, dict[str, list[float]]] = {}
     for n in names:
@@ -261,14 +336,30 @@ def ttft_cdf_fig(run: Path, rec: TrialRecord, names: list[str],
         for si, st in enumerate(steps):
             xs = sorted(data[n][st])
             ys = [(i + 1) / len(xs) for i in range(len(xs))]
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"shape": "hv",
-                          "color": PALETTE[si % len(PALETTE)]}, name=st, legendgroup=st, showlegend=ci == 1,
-                          hovertemplate=f"{esc(n)} {esc(st)}<br>TTFT %{{x:.3f}} s: %{{y:.0%}}<extra></extra>"),
-                          row=1, col=ci)
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=ys,
+                    mode="lines",
+                    line={"shape": "hv", "color": PALETTE[si % len(PALETTE)]},
+                    name=st,
+                    legendgroup=st,
+                    showlegend=ci == 1,
+                    hovertemplate=f"{esc(n)} {esc(st)}<br>TTFT %{{x:.3f}} s: %{{y:.0%}}<extra></extra>",
+                ),
+                row=1,
+                col=ci,
+            )
         for (m, stat), lim in limits.items():
             if m == "ttft":
-                fig.add_vline(x=lim, line={"color": "#b42318", "dash": "dashdot", "width": 1.5}, row=1, col=ci,
-                              annotation_text=f"SLO {m}_{stat} ≤ {lim:g} s", annotation_font={"color": "#b42318"})
+                fig.add_vline(
+                    x=lim,
+                    line={"color": "#b42318", "dash": "dashdot", "width": 1.5},
+                    row=1,
+                    col=ci,
+                    annotation_text=f"SLO {m}_{stat} ≤ {lim:g} s",
+                    annotation_font={"color": "#b42318"},
+                )
     fig.update_layout(title="TTFT CDF per load step (succeeded, non-warmup requests; all workloads)")
     fig.update_xaxes(title_text="TTFT (s)", rangemode="tozero")
     fig.update_yaxes(title_text="fraction of requests ≤ x", range=[0, 1.02], tickformat=".0%", col=1)
@@ -288,12 +379,25 @@ def errors_fig(names: list[str], rec: TrialRecord) -> go.Figure | None:
         steps = rec.result(n).ran_steps()
         xs = [f"{s.workload}/{s.step}" for s in steps]
         ok = [float(s.counts.succeeded) or 0 for s in steps]
-        fig.add_trace(go.Bar(x=xs, y=ok, name="succeeded", marker_color="#8fd19e", legendgroup="succeeded",
-                             showlegend=ci == 1), row=1, col=ci)
+        fig.add_trace(
+            go.Bar(x=xs, y=ok, name="succeeded", marker_color="#8fd19e", legendgroup="succeeded", showlegend=ci == 1),
+            row=1,
+            col=ci,
+        )
         for k, cls in enumerate(classes):
             ys = [float(s.counts.failed.get(cls, 0)) or 0 for s in steps]
-            fig.add_trace(go.Bar(x=xs, y=ys, name=cls, legendgroup=cls, showlegend=ci == 1,
-                                 marker_color=PALETTE[(k + 1) % len(PALETTE)]), row=1, col=ci)
+            fig.add_trace(
+                go.Bar(
+                    x=xs,
+                    y=ys,
+                    name=cls,
+                    legendgroup=cls,
+                    showlegend=ci == 1,
+                    marker_color=PALETTE[(k + 1) % len(PALETTE)],
+                ),
+                row=1,
+                col=ci,
+            )
     fig.update_layout(barmode="stack", title="Requests per step by outcome (failures by class)")
     fig.update_yaxes(title_text="requests", col=1)
     return fig
@@ -313,9 +417,17 @@ def cold_fig(names: list[str], rec: TrialRecord) -> tuple[go.Figure | None, list
     fig = go.Figure()
     for i, (k, label) in enumerate(parts):
         ys = [cold(n, k) for n in have]
-        fig.add_trace(go.Bar(x=have, y=ys, name=label, marker_color=PALETTE[i],
-                             text=[fmt(y) for y in ys], textposition="outside",
-                             hovertemplate=f"%{{x}} {label}: %{{y:.2f}} s<extra></extra>"))
+        fig.add_trace(
+            go.Bar(
+                x=have,
+                y=ys,
+                name=label,
+                marker_color=PALETTE[i],
+                text=[fmt(y) for y in ys],
+                textposition="outside",
+                hovertemplate=f"%{{x}} {label}: %{{y:.2f}} s<extra></extra>",
+            )
+        )
     fig.update_layout(barmode="group", title="Cold start: process start → port open → health → first token (s)")
     fig.update_yaxes(title_text="seconds since process start", rangemode="tozero")
     return fig, missing

@@ -18,13 +18,40 @@ from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
 from servelab.trial.report.data import dump, series, slo_limits, workloads
-from servelab.trial.report.figures import (LATENCIES, PALETTE, Charts, capacity_fig, cold_fig, errors_fig,
-                                               latency_fig, palette_for, pareto_fig, throughput_fig, ttft_cdf_fig)
+from servelab.trial.report.figures import (
+    LATENCIES,
+    PALETTE,
+    Charts,
+    capacity_fig,
+    cold_fig,
+    errors_fig,
+    latency_fig,
+    palette_for,
+    pareto_fig,
+    throughput_fig,
+    ttft_cdf_fig,
+)
 from servelab.trial.report.fmt import pct, when
-from servelab.trial.report.sections import (ClientServer, DecisionView, Table, arrival_table, badge, client_server,
-                                                cost_table, decision_view, diff_table, environment_table,
-                                                evidence_table, identity_table, kv, method_table, quality_table,
-                                                results_table, steps_table, verdicts_table)
+from servelab.trial.report.sections import (
+    ClientServer,
+    DecisionView,
+    Table,
+    arrival_table,
+    badge,
+    client_server,
+    cost_table,
+    decision_view,
+    diff_table,
+    environment_table,
+    evidence_table,
+    identity_table,
+    kv,
+    method_table,
+    quality_table,
+    results_table,
+    steps_table,
+    verdicts_table,
+)
 from servelab.trial.report_server import server_panel_html
 from servelab.trial.results import TrialRecord
 
@@ -33,14 +60,17 @@ TEMPLATES = Path(__file__).with_name("templates")
 
 @cache
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
-                              undefined=jinja2.StrictUndefined, finalize=lambda x: "" if x is None else x)
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        finalize=lambda x: "" if x is None else x,
+    )
 
 
 def page(title: str, body: Markup) -> str:
     """A whole HTML page around ``body``: stylesheet and plotly's JavaScript inline, no external URL."""
-    return _env().get_template("page.html.j2").render(title=title, body=body,
-                                                      plotly_js=Markup(get_plotlyjs())) + "\n"
+    return _env().get_template("page.html.j2").render(title=title, body=body, plotly_js=Markup(get_plotlyjs())) + "\n"
 
 
 @dataclass(frozen=True)
@@ -120,8 +150,11 @@ def report_body(run: Path, rec: TrialRecord) -> Markup:
         ef = errors_fig(names, rec)
         if ef is not None:
             errors_html = charts.html(ef, height=400)
-    no_steps = [(n, rec.result(n).status if n in rec.results.candidates else "not run", rec.result(n).reason)
-                for n in names if not rec.result(n).ran_steps()]
+    no_steps = [
+        (n, rec.result(n).status if n in rec.results.candidates else "not run", rec.result(n).reason)
+        for n in names
+        if not rec.result(n).ran_steps()
+    ]
     cold, missing = cold_fig(names, rec)
     cold_html = charts.html(cold, height=360) if cold is not None else None
     steps = []
@@ -129,21 +162,54 @@ def report_body(run: Path, rec: TrialRecord) -> Markup:
         c = rec.result(n)
         v = rec.decision.verdict_of(n)
         arr = c.arrival_run
-        steps.append(CandidateSteps(n, badge(v.verdict if v else None), c.status, c.reason, steps_table(c),
-                                    arrival_table(arr) if arr is not None and not arr.skipped else None))
-    version = str(rec.schema_version) if rec.read_version == rec.schema_version else \
-        f"{rec.read_version}, read as {rec.schema_version}"
+        steps.append(
+            CandidateSteps(
+                n,
+                badge(v.verdict if v else None),
+                c.status,
+                c.reason,
+                steps_table(c),
+                arrival_table(arr) if arr is not None and not arr.skipped else None,
+            )
+        )
+    version = (
+        str(rec.schema_version)
+        if rec.read_version == rec.schema_version
+        else f"{rec.read_version}, read as {rec.schema_version}"
+    )
     view = ReportView(
-        trial_id=rec.trial_id or run.name, task=rec.goal.task or "—", slo=", ".join(slo_names) or "none",
-        created=when(rec.created_unix_s), n_candidates=len(names), decision=decision_view(rec, names),
-        has_series=bool(ser), pareto=pareto_html, load_charts=load, cdf_notes=notes, errors_chart=errors_html,
-        no_steps=no_steps, cold_chart=cold_html, cold_missing=missing, cost=cost_table(rec, names),
-        error_budget=pct(err_limit) if err_limit is not None else None, steps=steps,
-        client_server=client_server(names, rec), server_panel=Markup(server_panel_html(rec, names)),
-        goal=kv(dump(rec.goal)), identity=identity_table(names, rec), environment=environment_table(rec),
-        method=method_table(rec), results=results_table(rec), quality=quality_table(rec),
-        evidence=evidence_table(run, rec), reproduce=rec.evidence.reproduce, run_dir=rec.evidence.run_dir,
-        verdicts=verdicts_table(rec, names), schema=version, chart_count=charts.count)
+        trial_id=rec.trial_id or run.name,
+        task=rec.goal.task or "—",
+        slo=", ".join(slo_names) or "none",
+        created=when(rec.created_unix_s),
+        n_candidates=len(names),
+        decision=decision_view(rec, names),
+        has_series=bool(ser),
+        pareto=pareto_html,
+        load_charts=load,
+        cdf_notes=notes,
+        errors_chart=errors_html,
+        no_steps=no_steps,
+        cold_chart=cold_html,
+        cold_missing=missing,
+        cost=cost_table(rec, names),
+        error_budget=pct(err_limit) if err_limit is not None else None,
+        steps=steps,
+        client_server=client_server(names, rec),
+        server_panel=Markup(server_panel_html(rec, names)),
+        goal=kv(dump(rec.goal)),
+        identity=identity_table(names, rec),
+        environment=environment_table(rec),
+        method=method_table(rec),
+        results=results_table(rec),
+        quality=quality_table(rec),
+        evidence=evidence_table(run, rec),
+        reproduce=rec.evidence.reproduce,
+        run_dir=rec.evidence.run_dir,
+        verdicts=verdicts_table(rec, names),
+        schema=version,
+        chart_count=charts.count,
+    )
     return Markup(_env().get_template("report.html.j2").render(p=view))
 
 
@@ -174,19 +240,31 @@ def compare_body(ra: Path, a: TrialRecord, rb: Path, b: TrialRecord) -> Markup:
     limits = dict(la)
     limits.update({k: v for k, v in lb.items() if k not in limits})
     offset = len(a.names())
-    ser = (series(a, lambda n: f"A:{n}", lambda i, n: PALETTE[i % len(PALETTE)])
-           + series(b, lambda n: f"B:{n}", lambda i, n: PALETTE[(offset + i) % len(PALETTE)]))
+    ser = series(a, lambda n: f"A:{n}", lambda i, n: PALETTE[i % len(PALETTE)]) + series(
+        b, lambda n: f"B:{n}", lambda i, n: PALETTE[(offset + i) % len(PALETTE)]
+    )
     wls = list(dict.fromkeys(w for _, _, st in ser for w in workloads(st)))
     figs: list[Markup] = []
     if ser:
-        figs = [charts.html(latency_fig(ser, "ttft_s", "ttft", "TTFT", limits, wls, pcts=(("p95", "solid"),))),
-                charts.html(latency_fig(ser, "itl_s", "itl", "ITL (per token)", limits, wls,
-                                        pcts=(("p95", "solid"),))),
-                charts.html(latency_fig(ser, "e2e_s", "e2e", "E2E", limits, wls, pcts=(("p99", "dash"),))),
-                charts.html(throughput_fig(ser, wls))]
-    view = CompareView(id_a=a.trial_id or ra.name, id_b=b.trial_id or rb.name, dir_a=str(ra), dir_b=str(rb),
-                       slo_a=", ".join(sa) or "none", slo_b=", ".join(sb) or "none",
-                       decision_a=decision_view(a, a.names(), "h3"), decision_b=decision_view(b, b.names(), "h3"),
-                       charts=figs, results_a=results_table(a), results_b=results_table(b), diff=diff_table(a, b),
-                       chart_count=charts.count)
+        figs = [
+            charts.html(latency_fig(ser, "ttft_s", "ttft", "TTFT", limits, wls, pcts=(("p95", "solid"),))),
+            charts.html(latency_fig(ser, "itl_s", "itl", "ITL (per token)", limits, wls, pcts=(("p95", "solid"),))),
+            charts.html(latency_fig(ser, "e2e_s", "e2e", "E2E", limits, wls, pcts=(("p99", "dash"),))),
+            charts.html(throughput_fig(ser, wls)),
+        ]
+    view = CompareView(
+        id_a=a.trial_id or ra.name,
+        id_b=b.trial_id or rb.name,
+        dir_a=str(ra),
+        dir_b=str(rb),
+        slo_a=", ".join(sa) or "none",
+        slo_b=", ".join(sb) or "none",
+        decision_a=decision_view(a, a.names(), "h3"),
+        decision_b=decision_view(b, b.names(), "h3"),
+        charts=figs,
+        results_a=results_table(a),
+        results_b=results_table(b),
+        diff=diff_table(a, b),
+        chart_count=charts.count,
+    )
     return Markup(_env().get_template("compare.html.j2").render(p=view))

@@ -62,6 +62,7 @@ def code(x: object) -> Markup:
 
 # ------------------------------------------------------------------------------------------ decision
 
+
 @dataclass(frozen=True)
 class Card:
     """One candidate in the decision: its verdict, the figures it stands on, its reasons."""
@@ -102,9 +103,11 @@ def _facts(c: CandidateResult | None) -> str:
     if c.embeddings is not None:
         facts += f"; {fact_text(c.embeddings)}"
     elif eff is not None:
-        facts += (f"; effective {fmt(eff.output_tokens_per_s)} output tok/s "
-                  f"({ci_text(eff.output_tokens_per_s_ci)}; goodput {fmt(eff.goodput_output_tokens_per_s)}) "
-                  f"at {eff.at_step or ''}" + (f" on {eff.workload}" if eff.workload else ""))
+        facts += (
+            f"; effective {fmt(eff.output_tokens_per_s)} output tok/s "
+            f"({ci_text(eff.output_tokens_per_s_ci)}; goodput {fmt(eff.goodput_output_tokens_per_s)}) "
+            f"at {eff.at_step or ''}" + (f" on {eff.workload}" if eff.workload else "")
+        )
     if c.broken_at:
         facts += f"; SLO broken at {c.broken_at}"
     return facts
@@ -113,9 +116,11 @@ def _facts(c: CandidateResult | None) -> str:
 def _verdict_rows(rec: TrialRecord) -> Table:
     """The short verdict table that leads the decision (:func:`servelab.trial.decide.table.verdict_table`)."""
     rows = verdict_table(rec.decision, rec.results.candidates)
-    return table(("candidate", "verdict", "ranked on", "95 % CI", "measured", "SLO"),
-                 ((r.candidate, badge(r.verdict), r.figure, r.interval, r.measured, r.slo) for r in rows),
-                 num_cols=(2,))
+    return table(
+        ("candidate", "verdict", "ranked on", "95 % CI", "measured", "SLO"),
+        ((r.candidate, badge(r.verdict), r.figure, r.interval, r.measured, r.slo) for r in rows),
+        num_cols=(2,),
+    )
 
 
 def decision_view(rec: TrialRecord, names: list[str], heading: str = "h2") -> DecisionView:
@@ -124,7 +129,8 @@ def decision_view(rec: TrialRecord, names: list[str], heading: str = "h2") -> De
     basis = ranking_basis(rec.goal.task_kind) or (  # an embeddings trial ranks on inputs/s (trial.embed_results)
         "what each engine sustained on the goal's mix run together, at the highest "
         "load step that met every SLO; a candidate is behind only when the difference's 95 % interval "
-        "excludes 1, else the tie-break orders them")
+        "excludes 1, else the tie-break orders them"
+    )
     cards = []
     for n in names:
         v = dec.verdict_of(n)
@@ -135,20 +141,32 @@ def decision_view(rec: TrialRecord, names: list[str], heading: str = "h2") -> De
         cards.append(Card(n, badge(v.verdict if v else None), _facts(c), reasons))
     comp = dec.comparability
     return DecisionView(
-        heading=heading, interrupted=(intr.candidate or "", intr.note or "") if intr is not None else None,
-        ranking=list(dec.ranking), basis=basis, verdicts=_verdict_rows(rec), cards=cards,
+        heading=heading,
+        interrupted=(intr.candidate or "", intr.note or "") if intr is not None else None,
+        ranking=list(dec.ranking),
+        basis=basis,
+        verdicts=_verdict_rows(rec),
+        cards=cards,
         differences=[d.text or "" for d in dec.differences],
         significant={True: "yes", False: "no: the ranking between them is by the tie-break"}[bool(dec.significant)],
-        tie_break=dec.tie_break, comparability=comp.note if comp is not None and comp.note else None,
-        same_tokenizer=comp.same_tokenizer if comp is not None else True, budget_note=dec.budget_note,
-        scope=dec.scope, recheck_when=list(dec.recheck_when),
-        comparisons=table(("A", "B", "differs in", "note"),
-                          ((c.a, c.b, ", ".join(c.differs_in) or "—", c.note) for c in dec.comparisons))
-        if dec.comparisons else None,
-        historical=bool(rec.historical))
+        tie_break=dec.tie_break,
+        comparability=comp.note if comp is not None and comp.note else None,
+        same_tokenizer=comp.same_tokenizer if comp is not None else True,
+        budget_note=dec.budget_note,
+        scope=dec.scope,
+        recheck_when=list(dec.recheck_when),
+        comparisons=table(
+            ("A", "B", "differs in", "note"),
+            ((c.a, c.b, ", ".join(c.differs_in) or "—", c.note) for c in dec.comparisons),
+        )
+        if dec.comparisons
+        else None,
+        historical=bool(rec.historical),
+    )
 
 
 # ------------------------------------------------------------------------------------------ steps
+
 
 def _slo_cell(met: bool | None, broken: list[str]) -> Cell:
     if met:
@@ -163,40 +181,107 @@ def steps_table(cand: CandidateResult) -> Table | None:
     rows: list[tuple[Cell, ...]] = []
     for s in cand.steps:
         if s.skipped:
-            rows.append((s.workload, s.step, Markup('<span class="muted">skipped: {}</span>').format(
-                s.skipped_reason or "an earlier step broke an SLO"), "", "", "", "", "", "", "", "", ""))
+            rows.append(
+                (
+                    s.workload,
+                    s.step,
+                    Markup('<span class="muted">skipped: {}</span>').format(
+                        s.skipped_reason or "an earlier step broke an SLO"
+                    ),
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                )
+            )
             continue
         c = s.counts
         tps, tci = total_tps(s)
         st = s.steady
-        window = (f"ramp {fmt(st.ramp_s)} s, steady {fmt(st.steady_s)} s, drain {fmt(st.drain_s)} s"
-                  if st is not None and st.steady_s is not None else "—")
-        rows.append((s.workload, s.step + ("" if s.repeat is None else f" r{s.repeat + 1}"), c.submitted, c.succeeded,
-                     c.failed_total, c.good, with_ci(s.ttft_s.p95, s.ttft_s.ci("p95")),
-                     with_ci(s.itl_s.p95, s.itl_s.ci("p95")), with_ci(s.e2e_s.p99, s.e2e_s.ci("p99")),
-                     with_ci(tps, tci), window, fmt(s.goodput.output_tokens_per_s),
-                     _slo_cell(s.slo_met, [o.objective for o in s.slo if o.met is False])))
+        window = (
+            f"ramp {fmt(st.ramp_s)} s, steady {fmt(st.steady_s)} s, drain {fmt(st.drain_s)} s"
+            if st is not None and st.steady_s is not None
+            else "—"
+        )
+        rows.append(
+            (
+                s.workload,
+                s.step + ("" if s.repeat is None else f" r{s.repeat + 1}"),
+                c.submitted,
+                c.succeeded,
+                c.failed_total,
+                c.good,
+                with_ci(s.ttft_s.p95, s.ttft_s.ci("p95")),
+                with_ci(s.itl_s.p95, s.itl_s.ci("p95")),
+                with_ci(s.e2e_s.p99, s.e2e_s.ci("p99")),
+                with_ci(tps, tci),
+                window,
+                fmt(s.goodput.output_tokens_per_s),
+                _slo_cell(s.slo_met, [o.objective for o in s.slo if o.met is False]),
+            )
+        )
     if not rows:
         return None
-    return table(("workload", "step", "submitted", "succeeded", "failed", "good", "TTFT p95 (s) [95 % CI]",
-                  "ITL p95 (s) [95 % CI]", "E2E p99 (s) [95 % CI]", "throughput (out tok/s) [95 % CI]",
-                  "window", "goodput (out tok/s)", "SLO met"),
-                 rows, num_cols=range(2, 10))
+    return table(
+        (
+            "workload",
+            "step",
+            "submitted",
+            "succeeded",
+            "failed",
+            "good",
+            "TTFT p95 (s) [95 % CI]",
+            "ITL p95 (s) [95 % CI]",
+            "E2E p99 (s) [95 % CI]",
+            "throughput (out tok/s) [95 % CI]",
+            "window",
+            "goodput (out tok/s)",
+            "SLO met",
+        ),
+        rows,
+        num_cols=range(2, 10),
+    )
 
 
 def arrival_table(arr: StepSummary) -> Table:
     """The arrival-rate run (stated rate, bursts and mix) as one row."""
     cnt = arr.counts
-    return table(("step", "submitted", "succeeded", "failed", "TTFT p95 (s)", "E2E p99 (s)",
-                  "throughput (out tok/s)", "goodput (out tok/s)", "SLO met"),
-                 [(arr.step, cnt.submitted, cnt.succeeded, cnt.failed_total,
-                   with_ci(arr.ttft_s.p95, arr.ttft_s.ci("p95")), with_ci(arr.e2e_s.p99, arr.e2e_s.ci("p99")),
-                   fmt(arr.throughput.output_tokens_per_s), fmt(arr.goodput.output_tokens_per_s),
-                   {True: "yes", False: "no"}[arr.slo_met] if arr.slo_met is not None else "—")],
-                 num_cols=range(1, 8))
+    return table(
+        (
+            "step",
+            "submitted",
+            "succeeded",
+            "failed",
+            "TTFT p95 (s)",
+            "E2E p99 (s)",
+            "throughput (out tok/s)",
+            "goodput (out tok/s)",
+            "SLO met",
+        ),
+        [
+            (
+                arr.step,
+                cnt.submitted,
+                cnt.succeeded,
+                cnt.failed_total,
+                with_ci(arr.ttft_s.p95, arr.ttft_s.ci("p95")),
+                with_ci(arr.e2e_s.p99, arr.e2e_s.ci("p99")),
+                fmt(arr.throughput.output_tokens_per_s),
+                fmt(arr.goodput.output_tokens_per_s),
+                {True: "yes", False: "no"}[arr.slo_met] if arr.slo_met is not None else "—",
+            )
+        ],
+        num_cols=range(1, 8),
+    )
 
 
 # ------------------------------------------------------------------------------------------ cost
+
 
 def _cost_range(ci: Interval | None) -> str:
     if ci is None or (ci.lo is None and ci.hi is None):
@@ -217,24 +302,50 @@ def cost_table(rec: TrialRecord, names: list[str]) -> Table | None:
             continue
         capt = "—"
         if cap is not None:
-            capt = (f"{cap.rate_rps:.3g} [{cap.rate_rps:.3g}, {cap.broke_at_rps:.3g})" if cap.rate_rps is not None
-                    and cap.broke_at_rps is not None else f"≥ {cap.rate_rps:.3g}" if cap.rate_rps is not None
-                    else (cap.note or "—"))
+            capt = (
+                f"{cap.rate_rps:.3g} [{cap.rate_rps:.3g}, {cap.broke_at_rps:.3g})"
+                if cap.rate_rps is not None and cap.broke_at_rps is not None
+                else f"≥ {cap.rate_rps:.3g}"
+                if cap.rate_rps is not None
+                else (cap.note or "—")
+            )
         rept = "—"
         if rep is not None and rep.replicas is not None:
             rept = f"{rep.replicas}" + (f" ({rep.lo}–{rep.hi})" if rep.lo is not None and rep.lo != rep.hi else "")
             rept += f" for {fmt(rep.peak_rps)} req/s at {rep.headroom:.0%} headroom"
-        rows.append((n, money(cost.price_per_hour) if cost else "—", fmt(cost.tokens_per_s) if cost else "—",
-                     cost.basis if cost else "—", money(cost.per_10k_output_tokens) if cost else "—",
-                     _cost_range(cost.per_10k_ci) if cost else "—", money(cost.per_1m_output_tokens) if cost else "—",
-                     _cost_range(cost.per_1m_ci) if cost else "—", capt, rept))
+        rows.append(
+            (
+                n,
+                money(cost.price_per_hour) if cost else "—",
+                fmt(cost.tokens_per_s) if cost else "—",
+                cost.basis if cost else "—",
+                money(cost.per_10k_output_tokens) if cost else "—",
+                _cost_range(cost.per_10k_ci) if cost else "—",
+                money(cost.per_1m_output_tokens) if cost else "—",
+                _cost_range(cost.per_1m_ci) if cost else "—",
+                capt,
+                rept,
+            )
+        )
     if not rows:
         return None
     cur = rec.goal.budget.currency or "USD"
-    return table(("candidate", f"price ({cur}/h)", "out tok/s", "basis", "per 10k out tok", "95 % CI",
-                  "per 1M out tok", "95 % CI", "capacity at SLO (req/s) [held, broke): search resolution, not a CI",
-                  "replicas for the peak"),
-                 rows, num_cols=(1, 2, 4, 6))
+    return table(
+        (
+            "candidate",
+            f"price ({cur}/h)",
+            "out tok/s",
+            "basis",
+            "per 10k out tok",
+            "95 % CI",
+            "per 1M out tok",
+            "95 % CI",
+            "capacity at SLO (req/s) [held, broke): search resolution, not a CI",
+            "replicas for the peak",
+        ),
+        rows,
+        num_cols=(1, 2, 4, 6),
+    )
 
 
 # ------------------------------------------------------------------------------------------ client vs server
@@ -242,10 +353,16 @@ def cost_table(rec: TrialRecord, names: list[str]) -> Table | None:
 # server metric name fragments -> (client figure label, how to read it from a step summary)
 _SERVER_MATCH: tuple[tuple[tuple[str, ...], str, Callable[[StepSummary], float | None]], ...] = (
     (("time_to_first_token", "ttft"), "client TTFT mean (s)", lambda s: s.ttft_s.mean),
-    (("predicted_tokens_seconds", "per_user", "tokens_per_second_per"), "client decode tok/s per request (mean)",
-     lambda s: s.output_tps_per_user.mean),
-    (("generation_throughput", "generation_tokens_per", "output_tokens_per"), "client output tok/s",
-     lambda s: s.throughput.output_tokens_per_s),
+    (
+        ("predicted_tokens_seconds", "per_user", "tokens_per_second_per"),
+        "client decode tok/s per request (mean)",
+        lambda s: s.output_tps_per_user.mean,
+    ),
+    (
+        ("generation_throughput", "generation_tokens_per", "output_tokens_per"),
+        "client output tok/s",
+        lambda s: s.throughput.output_tokens_per_s,
+    ),
     (("e2e_request_latency", "request_latency"), "client E2E mean (s)", lambda s: s.e2e_s.mean),
     (("time_per_output_token", "inter_token"), "client TPOT mean (s)", lambda s: s.tpot_s.mean),
 )
@@ -277,26 +394,54 @@ def client_server(names: list[str], rec: TrialRecord) -> list[ClientServer]:
         engine = rec.ident(n).engine
         kind = engine.kind if engine is not None else "engine"
         if not steps:
-            out.append(ClientServer(n, kind, None, f"No load steps ran ({c.status or 'not run'}"
-                                                   f"{': ' + c.reason if c.reason else ''})."))
+            out.append(
+                ClientServer(
+                    n, kind, None, f"No load steps ran ({c.status or 'not run'}{': ' + c.reason if c.reason else ''})."
+                )
+            )
             continue
         rows = []
         for s in steps:
             for metric, v in sorted(s.server.items()):
                 label, cv = _client_counterpart(metric, s)
-                rows.append((f"{s.workload}/{s.step}", code(metric), fmt(v.mean), fmt(v.max), label,
-                             fmt(cv) if label[:6] == "client" else ""))
+                rows.append(
+                    (
+                        f"{s.workload}/{s.step}",
+                        code(metric),
+                        fmt(v.mean),
+                        fmt(v.max),
+                        label,
+                        fmt(cv) if label[:6] == "client" else "",
+                    )
+                )
         if not rows:
-            out.append(ClientServer(n, kind, None, "Server-side metrics: not offered by this engine (no /metrics "
-                                                   "figures were recorded during the steps)."))
+            out.append(
+                ClientServer(
+                    n,
+                    kind,
+                    None,
+                    "Server-side metrics: not offered by this engine (no /metrics "
+                    "figures were recorded during the steps).",
+                )
+            )
             continue
-        out.append(ClientServer(n, kind, table(("step", "engine /metrics name", "server mean", "server max",
-                                                "client counterpart", "client value"), rows, num_cols=(2, 3, 5)),
-                                None))
+        out.append(
+            ClientServer(
+                n,
+                kind,
+                table(
+                    ("step", "engine /metrics name", "server mean", "server max", "client counterpart", "client value"),
+                    rows,
+                    num_cols=(2, 3, 5),
+                ),
+                None,
+            )
+        )
     return out
 
 
 # ------------------------------------------------------------------------------------------ record rows
+
 
 def identity_table(names: list[str], rec: TrialRecord) -> Table:
     rows = []
@@ -306,22 +451,39 @@ def identity_table(names: list[str], rec: TrialRecord) -> Table:
         sha = str(model.get("sha256") or "")
         bsha = str((eng.binary_sha256 if eng is not None else None) or "")
         path = model.get("path")
-        rows.append((n, eng.kind if eng is not None else "—", (eng.version if eng is not None else None) or "—",
-                     bsha[:12] or "—", Path(str(path)).name if path else "—", sha[:12] or "—",
-                     code(json.dumps(i.settings, default=str)) if i.settings else "—",
-                     i.url or "launched by servelab"))
-    return table(("candidate", "engine", "engine version", "binary sha256", "model", "model sha256",
-                  "settings", "URL"), rows)
+        rows.append(
+            (
+                n,
+                eng.kind if eng is not None else "—",
+                (eng.version if eng is not None else None) or "—",
+                bsha[:12] or "—",
+                Path(str(path)).name if path else "—",
+                sha[:12] or "—",
+                code(json.dumps(i.settings, default=str)) if i.settings else "—",
+                i.url or "launched by servelab",
+            )
+        )
+    return table(
+        ("candidate", "engine", "engine version", "binary sha256", "model", "model sha256", "settings", "URL"), rows
+    )
 
 
 def environment_table(rec: TrialRecord) -> Table:
     env = rec.environment
     host = env.host
-    return table(("field", "value"), [
-        ("CPU", host.cpu or "—"), ("logical cores", host.logical_cores or "—"),
-        ("RAM", size(host.ram_bytes)), ("OS", host.os or "—"), ("Python", host.python or "—"),
-        ("GPU", code(json.dumps(env.gpu, default=str)) if env.gpu else "none"),
-        ("instances", env.instances or "—"), ("parallel layout", env.parallel_layout or "—")])
+    return table(
+        ("field", "value"),
+        [
+            ("CPU", host.cpu or "—"),
+            ("logical cores", host.logical_cores or "—"),
+            ("RAM", size(host.ram_bytes)),
+            ("OS", host.os or "—"),
+            ("Python", host.python or "—"),
+            ("GPU", code(json.dumps(env.gpu, default=str)) if env.gpu else "none"),
+            ("instances", env.instances or "—"),
+            ("parallel layout", env.parallel_layout or "—"),
+        ],
+    )
 
 
 def method_table(rec: TrialRecord) -> Table:
@@ -340,19 +502,48 @@ def results_table(rec: TrialRecord) -> Table:
         qtxt = ("passed" if c.quality.passed else "failed") if c.quality is not None else "not run"
         bad_smoke = [k for k, v in c.smoke.items() if not v.ok]
         stxt = ("failed: " + ", ".join(bad_smoke)) if bad_smoke else ("passed" if c.smoke else "not run")
-        rows.append((n, c.status or "—", c.reason or "", stxt, qtxt, pct(c.error_rate),
-                     with_ci(tl.ttft_p95_s, tl.ttft_p95_ci) if tl else "—",
-                     with_ci(tl.itl_p95_s, tl.itl_p95_ci) if tl else "—",
-                     with_ci(tl.e2e_p99_s, tl.e2e_p99_ci) if tl else "—",
-                     with_ci(eff.output_tokens_per_s, eff.output_tokens_per_s_ci) if eff else "—",
-                     fmt(eff.goodput_output_tokens_per_s if eff else None), (eff.at_step if eff else None) or "—",
-                     c.broken_at or "—", size(c.peak_rss_bytes), size(c.peak_gpu_memory_bytes),
-                     fmt(c.cost.per_1m_output_tokens if c.cost else None)))
-    return table(("candidate", "status", "reason", "smoke", "quality", "error rate", "TTFT p95 (s)",
-                  "ITL p95 (s)", "E2E p99 (s)", "eff. throughput (out tok/s)", "eff. goodput (out tok/s)",
-                  "at step", "broken at", "peak RSS", "peak GPU memory",
-                  f"cost ({rec.goal.budget.currency or 'USD'}/1M out tok)"),
-                 rows, num_cols=(5, 6, 7, 8, 9, 10, 13, 14, 15))
+        rows.append(
+            (
+                n,
+                c.status or "—",
+                c.reason or "",
+                stxt,
+                qtxt,
+                pct(c.error_rate),
+                with_ci(tl.ttft_p95_s, tl.ttft_p95_ci) if tl else "—",
+                with_ci(tl.itl_p95_s, tl.itl_p95_ci) if tl else "—",
+                with_ci(tl.e2e_p99_s, tl.e2e_p99_ci) if tl else "—",
+                with_ci(eff.output_tokens_per_s, eff.output_tokens_per_s_ci) if eff else "—",
+                fmt(eff.goodput_output_tokens_per_s if eff else None),
+                (eff.at_step if eff else None) or "—",
+                c.broken_at or "—",
+                size(c.peak_rss_bytes),
+                size(c.peak_gpu_memory_bytes),
+                fmt(c.cost.per_1m_output_tokens if c.cost else None),
+            )
+        )
+    return table(
+        (
+            "candidate",
+            "status",
+            "reason",
+            "smoke",
+            "quality",
+            "error rate",
+            "TTFT p95 (s)",
+            "ITL p95 (s)",
+            "E2E p99 (s)",
+            "eff. throughput (out tok/s)",
+            "eff. goodput (out tok/s)",
+            "at step",
+            "broken at",
+            "peak RSS",
+            "peak GPU memory",
+            f"cost ({rec.goal.budget.currency or 'USD'}/1M out tok)",
+        ),
+        rows,
+        num_cols=(5, 6, 7, 8, 9, 10, 13, 14, 15),
+    )
 
 
 def quality_table(rec: TrialRecord) -> Table | None:
@@ -390,9 +581,13 @@ def evidence_table(run: Path, rec: TrialRecord) -> Table:
 
 
 def verdicts_table(rec: TrialRecord, names: list[str]) -> Table:
-    return table(("candidate", "verdict", "reasons"), [
-        (n, badge(v.verdict if (v := rec.decision.verdict_of(n)) else None), "; ".join(v.reasons) if v else "")
-        for n in names])
+    return table(
+        ("candidate", "verdict", "reasons"),
+        [
+            (n, badge(v.verdict if (v := rec.decision.verdict_of(n)) else None), "; ".join(v.reasons) if v else "")
+            for n in names
+        ],
+    )
 
 
 def diff_table(a: TrialRecord, b: TrialRecord) -> Table | None:

@@ -10,16 +10,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from servelab.bench.events import BenchEvent, Proceed, Skip, StepDone, StepStarted, StepVerdict, Watcher
 from servelab.bench.load import LoadModel
 from servelab.bench.results import StepSummary, Summary
-from servelab.bench.events import BenchEvent, Proceed, Skip, StepDone, StepStarted, StepVerdict, Watcher
 from servelab.bench.runner import Bench, BenchConfig
 from servelab.bench.slo import Objective
 from servelab.trial.benchload import bench_load
 from servelab.trial.context import TrialContext
-from servelab.trial.workloads import experiment_workloads
 from servelab.trial.results import CandidateIdentity
 from servelab.trial.telemetry import MetricsSampler
+from servelab.trial.workloads import experiment_workloads
 from servelab.wire.errors import ConfigError
 
 __all__ = ["ChatBench"]
@@ -29,8 +29,13 @@ class _TrialWatch(Watcher):
     """A chat bench run's observer: the budget before each step (``budget_for`` = candidate name, its
     start on the budget clock), the metrics sampler's step boundaries, and ``on_step`` per step summary."""
 
-    def __init__(self, ctx: TrialContext, sampler: MetricsSampler | None, on_step: Callable[[StepSummary], None] | None,
-                 budget_for: tuple[str, float] | None) -> None:
+    def __init__(
+        self,
+        ctx: TrialContext,
+        sampler: MetricsSampler | None,
+        on_step: Callable[[StepSummary], None] | None,
+        budget_for: tuple[str, float] | None,
+    ) -> None:
         self.ctx, self.sampler, self.on_step, self.budget_for = ctx, sampler, on_step, budget_for
         self.started = 0.0  # the running step's start on the budget clock
         self.skip_reason: str | None = None
@@ -42,8 +47,10 @@ class _TrialWatch(Watcher):
         est = budget.step_estimate_s(self.budget_for[0], workload, step)
         if not budget.allows(est):
             left = max(budget.remaining_s() or 0.0, 0)
-            self.skip_reason = (f"trial budget spent (goal.budget.max_minutes): {left:.0f} s left when step "
-                                f"{workload}/{step} was due, estimated {est:.0f} s")
+            self.skip_reason = (
+                f"trial budget spent (goal.budget.max_minutes): {left:.0f} s left when step "
+                f"{workload}/{step} was due, estimated {est:.0f} s"
+            )
             return Skip(self.skip_reason, by="budget")
         self.started = budget.clock()
         return Proceed()
@@ -62,8 +69,9 @@ class _TrialWatch(Watcher):
             if sampler is not None and sampler.step is not None and not by_budget:
                 sampler.boundary(sampler.step)  # the step's last sample
             if self.budget_for is not None and not st.skipped:
-                budget.record_step(self.budget_for[0], st.workload, st.step, budget.clock() - self.started,
-                                   self.budget_for[1])
+                budget.record_step(
+                    self.budget_for[0], st.workload, st.step, budget.clock() - self.started, self.budget_for[1]
+                )
             if by_budget and self.budget_for is not None:
                 budget.skip(f"{self.budget_for[0]}/{st.workload}/{st.step}")
             if self.on_step is not None:
@@ -92,31 +100,64 @@ class ChatBench:
             self.ctx.counter = None
         return self.ctx.counter
 
-    def run(self, base_url: str, model: str | None, out: Path, *, workloads: list[str],
-            load: list[LoadModel], requests: int, warmup: int, objectives: list[Objective], stop_on_slo: bool,
-            seed: int, sampler: MetricsSampler | None = None, overrides: Mapping[str, Any] | None = None,
-            api_key: str | None = None, seeded: bool = False,
-            on_step: Callable[[StepSummary], None] | None = None, budget_for: tuple[str, float] | None = None,
-            spread: bool = False) -> Summary:
+    def run(
+        self,
+        base_url: str,
+        model: str | None,
+        out: Path,
+        *,
+        workloads: list[str],
+        load: list[LoadModel],
+        requests: int,
+        warmup: int,
+        objectives: list[Objective],
+        stop_on_slo: bool,
+        seed: int,
+        sampler: MetricsSampler | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        api_key: str | None = None,
+        seeded: bool = False,
+        on_step: Callable[[StepSummary], None] | None = None,
+        budget_for: tuple[str, float] | None = None,
+        spread: bool = False,
+    ) -> Summary:
         """One bench run of ``workloads`` x ``load`` into ``out``. ``budget_for`` = (candidate name, its
         start on the budget clock): each step is first checked against the trial budget; when one does not
         fit, the bench records it and every later step as skipped for budget (``summary.stopped_by``).
         ``spread``: send the load from the experiment's ``load_generator`` (workers, Ray actors)."""
         lk = bench_load(load)
         gen = self.ctx.exp.load_generator if spread else None
-        cfg = BenchConfig(base_url=base_url, model=model, workloads=workloads, concurrency=lk.concurrency or [1],
-                          rates_rps=lk.rates_rps, arrival=lk.arrival,  # type: ignore[arg-type]  # a LoadModel's
-                          gamma_shape=lk.gamma_shape, requests=requests,  # arrival is one BenchConfig accepts
-                          max_concurrency=lk.max_concurrency,
-                          warmup=warmup, seed=seed, slo=",".join(o.name for o in objectives) or None,
-                          stop_on_slo=stop_on_slo, timeout_s=self.ctx.exp.timeout_s,
-                          ignore_eos=self.ctx.exp.ignore_eos, api_key=api_key,
-                          out=str(out), workload_overrides=dict(overrides or {}),
-                          workers=gen.workers if gen else 1, workers_per_node=gen.workers_per_node if gen else None,
-                          ray=gen.ray if gen else None)
+        cfg = BenchConfig(
+            base_url=base_url,
+            model=model,
+            workloads=workloads,
+            concurrency=lk.concurrency or [1],
+            rates_rps=lk.rates_rps,
+            arrival=lk.arrival,  # type: ignore[arg-type]  # a LoadModel's
+            gamma_shape=lk.gamma_shape,
+            requests=requests,  # arrival is one BenchConfig accepts
+            max_concurrency=lk.max_concurrency,
+            warmup=warmup,
+            seed=seed,
+            slo=",".join(o.name for o in objectives) or None,
+            stop_on_slo=stop_on_slo,
+            timeout_s=self.ctx.exp.timeout_s,
+            ignore_eos=self.ctx.exp.ignore_eos,
+            api_key=api_key,
+            out=str(out),
+            workload_overrides=dict(overrides or {}),
+            workers=gen.workers if gen else 1,
+            workers_per_node=gen.workers_per_node if gen else None,
+            ray=gen.ray if gen else None,
+        )
         factory = experiment_workloads(self.ctx.exp, self.ctx.counter, seeded=seeded, mix_overrides=overrides)
-        bench = Bench(cfg, objectives, factory, counter=self.ctx.counter,
-                      observer=_TrialWatch(self.ctx, sampler, on_step, budget_for))
+        bench = Bench(
+            cfg,
+            objectives,
+            factory,
+            counter=self.ctx.counter,
+            observer=_TrialWatch(self.ctx, sampler, on_step, budget_for),
+        )
         summary = asyncio.run(bench.run())
         if sampler is not None:
             sampler.step = None

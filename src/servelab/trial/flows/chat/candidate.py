@@ -5,6 +5,7 @@ recorded, never raised."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -17,9 +18,9 @@ from servelab.engines.registry import EngineIdentity
 from servelab.engines.url import UrlFields
 from servelab.trial.annotate import annotate
 from servelab.trial.candidate_flow import CandidateRun
+from servelab.trial.console import step_line
 from servelab.trial.context import TrialContext
 from servelab.trial.flows.chat.benching import ChatBench
-from servelab.trial.console import step_line
 from servelab.trial.flows.chat.openloop import EngineDied, OpenLoop
 from servelab.trial.flows.chat.quality import QualityGate
 from servelab.trial.identity import fill_identity
@@ -73,8 +74,9 @@ class ChatCandidate:
         cdir.mkdir(parents=True, exist_ok=True)
         settings = cand.recorded_settings()
         identity = CandidateIdentity(engine_kind=cand.engine, settings=settings)
-        result = CandidateResult(status="failed", reason=None, cold_start=ColdStart(), smoke={}, quality=None,
-                                 steps=[], peak_rss_bytes=None)
+        result = CandidateResult(
+            status="failed", reason=None, cold_start=ColdStart(), smoke={}, quality=None, steps=[], peak_rss_bytes=None
+        )
         files: dict[str, str] = {}
         running = None
         ext = cand if isinstance(cand, UrlFields) else None  # a server servelab does not start
@@ -84,8 +86,9 @@ class ChatCandidate:
         try:
             if not kind.launched:
                 if ext is None:
-                    raise ConfigError(f"candidate {name!r}: engine kind {cand.engine!r} is not launched by servelab "
-                                      "and has no url")
+                    raise ConfigError(
+                        f"candidate {name!r}: engine kind {cand.engine!r} is not launched by servelab and has no url"
+                    )
                 base_url, model = ext.url.rstrip("/"), ext.model_name
                 identity.url, identity.engine = base_url, None
                 identity.model = {"name": model, **_local_weights(cand.model)}
@@ -103,26 +106,46 @@ class ChatCandidate:
                     self.ctx.say(f"[{name}] first token failed: {e}")
                 cold = result.cold_start = ColdStart.model_validate(running.cold_start)
                 files["engine_log"] = str(Path(running.log_path).relative_to(self.ctx.out))
-                self.ctx.say(f"[{name}] ready: health {cold.health_s or 0:.1f} s, first token "
-                         f"{cold.first_token_s if cold.first_token_s is not None else float('nan'):.1f} s "
-                         "after process start")
+                self.ctx.say(
+                    f"[{name}] ready: health {cold.health_s or 0:.1f} s, first token "
+                    f"{cold.first_token_s if cold.first_token_s is not None else float('nan'):.1f} s "
+                    "after process start"
+                )
             fill_identity(identity, base_url, api_key, cand.declared, cand.price_per_hour)  # facts + sources
             self.bench.tokenizer_for(identity)
             if not self.gate.gates(name, base_url, model, api_key, result, files):
                 return CandidateRun(identity, result, files)
-            result.checks = run_checks(self.ctx.exp.checks, identity, base_url, model, api_key,  # trial.served_checks
-                                       budget_s=self.ctx.budget.remaining_s(), timeout_s=self.ctx.exp.timeout_s)
+            result.checks = run_checks(
+                self.ctx.exp.checks,
+                identity,
+                base_url,
+                model,
+                api_key,  # trial.served_checks
+                budget_s=self.ctx.budget.remaining_s(),
+                timeout_s=self.ctx.exp.timeout_s,
+            )
             sampler = start_sampler(cand, running, base_url, api_key, cdir / "server_metrics.jsonl")  # telemetry
             files["server_metrics"] = f"candidates/{name}/server_metrics.jsonl"
             if running is not None:
                 watch = watch_engine(cand, running, sampler, str(cdir / "engine"))  # crashes, restart: once
             exp = self.ctx.exp
-            summary = self.bench.run(base_url, model, cdir / "steps", workloads=[w.label for w in exp.workloads],
-                                  load=exp.steps.load_models(exp.goal.burstiness), requests=exp.requests_per_step,
-                                  warmup=exp.warmup, objectives=self.ctx.objectives, stop_on_slo=exp.stop_on_slo,
-                                  seed=exp.seed, sampler=sampler, api_key=api_key,
-                                  on_step=lambda st: self.ctx.say(step_line(name, st)), budget_for=(name, started),
-                                  spread=True)
+            summary = self.bench.run(
+                base_url,
+                model,
+                cdir / "steps",
+                workloads=[w.label for w in exp.workloads],
+                load=exp.steps.load_models(exp.goal.burstiness),
+                requests=exp.requests_per_step,
+                warmup=exp.warmup,
+                objectives=self.ctx.objectives,
+                stop_on_slo=exp.stop_on_slo,
+                seed=exp.seed,
+                sampler=sampler,
+                api_key=api_key,
+                on_step=lambda st: self.ctx.say(step_line(name, st)),
+                budget_for=(name, started),
+                spread=True,
+            )
             running = current_engine(watch, running)  # the restarted one when it crashed and came back
             files["steps"] = f"candidates/{name}/steps/requests.jsonl"
             annotate(summary.steps, cdir / "steps" / "requests.jsonl", self.ctx.objectives, 0)
@@ -133,10 +156,16 @@ class ChatCandidate:
                 summary.steps += self.open.mix_sweep(name, base_url, model, api_key, sampler, files, 0, started)
             elif exp.mix_sweep:  # the budget ran out in the per-workload sweeps: the mix is recorded as skipped
                 self.ctx.budget.skip(f"{name}/mix")
-                summary.steps += [StepSummary(workload="mix", step=m.label, skipped=True,
-                                              load=LoadInfo.model_validate(dataclasses.asdict(m)),
-                                              skipped_reason="trial budget spent (goal.budget.max_minutes)")
-                                  for m in exp.steps.load_models(exp.goal.burstiness)]
+                summary.steps += [
+                    StepSummary(
+                        workload="mix",
+                        step=m.label,
+                        skipped=True,
+                        load=LoadInfo.model_validate(dataclasses.asdict(m)),
+                        skipped_reason="trial budget spent (goal.budget.max_minutes)",
+                    )
+                    for m in exp.steps.load_models(exp.goal.burstiness)
+                ]
             per_step = sampler.per_step() if sampler is not None else {}
             for st in summary.steps:
                 st.server = per_step.get(st.label, {})
@@ -145,15 +174,18 @@ class ChatCandidate:
                 raise EngineDied(f"engine process exited during the mix sweep (exit code {running.process.poll()})")
             if not any(not st.skipped for st in summary.steps):
                 result.status = "failed"
-                result.reason = (f"not run: the trial budget ({exp.goal.budget.max_minutes:g} min, "
-                                 "goal.budget.max_minutes) was spent before its first load step")
+                result.reason = (
+                    f"not run: the trial budget ({exp.goal.budget.max_minutes:g} min, "
+                    "goal.budget.max_minutes) was spent before its first load step"
+                )
                 self.ctx.say(f"[{name}] {result.reason}")
                 return CandidateRun(identity, result, files)
             self.open.open_loop(name, base_url, model, api_key, sampler, result, files, running, summary)
             running, watch = end_watch(watch, running, result), None  # deliberate restarts below are no crashes
             cs = result.cold_start.model_dump(exclude_none=True) if result.cold_start is not None else None
-            result.lifecycle, running = run_lifecycle(exp.lifecycle, cand, running, str(cdir / "engine"), cs,
-                                                      self.ctx.budget.allows)
+            result.lifecycle, running = run_lifecycle(
+                exp.lifecycle, cand, running, str(cdir / "engine"), cs, self.ctx.budget.allows
+            )
             result.status = "ranked"
             _judge_lifecycle(name, result, self.ctx.say)
         except EngineDied as e:
@@ -177,10 +209,8 @@ class ChatCandidate:
                 result.peak_gpu_memory_bytes = result.telemetry.peak_gpu_memory_bytes
             if running is not None:
                 if result.peak_rss_bytes is None:
-                    try:
+                    with contextlib.suppress(Exception):  # the process may be gone: no figure, no error
                         result.peak_rss_bytes = running.peak_rss_bytes() or None
-                    except Exception:  # noqa: BLE001
-                        pass
                 running.stop()
                 result.engine_exit = EngineExit(returncode=running.returncode, alive_after_stop=running.alive)
         return CandidateRun(identity, result, files)

@@ -19,24 +19,38 @@ def economics(ctx: TrialContext, cand: Candidate, res: CandidateResult) -> None:
 
     g = ctx.exp.goal
     if res.arrival_run is not None and not res.arrival_run.skipped:  # every round's run (trial.verdicts)
-        res.arrival_verdicts = expected_rate_verdicts([res.arrival_run, *res.arrival_repeats], ctx.judged,
-                                                      res.steps)
+        res.arrival_verdicts = expected_rate_verdicts([res.arrival_run, *res.arrival_repeats], ctx.judged, res.steps)
     cap, eff = res.capacity, res.effective_throughput
     price = cand.price_per_hour if cand.price_per_hour is not None else g.budget.price_per_hour
     if cap is not None and cap.rate_rps is not None and cap.output_tokens_per_s:
         hi = cap.output_tokens_per_s * cap.broke_at_rps / cap.rate_rps if cap.broke_at_rps else None
         ci = Interval(lo=cap.output_tokens_per_s, hi=hi, level=1.0, n=len(cap.probes), method="bracket")
-        res.cost = cost(price, g.budget.currency, cap.output_tokens_per_s, ci,
-                        f"capacity at the SLO, {cap.rate_rps:.3g} req/s open loop")
+        res.cost = cost(
+            price,
+            g.budget.currency,
+            cap.output_tokens_per_s,
+            ci,
+            f"capacity at the SLO, {cap.rate_rps:.3g} req/s open loop",
+        )
     elif eff is not None:
-        res.cost = cost(price, g.budget.currency, eff.output_tokens_per_s, eff.output_tokens_per_s_ci,
-                        f"effective throughput at {eff.at_step} (closed loop; no capacity search)")
+        res.cost = cost(
+            price,
+            g.budget.currency,
+            eff.output_tokens_per_s,
+            eff.output_tokens_per_s_ci,
+            f"effective throughput at {eff.at_step} (closed loop; no capacity search)",
+        )
     peak = g.peak_rate_rps or g.expected_rate_rps
     if cap is not None and cap.rate_rps is not None:
-        res.replicas = replicas(peak, g.headroom, cap.rate_rps, cap.broke_at_rps,
-                                "capacity at the SLO (open-loop search)")
+        res.replicas = replicas(
+            peak, g.headroom, cap.rate_rps, cap.broke_at_rps, "capacity at the SLO (open-loop search)"
+        )
     elif eff is not None and eff.requests_per_s:
         rci = eff.requests_per_s_ci
-        res.replicas = replicas(peak, g.headroom, rci.lo if rci is not None and rci.lo else eff.requests_per_s,
-                                rci.hi if rci is not None else None,
-                                f"completed requests/s at {eff.at_step} (closed loop; no capacity search)")
+        res.replicas = replicas(
+            peak,
+            g.headroom,
+            rci.lo if rci is not None and rci.lo else eff.requests_per_s,
+            rci.hi if rci is not None else None,
+            f"completed requests/s at {eff.at_step} (closed loop; no capacity search)",
+        )

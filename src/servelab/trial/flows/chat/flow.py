@@ -14,8 +14,15 @@ from servelab.trial.flows.chat.candidate import ChatCandidate
 from servelab.trial.flows.chat.economics import economics
 from servelab.trial.flows.chat.openloop import OpenLoop
 from servelab.trial.flows.chat.quality import QualityGate
-from servelab.trial.results import (CandidateIdentity, CandidateResult, Decision, EnvironmentRow, GoalRow, Host,
-                                    MethodRow)
+from servelab.trial.results import (
+    CandidateIdentity,
+    CandidateResult,
+    Decision,
+    EnvironmentRow,
+    GoalRow,
+    Host,
+    MethodRow,
+)
 from servelab.trial.spec import Candidate
 
 __all__ = ["ChatFlow"]
@@ -63,17 +70,22 @@ class ChatFlow:
         running = None
         try:
             if kind.launched:
-                running = kind.launch(cand.settings, model=cand.model,
-                                      log_dir=str(self.ctx.out / "candidates" / name / f"engine-r{repeat + 1}"))
+                running = kind.launch(
+                    cand.settings,
+                    model=cand.model,
+                    log_dir=str(self.ctx.out / "candidates" / name / f"engine-r{repeat + 1}"),
+                )
                 base_url, model = running.base_url, None
             else:
                 assert ext is not None
                 base_url, model = ext.url.rstrip("/"), ext.model_name
             self.ctx.say(f"[{name}] repeat {repeat + 1}/{self.ctx.exp.repeats} of the mix at {level}")
-            result.steps += self.open.mix_sweep(name, base_url, model, api_key, None, files, repeat,
-                                                self.ctx.budget.clock(), levels)
-            if self.open.arrival_repeat_needed(name, result, repeat) and \
-                    self.open.arrival_repeat_fits(name, result, repeat):
+            result.steps += self.open.mix_sweep(
+                name, base_url, model, api_key, None, files, repeat, self.ctx.budget.clock(), levels
+            )
+            if self.open.arrival_repeat_needed(name, result, repeat) and self.open.arrival_repeat_fits(
+                name, result, repeat
+            ):
                 self.open.arrival(name, base_url, model, api_key, None, result, files, repeat=repeat)
         except Exception as e:  # noqa: BLE001 — a failed repeat leaves the earlier rounds standing
             self.ctx.say(f"[{name}] repeat {repeat + 1} failed: {type(e).__name__}: {e}")
@@ -91,8 +103,15 @@ class ChatFlow:
     def rows(self, goal: GoalRow, method: MethodRow) -> None:
         """The chat rows are the orchestrator's as they are."""
 
-    def decide(self, results: dict[str, CandidateResult], identities: dict[str, CandidateIdentity], *,
-               goal: GoalRow, environment: EnvironmentRow, method: MethodRow) -> Decision:
+    def decide(
+        self,
+        results: dict[str, CandidateResult],
+        identities: dict[str, CandidateIdentity],
+        *,
+        goal: GoalRow,
+        environment: EnvironmentRow,
+        method: MethodRow,
+    ) -> Decision:
         """:func:`servelab.trial.decide.decide`."""
         from servelab.trial.decide import decide
 

@@ -8,10 +8,10 @@ from typing import Any
 from servelab.bench.load import LoadModel
 from servelab.bench.results import Interval, StepSummary, Summary
 from servelab.trial.annotate import annotate
+from servelab.trial.console import step_line
 from servelab.trial.context import TrialContext
 from servelab.trial.flows.chat.benching import ChatBench
-from servelab.trial.console import step_line
-from servelab.trial.results import Capacity, CandidateResult, Probe
+from servelab.trial.results import CandidateResult, Capacity, Probe
 from servelab.trial.telemetry import MetricsSampler
 
 __all__ = ["EngineDied", "OpenLoop"]
@@ -27,24 +27,43 @@ class OpenLoop:
     def __init__(self, ctx: TrialContext, bench: ChatBench) -> None:
         self.ctx, self.bench = ctx, bench
 
-    def open_loop(self, name: str, base_url: str, model: str | None, api_key: str | None,
-                   sampler: MetricsSampler | None, result: CandidateResult, files: dict[str, str], running: Any,
-                   summary: Summary) -> None:
+    def open_loop(
+        self,
+        name: str,
+        base_url: str,
+        model: str | None,
+        api_key: str | None,
+        sampler: MetricsSampler | None,
+        result: CandidateResult,
+        files: dict[str, str],
+        running: Any,
+        summary: Summary,
+    ) -> None:
         """After the load steps: the arrival test, then the capacity search, each when enabled (and the
         budget allows); raises :class:`EngineDied` when the engine exited meanwhile."""
         exp = self.ctx.exp
         for what, enabled, run in (
-                ("the arrival test", exp.arrival_test.enabled and self.arrival_fits(name, summary), self.arrival),
-                ("the capacity search", exp.capacity.enabled, self.capacity)):
+            ("the arrival test", exp.arrival_test.enabled and self.arrival_fits(name, summary), self.arrival),
+            ("the capacity search", exp.capacity.enabled, self.capacity),
+        ):
             if not enabled:
                 continue
             run(name, base_url, model, api_key, sampler, result, files)
             if running is not None and not running.alive:
                 raise EngineDied(f"engine process exited during {what} (exit code {running.process.poll()})")
 
-    def mix_sweep(self, name: str, base_url: str, model: str | None, api_key: str | None,
-                   sampler: MetricsSampler | None, files: dict[str, str], repeat: int,
-                   started: float, levels: list[LoadModel] | None = None) -> list[StepSummary]:
+    def mix_sweep(
+        self,
+        name: str,
+        base_url: str,
+        model: str | None,
+        api_key: str | None,
+        sampler: MetricsSampler | None,
+        files: dict[str, str],
+        repeat: int,
+        started: float,
+        levels: list[LoadModel] | None = None,
+    ) -> list[StepSummary]:
         """The goal's mix run concurrently at every load step (:mod:`servelab.trial.mixload`; ``levels``:
         only those), repeat round ``repeat`` (0-based; the same prompts every round), annotated with its
         steady windows and per-class figures; its requests into ``files`` (``mix``, ``mix_r2`` …)."""
@@ -52,18 +71,37 @@ class OpenLoop:
         sub = "mix" if repeat == 0 else f"mix-r{repeat + 1}"
         out = self.ctx.out / "candidates" / name / sub
         tag = "" if exp.repeats == 1 else f" (repeat {repeat + 1}/{exp.repeats})"
-        summary = self.bench.run(base_url, model, out, workloads=["mix"],
-                              load=levels if levels is not None else exp.steps.load_models(exp.goal.burstiness),
-                              requests=exp.requests_per_step, warmup=exp.warmup, objectives=self.ctx.objectives,
-                              stop_on_slo=exp.stop_on_slo, seed=exp.seed + 31337, sampler=sampler, api_key=api_key,
-                              on_step=lambda st: self.ctx.say(step_line(name, st) + tag), budget_for=(name, started),
-                              spread=True)
+        summary = self.bench.run(
+            base_url,
+            model,
+            out,
+            workloads=["mix"],
+            load=levels if levels is not None else exp.steps.load_models(exp.goal.burstiness),
+            requests=exp.requests_per_step,
+            warmup=exp.warmup,
+            objectives=self.ctx.objectives,
+            stop_on_slo=exp.stop_on_slo,
+            seed=exp.seed + 31337,
+            sampler=sampler,
+            api_key=api_key,
+            on_step=lambda st: self.ctx.say(step_line(name, st) + tag),
+            budget_for=(name, started),
+            spread=True,
+        )
         annotate(summary.steps, out / "requests.jsonl", self.ctx.objectives, repeat)
         files[sub.replace("-", "_")] = f"candidates/{name}/{sub}/requests.jsonl"
         return summary.steps
 
-    def capacity(self, name: str, base_url: str, model: str | None, api_key: str | None,
-                  sampler: MetricsSampler | None, result: CandidateResult, files: dict[str, str]) -> None:
+    def capacity(
+        self,
+        name: str,
+        base_url: str,
+        model: str | None,
+        api_key: str | None,
+        sampler: MetricsSampler | None,
+        result: CandidateResult,
+        files: dict[str, str],
+    ) -> None:
         """The capacity search (:mod:`servelab.trial.capacity`) on the goal's mix into
         ``result.capacity``; each probe's requests under ``candidates/NAME/capacity/``. Probes stop
         when the trial budget cannot hold the next one (said in ``capacity.note``)."""
@@ -72,8 +110,12 @@ class OpenLoop:
 
         exp, cap = self.ctx.exp, self.ctx.exp.capacity
         mix = [s for s in result.steps if s.workload == "mix" and not s.skipped]
-        start = cap.start_rps or exp.goal.expected_rate_rps or max(
-            (s.throughput.requests_per_s or 0.0 for s in mix), default=0.0) or 1.0
+        start = (
+            cap.start_rps
+            or exp.goal.expected_rate_rps
+            or max((s.throughput.requests_per_s or 0.0 for s in mix), default=0.0)
+            or 1.0
+        )
         k = exp.goal.burstiness
         arrival = {"goal": "poisson" if k == 1 else "gamma", "poisson": "poisson", "constant": "constant"}[cap.arrival]
         tail = max((s.e2e_s.max or 0.0 for s in mix), default=0.0)
@@ -87,30 +129,52 @@ class OpenLoop:
                 return Probe(rate_rps=rate, held=False, broken_by=["not run: trial budget"])
             load = LoadModel(kind="open", rate_rps=rate, arrival=arrival, gamma_shape=k)
             pdir = cdir / f"r{rate:.4g}"
-            summ = self.bench.run(base_url, model, pdir, workloads=["mix"], load=[load], requests=cap.requests,
-                                  warmup=0, objectives=self.ctx.objectives, stop_on_slo=False, seed=exp.seed + 4242,
-                                  sampler=sampler, api_key=api_key, spread=True)
+            summ = self.bench.run(
+                base_url,
+                model,
+                pdir,
+                workloads=["mix"],
+                load=[load],
+                requests=cap.requests,
+                warmup=0,
+                objectives=self.ctx.objectives,
+                stop_on_slo=False,
+                seed=exp.seed + 4242,
+                sampler=sampler,
+                api_key=api_key,
+                spread=True,
+            )
             st = summ.steps[0]
             annotate([st], pdir / "requests.jsonl", self.ctx.objectives)
             eff = effective_step([st], self.ctx.judged, exp.goal.error_budget)
             held = eff.max_step_meeting_slo is not None
             files[f"capacity_r{rate:.4g}"] = f"candidates/{name}/capacity/r{rate:.4g}/requests.jsonl"
             tps = st.steady.output_tokens_per_s if st.steady is not None else None
-            p = Probe(rate_rps=rate, held=held, achieved_rps=st.throughput.requests_per_s,
-                      output_tokens_per_s=tps if tps is not None else st.throughput.output_tokens_per_s,
-                      broken_by=[b.text for b in eff.broken_by], step=st.step)
+            p = Probe(
+                rate_rps=rate,
+                held=held,
+                achieved_rps=st.throughput.requests_per_s,
+                output_tokens_per_s=tps if tps is not None else st.throughput.output_tokens_per_s,
+                broken_by=[b.text for b in eff.broken_by],
+                step=st.step,
+            )
             verdict = "held" if held else "broke: " + "; ".join(p.broken_by)
             self.ctx.say(f"[{name}] capacity probe {rate:.3g} req/s: {verdict}")
             return p
 
         if not self.ctx.budget.allows(cap.requests / start + tail):
             self.ctx.budget.skip(f"{name}/capacity")
-            result.capacity = Capacity(arrival=arrival, requests_per_probe=cap.requests,
-                                       note="not run: the trial budget was spent (goal.budget.max_minutes)")
+            result.capacity = Capacity(
+                arrival=arrival,
+                requests_per_probe=cap.requests,
+                note="not run: the trial budget was spent (goal.budget.max_minutes)",
+            )
             self.ctx.say(f"[{name}] capacity search not run: trial budget spent")
             return
-        self.ctx.say(f"[{name}] capacity search from {start:.3g} req/s ({arrival} arrivals, {cap.requests} "
-                     f"requests per probe, at most {cap.max_probes} probes)")
+        self.ctx.say(
+            f"[{name}] capacity search from {start:.3g} req/s ({arrival} arrivals, {cap.requests} "
+            f"requests per probe, at most {cap.max_probes} probes)"
+        )
         found = search(probe, start, max_probes=cap.max_probes, tolerance=cap.tolerance)
         found.arrival, found.requests_per_probe = arrival, cap.requests
         if out_of_budget:  # only the probes that ran count: the held/broke bracket from them alone
@@ -119,18 +183,33 @@ class OpenLoop:
             held = max((p.rate_rps for p in kept if p.held), default=None)
             broke = min((p.rate_rps for p in kept if not p.held and (held is None or p.rate_rps > held)), default=None)
             best = max((p for p in kept if p.held), key=lambda p: p.rate_rps, default=None)
-            found = Capacity(rate_rps=held, broke_at_rps=broke, arrival=arrival, requests_per_probe=cap.requests,
-                             interval_note=found.interval_note if held is not None else None,
-                             interval=None if held is None else Interval(lo=held, hi=broke, level=1.0, n=len(kept),
-                                                                         method="bracket"),
-                             output_tokens_per_s=best.output_tokens_per_s if best else None, probes=kept,
-                             note=f"search cut short by the trial budget after {len(kept)} probe(s)"
-                                  + ("" if held is not None else "; none held"))
+            found = Capacity(
+                rate_rps=held,
+                broke_at_rps=broke,
+                arrival=arrival,
+                requests_per_probe=cap.requests,
+                interval_note=found.interval_note if held is not None else None,
+                interval=None
+                if held is None
+                else Interval(lo=held, hi=broke, level=1.0, n=len(kept), method="bracket"),
+                output_tokens_per_s=best.output_tokens_per_s if best else None,
+                probes=kept,
+                note=f"search cut short by the trial budget after {len(kept)} probe(s)"
+                + ("" if held is not None else "; none held"),
+            )
         result.capacity = found
 
-    def arrival(self, name: str, base_url: str, model: str | None, api_key: str | None,
-                 sampler: MetricsSampler | None, result: CandidateResult, files: dict[str, str],
-                 repeat: int = 0) -> None:
+    def arrival(
+        self,
+        name: str,
+        base_url: str,
+        model: str | None,
+        api_key: str | None,
+        sampler: MetricsSampler | None,
+        result: CandidateResult,
+        files: dict[str, str],
+        repeat: int = 0,
+    ) -> None:
         """The arrival test of ``name`` in repeat round ``repeat`` (0-based; the same arrivals and
         prompts every round) into ``result.arrival_run`` (round 0) or ``result.arrival_repeats``,
         annotated with its per-class figures (per-workload SLOs); its requests into ``files``
@@ -138,12 +217,26 @@ class OpenLoop:
         exp, at = self.ctx.exp, self.ctx.exp.arrival_test
         load = exp.arrival_load()
         sub = "arrival" if repeat == 0 else f"arrival-r{repeat + 1}"
-        self.ctx.say(f"[{name}] arrival test{'' if repeat == 0 else f' (repeat {repeat + 1}/{exp.repeats})'}: "
-                 f"{load.rate_rps:g} req/s, gamma burstiness {exp.goal.burstiness}, mix {exp.arrival_mix}")
-        arr = self.bench.run(base_url, model, self.ctx.out / "candidates" / name / sub, workloads=["mix"], load=[load],
-                          requests=at.requests, warmup=0, objectives=self.ctx.objectives, stop_on_slo=False,
-                          seed=exp.seed + 7777, sampler=sampler, overrides={**at.set, "ratio": exp.arrival_mix},
-                          api_key=api_key, spread=True)
+        self.ctx.say(
+            f"[{name}] arrival test{'' if repeat == 0 else f' (repeat {repeat + 1}/{exp.repeats})'}: "
+            f"{load.rate_rps:g} req/s, gamma burstiness {exp.goal.burstiness}, mix {exp.arrival_mix}"
+        )
+        arr = self.bench.run(
+            base_url,
+            model,
+            self.ctx.out / "candidates" / name / sub,
+            workloads=["mix"],
+            load=[load],
+            requests=at.requests,
+            warmup=0,
+            objectives=self.ctx.objectives,
+            stop_on_slo=False,
+            seed=exp.seed + 7777,
+            sampler=sampler,
+            overrides={**at.set, "ratio": exp.arrival_mix},
+            api_key=api_key,
+            spread=True,
+        )
         annotate(arr.steps, self.ctx.out / "candidates" / name / sub / "requests.jsonl", self.ctx.objectives, repeat)
         run = arr.steps[0] if arr.steps else None
         if repeat == 0:
@@ -164,8 +257,10 @@ class OpenLoop:
             return False
         open_ = exclusion_open([result.arrival_run, *result.arrival_repeats], self.ctx.judged)
         if open_:
-            self.ctx.say(f"[{name}] arrival test again in round {repeat + 1}: {', '.join(open_)} broken in every run "
-                     "so far; an exclusion needs it broken in each run")
+            self.ctx.say(
+                f"[{name}] arrival test again in round {repeat + 1}: {', '.join(open_)} broken in every run "
+                "so far; an exclusion needs it broken in each run"
+            )
         return bool(open_)
 
     def arrival_repeat_fits(self, name: str, result: CandidateResult, repeat: int) -> bool:
@@ -191,6 +286,8 @@ class OpenLoop:
         if summary.stopped_by != "budget" and self.ctx.budget.allows(est):
             return True
         self.ctx.budget.skip(f"{name}/arrival")
-        self.ctx.say(f"[{name}] arrival test not run: trial budget spent (estimated {est:.0f} s, "
-                 f"{max(self.ctx.budget.remaining_s() or 0.0, 0):.0f} s left)")
+        self.ctx.say(
+            f"[{name}] arrival test not run: trial budget spent (estimated {est:.0f} s, "
+            f"{max(self.ctx.budget.remaining_s() or 0.0, 0):.0f} s left)"
+        )
         return False

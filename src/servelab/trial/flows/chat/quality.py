@@ -13,9 +13,9 @@ from typing import Any, NamedTuple
 
 from servelab.bench.load import LoadModel
 from servelab.bench.results import RequestLine
+from servelab.trial.console import gate_line
 from servelab.trial.context import TrialContext
 from servelab.trial.flows.chat.benching import ChatBench
-from servelab.trial.console import gate_line
 from servelab.trial.flows.chat.smoke import model_name, send_one, smoke
 from servelab.trial.results import CandidateResult, JsonObject, Quality, QualityCheck, SmokeCheck
 from servelab.trial.spec import Sample
@@ -32,8 +32,9 @@ class QualityGate:
     def __init__(self, ctx: TrialContext, bench: ChatBench) -> None:
         self.ctx, self.bench = ctx, bench
 
-    def smoke(self, base_url: str, model: str | None, checks: tuple[str, ...], api_key: str | None,
-              path: Path) -> dict[str, SmokeCheck]:
+    def smoke(
+        self, base_url: str, model: str | None, checks: tuple[str, ...], api_key: str | None, path: Path
+    ) -> dict[str, SmokeCheck]:
         """Smoke tests; returns ``{check: SmokeCheck}`` (docs/record-schema.md) and writes
         every smoke request to ``path`` (JSONL, the requests.jsonl format)."""
         return asyncio.run(smoke(base_url, model, checks, api_key, path, self.ctx.exp.timeout_s))
@@ -53,8 +54,17 @@ class QualityGate:
         samples_path.write_bytes(b"")
         timing = first_timing(cand_dir / "smoke.jsonl")
         if q.samples:
-            res = asyncio.run(_samples(base_url, model, q.samples, api_key, samples_path, self.ctx.exp.timeout_s,
-                                       fits=self.ctx.budget.allows))
+            res = asyncio.run(
+                _samples(
+                    base_url,
+                    model,
+                    q.samples,
+                    api_key,
+                    samples_path,
+                    self.ctx.exp.timeout_s,
+                    fits=self.ctx.budget.allows,
+                )
+            )
             timing = res.timing or timing
             check = _gate("samples_pass_fraction", res.fraction, q.samples_pass_min)
             if res.ran < len(q.samples):
@@ -67,13 +77,29 @@ class QualityGate:
             est = sum(timing.request_s(m) for m in caps) if timing is not None else 0.0
             if not self.ctx.budget.allows(est):
                 self.ctx.budget.skip(f"{name}/quality/structured")
-                checks.append(_undetermined(QualityCheck(name="structured_valid_fraction", value=None,
-                                                         limit=q.structured_valid_min), 0, len(caps), est))
+                checks.append(
+                    _undetermined(
+                        QualityCheck(name="structured_valid_fraction", value=None, limit=q.structured_valid_min),
+                        0,
+                        len(caps),
+                        est,
+                    )
+                )
                 return Quality(passed=False, undetermined=True, checks=checks)
-            s = self.bench.run(base_url, model, cand_dir / "quality", workloads=["structured"],
-                            load=[LoadModel(kind="closed", concurrency=1)], requests=q.structured_requests,
-                            warmup=0, objectives=[], stop_on_slo=False, seed=self.ctx.exp.seed + 424242,
-                            api_key=api_key, seeded=True)
+            s = self.bench.run(
+                base_url,
+                model,
+                cand_dir / "quality",
+                workloads=["structured"],
+                load=[LoadModel(kind="closed", concurrency=1)],
+                requests=q.structured_requests,
+                warmup=0,
+                objectives=[],
+                stop_on_slo=False,
+                seed=self.ctx.exp.seed + 424242,
+                api_key=api_key,
+                seeded=True,
+            )
             c = s.steps[0].counts
             valid = c.submitted - c.failed_total - _schema_failures(cand_dir / "quality" / "requests.jsonl")
             frac = valid / c.submitted if c.submitted else 0.0
@@ -81,13 +107,21 @@ class QualityGate:
         undetermined = any(c.undetermined for c in checks)
         return Quality(passed=not undetermined and all(c.ok for c in checks), undetermined=undetermined, checks=checks)
 
-    def gates(self, name: str, base_url: str, model: str | None, api_key: str | None, result: CandidateResult,
-               files: dict[str, str]) -> bool:
+    def gates(
+        self,
+        name: str,
+        base_url: str,
+        model: str | None,
+        api_key: str | None,
+        result: CandidateResult,
+        files: dict[str, str],
+    ) -> bool:
         """Smoke tests, then the quality gate, into ``result`` (and their request files into ``files``);
         ``False`` (with ``result`` excluded and its reason) when one failed."""
         cdir = self.ctx.out / "candidates" / name
-        smoke = result.smoke = self.smoke(base_url, model, tuple(self.ctx.exp.goal.quality.smoke), api_key,
-                                          cdir / "smoke.jsonl")
+        smoke = result.smoke = self.smoke(
+            base_url, model, tuple(self.ctx.exp.goal.quality.smoke), api_key, cdir / "smoke.jsonl"
+        )
         files["smoke"] = f"candidates/{name}/smoke.jsonl"
         bad = [k for k, v in smoke.items() if not v.ok]
         if bad:
@@ -103,15 +137,18 @@ class QualityGate:
         self.ctx.say(gate_line(name, quality.checks))
         if quality.undetermined:
             result.status = "excluded"
-            result.reason = ("quality gate undetermined: it could not finish within the trial budget "
-                             "(goal.budget.max_minutes), so it was not passed: " + "; ".join(
-                                 f"{c.name}: {c.note}" for c in quality.checks if c.undetermined))
+            result.reason = (
+                "quality gate undetermined: it could not finish within the trial budget "
+                "(goal.budget.max_minutes), so it was not passed: "
+                + "; ".join(f"{c.name}: {c.note}" for c in quality.checks if c.undetermined)
+            )
             self.ctx.say(f"[{name}] excluded: {result.reason}")
             return False
         if not quality.passed:
             result.status = "excluded"
             result.reason = "quality gate failed: " + "; ".join(
-                f"{c.name} {c.value or 0:.2f} < {c.limit or 0:.2f}" for c in quality.checks if not c.ok)
+                f"{c.name} {c.value or 0:.2f} < {c.limit or 0:.2f}" for c in quality.checks if not c.ok
+            )
             self.ctx.say(f"[{name}] excluded: {result.reason}")
             return False
         return True
@@ -120,17 +157,24 @@ class QualityGate:
 def _gate(name: str, value: float, minimum: float) -> QualityCheck:
     """A quality-gate figure against its minimum; a minimum of 0 cannot fail: ``informational``."""
     informational = minimum <= 0
-    return QualityCheck(name=name, value=value, limit=minimum, ok=informational or value >= minimum,
-                        informational=informational)
+    return QualityCheck(
+        name=name, value=value, limit=minimum, ok=informational or value >= minimum, informational=informational
+    )
 
 
 def _undetermined(check: QualityCheck, ran: int, planned: int, estimate_s: float) -> QualityCheck:
     """``check`` marked undetermined: only ``ran`` of its ``planned`` requests fitted in the trial
     budget (the next one estimated at ``estimate_s`` seconds, :mod:`servelab.trial.quality_budget`)."""
-    return check.model_copy(update={
-        "ok": False, "undetermined": True, "ran": ran, "planned": planned,
-        "note": f"{ran} of {planned} requests ran; the rest (estimated {estimate_s:.0f} s from the first measured "
-                f"gate request) did not fit in the trial budget: not run"})
+    return check.model_copy(
+        update={
+            "ok": False,
+            "undetermined": True,
+            "ran": ran,
+            "planned": planned,
+            "note": f"{ran} of {planned} requests ran; the rest (estimated {estimate_s:.0f} s from the first measured "
+            f"gate request) did not fit in the trial budget: not run",
+        }
+    )
 
 
 def _schema_failures(jsonl: Path) -> int:
@@ -151,8 +195,15 @@ class _SamplesRun(NamedTuple):
     estimate_s: float = 0.0  # the estimate of the first sample not run
 
 
-async def _samples(base_url: str, model: str | None, samples: list[Sample], api_key: str | None,
-                   path: Path, timeout_s: float, fits: Callable[[float], bool] | None = None) -> _SamplesRun:
+async def _samples(
+    base_url: str,
+    model: str | None,
+    samples: list[Sample],
+    api_key: str | None,
+    path: Path,
+    timeout_s: float,
+    fits: Callable[[float], bool] | None = None,
+) -> _SamplesRun:
     """Send each business sample (``timeout_s`` per request); each request is written to ``path`` with
     ``workload`` ``sample:<name>`` (``s<index>`` when unnamed). ``fits``: asked before each sample after
     the first with its estimated seconds (:class:`servelab.trial.quality_budget.GateTiming` of the first);
@@ -173,12 +224,15 @@ async def _samples(base_url: str, model: str | None, samples: list[Sample], api_
                 schema = s.expect_json_schema
                 extra: JsonObject = {"temperature": 0}
                 if schema:
-                    extra["response_format"] = {"type": "json_schema",
-                                                "json_schema": {"name": "sample", "schema": schema, "strict": True}}
+                    extra["response_format"] = {
+                        "type": "json_schema",
+                        "json_schema": {"name": "sample", "schema": schema, "strict": True},
+                    }
                 msgs = s.messages or [{"role": "user", "content": s.prompt}]
                 spec = RequestSpec(endpoint="chat", max_tokens=s.max_tokens, messages=msgs, extra=extra)
-                r = await send_one(session, base_url, m, spec, api_key, i, timeout_s=timeout_s,
-                               workload=f"sample:{s.name or f's{i}'}")
+                r = await send_one(
+                    session, base_url, m, spec, api_key, i, timeout_s=timeout_s, workload=f"sample:{s.name or f's{i}'}"
+                )
                 ok = r.failure is None and re.search(s.expect_regex or "", r.content_text) is not None
                 if ok and schema:
                     ok = json_valid(r.content_text, schema)

@@ -39,8 +39,11 @@ def figures(result: CandidateResult, tokenizer: str | None) -> EmbeddingsFigures
     f.per_repeat = vals
     f.inputs_per_s = sum(vals) / len(vals)
     b = mean_interval(vals, method="t-repeats")
-    f.inputs_per_s_ci = (Interval(lo=max(b.lo, 0.0), hi=b.hi, level=b.level, n=b.n, method=b.method)  # a rate >= 0
-                         if b.lo is not None else None)
+    f.inputs_per_s_ci = (
+        Interval(lo=max(b.lo, 0.0), hi=b.hi, level=b.level, n=b.n, method=b.method)  # a rate >= 0
+        if b.lo is not None
+        else None
+    )
     toks = [e.tokens_per_s for e in group if e.tokens_per_s]
     f.tokens_per_s = sum(toks) / len(toks) if toks else None
     windows = [e.requests / e.window_s for e in group if e.window_s]
@@ -53,43 +56,61 @@ def figures(result: CandidateResult, tokenizer: str | None) -> EmbeddingsFigures
     if p95:
         f.e2e_p95_s, f.latency_n = max(p95)
     it = f.input_tokens
-    f.unit = (f"inputs/s = embedding vectors returned per second over each step window (first send to last end), "
-              f"{f.batch_size} input(s) per /v1/embeddings request; input length {it.get('mean', float('nan')):.0f} "
-              f"tokens mean ({it.get('min', float('nan')):.0f}-{it.get('max', float('nan')):.0f}, p90 "
-              f"{it.get('p90', float('nan')):.0f}) in {f.tokenizer or 'an approximate word count'}; tokens/s = the "
-              f"server's usage.prompt_tokens per second (its special tokens included); {f.dimensions} dimensions")
+    f.unit = (
+        f"inputs/s = embedding vectors returned per second over each step window (first send to last end), "
+        f"{f.batch_size} input(s) per /v1/embeddings request; input length {it.get('mean', float('nan')):.0f} "
+        f"tokens mean ({it.get('min', float('nan')):.0f}-{it.get('max', float('nan')):.0f}, p90 "
+        f"{it.get('p90', float('nan')):.0f}) in {f.tokenizer or 'an approximate word count'}; tokens/s = the "
+        f"server's usage.prompt_tokens per second (its special tokens included); {f.dimensions} dimensions"
+    )
     return f
 
 
 def _fig_text(f: EmbeddingsFigures) -> str:
     ci = f.inputs_per_s_ci
-    ci_text = (f" (95 % CI {ci.lo:.1f}–{ci.hi:.1f}, {ci.n} repeats)" if ci is not None and ci.lo is not None
-               and ci.hi is not None else f" ({len(f.per_repeat)} repeat(s): no interval)")
-    return (f"{f.inputs_per_s or 0:.1f} inputs/s{ci_text}, {f.tokens_per_s or 0:.0f} tokens/s at {f.at_step}, "
-            f"e2e p95 {(f.e2e_p95_s or 0) * 1000:.0f} ms (n {f.latency_n}); {f.unit}")
+    ci_text = (
+        f" (95 % CI {ci.lo:.1f}–{ci.hi:.1f}, {ci.n} repeats)"
+        if ci is not None and ci.lo is not None and ci.hi is not None
+        else f" ({len(f.per_repeat)} repeat(s): no interval)"
+    )
+    return (
+        f"{f.inputs_per_s or 0:.1f} inputs/s{ci_text}, {f.tokens_per_s or 0:.0f} tokens/s at {f.at_step}, "
+        f"e2e p95 {(f.e2e_p95_s or 0) * 1000:.0f} ms (n {f.latency_n}); {f.unit}"
+    )
 
 
 def _difference(a: str, fa: EmbeddingsFigures, b: str, fb: EmbeddingsFigures) -> Difference:
     r = ratio_interval(fa.per_repeat, fb.per_repeat)
     if r is None:
         ratio = (fa.inputs_per_s / fb.inputs_per_s) if fa.inputs_per_s and fb.inputs_per_s else None
-        return Difference(a=a, b=b, metric="inputs_per_s", ratio=ratio, significant=False,
-                          text=f"no significant difference shown between {a} and {b}: too few repeats for an "
-                               f"interval (inputs/s ratio {ratio or float('nan'):.2f}×)")
+        return Difference(
+            a=a,
+            b=b,
+            metric="inputs_per_s",
+            ratio=ratio,
+            significant=False,
+            text=f"no significant difference shown between {a} and {b}: too few repeats for an "
+            f"interval (inputs/s ratio {ratio or float('nan'):.2f}×)",
+        )
     ci = Interval(lo=r.lo, hi=r.hi, level=r.level, n=len(fa.per_repeat) + len(fb.per_repeat), method="welch-log")
     if r.significant:
         text = f"{a} sustains {r.ratio:.2f}× {b}'s inputs/s (95 % CI {r.lo:.2f}–{r.hi:.2f}×)"
     else:
-        text = (f"no significant difference between {a} and {b} in inputs/s: ratio {r.ratio:.2f}× "
-                f"(95 % CI {r.lo:.2f}–{r.hi:.2f}×, includes 1)")
+        text = (
+            f"no significant difference between {a} and {b} in inputs/s: ratio {r.ratio:.2f}× "
+            f"(95 % CI {r.lo:.2f}–{r.hi:.2f}×, includes 1)"
+        )
     return Difference(a=a, b=b, metric="inputs_per_s", ratio=r.ratio, ci=ci, significant=r.significant, text=text)
 
 
 def embeddings_decision(base: Decision, results: dict[str, CandidateResult]) -> Decision:
     """``base`` (the chat decision of :func:`servelab.trial.decide.decide`, kept for its scope, identity
     comparisons and exclusion reasons) re-ranked on inputs/s at the SLO (module doc)."""
-    figs = {n: r.embeddings for n, r in results.items()
-            if r.status == "ranked" and r.embeddings is not None and r.embeddings.inputs_per_s}
+    figs = {
+        n: r.embeddings
+        for n, r in results.items()
+        if r.status == "ranked" and r.embeddings is not None and r.embeddings.inputs_per_s
+    }
     order = sorted(figs, key=lambda n: (-(figs[n].inputs_per_s or 0.0), n))
     groups: list[list[str]] = []
     for n in order:
@@ -102,13 +123,26 @@ def embeddings_decision(base: Decision, results: dict[str, CandidateResult]) -> 
     verdicts: dict[str, Verdict] = {}
     for pos, n in enumerate(ranking):
         top = max((figs[m].inputs_per_s or 0.0) for m in ranking) == (figs[n].inputs_per_s or 0.0)
-        head = (("highest inputs/s at the SLO" if top else "first at the SLO by the tie-break, its inputs/s not "
-                 "significantly below the highest") if len(ranking) > 1 else "the only candidate that met the SLO") \
-            if pos == 0 else f"ranked {pos + 1} of {len(ranking)}"
+        head = (
+            (
+                (
+                    "highest inputs/s at the SLO"
+                    if top
+                    else "first at the SLO by the tie-break, its inputs/s not significantly below the highest"
+                )
+                if len(ranking) > 1
+                else "the only candidate that met the SLO"
+            )
+            if pos == 0
+            else f"ranked {pos + 1} of {len(ranking)}"
+        )
         reasons = [f"{head}: {_fig_text(figs[n])}"]
         if pos == 0 and diffs:
-            reasons.append(diffs[0].text if diffs[0].significant else
-                           f"{diffs[0].text}; ranked first by the tie-break ({TIE_BREAK})")
+            reasons.append(
+                diffs[0].text
+                if diffs[0].significant
+                else f"{diffs[0].text}; ranked first by the tie-break ({TIE_BREAK})"
+            )
         elif pos > 0:
             reasons.append(diffs[pos - 1].text)
         reasons.append("not applicable to embeddings: " + "; ".join(NOT_APPLICABLE[:2]))
@@ -120,13 +154,26 @@ def embeddings_decision(base: Decision, results: dict[str, CandidateResult]) -> 
         if old is not None and old.verdict == "exclude":
             verdicts[n] = old
         else:
-            verdicts[n] = Verdict(verdict="exclude", reasons=[
-                r.reason or "no load level met the SLO and the error budget: no inputs/s figure"])
-    scope = ("Embeddings trial (goal.task_kind: embeddings): candidates ranked on inputs/s (vectors/s) at the "
-             "highest load step meeting the SLO, mean over repeats, Welch interval on the log ratio; "
-             + (base.scope or ""))
-    return base.model_copy(update={
-        "ranking": ranking, "adopt": ranking[0] if ranking else None, "verdicts": verdicts, "differences": diffs,
-        "significant": diffs[0].significant if diffs else None, "tie_break": TIE_BREAK, "scope": scope,
-        "recheck_when": [*base.recheck_when, "the input lengths or the batch size of the real traffic differ from "
-                                             "the ones stated in the unit"]})
+            verdicts[n] = Verdict(
+                verdict="exclude",
+                reasons=[r.reason or "no load level met the SLO and the error budget: no inputs/s figure"],
+            )
+    scope = (
+        "Embeddings trial (goal.task_kind: embeddings): candidates ranked on inputs/s (vectors/s) at the "
+        "highest load step meeting the SLO, mean over repeats, Welch interval on the log ratio; " + (base.scope or "")
+    )
+    return base.model_copy(
+        update={
+            "ranking": ranking,
+            "adopt": ranking[0] if ranking else None,
+            "verdicts": verdicts,
+            "differences": diffs,
+            "significant": diffs[0].significant if diffs else None,
+            "tie_break": TIE_BREAK,
+            "scope": scope,
+            "recheck_when": [
+                *base.recheck_when,
+                "the input lengths or the batch size of the real traffic differ from the ones stated in the unit",
+            ],
+        }
+    )

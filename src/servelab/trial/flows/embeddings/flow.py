@@ -39,8 +39,8 @@ from typing import Any
 
 import orjson
 
-from servelab.bench.results import StepSummary, Summary
 from servelab.bench.events import BenchEvent, StepDone, Watcher
+from servelab.bench.results import StepSummary, Summary
 from servelab.bench.runner import Bench, BenchConfig
 from servelab.engines.registry import EngineIdentity
 from servelab.engines.url import UrlFields
@@ -50,8 +50,17 @@ from servelab.trial.embed_results import EmbeddingsFigures
 from servelab.trial.flows.embeddings.decision import NOT_APPLICABLE, embeddings_decision, figures
 from servelab.trial.flows.embeddings.gate import gate, list_models, stated_dimensions
 from servelab.trial.identity import fill_identity
-from servelab.trial.results import (CandidateIdentity, CandidateResult, ColdStart, Decision, EngineExit,
-                                    EnvironmentRow, GoalRow, Host, MethodRow)
+from servelab.trial.results import (
+    CandidateIdentity,
+    CandidateResult,
+    ColdStart,
+    Decision,
+    EngineExit,
+    EnvironmentRow,
+    GoalRow,
+    Host,
+    MethodRow,
+)
 from servelab.trial.spec import Candidate
 from servelab.wire.errors import ConfigError
 
@@ -81,11 +90,16 @@ def step_line(name: str, s: StepSummary) -> str:
     if s.skipped or e is None:
         return f"[{name}] embeddings {s.step}: skipped ({s.skipped_reason or 'not run'})"
     p95 = e.latency.p95_s
-    slo = "" if not s.slo else (" SLO met" if s.slo_met else " SLO BROKEN: " + ", ".join(
-        v.objective for v in s.slo if not v.met))
-    return (f"[{name}] embeddings {s.step}: {e.requests}/{e.requests + e.failed_requests} requests ok, "
-            f"{e.inputs_per_s or 0:.1f} inputs/s, {e.tokens_per_s or 0:.0f} tokens/s, e2e p95 "
-            f"{'-' if p95 is None else f'{p95 * 1000:.0f} ms'} (n {e.latency.n}){slo}")
+    slo = (
+        ""
+        if not s.slo
+        else (" SLO met" if s.slo_met else " SLO BROKEN: " + ", ".join(v.objective for v in s.slo if not v.met))
+    )
+    return (
+        f"[{name}] embeddings {s.step}: {e.requests}/{e.requests + e.failed_requests} requests ok, "
+        f"{e.inputs_per_s or 0:.1f} inputs/s, {e.tokens_per_s or 0:.0f} tokens/s, e2e p95 "
+        f"{'-' if p95 is None else f'{p95 * 1000:.0f} ms'} (n {e.latency.n}){slo}"
+    )
 
 
 def _start(cand: Candidate, log_dir: Path) -> tuple[Any, str, str | None, str | None]:
@@ -133,16 +147,26 @@ class EmbeddingsFlow:
         goal.quality_gates = {"embeddings_gate": self.ctx.exp.embeddings.model_dump(mode="json")}
         method.workloads = ["embeddings"]
         method.warmup_requests = 0
-        method.token_definition = (f"input tokens per embedding input in {tok or 'none: approximate'}; the "
-                                   "server's usage.prompt_tokens (special tokens included) for tokens/s")
+        method.token_definition = (
+            f"input tokens per embedding input in {tok or 'none: approximate'}; the "
+            "server's usage.prompt_tokens (special tokens included) for tokens/s"
+        )
 
-    def decide(self, results: dict[str, CandidateResult], identities: dict[str, CandidateIdentity], *,
-               goal: GoalRow, environment: EnvironmentRow, method: MethodRow) -> Decision:
+    def decide(
+        self,
+        results: dict[str, CandidateResult],
+        identities: dict[str, CandidateIdentity],
+        *,
+        goal: GoalRow,
+        environment: EnvironmentRow,
+        method: MethodRow,
+    ) -> Decision:
         """The chat decision (its scope, identity comparisons and exclusions) re-ranked on inputs/s."""
         from servelab.trial.decide import decide
 
-        return embeddings_decision(decide(results, identities, goal=goal, environment=environment, method=method),
-                                   results)
+        return embeddings_decision(
+            decide(results, identities, goal=goal, environment=environment, method=method), results
+        )
 
     def _tokenizer(self, identity: CandidateIdentity) -> Any:
         """The inputs' tokenizer, the first candidate's for every candidate (the same inputs for all):
@@ -169,28 +193,53 @@ class EmbeddingsFlow:
             self.ctx.counter = None
         return self.ctx.counter
 
-    def _bench(self, base_url: str, model: str | None, out: Path, load: list[Any], api_key: str | None,
-               say_name: str, repeat: int) -> Summary:
+    def _bench(
+        self,
+        base_url: str,
+        model: str | None,
+        out: Path,
+        load: list[Any],
+        api_key: str | None,
+        say_name: str,
+        repeat: int,
+    ) -> Summary:
         """One bench run of the embeddings workload at ``load`` (the experiment's steps) into ``out``."""
         from servelab.bench.embeddings import EmbeddingsWorkload, embedding_inputs
 
         exp, opts = self.ctx.exp, self.ctx.exp.embeddings
         closed = all(m.kind == "closed" for m in load)  # as trial.flow.bench_load: closed loop, or open-loop rates
         counter = self.ctx.counter
-        cfg = BenchConfig(base_url=base_url, model=model, workloads=["embeddings"],
-                          concurrency=[m.concurrency for m in load] if closed else [1],
-                          rates_rps=None if closed else [float(m.rate_rps or 0) for m in load],
-                          arrival=load[0].arrival, gamma_shape=load[0].gamma_shape,
-                          max_concurrency=None if closed else load[0].max_concurrency, requests=exp.requests_per_step,
-                          warmup=0, seed=exp.seed, slo=",".join(o.name for o in self.ctx.objectives) or None,
-                          stop_on_slo=exp.stop_on_slo, timeout_s=exp.timeout_s, endpoint="embeddings", api_key=api_key,
-                          out=str(out), ignore_eos=False)
+        cfg = BenchConfig(
+            base_url=base_url,
+            model=model,
+            workloads=["embeddings"],
+            concurrency=[m.concurrency for m in load] if closed else [1],
+            rates_rps=None if closed else [float(m.rate_rps or 0) for m in load],
+            arrival=load[0].arrival,
+            gamma_shape=load[0].gamma_shape,
+            max_concurrency=None if closed else load[0].max_concurrency,
+            requests=exp.requests_per_step,
+            warmup=0,
+            seed=exp.seed,
+            slo=",".join(o.name for o in self.ctx.objectives) or None,
+            stop_on_slo=exp.stop_on_slo,
+            timeout_s=exp.timeout_s,
+            endpoint="embeddings",
+            api_key=api_key,
+            out=str(out),
+            ignore_eos=False,
+        )
 
         def factory(name: str, seed: int) -> Any:
             n = min(exp.requests_per_step * opts.batch_size, 4096)
             inputs = embedding_inputs(n, counter, input_tokens=opts.input_tokens, seed=seed)
-            return EmbeddingsWorkload(inputs, batch_size=opts.batch_size, requests=exp.requests_per_step,
-                                      tokenizer=tokenizer_label(counter), seed=seed)
+            return EmbeddingsWorkload(
+                inputs,
+                batch_size=opts.batch_size,
+                requests=exp.requests_per_step,
+                tokenizer=tokenizer_label(counter),
+                seed=seed,
+            )
 
         tag = "" if exp.repeats == 1 else f" (repeat {repeat + 1}/{exp.repeats})"
 
@@ -216,13 +265,17 @@ class EmbeddingsFlow:
         cdir.mkdir(parents=True, exist_ok=True)
         identity = CandidateIdentity(engine_kind=cand.engine, settings=cand.recorded_settings())
         result = CandidateResult(status="failed", cold_start=ColdStart(), steps=[])
-        result.embeddings = EmbeddingsFigures(batch_size=self.ctx.exp.embeddings.batch_size,
-                                              not_applicable=list(NOT_APPLICABLE))
+        result.embeddings = EmbeddingsFigures(
+            batch_size=self.ctx.exp.embeddings.batch_size, not_applicable=list(NOT_APPLICABLE)
+        )
         files: dict[str, str] = {}
         running = None
         try:
-            self.ctx.say(f"[{name}] starting {cand.engine} {identity.settings}" if cand.kind.launched
-                       else f"[{name}] using existing server")
+            self.ctx.say(
+                f"[{name}] starting {cand.engine} {identity.settings}"
+                if cand.kind.launched
+                else f"[{name}] using existing server"
+            )
             running, base_url, model, api_key = _start(cand, cdir / "engine")
             if running is not None:
                 engine = EngineIdentity.model_validate(running.identity)
@@ -238,26 +291,42 @@ class EmbeddingsFlow:
                 raise ConfigError(f"{base_url}/models lists no model; give the candidate's model_name")
             self._tokenizer(identity)
             opts = self.ctx.exp.embeddings
-            q = result.quality = gate(base_url, model, opts.dimensions, stated_dimensions(identity, models),
-                                      opts.reference, opts.similarity_min, api_key, cdir / "embeddings_gate.jsonl",
-                                      self.ctx.exp.timeout_s)
+            q = result.quality = gate(
+                base_url,
+                model,
+                opts.dimensions,
+                stated_dimensions(identity, models),
+                opts.reference,
+                opts.similarity_min,
+                api_key,
+                cdir / "embeddings_gate.jsonl",
+                self.ctx.exp.timeout_s,
+            )
             files["quality"] = f"candidates/{name}/embeddings_gate.jsonl"
-            self.ctx.say(f"[{name}] embeddings gate: " + ", ".join(
-                f"{c.name} {c.value if c.value is not None else float('nan'):.3f}"
-                + (" (informational)" if c.informational else f" (min {c.limit:g}) {'ok' if c.ok else 'FAILED'}")
-                for c in q.checks))
+            self.ctx.say(
+                f"[{name}] embeddings gate: "
+                + ", ".join(
+                    f"{c.name} {c.value if c.value is not None else float('nan'):.3f}"
+                    + (" (informational)" if c.informational else f" (min {c.limit:g}) {'ok' if c.ok else 'FAILED'}")
+                    for c in q.checks
+                )
+            )
             if not q.passed:
                 result.status = "excluded"
                 result.reason = "embeddings gate failed: " + "; ".join(
                     f"{c.name} {c.value if c.value is not None else float('nan'):.3f} < {c.limit:g}"
-                    + (f" ({c.note})" if c.note else "") for c in q.checks if not c.ok)
+                    + (f" ({c.note})" if c.note else "")
+                    for c in q.checks
+                    if not c.ok
+                )
                 self.ctx.say(f"[{name}] excluded: {result.reason}")
                 return CandidateRun(identity, result, files)
             dims = [c for c in q.checks if c.name == "dimension_match_fraction"]
             result.embeddings.dimensions = _dims_of(cdir / "embeddings_gate.jsonl") if dims else None
             exp = self.ctx.exp
-            summary = self._bench(base_url, model, cdir / "steps", exp.steps.load_models(exp.goal.burstiness),
-                             api_key, name, 0)
+            summary = self._bench(
+                base_url, model, cdir / "steps", exp.steps.load_models(exp.goal.burstiness), api_key, name, 0
+            )
             files["steps"] = f"candidates/{name}/steps/requests.jsonl"
             result.steps = summary.steps
             if running is not None and not running.alive:
@@ -284,22 +353,25 @@ class EmbeddingsFlow:
         if not budget.allows(self.candidate_estimate_s()):
             budget.skip(f"{cand.name}/embeddings/repeat{repeat + 1}")
             return
-        level = effective_step([s for s in result.steps if (s.repeat or 0) == 0], self.ctx.judged,
-                               exp.goal.error_budget).max_step_meeting_slo
+        level = effective_step(
+            [s for s in result.steps if (s.repeat or 0) == 0], self.ctx.judged, exp.goal.error_budget
+        ).max_step_meeting_slo
         levels = [m for m in exp.steps.load_models(exp.goal.burstiness) if m.label == level]
         if not levels:
             return
         sub = f"steps-r{repeat + 1}"
         running = None
         try:
-            running, base_url, model, api_key = _start(cand, self.ctx.out / "candidates" / cand.name
-                                                       / f"engine-r{repeat + 1}")
+            running, base_url, model, api_key = _start(
+                cand, self.ctx.out / "candidates" / cand.name / f"engine-r{repeat + 1}"
+            )
             if model is None:
                 models = asyncio.run(list_models(base_url, api_key))
                 model = str(models[0].id) if models else None
             self.ctx.say(f"[{cand.name}] repeat {repeat + 1}/{exp.repeats} at {level}")
-            summary = self._bench(base_url, model, self.ctx.out / "candidates" / cand.name / sub, levels, api_key,
-                             cand.name, repeat)
+            summary = self._bench(
+                base_url, model, self.ctx.out / "candidates" / cand.name / sub, levels, api_key, cand.name, repeat
+            )
             result.steps = [*result.steps, *summary.steps]
             files[sub.replace("-", "_")] = f"candidates/{cand.name}/{sub}/requests.jsonl"
         except Exception as e:  # noqa: BLE001 — a failed repeat leaves the earlier rounds standing

@@ -13,7 +13,6 @@ from typing import Any
 import aiohttp
 import numpy as np
 import orjson
-
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 from servelab.trial.embed_spec import load_reference
@@ -22,19 +21,30 @@ from servelab.trial.results import CandidateIdentity, Quality, QualityCheck
 __all__ = ["GATE_TEXTS", "ListedModel", "gate", "list_models", "stated_dimensions"]
 
 #: the gate's inputs without a reference file: short and long, plain and with digits/punctuation
-GATE_TEXTS = ("hello world", "The cat sat on the mat.",
-              "Retrieval-augmented generation looks up passages before it answers a question.",
-              "Version 2.3 was released on 2026-12-01 with 17 fixes.", "Paris is the capital of France.")
+GATE_TEXTS = (
+    "hello world",
+    "The cat sat on the mat.",
+    "Retrieval-augmented generation looks up passages before it answers a question.",
+    "Version 2.3 was released on 2026-12-01 with 17 fixes.",
+    "Paris is the capital of France.",
+)
 
 
-async def _post_embeddings(base_url: str, model: str, texts: list[str], api_key: str | None,
-                           timeout_s: float) -> tuple[int | None, Any, str]:
+async def _post_embeddings(
+    base_url: str, model: str, texts: list[str], api_key: str | None, timeout_s: float
+) -> tuple[int | None, Any, str]:
     hdrs = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     body = orjson.dumps({"model": model, "input": texts, "encoding_format": "float"})
     try:
-        async with aiohttp.ClientSession() as http, http.post(
-                base_url.rstrip("/") + "/embeddings", data=body, headers=hdrs,
-                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                base_url.rstrip("/") + "/embeddings",
+                data=body,
+                headers=hdrs,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as r,
+        ):
             raw = await r.read()
             status = r.status
     except (aiohttp.ClientError, TimeoutError) as e:
@@ -58,8 +68,10 @@ async def list_models(base_url: str, api_key: str | None) -> list[ListedModel]:
     """The models the server at ``base_url`` (API root) lists; ``[]`` when it does not answer a list."""
     hdrs = {"Authorization": f"Bearer {api_key}"} if api_key else None
     try:
-        async with aiohttp.ClientSession() as http, http.get(base_url.rstrip("/") + "/models", headers=hdrs,
-                                                             timeout=aiohttp.ClientTimeout(total=10)) as r:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(base_url.rstrip("/") + "/models", headers=hdrs, timeout=aiohttp.ClientTimeout(total=10)) as r,
+        ):
             doc = orjson.loads(await r.read())
     except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
         return []
@@ -90,12 +102,27 @@ def _cos(a: np.ndarray, b: np.ndarray) -> float:
 
 def _check(name: str, value: float | None, limit: float, note: str = "") -> QualityCheck:
     informational = limit <= 0
-    return QualityCheck(name=name, value=value, limit=limit, informational=informational, note=note,
-                        ok=informational or (value is not None and value >= limit))
+    return QualityCheck(
+        name=name,
+        value=value,
+        limit=limit,
+        informational=informational,
+        note=note,
+        ok=informational or (value is not None and value >= limit),
+    )
 
 
-def gate(base_url: str, model: str, exp_dims: int | None, stated: tuple[int | None, str], reference: str | None,
-         similarity_min: float, api_key: str | None, path: Path, timeout_s: float) -> Quality:
+def gate(
+    base_url: str,
+    model: str,
+    exp_dims: int | None,
+    stated: tuple[int | None, str],
+    reference: str | None,
+    similarity_min: float,
+    api_key: str | None,
+    path: Path,
+    timeout_s: float,
+) -> Quality:
     """The embeddings gate (module doc) of the server at ``base_url`` (API root) serving ``model``; the
     request's per-input outcome is written to ``path`` (JSONL: ``text``, ``dimensions``, ``finite``,
     ``cosine``). Returns a :class:`Quality` whose ``checks`` are ``vectors_returned_fraction``,
@@ -114,8 +141,15 @@ def gate(base_url: str, model: str, exp_dims: int | None, stated: tuple[int | No
             if isinstance(idx, int) and 0 <= idx < len(texts) and isinstance(emb, list):
                 vecs[idx] = emb
     got = [v for v in vecs if v is not None]
-    why = "" if got else (f"POST /embeddings answered {status}: {str(doc if doc is not None else err)[:160]}"
-                          if status != 200 else f"no 'data' vectors in the answer{': ' + err if err else ''}")
+    why = (
+        ""
+        if got
+        else (
+            f"POST /embeddings answered {status}: {str(doc if doc is not None else err)[:160]}"
+            if status != 200
+            else f"no 'data' vectors in the answer{': ' + err if err else ''}"
+        )
+    )
     want, by = (exp_dims, "the experiment (embeddings.dimensions)") if exp_dims else stated
     if want is None and got:
         want, by = len(got[0]), "the first vector's length (the model states none)"
@@ -127,17 +161,37 @@ def gate(base_url: str, model: str, exp_dims: int | None, stated: tuple[int | No
         if v is not None and items is not None and len(v) == len(items[i].embedding) and finite[got.index(v)]:
             c = _cos(np.asarray(v, dtype=float), np.asarray(items[i].embedding, dtype=float))
             cos.append(c)
-        lines.append(orjson.dumps({"text": t, "dimensions": len(v) if v is not None else None,
-                                   "finite": None if v is None else finite[got.index(v)], "cosine": c}))
+        lines.append(
+            orjson.dumps(
+                {
+                    "text": t,
+                    "dimensions": len(v) if v is not None else None,
+                    "finite": None if v is None else finite[got.index(v)],
+                    "cosine": c,
+                }
+            )
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"".join(x + b"\n" for x in lines))
     n = len(texts)
-    checks = [_check("vectors_returned_fraction", len(got) / n, 1.0, why),
-              _check("dimension_match_fraction", sum(len(v) == want for v in got) / n, 1.0,
-                     f"{want} dimensions stated by {by}" if want else "no vector to measure"),
-              _check("finite_fraction", sum(finite) / n, 1.0)]
+    checks = [
+        _check("vectors_returned_fraction", len(got) / n, 1.0, why),
+        _check(
+            "dimension_match_fraction",
+            sum(len(v) == want for v in got) / n,
+            1.0,
+            f"{want} dimensions stated by {by}" if want else "no vector to measure",
+        ),
+        _check("finite_fraction", sum(finite) / n, 1.0),
+    ]
     if items is not None:
-        checks.append(_check("reference_cosine_min", min(cos) if len(cos) == n else None, similarity_min,
-                             f"cosine similarity to {len(items)} reference vectors of {reference}"
-                             + ("" if len(cos) == n else f"; {n - len(cos)} input(s) without a comparable vector")))
+        checks.append(
+            _check(
+                "reference_cosine_min",
+                min(cos) if len(cos) == n else None,
+                similarity_min,
+                f"cosine similarity to {len(items)} reference vectors of {reference}"
+                + ("" if len(cos) == n else f"; {n - len(cos)} input(s) without a comparable vector"),
+            )
+        )
     return Quality(passed=all(c.ok for c in checks), checks=checks)
