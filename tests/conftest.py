@@ -412,6 +412,7 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/test_import_graph.py": ("unit",),
     "tests/test_lint_config.py": ("proc",),
     "tests/test_lint_config.py::test_the_test_command_runs_the_static_checks": ("unit",),
+    "tests/test_readme.py": ("unit",),
     "tests/test_tiers.py": ("unit",),
     "tests/test_tiers.py::test_a_unit_test_that_starts_a_subprocess_fails": ("proc",),
     "tests/trial/test_cancellation_verdict.py": ("proc",),

@@ -82,7 +82,7 @@ async def _measure(base_url: str, root: str, conc: int, n_req: int) -> tuple[lis
         # spreading the first starts the same way keeps that spread (and the chunk writes interleaved).
         # Starting all 64 within one ITL instead makes the client spend ~20 ms of CPU on 64 request
         # sends inside 10 ms, which delays reading the other streams by 6-10 ms (measured here): that is
-        # a burst of request starts, not concurrency 64, and it is documented in the README (Mock engine).
+        # a burst of request starts, not concurrency 64, and it is documented in docs/bench.md (timing accuracy).
         stagger_s = (TTFT_MS + (OUT - 1) * ITL_MS) / 1000.0 / conc
 
         async def worker(w: int) -> None:
