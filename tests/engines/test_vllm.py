@@ -25,6 +25,7 @@ from servelab.trial.template_check import check_template
 from servelab.engines.vllm import DEFAULT_ENV, GEMMA_CHAT_TEMPLATE, VllmLauncher
 from servelab.engines.vllm import launch as vllm_launch
 from servelab.wire import ConfigError, RequestRecord, RequestSpec, make_session, send
+from servelab.modelfile.gguf_meta import sha256_file
 
 # ---------------------------------------------------------------------------------------------------
 # unit tests: no vLLM, no network
@@ -205,7 +206,7 @@ def test_conversion_folder(hf_dir: Path) -> None:
     assert (hf_dir / "config.json").is_file() and (hf_dir / "model.safetensors").stat().st_size > 400e6
     marker = json.loads((hf_dir / "servelab-convert.json").read_text())
     gguf = vllm.default_gguf_path()
-    assert marker["source_gguf_sha256"] == vllm.sha256_file(gguf)
+    assert marker["source_gguf_sha256"] == sha256_file(gguf)
     assert hf_dir == vllm.converted_dir(marker["source_gguf_sha256"])
     assert (hf_dir / "servelab-gemma-chat-template.jinja").read_text() == GEMMA_CHAT_TEMPLATE
     gen = json.loads((hf_dir / "generation_config.json").read_text())
@@ -254,8 +255,8 @@ def test_streamed_chat_metrics_and_identity(engine, hf_dir: Path) -> None:  # no
     assert ident["argv"] == engine.argv and "--enforce-eager" in ident["argv"]
     assert ident["env"]["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert ident["model"]["path"] == str(hf_dir)
-    assert ident["model"]["source_gguf_sha256"] == vllm.sha256_file(vllm.default_gguf_path())
-    assert ident["model"]["safetensors_sha256"] == vllm.sha256_file(hf_dir / "model.safetensors")
+    assert ident["model"]["source_gguf_sha256"] == sha256_file(vllm.default_gguf_path())
+    assert ident["model"]["safetensors_sha256"] == sha256_file(hf_dir / "model.safetensors")
     assert ident["settings"]["max_num_seqs"] == 4 and ident["settings"]["max_model_len"] == 1024
     assert ident["port"] == engine.port and ident["pid"] == engine.pid
     assert engine.argv[1:3] == ["-c", vllm_launch._GUARD]
