@@ -274,6 +274,7 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/engines/test_llamacpp_build.py": ("engine",),
     "tests/engines/test_llamacpp_build.py::test_a_build_that_fails_its_proof_is_not_cached": ("engine", "proc"),
     "tests/engines/test_llamacpp_build.py::test_cli_build_refuses_bad_flags_in_one_line": ("proc",),
+    "tests/engines/test_llamacpp_build.py::test_cli_build_replaces_a_build_made_for_another_cpu": ("engine", "proc"),
     "tests/engines/test_llamacpp_build.py::test_compiler_isa_reads_the_compilers_own_macros": ("proc",),
     "tests/engines/test_llamacpp_build.py::test_crash_by_signal_is_named_with_the_log_lines": ("proc",),
     "tests/engines/test_llamacpp_build.py::test_ensure_builds_with_cmake_and_restarts_a_tree_of_other_flags": ("engine", "proc"),

@@ -318,3 +318,24 @@ def test_prove_llama_server_runs_on_the_real_binary(default_build: Path, tmp_pat
     assert proof.ok, proof.error
     assert proof.tokens == 3 and proof.ready_s is not None and proof.first_token_s is not None
     assert Path(proof.log_path or "").is_file()
+
+
+@pytest.mark.timeout(300)
+def test_cli_build_replaces_a_build_made_for_another_cpu(default_build: Path, cache: Path) -> None:
+    """`servelab engine build llamacpp` is the request to build for this host (setup.sh runs it): a cached
+    build that needs an ISA flag this CPU lacks (a shared cache from another host) is replaced, not refused.
+    Here the finished tree is the real default build, so "building again" is its proof run."""
+    import subprocess
+
+    src = _fake_src(cache, "11434.0.0")
+    _stamp(src / "build-native", lb.BuildSpec())
+    (src / "build-native" / "bin").mkdir(parents=True)
+    shutil.copy2(default_build, src / "build-native" / "bin" / "llama-server")
+    p = lb.ensure_llama_server(progress=lambda m: None, prover=_ok_prover)
+    _doctor_manifest(p, isa_required=["avx2", "avx10_2_512"], host_cpu_model="Future Xeon")
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "engine", "build", "llamacpp"], capture_output=True,
+                       text=True, timeout=240, env={**os.environ, "SERVELAB_CACHE": str(cache)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "avx10_2_512" in r.stderr and "building it again for this host" in r.stderr
+    m = lb.read_manifest(p)
+    assert m is not None and m.proof is not None and m.proof.ok and "avx10_2_512" not in (m.isa_required or [])

