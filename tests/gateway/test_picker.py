@@ -65,7 +65,7 @@ def test_stale_or_missing_gauges_fall_back_to_least_outstanding_and_are_counted(
                                 {"policy": "engine", "how": "fallback_stale"}) == 1
     gauges["b"], gauges["c"] = {"running": 0, "age_s": 0.1}, None  # c never scraped
     _, pick = _order(p, PickContext(tie="t"))
-    assert pick.how == "fallback_stale" and pick.detail == "c: never scraped"
+    assert pick.how == "fallback_stale" and pick.detail.startswith("c: no gauges (never scraped")
     assert _order(_picker("engine", None), PickContext(tie="t"))[1].how == "fallback_stale"  # health checks off
 
 

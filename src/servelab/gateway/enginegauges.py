@@ -17,7 +17,18 @@ Exported (prometheus-client custom collector, in the gateway's registry), per ``
 - ``servelab_gateway_engine_slots`` gauge: llama.cpp's parallel slots (count);
 - ``servelab_gateway_engine_scrape_up`` gauge: 1 when the last scrape of the backend's ``/metrics``
   succeeded, 0 when it failed (engine down, no ``--metrics``);
-- ``servelab_gateway_engine_scrape_age_seconds`` gauge: seconds since the last successful scrape.
+- ``servelab_gateway_engine_scrape_age_seconds`` gauge: seconds since the last successful scrape;
+- ``servelab_gateway_engine_scrape_oversize_total`` counter: scrapes refused because the page was larger
+  than ``max_bytes``.
+
+**Bounds**: a scrape reads at most ``max_bytes`` bytes of ``/metrics`` (a ``Content-Length`` above it is
+refused before reading; a body, chunked or endless, is cut at the limit) and takes at most ``timeout_s``
+seconds in all (aiohttp's total timeout: a slow trickle ends there too), so a broken or hostile backend
+can neither grow the gateway's memory past about ``max_bytes`` per backend nor stall its scrape loop. An
+oversize page drops the backend's gauges (:meth:`EngineGauges.state` is None until the next good scrape),
+so the endpoint picker falls back to least outstanding at once instead of using the older figures until
+they turn stale. A failed scrape (timeout, refused, non-200) keeps the last good figures, which turn stale
+by their age (``routing.picker.stale_after_s``).
 """
 
 from __future__ import annotations
@@ -31,16 +42,42 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from prometheus_client.core import GaugeMetricFamily
+import orjson
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from servelab.wire.dialects import DIALECTS
 from servelab.wire.prometheus import parse_prometheus_text
 
-__all__ = ["EngineGauges", "EngineNames", "names_for"]
+__all__ = ["DEFAULT_MAX_BYTES", "EngineGauges", "EngineNames", "OversizeError", "names_for", "read_bounded"]
 
 log = logging.getLogger("servelab.gateway.enginegauges")
 
 _P = "servelab_gateway_engine_"
+
+#: Default bound of one ``/metrics`` page (bytes), a round figure far above what one engine's page holds
+#: (its gauges and histograms for a few models and label sets); a larger page is a misbehaving backend.
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+
+
+class OversizeError(ValueError):
+    """A ``/metrics`` page larger than the scrape's byte bound."""
+
+
+async def read_bounded(r: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    """The body of ``r``, at most ``max_bytes`` bytes; raises :class:`OversizeError` (without reading on)
+    when ``Content-Length`` or the bytes received exceed it."""
+    if r.content_length is not None and r.content_length > max_bytes:
+        raise OversizeError(f"Content-Length {r.content_length} > {max_bytes} bytes")
+    chunks: list[bytes] = []
+    n = 0
+    while True:
+        chunk = await r.content.read(min(65536, max_bytes + 1 - n))
+        if not chunk:
+            return b"".join(chunks)
+        n += len(chunk)
+        if n > max_bytes:
+            raise OversizeError(f"more than {max_bytes} bytes")
+        chunks.append(chunk)
 
 
 @dataclass(frozen=True)
@@ -93,17 +130,27 @@ class _State:
     slots: int | None = None
     up: bool | None = None
     at: float | None = None  # time.monotonic() of the last good scrape
+    oversize: int = 0  # scrapes refused for size
 
 
 class EngineGauges:
     """Scrapes ``backends`` (objects with ``name``, ``kind``, ``base_url``) every ``interval_s`` seconds
-    (each scrape at most ``timeout_s``) and exposes the gauges (module doc) through :meth:`collect` once
-    registered in a prometheus-client registry. :meth:`state` gives the timeline what was last seen."""
+    (each scrape at most ``timeout_s`` seconds and ``max_bytes`` bytes) and exposes the gauges (module doc)
+    through :meth:`collect` once registered in a prometheus-client registry. :meth:`state` gives the timeline
+    and the endpoint picker what was last seen."""
 
-    def __init__(self, backends: Sequence[Any], interval_s: float = 1.0, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        backends: Sequence[Any],
+        interval_s: float = 1.0,
+        timeout_s: float = 2.0,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         if interval_s <= 0 or timeout_s <= 0:
             raise ValueError(f"engine gauges: interval_s {interval_s} and timeout_s {timeout_s} must be > 0 s")
-        self.interval_s, self.timeout_s = interval_s, timeout_s
+        if max_bytes <= 0:
+            raise ValueError(f"engine gauges: max_bytes {max_bytes} must be > 0")
+        self.interval_s, self.timeout_s, self.max_bytes = interval_s, timeout_s, max_bytes
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
         self.set_backends(backends)
@@ -119,7 +166,7 @@ class EngineGauges:
 
     def state(self, backend: str) -> dict[str, Any] | None:
         """``{running, waiting, slots, kv_usage, age_s}`` of ``backend`` at its last good scrape (fields it
-        does not report left out), or None when it was never scraped."""
+        does not report left out), or None when it was never scraped or its last page was refused for size."""
         st = self.states.get(backend)
         if st is None or st.at is None:
             return None
@@ -146,13 +193,21 @@ class EngineGauges:
             async with self._session.get(root + "/metrics", timeout=timeout, allow_redirects=False) as r:
                 if r.status != 200:
                     raise ValueError(f"http {r.status}")
-                values = parse_prometheus_text(await r.text())
+                body = await read_bounded(r, self.max_bytes)
+                values = parse_prometheus_text(body.decode("utf-8", "replace"))
             if st.slots is None and b.kind == "llamacpp":
                 with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
-                    async with self._session.get(root + "/props", timeout=timeout) as r:
-                        props = await r.json() if r.status == 200 else {}
+                    async with self._session.get(root + "/props", timeout=timeout, allow_redirects=False) as r:
+                        props = orjson.loads(await read_bounded(r, self.max_bytes)) if r.status == 200 else {}
                         slots = props.get("total_slots") if isinstance(props, dict) else None
                         st.slots = slots if isinstance(slots, int) and not isinstance(slots, bool) else None
+        except OversizeError as e:
+            st.oversize += 1
+            st.running = st.waiting = st.kv_usage = st.at = None  # picker: no gauges, least outstanding
+            if st.up is not False:
+                log.warning("engine gauges: /metrics of backend %s refused: %s", name, e)
+            st.up = False
+            return False
         except (aiohttp.ClientError, OSError, ValueError, TimeoutError) as e:
             if st.up is not False:
                 log.info("engine gauges: /metrics of backend %s not read: %s", name, type(e).__name__)
@@ -207,17 +262,17 @@ class EngineGauges:
             self._session = None
 
     # prometheus-client custom collector API (https://prometheus.github.io/client_python/collector/custom/)
-    def describe(self) -> list[GaugeMetricFamily]:
+    def describe(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
         """The families without samples."""
         return self._families(with_samples=False)
 
-    def collect(self) -> list[GaugeMetricFamily]:
+    def collect(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
         """The families with one sample per backend that reported the value."""
         return self._families(with_samples=True)
 
-    def _families(self, with_samples: bool) -> list[GaugeMetricFamily]:
+    def _families(self, with_samples: bool) -> list[GaugeMetricFamily | CounterMetricFamily]:
         lab = ["backend", "kind"]
-        fams = {
+        fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "running": GaugeMetricFamily(
                 _P + "requests_running", "Requests the engine is running (its own gauge)", labels=lab
             ),
@@ -230,6 +285,9 @@ class EngineGauges:
                 _P + "scrape_up", "1 when the last scrape of the engine's /metrics worked", labels=lab
             ),
             "age": GaugeMetricFamily(_P + "scrape_age_seconds", "Seconds since the last good scrape", labels=lab),
+            "oversize": CounterMetricFamily(
+                _P + "scrape_oversize", "Scrapes of the engine's /metrics refused for size (> max_bytes)", labels=lab
+            ),
         }
         if with_samples:
             now = time.monotonic()
@@ -243,4 +301,5 @@ class EngineGauges:
                     fams["up"].add_metric(labels, 1.0 if st.up else 0.0)
                 if st.at is not None:
                     fams["age"].add_metric(labels, now - st.at)
+                fams["oversize"].add_metric(labels, float(st.oversize))
         return list(fams.values())

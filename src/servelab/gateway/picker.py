@@ -282,7 +282,7 @@ class Picker:
         for n in names:
             st = get(n)
             if st is None:
-                return {}, f"{n}: never scraped"
+                return {}, f"{n}: no gauges (never scraped, or the last page was refused for size)"
             age = float(st.get("age_s", math.inf))
             if age > self.settings.stale_after_s:
                 return {}, f"{n}: gauges {age:.1f} s old > stale_after_s {self.settings.stale_after_s:g}"
