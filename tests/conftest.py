@@ -363,6 +363,7 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/gateway/test_limits.py::test_four_processes_sliding_window_never_exceeds_rpm": ("proc",),
     "tests/gateway/test_limits_pool.py": ("unit",),
     "tests/gateway/test_limits_pool.py::test_first_request_after_a_redis_restart_is_served": ("services",),
+    "tests/gateway/test_enginegauges_bound.py": ("unit",),
     "tests/gateway/test_picker.py": ("unit",),
     "tests/gateway/test_picker_gateway.py": ("unit",),
     "tests/gateway/test_picker_gateway.py::test_a_replica_the_engine_reports_busy_gets_no_new_request": ("proc",),
