@@ -165,6 +165,22 @@ def start_gateway(config: dict[str, Any], folder: Path, *args: str, env: dict[st
     raise RuntimeError(f"gateway did not start: {log_path.read_text(errors='replace')[-3000:]}")
 
 
+def ledger_usage(db: Path, rid: str, timeout_s: float = 5.0) -> tuple[int, int]:
+    """(prompt_tokens, completion_tokens) of the SQLite ledger's row for request ``rid``, waiting up to
+    ``timeout_s`` for it (rows are settled in the background after the answer)."""
+    import sqlite3
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with sqlite3.connect(db) as con:
+            row = con.execute("SELECT prompt_tokens, completion_tokens FROM servelab_usage WHERE request_id = ?",
+                              (rid,)).fetchone()
+        if row is not None or time.monotonic() > deadline:
+            assert row is not None, f"no ledger row for {rid}"
+            return int(row[0]), int(row[1])
+        time.sleep(0.05)
+
+
 def stop_gateway(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM, SIGKILL after 10 s; always reaps."""
     _load_root_conftest().stop_process(proc, 10.0)

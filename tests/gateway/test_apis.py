@@ -9,8 +9,6 @@ One gateway and its mocks per module (started once, a few seconds); every test i
 from __future__ import annotations
 
 import socket
-import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import gateway_key, start_gateway, start_mock_process, stop_gateway, stop_mock_process
+from conftest import gateway_key, ledger_usage, start_gateway, start_mock_process, stop_gateway, stop_mock_process
 
 LIMIT = 512  # server.max_tokens_limit
 TOOL = {"name": "get_weather", "description": "weather of a city",
@@ -61,19 +59,6 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             stop_mock_process(m.proc)
 
 
-def _ledger(db: Path, rid: str, timeout_s: float = 5.0) -> tuple[int, int]:
-    """(prompt_tokens, completion_tokens) of the ledger's row for request ``rid`` (settled in the background)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with sqlite3.connect(db) as con:
-            row = con.execute("SELECT prompt_tokens, completion_tokens FROM servelab_usage WHERE request_id = ?",
-                              (rid,)).fetchone()
-        if row is not None or time.monotonic() > deadline:
-            assert row is not None, f"no ledger row for {rid}"
-            return int(row[0]), int(row[1])
-        time.sleep(0.05)
-
-
 def _claude(gw: Any, key: str | None = None) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=gw.root, api_key=key or gw.key, max_retries=0)
 
@@ -96,7 +81,7 @@ def test_messages_create_text_thinking_and_ledger_usage(gw: Any) -> None:
     assert msg.stop_reason == "end_turn" and msg.model == "m" and msg.role == "assistant"
     rid = raw.headers["x-request-id"]
     assert msg.id == f"msg_{rid}"
-    assert (msg.usage.input_tokens, msg.usage.output_tokens) == _ledger(gw.db, rid)
+    assert (msg.usage.input_tokens, msg.usage.output_tokens) == ledger_usage(gw.db, rid)
     assert msg.usage.output_tokens == 8  # 2 reasoning + 6 answer tokens, as the engine counted
 
 
@@ -135,7 +120,7 @@ def test_messages_stream_event_sequence_exact(gw: Any) -> None:
                    ("message_delta", None, None), ("message_stop", None, None)]
     delta = events[-2][1]
     assert delta["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
-    assert (delta["usage"]["input_tokens"], delta["usage"]["output_tokens"]) == _ledger(gw.db, rid)
+    assert (delta["usage"]["input_tokens"], delta["usage"]["output_tokens"]) == ledger_usage(gw.db, rid)
     with _claude(gw).messages.stream(model="m", max_tokens=5, messages=body["messages"]) as s:
         final = s.get_final_message()
     assert final.content[1].text == " tok0 tok1 tok2" and final.stop_reason == "max_tokens"
@@ -216,7 +201,7 @@ def test_responses_create_and_ledger_usage(gw: Any) -> None:
     assert resp.output_text == " tok0 tok1 tok2 tok3 tok4 tok5" and resp.status == "completed"
     assert resp.store is False and resp.id == f"resp_{raw.headers['x-request-id']}"
     assert resp.usage is not None
-    assert (resp.usage.input_tokens, resp.usage.output_tokens) == _ledger(gw.db, raw.headers["x-request-id"])
+    assert (resp.usage.input_tokens, resp.usage.output_tokens) == ledger_usage(gw.db, raw.headers["x-request-id"])
     cut = _oai(gw).responses.create(model="m", input="hello", max_output_tokens=4)
     assert cut.status == "incomplete" and cut.incomplete_details is not None
     assert cut.incomplete_details.reason == "max_output_tokens"
@@ -238,7 +223,7 @@ def test_responses_stream_event_sequence_exact(gw: Any) -> None:
         "response.output_text.done", "response.content_part.done", "response.output_item.done",
         "response.incomplete"]
     usage = events[-1][1]["response"]["usage"]
-    assert (usage["input_tokens"], usage["output_tokens"]) == _ledger(gw.db, rid)
+    assert (usage["input_tokens"], usage["output_tokens"]) == ledger_usage(gw.db, rid)
     parsed = list(_oai(gw).responses.create(**body))
     assert [e.type for e in parsed] == [n for n, _ in events]
     done = parsed[-1].response  # type: ignore[union-attr]

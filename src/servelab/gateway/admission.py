@@ -147,9 +147,9 @@ class Admitter:
         deg = self.degrade_hook(snap, key, r)  # under pressure, by the key's priority class
         model, entry = r.model, snap.cfg.models[r.model]
         # engine scheduling/transport/template fields: refused or dropped unless the model allows them
-        dropped = enginefields.screen(body, entry.engine_fields, model)
+        dropped = enginefields.screen(body, entry.engine_fields, model, endpoint)
         out_cap = 0
-        if endpoint != "embeddings":
+        if endpoint not in caps_mod.POOLED:
             limit = server.max_tokens_limit
             if seqs > limit or (asked is not None and asked * seqs > limit):
                 which = "n" if seqs > limit or "n" in body else "prompt"
@@ -173,10 +173,10 @@ class Admitter:
         if dropped:
             r.policy = {**(r.policy or {}), "engine_fields_dropped": dropped}
         caps_mod.check_request(entry, endpoint, body, r.prompt_est, model_name=model, max_tokens=out_cap)
-        if endpoint != "embeddings":  # one bound, in the gateway's form; each attempt maps it (lengths.py)
+        if endpoint not in caps_mod.POOLED:  # one bound, in the gateway's form; each attempt maps it (lengths.py)
             lengths.canonicalise(body, out_cap, want.min_tokens)
         r.out_cap = out_cap
-        r.stream = endpoint != "embeddings" and body.get("stream") is True
+        r.stream = endpoint not in caps_mod.POOLED and body.get("stream") is True
         tenant_cfg = snap.cfg.tenants.get(key.tenant)
         if tenant_cfg is not None and tenant_cfg.log_prompts:
             text = caps_mod.prompt_text(endpoint, body)

@@ -42,7 +42,25 @@ BYTES_PER_TOKEN_MAX = 6
 #: Chat-template tokens counted per message (role markers); 1 keeps the estimate a lower bound.
 TOKENS_PER_MESSAGE = 1
 
-ENDPOINTS = ("chat", "completions", "embeddings")
+ENDPOINTS = ("chat", "completions", "embeddings", "rerank")
+#: endpoints whose answer is computed from the input alone (no generated tokens, no output bound)
+POOLED = frozenset({"embeddings", "rerank"})
+
+
+def rerank_documents(body: dict[str, Any]) -> list[str]:
+    """The texts of a rerank request's ``documents`` (strings, or ``{"text": ...}`` objects as Cohere and
+    vLLM accept); anything else is skipped (:func:`validate_request` refuses it first)."""
+    docs = body.get("documents")
+    out: list[str] = []
+    for d in docs if isinstance(docs, list) else ():
+        t = d.get("text") if isinstance(d, dict) else d
+        if isinstance(t, str):
+            out.append(t)
+    return out
+
+
+def _ntok(text: str) -> int:
+    return -(-len(text.encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN_MAX)
 
 
 def _texts(endpoint: str, body: dict[str, Any]) -> list[str]:
@@ -64,6 +82,9 @@ def _texts(endpoint: str, body: dict[str, Any]) -> list[str]:
 
             out.append(orjson.dumps(tools).decode())
         return out
+    if endpoint == "rerank":
+        q = body.get("query")
+        return ([q] if isinstance(q, str) else []) + rerank_documents(body)
     key = "prompt" if endpoint == "completions" else "input"
     p = body.get(key)
     if isinstance(p, str):
@@ -100,9 +121,13 @@ def prompt_text(endpoint: str, body: dict[str, Any]) -> str:
 def estimate_prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
     """A lower-bound estimate of the prompt's tokens (see module doc): ``ceil(bytes / 6)`` of all text
     (+1 per chat message; token-id prompts count one per id). Never raises on odd shapes."""
+    if endpoint == "rerank":  # each document is scored with the query: the query counts once per document
+        q = body.get("query")
+        docs = rerank_documents(body)
+        return (_ntok(q) if isinstance(q, str) else 0) * len(docs) + sum(_ntok(d) for d in docs)
     n = 0
     for t in _texts(endpoint, body):
-        n += -(-len(t.encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN_MAX)
+        n += _ntok(t)
     if endpoint == "chat":
         msgs = body.get("messages")
         if isinstance(msgs, list):
@@ -120,12 +145,17 @@ def supported_summary(caps: Capabilities) -> str:
     """What a model supports, in words: ``text input, tools, JSON-schema output, 8192-token context``."""
     parts = [" and ".join(caps.input_modalities) + " input"]
     if caps.embeddings:
-        parts.append("embeddings only (/v1/embeddings)")
+        dim = f", {caps.embedding_dimensions} dimensions" if caps.embedding_dimensions else ""
+        parts.append(f"embeddings only (/v1/embeddings{dim})")
+    elif caps.rerank:
+        parts.append("rerank only (/v1/rerank)")
     else:
         parts.append("tools" if caps.tools else "no tools")
         parts.append("JSON-schema output" if caps.json_schema else "no JSON-schema output")
     if caps.context_tokens:
         parts.append(f"{caps.context_tokens}-token context")
+    if caps.max_input_tokens:
+        parts.append(f"inputs up to {caps.max_input_tokens} tokens")
     return ", ".join(parts)
 
 
@@ -181,17 +211,50 @@ def validate_request(
         p = body.get("prompt")
         if not isinstance(p, (str, list)) or isinstance(p, list) and not p:
             raise bad_request("'prompt' must be a string or a non-empty list", param="prompt", code="invalid_type")
+    elif endpoint == "rerank":
+        _validate_rerank(body)
     else:
         p = body.get("input")
         if not isinstance(p, (str, list)) or isinstance(p, list) and not p:
             raise bad_request("'input' must be a string or a non-empty list", param="input", code="invalid_type")
+        _want(body.get("dimensions"), "dimensions", int, "an integer")
     _want(body.get("stream"), "stream", bool, "true or false")
     _want(body.get("stream_options"), "stream_options", dict, "an object")
     _want(body.get("response_format"), "response_format", dict, "an object")
     _want(body.get("tools"), "tools", list, "a list")
-    if endpoint == "embeddings":
+    if endpoint in POOLED:
         return LengthRequest(None, False, None, None, ())
     return read_lengths(body, max_tokens_limit, engine_length_fields)
+
+
+def _validate_rerank(body: dict[str, Any]) -> None:
+    """``query`` a non-empty string, ``documents`` a non-empty list of strings or ``{"text": str}`` objects,
+    ``top_n`` an integer >= 0 (0 = all, vLLM's default), ``return_documents`` a boolean; no streaming."""
+    q = body.get("query")
+    if not isinstance(q, str) or not q:
+        raise bad_request("'query' must be a non-empty string", param="query", code="invalid_type")
+    docs = body.get("documents")
+    if not isinstance(docs, list) or not docs:
+        raise bad_request(
+            "'documents' must be a non-empty list of strings (or {\"text\": ...} objects)",
+            param="documents",
+            code="invalid_type",
+        )
+    for i, d in enumerate(docs):
+        if not isinstance(d.get("text") if isinstance(d, dict) else d, str):
+            raise bad_request(
+                f"documents[{i}] must be a string or an object with a string 'text'",
+                param=f"documents[{i}]",
+                code="invalid_type",
+            )
+    top = body.get("top_n")
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool) or top < 0):
+        raise bad_request(
+            f"'top_n' must be an integer >= 0 (0 = every document), got {top!r}", param="top_n", code="invalid_value"
+        )
+    _want(body.get("return_documents"), "return_documents", bool, "true or false")
+    if body.get("stream") not in (None, False):
+        raise bad_request("rerank answers are not streamed; remove 'stream'", param="stream", code="invalid_value")
 
 
 def check_depth(raw: bytes, body: Any, max_depth: int) -> None:
@@ -223,7 +286,7 @@ def output_sequences(endpoint: str, body: dict[str, Any]) -> int:
     ``sequences x max_tokens`` (OpenAI: "charged based on the number of generated tokens across all of
     the choices", https://platform.openai.com/docs/api-reference/chat/create, checked 2026-11-30).
     Raises GatewayError 400 (``param`` ``n``/``n_cmpl``/``best_of``) when they are not integers >= 1."""
-    if endpoint == "embeddings":
+    if endpoint in POOLED:
         return 0
     seqs = 1
     for name in ("n", "n_cmpl", "best_of") if endpoint == "completions" else ("n", "n_cmpl"):
@@ -268,16 +331,9 @@ def check_request(
     caps = entry.capabilities
     sup = f"it supports: {supported_summary(caps)}"
     name = f"model '{model_name}'" if model_name != "this model" else model_name
-    if endpoint == "embeddings" and not caps.embeddings:
-        raise bad_request(
-            f"{name} is not an embedding model; send it to /v1/chat/completions ({sup})",
-            param="model",
-            code="model_not_supported",
-        )
-    if endpoint != "embeddings" and caps.embeddings:
-        raise bad_request(
-            f"{name} is an embedding model; send it to /v1/embeddings", param="model", code="model_not_supported"
-        )
+    _check_route(caps, endpoint, name, sup)
+    if endpoint in POOLED:
+        _check_inputs(caps, endpoint, body, name, sup)
     if endpoint == "chat":
         tools = body.get("tools")
         tc = body.get("tool_choice")
@@ -321,7 +377,7 @@ def check_request(
     if ctx:
         asked = body.get("max_completion_tokens") or body.get("max_tokens") or 0
         out = max_tokens if max_tokens is not None else asked
-        out = out if endpoint != "embeddings" and isinstance(out, int) else 0
+        out = out if endpoint not in POOLED and isinstance(out, int) else 0
         if prompt_tokens_est + out > ctx:
             raise GatewayError(
                 400,
@@ -329,5 +385,58 @@ def check_request(
                 f"{prompt_tokens_est} + max_tokens {out}) but {name} has a {ctx}-token context; "
                 "shorten the prompt or lower max_tokens",
                 code="context_length_exceeded",
-                param="messages" if endpoint == "chat" else ("prompt" if endpoint == "completions" else "input"),
+                param={"chat": "messages", "completions": "prompt", "rerank": "documents"}.get(endpoint, "input"),
+            )
+
+
+def _check_route(caps: Capabilities, endpoint: str, name: str, sup: str) -> None:
+    """An embedding model serves /v1/embeddings only, a rerank model /v1/rerank only, the others neither."""
+    own = "embeddings" if caps.embeddings else ("rerank" if caps.rerank else None)
+    if endpoint == own or (own is None and endpoint not in POOLED):
+        return
+    if own is not None:
+        what = "an embedding" if own == "embeddings" else "a rerank"
+        raise bad_request(f"{name} is {what} model; send it to /v1/{own}", param="model", code="model_not_supported")
+    what = "an embedding" if endpoint == "embeddings" else "a rerank"
+    raise bad_request(
+        f"{name} is not {what} model; send it to /v1/chat/completions ({sup})",
+        param="model",
+        code="model_not_supported",
+    )
+
+
+def _check_inputs(caps: Capabilities, endpoint: str, body: dict[str, Any], name: str, sup: str) -> None:
+    """The declared ``embedding_dimensions`` against a request's ``dimensions`` and ``max_input_tokens``
+    against each input's estimated tokens (an embedding input; a rerank query + one document): the
+    estimate is a lower bound (module doc), so only inputs that cannot fit under any tokenizer are refused."""
+    dims = body.get("dimensions")
+    top = caps.embedding_dimensions
+    if endpoint == "embeddings" and isinstance(dims, int) and top is not None and not 1 <= dims <= top:
+        raise bad_request(
+            f"'dimensions' must be 1 ... {top} for {name} ({sup})", param="dimensions", code="invalid_value"
+        )
+    limit = caps.max_input_tokens
+    if not limit:
+        return
+    if endpoint == "rerank":
+        q = body.get("query")
+        qt = _ntok(q) if isinstance(q, str) else 0
+        sizes = [(f"documents[{i}]", qt + _ntok(d)) for i, d in enumerate(rerank_documents(body))]
+    else:
+        p = body.get("input")
+        items = [p] if isinstance(p, str) or (isinstance(p, list) and p and isinstance(p[0], int)) else p
+        sizes = [
+            ("input" if isinstance(p, str) else f"input[{i}]", _ntok(x) if isinstance(x, str) else len(x))
+            for i, x in enumerate(items if isinstance(items, list) else ())
+            if isinstance(x, (str, list))
+        ]
+    for where, n in sizes:
+        if n > limit:
+            what = "the query and this document" if endpoint == "rerank" else "this input"
+            raise GatewayError(
+                400,
+                f"{where}: {what} need at least {n} tokens but {name} takes at most {limit} per input; "
+                f"shorten or split it ({sup})",
+                code="input_too_long",
+                param=where,
             )

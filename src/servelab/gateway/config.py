@@ -346,6 +346,16 @@ class Capabilities(FrozenModel):
     json_schema: bool = Field(False, description="accepts response_format json_schema / json_object")
     reasoning: bool = Field(False, description="streams reasoning text")
     embeddings: bool = Field(False, description="an embedding model: /v1/embeddings only")
+    rerank: bool = Field(False, description="a rerank (cross-encoder) model: /v1/rerank and /rerank only")
+    embedding_dimensions: int | None = Field(
+        None, ge=1, description="length of its embedding vectors; a request's 'dimensions' above it is refused"
+    )
+    max_input_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="longest single input of an embedding or rerank model, tokens (an embedding input; a "
+        "rerank query + one document); null = not checked by the gateway",
+    )
     price_in_per_1m: float | None = Field(None, ge=0, description="price per 1M input tokens")
     price_out_per_1m: float | None = Field(None, ge=0, description="price per 1M output tokens")
     currency: str = Field("USD", description="currency of the prices")
@@ -772,8 +782,7 @@ class GatewayConfig(FrozenModel):
         for name, m in self.models.items():
             for j, t in enumerate(m.targets):
                 _check_target(t, backends, f"models.{name}.targets[{j}]")
-            if m.capabilities.embeddings and (m.capabilities.tools or m.capabilities.json_schema):
-                raise ValueError(f"models.{name}.capabilities: an embedding model cannot declare tools or json_schema")
+            _check_pooled(m.capabilities, f"models.{name}.capabilities")
             for j, f in enumerate(m.fallback):
                 if f.model not in self.models:
                     raise ValueError(
@@ -841,6 +850,18 @@ def _check_model_refs(cfg: GatewayConfig) -> None:
     for where, mname in refs:
         if mname not in cfg.models:
             raise ValueError(f"{where}: {mname!r} is not a model; one of {', '.join(cfg.models)}")
+
+
+def _check_pooled(c: Capabilities, where: str) -> None:
+    """An embedding or rerank model serves only its own route: it cannot be both, declare chat features,
+    or (rerank) an embedding dimension."""
+    if c.embeddings and c.rerank:
+        raise ValueError(f"{where}: a model is an embedding model or a rerank model, not both")
+    kind = "an embedding" if c.embeddings else ("a rerank" if c.rerank else None)
+    if kind is not None and (c.tools or c.json_schema):
+        raise ValueError(f"{where}: {kind} model cannot declare tools or json_schema")
+    if c.embedding_dimensions is not None and not c.embeddings:
+        raise ValueError(f"{where}.embedding_dimensions: only an embedding model (embeddings: true) has one")
 
 
 def _check_target(t: Target, backends: dict[str, Backend], where: str) -> None:

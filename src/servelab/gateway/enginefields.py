@@ -84,17 +84,22 @@ ENGINE_FIELDS: Mapping[str, tuple[str, str]] = {
     "return_routed_experts": ("expert-routing output (costly)", "SGLang"),
 }
 
+#: fields an endpoint's own API defines that share a name with an engine field of another endpoint: never
+#: screened there (rerank's ``documents`` are what is ranked, not vLLM's chat-template documents)
+API_FIELDS: dict[str, frozenset[str]] = {"rerank": frozenset({"documents"})}
+
 #: backend kinds whose engines schedule by the body's ``priority`` (lower = served first; the dialect table's)
 PRIORITY_KINDS = frozenset(kind for kind, d in DIALECTS.items() if d.priority_scheduling)
 
 
-def screen(body: dict[str, Any], policy: Any, model: str) -> list[str]:
+def screen(body: dict[str, Any], policy: Any, model: str, endpoint: str = "chat") -> list[str]:
     """Check the client's ``body`` against the model's ``policy`` (``models.<model>.engine_fields``,
     an :class:`~servelab.gateway.config.EngineFields`) before anything is reserved. With ``action:
     refuse`` a listed field not in ``allow`` raises :class:`GatewayError` 400 ``engine_field_not_allowed``
     (the first one, by name); with ``drop`` such fields are removed from ``body`` and their names returned
-    (sorted; empty when none)."""
-    found = sorted(f for f in body if f in ENGINE_FIELDS and f not in policy.allow)
+    (sorted; empty when none). The ``endpoint``'s own fields (:data:`API_FIELDS`) are not screened."""
+    own = API_FIELDS.get(endpoint, frozenset())
+    found = sorted(f for f in body if f in ENGINE_FIELDS and f not in policy.allow and f not in own)
     if not found:
         return []
     if policy.action == "refuse":

@@ -219,8 +219,8 @@ def for_backend(kind: str, endpoint: str, body: Mapping[str, Any], cap: int) -> 
     """The body to send to a backend of ``kind`` on ``endpoint`` (``chat``/``completions``/``embeddings``):
     exactly one bound, ``min(body's max_tokens, cap)`` tokens (``cap`` when the body has none, e.g. a
     fallback's params removed it), in the field the dialect reads; every other length field removed.
-    Embeddings bodies are returned unchanged (as a copy). A ``kind`` this module does not know gets
+    Embeddings and rerank bodies are returned unchanged (as a copy). A ``kind`` this module does not know gets
     ``max_tokens`` alone (the field every OpenAI-compatible server reads)."""
-    if endpoint == "embeddings":
+    if endpoint in ("embeddings", "rerank"):
         return dict(body)
     return FORWARDERS.get(kind, _plain)(body, cap, endpoint)

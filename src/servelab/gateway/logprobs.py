@@ -54,12 +54,13 @@ def _check(full: str, v: Any, cap: int, setting: str) -> None:
 
 def check_logprobs(endpoint: str, body: Mapping[str, Any], max_top: int, max_legacy: int) -> None:
     """Refuse ``body`` when a log-probability count is above its bound (module doc). ``endpoint``:
-    ``chat``/``completions``/``embeddings`` (nothing checked); ``max_top``: ``server.max_top_logprobs``,
+    ``chat``/``completions``/``embeddings``/``rerank`` (the last two: nothing checked); ``max_top``:
+    ``server.max_top_logprobs``,
     ``max_legacy``: ``server.max_logprobs`` (alternatives per token).
 
     Raises GatewayError 400: ``logprobs_too_large`` above a bound, ``invalid_value`` for a negative or
     non-integer count (``param`` = the dotted field name)."""
-    if endpoint == "embeddings":
+    if endpoint in ("embeddings", "rerank"):
         return
     for where, name, which in COUNT_FIELDS:
         c = body if where is None else body.get(where)

@@ -136,10 +136,10 @@ def bounds_for(cfg: Any, model: str, task: str | None) -> dict[str, _Bound]:
 def apply(body: dict[str, Any], bounds: dict[str, _Bound], endpoint: str) -> Applied:
     """Apply ``bounds`` (:func:`resolve`) to the request ``body`` in place: defaults for absent
     parameters, clamped values, or raise :class:`GatewayError` 400 ``parameter_out_of_range`` for a
-    refused one. Embedding requests are left alone. ``max_tokens`` is returned in
+    refused one. Embedding and rerank requests are left alone. ``max_tokens`` is returned in
     :attr:`Applied.max_tokens` for :meth:`Applied.output_cap`."""
     done = Applied()
-    if endpoint == "embeddings" or not bounds:
+    if endpoint in ("embeddings", "rerank") or not bounds:
         return done
     for name, b in bounds.items():
         if name == "max_tokens":

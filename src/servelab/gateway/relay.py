@@ -150,11 +150,13 @@ class Relay:
             r.completion_tokens = r.tally.completion()
             return
         pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if r.endpoint == "rerank" and not isinstance(pt, int):  # vLLM's rerank usage: total_tokens only
+            pt = usage.get("total_tokens")
         if isinstance(pt, int):
             r.prompt_tokens = pt
         if isinstance(ct, int):
             r.completion_tokens = ct
-        elif r.endpoint == "embeddings" and isinstance(pt, int):
+        elif r.endpoint in ("embeddings", "rerank") and isinstance(pt, int):
             r.completion_tokens = 0
 
     async def pipe_stream(  # noqa: C901 - the per-chunk hot loop, kept whole: each split adds calls per chunk

@@ -1,7 +1,8 @@
 """The gateway's aiohttp server: the OpenAI API in front of many engines; lifecycle, hot reload and the
 per-request orchestration of the modules that do each job.
 
-Per request (``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``; ``/v1/messages``,
+Per request (``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/rerank`` (and
+``/rerank``, vLLM's and TEI's path) forwarded as they are; ``/v1/messages``,
 ``/v1/messages/count_tokens`` and ``/v1/responses`` translated to chat completions by
 :mod:`servelab.gateway.apis`), each step in its own module:
 
@@ -104,6 +105,8 @@ _ROUTES = {
     "/v1/chat/completions": "POST",
     "/v1/completions": "POST",
     "/v1/embeddings": "POST",
+    "/v1/rerank": "POST",
+    "/rerank": "POST",
     "/v1/messages": "POST",
     "/v1/messages/count_tokens": "POST",
     "/v1/responses": "POST",
@@ -300,6 +303,8 @@ class Gateway:
         r.add_post("/v1/chat/completions", self._chat)
         r.add_post("/v1/completions", self._completions)
         r.add_post("/v1/embeddings", self._embeddings)
+        r.add_post("/v1/rerank", self._rerank)
+        r.add_post("/rerank", self._rerank)
         r.add_post("/v1/messages", lambda q: self._handle(q, "chat", MessagesApi()))
         r.add_post("/v1/messages/count_tokens", lambda q: self._handle(q, "chat", CountTokensApi()))
         r.add_post("/v1/responses", lambda q: self._handle(q, "chat", ResponsesApi()))
@@ -937,6 +942,9 @@ class Gateway:
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "embeddings")
+
+    async def _rerank(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "rerank")
 
     async def _handle(self, request: web.Request, endpoint: str, api: ApiAdapter | None = None) -> web.StreamResponse:
         """One API request through the whole pipeline (module doc). ``api``: the adapter of an API that is

@@ -93,7 +93,7 @@ class ShadowSample(_Model):
     ts: float = Field(description="epoch seconds when the request arrived")
     request_id: str
     model: str = Field(description="the public model")
-    endpoint: Literal["chat", "completions", "embeddings"]
+    endpoint: Literal["chat", "completions", "embeddings", "rerank"]
     stream: bool
     primary: ShadowSide
     shadow: ShadowSide
@@ -388,7 +388,7 @@ def sample_of(
     stream: bool,
 ) -> ShadowSample:
     """The :class:`ShadowSample` of one pair (text compared when both sides are complete)."""
-    both = run_primary.complete and shadow.complete and endpoint != "embeddings"
+    both = run_primary.complete and shadow.complete and endpoint not in ("embeddings", "rerank")
     return ShadowSample(
         ts=ts,
         request_id=request_id,

@@ -46,7 +46,13 @@ __all__ = ["ENDPOINT_PATH", "Upstream", "reason"]
 
 log = logging.getLogger("servelab.gateway")
 
-ENDPOINT_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
+#: the engine path of each gateway endpoint (rerank: vLLM's and llama-server's ``/v1/rerank``)
+ENDPOINT_PATH = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+    "rerank": "/v1/rerank",
+}
 _STALE = (aiohttp.ServerDisconnectedError,)
 _CONNECT_ERRORS = (aiohttp.ClientConnectionError, ConnectionError, OSError)
 
@@ -59,7 +65,7 @@ def _engine_fields(up: dict[str, Any], snap: Snapshot, target: Target, r: Reques
         entry.engine_fields if entry is not None else None,
         target.kind,
         degrade.priority_of(snap.cfg, r),
-        keep=target.overrides,
+        keep=(*target.overrides, *enginefields.API_FIELDS.get(r.endpoint, ())),
     )
 
 

@@ -4,6 +4,7 @@ request, the ``time.monotonic_ns()`` at which it wrote every token-carrying chun
 so a client's measurements can be checked against what the server really did.
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` true or false),
+``POST /v1/rerank`` and ``/rerank`` (a deterministic score, :mod:`servelab.engines.mock.rerank`),
 ``GET /v1/models``, ``GET /health`` (and ``GET /``), ``GET /metrics`` (Prometheus text), the dialect's
 identity endpoints (:mod:`servelab.engines.mock.info`), and the mock-only ``GET /mock/records``,
 ``GET /mock/stats``, ``POST /mock/reset``.
@@ -37,6 +38,7 @@ from servelab.engines.mock.encoders import (
 )
 from servelab.engines.mock.info import info_routes, model_card
 from servelab.engines.mock.plan import Plan, count_words, plan_answer
+from servelab.engines.mock.rerank import rerank_handler
 from servelab.wire.dialects import stream_rules
 
 __all__ = ["INJECTED_KINDS", "SAMPLING_FIELDS", "MockRecord", "MockServer", "start_mock"]
@@ -170,6 +172,8 @@ class MockServer:
         r.add_post("/v1/completions", self._completions)
         r.add_post("/chat/completions", self._chat)
         r.add_post("/completions", self._completions)
+        r.add_post("/v1/rerank", rerank_handler(self.config.model))
+        r.add_post("/rerank", rerank_handler(self.config.model))
         r.add_get("/v1/models", self._models)
         r.add_get("/health", self._health)
         r.add_get("/", self._root)

@@ -1,0 +1,138 @@
+"""Rerank (``POST /v1/rerank`` and ``/rerank``) through the real gateway against servelab's mock engine (its
+deterministic word-overlap score), and the registry's declarations of embedding and rerank models
+(``rerank``, ``embedding_dimensions``, ``max_input_tokens``) enforced before any engine sees a request.
+
+The unit tests check the config rules, the prompt estimate and the mock's score in-process; the proc tests
+start one gateway and one mock per module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import gateway_key, ledger_usage, start_gateway, start_mock_process, stop_gateway, stop_mock_process
+
+from servelab.engines.mock.rerank import rerank_answer, score
+from servelab.gateway.capabilities import estimate_prompt_tokens
+from servelab.gateway.config import parse_config
+
+DOCS = ["the cat sat on the mat", "dogs chase cats", "a cat and a dog", "stock prices fell"]
+
+
+def _cfg(caps: dict[str, Any]) -> dict[str, Any]:
+    return {"backends": [{"name": "b", "kind": "mock", "base_url": "http://127.0.0.1:9", "models": ["m"]}],
+            "models": {"r": {"targets": [{"backend": "b"}], "capabilities": caps}}}
+
+
+@pytest.mark.parametrize(("caps", "words"), [
+    ({"rerank": True, "embeddings": True}, "not both"),
+    ({"rerank": True, "tools": True}, "a rerank model cannot declare tools"),
+    ({"rerank": True, "embedding_dimensions": 8}, "only an embedding model"),
+])
+def test_config_refuses_contradictory_declarations(caps: dict[str, Any], words: str) -> None:
+    with pytest.raises(Exception, match=words):
+        parse_config(_cfg(caps))
+
+
+def test_rerank_estimate_counts_the_query_once_per_document() -> None:
+    body = {"query": "x" * 12, "documents": ["y" * 6, {"text": "z" * 18}]}
+    # 12 bytes -> 2 tokens per pairing, 6 -> 1, 18 -> 3 (6 bytes per token, capabilities module doc)
+    assert estimate_prompt_tokens("rerank", body) == 2 * 2 + 1 + 3
+
+
+def test_mock_score_is_the_query_word_share_and_sorted() -> None:
+    assert score("cat mat", "the cat sat on the mat") == 1.0
+    assert score("cat dog", "a cat") == 0.5
+    status, ans = rerank_answer({"query": "cat mat", "documents": DOCS, "top_n": 2}, "m")
+    assert status == 200
+    # "cat mat": doc 0 has both words (1.0), doc 2 "cat" only (0.5), docs 1 and 3 neither
+    assert [(x["index"], x["relevance_score"]) for x in ans["results"]] == [(0, 1.0), (2, 0.5)]
+    words = sum(2 + len(d.split()) for d in DOCS)
+    assert ans["usage"] == {"prompt_tokens": words, "total_tokens": words}
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A gateway with ``rr`` (a rerank model, inputs up to 20 tokens), ``emb`` (an embedding model of 64
+    dimensions, same backend: only admission is exercised), ``chat`` (a chat model) and key ``key``; ``tight``
+    may send 30 tokens a minute."""
+    tmp = tmp_path_factory.mktemp("rerank")
+    mock = start_mock_process("--dialect", "vllm", "--output-tokens", "4")
+    key, entry = gateway_key("k1", "t")
+    tight, tight_entry = gateway_key("k2", "t")
+    cfg = {"backends": [{"name": "b", "kind": "mock", "base_url": mock.root, "models": ["m"]}],
+           "models": {"rr": {"targets": [{"backend": "b"}], "capabilities": {"rerank": True, "max_input_tokens": 20}},
+                      "emb": {"targets": [{"backend": "b"}],
+                              "capabilities": {"embeddings": True, "embedding_dimensions": 64}},
+                      "chat": {"targets": [{"backend": "b"}]}},
+           "retry": {"attempts": 0},
+           "tenants": {"t": {}}, "keys": [entry, {**tight_entry, "tpm": 30}]}
+    proc = start_gateway(cfg, tmp / "gw")
+    try:
+        yield type("GW", (), {"url": proc.url, "root": proc.root, "key": key, "tight": tight,
+                              "db": Path(proc.config["ledger"]["sqlite_path"]), "log": proc.access_log})
+    finally:
+        stop_gateway(proc.proc)
+        stop_mock_process(mock.proc)
+
+
+def _post(gw: Any, path: str, body: dict[str, Any], key: str | None = None) -> httpx.Response:
+    return httpx.post(gw.root + path, json=body, headers={"Authorization": f"Bearer {key or gw.key}"}, timeout=10)
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/rerank"])
+def test_rerank_results_usage_and_ledger(gw: Any, path: str) -> None:
+    resp = _post(gw, path, {"model": "rr", "query": "cat mat", "documents": DOCS, "top_n": 2})
+    assert resp.status_code == 200, resp.text
+    ans = resp.json()
+    assert ans["model"] == "rr"  # the public name, never the engine's
+    assert [(x["index"], x["relevance_score"]) for x in ans["results"]] == [(0, 1.0), (2, 0.5)]
+    words = sum(2 + len(d.split()) for d in DOCS)  # the mock counts words as tokens
+    assert ans["usage"]["prompt_tokens"] == words
+    assert ledger_usage(gw.db, resp.headers["X-Request-ID"]) == (words, 0)
+
+
+@pytest.mark.parametrize(("model", "body", "param", "code"), [
+    ("rr", {"documents": DOCS}, "query", "invalid_type"),
+    ("rr", {"query": "q", "documents": []}, "documents", "invalid_type"),
+    ("rr", {"query": "q", "documents": ["ok", 3]}, "documents[1]", "invalid_type"),
+    ("rr", {"query": "q", "documents": DOCS, "top_n": -1}, "top_n", "invalid_value"),
+    ("rr", {"query": "q", "documents": DOCS, "stream": True}, "stream", "invalid_value"),
+    ("rr", {"query": "q", "documents": ["ok", "word " * 40]}, "documents[1]", "input_too_long"),
+    ("chat", {"query": "q", "documents": DOCS}, "model", "model_not_supported"),
+])
+def test_rerank_bad_input_is_one_clear_400(gw: Any, model: str, body: dict[str, Any], param: str,
+                                           code: str) -> None:
+    resp = _post(gw, "/v1/rerank", {"model": model, **body})
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert (err["param"], err["code"]) == (param, code)
+    assert "\n" not in err["message"] and "Traceback" not in err["message"]
+
+
+def test_rerank_model_on_chat_and_embedding_declarations(gw: Any) -> None:
+    resp = _post(gw, "/v1/chat/completions", {"model": "rr", "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status_code == 400
+    assert "/v1/rerank" in resp.json()["error"]["message"]
+    resp = _post(gw, "/v1/embeddings", {"model": "emb", "input": "hello", "dimensions": 128})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == "dimensions"
+    assert "1 ... 64" in resp.json()["error"]["message"]
+
+
+def test_rerank_wrong_key_and_token_limit(gw: Any) -> None:
+    resp = _post(gw, "/v1/rerank", {"model": "rr", "query": "q", "documents": DOCS}, key="sk-sl-nobody-" + "0" * 64)
+    assert resp.status_code == 401
+    # tpm 30 counts input tokens: the first request is admitted on its estimate (under 30) and charged the
+    # engine's usage (the mock's word count, 25 tokens); the second's estimate does not fit what is left
+    body = {"model": "rr", "query": "cat mat", "documents": DOCS}
+    first = _post(gw, "/v1/rerank", body, key=gw.tight)
+    assert first.status_code == 200, first.text
+    ledger_usage(gw.db, first.headers["X-Request-ID"])
+    second = _post(gw, "/v1/rerank", body, key=gw.tight)
+    assert second.status_code == 429, second.text
+    assert "Retry-After" in second.headers
