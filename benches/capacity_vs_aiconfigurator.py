@@ -48,7 +48,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.bench.slo import parse_slo
+from servelab.bench.analysis.slo import parse_slo
 from servelab.capacity.plan import Workload, capacity
 from servelab.capacity.profile import Lengths, TrafficProfile
 from servelab.capacity.results import PerfParams

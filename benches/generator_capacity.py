@@ -175,7 +175,7 @@ def _servelab_cli_ok() -> bool:
     if _CLI_OK is None:
         exe = ROOT / ".venv" / "bin" / "servelab"
         r = subprocess.run([str(exe), "bench", "--help"], capture_output=True, timeout=60)
-        w = subprocess.run([str(VENV_PY), "-c", "import servelab.bench.workloads"], capture_output=True, timeout=60)
+        w = subprocess.run([str(VENV_PY), "-c", "import servelab.bench.workloads.registry"], capture_output=True, timeout=60)
         _CLI_OK = r.returncode == 0 and w.returncode == 0
     return _CLI_OK
 
@@ -399,7 +399,7 @@ def log_step(st: Step) -> None:
 SERVELAB_DRIVER = r"""
 import sys, json
 cfg = json.loads(sys.argv[1])
-from servelab.bench.runner import Bench, BenchConfig
+from servelab.bench.load.runner import Bench, BenchConfig
 from servelab.wire.types import RequestSpec
 counter = None
 if cfg.get("tokenizer"):

@@ -2,7 +2,7 @@
 """How late servelab's open loop sends each arrival, for several wake-up tails, against the box's floor.
 
 Replays a 200-request trace (exponential gaps, mean 10 ms, ten simultaneous arrivals at index 50: ~98
-req/s) through ``servelab.bench.load.run_step`` against ``servelab mock-engine`` at zero delay (its own
+req/s) through ``servelab.bench.load.step.run_step`` against ``servelab mock-engine`` at zero delay (its own
 process), once per tail per round, interleaved, and a blocking ``time.sleep`` to each instant (no work at
 all: what the OS and the VM's host allow). Prints per run the lateness P50/P99 (ms) and the generator's
 CPU seconds. Run by hand (not a test), as root for SCHED_FIFO like the tests:
@@ -24,8 +24,8 @@ import time
 
 import numpy as np
 
-from servelab.bench import waketimer
-from servelab.bench.load import LoadModel, run_step
+from servelab.bench.load import waketimer
+from servelab.bench.load.step import LoadModel, run_step
 from servelab.wire.client import make_session
 from servelab.wire.types import RequestSpec
 

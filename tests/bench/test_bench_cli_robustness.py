@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 from hypothesis_profiles import examples
 
 from servelab.bench.cli import _overrides
-from servelab.bench.load import arrival_offsets_s
+from servelab.bench.load.step import arrival_offsets_s
 from servelab.bench.options import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, split_list
-from servelab.bench.runner import BenchConfig
-from servelab.bench.slo import parse_slo
-from servelab.bench.workloads import parse_length, parse_ratio
+from servelab.bench.load.runner import BenchConfig
+from servelab.bench.analysis.slo import parse_slo
+from servelab.bench.workloads.registry import parse_length, parse_ratio
 from servelab.wire.client import ConfigError
 
 SERVELAB = str(Path(sys.executable).parent / "servelab")
@@ -488,7 +488,7 @@ _override_value = st.one_of(st.integers(-5, 3 * 10**6), st.floats(allow_nan=True
                                         "suffix_tokens", "lang", "extra", "bogus"]), _override_value, max_size=3))
 def test_workload_overrides_never_crash(name, overrides):
     """``--set KEY=VALUE`` for any key and value: a workload or one ConfigError line, never a traceback."""
-    from servelab.bench.workloads import make_workload
+    from servelab.bench.workloads.registry import make_workload
 
     try:
         wl = make_workload(name, None, **overrides)

@@ -86,7 +86,7 @@ def test_structured_gate_matches_the_schema(run):
     """Whatever the base model writes, the gate's verdict is the schema's verdict."""
     import jsonschema
 
-    from servelab.bench.workloads import make_workload
+    from servelab.bench.workloads.registry import make_workload
 
     _, summary, lines, _ = run
     schemas = {json.dumps(s["schema"], sort_keys=True) for s in

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from servelab.bench.events import BenchEvent, Proceed, Ready, Skip, StepDone, StepStarted, StepVerdict, Watcher
 from servelab.bench.results import Summary
-from servelab.bench.runner import Bench, BenchConfig
-from servelab.bench.workloads import make_workload
+from servelab.bench.load.runner import Bench, BenchConfig
+from servelab.bench.workloads.registry import make_workload
 
 
 class Recorder(Watcher):

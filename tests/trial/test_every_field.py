@@ -214,13 +214,13 @@ def open_loop(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrialRecord, Pa
 
 
 class BenchSpy:
-    """Wraps :class:`servelab.bench.runner.Bench`, keeping every bench the chat flow builds."""
+    """Wraps :class:`servelab.bench.load.runner.Bench`, keeping every bench the chat flow builds."""
 
     def __init__(self) -> None:
         self.benches: list[Any] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from servelab.bench.runner import Bench
+        from servelab.bench.load.runner import Bench
 
         b = Bench(*args, **kwargs)
         self.benches.append(b)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from servelab.bench.results import StepSummary
-from servelab.bench.steady import BLOCKS
+from servelab.bench.analysis.steady import BLOCKS
 from servelab.trial.decide import decide, effective_step
 from servelab.trial.results import CandidateResult
 from servelab.trial.spec import default_experiment

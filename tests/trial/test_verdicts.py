@@ -14,9 +14,9 @@ import math
 
 import numpy as np
 
-from servelab.bench.metrics import stats
+from servelab.bench.analysis.metrics import stats
 from servelab.bench.results import StepSummary
-from servelab.bench.slo import Objective
+from servelab.bench.analysis.slo import Objective
 from servelab.trial.decide import decide, effective_step
 from servelab.trial.results import CandidateResult
 from servelab.trial.spec import default_experiment

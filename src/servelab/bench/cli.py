@@ -136,9 +136,9 @@ def _check_workloads(
     """Build every workload once without a tokenizer, so a bad name, value or dataset is refused (one
     :class:`ConfigError` line) before any engine starts or any directory is made (they are built again,
     with the tokenizer, for the run). ``api``: ``messages``/``responses`` also turns the first requests into
-    that API's body (:func:`servelab.bench.apis.for_api`)."""
-    from servelab.bench import workloads as W
-    from servelab.bench.apis import for_api
+    that API's body (:func:`servelab.bench.workloads.apis.for_api`)."""
+    from servelab.bench.workloads.apis import for_api
+    from servelab.bench.workloads import registry as W
 
     if dataset is None:
         for w in wl_names:
@@ -354,11 +354,11 @@ def bench_command(
     import dataclasses
     import time as _time
 
+    from servelab.bench.analysis.slo import load_slo_file, parse_slo
+    from servelab.bench.load.runner import BenchConfig, make_run_dir, write_summary
+    from servelab.bench.load.stopping import StopSignals
     from servelab.bench.options import EngineOptions
-    from servelab.bench.production import PRODUCTION_WORKLOADS, ProductionOptions
-    from servelab.bench.runner import BenchConfig, make_run_dir, write_summary
-    from servelab.bench.slo import load_slo_file, parse_slo
-    from servelab.bench.stopping import StopSignals
+    from servelab.bench.workloads.production import PRODUCTION_WORKLOADS, ProductionOptions
 
     objectives = parse_slo(slo)
     if slo_file:
@@ -407,7 +407,7 @@ def bench_command(
         requests=requests,
     )
     workload = ",".join(wl_first)
-    from servelab.bench.apis import check_api_run, for_api, workload_endpoint
+    from servelab.bench.workloads.apis import check_api_run, for_api, workload_endpoint
 
     check_api_run(endpoint, wl_first if dataset is None else ["dataset"], ignore_eos)
     if "trace" in wl_first:  # one step, as many requests as the (windowed, capped) trace holds
@@ -444,7 +444,7 @@ def bench_command(
         lag_bound_ms=lag_bound_ms,
     )
     if ray is not None:
-        from servelab.bench.rayrun import _import_ray
+        from servelab.bench.load.rayrun import _import_ray
 
         _import_ray()  # one line now, not after the engine started, when ray is not installed
     wl_names = cfg.workloads  # the comma lists are split and checked by the model (bench.options.split_list)
@@ -461,7 +461,7 @@ def bench_command(
         ignore_eos=ignore_eos,
         api=endpoint,
     )
-    from servelab.bench import workloads as W
+    from servelab.bench.workloads import registry as W
 
     if (Path(out) / "requests.jsonl").exists():
         raise ConfigError(
@@ -552,7 +552,7 @@ def bench_command(
         write_summary(Path(out), summary)
     console = Console() if sys.stdout.isatty() else Console(width=200)
     print_summary(summary, console)
-    from servelab.bench.production import print_extras
+    from servelab.bench.workloads.production import print_extras
 
     print_extras(summary, console)
     lost = _report_generator(summary)
@@ -593,7 +593,7 @@ def summarize_command(
     """Rebuild DIR/summary.json from DIR/requests.jsonl (after kill -9, a crash or a lost summary),
     with the same metrics the bench writes. A last line cut short by the crash is ignored; the
     summary is marked "rebuilt" (and partial when steps did not finish)."""
-    from servelab.bench.rebuild import rebuild
+    from servelab.bench.analysis.rebuild import rebuild
 
     summary, found = rebuild(run_dir)
     if not quiet:
@@ -623,8 +623,8 @@ def _client_tokenizer(tokenizer: str | None, base_url: str, endpoint: str) -> tu
 
 
 def plan_steps(cfg: Any) -> list[Any]:
-    """The load steps of ``cfg`` (:func:`servelab.bench.runner.plan_loads`)."""
-    from servelab.bench.runner import plan_loads
+    """The load steps of ``cfg`` (:func:`servelab.bench.load.runner.plan_loads`)."""
+    from servelab.bench.load.runner import plan_loads
 
     return plan_loads(cfg)
 
@@ -661,7 +661,7 @@ def _run_with_progress(
     cfg: Any, objectives: Any, factory: Any, counter: Any, engine_identity: Any, quiet: bool, stop: Any
 ) -> dict[str, Any]:
     from servelab.bench.bars import Bars
-    from servelab.bench.runner import Bench
+    from servelab.bench.load.runner import Bench
 
     progress = Progress(
         TextColumn("{task.description}"),

@@ -17,7 +17,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from servelab.bench.extras import AgentSummary, EmbeddingsSummary, LanguageInfo, RagInfo, ReplayInfo, SessionsSummary
+from servelab.bench.workloads.extras import (
+    AgentSummary,
+    EmbeddingsSummary,
+    LanguageInfo,
+    RagInfo,
+    ReplayInfo,
+    SessionsSummary,
+)
 from servelab.wire.config import PublishedSchema, json_schema_of
 
 __all__ = [
@@ -66,7 +73,7 @@ class ResultModel(BaseModel):
 
 
 class Interval(ResultModel):
-    """A 95 % confidence interval (:mod:`servelab.bench.intervals`): ``lo``/``hi`` in the unit of the
+    """A 95 % confidence interval (:mod:`servelab.bench.analysis.intervals`): ``lo``/``hi`` in the unit of the
     figure it belongs to, ``None`` on a side the sample cannot bound (``hi`` of a P95 from fewer than
     72 values); ``n`` the sample size; ``method`` ``order-statistics`` (percentiles, distribution-free),
     ``t-blocks`` (time blocks of one run) or ``t-repeats`` (independent repeats)."""
@@ -79,7 +86,7 @@ class Interval(ResultModel):
 
 
 class Dist(ResultModel):
-    """A distribution (:func:`servelab.bench.metrics.stats`): ``count`` values, the rest ``None``
+    """A distribution (:func:`servelab.bench.analysis.metrics.stats`): ``count`` values, the rest ``None``
     when ``count`` is 0. Unit: that of the field holding it (``ttft_s``: seconds). ``std``: the sample
     standard deviation (``ddof=1``; ``None`` below 2 values; absent in summaries written before it). ``p50_ci``,
     ``p95_ci``, ``p99_ci``: each percentile's 95 % :class:`Interval` (summary schema 2; absent in 1)."""
@@ -162,7 +169,7 @@ class SloCheck(ResultModel):
 
 
 class LoadInfo(ResultModel):
-    """The :class:`servelab.bench.load.LoadModel` of a step, as written (``dataclasses.asdict``)."""
+    """The :class:`servelab.bench.load.step.LoadModel` of a step, as written (``dataclasses.asdict``)."""
 
     kind: Literal["closed", "open"] = "closed"
     concurrency: int | None = None
@@ -184,7 +191,7 @@ class ServerFigure(ResultModel):
 
 
 class WorkerStep(ResultModel):
-    """One load-generator worker's part of a step (:mod:`servelab.bench.workers`; a single-process run
+    """One load-generator worker's part of a step (:mod:`servelab.bench.load.workers`; a single-process run
     has one, worker 0). ``assigned``: requests given to it (``None`` for a closed loop bounded by
     ``--duration``, which has no fixed count); ``finished``: its lines in ``requests.jsonl``;
     ``cpu_fraction``: its process's CPU seconds (user + system, all threads) over the wall seconds from
@@ -267,7 +274,7 @@ class Generator(ResultModel):
 
 
 class Steady(ResultModel):
-    """The steady window of a step (:func:`servelab.bench.steady.steady_window`): the time the load
+    """The steady window of a step (:func:`servelab.bench.analysis.steady.steady_window`): the time the load
     was at its target — closed loop: all ``target_inflight`` requests in flight, from the moment the
     last of the first ``target_inflight`` was sent to the first end after the last send; open loop: from
     the first to the last arrival. ``ramp_s`` before it and ``drain_s`` after it (to the last end) are
@@ -299,7 +306,7 @@ class StepSummary(ResultModel):
     window, :class:`Steady`), ``repeat`` (the 0-based repeat round it ran in) and, for a ``mix`` step,
     ``by_class``: the same figures for the requests of each set in the mix (``short-qa``,
     ``structured``), measured while they ran together. The production-like workloads add their own
-    figures (:mod:`servelab.bench.extras`): ``sessions`` (per-turn TTFT against history length, session
+    figures (:mod:`servelab.bench.workloads.extras`): ``sessions`` (per-turn TTFT against history length, session
     success, cached prompt tokens), ``agent`` (per-step tool-call validity), ``replay`` (trace replay and
     its schedule lag), ``embeddings`` (vectors/s, tokens/s, batch size, input lengths), ``language``
     (tokens per character), ``rag`` (the real-document corpus and its prompt lengths)."""
@@ -419,11 +426,11 @@ class ToolCallLine(ResultModel):
 
 class RequestLine(ResultModel):
     """One line of ``requests.jsonl`` (also ``smoke.jsonl`` / ``quality.jsonl`` in a trial), as
-    :func:`servelab.bench.runner.record_to_json` writes it (docs/summary-schema.md lists the fields).
+    :func:`servelab.bench.load.runner.record_to_json` writes it (docs/summary-schema.md lists the fields).
     ``step_index``/``step_workload`` are set by the bench for load-step requests; ``worker``/``host`` name the
     load-generator worker that sent it and its machine, and ``t0_ns`` is that worker's start instant
     of the step on its own monotonic clock (several workers only: stamps of two hosts are compared only
-    as offsets from their ``t0_ns``, :mod:`servelab.bench.merge`); ``sample_passed``
+    as offsets from their ``t0_ns``, :mod:`servelab.bench.load.merge`); ``sample_passed``
     by the trial's quality samples."""
 
     id: int

@@ -27,8 +27,8 @@ import math
 
 import numpy as np
 
+from servelab.bench.analysis.slo import Objective, parse_slo
 from servelab.bench.results import Interval
-from servelab.bench.slo import Objective, parse_slo
 from servelab.capacity.peak import peak_load
 from servelab.capacity.profile import Lengths, Task, TrafficProfile
 from servelab.capacity.results import CandidatePlan, PerfParams, TierPlan, WhatIf

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
-from servelab.bench.slo import parse_slo
+from servelab.bench.analysis.slo import parse_slo
 from servelab.wire.config import PublishedSchema, StrictModel, json_schema_of, read_yaml_file, validation_error_line
 from servelab.wire.errors import ConfigError
 

@@ -1,7 +1,7 @@
 """Figures the trial adds to a bench run's step summaries, from its ``requests.jsonl``: the steady
-window of each step (:func:`servelab.bench.steady.steady_window`), the repeat round, and for a ``mix``
+window of each step (:func:`servelab.bench.analysis.steady.steady_window`), the repeat round, and for a ``mix``
 step the same figures per class of request in the mix (``by_class``, measured while they ran
-together; :func:`servelab.bench.runner.step_summary` of each class's requests, with the trial's
+together; :func:`servelab.bench.load.runner.step_summary` of each class's requests, with the trial's
 objectives), so that a structured request's latency inside the mix is visible apart."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from servelab.bench.load import LoadModel
+from servelab.bench.analysis.slo import Objective
+from servelab.bench.analysis.steady import steady_window
+from servelab.bench.load.runner import record_from_json, step_summary
+from servelab.bench.load.step import LoadModel
 from servelab.bench.results import RequestLine, StepSummary
-from servelab.bench.runner import record_from_json, step_summary
-from servelab.bench.slo import Objective
-from servelab.bench.steady import steady_window
 from servelab.wire.types import RequestRecord
 
 __all__ = ["annotate"]

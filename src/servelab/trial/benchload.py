@@ -1,11 +1,11 @@
-"""The :class:`~servelab.bench.runner.BenchConfig` load fields of a trial's load steps: closed loop
+"""The :class:`~servelab.bench.load.runner.BenchConfig` load fields of a trial's load steps: closed loop
 (``concurrency``) or open loop (``rates_rps`` with the arrival process of the first step)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from servelab.bench.load import LoadModel
+from servelab.bench.load.step import LoadModel
 
 __all__ = ["BenchLoad", "bench_load"]
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from servelab.bench.slo import Objective
+from servelab.bench.analysis.slo import Objective
 from servelab.trial.budget import TrialBudget
 from servelab.trial.spec import Experiment, Goal
 

@@ -8,7 +8,7 @@ tokens take over 17 minutes). Before each gate request after the first, its wall
 
 from the first gate request that produced tokens (a business sample; else the smoke test's story
 request, which the gate follows on the same engine): ``ttft_s`` its time to first token, ``tpot_s``
-its time per output token after the first (:func:`servelab.bench.metrics.tpot_s`; with a single
+its time per output token after the first (:func:`servelab.bench.analysis.metrics.tpot_s`; with a single
 output token, its E2E per token). That is the definition of TPOT inverted (``tpot = (e2e - ttft) /
 (output_tokens - 1)``), taken at the request's own cap ``max_tokens``, so the estimate is an upper one
 for answers that stop early; the gate runs one request at a time, as the first one did.
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.bench import metrics as M
+from servelab.bench.analysis import metrics as M
 from servelab.wire.types import RequestRecord
 
 __all__ = ["GateTiming", "first_timing"]
@@ -58,8 +58,8 @@ class GateTiming:
 def first_timing(jsonl: Path) -> GateTiming | None:
     """:class:`GateTiming` of the first request in a requests.jsonl-format file (the smoke tests')
     that produced tokens; ``None`` when there is none or the file is missing."""
+    from servelab.bench.load.runner import record_from_json
     from servelab.bench.results import RequestLine
-    from servelab.bench.runner import record_from_json
 
     if not jsonl.is_file():
         return None

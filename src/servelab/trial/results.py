@@ -120,7 +120,7 @@ class EffectiveThroughput(ResultModel):
     ``*_ci`` their t interval (``t-repeats``); from one run, the batch-means interval of its time blocks
     (``t-blocks``); goodput is the steady rate times the step's good share of output tokens, its
     interval likewise. ``samples``: the block rates (tokens/s) of every repeat, which the comparison
-    between candidates uses (:func:`servelab.bench.intervals.ratio_interval`)."""
+    between candidates uses (:func:`servelab.bench.analysis.intervals.ratio_interval`)."""
 
     output_tokens_per_s: float | None = None
     goodput_output_tokens_per_s: float | None = None

@@ -4,9 +4,9 @@ checked per exact engine + model combination; seed 003 §11): ``tools``, ``reaso
 GGUF) makes no tool calls, so ``tools`` would exclude every default candidate; ask for them by name.
 
 - ``tools``: one streamed request offering the four tools of the ``tools`` workload
-  (:data:`servelab.bench.tools.TOOLS`) with ``tool_choice: "required"``; passes when the answer holds a
+  (:data:`servelab.bench.workloads.tools.TOOLS`) with ``tool_choice: "required"``; passes when the answer holds a
   tool call that names an offered tool and whose arguments (joined from the stream's fragments)
-  validate against that tool's JSON Schema (:func:`servelab.bench.tools.tool_call_failures`); up to 3
+  validate against that tool's JSON Schema (:func:`servelab.bench.workloads.tools.tool_call_failures`); up to 3
   tries (greedy, then sampled), like the ``json_schema`` check.
 - ``reasoning``: one request asking for step-by-step work; fails when the answer's ``content`` carries
   a reasoning block inline (``<think>`` ... ``</think>``: the engine did not separate it into the
@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from servelab.bench.tools import TOOLS, tool_call_failures
+from servelab.bench.workloads.tools import TOOLS, tool_call_failures
 from servelab.engines import registry
 from servelab.trial.results import SmokeCheck
 from servelab.wire.client import send

@@ -2,7 +2,7 @@
 
 An experiment states the goal (task, SLOs, error budget, quality gates, the expected arrival rate and
 mix, budget), the candidates (engine kind + model + settings, launched by servelab or an existing URL),
-the workloads (built-in sets of :mod:`servelab.bench.workloads` or JSONL datasets), the load steps
+the workloads (built-in sets of :mod:`servelab.bench.workloads.registry` or JSONL datasets), the load steps
 (concurrency levels or open-loop rates) and the method (requests per step, warmup, seed, timeout).
 
 Public API:
@@ -45,10 +45,10 @@ from pydantic import (
 )
 from pydantic.json_schema import JsonSchemaValue
 
-from servelab.bench.load import LoadModel
+from servelab.bench.analysis.slo import Objective, parse_slo
+from servelab.bench.load.step import LoadModel
 from servelab.bench.options import MAX_CONCURRENCY, MAX_OUTPUT_TOKENS, MAX_RATE_RPS, MAX_REQUESTS_PER_STEP, MAX_STEP_S
-from servelab.bench.slo import Objective, parse_slo
-from servelab.bench.workloads import WORKLOADS, make_workload, mixable_workloads, parse_ratio
+from servelab.bench.workloads.registry import WORKLOADS, make_workload, mixable_workloads, parse_ratio
 from servelab.engines import registry
 from servelab.engines.llamacpp import LlamaCppSettings
 from servelab.engines.mock.launch import MockSettings
@@ -243,7 +243,7 @@ _SLO_SCHEMA = WithJsonSchema(
             {"type": "null"},
         ],
         "default": None,
-        "description": "SLOs (servelab.bench.slo syntax); null = no SLO (the error budget still applies)",
+        "description": "SLOs (servelab.bench.analysis.slo syntax); null = no SLO (the error budget still applies)",
     }
 )
 
@@ -256,7 +256,7 @@ class Goal(StrictModel):
       embeddings gate replaces the smoke tests and quality gate, the load steps send the experiment's
       ``embeddings:`` requests and candidates are ranked on inputs/s at the SLO
       (:mod:`servelab.trial.flows.embeddings`; chat-only fields are refused, :mod:`servelab.trial.embed_spec`).
-    - ``slo``: objectives in :func:`servelab.bench.slo.parse_slo` syntax, as a string
+    - ``slo``: objectives in :func:`servelab.bench.analysis.slo.parse_slo` syntax, as a string
       (``"ttft_p95<=2s,itl_p95<=300ms,error_rate<=1%"``) or a mapping (``{ttft_p95: 2s, error_rate: 1%}``,
       stored as the equivalent string); ``None`` = none. Latencies in s/ms, error rate in % or a fraction.
     - ``workload_slo``: per-workload SLOs, workload name -> objectives in the same syntax
@@ -349,7 +349,7 @@ class Goal(StrictModel):
 
     @property
     def objectives(self) -> list[Objective]:
-        """The parsed SLOs (:class:`servelab.bench.slo.Objective`; limits in seconds or a fraction)."""
+        """The parsed SLOs (:class:`servelab.bench.analysis.slo.Objective`; limits in seconds or a fraction)."""
         return parse_slo(self.slo)
 
 
@@ -503,7 +503,7 @@ MockCandidate = candidate_model("mock")
 
 
 class WorkloadItem(StrictModel):
-    """One workload: a built-in set by ``name`` (a key of :data:`servelab.bench.workloads.WORKLOADS`)
+    """One workload: a built-in set by ``name`` (a key of :data:`servelab.bench.workloads.registry.WORKLOADS`)
     with optional ``set`` overrides (the bench's ``--set``: ``input_tokens``, ``output_tokens`` in
     tokens, ``ratio``, ``lang``, …), or a ``dataset`` (JSONL/ShareGPT file, relative to the experiment
     file) whose entries without a length get ``max_tokens_default`` tokens. In YAML a bare name
@@ -610,7 +610,7 @@ class Steps(StrictModel):
         return list(self.concurrency if self.concurrency is not None else self.rates or [])
 
     def load_models(self, burstiness: float = 0.5) -> list[LoadModel]:
-        """One :class:`servelab.bench.load.LoadModel` per step (labels ``c4`` / ``r0.5``);
+        """One :class:`servelab.bench.load.step.LoadModel` per step (labels ``c4`` / ``r0.5``);
         ``burstiness`` is the gamma shape used when ``arrival`` is ``gamma``."""
         if self.concurrency is not None:
             return [LoadModel(kind="closed", concurrency=c) for c in self.concurrency]

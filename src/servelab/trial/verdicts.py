@@ -2,11 +2,11 @@
 names one, and the expected-rate verdict over every run of the arrival test. Pure functions, no I/O.
 
 **One objective on one run** (:func:`objective_verdict`): ``met`` / ``broken`` / ``undetermined``
-from the statistic's 95 % interval (:func:`servelab.bench.intervals.slo_verdict`: met when the upper
+from the statistic's 95 % interval (:func:`servelab.bench.analysis.intervals.slo_verdict`: met when the upper
 bound is within the limit, broken when the lower bound is beyond it):
 
 - a percentile (P50/P95/P99): the order-statistic interval the bench computed (exact binomial ranks,
-  Hutson's fractional order statistics; :mod:`servelab.bench.intervals`); P90 has none: undetermined;
+  Hutson's fractional order statistics; :mod:`servelab.bench.analysis.intervals`); P90 has none: undetermined;
 - the error rate: Clopper-Pearson on failed/submitted (Clopper & Pearson 1934,
   https://doi.org/10.1093/biomet/26.4.404);
 - a **mean**: Student's t interval ``mean ± t_{0.975, n-1} · s / sqrt(n)`` (Student 1908, Biometrika
@@ -65,9 +65,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from servelab.bench.intervals import Bounds, SloVerdict, proportion_interval, slo_verdict, t_quantile
+from servelab.bench.analysis.intervals import Bounds, SloVerdict, proportion_interval, slo_verdict, t_quantile
+from servelab.bench.analysis.slo import Objective, parse_slo
 from servelab.bench.results import Dist, Interval, StepSummary
-from servelab.bench.slo import Objective, parse_slo
 from servelab.trial.results import ObjectiveVerdict
 
 __all__ = [
@@ -91,7 +91,7 @@ MIX = "mix"
 
 @dataclass(frozen=True)
 class ScopedObjective(Objective):
-    """An :class:`~servelab.bench.slo.Objective` judged on one workload's requests only (``workload``;
+    """An :class:`~servelab.bench.analysis.slo.Objective` judged on one workload's requests only (``workload``;
     ``None`` = every request). ``name``: ``structured:ttft_p95<=5s``."""
 
     workload: str | None = None
@@ -104,7 +104,7 @@ class ScopedObjective(Objective):
 
 
 def scoped_objectives(workload_slo: dict[str, str] | None) -> list[ScopedObjective]:
-    """The goal's ``workload_slo`` (workload name -> SLO string in :func:`servelab.bench.slo.parse_slo`
+    """The goal's ``workload_slo`` (workload name -> SLO string in :func:`servelab.bench.analysis.slo.parse_slo`
     syntax) as :class:`ScopedObjective` objects, in the order written. Raises
     :class:`~servelab.wire.ConfigError` for an SLO string that does not parse."""
     out: list[ScopedObjective] = []

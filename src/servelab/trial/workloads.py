@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from servelab.bench import workloads as W
+from servelab.bench.workloads import registry as W
 from servelab.trial.mixload import experiment_mix
 from servelab.trial.spec import Experiment
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkloadFactory", "experiment_workloads"]
 
-#: ``(name, seed) -> workload``, what :class:`servelab.bench.runner.Bench` builds each step from
+#: ``(name, seed) -> workload``, what :class:`servelab.bench.load.runner.Bench` builds each step from
 WorkloadFactory = Callable[[str, int], W.Workload]
 
 
@@ -29,7 +29,7 @@ def experiment_workloads(
     mix_overrides: Mapping[str, Any] | None = None,
 ) -> WorkloadFactory:
     """The factory of ``exp``'s workloads fitted with ``counter``. ``seeded``: every request carries a
-    sampling seed (:meth:`~servelab.bench.workloads.Workload.with_request_seeds`; the quality gate).
+    sampling seed (:meth:`~servelab.bench.workloads.registry.Workload.with_request_seeds`; the quality gate).
     ``mix_overrides``: the arrival test's ``set`` with its ``ratio``."""
     table = {w.label: w for w in exp.workloads}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from servelab.bench.intervals import paired_ratio_interval, paired_rounds_ratio, ratio_interval
+from servelab.bench.analysis.intervals import paired_ratio_interval, paired_rounds_ratio, ratio_interval
 from servelab.bench.results import Interval
 from servelab.trial.decide.fmt import num
 from servelab.trial.results import CandidateResult, Difference, EffectiveThroughput
@@ -59,8 +59,8 @@ def _round_figures(c: CandidateResult) -> dict[int, float]:
 def difference(a: str, ca: CandidateResult, b: str, cb: CandidateResult, metric: str) -> Difference:
     """:class:`Difference` of ``a`` over ``b`` on ``metric``: with 3 or more common rounds of interleaved
     repeats (output tok/s), the paired t over the rounds' whole-run figures
-    (:func:`~servelab.bench.intervals.paired_rounds_ratio`); with fewer, paired by round on the time-block
-    rates (:func:`~servelab.bench.intervals.paired_ratio_interval`); else Welch on all samples:
+    (:func:`~servelab.bench.analysis.intervals.paired_rounds_ratio`); with fewer, paired by round on the time-block
+    rates (:func:`~servelab.bench.analysis.intervals.paired_ratio_interval`); else Welch on all samples:
     ``"a sustains 1.9× b's output tok/s (95 % CI 1.6–2.3×)"`` when significant, else ``"no significant
     difference between a and b …"``; no interval when either has < 2 samples."""
     ra, rb = _by_round(ca), _by_round(cb)

@@ -19,7 +19,7 @@ reported apart (``per_workload``).
 ranked workload at it met every objective on its point estimate and stayed within the error budget;
 the effective level is the highest meeting level *below the first broken level* (a level that met
 after a lower one broke is noise). Skipped steps never meet and never count in the error rate. Each
-level and objective also carries a verdict by its 95 % interval (:func:`servelab.bench.intervals.slo_verdict`:
+level and objective also carries a verdict by its 95 % interval (:func:`servelab.bench.analysis.intervals.slo_verdict`:
 ``met`` / ``broken`` / ``undetermined``): with 8 requests a P95 cannot be shown to be within a limit
 (its upper bound needs 72), and the decision says so rather than state a bare number. The rules per
 statistic, per-workload objectives and the expected-rate verdict are in :mod:`servelab.trial.verdicts`.
@@ -32,9 +32,9 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from servelab.bench.intervals import Bounds, SloVerdict, mean_interval
+from servelab.bench.analysis.intervals import Bounds, SloVerdict, mean_interval
+from servelab.bench.analysis.slo import Objective, parse_slo
 from servelab.bench.results import Interval, SloCheck, StepSummary
-from servelab.bench.slo import Objective, parse_slo
 from servelab.trial.decide.fmt import fmt_obj_value, metric_of, num
 from servelab.trial.results import (
     Break,
@@ -86,7 +86,7 @@ def _budget(error_budget: float | str | None) -> float | None:
 
 
 def _evaluate(objectives: list[Objective], step: StepSummary) -> list[SloCheck]:
-    """Like :func:`servelab.bench.slo.evaluate` but a missing statistic counts as not met, and a
+    """Like :func:`servelab.bench.analysis.slo.evaluate` but a missing statistic counts as not met, and a
     per-workload objective is judged on that workload's requests only (and skipped where it does not
     apply: :func:`servelab.trial.verdicts.judged_on`)."""
     res = []
@@ -313,7 +313,7 @@ def effective_step(
     ``steps``: bench step summaries (docs/summary-schema.md), any order, skipped ones and every
     repeat included (``StepSummary.repeat``). ``objectives``: ``None`` to use each step's own ``slo``
     checks and ``slo_met`` flag, else an SLO string, a list of SLO strings or
-    :class:`~servelab.bench.slo.Objective` objects evaluated on the step statistics (a statistic that
+    :class:`~servelab.bench.analysis.slo.Objective` objects evaluated on the step statistics (a statistic that
     is missing does not meet). ``error_budget``: the largest allowed ``failed_total / submitted`` of
     any one step, as a fraction (``0.01``) or ``"1%"``; ``None`` = no budget beyond an ``error_rate``
     objective.

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, JsonValue, ValidationError
 
+from servelab.bench.analysis.slo import parse_slo
 from servelab.bench.results import Interval, RequestLine, StepSummary
-from servelab.bench.slo import parse_slo
 from servelab.trial.report.fmt import finite
 from servelab.trial.results import CandidateResult, JsonObject, TrialRecord, read_record
 from servelab.wire import ConfigError

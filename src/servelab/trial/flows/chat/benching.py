@@ -10,11 +10,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from servelab.bench.analysis.slo import Objective
 from servelab.bench.events import BenchEvent, Proceed, Skip, StepDone, StepStarted, StepVerdict, Watcher
-from servelab.bench.load import LoadModel
+from servelab.bench.load.runner import Bench, BenchConfig
+from servelab.bench.load.step import LoadModel
 from servelab.bench.results import StepSummary, Summary
-from servelab.bench.runner import Bench, BenchConfig
-from servelab.bench.slo import Objective
 from servelab.trial.benchload import bench_load
 from servelab.trial.context import TrialContext
 from servelab.trial.results import CandidateIdentity

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from servelab.bench.load import LoadModel
+from servelab.bench.load.step import LoadModel
 from servelab.bench.results import Interval, StepSummary, Summary
 from servelab.trial.annotate import annotate
 from servelab.trial.console import step_line

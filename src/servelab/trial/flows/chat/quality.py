@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from servelab.bench.load import LoadModel
+from servelab.bench.load.step import LoadModel
 from servelab.bench.results import RequestLine
 from servelab.trial.console import gate_line
 from servelab.trial.context import TrialContext
@@ -208,7 +208,7 @@ async def _samples(
     ``workload`` ``sample:<name>`` (``s<index>`` when unnamed). ``fits``: asked before each sample after
     the first with its estimated seconds (:class:`servelab.trial.quality_budget.GateTiming` of the first);
     ``False`` stops there. Returns the fraction that passed of those that ran, how many ran, the timing."""
-    from servelab.bench.runner import record_to_json
+    from servelab.bench.load.runner import record_to_json
     from servelab.trial.quality_budget import GateTiming
 
     passed = 0

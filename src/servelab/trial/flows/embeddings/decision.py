@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from servelab.bench.intervals import mean_interval, ratio_interval
+from servelab.bench.analysis.intervals import mean_interval, ratio_interval
 from servelab.bench.results import Interval
 from servelab.trial.embed_results import EmbeddingsFigures
 from servelab.trial.results import CandidateResult, Decision, Difference, Verdict

@@ -14,7 +14,7 @@ Per candidate (an ``engine: command`` / ``url`` / ``llamacpp --embeddings`` serv
    reference vectors (``reference_cosine_min`` against ``embeddings.similarity_min``; 0 =
    informational). Every gate figure but the cosine must be 1.0; a failing candidate is excluded;
 3. the load steps (the experiment's ``steps``) with the embeddings workload of the bench
-   (:class:`servelab.bench.embeddings.EmbeddingsWorkload`: ``embeddings.batch_size`` inputs of
+   (:class:`servelab.bench.workloads.embeddings.EmbeddingsWorkload`: ``embeddings.batch_size`` inputs of
    ``embeddings.input_tokens`` tokens in the embedding model's tokenizer per request), the SLO
    (e2e / error rate) judged per step by the bench, higher steps skipped after a broken one;
 4. repeats (``repeats``): the effective level again on a freshly started engine, round by round
@@ -23,7 +23,7 @@ Per candidate (an ``engine: command`` / ``url`` / ``llamacpp --embeddings`` serv
 Ranking: inputs/s (vectors/s) at the effective level (:func:`servelab.trial.decide.effective_step`:
 the highest step whose every repeat met the SLO and the error budget), mean over the repeats with a
 Student-t interval; a candidate joins the group of the one above it when the Welch interval of the
-log ratio of their per-repeat inputs/s includes 1 (:func:`servelab.bench.intervals.ratio_interval`),
+log ratio of their per-repeat inputs/s includes 1 (:func:`servelab.bench.analysis.intervals.ratio_interval`),
 a group ordered by the lower worst-repeat e2e P95. Not applicable and said in the record
 (``embeddings.not_applicable``): TTFT/ITL/TPOT and output tokens (no generated text), steady windows
 and goodput in tokens, the arrival test and capacity search (chat mix), the served-behaviour checks
@@ -40,8 +40,8 @@ from typing import Any
 import orjson
 
 from servelab.bench.events import BenchEvent, StepDone, Watcher
+from servelab.bench.load.runner import Bench, BenchConfig
 from servelab.bench.results import StepSummary, Summary
-from servelab.bench.runner import Bench, BenchConfig
 from servelab.engines.registry import EngineIdentity
 from servelab.engines.url import UrlFields
 from servelab.trial.candidate_flow import CandidateRun
@@ -204,7 +204,7 @@ class EmbeddingsFlow:
         repeat: int,
     ) -> Summary:
         """One bench run of the embeddings workload at ``load`` (the experiment's steps) into ``out``."""
-        from servelab.bench.embeddings import EmbeddingsWorkload, embedding_inputs
+        from servelab.bench.workloads.embeddings import EmbeddingsWorkload, embedding_inputs
 
         exp, opts = self.ctx.exp, self.ctx.exp.embeddings
         closed = all(m.kind == "closed" for m in load)  # as trial.flow.bench_load: closed loop, or open-loop rates

@@ -1,0 +1,941 @@
+"""Runs a benchmark: preflight, warmup, load steps (a sweep that stops raising load once an SLO
+breaks), per-request JSONL written as requests finish, ``summary.json`` and identity.
+
+The run directory (``out``) holds:
+
+- ``config.json`` — the benchmark settings as given;
+- ``identity.json`` — servelab version, host CPU/RAM, the server's identity (``/v1/models``, llama-server
+  ``/props``, the engine launcher's identity when servelab started the engine);
+- ``requests.jsonl`` — one line per finished request (warmup included, marked), appended and flushed as
+  each ends, so Ctrl-C, SIGTERM or kill -9 keeps everything already measured (``servelab summarize
+  DIR`` rebuilds the summary from it, :mod:`servelab.bench.analysis.rebuild`);
+- ``summary.json`` — per workload and load step: the metrics of :mod:`servelab.bench.analysis.metrics`, counts,
+  SLO verdicts (schema in docs/summary-schema.md); rewritten after every step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from dataclasses import field as dc_field
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+import orjson
+from pydantic import ConfigDict, ValidationError, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from servelab import __version__
+from servelab.bench.analysis import metrics as M
+from servelab.bench.analysis.slo import Objective, evaluate
+from servelab.bench.events import (
+    BenchObserver,
+    Preparing,
+    PromptBuilt,
+    Ready,
+    RequestDone,
+    RequestsDone,
+    Skip,
+    StepDone,
+    StepStarted,
+    Watcher,
+)
+from servelab.bench.load.lines import HOSTNAME, finish_record, record_from_json, record_to_json
+from servelab.bench.load.merge import clock_note, summary_record
+from servelab.bench.load.saturation import DEFAULT_LAG_BOUND_S, CpuMeter, saturation, worker_step
+from servelab.bench.load.step import LoadModel, arrival_offsets_s, run_step
+from servelab.bench.load.workers import LineBatch, LocalPool, Pool, RunContext, plan_step
+from servelab.bench.options import (
+    MAX_BURSTINESS,
+    MAX_CONCURRENCY,
+    MAX_RATE_RPS,
+    MAX_REQUESTS_PER_STEP,
+    MAX_STEP_S,
+    MAX_WORKERS,
+    MIN_BURSTINESS,
+    MIN_RATE_RPS,
+    ConcurrencyList,
+    NameList,
+    RateList,
+    config_error,
+    opt,
+)
+from servelab.bench.results import (
+    SUMMARY_SCHEMA_VERSION,
+    Generator,
+    GeneratorWorker,
+    LostPart,
+    RequestLine,
+    StepSummary,
+    Summary,
+    WorkerStep,
+)
+from servelab.wire.client import ConfigError, make_session
+from servelab.wire.host import host_identity
+from servelab.wire.preflight import preflight
+from servelab.wire.types import RequestRecord, RequestSpec
+
+__all__ = [
+    "Bench",
+    "BenchConfig",
+    "CyclicSpecs",
+    "make_pool",
+    "make_run_dir",
+    "new_summary",
+    "plan_loads",
+    "record_from_json",
+    "record_to_json",
+    "skipped_step",
+    "step_summary",
+    "token_check",
+    "write_summary",
+]
+
+_PREPARE_NOTICE_S = 1.0  # building a step's prompts for longer than this shows a progress bar
+
+
+_FLOAT = {"allow_inf_nan": False}
+
+
+@pydantic_dataclass(config=ConfigDict(extra="forbid"))
+class BenchConfig:
+    """Settings of one benchmark run (what ``servelab bench`` options map to), validated on creation.
+
+    ``steps`` are concurrency levels (closed loop) or, when ``rates_rps`` is set, arrival rates in
+    requests/s (open loop). ``requests`` is per step (measured requests, warmup excluded);
+    ``duration_s`` instead bounds each step by time (at least one of the two is set). ``warmup``
+    requests run before each step at the step's load and are excluded from its statistics.
+    ``timeout_s`` is the whole-request limit, seconds. Every constraint is declared here once
+    (:mod:`servelab.bench.options`); a bad value raises :class:`pydantic.ValidationError`, which
+    :meth:`checked` turns into a one-line :class:`ConfigError` naming the ``servelab bench`` option.
+    """
+
+    base_url: str
+    model: str | None = None
+    workloads: NameList = opt(
+        default_factory=lambda: ["short-qa"],
+        cli="--workload",
+        min_length=1,
+        hint="list built-in sets, e.g. -w short-qa,rag",
+    )
+    concurrency: ConcurrencyList = opt(
+        default_factory=lambda: [1, 2, 4, 8],
+        cli="--concurrency",
+        min_length=1,
+        hint=f"list requests in flight, 1 to {MAX_CONCURRENCY} each, e.g. --concurrency 1,2,4,8",
+    )
+    rates_rps: RateList | None = opt(
+        None,
+        cli="--rate",
+        min_length=1,
+        hint=f"list arrival rates from {MIN_RATE_RPS:g} to {MAX_RATE_RPS:g} requests/s, e.g. --rate 0.5,1,2",
+    )
+    arrival: Literal["constant", "poisson", "gamma"] = opt(
+        "poisson", cli="--arrival", hint="use constant, poisson or gamma"
+    )
+    gamma_shape: float = opt(
+        0.5,
+        cli="--burstiness",
+        ge=MIN_BURSTINESS,
+        le=MAX_BURSTINESS,
+        **_FLOAT,
+        hint=f"give the gamma shape k from {MIN_BURSTINESS:g} to {MAX_BURSTINESS:g} "
+        "(1 = Poisson, < 1 burstier), e.g. --burstiness 0.5",
+    )
+    max_concurrency: int | None = opt(
+        None,
+        cli="--max-concurrency",
+        ge=1,
+        le=MAX_CONCURRENCY,
+        hint="give a cap >= 1 on requests in flight, or leave it out for none",
+    )
+    requests: int | None = opt(
+        32,
+        cli="--requests",
+        ge=1,
+        le=MAX_REQUESTS_PER_STEP,
+        hint=f"give measured requests per step, 1 to {MAX_REQUESTS_PER_STEP}, e.g. -n 32",
+    )
+    duration_s: float | None = opt(
+        None, cli="--duration", gt=0, le=MAX_STEP_S, **_FLOAT, hint="give seconds per step > 0, e.g. --duration 60"
+    )
+    warmup: int = opt(
+        2,
+        cli="--warmup",
+        ge=0,
+        le=MAX_REQUESTS_PER_STEP,
+        hint="give warmup requests per step >= 0 (0 = none), e.g. --warmup 2",
+    )
+    seed: int = opt(0, cli="--seed", ge=0, lt=2**63, hint="give an integer >= 0, e.g. --seed 0")
+    slo: str | None = opt(
+        None,
+        cli="--slo",
+        min_length=1,
+        hint="leave --slo out for none, or give e.g. --slo 'ttft_p95<=500ms,error_rate<=1%'",
+    )
+    stop_on_slo: bool = True
+    timeout_s: float = opt(
+        600.0,
+        cli="--timeout",
+        gt=0,
+        le=7 * 86400,
+        **_FLOAT,
+        hint="give the per-request limit in seconds, e.g. --timeout 120",
+    )
+    endpoint: Literal["chat", "completions", "embeddings", "messages", "responses"] = opt(
+        "chat", cli="--endpoint", hint="use chat, completions, embeddings, messages or responses"
+    )
+    ignore_eos: bool = False
+    dataset: str | None = None
+    tokenizer: str | None = None
+    workload_overrides: dict[str, Any] = field(default_factory=dict)
+    api_key: str | None = None
+    out: str = opt("runs/bench", cli="--out", min_length=1, hint="name a run directory, e.g. --out runs/r1")
+    workers: int = opt(
+        1,
+        cli="--workers",
+        ge=1,
+        le=MAX_WORKERS,
+        hint=f"give load-generator processes (or Ray actors), 1 to {MAX_WORKERS}, e.g. --workers 4",
+    )
+    workers_per_node: int | None = opt(
+        None,
+        cli="--workers-per-node",
+        ge=1,
+        le=MAX_WORKERS,
+        hint="give Ray actors per cluster node, e.g. --workers-per-node 2 (with --ray)",
+    )
+    ray: str | None = opt(
+        None, cli="--ray", min_length=1, hint="give the Ray cluster address, e.g. --ray auto or --ray 10.0.0.1:6379"
+    )
+    lag_bound_ms: float = opt(
+        DEFAULT_LAG_BOUND_S * 1e3,
+        cli="--lag-bound-ms",
+        gt=0,
+        le=3.6e6,
+        **_FLOAT,
+        hint="give the schedule-lag P99 (ms) above which a step is generator-bound, e.g. --lag-bound-ms 1",
+    )
+
+    @model_validator(mode="after")
+    def _workers(self) -> BenchConfig:
+        if self.workers_per_node is not None and self.ray is None:
+            raise ValueError(
+                "--workers-per-node places Ray actors on every node: add --ray ADDRESS "
+                "(or use --workers N for processes on this host)"
+            )
+        if self.workers_per_node is not None and self.workers != 1:
+            raise ValueError("give --workers N (in total) or --workers-per-node N (with --ray), not both")
+        if self.max_concurrency is not None and self.max_concurrency < self.workers:
+            raise ValueError(
+                f"--max-concurrency {self.max_concurrency} is split among the workers, so it must be at "
+                f"least --workers {self.workers}; raise it or lower --workers"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _requests_or_duration(self) -> BenchConfig:
+        if self.requests is None and self.duration_s is None:
+            raise ValueError("give --requests N or --duration S: each step needs an end")
+        if self.rates_rps and self.duration_s and self.requests is None:
+            arrivals = max(self.rates_rps) * self.duration_s
+            if arrivals > MAX_REQUESTS_PER_STEP:
+                raise ValueError(
+                    f"--rate {max(self.rates_rps):g} for --duration {self.duration_s:g} s schedules "
+                    f"{arrivals:.3g} arrivals in a step, more than {MAX_REQUESTS_PER_STEP}; lower one"
+                )
+        if self.rates_rps:  # the slowest step must expect its arrivals within servelab's horizon
+            lo = min(self.rates_rps)
+            if self.duration_s and lo * self.duration_s < 1:
+                raise ValueError(
+                    f"--rate {lo:g} over --duration {self.duration_s:g} s expects "
+                    f"{lo * self.duration_s:.3g} arrivals, less than one per step; raise the rate "
+                    "or the duration"
+                )
+            if self.requests is not None and (self.requests + self.warmup) / lo > MAX_STEP_S:
+                raise ValueError(
+                    f"--rate {lo:g} spreads {self.requests + self.warmup} requests (with warmup) over "
+                    f"{(self.requests + self.warmup) / lo:.3g} s, more than {MAX_STEP_S} s (7 days) "
+                    "per step; raise the rate or lower --requests"
+                )
+        return self
+
+    @classmethod
+    def checked(cls, **values: Any) -> BenchConfig:
+        """``BenchConfig(**values)``, raising :class:`ConfigError` (one line: option, value, fix)
+        instead of :class:`pydantic.ValidationError`."""
+        try:
+            return cls(**values)
+        except ValidationError as e:
+            raise config_error(e, cls.__pydantic_fields__) from None  # type: ignore[attr-defined]  # set by @pydantic_dataclass
+
+
+class CyclicSpecs(Sequence[RequestSpec]):
+    """``n`` requests drawn cyclically from a finite pool (duration-bounded steps need more requests
+    than are worth generating with exact token lengths). Immutable, indexable."""
+
+    def __init__(self, pool: list[RequestSpec], n: int) -> None:
+        if not pool:
+            raise ValueError("empty request pool")
+        self._pool, self._n = pool, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        return self._pool[i % len(self._pool)]
+
+
+def write_summary(out: Path, summary: dict[str, Any] | Summary) -> None:
+    """Write ``out/summary.json`` atomically (a temporary file renamed over it): a reader, or a
+    crash mid-write, never sees half a summary. ``summary`` is validated as a
+    :class:`~servelab.bench.results.Summary` (raises :class:`pydantic.ValidationError` on a field the
+    schema does not know) and written with ``model_dump_json``."""
+    model = summary if isinstance(summary, Summary) else Summary.model_validate(summary)
+    tmp = out / "summary.json.tmp"
+    tmp.write_bytes(model.to_json_bytes(indent=2))
+    tmp.replace(out / "summary.json")
+
+
+def make_run_dir(out: Path) -> None:
+    """Create the run directory ``out`` (and its parents). Raises :class:`ConfigError` (one line)
+    when it names an existing file, or cannot be created or written (permissions, read-only file
+    system, a file where a parent directory should be)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is an existing file, not a directory: name a new run directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".servelab-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(
+            f"--out {out}: cannot create or write the run directory ({e.strerror or e}); pass a writable directory"
+        ) from None
+
+
+def plan_loads(cfg: BenchConfig) -> list[LoadModel]:
+    """The load steps of a run, in sweep order: one open-loop step per rate of ``cfg.rates_rps``,
+    else one closed-loop step per concurrency of ``cfg.concurrency``."""
+    if cfg.rates_rps:
+        return [
+            LoadModel(
+                kind="open",
+                rate_rps=r,
+                arrival=cfg.arrival,
+                gamma_shape=cfg.gamma_shape,
+                max_concurrency=cfg.max_concurrency,
+                duration_s=cfg.duration_s,
+            )
+            for r in cfg.rates_rps
+        ]
+    return [LoadModel(kind="closed", concurrency=n, duration_s=cfg.duration_s) for n in cfg.concurrency]
+
+
+def new_summary(model: str, base_url: str, objectives: list[Objective]) -> dict[str, Any]:
+    """The top of ``summary.json`` before any step ran (``complete: false``, no steps)."""
+    return {
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "servelab_version": __version__,
+        "model": model,
+        "base_url": base_url,
+        "slo": [o.name for o in objectives],
+        "steps": [],
+        "started_unix_s": time.time(),
+        "complete": False,
+    }
+
+
+def skipped_step(workload: str, load: LoadModel, reason: str) -> dict[str, Any]:
+    """The summary entry of a step not run, for ``reason`` (an SLO broken at an earlier step, a budget)."""
+    return {"workload": workload, "step": load.label, "load": asdict(load), "skipped": True, "skipped_reason": reason}
+
+
+def step_summary(
+    workload: str,
+    load: LoadModel,
+    recs: list[RequestRecord],
+    objectives: list[Objective],
+    tokenizer: str | None,
+    started_unix_s: float | None,
+    partial: bool = False,
+) -> dict[str, Any]:
+    """The summary entry of one run step (docs/summary-schema.md): :func:`metrics.summarize` of
+    ``recs`` (warmup records are left out by it), SLO verdicts, the token cross-check against the
+    client ``tokenizer`` (name; ``None``: no check). ``partial`` marks a step that did not finish
+    (interrupted, or rebuilt from an incomplete ``requests.jsonl``); a partial step never meets its SLOs.
+    The one code path for both ``servelab bench`` and ``servelab summarize``."""
+    s = M.summarize(recs)
+    verdicts = evaluate(objectives, s)
+    out: dict[str, Any] = {
+        "workload": workload,
+        "step": load.label,
+        "load": asdict(load),
+        "started_unix_s": started_unix_s,
+        "skipped": False,
+    }
+    if partial:
+        out["partial"] = True
+    out.update(s)
+    out["slo"] = verdicts
+    out["slo_met"] = (not partial) and all(v["met"] for v in verdicts)
+    out["token_check"] = token_check(recs, tokenizer)
+    return out
+
+
+def token_check(recs: list[RequestRecord], tokenizer: str | None) -> dict[str, Any] | None:
+    """Client tokenizer vs server usage for output tokens: the discrepancy is reported, not hidden.
+    ``None`` when no client ``tokenizer`` (name) was used."""
+    if tokenizer is None:
+        return None
+    pairs = [
+        (r.client_output_tokens, r.output_tokens)
+        for r in recs
+        if not r.warmup
+        and r.failure is None
+        and r.output_tokens_source == "usage"
+        and r.client_output_tokens is not None
+        and r.output_tokens is not None
+    ]
+    if not pairs:
+        return {"tokenizer": tokenizer, "compared": 0}
+    diffs = [a - b for a, b in pairs]
+    return {
+        "tokenizer": tokenizer,
+        "compared": len(pairs),
+        "exact": sum(1 for d in diffs if d == 0),
+        "mean_diff_tokens": sum(diffs) / len(diffs),
+        "max_abs_diff_tokens": max(abs(d) for d in diffs),
+    }
+
+
+@dataclass
+class _StepRun:
+    """What one load step left: its records (single process) or lines (workers), the worker reports,
+    the lost parts, and the single process's dispatch-lag samples."""
+
+    records: list[RequestRecord] = dc_field(default_factory=list)
+    batches: list[LineBatch] = dc_field(default_factory=list)
+    workers: list[WorkerStep] = dc_field(default_factory=list)
+    lost: list[LostPart] = dc_field(default_factory=list)
+    dispatch_ns: list[int] | None = None
+
+    def lines(self) -> list[bytes]:
+        """Every line the workers sent, in arrival order."""
+        return [line for b in self.batches for line in b.split()]
+
+    def finished(self) -> list[RequestRecord]:
+        """The finished records, aligned for summaries (:func:`servelab.bench.load.merge.summary_record`)."""
+        if self.batches:
+            return sorted(
+                (summary_record(RequestLine.model_validate_json(b)) for b in self.lines()), key=lambda r: r.request_id
+            )
+        return [r for r in self.records if r.end_ns is not None]
+
+
+def _line_id(line: bytes) -> int:
+    """The request id of a ``requests.jsonl`` line (written first: ``{"id":123,...``)."""
+    if line.startswith(b'{"id":'):
+        end = line.find(b",", 6)
+        if end > 6:
+            return int(line[6:end])
+    return int(orjson.loads(line)["id"])
+
+
+def make_pool(cfg: BenchConfig) -> Pool | None:
+    """The load-generator workers ``cfg`` asks for: Ray actors (``--ray``), processes on this host
+    (``--workers N`` > 1), or ``None`` (this process sends the load itself)."""
+    if cfg.ray is not None:
+        from servelab.bench.load.rayrun import RayPool
+
+        return RayPool(cfg.ray, cfg.workers, cfg.workers_per_node)
+    if cfg.workers > 1:
+        return LocalPool(cfg.workers)
+    return None
+
+
+class Bench:
+    """A benchmark run (see module doc). ``run()`` returns the :class:`~servelab.bench.results.Summary`
+    and leaves the run directory complete; ``observer`` (:class:`~servelab.bench.events.BenchObserver`)
+    receives typed events and decides before each load step whether it runs. ``summary`` holds the
+    summary as it grows (what an interrupted run leaves).
+
+    With ``cfg.workers > 1`` or ``cfg.ray`` the load is sent by workers (:mod:`servelab.bench.load.workers`,
+    :mod:`servelab.bench.load.rayrun`) and this process coordinates: it splits each step, writes every
+    worker's lines to ``requests.jsonl`` as they arrive and summarises all of them together."""
+
+    def __init__(
+        self,
+        cfg: BenchConfig,
+        objectives: list[Objective],
+        workload_factory: Callable[..., Any],
+        counter: Any = None,
+        engine_identity: dict[str, Any] | None = None,
+        observer: BenchObserver | None = None,
+        refuse_oversized: bool = False,
+    ) -> None:
+        self.cfg = cfg
+        self.refuse_oversized = refuse_oversized
+        self.objectives = objectives
+        self.workload_factory = workload_factory
+        self.counter = counter
+        self.engine_identity = engine_identity
+        self.observer: BenchObserver = observer or Watcher()
+        self.out = Path(cfg.out)
+        self.summary: dict[str, Any] = {}
+        self._jsonl: Any = None
+        self._next_id = 0
+        self._step_index, self._step_workload = 0, ""
+        self._pool: Pool | None = None
+
+    def _on_done(self, rec: RequestRecord, spec: RequestSpec) -> None:
+        finish_record(rec, spec, self.counter, self.objectives)
+        line = record_to_json(
+            rec, step_index=self._step_index, step_workload=self._step_workload, worker=0, host=HOSTNAME
+        )
+        self._jsonl.write(line.to_json_bytes() + b"\n")  # one write + flush per line: kill -9 keeps every finished one
+        self._jsonl.flush()
+        self.observer.on_event(RequestDone(rec))
+
+    def _on_lines(self, batch: LineBatch, run: _StepRun) -> None:
+        # one write + flush per batch, as it arrives: a worker or coordinator killed later loses nothing written
+        self._jsonl.write(batch.lines + b"\n")
+        self._jsonl.flush()
+        run.batches.append(batch)
+        self.observer.on_event(RequestsDone(batch.count, batch.failed))
+
+    def _write_summary(self) -> None:
+        write_summary(self.out, self.summary)
+
+    def _n_requests(self, load: LoadModel) -> int:
+        c = self.cfg
+        if c.requests is not None:
+            return c.requests
+        assert c.duration_s is not None
+        if load.kind == "open":
+            assert load.rate_rps is not None  # an open loop always has its rate
+            return int(load.rate_rps * c.duration_s * 1.5) + 16
+        return 10**7  # closed loop by duration: the deadline ends it; specs are drawn cyclically
+
+    async def run(self) -> Summary:
+        """Run every workload's sweep; returns the summary (also written to ``summary.json``).
+        Raises :class:`ConfigError` (one line) when the server or the workers cannot be used."""
+        c = self.cfg
+        headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else None
+        cfg_json = asdict(c)
+        cfg_json.pop("api_key", None)
+        loads = plan_loads(c)
+        max_conc = max([ld.concurrency for ld in loads] + [c.max_concurrency or 0])
+        async with make_session(max_connections=0) as session:
+            model, server = await preflight(session, c.base_url, c.model, headers)
+            if self.refuse_oversized:
+                self._check_fits(server)
+            make_run_dir(self.out)
+            (self.out / "config.json").write_bytes(orjson.dumps(cfg_json, option=orjson.OPT_INDENT_2))
+            self.observer.on_event(Ready(model))
+            identity = {
+                "servelab_version": __version__,
+                "host": host_identity(),
+                "server": server,
+                "engine": self.engine_identity,
+                "model": model,
+                "tokenizer": getattr(self.counter, "name", None),
+                "token_counts": "server usage (stream_options.include_usage); client tokenizer "
+                "count kept as a cross-check",
+            }
+            (self.out / "identity.json").write_bytes(orjson.dumps(identity, option=orjson.OPT_INDENT_2))
+            self.summary = new_summary(model, c.base_url, self.objectives)
+            self._pool = make_pool(c)
+            try:
+                self.summary["generator"] = await self._start_generator(model, headers)
+                self._write_summary()
+                self._jsonl = open(self.out / "requests.jsonl", "ab")  # noqa: SIM115 — closed when the run ends
+                try:
+                    await self._sweep(session, model, headers, loads, max_conc)
+                finally:
+                    self.summary["finished_unix_s"] = time.time()
+                    self._write_summary()
+                    self._jsonl.close()
+            finally:
+                if self._pool is not None:
+                    await self._pool.close()
+        return Summary.model_validate(self.summary)
+
+    async def _start_generator(self, model: str, headers: dict[str, str] | None) -> dict[str, Any]:
+        """Start the workers (when any) and describe the load generator for ``summary["generator"]``."""
+        c = self.cfg
+        if self._pool is None:
+            # as each worker does (workers.WorkerCore.setup): the run's long-lived objects (imported modules,
+            # the tokenizer) out of the collector's way, so a full collection mid-step stays short
+            # (https://docs.python.org/3/library/gc.html#gc.freeze)
+            gc.collect()
+            gc.freeze()
+            gen = Generator(
+                mode="process",
+                hosts=1,
+                workers=[GeneratorWorker(worker=0, host=HOSTNAME, pid=os.getpid(), same_clock=True)],
+            )
+            return gen.model_dump(exclude_none=True)
+        ctx = RunContext(
+            base_url=c.base_url,
+            model=model,
+            headers=headers,
+            timeout_s=c.timeout_s,
+            objectives=self.objectives,
+            counter=self.counter,
+        )
+        try:
+            workers = await self._pool.start(ctx)
+        except RuntimeError as e:
+            raise ConfigError(f"{e}; see the worker's output above") from None
+        if c.max_concurrency is not None and c.max_concurrency < len(workers):
+            raise ConfigError(
+                f"--max-concurrency {c.max_concurrency} is split among the {len(workers)} workers, so it "
+                "must be at least that many; raise it or use fewer workers"
+            )
+        hosts = {w.host for w in workers}
+        gen = Generator(
+            mode=self._pool.mode,
+            workers=workers,
+            ray_address=self._pool.address,
+            hosts=len(hosts),
+            clock=clock_note(hosts),
+        )
+        return gen.model_dump(exclude_none=True)
+
+    async def _sweep(
+        self,
+        session: aiohttp.ClientSession,
+        model: str,
+        headers: dict[str, str] | None,
+        loads: list[LoadModel],
+        max_conc: int,
+    ) -> None:
+        c = self.cfg
+        stopped: Skip | None = None
+        for wi, wname in enumerate(c.workloads):
+            broken_at: str | None = None
+            for si, load in enumerate(loads):
+                if stopped is not None or broken_at is not None:
+                    reason = stopped.reason if stopped is not None else f"SLO broken at step {broken_at}"
+                    self._add_step(skipped_step(wname, load, reason))
+                    continue
+                self._step_index, self._step_workload = wi * len(loads) + si, wname
+                step = await self._run_one(session, model, headers, wname, wi, si, load, max_conc)
+                if isinstance(step, Skip):
+                    stopped = step
+                    self._add_step(skipped_step(wname, load, step.reason))
+                    continue
+                self._add_step(step)
+                # a step with a lost worker is partial: its SLO verdict is unknown, not broken
+                if self.objectives and not step["slo_met"] and c.stop_on_slo and not step.get("lost"):
+                    broken_at = load.label
+        if stopped is not None:
+            self.summary["stopped_by"] = stopped.by
+        self.summary["complete"] = stopped is None and not any(s.get("partial") for s in self.summary["steps"])
+
+    def _add_step(self, step: dict[str, Any]) -> None:
+        """Append ``step`` to the summary, write it, and tell the observer."""
+        self.summary["steps"].append(step)
+        self._write_summary()
+        self.observer.on_event(StepDone(StepSummary.model_validate(step)))
+
+    async def _load(
+        self,
+        session: aiohttp.ClientSession,
+        model: str,
+        headers: dict[str, str] | None,
+        specs: Sequence[RequestSpec],
+        n: int,
+        load: LoadModel,
+        label: str,
+        *,
+        warmup: bool,
+        seed: int,
+        run: _StepRun,
+    ) -> None:
+        """Send one step (or its warmup) of ``n`` requests from ``specs`` (cycled when shorter), here or
+        through the workers; fills ``run``."""
+        c = self.cfg
+        if self._pool is None:
+            meter = CpuMeter().start()
+            run.dispatch_ns = [] if load.kind == "open" else None
+            seq = specs if len(specs) == n else CyclicSpecs(list(specs), n)
+            recs = await run_step(
+                session,
+                c.base_url,
+                model,
+                seq,
+                load,
+                step=label,
+                seed=seed,
+                warmup=warmup,
+                first_id=self._next_id,
+                timeout_s=c.timeout_s,
+                headers=headers,
+                on_done=self._on_done,
+                records=run.records,
+                dispatch_lags_ns=run.dispatch_ns,
+            )
+            self._next_id += len(recs)
+            lags = [x for x in (M.schedule_lag_s(r) for r in recs) if x is not None]
+            run.workers = [
+                worker_step(
+                    0,
+                    HOSTNAME,
+                    meter,
+                    concurrency=load.concurrency if load.kind == "closed" else load.max_concurrency,
+                    assigned=n if c.requests is not None else None,
+                    finished=len(recs),
+                    schedule_lags_s=lags,
+                    dispatch_lags_ns=run.dispatch_ns,
+                )
+            ]
+            return
+        offsets = None
+        if load.kind == "open":
+            assert load.rate_rps is not None
+            offsets = (
+                (arrival_offsets_s(n, load.rate_rps, load.arrival, seed, load.gamma_shape) * 1e9)
+                .astype("int64")
+                .tolist()
+            )
+        alive = list(self._pool.alive)
+        if not alive:
+            raise ConfigError("every load-generator worker was lost; see the summary's lost parts")
+        tasks = plan_step(
+            load,
+            list(specs),
+            n,
+            alive,
+            first_id=self._next_id,
+            step=label,
+            step_index=self._step_index,
+            step_workload=self._step_workload,
+            warmup=warmup,
+            offsets_ns=offsets,
+            fixed_count=c.requests is not None or load.kind == "open",
+        )
+        first = self._next_id
+        try:
+            outcomes = await self._pool.run_step(tasks, lambda _k, batch: self._on_lines(batch, run))
+        finally:  # ids stay unique: a closed loop ended by --duration used those up to its highest
+            self._next_id = first + (
+                n
+                if c.requests is not None or load.kind == "open"
+                else max([_line_id(b) - first + 1 for b in run.lines()] + [0])
+            )
+        for k, task in tasks.items():
+            o = outcomes[k]
+            if o.report is not None:
+                run.workers.append(o.report)
+                continue
+            host = next(
+                (w["host"] for w in self.summary.get("generator", {}).get("workers", []) if w["worker"] == k), "?"
+            )
+            reason = o.lost_reason or "lost"
+            run.workers.append(
+                WorkerStep(worker=k, host=host, assigned=task.assigned, finished=o.lines, lost=True, lost_reason=reason)
+            )
+            run.lost.append(
+                LostPart(
+                    worker=k,
+                    host=host,
+                    assigned=task.assigned,
+                    finished=o.lines,
+                    missing=None if task.assigned is None else task.assigned - o.lines,
+                    reason=reason + (" (during the warmup)" if warmup else ""),
+                )
+            )
+
+    def _step(
+        self, wname: str, load: LoadModel, run: _StepRun, t_start: float, partial: bool = False
+    ) -> dict[str, Any]:
+        recs = run.finished()
+        step = step_summary(
+            wname, load, recs, self.objectives, self._tokenizer, t_start, partial=partial or bool(run.lost)
+        )
+        step["workers"] = [w.model_dump(exclude_none=True) for w in run.workers]
+        if run.lost:
+            step["lost"] = [x.model_dump(exclude_none=True) for x in run.lost]
+        if run.workers:
+            sat = saturation(
+                [w for w in run.workers if not w.lost],
+                kind=load.kind,
+                capped=bool(load.max_concurrency),
+                schedule_lag_p99_s=step["schedule_lag_s"]["p99"],
+                lag_bound_s=self.cfg.lag_bound_ms / 1e3,
+                dispatch_lags_ns=run.dispatch_ns,
+            )
+            step["saturation"] = sat.model_dump(exclude_none=True)
+        return step
+
+    async def _run_one(
+        self,
+        session: aiohttp.ClientSession,
+        model: str,
+        headers: dict[str, str] | None,
+        wname: str,
+        wi: int,
+        si: int,
+        load: LoadModel,
+        max_conc: int,
+    ) -> dict[str, Any] | Skip:
+        c = self.cfg
+        step_seed = c.seed + 1000 * si + 100_000 * wi  # distinct prompts per step: no cross-step prompt-cache hits
+        wl = self.workload_factory(wname, seed=step_seed)
+        if getattr(wl, "drive", None) is not None:  # sends its own requests: sessions, agent, replay, embeddings
+            return await self._run_driven(session, model, headers, wname, wl, load)
+        n = self._n_requests(load)
+        pool_n = min(n, 512) if c.duration_s else n
+        label = load.label
+        pool = await self._build_specs(wl, pool_n, f"{wname} {label}")
+        run = _StepRun()
+        if c.warmup:
+            wu = await self._build_specs(
+                self.workload_factory(wname, seed=step_seed + 7), c.warmup, f"{wname} {label} warmup"
+            )
+        verdict = self.observer.before_step(wname, label)
+        if isinstance(verdict, Skip):
+            return verdict
+        if c.warmup:
+            wload = LoadModel(kind="closed", concurrency=min(len(wu), max(1, load.concurrency)))
+            self.observer.on_event(StepStarted(wname, label, warmup=True, total=len(wu)))
+            warm = _StepRun()
+            await self._load(session, model, headers, wu, len(wu), wload, label, warmup=True, seed=0, run=warm)
+            run.lost += warm.lost  # a worker lost in the warmup is named in the step it did not take part in
+        self.observer.on_event(
+            StepStarted(
+                wname,
+                label,
+                warmup=False,
+                total=None if (c.duration_s and c.requests is None) else n,
+                duration_s=c.duration_s,
+            )
+        )
+        t_start = time.time()
+        try:
+            await self._load(session, model, headers, pool, n, load, label, warmup=False, seed=step_seed, run=run)
+        except asyncio.CancelledError:
+            # interrupted (Ctrl-C): summarise what finished, marked partial, before giving up
+            if run.batches or any(r.end_ns is not None for r in run.records):
+                self.summary["steps"].append(self._step(wname, load, run, t_start, partial=True))
+            raise
+        step = self._step(wname, load, run, t_start)
+        extra = getattr(wl, "summary_extra", None)  # a set's own typed figures (its text, its corpus)
+        if extra is not None:
+            step.update(extra())
+        return step
+
+    async def _run_driven(
+        self,
+        session: aiohttp.ClientSession,
+        model: str,
+        headers: dict[str, str] | None,
+        wname: str,
+        wl: Any,
+        load: LoadModel,
+    ) -> dict[str, Any] | Skip:
+        """One step of a workload that sends its own requests (:class:`servelab.bench.load.driven.DrivenWorkload`:
+        multi-turn sessions, agent loops, trace replay, embeddings): ``wl.drive(...)`` under the step's load
+        (or ``wl.fixed_load``, a trace's own schedule), every request ending through ``_on_done`` (its
+        ``requests.jsonl`` line); the step is summarised like any other plus ``wl.step_extra(records)``, the
+        workload's own typed figures. No warmup: its first requests are part of what it measures."""
+        load = getattr(wl, "fixed_load", None) or load
+        verdict = self.observer.before_step(wname, load.label)
+        if isinstance(verdict, Skip):
+            return verdict
+        run = _StepRun(dispatch_ns=[] if load.kind == "open" else None)
+        self.observer.on_event(StepStarted(wname, load.label, warmup=False, total=getattr(wl, "total", None)))
+        meter = CpuMeter().start()
+        t_start = time.time()
+        first = self._next_id
+        try:
+            await wl.drive(
+                session,
+                self.cfg.base_url,
+                model,
+                load,
+                headers=headers,
+                first_id=first,
+                step=load.label,
+                timeout_s=self.cfg.timeout_s,
+                on_done=self._on_done,
+                records=run.records,
+                dispatch_lags_ns=run.dispatch_ns,
+            )
+        except asyncio.CancelledError:
+            if any(r.end_ns is not None for r in run.records):
+                self.summary["steps"].append(self._step(wname, load, run, t_start, partial=True))
+            raise
+        finally:
+            self._next_id = first + len(run.records)
+        recs = run.finished()
+        lags = [x for x in (M.schedule_lag_s(r) for r in recs) if x is not None]
+        run.workers = [
+            worker_step(
+                0,
+                HOSTNAME,
+                meter,
+                concurrency=load.concurrency if load.kind == "closed" else load.max_concurrency,
+                assigned=None,
+                finished=len(recs),
+                schedule_lags_s=lags,
+                dispatch_lags_ns=run.dispatch_ns,
+            )
+        ]
+        step = self._step(wname, load, run, t_start)
+        step.update(wl.step_extra(recs))
+        return step
+
+    def _check_fits(self, server: dict[str, Any]) -> None:
+        """Raise :class:`ConfigError` when a workload's prompts can reach the server's context per
+        request (``server["context_tokens"]``, when the server reports it): those requests could
+        only fail."""
+        ctx = server.get("context_tokens")
+        if not ctx:
+            return
+        for wname in self.cfg.workloads:
+            need = getattr(self.workload_factory(wname, seed=self.cfg.seed), "max_input_tokens", None)
+            if need and need >= ctx:
+                raise ConfigError(
+                    f"{wname} prompts reach {need} tokens but the server takes {ctx} tokens per "
+                    f"request ({server.get('context_source')}): lower --set {wname}.input_tokens "
+                    f"or give the server a larger context (--engine-ctx)"
+                )
+
+    async def _build_specs(self, wl: Any, n: int, what: str) -> list[RequestSpec]:
+        """The first ``n`` request specs of workload ``wl``, built one at a time so that a stop signal
+        is handled between two prompts and, when building takes over :data:`_PREPARE_NOTICE_S`
+        seconds (very long prompts), progress is reported (:class:`Preparing`, then :class:`PromptBuilt`)."""
+        make = getattr(wl, "request", None)
+        if make is None:  # a caller's own generator with only requests(n)
+            return list(wl.requests(n))
+        out: list[RequestSpec] = []
+        t0 = last_yield = time.monotonic()
+        shown = False
+        for i in range(n):
+            out.append(make(i))
+            now = time.monotonic()
+            if shown:
+                self.observer.on_event(PromptBuilt())
+            elif now - t0 > _PREPARE_NOTICE_S:
+                shown = True
+                self.observer.on_event(Preparing(what, total=n, done=i + 1))
+            if now - last_yield > 0.02:  # let the loop run signal handlers (SIGTERM) between prompts
+                await asyncio.sleep(0)
+                last_yield = time.monotonic()
+        return out
+
+    @property
+    def _tokenizer(self) -> str | None:
+        return getattr(self.counter, "name", None) if self.counter is not None else None
