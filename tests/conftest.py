@@ -370,6 +370,8 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/gateway/test_limits_pool.py::test_first_request_after_a_redis_restart_is_served": ("services",),
     "tests/gateway/test_enginegauges_bound.py": ("unit",),
     "tests/gateway/test_picker.py": ("unit",),
+    "tests/gateway/test_routing_compare.py": ("unit",),
+    "tests/gateway/test_routing_compare.py::test_llamacpp_path_runs_end_to_end_and_prints_every_figure": ("engine", "proc"),
     "tests/gateway/test_picker_gateway.py": ("unit",),
     "tests/gateway/test_picker_gateway.py::test_a_replica_the_engine_reports_busy_gets_no_new_request": ("proc",),
     "tests/gateway/test_picker_gateway.py::test_sessions_stay_on_their_replica_and_find_the_previous_turn_cached": ("proc",),
