@@ -181,6 +181,27 @@ def ledger_usage(db: Path, rid: str, timeout_s: float = 5.0) -> tuple[int, int]:
         time.sleep(0.05)
 
 
+def sse_events(root: str, path: str, body: dict[str, Any], headers: dict[str, str],
+               timeout_s: float = 10.0) -> tuple[str, list[tuple[str, Any]]]:
+    """POST a streamed request to ``root + path`` (an API whose events are named: Messages, Responses);
+    (the request id, every SSE event as (event name, decoded data)) as sent. Asserts 200 and that every
+    event is exactly one ``event:`` line and one ``data:`` line."""
+    import httpx
+    import orjson
+
+    with httpx.stream("POST", root + path, json=body, headers=headers, timeout=timeout_s) as r:
+        assert r.status_code == 200, r.read()
+        text = r.read().decode()
+        rid = r.headers["x-request-id"]
+    out = []
+    for ev in text.split("\n\n"):
+        lines = ev.strip().split("\n")
+        if lines != [""]:
+            assert lines[0].startswith("event: ") and lines[1].startswith("data: ") and len(lines) == 2, ev
+            out.append((lines[0][7:], orjson.loads(lines[1][6:])))
+    return rid, out
+
+
 def stop_gateway(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM, SIGKILL after 10 s; always reaps."""
     _load_root_conftest().stop_process(proc, 10.0)

@@ -17,7 +17,15 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import gateway_key, ledger_usage, start_gateway, start_mock_process, stop_gateway, stop_mock_process
+from conftest import (
+    gateway_key,
+    ledger_usage,
+    sse_events,
+    start_gateway,
+    start_mock_process,
+    stop_gateway,
+    stop_mock_process,
+)
 
 LIMIT = 512  # server.max_tokens_limit
 TOOL = {"name": "get_weather", "description": "weather of a city",
@@ -85,29 +93,12 @@ def test_messages_create_text_thinking_and_ledger_usage(gw: Any) -> None:
     assert msg.usage.output_tokens == 8  # 2 reasoning + 6 answer tokens, as the engine counted
 
 
-def _sse(gw: Any, path: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[str, list[tuple[str, Any]]]:
-    """POST a streamed request; (the request id, every SSE event as (event name, decoded data)) as sent."""
-    import orjson
-
-    with httpx.stream("POST", gw.root + path, json=body, headers=headers, timeout=10) as r:
-        assert r.status_code == 200, r.read()
-        text = r.read().decode()
-        rid = r.headers["x-request-id"]
-    out = []
-    for ev in text.split("\n\n"):
-        lines = ev.strip().split("\n")
-        if lines != [""]:
-            assert lines[0].startswith("event: ") and lines[1].startswith("data: ") and len(lines) == 2, ev
-            out.append((lines[0][7:], orjson.loads(lines[1][6:])))
-    return rid, out
-
-
 def test_messages_stream_event_sequence_exact(gw: Any) -> None:
     """The stream as sent, event by event: message_start, ping, one block per kind with its start/deltas/stop,
     message_delta with stop_reason and the ledger's usage, message_stop; the SDK's accumulated message
     agrees; max_tokens cuts it (stop_reason max_tokens)."""
     body = {"model": "m", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    rid, events = _sse(gw, "/v1/messages", body, {"x-api-key": gw.key})
+    rid, events = sse_events(gw.root, "/v1/messages", body, {"x-api-key": gw.key})
     assert all(name == data["type"] for name, data in events)
     seq = [(n, d.get("index"), (d.get("delta") or d.get("content_block") or {}).get("type")) for n, d in events]
     assert seq == [("message_start", None, None), ("ping", None, None),
@@ -211,7 +202,7 @@ def test_responses_stream_event_sequence_exact(gw: Any) -> None:
     """The typed stream as sent, event by event, sequence numbers 0, 1, 2, ...; the terminal event carries
     the whole output and the ledger's usage; the SDK parses every event."""
     body = {"model": "m", "input": [{"role": "user", "content": "hi"}], "stream": True, "max_output_tokens": 5}
-    rid, events = _sse(gw, "/v1/responses", body, {"Authorization": f"Bearer {gw.key}"})
+    rid, events = sse_events(gw.root, "/v1/responses", body, {"Authorization": f"Bearer {gw.key}"})
     assert all(name == data["type"] for name, data in events)
     assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
     assert [n for n, _ in events] == [

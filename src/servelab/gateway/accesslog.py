@@ -2,7 +2,8 @@
 
 Fields of a line (:func:`access_record`; docs/gateway-design.md): ``ts`` (epoch s), ``request_id``,
 ``key_id``, ``tenant``, ``model`` (public), ``backend``, ``api`` (the API the client called:
-:func:`api_name`), ``endpoint`` (what was forwarded), ``stream``, ``status``, ``outcome``
+:func:`api_name`), ``endpoint`` (what was forwarded: ``messages`` when the engine got the client's own
+Anthropic body, servelab.gateway.apis.native), ``stream``, ``status``, ``outcome``
 (``ok``/``error``/``client_disconnect``), ``error_code``, ``ttft_ms``, ``e2e_ms``, ``prompt_tokens``,
 ``completion_tokens``, ``charged_tokens``, ``retries``, ``fallback``, ``config_version``,
 ``client_request_id``; when they apply: ``degraded`` (degrade.Decision.log_record), ``client_ip``,
@@ -81,7 +82,7 @@ def access_record(r: RequestState, e2e_ns: int, config_version: int, charged_tok
         "model": r.model,
         "backend": r.backend,
         "api": api_name(r),
-        "endpoint": r.endpoint,
+        "endpoint": r.api.native if r.native and r.api is not None and r.api.native else r.endpoint,
         "stream": r.stream,
         "status": r.status,
         "outcome": r.outcome,

@@ -295,6 +295,9 @@ class Backend(FrozenModel):
     silence between two reads, including the wait for the first token (engines that hold their headers
     until the first token, docs/engine-wire.md case 20, need room here). ``max_in_flight``: requests beyond it
     count as saturated (fallback). ``api_key_env``: env var with the engine's API key, sent as Bearer.
+    ``native_apis``: the other APIs forwarded to it unchanged instead of translated to chat completions
+    (null = what its kind serves, ``servelab.wire.dialects``: ``messages`` on vllm and llamacpp; ``[]`` =
+    always translate).
     """
 
     name: str = Field(pattern=_NAME, description="unique backend name (never shown to clients)")
@@ -308,6 +311,11 @@ class Backend(FrozenModel):
     read_timeout_s: float = Field(300.0, gt=0, description="longest wait between two reads (incl. TTFT), s")
     max_in_flight: int | None = Field(None, ge=1, description="requests in flight before it counts as saturated")
     api_key_env: str | None = Field(None, pattern=_ENV, description="env var holding the engine's API key")
+    native_apis: list[Literal["messages"]] | None = Field(
+        None,
+        description="APIs forwarded unchanged (Anthropic messages); null = what its kind serves natively, "
+        "[] = always translate to chat completions",
+    )
 
     @field_validator("base_url")
     @classmethod

@@ -37,7 +37,7 @@ from servelab.gateway.sse import DONE, DONE_EVENT, count_token_events, events, s
 from servelab.wire.stream import choices_carry_token
 from servelab.wire.types import normalize_finish
 
-__all__ = ["Relay", "map_finish_bytes", "openai_finish", "public_model"]
+__all__ = ["Relay", "map_finish_bytes", "openai_finish", "public_model", "whole_answer"]
 
 log = logging.getLogger("servelab.gateway")
 _now = time.monotonic_ns
@@ -99,6 +99,23 @@ def public_model(data: bytes, r: RequestState) -> bytes:
     return _MODEL_RE.sub(sub, data)
 
 
+def whole_answer(raw: bytes, r: RequestState, hide: tuple[str, ...]) -> Any:
+    """A whole 200 answer ``raw`` decoded (None when it is not JSON). Raises :class:`UpstreamFailed` when it
+    carries an engine error or is not JSON: the engine's text goes to the log only (servelab.gateway.scrub)."""
+    try:
+        ev = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        ev = None
+    gerr = (
+        scrub.from_event(ev, r.rid, r.backend, hide)
+        if isinstance(ev, dict)
+        else scrub.from_body(raw, 200, r.rid, r.backend, hide)
+    )
+    if gerr is not None:
+        raise UpstreamFailed(gerr, degrade.another_target(gerr), "protocol")
+    return ev
+
+
 class Relay:
     """Passes answers on and records what they carried into the request's :class:`RequestState`
     (usage, token events, TTFT, served, status); ``metrics``: the gateway's."""
@@ -112,17 +129,7 @@ class Relay:
         """A whole JSON answer (non-streamed request, or an engine that ignored ``stream``): forwarded
         unchanged after its usage is read, except engine finish reasons mapped to OpenAI's."""
         raw = await resp.read()
-        try:
-            ev = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            ev = None
-        gerr = (
-            scrub.from_event(ev, r.rid, r.backend, hide)
-            if isinstance(ev, dict)
-            else scrub.from_body(raw, 200, r.rid, r.backend, hide)
-        )  # engine text: log only
-        if gerr is not None:
-            raise UpstreamFailed(gerr, degrade.another_target(gerr), "protocol")
+        ev = whole_answer(raw, r, hide)  # engine error text: log only
         if r.tally is not None:
             r.tally.take_whole(ev, r.sent_cap or r.out_cap)  # per-choice lower bounds (served.py)
         usage = ev.get("usage")

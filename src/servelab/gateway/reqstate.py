@@ -72,6 +72,9 @@ class RequestState:
     #: the API the client speaks when it is not chat completions (Anthropic Messages, OpenAI Responses):
     #: translated to chat at admission and back as relayed (servelab.gateway.apis); None = as forwarded
     api: ApiAdapter | None = None
+    #: the attempt that answered sent the client's own API body to an engine serving it natively
+    #: (servelab.gateway.apis.native), not its chat translation
+    native: bool = False
     #: what happened when (servelab.gateway.timeline), for the access log and `servelab gateway explain`
     timeline: Timeline = field(default_factory=Timeline)
     #: its OpenTelemetry trace while tracing is on (servelab.gateway.tracing.RequestTrace), else None

@@ -30,6 +30,7 @@ from aiohttp import web
 from servelab.gateway import capabilities as caps_mod
 from servelab.gateway import degrade, enginefields, lengths, scrub
 from servelab.gateway.admission import may_use_model
+from servelab.gateway.apis import native
 from servelab.gateway.breaker import RetryBudget, backoff_s
 from servelab.gateway.errors import GatewayError
 from servelab.gateway.fdbudget import is_local_resource_error
@@ -241,9 +242,20 @@ class Upstream:
     ) -> web.StreamResponse:
         """One upstream try. Raises :class:`UpstreamFailed` when nothing reached the client yet."""
         assert self.session is not None
-        url = snap.backends[target.backend].base_url + ENDPOINT_PATH[r.endpoint]
-        data = self.upstream_body(target, body, r.stream, r, snap)
+        backend = snap.backends[target.backend]
+        api = r.api
+        r.native = api is not None and api.source is not None and native.serves_natively(backend, api.native)
         headers = {"Content-Type": "application/json", "X-Request-ID": r.rid, **snap.auth_headers[target.backend]}
+        if r.native and api is not None and api.native is not None and api.source is not None:
+            # the engine serves the client's API itself: its body, with admission's decisions (apis/native.py)
+            url = backend.base_url + native.NATIVE_PATH[api.native]
+            up = native.native_body(api.source, target.request_body(body), target.upstream_model, r.out_cap)
+            r.sent_cap = up["max_tokens"] if isinstance(up.get("max_tokens"), int) else r.out_cap
+            data = orjson.dumps(up)
+            headers = native.native_headers(headers)
+        else:
+            url = backend.base_url + ENDPOINT_PATH[r.endpoint]
+            data = self.upstream_body(target, body, r.stream, r, snap)
         if r.client_rid is not None:  # validated charset and length: safe to pass on, apart from ours
             headers["X-Client-Request-ID"] = r.client_rid
         if r.stream:
@@ -288,7 +300,9 @@ class Upstream:
             r.backend, r.upstream_model = target.backend, target.upstream_model
             r.model_field = b'"model":' + orjson.dumps(target.public_model)
             ctype = resp.headers.get("Content-Type", "")
-            if r.stream and "text/event-stream" in ctype:
+            if r.native:
+                out, ok = await native.pipe(self.metrics, self.relay, request, snap.hide, r, resp)
+            elif r.stream and "text/event-stream" in ctype:
                 out, ok = await self.relay.pipe_stream(request, snap.hide, r, resp, client_usage)
             else:
                 out, ok = await self.relay.pipe_whole(snap.hide, r, resp)

@@ -131,7 +131,9 @@ class Dialect:
     field of reasoning text (case 10; None: none is sent); ``lengths``, ``logprobs``: the fields it reads;
     ``priority_scheduling``: it schedules by the body's ``priority`` (lower = first); ``identity``: the
     requests that say which engine and model it is (``"GET /props"``); ``stream``: how it streams and
-    fails (None for servers that are not one engine's wire)."""
+    fails (None for servers that are not one engine's wire); ``native_apis``: the other APIs it serves
+    itself (``messages``: Anthropic ``POST /v1/messages``; ``responses``: OpenAI ``POST /v1/responses``),
+    which the gateway may forward unchanged instead of translating them to chat completions."""
 
     name: Kind
     title: str
@@ -144,6 +146,7 @@ class Dialect:
     priority_scheduling: bool = False
     identity: tuple[str, ...] = ()
     stream: StreamRules | None = None
+    native_apis: frozenset[str] = frozenset()
 
 
 def _top(*names: str) -> tuple[LogprobsField, ...]:
@@ -171,6 +174,8 @@ _TABLE: tuple[Dialect, ...] = (
         logprobs=(*_OPENAI_LOGPROBS, _PROMPT_LOGPROBS),
         priority_scheduling=True,
         identity=("GET /version", "GET /v1/models"),
+        # vllm/entrypoints/anthropic (vllm-project/vllm#21313) and vllm/entrypoints/openai/serving_responses.py
+        native_apis=frozenset({"messages", "responses"}),
         stream=StreamRules(
             role_chunk="empty",
             role_on_every_chunk=False,
@@ -267,6 +272,8 @@ _TABLE: tuple[Dialect, ...] = (
         ),
         logprobs=(*_OPENAI_LOGPROBS, *_top("n_probs")),
         identity=("GET /props", "GET /v1/models"),
+        # tools/server: POST /v1/messages and /v1/messages/count_tokens (ggml-org/llama.cpp PR #17570)
+        native_apis=frozenset({"messages"}),
         stream=StreamRules(
             role_chunk="null",
             role_on_every_chunk=False,

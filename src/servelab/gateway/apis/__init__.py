@@ -7,6 +7,10 @@ relayed, so the request goes through the one per-request pipeline of chat comple
 permissions, limits and budgets, the output cap, sampling policy, degrade rules, fallbacks, shadow, the
 ledger's exact usage, scrubbed errors). An :class:`ApiAdapter` is made per request (it keeps the stream's
 state); the gateway's admission, relay and error answer call its hooks when ``RequestState.api`` is set.
+
+An API that some engines serve themselves (:attr:`ApiAdapter.native`) keeps the client's body
+(:attr:`ApiAdapter.source`): a target whose backend serves it natively gets that body unchanged but for the
+gateway's decisions (:mod:`servelab.gateway.apis.native`), the others the translation.
 """
 
 from __future__ import annotations
@@ -39,6 +43,11 @@ class ApiAdapter:
 
     #: the API's name: ``messages``, ``count_tokens``, ``responses``
     name = "chat"
+    #: the API name a backend may serve natively (``servelab.wire.dialects.Dialect.native_apis``), None = always
+    #: translated
+    native: str | None = None
+    #: the client's body as received (set by :meth:`translate` of an API with :attr:`native`)
+    source: dict[str, Any] | None = None
 
     def key_header(self, request: web.Request) -> str | None:
         """The credential to check, in ``Authorization`` header form (``Bearer ...`` or a bare key)."""

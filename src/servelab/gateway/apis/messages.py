@@ -345,6 +345,7 @@ class MessagesApi(StreamingApi):
     """One ``/v1/messages`` request (module doc): the translation and the stream's state."""
 
     name = "messages"
+    native: str | None = "messages"
 
     def __init__(self) -> None:
         super().__init__()
@@ -372,6 +373,7 @@ class MessagesApi(StreamingApi):
     def translate(self, body: dict[str, Any], max_tokens_limit: int) -> dict[str, Any]:
         chat = to_chat(body, max_tokens_limit)
         self.stops = list(chat.get("stop") or ())
+        self.source = dict(body)
         return chat
 
     def _stop_reason(self) -> str:
@@ -494,6 +496,7 @@ class CountTokensApi(MessagesApi):
     one-token generation, not streamed); answers ``{"input_tokens": N}``."""
 
     name = "count_tokens"
+    native = None
 
     def translate(self, body: dict[str, Any], max_tokens_limit: int) -> dict[str, Any]:
         chat = to_chat(body, max_tokens_limit, _COUNT_FIELDS)
