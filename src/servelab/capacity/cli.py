@@ -5,10 +5,13 @@ formulas); with evidence, each candidate's fitted model, its held-out validation
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
 
+from servelab.bench.analysis.slo import parse_slo
+from servelab.capacity.agree import check_search
 from servelab.capacity.evidence import StepEvidence, from_bench, from_trial_candidate
 from servelab.capacity.fit import fit
 from servelab.capacity.peak import peak_load
@@ -20,24 +23,36 @@ from servelab.capacity.results import (
     CapacityReport,
     FitReport,
     PerfParams,
+    SearchCheck,
     Validation,
 )
 from servelab.capacity.validate import validate
 from servelab.wire.errors import ConfigError
 
-__all__ = ["capacity_command", "evidence_of"]
+__all__ = ["Evidence", "capacity_command", "evidence_of"]
 
 #: engine settings that name a slot limit, by registry kind's setting name
 SLOT_SETTINGS = ("parallel", "max_num_seqs", "max_inflight")
 
 
-def evidence_of(records: list[str], benches: list[str]) -> dict[str, tuple[list[StepEvidence], int | None]]:
-    """Candidate name -> (its steps, its declared slot limit) from trial run folders and bench folders
-    (``NAME=DIR`` or ``DIR``, named by the folder). Raises :class:`ConfigError` for a folder without
-    evidence."""
+@dataclass
+class Evidence:
+    """One candidate's measured steps, its declared slot limit, and (from a trial) its capacity
+    search's probes ``(rate req/s, held, step)`` with the goal's SLO and burstiness."""
+
+    steps: list[StepEvidence]
+    slots: int | None = None
+    probes: list[tuple[float, bool, str]] = field(default_factory=list)
+    slo: list[str] = field(default_factory=list)
+    burstiness: float = 1.0
+
+
+def evidence_of(records: list[str], benches: list[str]) -> dict[str, Evidence]:
+    """Candidate name -> its :class:`Evidence` from trial run folders and bench folders (``NAME=DIR``
+    or ``DIR``, named by the folder). Raises :class:`ConfigError` for a folder without evidence."""
     from servelab.trial.results import read_record
 
-    out: dict[str, tuple[list[StepEvidence], int | None]] = {}
+    out: dict[str, Evidence] = {}
     for r in records:
         rec = read_record(r)
         run = Path(r) if Path(r).is_dir() else Path(r).parent
@@ -47,12 +62,16 @@ def evidence_of(records: list[str], benches: list[str]) -> dict[str, tuple[list[
                 continue
             settings = rec.ident(name).settings or {}
             slots = next((v for k in SLOT_SETTINGS if isinstance(v := settings.get(k), int) and v > 0), None)
-            out[name] = (steps, slots)
+            res = rec.results.candidates.get(name)
+            cap = res.capacity if res is not None else None
+            probes = [(pr.rate_rps, pr.held, pr.step) for pr in (cap.probes if cap else []) if pr.step]
+            slo = [o for o in rec.goal.slo if ":" not in o.split("<")[0]]  # per-workload ones left out
+            out[name] = Evidence(steps, slots, probes, slo, rec.goal.burstiness or 1.0)
         if not out:
             raise ConfigError(f"{r}: no candidate of this trial has measured load steps to fit a model on")
     for b in benches:
         name, _, folder = b.rpartition("=")
-        out[name or Path(folder).name] = (from_bench(folder), None)
+        out[name or Path(folder).name] = Evidence(from_bench(folder))
     return out
 
 
@@ -97,6 +116,26 @@ def _print_validation(v: Validation) -> None:
         print(f"  held out {c.step} (fitted on {len(c.fitted_on)} other steps): " + "; ".join(parts))
     if v.median_abs_error is not None:
         print(f"  held-out error: median |error| {v.median_abs_error * 100:.1f} %, max {v.max_abs_error or 0:.1%}")
+
+
+def _print_search(sc: SearchCheck) -> None:
+    lo = "-" if sc.measured_held_rps is None else f"{sc.measured_held_rps:.4g}"
+    hi = "open" if sc.measured_broke_rps is None else f"{sc.measured_broke_rps:.4g}"
+    print(
+        f"  capacity search: the trial held {lo} req/s, broke at {hi}; the model's capacity for probes of "
+        f"{sc.probe_requests} requests {sc.model_capacity_rps or 0:.4g} req/s{_iv(sc.model_capacity_ci, 1.0, '.4g')}; "
+        f"{sc.probes_agreeing}/{len(sc.probes)} probe verdicts agree -> {'agrees' if sc.agrees else 'DISAGREES'}"
+    )
+    print(
+        f"    sustained (the plan's basis): {sc.sustained_capacity_rps or 0:.4g} req/s; "
+        "short probes hold above it because their queue has no time to build"
+    )
+    for c in sc.probes:
+        if not c.agrees:
+            print(
+                f"    probe {c.step} at {c.rate_rps:.4g} req/s: measured {'held' if c.measured_held else 'broke'}, "
+                f"model {'holds' if c.predicted_held else 'breaks'}"
+            )
 
 
 def _print_plan(pl: CandidatePlan, indent: str = "  ") -> None:
@@ -154,15 +193,21 @@ def capacity_command(
     models: dict[str, tuple[PerfParams, list[PerfParams]]] = {}
     cands: dict[str, CandidateCapacity] = {}
     evidence = evidence_of(record, bench)
-    for name, (steps, declared) in evidence.items():
-        declared = declared or slots
+    for name, ev in evidence.items():
+        declared = ev.slots or slots
         try:
-            rep, boots = fit(steps, declared_slots=declared, bootstrap=bootstrap, seed=seed)
+            rep, boots = fit(ev.steps, declared_slots=declared, bootstrap=bootstrap, seed=seed)
         except ValueError as e:
             raise ConfigError(f"{name}: {e}") from None
         models[name] = (rep.params, boots)
         cands[name] = CandidateCapacity(
-            fit=rep, validation=validate(steps, declared_slots=declared, bootstrap=min(bootstrap, 20), seed=seed)
+            fit=rep,
+            validation=validate(ev.steps, declared_slots=declared, bootstrap=min(bootstrap, 20), seed=seed),
+            search=check_search(
+                rep.params, boots[:10], ev.steps, ev.probes, parse_slo(",".join(ev.slo)), shape=ev.burstiness, seed=seed
+            )
+            if ev.probes and ev.slo
+            else None,
         )
     plans = {n: plan_candidate(n, p, b[:10], prof, seed=seed) for n, (p, b) in models.items()}
     hold = next((pl.predicted_e2e_p50_s for pl in plans.values() if pl.predicted_e2e_p50_s), None)
@@ -183,6 +228,8 @@ def capacity_command(
         _print_fit(name, cc.fit)
         if cc.validation is not None:
             _print_validation(cc.validation)
+        if cc.search is not None:
+            _print_search(cc.search)
         _print_plan(plans[name])
     tiers = plan_tiers(prof, models, seed=seed) if models else None
     if tiers is not None:

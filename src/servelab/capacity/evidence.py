@@ -27,7 +27,9 @@ __all__ = ["Obs", "StepEvidence", "from_bench", "from_trial_candidate"]
 class Obs:
     """One measured request: ``sent``/``first``/``last``/``end`` seconds from its group's first send
     (first and last token chunk arrival, end of the response), ``prompt``/``output`` tokens (server
-    usage), ``chunks``: arrival time (s, same origin) and token count of every token-carrying chunk."""
+    usage), ``chunks``: arrival time (s, same origin) and token count of every token-carrying chunk,
+    ``cached``: prompt tokens the engine served from its prefix cache (usage ``cached_tokens``),
+    ``workload``: the workload set it was drawn from (a mix step holds several)."""
 
     sent: float
     first: float
@@ -36,6 +38,13 @@ class Obs:
     prompt: int
     output: int
     chunks: list[tuple[float, int]] = field(default_factory=list)
+    cached: int = 0
+    workload: str = ""
+
+    @property
+    def new_prompt(self) -> int:
+        """Prompt tokens the engine had to prefill: the prompt less its cached prefix (server usage)."""
+        return max(0, self.prompt - self.cached)
 
     @property
     def ttft(self) -> float:
@@ -46,6 +55,12 @@ class Obs:
     def e2e(self) -> float:
         """Send to end of response, seconds."""
         return self.end - self.sent
+
+    @property
+    def held_back(self) -> int:
+        """Output tokens (server usage) the stream did not carry, >= 0: tokens the engine decoded
+        but did not stream as text (seen with llama.cpp's JSON-schema grammars)."""
+        return max(0, self.output - sum(k for _, k in self.chunks))
 
 
 @dataclass
@@ -83,6 +98,8 @@ def _obs(line: RequestLine) -> tuple[int, Obs] | None:
         prompt=line.prompt_tokens,
         output=line.output_tokens,
         chunks=chunks,
+        cached=line.cached_tokens or 0,
+        workload=line.workload,
     )
 
 
@@ -141,6 +158,8 @@ def from_folder(folder: Path) -> list[StepEvidence]:
                     prompt=o.prompt,
                     output=o.output,
                     chunks=[(t + off, k) for t, k in o.chunks],
+                    cached=o.cached,
+                    workload=o.workload,
                 )
             )
         out.append(StepEvidence(source=str(folder), label=st.label, load=st.load, requests=reqs))
@@ -154,7 +173,8 @@ def from_bench(folder: str | Path) -> list[StepEvidence]:
 
 def from_trial_candidate(run_dir: str | Path, name: str) -> list[StepEvidence]:
     """The steps of candidate ``name`` in a trial run folder: every ``candidates/NAME/*/`` and
-    ``candidates/NAME/capacity/*/`` folder that holds a bench summary (docs/record-schema.md)."""
+    ``candidates/NAME/capacity/*/`` folder that holds a bench summary (docs/record-schema.md); each
+    step's label is prefixed with its folder (``mix-r2:mix/c4``), repeats keep their own."""
     base = Path(run_dir) / "candidates" / name
     folders = sorted(p.parent for p in base.glob("*/summary.json")) + sorted(
         p.parent for p in base.glob("capacity/*/summary.json")
@@ -162,5 +182,7 @@ def from_trial_candidate(run_dir: str | Path, name: str) -> list[StepEvidence]:
     out: list[StepEvidence] = []
     for f in folders:
         if (f / "requests.jsonl").is_file():
-            out += from_folder(f)
+            for st in from_folder(f):
+                st.label = f"{f.relative_to(base).as_posix()}:{st.label}"
+                out.append(st)
     return out

@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from servelab.capacity.profile import Lengths, Task, TrafficProfile
 from servelab.capacity.results import CandidatePlan, PerfParams, TierPlan, WhatIf
 from servelab.capacity.simulate import SimRun, arrivals, simulate
 
-__all__ = ["SIM_REQUESTS", "Workload", "capacity", "plan_candidate", "plan_tiers"]
+__all__ = ["SIM_REQUESTS", "Draws", "Workload", "boot_interval", "capacity", "meets", "plan_candidate", "plan_tiers"]
 
 #: requests per simulated run of the plan (enough for a P95 of ~20 values above it)
 SIM_REQUESTS = 400
@@ -61,10 +62,10 @@ class Workload:
             prompt = np.where(long, self.p.long_input_tokens.sample(n, rng), prompt)
         return prompt, np.maximum(1.0, np.round(out.sample(n, rng) * self.out_scale))
 
-    def draw(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """``n`` (prompt, output) token counts."""
+    def draw(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``n`` (prompt, output) token counts and first-token extras (s; none for a profile's tasks)."""
         if not self.tasks:
-            return self._one(self.p.input_tokens, self.p.output_tokens, n, rng)
+            return (*self._one(self.p.input_tokens, self.p.output_tokens, n, rng), np.zeros(n))
         shares = np.asarray([t.share for t in self.tasks])
         which = rng.choice(len(self.tasks), n, p=shares / shares.sum())
         prompt, out = np.zeros(n), np.zeros(n)
@@ -72,7 +73,7 @@ class Workload:
             a, b = self._one(t.input_tokens or self.p.input_tokens, t.output_tokens or self.p.output_tokens, n, rng)
             prompt = np.where(which == k, a, prompt)
             out = np.where(which == k, b, out)
-        return prompt, out
+        return prompt, out, np.zeros(n)
 
     def mean_output(self) -> float:
         """E[output tokens] of this workload."""
@@ -98,22 +99,33 @@ def _meets(run: SimRun, slo: list[Objective]) -> bool:
     return all((v := _stat(run, o)) is None or v <= o.limit for o in slo)
 
 
-def _run(p: PerfParams, wl: Workload, rate: float, seed: int, shape: float) -> SimRun:
+class Draws(Protocol):
+    """Request lengths to simulate: ``draw(n, rng)`` -> (prompt tokens, output tokens, extra s)."""
+
+    def draw(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+
+def _run(p: PerfParams, wl: Draws, rate: float, seed: int, shape: float) -> SimRun:
     rng = np.random.default_rng(seed)
-    prompt, out = wl.draw(SIM_REQUESTS, rng)
-    return simulate(p, prompt, out, arrival_s=arrivals(rate, SIM_REQUESTS, rng, shape))
+    prompt, out, extra = wl.draw(SIM_REQUESTS, rng)
+    return simulate(p, prompt, out, arrival_s=arrivals(rate, SIM_REQUESTS, rng, shape), extra_s=extra)
 
 
-def saturation_rps(p: PerfParams, wl: Workload, seed: int = 0) -> float:
+def meets(run: SimRun, slo: list[Objective]) -> bool:
+    """Whether every latency objective of ``slo`` holds on ``run`` (ITL judged by TPOT)."""
+    return _meets(run, slo)
+
+
+def saturation_rps(p: PerfParams, wl: Draws, seed: int = 0) -> float:
     """Requests/s the replica completes with every slot busy (closed loop at twice the slots)."""
     rng = np.random.default_rng(seed)
-    prompt, out = wl.draw(SIM_REQUESTS // 2, rng)
-    run = simulate(p, prompt, out, concurrency=max(2, 2 * p.slots))
+    prompt, out, extra = wl.draw(SIM_REQUESTS // 2, rng)
+    run = simulate(p, prompt, out, concurrency=max(2, 2 * p.slots), extra_s=extra)
     return len(prompt) / run.window_s
 
 
 def capacity(
-    p: PerfParams, wl: Workload, slo: list[Objective], shape: float = 1.0, seed: int = 0, iterations: int = 10
+    p: PerfParams, wl: Draws, slo: list[Objective], shape: float = 1.0, seed: int = 0, iterations: int = 10
 ) -> tuple[float, float]:
     """``(capacity at the SLO, saturation)`` of one replica, requests/s (module doc); 0 when even a
     light load breaks the SLO."""
@@ -125,6 +137,14 @@ def capacity(
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if _meets(_run(p, wl, mid, seed, shape), slo) else (lo, mid)
     return lo, mu
+
+
+def boot_interval(vals: list[float]) -> Interval | None:
+    """The 2.5-97.5 % range of ``vals`` (figures simulated under each bootstrap refit); ``None`` empty."""
+    if not vals:
+        return None
+    lo, hi = np.percentile(vals, [2.5, 97.5])
+    return Interval(lo=float(lo), hi=float(hi), n=len(vals), method="bootstrap-simulated")
 
 
 def _replicas(rate: float, cap: float, headroom: float) -> int | None:
@@ -152,16 +172,7 @@ def plan_candidate(
     share = rate / peak.offered_peak_rps.value if peak.offered_peak_rps.value else 1.0
     cap, mu = capacity(p, wl, slo, shape, seed)
     caps = [capacity(b, wl, slo, shape, seed)[0] for b in boots]
-    civ = (
-        Interval(
-            lo=float(np.percentile(caps, 2.5)),
-            hi=float(np.percentile(caps, 97.5)),
-            n=len(caps),
-            method="bootstrap-simulated",
-        )
-        if caps
-        else None
-    )
+    civ = boot_interval(caps)
     dep = profile.deployments.get(name)
     out = CandidatePlan(
         candidate=name,

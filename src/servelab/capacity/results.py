@@ -16,6 +16,8 @@ __all__ = [
     "PeakLoad",
     "PerfParams",
     "Prediction",
+    "ProbeCheck",
+    "SearchCheck",
     "StepCheck",
     "TierPlan",
     "Validation",
@@ -26,7 +28,11 @@ __all__ = [
 class PerfParams(ResultModel):
     """The continuous-batching law (:mod:`servelab.capacity.fit`): first token ``prefill_base_s +
     prompt / prefill_tokens_per_s`` after service starts (``None`` rate: prompt-independent), each later
-    token ``decode_base_s + decode_per_running_s * (b - 1)`` s, ``slots`` served at once."""
+    token ``decode_base_s + decode_per_running_s * (b - 1)`` s, ``slots`` served at once.
+    ``prefill_serial``: the engine runs one prefill at a time and the running batch's decode waits for
+    it (llama.cpp's one batch per step), learned from the evidence; ``False``: prefills run beside the
+    decode and beside each other. ``first_token_extra_s``: workload name -> seconds a request of it
+    adds to its prefill beyond the law (fitted; the most common workload is the reference, 0)."""
 
     prefill_base_s: float
     prefill_tokens_per_s: float | None = None
@@ -34,12 +40,19 @@ class PerfParams(ResultModel):
     decode_per_running_s: float
     slots: int
     slots_identified: bool = False
+    prefill_serial: bool = False
+    first_token_extra_s: dict[str, float] = Field(default_factory=dict)
 
 
 class FitReport(ResultModel):
     """The point fit on ``requests`` measured requests of ``steps`` (``token_gaps`` chunk gaps), the
     bootstrap intervals of each parameter, the RMS prefill residual (s) and notes on what the evidence
-    could not identify. ``seen_slots``: most requests decoding at once; ``declared_slots``: the engine's."""
+    could not identify. ``seen_slots``: most requests decoding at once; ``declared_slots``: the engine's.
+    ``prefill_stall``: seconds a token gap grows per second of other requests' prefill inside it (1: the
+    decode waits for every prefill, 0: it runs beside them), with its interval; ``prefill_samples``:
+    requests the prefill law was fitted on (streamed from their first token, no other prefill beside
+    them); ``held_back_requests``: requests whose stream carried fewer tokens than their usage (tokens
+    the engine held back, e.g. a JSON grammar's opening ones), kept out of the prefill and decode laws."""
 
     params: PerfParams
     requests: int
@@ -52,6 +65,10 @@ class FitReport(ResultModel):
     decode_base_ci: Interval | None = None
     decode_per_running_ci: Interval | None = None
     prefill_residual_s: float | None = None
+    prefill_stall: float | None = None
+    prefill_stall_ci: Interval | None = None
+    prefill_samples: int = 0
+    held_back_requests: int = 0
     notes: list[str] = Field(default_factory=list)
 
 
@@ -157,11 +174,41 @@ class TierPlan(ResultModel):
     saving: float | None = None
 
 
+class ProbeCheck(ResultModel):
+    """One probe of the trial's capacity search (``step``: its run folder) at ``rate_rps``: whether
+    the SLO held as measured and as the model predicts for the same requests at the same send times."""
+
+    rate_rps: float
+    step: str
+    measured_held: bool
+    predicted_held: bool
+    agrees: bool
+
+
+class SearchCheck(ResultModel):
+    """The model against the trial's capacity search (:mod:`servelab.capacity.agree`): every probe's
+    verdict, the search's bracket ``[measured_held_rps, measured_broke_rps)`` (``None``: open), the
+    model's capacity for probes of ``probe_requests`` requests like the search's (req/s, bootstrap
+    interval), its sustained capacity (long run, req/s), and whether they agree (every verdict matches
+    and the probe-sized interval meets the bracket)."""
+
+    probes: list[ProbeCheck] = Field(default_factory=list)
+    measured_held_rps: float | None = None
+    measured_broke_rps: float | None = None
+    model_capacity_rps: float | None = None
+    model_capacity_ci: Interval | None = None
+    probe_requests: int | None = None
+    sustained_capacity_rps: float | None = None
+    agrees: bool = False
+    probes_agreeing: int = 0
+
+
 class CandidateCapacity(ResultModel):
-    """One candidate's model, validation and plan."""
+    """One candidate's model, validation, check against its capacity search, and plan."""
 
     fit: FitReport
     validation: Validation | None = None
+    search: SearchCheck | None = None
     plan: CandidatePlan | None = None
 
 

@@ -14,8 +14,10 @@ With ``prefill_serial`` (llama.cpp: one batch per step holds the new prompts and
 requests' next tokens) the prompts admitted together are prefilled as one batch, ``prefill_base_s +
 sum(prompt) / prefill_tokens_per_s``, their first tokens all at its end; prompts admitted while a
 batch runs form the next one (FIFO); every decoding request's next token waits for each batch, and a
-request that finishes its prefill while the next batch is queued waits for that one too. A request may decode ``lead`` tokens before its first streamed one (the
-engine holds back a JSON grammar's opening whitespace): its TTFT is to its first streamed token.
+request that finishes its prefill while the next batch is queued waits for that one too.
+A request may carry ``extra_s`` seconds of its own after its prefill (a workload's first-token cost,
+e.g. llama.cpp compiling a JSON schema's grammar and sampling its first tokens under it): its first
+token comes that much later; with ``prefill_serial`` the engine is held for the batch's largest extra.
 
 Figures as the bench reports them (:mod:`servelab.bench.analysis.metrics`): TTFT = first token - arrival,
 E2E = last token - arrival, TPOT = (E2E - TTFT) / (output - 1), output tokens/s = output tokens /
@@ -61,18 +63,18 @@ def arrivals(rate_rps: float, n: int, rng: np.random.Generator, shape: float = 1
 class _Replica:
     """The state of one simulated replica (module doc); times in seconds."""
 
-    def __init__(self, p: PerfParams, prompt: np.ndarray, output: np.ndarray, lead: np.ndarray | None) -> None:
+    def __init__(self, p: PerfParams, prompt: np.ndarray, output: np.ndarray, extra_s: np.ndarray | None) -> None:
         n = len(prompt)
         self.p, self.prompt, self.output = p, prompt, output
-        self.lead = np.zeros(n, dtype=int) if lead is None else np.minimum(lead, np.maximum(output - 1, 0)).astype(int)
+        self.extra = np.zeros(n) if extra_s is None else np.asarray(extra_s, dtype=float)
         self.slots = p.slots if p.slots and p.slots > 0 else n
         self.arr = np.full(n, np.nan)
         self.first = np.zeros(n)
-        self.visible = np.full(n, np.nan)  # first streamed token (after the held-back lead)
         self.last = np.zeros(n)
         self.busy_until = -math.inf  # serial prefill: when the last prompt batch ends
         self.grp_start, self.grp_end = -math.inf, -math.inf  # the last prompt batch
         self.grp: list[int] = []
+        self.grp_extra = 0.0  # the largest first-token extra in the last batch, s
         self.waiting: deque[int] = deque()
         self.prefilling: list[tuple[float, int]] = []
         self.dec_next: dict[int, float] = {}  # decoding request -> scheduled time of its next token
@@ -90,30 +92,34 @@ class _Replica:
     def start_waiting(self, t: float) -> None:
         """Waiting requests take free slots at ``t`` and start their prefill (module doc)."""
         rate = self.p.prefill_tokens_per_s
-        admitted = []
+        admitted: list[int] = []
         while self.waiting and len(self.prefilling) + len(self.dec_next) + len(admitted) < self.slots:
             admitted.append(self.waiting.popleft())
         if not admitted:
             return
         if not self.p.prefill_serial:
             for i in admitted:
-                heapq.heappush(self.prefilling, (t + self.p.prefill_base_s + (self.prompt[i] / rate if rate else 0.0), i))
+                pf = self.p.prefill_base_s + (self.prompt[i] / rate if rate else 0.0) + self.extra[i]
+                heapq.heappush(self.prefilling, (t + pf, i))
             return
         work = sum(self.prompt[i] / rate for i in admitted) if rate else 0.0
+        most = max(self.extra[i] for i in admitted)
         if t < self.grp_start:  # the next batch has not started: these join it
-            added = work
+            added = work + max(0.0, most - self.grp_extra)
             self.grp_end += work
+            self.grp_extra = max(self.grp_extra, most)
             self.grp.extend(admitted)
-            members = set(self.grp)
-            self.prefilling = [(self.grp_end if i in members else e, i) for e, i in self.prefilling]
         else:  # a new batch, after the one running
-            added = self.p.prefill_base_s + work
+            added = self.p.prefill_base_s + work + most
             self.grp_start = max(t, self.busy_until)
-            self.grp_end = self.grp_start + added
+            self.grp_end = self.grp_start + self.p.prefill_base_s + work
+            self.grp_extra = most
             self.grp = list(admitted)
-        self.prefilling += [(self.grp_end, i) for i in admitted]
+        members = set(self.grp)
+        self.prefilling = [e for e in self.prefilling if e[1] not in members]
+        self.prefilling += [(self.grp_end + self.extra[i], i) for i in self.grp]
         heapq.heapify(self.prefilling)
-        self.busy_until = self.grp_end
+        self.busy_until = self.grp_end + self.grp_extra
         for j in self.dec_next:  # the running batch waits for the prompts
             self.dec_next[j] += added
 
@@ -133,13 +139,8 @@ class _Replica:
             tn = self.dec_next[i]
             if tn <= t:
                 m = min(self.dec_left[i], int((t - tn) / g + 1e-9) + 1)
-                done = int(self.output[i]) - self.dec_left[i]  # tokens out so far, the first included
-                if done <= self.lead[i] < done + m:
-                    self.visible[i] = tn + (self.lead[i] - done) * g
                 self.dec_next[i], self.dec_left[i] = tn + m * g, self.dec_left[i] - m
         if t == t_fin:
-            if np.isnan(self.visible[who]):
-                self.visible[who] = t
             self.dec_left[who], self.dec_next[who] = 0, t + g
         ended = [i for i, k in self.dec_left.items() if k <= 0]
         for i in ended:
@@ -154,8 +155,6 @@ class _Replica:
         while self.prefilling and self.prefilling[0][0] <= t:
             _, i = heapq.heappop(self.prefilling)
             self.first[i] = t
-            if self.lead[i] == 0:
-                self.visible[i] = t
             if self.output[i] <= 1:
                 self.last[i] = t
                 ended.append(i)
@@ -177,15 +176,15 @@ def simulate(
     *,
     concurrency: int | None = None,
     arrival_s: np.ndarray | None = None,
-    lead: np.ndarray | None = None,
+    extra_s: np.ndarray | None = None,
 ) -> SimRun:
     """Serve the requests (``prompt``/``output`` tokens, in sending order) with ``p``: a closed loop of
-    ``concurrency`` clients, or open loop at ``arrival_s``; ``lead``: tokens each request decodes before
-    its first streamed one (TTFT is to that one; default none). Raises ``ValueError`` with neither load."""
+    ``concurrency`` clients, or open loop at ``arrival_s``; ``extra_s``: seconds each request adds to its
+    prefill (default none). Raises ``ValueError`` with neither load."""
     n = len(prompt)
     if arrival_s is None and not concurrency:
         raise ValueError("simulate needs concurrency or arrival times")
-    r = _Replica(p, prompt, output, lead)
+    r = _Replica(p, prompt, output, extra_s)
     times = arrival_s if arrival_s is not None else np.zeros(0)
     pending = deque(range(n)) if arrival_s is not None else deque()
     sent = 0
@@ -211,7 +210,7 @@ def simulate(
                 r.send(sent, float(r.last[i]))
                 sent += 1
         r.start_waiting(t)
-    ttft = np.where(np.isnan(r.visible), r.first, r.visible) - r.arr
+    ttft = r.first - r.arr
     e2e = r.last - r.arr
     tpot = np.where(output > 1, (e2e - ttft) / np.maximum(output - 1, 1), 0.0)
     window = float(r.last.max() - np.nanmin(r.arr))

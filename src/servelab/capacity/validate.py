@@ -1,7 +1,9 @@
 """Held-out validation: the model is fitted on every step but one and predicts that one, for each
-closed-loop step in turn (leave-one-step-out cross-validation; Hastie, Tibshirani & Friedman, *The
+step in turn (leave-one-step-out cross-validation; Hastie, Tibshirani & Friedman, *The
 Elements of Statistical Learning*, 2nd ed., 2009, §7.10). The held-out step is simulated with its own
-requests (prompt and output tokens in send order) and its own concurrency; TTFT P50/P95 and output
+requests (new prompt and output tokens in send order, each with its workload's first-token cost) and
+its own load: its concurrency (closed loop) or its measured send times (open loop: an
+arrival test or a capacity probe); TTFT P50/P95 and output
 tokens/s are compared with what was measured (percentiles as ``numpy.percentile``, linear, as the
 bench's summary; throughput over the step's window). The prediction interval is the 2.5-97.5 %
 range over the bootstrap refits (:func:`servelab.capacity.fit.fit`), each simulated: it carries the
@@ -22,9 +24,13 @@ __all__ = ["predict_step", "validate"]
 
 
 def _figures(p: PerfParams, st: StepEvidence) -> tuple[float, float, float]:
-    prompt = np.asarray([r.prompt for r in st.requests], dtype=float)
+    prompt = np.asarray([r.new_prompt for r in st.requests], dtype=float)
     out = np.asarray([r.output for r in st.requests], dtype=float)
-    run = simulate(p, prompt, out, concurrency=st.concurrency)
+    extra = np.asarray([p.first_token_extra_s.get(r.workload, 0.0) for r in st.requests])
+    if st.concurrency:
+        run = simulate(p, prompt, out, concurrency=st.concurrency, extra_s=extra)
+    else:
+        run = simulate(p, prompt, out, arrival_s=np.asarray([r.sent for r in st.requests]), extra_s=extra)
     p50, p95 = np.percentile(run.ttft, [50, 95])
     return float(p50), float(p95), run.output_tokens_per_s
 
@@ -61,13 +67,12 @@ def predict_step(p: PerfParams, boots: list[PerfParams], st: StepEvidence, fitte
 def validate(
     steps: list[StepEvidence], *, declared_slots: int | None = None, bootstrap: int = 30, seed: int = 0
 ) -> Validation:
-    """Leave-one-step-out over the closed-loop ``steps`` (module doc); needs two steps or more (else
-    an empty :class:`Validation`)."""
-    closed = [s for s in steps if s.concurrency]
+    """Leave-one-step-out over ``steps`` (module doc); needs two steps or more (else an empty
+    :class:`Validation`)."""
     checks = []
-    if len(closed) >= 2:
-        for k, held in enumerate(closed):
-            rest = [s for j, s in enumerate(closed) if j != k]
+    if len(steps) >= 2:
+        for k, held in enumerate(steps):
+            rest = [s for j, s in enumerate(steps) if j != k]
             rep, boots = fit(rest, declared_slots=declared_slots, bootstrap=bootstrap, seed=seed)
             checks.append(predict_step(rep.params, boots, held, [s.label for s in rest]))
     errs = [
