@@ -71,7 +71,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from servelab.gateway.routing import hrw_order, stable_unit
+from servelab.gateway.hashing import hrw_order, stable_unit
 
 __all__ = [
     "POLICIES",

@@ -45,24 +45,40 @@ Policies, in the order they apply:
    outstanding, power of two choices, or the engine-aware scores); its decision for the primary group is
    :attr:`RoutePlan.pick`.
 
-Outstanding requests are counted with :meth:`Router.acquire` / :class:`Lease` (per backend, shared by
-all Routers built with the same :class:`LoadTracker`, so a hot reload keeps the counts).
-Hashes are ``hashlib.blake2b`` (stable across processes and Python versions; never ``hash()``).
+Outstanding requests are counted with :meth:`Router.acquire` / :class:`~servelab.gateway.leases.Lease` (per
+backend, shared by all Routers built with the same :class:`~servelab.gateway.leases.LoadTracker`, so a hot
+reload keeps the counts). The descriptors and the plan are in :mod:`servelab.gateway.routespec`, the
+hashes in :mod:`servelab.gateway.hashing`, the counts in :mod:`servelab.gateway.leases`; their names are
+importable from here too.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import math
 import random
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from servelab.gateway.breaker import BreakerBoard
 from servelab.gateway.errors import GatewayError
+from servelab.gateway.hashing import affinity_text, hrw_order, stable_unit
+from servelab.gateway.leases import Lease, LoadTracker
+from servelab.gateway.routespec import (
+    FALLBACK,
+    PRIMARY,
+    RETRY,
+    SHADOW,
+    Backend,
+    FallbackSpec,
+    ModelRoute,
+    RoutePlan,
+    ShadowSpec,
+    Target,
+    TargetSpec,
+)
 from servelab.wire.errors import ConfigError
 
 __all__ = [
@@ -81,245 +97,7 @@ __all__ = [
     "stable_unit",
 ]
 
-PRIMARY = "primary"
-RETRY = "retry"
-FALLBACK = "fallback"
-SHADOW = "shadow"
-
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
-
-
-# ---------------------------------------------------------------- descriptors (plain data, from config)
-@dataclass(frozen=True)
-class Backend:
-    """One engine endpoint. ``kind``: a kind of the dialect table (:mod:`servelab.wire.dialects`; decides the
-    health path and the length fields sent). ``base_url``: server root, e.g. ``http://127.0.0.1:8001`` (a
-    trailing ``/v1`` is tolerated). ``models``: upstream model names it serves (empty = any).
-    ``max_in_flight``: requests the gateway sends it at once (0 = no limit); beyond it the backend is
-    skipped. ``pool``: replica pool label (``canary``). ``health_path``: overrides the kind's readiness path."""
-
-    name: str
-    kind: str
-    base_url: str
-    models: tuple[str, ...] = ()
-    max_in_flight: int = 0
-    pool: str = ""
-    health_path: str | None = None
-
-
-@dataclass(frozen=True)
-class TargetSpec:
-    """One weighted target of a public model: ``backend`` name, upstream ``model`` name, ``weight`` >= 0."""
-
-    backend: str
-    model: str
-    weight: float = 1.0
-
-
-@dataclass(frozen=True)
-class FallbackSpec:
-    """A fallback step: public ``model`` to use instead, ``max_tokens`` cap (tokens) applied to the body,
-    ``params`` other body fields to set (e.g. ``{"temperature": 0}``)."""
-
-    model: str
-    max_tokens: int | None = None
-    params: Mapping[str, Any] = field(default_factory=dict, hash=False)
-
-
-@dataclass(frozen=True)
-class ShadowSpec:
-    """Copy a share ``sample_rate`` (0..1) of requests to ``backend``/``model``; the answer is discarded."""
-
-    backend: str
-    model: str
-    sample_rate: float
-
-
-@dataclass(frozen=True)
-class ModelRoute:
-    """Routing of one public model name. ``affinity_chars``: prompt characters hashed for prefix affinity
-    (None = the router's default, 0 = off)."""
-
-    name: str
-    targets: tuple[TargetSpec, ...]
-    fallback: tuple[FallbackSpec, ...] = ()
-    shadow: ShadowSpec | None = None
-    affinity_chars: int | None = None
-
-
-# ---------------------------------------------------------------- plan
-@dataclass(frozen=True)
-class Target:
-    """One upstream attempt. ``role``: primary, retry, fallback or shadow. ``overrides``: body fields the
-    server sets before sending (degrade parameters of a fallback). ``public_model``: the public name this
-    target serves (differs from the requested one on a fallback)."""
-
-    backend: str
-    upstream_model: str
-    public_model: str
-    base_url: str
-    kind: str
-    role: str = PRIMARY
-    overrides: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, hash=False)
-
-    def request_body(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """A copy of ``body`` with ``model`` set to the upstream name and the overrides applied."""
-        out = dict(body)
-        out.update(self.overrides)
-        out["model"] = self.upstream_model
-        return out
-
-
-@dataclass(frozen=True)
-class RoutePlan:
-    """Ordered attempts for one request: ``targets[0]`` is the primary. ``public_model``: after task routing.
-    ``degraded``: no target of the requested model was available, the plan starts with a fallback.
-    ``affinity``: the HRW key used (hex digest) or None."""
-
-    public_model: str
-    targets: tuple[Target, ...]
-    shadow: Target | None = None
-    task: str | None = None
-    degraded: bool = False
-    affinity: str | None = None
-    #: fallback models left out because the caller may not use them (:meth:`Router.plan` ``may_use``)
-    denied: tuple[str, ...] = ()
-    #: the endpoint picker's decision for the primary group (:meth:`servelab.gateway.picker.Pick.record`), or None
-    pick: Mapping[str, Any] | None = field(default=None, hash=False)
-    #: how the primary was chosen, when the picker chose it (the ``routed`` timeline event's ``why``)
-    why: str | None = None
-
-    @property
-    def primary(self) -> Target:
-        return self.targets[0]
-
-
-# ---------------------------------------------------------------- hashing helpers
-def _digest(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
-
-
-def stable_unit(key: str, salt: str = "") -> float:
-    """A number in [0, 1) that depends only on ``key`` and ``salt`` (blake2b, same in every process)."""
-    return _digest(f"{salt}\x00{key}".encode()) / 2.0**64
-
-
-def hrw_order(key: str, names: Iterable[str]) -> list[str]:
-    """``names`` by decreasing rendezvous score ``blake2b(key, name)`` (ties by name): the first is the
-    owner of ``key``; dropping a name changes the owner only of the keys that name owned."""
-    k = hashlib.blake2b(key.encode(), digest_size=16).digest()
-    return sorted(names, key=lambda n: (-_digest(k + b"\x00" + n.encode()), n))
-
-
-def affinity_text(body: Mapping[str, Any], max_chars: int = 256) -> str:
-    """The first ``max_chars`` characters of what the engine will see first: chat ``messages`` as
-    ``role: text`` lines (text parts of multi-part contents only) or the completions ``prompt``.
-    Returns "" when the body has neither."""
-    if max_chars <= 0:
-        return ""
-    parts: list[str] = []
-    size = 0
-    msgs = body.get("messages")
-    if isinstance(msgs, list):
-        for m in msgs:
-            if not isinstance(m, Mapping):
-                continue
-            c = m.get("content")
-            if isinstance(c, list):
-                c = "".join(p.get("text", "") for p in c if isinstance(p, Mapping) and isinstance(p.get("text"), str))
-            if not isinstance(c, str):
-                c = ""
-            piece = f"{m.get('role', '')}: {c}\n"
-            parts.append(piece)
-            size += len(piece)
-            if size >= max_chars:
-                break
-    else:
-        p = body.get("prompt")
-        if isinstance(p, list):
-            p = p[0] if p and isinstance(p[0], str) else ""
-        if isinstance(p, str):
-            parts.append(p)
-    return "".join(parts)[:max_chars]
-
-
-# ---------------------------------------------------------------- load tracking
-class LoadTracker:
-    """Outstanding requests per backend name (in this process). Share one between Routers across reloads."""
-
-    def __init__(self) -> None:
-        self._n: dict[str, int] = {}
-
-    def outstanding(self, backend: str) -> int:
-        """Requests sent to ``backend`` and not yet released."""
-        return self._n.get(backend, 0)
-
-    def snapshot(self) -> dict[str, int]:
-        return dict(self._n)
-
-    def _inc(self, backend: str) -> None:
-        self._n[backend] = self._n.get(backend, 0) + 1
-
-    def _dec(self, backend: str) -> None:
-        n = self._n.get(backend, 0) - 1
-        if n > 0:
-            self._n[backend] = n
-        else:
-            self._n.pop(backend, None)
-
-
-class Lease:
-    """One admitted attempt on ``target``: holds an outstanding slot (and a half-open probe slot) until
-    released. Release exactly once with :meth:`release` (``"success"``, ``"failure"`` or ``"neutral"``),
-    or use it as a context manager: leaving without an outcome records success, an exception records
-    failure, except ``asyncio.CancelledError``/``GeneratorExit`` (client went away) which is neutral."""
-
-    __slots__ = ("target", "_tracker", "_breaker", "_outcome", "released")
-
-    def __init__(self, target: Target, tracker: LoadTracker, breaker: Any) -> None:
-        self.target = target
-        self._tracker = tracker
-        self._breaker = breaker
-        self._outcome: str | None = None
-        self.released = False
-
-    def success(self) -> None:
-        """Mark the outcome (applied on context exit)."""
-        self._outcome = "success"
-
-    def fail(self) -> None:
-        self._outcome = "failure"
-
-    def neutral(self) -> None:
-        self._outcome = "neutral"
-
-    def release(self, outcome: str | None = None) -> None:
-        """Free the slot and tell the breaker the outcome; later calls do nothing. Raises
-        :class:`ValueError` on an unknown outcome."""
-        if self.released:
-            return
-        outcome = outcome or self._outcome or "success"
-        if outcome not in ("success", "failure", "neutral"):
-            raise ValueError(f"lease outcome {outcome!r} must be success, failure or neutral")
-        self.released = True
-        self._tracker._dec(self.target.backend)
-        if self._breaker is not None:
-            {
-                "success": self._breaker.on_success,
-                "failure": self._breaker.on_failure,
-                "neutral": self._breaker.on_neutral,
-            }[outcome]()
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.release()
-        elif issubclass(exc_type, (asyncio.CancelledError, GeneratorExit)):
-            self.release(self._outcome or "neutral")
-        else:
-            self.release(self._outcome or "failure")
 
 
 # ---------------------------------------------------------------- router
