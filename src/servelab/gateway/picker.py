@@ -50,9 +50,11 @@ Policies:
   ended since the scrape would otherwise count against its replica and push its next turn away.
 
   **Staleness rule**: the scores are used only when every candidate's gauges were scraped successfully
-  within ``stale_after_s`` seconds. Otherwise (never scraped, ``/metrics`` failing, health checks off, or
-  too old) the choice falls back to least outstanding requests (never blocks, never waits for a scrape)
-  and ``servelab_gateway_picker_decisions_total{policy="engine",how="fallback_stale"}`` counts it.
+  within ``stale_after_s`` seconds. Otherwise (never scraped, health checks off, the last page refused as
+  larger than the scrape's byte bound, or older than ``stale_after_s``: a ``/metrics`` that fails or times
+  out keeps its last good figures until they are that old) the choice falls back to least outstanding
+  requests (never blocks, never waits for a scrape) and
+  ``servelab_gateway_picker_decisions_total{policy="engine",how="fallback_stale"}`` counts it.
 
 The scorers follow the shape of the Gateway API Inference Extension's endpoint picker and llm-d's inference
 scheduler (queue, KV-utilisation and prefix-cache scorers combined by weights, the highest total picked:
