@@ -20,6 +20,11 @@ event's arrival), run once per target with all concurrency steps. Printed per st
 TTFT P50/P99, inter-chunk P99, and for the proxies the added TTFT P50/P99 and added inter-chunk P99
 (target minus direct, in ms).
 
+Other APIs (``--apis chat,messages,responses``): the servelab target's latency steps again as Anthropic
+Messages and OpenAI Responses requests (``servelab bench --endpoint``, TTFT at each API's first content
+event), which the gateway translates to the mock's chat completions; rows ``servelab:messages`` and
+``servelab:responses``, their added numbers against the direct chat run (translation included).
+
 Throughput part (``max requests/s on one core``): a second mock with zero delays, ``--rps-concurrency``
 streams for ``--rps-duration-s`` seconds; printed: requests/s achieved, and requests per CPU-second of
 the proxy's whole process tree (``req/core-s``: the proxy's requests/s per core, robust to the client or
@@ -291,9 +296,11 @@ def start_independent(urls: list[str], work: Path, cpu: str, tag: str, n: int) -
 
 def run_bench(p: Proxy, out: Path, cpu: str, concurrency: list[int] | None, requests: int | None,
               duration_s: float | None, warmup: int, output_tokens: str,
-              rate_rps: float | None = None, workers: int = 1) -> dict[str, Any]:
+              rate_rps: float | None = None, workers: int = 1, endpoint: str = "chat") -> dict[str, Any]:
     """Run ``servelab bench`` (pinned to the CPU list ``cpu``, ``--workers`` ``workers``) against ``p`` and
-    return its summary.json: closed loop at ``concurrency``, or open loop (Poisson arrivals) at ``rate_rps``."""
+    return its summary.json: closed loop at ``concurrency``, or open loop (Poisson arrivals) at ``rate_rps``.
+    ``endpoint``: the API the bench speaks (``--endpoint``: chat, messages, responses; TTFT at each API's first
+    content event, servelab.wire.apis)."""
     # open loop: the same rate twice, the first step warms every connection (the bench's own warmup runs as a
     # closed loop of 1 in open mode: minutes at 0.8 s a request); the caller keeps the last step
     load = ["--rate", f"{rate_rps:g},{rate_rps:g}", "--arrival", "poisson"] if rate_rps else \
@@ -302,7 +309,8 @@ def run_bench(p: Proxy, out: Path, cpu: str, concurrency: list[int] | None, requ
             "--workload", "short-qa", "--set", "input_tokens=32", "--set", f"output_tokens={output_tokens}",
             *load, "--warmup", str(0 if rate_rps else warmup),
             "--no-stop-on-slo", "--timeout", "120", "--quiet", "--out", str(out),
-            *(["--workers", str(workers)] if workers > 1 else [])]
+            *(["--workers", str(workers)] if workers > 1 else []),
+            *(["--endpoint", endpoint] if endpoint != "chat" else [])]
     argv += ["--requests", str(requests)] if requests else ["--duration", str(duration_s)]
     env = {**os.environ, "OPENAI_API_KEY": p.api_key or ""}
     r = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -452,7 +460,8 @@ def _print_latency(a: argparse.Namespace, lat: dict[str, dict[int, dict[str, Any
     """The latency table (target minus direct) and the direct check (is the client + mock core queueing?)."""
     loop = (f"open loop, Poisson arrivals at streams / {mean_s:.2f} s" if a.loop == "open" else "closed loop")
     print(f"\nLatency (ms; {loop}; mock TTFT {a.ttft_ms:g} ms, ITL {a.itl_ms:g} ms, {a.output_tokens} tokens)")
-    hdr = f"{'streams':>7} {'target':<9} {'n':>5} {'fail':>4} {'TTFT p50':>9} {'TTFT p99':>9} {'chunk p99':>9} " \
+    w = max(9, *(len(t) for t in targets))  # "servelab:messages": the servelab target spoken in another API
+    hdr = f"{'streams':>7} {'target':<{w}} {'n':>5} {'fail':>4} {'TTFT p50':>9} {'TTFT p99':>9} {'chunk p99':>9} " \
           f"{'+TTFT p50':>9} {'+TTFT p99':>9} {'+chunk p99':>10}"
     print(hdr)
     for c in conc:
@@ -467,7 +476,7 @@ def _print_latency(a: argparse.Namespace, lat: dict[str, dict[int, dict[str, Any
                 add = [_ms(tt["p50"] - d["ttft_s"]["p50"]), _ms(tt["p99"] - d["ttft_s"]["p99"]),
                        _ms(ch["p99"] - d["itl_chunk_s"]["p99"])]
             failed = s["counts"]["submitted"] - s["counts"]["succeeded"]
-            print(f"{c:>7} {t:<9} {s['counts']['submitted']:>5} {failed:>4} {_ms(tt['p50']):>9} {_ms(tt['p99']):>9} "
+            print(f"{c:>7} {t:<{w}} {s['counts']['submitted']:>5} {failed:>4} {_ms(tt['p50']):>9} {_ms(tt['p99']):>9} "
                   f"{_ms(ch['p99']):>9} {add[0]:>9} {add[1]:>9} {add[2]:>10}")
     # is the direct baseline itself queueing on the client + mock core? Then "added" numbers mean little
     print(f"\nDirect check (client + mock on CPU {a.client_cpu}): the direct run must show the mock's own "
@@ -483,6 +492,34 @@ def _print_latency(a: argparse.Namespace, lat: dict[str, dict[int, dict[str, Any
               f"schedule; CPU {a.client_cpu} busy {d['cpu_busy_pct']['client']:.0f} % -> "
               + ("SATURATED: the client + mock core queues, added numbers at this step are not the proxy's "
                  "alone; raise --itl-ms or lower the streams" if saturated else "not saturated"))
+
+
+def _apis(ap: argparse.ArgumentParser, spec: str) -> list[str]:
+    """``--apis``: chat first, then messages and/or responses; a bad list is one argparse error line."""
+    apis = [x.strip() for x in spec.split(",") if x.strip()]
+    if set(apis) - {"chat", "messages", "responses"} or "chat" not in apis:
+        ap.error("--apis takes chat, messages, responses (chat always included), e.g. --apis chat,messages")
+    return ["chat", *[x for x in dict.fromkeys(apis) if x != "chat"]]
+
+
+def _latency(p: Proxy, label: str, api: str, a: argparse.Namespace, work: Path, conc: list[int], mean_s: float,
+             client_cpus: list[int], proxy_cpus: list[int]) -> dict[int, dict[str, Any]]:
+    """The latency part against ``p`` spoken in ``api``: one step per concurrency, each its own bench run so
+    request counts can differ (open loop: the rate that keeps that many streams in flight); each step with the
+    busiest client and proxy CPU's share."""
+    out: dict[int, dict[str, Any]] = {}
+    for c in conc:
+        n = max(a.min_requests, a.requests_per_stream * c)
+        psutil.cpu_percent(percpu=True)  # starts the per-CPU busy-share interval
+        rate = c / mean_s if a.loop == "open" else None
+        s = run_bench(p, work / f"{label.replace(':', '-')}-c{c}", a.client_cpu, [c], n, None, warmup=c,
+                      output_tokens=a.output_tokens, rate_rps=rate,  # every connection warm
+                      workers=a.client_workers, endpoint=api)
+        busy = psutil.cpu_percent(percpu=True)
+        out.update(_steps(s, c))
+        out[c]["cpu_busy_pct"] = {"client": max(busy[i] for i in client_cpus),
+                                  "proxy": max(busy[i] for i in proxy_cpus)}
+    return out
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -513,6 +550,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--mocks", type=int, default=1, help="zero-delay mock processes of the throughput part, each "
                     "on one CPU of --client-cpu in turn; the gateway splits requests evenly over them")
     ap.add_argument("--workdir", default=None, help="artefacts folder (default: a new temp dir)")
+    ap.add_argument("--apis", default="chat", help="comma list of the APIs the servelab target is measured in "
+                    "(chat, messages, responses): each extra one is the same latency steps sent as Anthropic "
+                    "Messages or OpenAI Responses, translated by the gateway to the mock's chat completions; its "
+                    "added TTFT is against the direct chat run, so it includes the translation")
     ap.add_argument("--gateway-workers", default=None, help="comma list of worker counts for the servelab target, "
                     "run in this order (e.g. 1,2,1,2), each with Redis (module doc); default: one plain run")
     ap.add_argument("--rounds", type=int, default=1, help="run the --gateway-workers list this many times, every "
@@ -574,6 +615,7 @@ def main() -> None:
     if a.client_workers < 1 or a.mocks < 1:
         ap.error("--client-workers and --mocks must be >= 1")
     conc = [int(x) for x in a.concurrency.split(",")]
+    apis = _apis(ap, a.apis)
     out_lo, out_hi = (int(x) for x in (str(a.output_tokens).split("-") * 2)[:2])
     # the mock's cap is out_hi; each request's max_tokens picks its length. Mean request duration -> the
     # open-loop rate that keeps `c` streams in flight on average (Little's law: L = lambda * W)
@@ -603,19 +645,9 @@ def main() -> None:
                 try:
                     print(f"[{t}] {phase} ...", flush=True)
                     if phase == "latency":
-                        # one step per concurrency, each its own bench run so request counts can differ
-                        lat[t] = {}
-                        for c in conc:
-                            n = max(a.min_requests, a.requests_per_stream * c)
-                            psutil.cpu_percent(percpu=True)  # starts the per-CPU busy-share interval
-                            rate = c / mean_s if a.loop == "open" else None
-                            s = run_bench(p, work / f"{t}-c{c}", a.client_cpu, [c], n, None, warmup=c,
-                                          output_tokens=a.output_tokens, rate_rps=rate,  # every connection warm
-                                          workers=a.client_workers)
-                            busy = psutil.cpu_percent(percpu=True)
-                            lat[t].update(_steps(s, c))
-                            lat[t][c]["cpu_busy_pct"] = {"client": max(busy[i] for i in client_cpus),
-                                                         "proxy": max(busy[i] for i in proxy_cpus)}
+                        for api in apis if t == "servelab" else apis[:1]:  # chat, then the same steps in another API
+                            label = t if api == "chat" else f"{t}:{api}"
+                            lat[label] = _latency(p, label, api, a, work, conc, mean_s, client_cpus, proxy_cpus)
                     else:
                         req_s, per_core_s, switches[t] = _throughput(p, t, a, work)
                         rps[t] = (req_s, per_core_s)
@@ -632,7 +664,8 @@ def main() -> None:
             redis_proc.wait(10)
 
     if lat:
-        _print_latency(a, lat, conc, targets, mean_s)
+        shown = [x for t in targets for x in (t, *(f"{t}:{api}" for api in apis[1:] if t == "servelab"))]
+        _print_latency(a, lat, conc, shown, mean_s)
     print(f"\nThroughput ({a.rps_concurrency} streams, {a.rps_duration_s:g} s, zero-delay mock, "
           f"{a.output_tokens} tokens; proxy alone on CPU {a.proxy_cpu})")
     width = max(9, *(len(t) for t in targets))
