@@ -91,3 +91,9 @@ def test_capacity_search_finds_known_service_rate(tmp_path) -> None:
     assert cap["broke_at_rps"] is not None and cap["rate_rps"] < cap["broke_at_rps"]
     assert cap["arrival"] == "constant" and len(cap["probes"]) <= 9
     assert "capacity at the SLO" in " ".join(rec["decision"]["verdicts"]["m"]["reasons"])
+    # the capacity model fitted on the candidate's own steps and probes: the mock's 2 slots found
+    # (more requests waited than were served), and every probe's verdict reproduced by simulation
+    cm = rec["results"]["candidates"]["m"]["capacity_model"]
+    assert cm["fit"]["params"]["slots"] == SLOTS and cm["fit"]["params"]["slots_identified"], cm["fit"]
+    assert cm["validation"]["steps"] and cm["validation"]["median_abs_error"] is not None
+    assert cm["search"]["probes_agreeing"] >= len(cm["search"]["probes"]) - 1, cm["search"]

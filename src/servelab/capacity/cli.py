@@ -12,7 +12,7 @@ import typer
 
 from servelab.bench.analysis.slo import parse_slo
 from servelab.capacity.agree import check_search
-from servelab.capacity.evidence import StepEvidence, from_bench, from_trial_candidate
+from servelab.capacity.evidence import StepEvidence, declared_slots, from_bench, from_trial_candidate
 from servelab.capacity.fit import fit
 from servelab.capacity.peak import peak_load
 from servelab.capacity.plan import plan_candidate, plan_tiers
@@ -30,9 +30,6 @@ from servelab.capacity.validate import validate
 from servelab.wire.errors import ConfigError
 
 __all__ = ["Evidence", "capacity_command", "evidence_of"]
-
-#: engine settings that name a slot limit, by registry kind's setting name
-SLOT_SETTINGS = ("parallel", "max_num_seqs", "max_inflight")
 
 
 @dataclass
@@ -60,8 +57,7 @@ def evidence_of(records: list[str], benches: list[str]) -> dict[str, Evidence]:
             steps = from_trial_candidate(run, name)
             if not steps:
                 continue
-            settings = rec.ident(name).settings or {}
-            slots = next((v for k in SLOT_SETTINGS if isinstance(v := settings.get(k), int) and v > 0), None)
+            slots = declared_slots(rec.ident(name).settings)
             res = rec.results.candidates.get(name)
             cap = res.capacity if res is not None else None
             probes = [(pr.rate_rps, pr.held, pr.step) for pr in (cap.probes if cap else []) if pr.step]

@@ -11,6 +11,7 @@ Warmup and failed requests are left out (a warmup phase finishes before its step
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,27 @@ from pydantic import ValidationError
 from servelab.bench.results import LoadInfo, RequestLine, Summary
 from servelab.wire.errors import ConfigError
 
-__all__ = ["Obs", "StepEvidence", "from_bench", "from_trial_candidate"]
+__all__ = [
+    "SLOT_SETTINGS",
+    "Obs",
+    "StepEvidence",
+    "declared_slots",
+    "from_bench",
+    "from_folder",
+    "from_trial_candidate",
+]
+
+#: engine settings that name a slot limit (llama-server --parallel, vLLM max_num_seqs, the mock's)
+SLOT_SETTINGS = ("parallel", "max_num_seqs", "max_inflight")
+
+
+def declared_slots(settings: Mapping[str, object] | None) -> int | None:
+    """The slot limit a candidate's engine settings declare (:data:`SLOT_SETTINGS`), else ``None``."""
+    for k in SLOT_SETTINGS:
+        v = (settings or {}).get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
 
 
 @dataclass

@@ -13,6 +13,7 @@ __all__ = [
     "CapacityReport",
     "FitReport",
     "Formula",
+    "ModelCheck",
     "PeakLoad",
     "PerfParams",
     "Prediction",
@@ -203,12 +204,28 @@ class SearchCheck(ResultModel):
     probes_agreeing: int = 0
 
 
+class ModelCheck(ResultModel):
+    """One extra load point the model chose, measured after the fit to check it: an open-loop probe at
+    ``rate_rps`` (``reason``: why that rate), the model's prediction for the probe's own requests and
+    send times (``step``: predicted vs measured, the fit made before the probe ran) and both verdicts.
+    ``note`` says why it did not run (the trial budget)."""
+
+    rate_rps: float
+    reason: str = ""
+    step: StepCheck | None = None
+    predicted_held: bool | None = None
+    measured_held: bool | None = None
+    note: str | None = None
+
+
 class CandidateCapacity(ResultModel):
-    """One candidate's model, validation, check against its capacity search, and plan."""
+    """One candidate's model, validation, check against its capacity search, extra checked point
+    (a trial's ``capacity.model_check``) and plan."""
 
     fit: FitReport
     validation: Validation | None = None
     search: SearchCheck | None = None
+    check: ModelCheck | None = None
     plan: CandidatePlan | None = None
 
 

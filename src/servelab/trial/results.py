@@ -32,6 +32,7 @@ from typing import Any, Literal
 from pydantic import Field, JsonValue, PrivateAttr, ValidationError
 
 from servelab.bench.results import Interval, ResultModel, StepSummary
+from servelab.capacity.results import CandidateCapacity
 from servelab.engines.probe import Fact, ProbedIdentity
 from servelab.engines.registry import EngineIdentity
 from servelab.trial.embed_results import EmbeddingsFigures
@@ -322,6 +323,9 @@ class CandidateResult(ResultModel):
     slo_verdicts: list[ObjectiveVerdict] = Field(default_factory=list)
     per_workload: dict[str, WorkloadCapacity] = Field(default_factory=dict)
     capacity: Capacity | None = None
+    #: the performance model fitted on this candidate's own requests, its held-out validation and its
+    #: check against the capacity search (servelab.capacity.trialmodel)
+    capacity_model: CandidateCapacity | None = None
     replicas: Replicas | None = None
     cost: Cost | None = None
     engine_exit: EngineExit | None = None

@@ -13,6 +13,7 @@ from servelab.trial.context import TrialContext
 from servelab.trial.flows.chat.benching import ChatBench
 from servelab.trial.results import CandidateResult, Capacity, Probe
 from servelab.trial.telemetry import MetricsSampler
+from servelab.wire.errors import ConfigError
 
 __all__ = ["EngineDied", "OpenLoop"]
 
@@ -198,6 +199,40 @@ class OpenLoop:
                 + ("" if held is not None else "; none held"),
             )
         result.capacity = found
+        self.capacity_model(name, result, found)
+
+    def capacity_model(self, name: str, result: CandidateResult, found: Capacity) -> None:
+        """The candidate's performance model (:mod:`servelab.capacity.trialmodel`: fitted on its
+        steps and probes so far, validated on held-out steps, set against the capacity search) into
+        ``result.capacity_model``; a fit that cannot be made is said, not raised."""
+        from servelab.capacity.evidence import declared_slots
+        from servelab.capacity.trialmodel import candidate_model
+
+        spec = next((c for c in self.ctx.exp.candidates if c.name == name), None)
+        settings = getattr(spec, "settings", None)
+        raw = settings.model_dump() if settings is not None and hasattr(settings, "model_dump") else settings
+        probes = [(p.rate_rps, p.held, p.step) for p in found.probes if p.step]
+        try:
+            got = candidate_model(
+                self.ctx.out,
+                name,
+                slots=declared_slots(raw if isinstance(raw, dict) else None),
+                probes=probes,
+                slo=self.ctx.objectives,
+                burstiness=self.ctx.exp.goal.burstiness,
+                seed=self.ctx.exp.seed,
+            )
+        except (ValueError, ConfigError) as e:
+            self.ctx.say(f"[{name}] capacity model not fitted: {e}")
+            return
+        if got is None:
+            return
+        cc, _ = got
+        result.capacity_model = cc
+        v, sc = cc.validation, cc.search
+        err = "" if v is None or v.median_abs_error is None else f", held-out median |error| {v.median_abs_error:.0%}"
+        agree = "" if sc is None else f", {'agrees' if sc.agrees else 'disagrees'} with the capacity search"
+        self.ctx.say(f"[{name}] capacity model fitted on {cc.fit.requests} requests{err}{agree}")
 
     def arrival(
         self,
