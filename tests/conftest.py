@@ -462,6 +462,7 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/trial/test_report.py::test_compare_renders_in_chromium": ("browser",),
     "tests/trial/test_report.py::test_report_renders_in_chromium": ("browser",),
     "tests/trial/test_report.py::test_report_with_intervals_pareto_capacity_and_cost_renders_in_chromium": ("browser", "proc"),
+    "tests/trial/test_report_capacity_model.py": ("unit",),
     "tests/trial/test_report_server.py": ("unit",),
     "tests/trial/test_report_server.py::test_panel_renders_in_chromium": ("browser",),
     "tests/trial/test_results.py": ("unit",),

@@ -17,6 +17,7 @@ import jinja2
 from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
+from servelab.trial.report.capacity_model import ModelSection, model_fig, model_sections
 from servelab.trial.report.data import dump, series, slo_limits, workloads
 from servelab.trial.report.figures import (
     LATENCIES,
@@ -104,6 +105,8 @@ class ReportView:
     cold_chart: Markup | None
     cold_missing: list[str]
     cost: Table | None
+    models: list[ModelSection]
+    model_chart: Markup | None
     error_budget: str | None
     steps: list[CandidateSteps]
     client_server: list[ClientServer]
@@ -134,6 +137,7 @@ def report_body(run: Path, rec: TrialRecord) -> Markup:
     pareto_html: Markup | None = None
     notes: list[str] = []
     errors_html: Markup | None = None
+    model_chart: Markup | None = None
     if ser:
         pfig = pareto_fig(rec, names, colors, limits)
         if pfig is not None:
@@ -144,6 +148,9 @@ def report_body(run: Path, rec: TrialRecord) -> Markup:
         capfig = capacity_fig(rec, names, colors)
         if capfig is not None:
             load.append(charts.html(capfig, height=380))
+        mfig = model_fig(rec, names, colors)
+        if mfig is not None:
+            model_chart = charts.html(mfig, height=440)
         cdf, notes = ttft_cdf_fig(run, rec, names, limits)
         if cdf is not None:
             load.append(charts.html(cdf, height=400))
@@ -193,6 +200,8 @@ def report_body(run: Path, rec: TrialRecord) -> Markup:
         cold_chart=cold_html,
         cold_missing=missing,
         cost=cost_table(rec, names),
+        models=model_sections(rec, names),
+        model_chart=model_chart,
         error_budget=pct(err_limit) if err_limit is not None else None,
         steps=steps,
         client_server=client_server(names, rec),
