@@ -28,6 +28,7 @@ __all__ = [
     "declared_slots",
     "from_bench",
     "from_folder",
+    "read_lines",
     "from_trial_candidate",
 ]
 
@@ -124,7 +125,9 @@ def _obs(line: RequestLine) -> tuple[int, Obs] | None:
     )
 
 
-def _read_lines(path: Path) -> list[RequestLine]:
+def read_lines(path: Path) -> list[RequestLine]:
+    """The request lines of a ``requests.jsonl`` (a last line cut by a kill is skipped); raises
+    :class:`ConfigError` (one line) for an unreadable file or a line that is not a request line."""
     out = []
     try:
         raw = path.read_bytes()
@@ -157,7 +160,7 @@ def from_folder(folder: Path) -> list[StepEvidence]:
     except (OSError, ValidationError) as e:
         raise ConfigError(f"{sfile}: not a servelab bench summary ({str(e).splitlines()[0]})") from None
     groups: dict[tuple[str, str], list[tuple[int, Obs]]] = {}
-    for line in _read_lines(rfile):
+    for line in read_lines(rfile):
         got_obs = _obs(line)
         if got_obs is not None:
             groups.setdefault((line.step_workload or line.workload, line.step), []).append(got_obs)

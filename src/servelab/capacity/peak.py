@@ -23,7 +23,7 @@ __all__ = ["mean_input_tokens", "peak_load"]
 def mean_input_tokens(p: TrafficProfile) -> float:
     """``E[input]`` with the long share mixed in, tokens."""
     long = p.long_input_tokens.expected() if p.long_input_tokens is not None else 0.0
-    return (1 - p.long_share) * p.input_tokens.expected() + p.long_share * long
+    return (1 - p.long_share) * p.inputs().expected() + p.long_share * long
 
 
 def peak_load(p: TrafficProfile, hold_s: float | None = None) -> PeakLoad:
@@ -34,7 +34,7 @@ def peak_load(p: TrafficProfile, hold_s: float | None = None) -> PeakLoad:
     off = peak * (1 + p.retry_rate)
     burst = off * p.burst_factor
     w = p.stream_hold_s if p.stream_hold_s is not None else hold_s
-    e_in, e_out = mean_input_tokens(p), p.output_tokens.expected()
+    e_in, e_out = mean_input_tokens(p), p.outputs().expected()
     w_src = "declared" if p.stream_hold_s is not None else "predicted E2E P50"
     return PeakLoad(
         mean_rps=Formula(

@@ -65,12 +65,12 @@ class Workload:
     def draw(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``n`` (prompt, output) token counts and first-token extras (s; none for a profile's tasks)."""
         if not self.tasks:
-            return (*self._one(self.p.input_tokens, self.p.output_tokens, n, rng), np.zeros(n))
+            return (*self._one(self.p.inputs(), self.p.outputs(), n, rng), np.zeros(n))
         shares = np.asarray([t.share for t in self.tasks])
         which = rng.choice(len(self.tasks), n, p=shares / shares.sum())
         prompt, out = np.zeros(n), np.zeros(n)
         for k, t in enumerate(self.tasks):
-            a, b = self._one(t.input_tokens or self.p.input_tokens, t.output_tokens or self.p.output_tokens, n, rng)
+            a, b = self._one(t.input_tokens or self.p.inputs(), t.output_tokens or self.p.outputs(), n, rng)
             prompt = np.where(which == k, a, prompt)
             out = np.where(which == k, b, out)
         return prompt, out, np.zeros(n)
@@ -78,12 +78,10 @@ class Workload:
     def mean_output(self) -> float:
         """E[output tokens] of this workload."""
         if not self.tasks:
-            return self.p.output_tokens.expected() * self.out_scale
+            return self.p.outputs().expected() * self.out_scale
         tot = sum(t.share for t in self.tasks)
         return (
-            sum(t.share * (t.output_tokens or self.p.output_tokens).expected() for t in self.tasks)
-            / tot
-            * self.out_scale
+            sum(t.share * (t.output_tokens or self.p.outputs()).expected() for t in self.tasks) / tot * self.out_scale
         )
 
 

@@ -18,7 +18,7 @@ from servelab.bench.analysis.slo import parse_slo
 from servelab.wire.config import PublishedSchema, StrictModel, json_schema_of, read_yaml_file, validation_error_line
 from servelab.wire.errors import ConfigError
 
-__all__ = ["PUBLISHED_SCHEMA", "Deployment", "Lengths", "Task", "TrafficProfile", "load_profile"]
+__all__ = ["PUBLISHED_SCHEMA", "Deployment", "Lengths", "LengthsFrom", "Task", "TrafficProfile", "load_profile"]
 
 SCHEMA_PATH = Path(__file__).with_name("traffic.schema.json")
 #: z of the 95th percentile of a standard normal (two lognormal moments from mean and P95)
@@ -66,6 +66,22 @@ class Lengths(StrictModel):
         return np.maximum(1.0, np.round(rng.lognormal(mu, sigma, n) if sigma > 0 else np.full(n, m)))
 
 
+class LengthsFrom(StrictModel):
+    """Where the profile's input and output lengths come from instead of ``input_tokens`` /
+    ``output_tokens`` (:mod:`servelab.capacity.lengths`): ``trace`` (a request trace file) or ``run``
+    (a bench or trial run folder); a path relative to the profile's folder. A declared
+    ``input_tokens`` or ``output_tokens`` still wins for its side."""
+
+    trace: str | None = Field(None, min_length=1, description="a trace file (Mooncake JSONL, Azure or BurstGPT CSV)")
+    run: str | None = Field(None, min_length=1, description="a servelab bench or trial run folder")
+
+    @model_validator(mode="after")
+    def _one(self) -> LengthsFrom:
+        if (self.trace is None) == (self.run is None):
+            raise ValueError("give one of trace or run")
+        return self
+
+
 class Task(StrictModel):
     """A task class of the mix: its ``share`` of requests, the ``tier`` it is routed to, and its own
     lengths (default: the profile's)."""
@@ -102,8 +118,9 @@ class TrafficProfile(StrictModel):
     )
     burst_factor: float = Field(1.0, ge=1, le=1000, description="batch-script bursts: K x the peak rate")
     burstiness: float = Field(1.0, gt=0, le=100, description="gamma shape of arrivals (1 Poisson, < 1 burstier)")
-    input_tokens: Lengths
-    output_tokens: Lengths
+    input_tokens: Lengths | None = None
+    output_tokens: Lengths | None = None
+    lengths_from: LengthsFrom | None = None
     long_share: float = Field(0.0, ge=0, le=1, description="share of long requests")
     long_input_tokens: Lengths | None = None
     stream_hold_s: float | None = Field(
@@ -120,6 +137,8 @@ class TrafficProfile(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> TrafficProfile:
+        if (self.input_tokens is None or self.output_tokens is None) and self.lengths_from is None:
+            raise ValueError("give input_tokens and output_tokens, or lengths_from (a trace or a run folder)")
         if self.peak_to_mean is not None and self.hourly_shape is not None:
             raise ValueError("give peak_to_mean or hourly_shape, not both")
         if self.hourly_shape is not None and (min(self.hourly_shape) < 0 or sum(self.hourly_shape) <= 0):
@@ -141,6 +160,18 @@ class TrafficProfile(StrictModel):
             raise ValueError(f"strong_tier {self.strong_tier!r} is not a key of tiers")
         return self
 
+    def inputs(self) -> Lengths:
+        """The input lengths (declared, or filled from ``lengths_from`` by :func:`load_profile`)."""
+        if self.input_tokens is None:
+            raise ConfigError("the profile's input lengths are not loaded: read it with load_profile")
+        return self.input_tokens
+
+    def outputs(self) -> Lengths:
+        """The output lengths (declared, or filled from ``lengths_from`` by :func:`load_profile`)."""
+        if self.output_tokens is None:
+            raise ConfigError("the profile's output lengths are not loaded: read it with load_profile")
+        return self.output_tokens
+
     def peak_ratio(self) -> float:
         """Peak over mean rate: ``peak_to_mean``, or max/mean of ``hourly_shape``, else 1."""
         if self.hourly_shape is not None:
@@ -160,9 +191,21 @@ def load_profile(path: str | os.PathLike[str]) -> TrafficProfile:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping (daily_active_users:, …)")
     try:
-        return TrafficProfile.model_validate(data)
+        prof = TrafficProfile.model_validate(data)
     except ValidationError as e:
         raise ConfigError(validation_error_line(e, str(path), TrafficProfile)) from None
+    src = prof.lengths_from
+    if src is not None:
+        from servelab.capacity.lengths import lengths_of_run, lengths_of_trace
+
+        base = Path(path).parent
+        where = base / (src.trace or src.run or "")
+        if src.trace is not None and not where.is_file():
+            raise ConfigError(f"{path}: lengths_from.trace {where} is not a file; give an existing trace")
+        inp, out = lengths_of_trace(where) if src.trace is not None else lengths_of_run(where)
+        prof.input_tokens = prof.input_tokens or Lengths(values=inp)
+        prof.output_tokens = prof.output_tokens or Lengths(values=out)
+    return prof
 
 
 PUBLISHED_SCHEMA = PublishedSchema(SCHEMA_PATH, lambda: json_schema_of(TrafficProfile, "servelab traffic profile"))
