@@ -83,8 +83,9 @@ def _scaled(ci: Interval | None, k: float) -> Interval | None:
 
 def _cell(pr: Prediction, scale: float, unit: str) -> str:
     err = "" if pr.error is None else f" ({pr.error * 100:+.0f} %)"
-    meas = "—" if pr.measured is None else f"{pr.measured * scale:.4g}"
-    return f"{pr.predicted * scale:.4g} vs {meas}{unit}{err}"
+    sp = f" {unit}" if unit else ""
+    meas = "—" if pr.measured is None else f"{pr.measured * scale:.4g}{sp}"
+    return f"{pr.predicted * scale:.4g}{sp} vs {meas}{err}"
 
 
 def _held_out(m: CandidateCapacity) -> Table:
@@ -139,8 +140,8 @@ def model_sections(rec: TrialRecord, names: list[str]) -> list[ModelSection]:
 
 
 def model_fig(rec: TrialRecord, names: list[str], colors: dict[str, str]) -> go.Figure | None:
-    """Predicted / measured for every held-out step (x: the step), one marker per figure, error bars
-    from the prediction interval; ``None`` when no candidate has a validated model."""
+    """Predicted / measured for every held-out step (x: the step; candidates by colour), one marker per
+    figure, error bars from the prediction interval; ``None`` when no candidate has a validated model."""
     fig = go.Figure()
     symbols = {"ttft_p50_s": "circle", "ttft_p95_s": "diamond", "output_tps": "square"}
     drawn = False
@@ -153,7 +154,7 @@ def model_fig(rec: TrialRecord, names: list[str], colors: dict[str, str]) -> go.
                 if not pr.measured:
                     continue
                 r = pr.predicted / pr.measured
-                xs.append(f"{n}: {c.step}")
+                xs.append(c.step)
                 ys.append(r)
                 iv = pr.interval
                 lo.append(r - iv.lo / pr.measured if iv and iv.lo is not None else 0.0)
@@ -176,7 +177,9 @@ def model_fig(rec: TrialRecord, names: list[str], colors: dict[str, str]) -> go.
         return None
     fig.add_hline(y=1.0, line={"color": "#555", "dash": "dash", "width": 1}, annotation_text="prediction = measurement")
     fig.add_hrect(y0=0.9, y1=1.1, fillcolor="#888", opacity=0.12, line_width=0)
-    fig.update_layout(title="Capacity model: every load step held out and predicted (predicted / measured; band ±10 %)")
+    fig.update_layout(
+        title="Capacity model: every load step held out and predicted (predicted / measured; band ±10 %)",
+    )
     fig.update_xaxes(title_text="held-out step", tickangle=-40)
     fig.update_yaxes(title_text="predicted / measured", rangemode="tozero")
     return fig

@@ -150,7 +150,7 @@ def report_body(run: Path, rec: TrialRecord) -> Markup:
             load.append(charts.html(capfig, height=380))
         mfig = model_fig(rec, names, colors)
         if mfig is not None:
-            model_chart = charts.html(mfig, height=440)
+            model_chart = charts.html(mfig, height=560)
         cdf, notes = ttft_cdf_fig(run, rec, names, limits)
         if cdf is not None:
             load.append(charts.html(cdf, height=400))
