@@ -59,21 +59,22 @@ def test_mock_score_is_the_query_word_share_and_sorted() -> None:
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A gateway with ``rr`` (a rerank model, inputs up to 20 tokens), ``emb`` (an embedding model of 64
     dimensions, same backend: only admission is exercised), ``chat`` (a chat model) and key ``key``; ``tight``
-    may send 30 tokens a minute."""
+    may send 30 tokens a minute; ``bench`` is the bench test's own."""
     tmp = tmp_path_factory.mktemp("rerank")
     mock = start_mock_process("--dialect", "vllm", "--output-tokens", "4")
     key, entry = gateway_key("k1", "t")
     tight, tight_entry = gateway_key("k2", "t")
+    bench, bench_entry = gateway_key("k3", "t")
     cfg = {"backends": [{"name": "b", "kind": "mock", "base_url": mock.root, "models": ["m"]}],
            "models": {"rr": {"targets": [{"backend": "b"}], "capabilities": {"rerank": True, "max_input_tokens": 20}},
                       "emb": {"targets": [{"backend": "b"}],
                               "capabilities": {"embeddings": True, "embedding_dimensions": 64}},
                       "chat": {"targets": [{"backend": "b"}]}},
            "retry": {"attempts": 0},
-           "tenants": {"t": {}}, "keys": [entry, {**tight_entry, "tpm": 30}]}
+           "tenants": {"t": {}}, "keys": [entry, {**tight_entry, "tpm": 30}, bench_entry]}
     proc = start_gateway(cfg, tmp / "gw")
     try:
-        yield type("GW", (), {"url": proc.url, "root": proc.root, "key": key, "tight": tight,
+        yield type("GW", (), {"url": proc.url, "root": proc.root, "key": key, "tight": tight, "bench": bench,
                               "db": Path(proc.config["ledger"]["sqlite_path"]), "log": proc.access_log})
     finally:
         stop_gateway(proc.proc)
@@ -136,3 +137,38 @@ def test_rerank_wrong_key_and_token_limit(gw: Any) -> None:
     second = _post(gw, "/v1/rerank", body, key=gw.tight)
     assert second.status_code == 429, second.text
     assert "Retry-After" in second.headers
+
+
+def test_bench_endpoint_rerank_through_the_gateway(gw: Any, tmp_path: Path) -> None:
+    """``servelab bench --endpoint rerank`` against the gateway's route: every request answered, the step's
+    rerank figures (documents scored, per second, the server's tokens), each request's prompt tokens equal
+    to its ledger row; --batch-size is documents per query."""
+    import json
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    n, docs = 6, 3
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "bench", "--url", gw.url, "--model", "rr",
+                        "--api-key", gw.bench, "--endpoint", "rerank", "--batch-size", str(docs),
+                        "--set", "input_tokens=4", "--concurrency", "2", "--requests", str(n), "--warmup", "0",
+                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (step,) = json.loads((out / "summary.json").read_text())["steps"]
+    assert step["workload"] == "rerank" and step["counts"]["succeeded"] == n
+    rr = step["rerank"]
+    assert (rr["requests"], rr["inputs"], rr["batch_size"], rr["failed_requests"]) == (n, n * docs, docs, 0)
+    assert rr["inputs_per_s"] > 0 and rr["tokens_per_s"] > 0 and rr["dimensions"] is None
+    lines = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(lines) == n
+    deadline = time.monotonic() + 5  # rows are settled in the background
+    while True:
+        with sqlite3.connect(gw.db) as con:
+            rows = con.execute("SELECT prompt_tokens FROM servelab_usage WHERE key_id = 'k3'").fetchall()
+        if len(rows) >= n or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert all(isinstance(x["prompt_tokens"], int) and x["prompt_tokens"] > 0 for x in lines)
+    assert len(rows) == n and sum(x["prompt_tokens"] for x in lines) == sum(int(r[0]) for r in rows)

@@ -244,7 +244,8 @@ def bench_command(
         "--endpoint",
         help="chat (/v1/chat/completions; the default), completions "
         "(/v1/completions; the default with --trace, so prompts are the trace's exact "
-        "lengths), embeddings (/v1/embeddings: inputs/s, tokens/s), messages (Anthropic "
+        "lengths), embeddings (/v1/embeddings: inputs/s, tokens/s), rerank (/v1/rerank: documents/s, "
+        "--batch-size documents per query), messages (Anthropic "
         "/v1/messages) or responses (OpenAI /v1/responses): the chat workloads in that "
         "API's shape, TTFT at its first content delta, tokens from its own usage.",
     ),
@@ -335,7 +336,9 @@ def bench_command(
         "'conversations' or OpenAI 'messages' lists (JSON or JSONL); user turns are "
         "kept, the model under test answers.",
     ),
-    batch_size: int = typer.Option(1, "--batch-size", help="--endpoint embeddings: inputs per request."),
+    batch_size: int = typer.Option(
+        1, "--batch-size", help="--endpoint embeddings: inputs per request; rerank: documents per query."
+    ),
     rag_top_k: int = typer.Option(4, "--rag-top-k", help="-w rag-docs: passages retrieved per question."),
     rag_embed_url: str = typer.Option(
         None,

@@ -308,8 +308,9 @@ class StepSummary(ResultModel):
     ``structured``), measured while they ran together. The production-like workloads add their own
     figures (:mod:`servelab.bench.workloads.extras`): ``sessions`` (per-turn TTFT against history length, session
     success, cached prompt tokens), ``agent`` (per-step tool-call validity), ``replay`` (trace replay and
-    its schedule lag), ``embeddings`` (vectors/s, tokens/s, batch size, input lengths), ``language``
-    (tokens per character), ``rag`` (the real-document corpus and its prompt lengths)."""
+    its schedule lag), ``embeddings`` (vectors/s, tokens/s, batch size, input lengths), ``rerank`` (the same
+    figures for ``--endpoint rerank``: documents scored per second, :mod:`servelab.bench.workloads.rerank`),
+    ``language`` (tokens per character), ``rag`` (the real-document corpus and its prompt lengths)."""
 
     workload: str
     step: str
@@ -346,6 +347,7 @@ class StepSummary(ResultModel):
     agent: AgentSummary | None = None
     replay: ReplayInfo | None = None
     embeddings: EmbeddingsSummary | None = None
+    rerank: EmbeddingsSummary | None = None
     language: LanguageInfo | None = None
     rag: RagInfo | None = None
 

@@ -187,8 +187,8 @@ class BenchConfig:
         **_FLOAT,
         hint="give the per-request limit in seconds, e.g. --timeout 120",
     )
-    endpoint: Literal["chat", "completions", "embeddings", "messages", "responses"] = opt(
-        "chat", cli="--endpoint", hint="use chat, completions, embeddings, messages or responses"
+    endpoint: Literal["chat", "completions", "embeddings", "rerank", "messages", "responses"] = opt(
+        "chat", cli="--endpoint", hint="use chat, completions, embeddings, rerank, messages or responses"
     )
     ignore_eos: bool = False
     dataset: str | None = None

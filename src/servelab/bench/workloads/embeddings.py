@@ -72,6 +72,12 @@ class EmbeddingsWorkload:
     batch size outside 1 to :data:`MAX_BATCH` or no inputs."""
 
     name = "embeddings"
+    #: the request path under the API root, and the endpoint its records carry
+    path = "/embeddings"
+    endpoint = "embeddings"
+    #: what the summary's ``unit`` calls the items of a request and their rate
+    items = "input(s) per request"
+    rate = "vectors/s"
 
     def __init__(
         self,
@@ -109,13 +115,13 @@ class EmbeddingsWorkload:
         items = self.batch(i)
         known = [t for _, t in items if t is not None]
         spec = RequestSpec(
-            endpoint="embeddings",
-            workload="embeddings",
-            extra={"input": [t for t, _ in items]},
+            endpoint=self.endpoint,
+            workload=self.name,
+            extra=self.request_fields(i, [t for t, _ in items]),
             prompt_tokens_target=sum(known) if len(known) == len(items) else None,
         )
         rec.prompt_tokens_target = spec.prompt_tokens_target
-        body = orjson.dumps({"model": model, "input": spec.extra["input"], "encoding_format": "float"})
+        body = orjson.dumps({"model": model, **spec.extra})
         hdrs = {"Content-Type": "application/json", **(headers or {})}
         for attempt in range(2):  # a keep-alive connection the server closed: nothing was answered, resend once
             rec.sent_ns = time.monotonic_ns()
@@ -143,6 +149,23 @@ class EmbeddingsWorkload:
                 raise
         return spec
 
+    def request_fields(self, i: int, texts: list[str]) -> dict[str, Any]:
+        """The body fields (besides ``model``) of request ``i`` of ``texts`` (its batch's inputs)."""
+        return {"input": texts, "encoding_format": "float"}
+
+    def answer_error(self, doc: Any, n_inputs: int) -> str | None:
+        """What is wrong with a decoded 200 answer ``doc`` to ``n_inputs`` inputs (None: nothing); records
+        the vector dimension."""
+        data = doc.get("data") if isinstance(doc, dict) else None
+        if (
+            not isinstance(data, list)
+            or len(data) != n_inputs
+            or not all(isinstance(d, dict) and isinstance(d.get("embedding"), list) for d in data)
+        ):
+            return f"expected {n_inputs} 'data' entries with an 'embedding' each"
+        self._dims = len(data[0]["embedding"])
+        return None
+
     @staticmethod
     def _fail(rec: RequestRecord, cls: FailureClass, message: str) -> None:
         rec.end_ns = rec.end_ns or time.monotonic_ns()
@@ -157,15 +180,10 @@ class EmbeddingsWorkload:
         except orjson.JSONDecodeError:
             self._fail(rec, FailureClass.PROTOCOL, f"not JSON: {raw[:60]!r}")
             return
-        data = doc.get("data") if isinstance(doc, dict) else None
-        if (
-            not isinstance(data, list)
-            or len(data) != n_inputs
-            or not all(isinstance(d, dict) and isinstance(d.get("embedding"), list) for d in data)
-        ):
-            self._fail(rec, FailureClass.PROTOCOL, f"expected {n_inputs} 'data' entries with an 'embedding' each")
+        wrong = self.answer_error(doc, n_inputs)
+        if wrong is not None:
+            self._fail(rec, FailureClass.PROTOCOL, wrong)
             return
-        self._dims = len(data[0]["embedding"])
         usage = doc.get("usage") or {}
         if isinstance(usage.get("prompt_tokens"), int):
             rec.prompt_tokens = usage["prompt_tokens"]
@@ -188,13 +206,13 @@ class EmbeddingsWorkload:
         dispatch_lags_ns: list[int] | None = None,
     ) -> None:
         """Send the step's requests (see the class doc)."""
-        url = base_url.rstrip("/") + "/embeddings"
+        url = base_url.rstrip("/") + self.path
         t0 = time.monotonic_ns() + 2_000_000
 
         async def one(i: int, scheduled_ns: int) -> None:
-            rec = RequestRecord(request_id=first_id + i, workload="embeddings", step=step, scheduled_ns=scheduled_ns)
+            rec = RequestRecord(request_id=first_id + i, workload=self.name, step=step, scheduled_ns=scheduled_ns)
             records.append(rec)
-            spec = RequestSpec(endpoint="embeddings", workload="embeddings")
+            spec = RequestSpec(endpoint=self.endpoint, workload=self.name)
             try:
                 spec = await self._one(http, url, model, i, rec, headers, timeout_s)
             finally:
@@ -234,8 +252,9 @@ class EmbeddingsWorkload:
         records.sort(key=lambda r: r.request_id)
 
     def step_extra(self, records: list[RequestRecord]) -> dict[str, Any]:
-        """``{"embeddings": EmbeddingsSummary}`` of the step just driven (as a JSON-ready dict)."""
-        return {"embeddings": summarize_embeddings(self, records, self._window_s).model_dump()}
+        """``{"embeddings": EmbeddingsSummary}`` of the step just driven (as a JSON-ready dict; the key is
+        :attr:`name`)."""
+        return {self.name: summarize_embeddings(self, records, self._window_s).model_dump()}
 
 
 def summarize_embeddings(
@@ -274,9 +293,9 @@ def summarize_embeddings(
     )
     per_s = (lambda x: x / window_s) if window_s else (lambda x: None)
     unit = (
-        f"{wl.batch_size} input(s) per request; input length {dist.get('mean', float('nan')):.0f} tokens mean "
+        f"{wl.batch_size} {wl.items}; input length {dist.get('mean', float('nan')):.0f} tokens mean "
         f"({dist.get('min', float('nan')):.0f}-{dist.get('max', float('nan')):.0f}) in {wl.tokenizer or 'words'}"
-        "; vectors/s and server usage.prompt_tokens/s over the step window (first send to last end)"
+        f"; {wl.rate} and server usage.prompt_tokens/s over the step window (first send to last end)"
     )
     return EmbeddingsSummary(
         batch_size=wl.batch_size,

@@ -17,6 +17,8 @@ workload           options                                                     w
                                                                                (:mod:`.mixed_lang`)
 ``embeddings``     ``--endpoint embeddings --batch-size N``,                   ``/v1/embeddings`` requests
                    ``--set input_tokens=``                                     (:mod:`.embeddings`)
+``rerank``         ``--endpoint rerank --batch-size N``,                       ``/v1/rerank`` requests
+                   ``--set input_tokens=``                                     (:mod:`.rerank`)
 =================  ==========================================================  ==============================
 
 Every bad value is refused with one :class:`ConfigError` line naming the option and the fix.
@@ -46,6 +48,7 @@ for _name, _description in (
     ("mixed-lang", "mixed Chinese/English prompts from Debian's zh_CN message catalogs; tokens per character"),
     ("trace", "timestamped trace replay (--trace FILE: Mooncake, Azure or BurstGPT)"),
     ("embeddings", "/v1/embeddings throughput (--endpoint embeddings, --batch-size)"),
+    ("rerank", "/v1/rerank throughput: documents scored per second (--endpoint rerank, --batch-size)"),
 ):
     register_workload(WorkloadKind(_name, _description, None))  # built by ProductionOptions.factory
 
@@ -57,6 +60,8 @@ _AGENT_KEYS = {"tool_steps", "first_tokens", "output_tokens", "extra"}
 _RAG_KEYS = {"chunk_tokens", "output_tokens"}
 _LANG_KEYS = {"input_tokens", "output_tokens", "extra"}
 _EMBED_KEYS = {"input_tokens"}
+#: the endpoints measured by whole answers to batches of inputs, each its own workload of that name
+_POOLED = ("embeddings", "rerank")
 
 
 def _int_key(params: dict[str, Any], key: str, default: int, name: str, lo: int = 1, hi: int = 1_048_576) -> int:
@@ -138,8 +143,11 @@ class ProductionOptions:
             and "sessions" not in names
         ):
             raise ConfigError("--turns/--think-time-s shape multi-turn sessions: add --sessions N or -w sessions")
-        if endpoint != "embeddings" and self.batch_size != 1:
-            raise ConfigError("--batch-size is the inputs per /v1/embeddings request: add --endpoint embeddings")
+        if endpoint not in _POOLED and self.batch_size != 1:
+            raise ConfigError(
+                "--batch-size is the inputs per /v1/embeddings request (documents per /v1/rerank query): add "
+                "--endpoint embeddings or --endpoint rerank"
+            )
         if (self.rag_embed_url is not None or self.rag_top_k != 4) and "rag-docs" not in names:
             raise ConfigError("--rag-top-k/--rag-embed-url apply to the rag-docs workload: add -w rag-docs")
         names, special = self._choose(names, workload_given, endpoint)
@@ -163,10 +171,10 @@ class ProductionOptions:
             if chosen:
                 raise ConfigError("give --trace or --sessions, not both: each is its own run")
             chosen = ["sessions"]
-        if endpoint == "embeddings":
+        if endpoint in _POOLED:
             if chosen:
-                raise ConfigError("--endpoint embeddings measures /v1/embeddings: leave out --trace/--sessions")
-            chosen = ["embeddings"]
+                raise ConfigError(f"--endpoint {endpoint} measures /v1/{endpoint}: leave out --trace/--sessions")
+            chosen = [endpoint]
         if chosen is None:
             return names, special
         if workload_given and names != chosen:
@@ -187,8 +195,9 @@ class ProductionOptions:
     ) -> None:
         if dataset is not None:
             raise ConfigError(f"--dataset replaces the workload; it cannot run with {special[0]}")
-        if "embeddings" in names and len(names) > 1:
-            raise ConfigError("--endpoint embeddings runs only the embeddings workload")
+        for pooled in _POOLED:
+            if pooled in names and len(names) > 1:
+                raise ConfigError(f"--endpoint {pooled} runs only the {pooled} workload")
         chat_only = [n for n in names if n in ("sessions", "agent", "rag-docs")]
         if endpoint == "completions" and chat_only:
             raise ConfigError(f"{chat_only[0]} sends chat messages: use --endpoint chat")
@@ -197,8 +206,8 @@ class ProductionOptions:
                 f"{special[0]} runs in one process (its requests depend on earlier answers or on a "
                 "schedule of its own): leave out --workers/--ray"
             )
-        if any(n in ("agent", "embeddings") for n in names) and duration is not None:
-            raise ConfigError("agent loops and embeddings steps are counted in requests: use -n, not --duration")
+        if any(n in ("agent", *_POOLED) for n in names) and duration is not None:
+            raise ConfigError("agent loops and embeddings/rerank steps are counted in requests: use -n, not --duration")
 
     def _check_trace(self, rate: str | None, concurrency: str, duration: float | None, requests: int | None) -> None:
         from servelab.bench.workloads import traces as T
@@ -237,7 +246,12 @@ class ProductionOptions:
             self._file_sessions = load_sessions(self.sessions_file)
 
     def _chooser(self, name: str) -> str:
-        return {"trace": "--trace", "sessions": "--sessions", "embeddings": "--endpoint embeddings"}[name]
+        return {
+            "trace": "--trace",
+            "sessions": "--sessions",
+            "embeddings": "--endpoint embeddings",
+            "rerank": "--endpoint rerank",
+        }[name]
 
     def _fmt(self) -> Literal["auto", "mooncake", "azure", "burstgpt"]:
         f = self.trace_format
@@ -263,7 +277,7 @@ class ProductionOptions:
                 _int_key(p, "chunk_tokens", 160, name, 16, 4096)
                 if not 1 <= self.rag_top_k <= 64:
                     raise ConfigError(f"--rag-top-k {self.rag_top_k}: give 1 to 64 passages per question")
-            elif name in ("mixed-lang", "embeddings"):
+            elif name in ("mixed-lang", *_POOLED):
                 _only(p, _LANG_KEYS if name == "mixed-lang" else _EMBED_KEYS, name)
                 if "input_tokens" in p:
                     parse_length(p["input_tokens"], "input_tokens")
@@ -271,9 +285,9 @@ class ProductionOptions:
                     from servelab.bench.workloads.mixed_lang import load_corpus
 
                     load_corpus()  # no catalogs: one line now, not after the engine started
-            if "output_tokens" in p and name not in ("embeddings", "trace"):
+            if "output_tokens" in p and name not in (*_POOLED, "trace"):
                 parse_length(p["output_tokens"], "output_tokens")
-            if name == "embeddings" and not 1 <= self.batch_size <= 2048:
+            if name in _POOLED and not 1 <= self.batch_size <= 2048:
                 raise ConfigError(f"--batch-size {self.batch_size}: give 1 to 2048 inputs per request")
 
     # -- building, once the tokenizer is known ---------------------------------------------------------
@@ -364,18 +378,19 @@ class ProductionOptions:
                     extra=p.get("extra") if isinstance(p.get("extra"), dict) else None,
                     **kw,
                 )
-            if name == "embeddings":
+            if name in _POOLED:
                 from servelab.bench.workloads.embeddings import (
                     DEFAULT_INPUT_TOKENS,
                     EmbeddingsWorkload,
                     embedding_inputs,
                 )
+                from servelab.bench.workloads.rerank import RerankWorkload
 
-                n_inputs = min(requests * self.batch_size, 4096)
+                n_inputs = min(requests * (self.batch_size + (name == "rerank")), 4096)
                 inputs = embedding_inputs(
                     n_inputs, counter, input_tokens=p.get("input_tokens", DEFAULT_INPUT_TOKENS), seed=seed
                 )
-                return EmbeddingsWorkload(
+                return (RerankWorkload if name == "rerank" else EmbeddingsWorkload)(
                     inputs, batch_size=self.batch_size, requests=requests, tokenizer=tokenizer_name, seed=seed
                 )
             raise ConfigError(f"unknown production workload {name!r}")
