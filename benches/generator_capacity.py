@@ -66,9 +66,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -399,7 +399,8 @@ def log_step(st: Step) -> None:
 SERVELAB_DRIVER = r"""
 import sys, json
 cfg = json.loads(sys.argv[1])
-from servelab.bench.load.runner import Bench, BenchConfig
+from servelab.bench.load.config import BenchConfig
+from servelab.bench.load.runner import Bench
 from servelab.wire.types import RequestSpec
 counter = None
 if cfg.get("tokenizer"):

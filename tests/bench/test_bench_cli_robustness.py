@@ -24,15 +24,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from hypothesis_profiles import examples
 
+from servelab.bench.analysis.slo import parse_slo
 from servelab.bench.cli import _overrides
+from servelab.bench.load.config import BenchConfig
 from servelab.bench.load.step import arrival_offsets_s
 from servelab.bench.options import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, split_list
-from servelab.bench.load.runner import BenchConfig
-from servelab.bench.analysis.slo import parse_slo
-from servelab.bench.workloads.registry import parse_length, parse_ratio
+from servelab.bench.workloads.lengths import parse_length
+from servelab.bench.workloads.registry import parse_ratio
 from servelab.wire.client import ConfigError
 
 SERVELAB = str(Path(sys.executable).parent / "servelab")

@@ -11,8 +11,9 @@ import urllib.request
 from pathlib import Path
 
 from servelab.bench.events import BenchEvent, Proceed, Ready, Skip, StepDone, StepStarted, StepVerdict, Watcher
+from servelab.bench.load.config import BenchConfig
+from servelab.bench.load.runner import Bench
 from servelab.bench.results import Summary
-from servelab.bench.load.runner import Bench, BenchConfig
 from servelab.bench.workloads.registry import make_workload
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from servelab.bench.results import StepSummary
-from servelab.trial.console import decision_lines, gate_line, step_line
+from servelab.trial.console import decision_lines, embeddings_step_line, gate_line, step_line
 from servelab.trial.decide.table import verdict_table
 from servelab.trial.results import CandidateResult, Decision, QualityCheck
 
@@ -47,6 +47,18 @@ def test_step_line_says_which_throughput_it_shows() -> None:
     assert line == "[fast] mix c4: 6/6 ok, TTFT p95 7 ms, ITL p95 6 ms, 648.3 out tok/s (whole step) SLO met"
     both = step_line("fast", _step(916.5))
     assert "648.3 out tok/s whole step, 916.5 steady window SLO met" in both
+
+
+def test_embeddings_step_line_says_its_rates_are_the_whole_steps() -> None:
+    step = StepSummary.model_validate({
+        "workload": "embeddings", "step": "c4",
+        "embeddings": {"batch_size": 4, "requests": 20, "inputs": 80, "inputs_per_s": 181.04, "tokens_per_s": 2317.2,
+                       "latency": {"n": 20, "p95_s": 0.048}}})
+    line = embeddings_step_line("fast", step)
+    assert line == ("[fast] embeddings c4: 20/20 requests ok, 181.0 inputs/s, 2317 tokens/s (whole step, the ranked "
+                    "figure), e2e p95 48 ms (n 20)")
+    skipped = StepSummary(workload="embeddings", step="c8", skipped=True, skipped_reason="budget")
+    assert embeddings_step_line("fast", skipped) == "[fast] embeddings c8: skipped (budget)"
 
 
 def test_quality_gate_line_with_nothing_to_check() -> None:

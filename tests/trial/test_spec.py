@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from servelab.trial import spec as S
-from servelab.trial.spec import (ConfigError, Experiment, LlamaCppCandidate, MockCandidate, UrlCandidate,
-                                 VllmCandidate, default_experiment, json_schema, load_experiment)
+from servelab.trial.candidates import LlamaCppCandidate, MockCandidate, UrlCandidate, VllmCandidate, candidate_model
+from servelab.trial.spec import Experiment, default_experiment, json_schema, load_experiment
+from servelab.wire.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -397,12 +398,14 @@ def test_settings_models_are_the_launchers_own() -> None:
     from servelab.engines import llamacpp, url, vllm
     from servelab.engines.mock import launch as mocklaunch
 
-    assert S.LlamaCppSettings is llamacpp.LlamaCppSettings and S.VllmSettings is vllm.VllmSettings
-    assert S.MockSettings is mocklaunch.MockSettings and S.UrlSettings is url.UrlSettings
+    settings = {c: c.model_fields["settings"].annotation
+                for c in (LlamaCppCandidate, VllmCandidate, UrlCandidate, MockCandidate)}
+    assert settings[LlamaCppCandidate] is llamacpp.LlamaCppSettings and settings[VllmCandidate] is vllm.VllmSettings
+    assert settings[MockCandidate] is mocklaunch.MockSettings and settings[UrlCandidate] is url.UrlSettings
     assert S.ENGINES == ("llamacpp", "vllm", "url", "mock", "command")
     for cls, kind in ((LlamaCppCandidate, "llamacpp"), (VllmCandidate, "vllm"), (UrlCandidate, "url"),
                       (MockCandidate, "mock")):
-        assert cls is S.candidate_model(kind)
+        assert cls is candidate_model(kind)
 
 
 def test_mock_settings_follow_mock_config() -> None:
@@ -412,7 +415,9 @@ def test_mock_settings_follow_mock_config() -> None:
     from servelab.engines.mock import MockConfig
 
     names = {f.name for f in dataclasses.fields(MockConfig)} - {"host", "port"}
-    assert names | {"port", "ready_timeout_s"} == set(S.MockSettings.model_fields)
+    from servelab.engines.mock.launch import MockSettings
+
+    assert names | {"port", "ready_timeout_s"} == set(MockSettings.model_fields)
     props = json_schema()["$defs"]["MockSettings"]["properties"]
     assert props["hang_rate"]["maximum"] == 1 and props["tokens_per_chunk"]["minimum"] == 1
 

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -16,6 +16,9 @@ from rich.table import Table
 
 from servelab.bench.options import scoped_overrides
 from servelab.wire.client import ConfigError, normalize_base_url
+
+if TYPE_CHECKING:
+    from servelab.bench.results import Summary
 
 __all__ = ["bench_command", "print_summary", "scoped_overrides", "summarize_command"]
 
@@ -42,9 +45,9 @@ def _fmt(v: Any, scale: float = 1.0, digits: int = 1) -> str:
     return "-" if v is None else f"{v * scale:.{digits}f}"
 
 
-def print_summary(summary: dict[str, Any], console: Console) -> None:
+def print_summary(summary: Summary, console: Console) -> None:
     """The terminal table: one row per workload × load step (latencies in ms, throughput in tok/s)."""
-    t = Table(title=f"servelab bench — {summary.get('model')} @ {summary.get('base_url')}", show_lines=False)
+    t = Table(title=f"servelab bench — {summary.model} @ {summary.base_url}", show_lines=False)
     for col in (
         "workload",
         "step",
@@ -63,28 +66,28 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         "SLO",
     ):
         t.add_column(col, justify="right" if col not in ("workload", "step") else "left")
-    for s in summary.get("steps", []):
-        if s.get("skipped"):
-            t.add_row(s["workload"], s["step"], *["-"] * 12, "skipped")
+    for s in summary.steps:
+        if s.skipped:
+            t.add_row(s.workload, s.step, *["-"] * 12, "skipped")
             continue
-        c = s["counts"]
-        fails = ",".join(f"{k}:{v}" for k, v in c["failed"].items() if v) or "0"
-        slo = "-" if not s["slo"] else ("met" if s["slo_met"] else "BROKEN")
+        c = s.counts
+        fails = ",".join(f"{k}:{v}" for k, v in c.failed.items() if v) or "0"
+        slo = "-" if not s.slo else ("met" if s.slo_met else "BROKEN")
         t.add_row(
-            s["workload"],
-            s["step"],
-            f"{c['succeeded']}/{c['submitted']}",
+            s.workload,
+            s.step,
+            f"{c.succeeded}/{c.submitted}",
             fails,
-            str(c["truncated"]),
-            _fmt(s["ttft_s"]["p50"], 1e3),
-            _fmt(s["ttft_s"]["p95"], 1e3),
-            _fmt(s["itl_s"]["p50"], 1e3),
-            _fmt(s["itl_s"]["p95"], 1e3),
-            _fmt(s["tpot_s"]["p50"], 1e3),
-            _fmt(s["e2e_s"]["p95"], 1e3),
-            _fmt(s["throughput"]["output_tokens_per_s"]),
-            _fmt(s["goodput"]["output_tokens_per_s"]),
-            _fmt(s["throughput"]["requests_per_s"], digits=2),
+            str(c.truncated),
+            _fmt(s.ttft_s.p50, 1e3),
+            _fmt(s.ttft_s.p95, 1e3),
+            _fmt(s.itl_s.p50, 1e3),
+            _fmt(s.itl_s.p95, 1e3),
+            _fmt(s.tpot_s.p50, 1e3),
+            _fmt(s.e2e_s.p95, 1e3),
+            _fmt(s.throughput.output_tokens_per_s),
+            _fmt(s.goodput.output_tokens_per_s),
+            _fmt(s.throughput.requests_per_s, digits=2),
             slo,
         )
     console.print(t)
@@ -137,8 +140,9 @@ def _check_workloads(
     :class:`ConfigError` line) before any engine starts or any directory is made (they are built again,
     with the tokenizer, for the run). ``api``: ``messages``/``responses`` also turns the first requests into
     that API's body (:func:`servelab.bench.workloads.apis.for_api`)."""
-    from servelab.bench.workloads.apis import for_api
     from servelab.bench.workloads import registry as W
+    from servelab.bench.workloads.apis import for_api
+    from servelab.bench.workloads.datasets import load_dataset
 
     if dataset is None:
         for w in wl_names:
@@ -150,7 +154,7 @@ def _check_workloads(
         raise ConfigError(f"dataset {dataset} does not exist; pass a JSONL or ShareGPT JSON file")
     for name in wl_names:
         if name == "dataset" and dataset is not None:
-            for_api(W.load_dataset(dataset, None, seed=seed, endpoint=endpoint), api)
+            for_api(load_dataset(dataset, None, seed=seed, endpoint=endpoint), api)
         else:
             for_api(
                 W.make_workload(
@@ -358,7 +362,8 @@ def bench_command(
     import time as _time
 
     from servelab.bench.analysis.slo import load_slo_file, parse_slo
-    from servelab.bench.load.runner import BenchConfig, make_run_dir, write_summary
+    from servelab.bench.analysis.summarize import write_summary
+    from servelab.bench.load.config import BenchConfig, make_run_dir
     from servelab.bench.load.stopping import StopSignals
     from servelab.bench.options import EngineOptions
     from servelab.bench.workloads.production import PRODUCTION_WORKLOADS, ProductionOptions
@@ -465,6 +470,7 @@ def bench_command(
         api=endpoint,
     )
     from servelab.bench.workloads import registry as W
+    from servelab.bench.workloads.datasets import load_dataset
 
     if (Path(out) / "requests.jsonl").exists():
         raise ConfigError(
@@ -526,7 +532,7 @@ def bench_command(
                 if name in PRODUCTION_WORKLOADS:
                     return special(name, seed)
                 if name == "dataset":
-                    return for_api(W.load_dataset(dataset, counter, seed=seed, endpoint=wl_endpoint), endpoint)
+                    return for_api(load_dataset(dataset, counter, seed=seed, endpoint=wl_endpoint), endpoint)
                 return for_api(
                     W.make_workload(
                         name,
@@ -550,8 +556,10 @@ def bench_command(
         finally:
             if running is not None:
                 running.stop()
-    if stop.signum is not None and summary:
-        summary["stopped_by"] = stop.name
+    if summary is None:  # stopped before the server answered: nothing ran, nothing written
+        sys.exit(stop.exit_code)
+    if stop.signum is not None:
+        summary.stopped_by = stop.name
         write_summary(Path(out), summary)
     console = Console() if sys.stdout.isatty() else Console(width=200)
     print_summary(summary, console)
@@ -562,27 +570,27 @@ def bench_command(
     print(f"results: {Path(out) / 'summary.json'} and {Path(out) / 'requests.jsonl'}")
     if lost and stop.signum is None:
         sys.exit(1)
-    if not summary.get("complete"):
+    if not summary.complete:
         sys.exit(stop.exit_code)
 
 
-def _report_generator(summary: dict[str, Any]) -> bool:
+def _report_generator(summary: Summary) -> bool:
     """Print one stderr line per generator-bound step and per lost worker; True when a worker was lost."""
     lost = False
-    for s in summary.get("steps", []):
-        sat = s.get("saturation") or {}
-        if sat.get("generator_bound"):
+    for s in summary.steps:
+        sat = s.saturation
+        if sat is not None and sat.generator_bound:
             _err.print(
-                f"warning: {s['workload']} {s['step']} was generator-bound ({'; '.join(sat['reasons'])}): "
+                f"warning: {s.workload} {s.step} was generator-bound ({'; '.join(sat.reasons)}): "
                 "its figures describe the load generator, not the server; add --workers",
                 soft_wrap=True,
             )
-        for part in s.get("lost", []):
+        for part in s.lost:
             lost = True
-            missing = "unknown" if part.get("missing") is None else part["missing"]
+            missing = "unknown" if part.missing is None else part.missing
             _err.print(
-                f"error: {s['workload']} {s['step']}: load-generator worker {part['worker']} on {part['host']} "
-                f"was lost ({part['reason']}); its {part['finished']} finished requests are counted, "
+                f"error: {s.workload} {s.step}: load-generator worker {part.worker} on {part.host} "
+                f"was lost ({part.reason}); its {part.finished} finished requests are counted, "
                 f"{missing} missing; the step is marked partial",
                 soft_wrap=True,
             )
@@ -601,10 +609,10 @@ def summarize_command(
     summary, found = rebuild(run_dir)
     if not quiet:
         print_summary(summary, Console() if sys.stdout.isatty() else Console(width=200))
-    steps = [s for s in summary["steps"] if not s.get("skipped")]
-    partial = sum(1 for s in steps if s.get("partial"))
+    steps = [s for s in summary.steps if not s.skipped]
+    partial = sum(1 for s in steps if s.partial)
     cut = "; the last line was cut short and is ignored" if found.truncated_last_line else ""
-    state = "complete" if summary["complete"] else f"partial ({partial} step(s) unfinished or not reached)"
+    state = "complete" if summary.complete else f"partial ({partial} step(s) unfinished or not reached)"
     print(
         f"rebuilt {Path(run_dir) / 'summary.json'} from {found.lines} requests in requests.jsonl: "
         f"{len(steps)} step(s), run {state}{cut}"
@@ -626,8 +634,8 @@ def _client_tokenizer(tokenizer: str | None, base_url: str, endpoint: str) -> tu
 
 
 def plan_steps(cfg: Any) -> list[Any]:
-    """The load steps of ``cfg`` (:func:`servelab.bench.load.runner.plan_loads`)."""
-    from servelab.bench.load.runner import plan_loads
+    """The load steps of ``cfg`` (:func:`servelab.bench.load.config.plan_loads`)."""
+    from servelab.bench.load.config import plan_loads
 
     return plan_loads(cfg)
 
@@ -662,7 +670,9 @@ def _tokenizer_from_server(base_url: str) -> str | None:
 
 def _run_with_progress(
     cfg: Any, objectives: Any, factory: Any, counter: Any, engine_identity: Any, quiet: bool, stop: Any
-) -> dict[str, Any]:
+) -> Summary | None:
+    """Run the bench with progress bars; the summary (partial after a stop signal), or ``None`` when
+    the run was stopped before it had one."""
     from servelab.bench.bars import Bars
     from servelab.bench.load.runner import Bench
 

@@ -1,7 +1,7 @@
 """Validation of ``servelab bench`` values, once, in typed models: the limits of every option and the
 one-line error that names the option and the fix.
 
-The models (:class:`servelab.bench.load.runner.BenchConfig`, :class:`EngineOptions`) declare each field with
+The models (:class:`servelab.bench.load.config.BenchConfig`, :class:`EngineOptions`) declare each field with
 :func:`opt`, which carries the field's command-line flag and a hint next to its constraints;
 :func:`config_error` turns a pydantic :class:`~pydantic.ValidationError` into a
 :class:`~servelab.wire.ConfigError` such as ``--timeout 0.0: input should be greater than 0; give

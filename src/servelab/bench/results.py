@@ -428,7 +428,7 @@ class ToolCallLine(ResultModel):
 
 class RequestLine(ResultModel):
     """One line of ``requests.jsonl`` (also ``smoke.jsonl`` / ``quality.jsonl`` in a trial), as
-    :func:`servelab.bench.load.runner.record_to_json` writes it (docs/summary-schema.md lists the fields).
+    :func:`servelab.bench.load.lines.record_to_json` writes it (docs/summary-schema.md lists the fields).
     ``step_index``/``step_workload`` are set by the bench for load-step requests; ``worker``/``host`` name the
     load-generator worker that sent it and its machine, and ``t0_ns`` is that worker's start instant
     of the step on its own monotonic clock (several workers only: stamps of two hosts are compared only

@@ -1,7 +1,7 @@
 """Figures the trial adds to a bench run's step summaries, from its ``requests.jsonl``: the steady
 window of each step (:func:`servelab.bench.analysis.steady.steady_window`), the repeat round, and for a ``mix``
 step the same figures per class of request in the mix (``by_class``, measured while they ran
-together; :func:`servelab.bench.load.runner.step_summary` of each class's requests, with the trial's
+together; :func:`servelab.bench.analysis.summarize.step_summary` of each class's requests, with the trial's
 objectives), so that a structured request's latency inside the mix is visible apart."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from servelab.bench.analysis.slo import Objective
 from servelab.bench.analysis.steady import steady_window
-from servelab.bench.load.runner import record_from_json, step_summary
+from servelab.bench.analysis.summarize import step_summary
+from servelab.bench.load.lines import record_from_json
 from servelab.bench.load.step import LoadModel
 from servelab.bench.results import RequestLine, StepSummary
 from servelab.wire.types import RequestRecord
@@ -60,6 +61,6 @@ def annotate(
             classes.setdefault(r.workload, []).append(r)
         s.by_class = {}
         for name, rs in classes.items():
-            sub = StepSummary.model_validate(step_summary(name, load, rs, objectives, None, s.started_unix_s))
+            sub = step_summary(name, load, rs, objectives, None, s.started_unix_s)
             sub.steady = None
             s.by_class[name] = sub

@@ -1,4 +1,4 @@
-"""The :class:`~servelab.bench.load.runner.BenchConfig` load fields of a trial's load steps: closed loop
+"""The :class:`~servelab.bench.load.config.BenchConfig` load fields of a trial's load steps: closed loop
 (``concurrency``) or open loop (``rates_rps`` with the arrival process of the first step)."""
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
+from servelab.trial.candidates import Candidate
 from servelab.trial.results import (
     CandidateIdentity,
     CandidateResult,
@@ -16,7 +17,6 @@ from servelab.trial.results import (
     Host,
     MethodRow,
 )
-from servelab.trial.spec import Candidate
 
 __all__ = ["CandidateFlow", "CandidateRun"]
 

@@ -3,7 +3,9 @@ the verdict table first, then each candidate's reasons one per line, then the id
 
 A step line's throughput is the whole step's (first send to last end, ramp-up and drain included); the
 decision ranks on the steady window (in-flight at its target), which is higher when the step is short
-against its ramp. Each figure says which one it is, so the two are never read as the same number.
+against its ramp. Each figure says which one it is, so the two are never read as the same number. An
+embeddings step has no steady window: its inputs/s and tokens/s are the whole step's, which is also the
+figure its decision ranks, and its line says so.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from servelab.bench.results import StepSummary
 from servelab.trial.decide.table import VerdictRow, verdict_table
 from servelab.trial.results import CandidateResult, Decision, QualityCheck
 
-__all__ = ["decision_lines", "gate_line", "gate_text", "step_line"]
+__all__ = ["decision_lines", "embeddings_step_line", "gate_line", "gate_text", "step_line"]
 
 
 def _ms(x: float | None) -> str:
@@ -50,6 +52,25 @@ def step_line(name: str, s: StepSummary) -> str:
     return (
         f"[{name}] {s.workload} {s.step}: {c.succeeded}/{c.submitted} ok, TTFT p95 "
         f"{_ms(s.ttft_s.p95)}, ITL p95 {_ms(s.itl_s.p95)}, {_tps(s)}{slo}"
+    )
+
+
+def embeddings_step_line(name: str, s: StepSummary) -> str:
+    """``[fast] embeddings c4: 20/20 requests ok, 181.0 inputs/s, 2317 tokens/s (whole step, the ranked
+    figure), e2e p95 48 ms (n 20) SLO met``: rates over the step window, first send to last end."""
+    e = s.embeddings
+    if s.skipped or e is None:
+        return f"[{name}] embeddings {s.step}: skipped ({s.skipped_reason or 'not run'})"
+    p95 = e.latency.p95_s
+    slo = (
+        ""
+        if not s.slo
+        else (" SLO met" if s.slo_met else " SLO BROKEN: " + ", ".join(v.objective for v in s.slo if not v.met))
+    )
+    return (
+        f"[{name}] embeddings {s.step}: {e.requests}/{e.requests + e.failed_requests} requests ok, "
+        f"{e.inputs_per_s or 0:.1f} inputs/s, {e.tokens_per_s or 0:.0f} tokens/s (whole step, the ranked figure), "
+        f"e2e p95 {'-' if p95 is None else f'{p95 * 1000:.0f} ms'} (n {e.latency.n}){slo}"
     )
 
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from servelab.bench.analysis.slo import Objective
 from servelab.trial.budget import TrialBudget
-from servelab.trial.spec import Experiment, Goal
+from servelab.trial.goal import Goal
+from servelab.trial.spec import Experiment
 
 if TYPE_CHECKING:
     from servelab.modelfile.tokenizer import TokenCounter

@@ -124,7 +124,7 @@ class EmbeddingsOptions(StrictModel):
     @classmethod
     def _lengths(cls, v: str | int) -> str | int:
         from servelab.bench.options import MAX_PROMPT_TOKENS
-        from servelab.bench.workloads.registry import parse_length
+        from servelab.bench.workloads.lengths import parse_length
         from servelab.wire.errors import ConfigError
 
         try:

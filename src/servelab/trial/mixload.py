@@ -15,14 +15,15 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from servelab.bench.workloads.registry import Workload, parse_ratio
+from servelab.bench.workloads.kinds import Workload
+from servelab.bench.workloads.registry import parse_ratio
 from servelab.wire.types import RequestSpec
 
 __all__ = ["experiment_mix"]
 
 
 def experiment_mix(factory: Callable[[str, int], Any], ratio: str, seed: int) -> Workload:
-    """A :class:`~servelab.bench.workloads.registry.Workload` named ``mix`` whose request ``i`` is the next
+    """A :class:`~servelab.bench.workloads.kinds.Workload` named ``mix`` whose request ``i`` is the next
     request of class ``name`` from ``factory(name, seed)`` (the trial's workload factory), the classes
     drawn at ``ratio`` (``"short-qa:3,structured:1"``). Each request keeps its class as its
     ``workload`` (requests.jsonl lines name it). Raises :class:`~servelab.wire.ConfigError` for a bad

@@ -58,7 +58,7 @@ class GateTiming:
 def first_timing(jsonl: Path) -> GateTiming | None:
     """:class:`GateTiming` of the first request in a requests.jsonl-format file (the smoke tests')
     that produced tokens; ``None`` when there is none or the file is missing."""
-    from servelab.bench.load.runner import record_from_json
+    from servelab.bench.load.lines import record_from_json
     from servelab.bench.results import RequestLine
 
     if not jsonl.is_file():

@@ -18,6 +18,11 @@ Public API:
 Relative paths in a file (``model``, ``dataset``) are relative to the file's folder and are stored
 absolute after loading. Units are in the field names (``_s`` seconds, ``_ms`` milliseconds, ``_rps``
 requests per second) or in the field descriptions.
+
+The sections of the file are their own modules: the goal (:mod:`servelab.trial.goal`), the candidates
+(:mod:`servelab.trial.candidates`), the load it sends (:mod:`servelab.trial.load_plan`) and the field
+rules they share (:mod:`servelab.trial.spec_fields`); this module holds :class:`Experiment`, which
+joins them, and its loading, default and schema.
 """
 
 from __future__ import annotations
@@ -26,84 +31,49 @@ import copy
 import math
 import os
 import re
-import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Any
 
 import yaml
-from pydantic import (
-    BaseModel,
-    Discriminator,
-    Field,
-    GetCoreSchemaHandler,
-    ValidationError,
-    ValidationInfo,
-    WithJsonSchema,
-    create_model,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationError, model_validator
 from pydantic.json_schema import JsonSchemaValue
 
-from servelab.bench.analysis.slo import Objective, parse_slo
 from servelab.bench.load.step import LoadModel
-from servelab.bench.options import MAX_CONCURRENCY, MAX_OUTPUT_TOKENS, MAX_RATE_RPS, MAX_REQUESTS_PER_STEP, MAX_STEP_S
-from servelab.bench.workloads.registry import WORKLOADS, make_workload, mixable_workloads, parse_ratio
+from servelab.bench.options import MAX_REQUESTS_PER_STEP, MAX_STEP_S
+from servelab.bench.workloads.registry import make_workload, mixable_workloads
 from servelab.engines import registry
-from servelab.engines.llamacpp import LlamaCppSettings
-from servelab.engines.mock.launch import MockSettings
-from servelab.engines.registry import ENV_NAME_PATTERN, EngineKind, EngineSettings
-from servelab.engines.url import UrlSettings
-from servelab.engines.vllm import VllmSettings
+from servelab.trial.candidates import AnyCandidate, Candidate
 from servelab.trial.embed_spec import EmbeddingsOptions, embeddings_conflicts
-from servelab.trial.identity import Declared
+from servelab.trial.goal import Goal
 from servelab.trial.lifecycle import LifecycleOptions
-from servelab.trial.served_checks import CheckName, default_checks
-from servelab.wire.config import (
-    PublishedSchema,
-    StrictModel,
-    json_schema_of,
-    read_yaml_file,
-    suggest,
-    validation_error_line,
+from servelab.trial.load_plan import (
+    ArrivalTest,
+    CapacitySearch,
+    LoadGenerator,
+    Steps,
+    WorkloadItem,
+    default_steps,
+    default_workloads,
 )
+from servelab.trial.served_checks import CheckName, default_checks
+from servelab.trial.spec_fields import ENV_NAME, NAME_PATTERN
+from servelab.wire.config import PublishedSchema, StrictModel, json_schema_of, read_yaml_file, validation_error_line
 from servelab.wire.errors import ConfigError
 from servelab.wire.jsontypes import JsonObject
 
 __all__ = [
+    "PUBLISHED_SCHEMA",
     "SCHEMA_PATH",
-    "AnyCandidate",
-    "ArrivalTest",
-    "Budget",
-    "Candidate",
-    "CapacitySearch",
     "Experiment",
-    "Goal",
-    "LlamaCppCandidate",
-    "LlamaCppSettings",
-    "MockCandidate",
-    "MockSettings",
-    "Quality",
-    "Sample",
-    "Steps",
-    "UrlCandidate",
-    "UrlSettings",
-    "VllmCandidate",
-    "VllmSettings",
-    "WorkloadItem",
-    "candidate_model",
-    "candidate_union",
     "default_experiment",
     "describe_validation_error",
     "json_schema",
     "load_experiment",
-    "PUBLISHED_SCHEMA",
+    "non_finite_path",
 ]
 
 #: The committed JSON Schema file (regenerate with ``servelab schema write``).
 SCHEMA_PATH = Path(__file__).with_name("experiment.schema.json")
-
-_NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
 
 
 def __getattr__(name: str) -> Any:
@@ -112,585 +82,8 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-_ENV_NAME = ENV_NAME_PATTERN
-#: sub-features the smoke test can require of a candidate
-SmokeCheck = Literal["streaming", "usage", "json_schema", "stop", "tools", "reasoning", "cancellation"]
-_ALL_SMOKE: tuple[SmokeCheck, ...] = ("streaming", "usage", "json_schema", "stop")
-
-
-def _resolve_path(value: str, info: ValidationInfo, what: str, fix: str) -> str:
-    """``value`` as an absolute path (relative to ``context["base_dir"]`` or the working directory);
-    raises ValueError when nothing exists there."""
-    p = Path(value).expanduser()
-    if not p.is_absolute():
-        base = (info.context or {}).get("base_dir") if info.context else None
-        p = Path(base or os.getcwd()) / p
-    p = Path(os.path.abspath(p))
-    if not p.exists():
-        raise ValueError(f"{what} {value!r} does not exist ({p}); {fix}")
-    return str(p)
-
-
-# ---------------------------------------------------------------------------------------------------
-# goal
-
-
-class Sample(StrictModel):
-    """One business sample of the quality gate: a request and a check on its answer.
-
-    Give exactly one of ``prompt`` (a user message) or ``messages`` (a chat, ``[{role, content}]``), and
-    at least one check: ``expect_regex`` (Python regex searched in the answer text) and/or
-    ``expect_json_schema`` (the answer must be JSON valid against it; the request then asks for
-    ``response_format: json_schema``). ``max_tokens`` caps the answer (tokens, default 64).
-    Raises (at validation) a one-line error for a bad regex, a bad schema or a missing check.
-    """
-
-    name: str | None = Field(None, pattern=_NAME_PATTERN, description="label in the report; default s<index>")
-    prompt: str | None = Field(None, min_length=1, description="user message text")
-    messages: list[dict[str, Any]] | None = Field(
-        None, min_length=1, description="chat messages [{role, content}] instead of prompt"
-    )
-    expect_regex: str | None = Field(None, description="Python regex that must be found in the answer text")
-    expect_json_schema: dict[str, Any] | None = Field(None, description="JSON Schema the answer must satisfy")
-    max_tokens: int = Field(64, ge=1, le=MAX_OUTPUT_TOKENS, description="answer length cap, tokens")
-
-    @field_validator("expect_regex")
-    @classmethod
-    def _regex(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as e:
-                raise ValueError(f"invalid regex {v!r} ({e}); write a Python regular expression") from None
-        return v
-
-    @field_validator("expect_json_schema")
-    @classmethod
-    def _schema(cls, v: JsonObject | None) -> JsonObject | None:
-        if v is not None:
-            import jsonschema
-
-            try:
-                jsonschema.validators.validator_for(v).check_schema(v)
-            except jsonschema.SchemaError as e:
-                raise ValueError(f"not a valid JSON Schema ({e.message}); fix the schema") from None
-        return v
-
-    @field_validator("messages")
-    @classmethod
-    def _messages(cls, v: list[JsonObject] | None) -> list[JsonObject] | None:
-        for m in v or ():
-            if not isinstance(m.get("role"), str) or "content" not in m:
-                raise ValueError("each message needs 'role' and 'content', e.g. {role: user, content: 'Hi'}")
-        return v
-
-    @model_validator(mode="after")
-    def _one_request_one_check(self) -> Sample:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt or messages")
-        if self.expect_regex is None and self.expect_json_schema is None:
-            raise ValueError("give a check: expect_regex and/or expect_json_schema")
-        return self
-
-
-class Quality(StrictModel):
-    """Quality gates. A candidate that fails one is excluded from the ranking, with the reason.
-
-    ``structured_valid_min``: minimum fraction (0-1) of schema-valid answers among the
-    ``structured_requests`` (default 8) requests of the ``structured`` workload that the gate sends
-    when the experiment lists that workload (default 0.5). ``samples``: business samples (:class:`Sample`);
-    ``samples_pass_min``: minimum fraction (0-1) of them that must pass (default 0.0 = informational).
-    ``smoke``: required sub-features checked before the load steps — ``streaming`` (tokens arrive as
-    SSE chunks), ``usage`` (token usage reported), ``json_schema`` (``response_format`` json_schema
-    honoured), ``stop`` (stop sequences honoured); default all four.
-    """
-
-    structured_valid_min: float = Field(0.5, ge=0, le=1, description="min fraction of schema-valid structured answers")
-    structured_requests: int = Field(
-        8, ge=1, le=MAX_REQUESTS_PER_STEP, description="requests of the structured set sent by the quality gate"
-    )
-    samples: list[Sample] = Field(default_factory=list, description="business samples: request + check")
-    samples_pass_min: float = Field(0.0, ge=0, le=1, description="min fraction of samples passing (0 = informational)")
-    smoke: list[SmokeCheck] = Field(
-        default_factory=lambda: list(_ALL_SMOKE),
-        description="sub-features the smoke test requires (a failure excludes the candidate)",
-    )
-
-
-class Budget(StrictModel):
-    """Budget of the trial. ``max_minutes``: wall-clock limit in minutes (``None`` = none);
-    ``price_per_hour``: cost of the machine per hour in ``currency`` (``None`` = no cost figures)."""
-
-    max_minutes: float | None = Field(None, gt=0, description="wall-clock limit of the trial, minutes")
-    price_per_hour: float | None = Field(None, ge=0, description="machine price per hour, in currency")
-    currency: str = Field("USD", min_length=1, description="currency of price_per_hour")
-
-
-_SLO_SCHEMA = WithJsonSchema(
-    {
-        "anyOf": [
-            {
-                "type": "string",
-                "description": "METRIC_STAT<=VALUE[ms|s|%], comma-separated",
-                "examples": ["ttft_p95<=2s,itl_p95<=300ms,error_rate<=1%"],
-            },
-            {
-                "type": "object",
-                "additionalProperties": {"type": ["string", "number"]},
-                "description": "mapping METRIC_STAT -> limit",
-                "examples": [{"ttft_p95": "2s", "error_rate": "1%"}],
-            },
-            {"type": "null"},
-        ],
-        "default": None,
-        "description": "SLOs (servelab.bench.analysis.slo syntax); null = no SLO (the error budget still applies)",
-    }
-)
-
-
-class Goal(StrictModel):
-    """What the chosen engine must achieve.
-
-    - ``task``: free text (shown in the record and report).
-    - ``task_kind``: ``chat`` (default) or ``embeddings``: candidates serve ``/v1/embeddings``, the
-      embeddings gate replaces the smoke tests and quality gate, the load steps send the experiment's
-      ``embeddings:`` requests and candidates are ranked on inputs/s at the SLO
-      (:mod:`servelab.trial.flows.embeddings`; chat-only fields are refused, :mod:`servelab.trial.embed_spec`).
-    - ``slo``: objectives in :func:`servelab.bench.analysis.slo.parse_slo` syntax, as a string
-      (``"ttft_p95<=2s,itl_p95<=300ms,error_rate<=1%"``) or a mapping (``{ttft_p95: 2s, error_rate: 1%}``,
-      stored as the equivalent string); ``None`` = none. Latencies in s/ms, error rate in % or a fraction.
-    - ``workload_slo``: per-workload SLOs, workload name -> objectives in the same syntax
-      (``{structured: "ttft_p95<=5s"}``): judged on that workload's requests only — its own sweep and its
-      class inside the mix (:mod:`servelab.trial.verdicts`), in addition to ``slo``; each key must be
-      one of the experiment's workloads.
-    - ``error_budget``: max failed/submitted per load step (fraction, default 0.01); a step above it
-      breaks the sweep like an SLO.
-    - ``quality``: :class:`Quality` gates.
-    - ``expected_rate_rps``: the stated arrival rate (requests/s) for the arrival test; required when
-      ``arrival_test.enabled``.
-    - ``burstiness``: gamma shape k of inter-arrival times (1 = Poisson, < 1 burstier; CV = 1/sqrt(k)).
-    - ``mix``: workload ratio of the arrival test, ``"short-qa:3,structured:1"`` (sets short-qa, rag,
-      long-gen, structured); ``None`` = the experiment's mixable workloads, weight 1 each.
-    - ``budget``: :class:`Budget`.
-    - ``peak_rate_rps``: the peak arrival rate (requests/s) the replicas are planned for (003 §21);
-      ``None`` = ``expected_rate_rps``. ``headroom``: fraction of a replica's capacity at the SLO left
-      free at that peak (default 0.3: plan each replica to 70 % of its capacity).
-    """
-
-    task: str | None = Field(None, description="what the service does (free text)")
-    task_kind: Literal["chat", "embeddings"] = Field(
-        "chat",
-        description="chat (the chat flow) or embeddings (/v1/embeddings servers: embeddings gate, "
-        "inputs/s at the SLO; servelab.trial.flows.embeddings)",
-    )
-    slo: Annotated[str | None, _SLO_SCHEMA] = None
-    workload_slo: dict[str, str] = Field(
-        default_factory=dict,
-        description="per-workload SLOs: workload name -> METRIC_STAT<=VALUE[ms|s|%],… judged "
-        "on that workload's requests (its sweep and its class in the mix)",
-        examples=[{"structured": "ttft_p95<=5s"}],
-    )
-    error_budget: float = Field(0.01, ge=0, le=1, description="max failed/submitted per load step (fraction)")
-    quality: Quality = Field(default_factory=Quality)
-    expected_rate_rps: float | None = Field(None, gt=0, description="stated arrival rate, requests/s")
-    burstiness: float = Field(0.5, gt=0, description="gamma shape k of arrivals (1 = Poisson, <1 = bursty)")
-    mix: str | None = Field(
-        None, description="arrival-test ratio, e.g. short-qa:3,structured:1", examples=["short-qa:3,structured:1"]
-    )
-    budget: Budget = Field(default_factory=Budget)
-    peak_rate_rps: float | None = Field(
-        None, gt=0, description="peak arrival rate to plan replicas for, requests/s (null = expected_rate_rps)"
-    )
-    headroom: float = Field(0.3, ge=0, lt=1, description="fraction of each replica's capacity kept free at the peak")
-
-    @field_validator("slo", mode="before")
-    @classmethod
-    def _slo(cls, v: Any) -> Any:
-        if v is None:
-            return None
-        if isinstance(v, dict):
-            parts = []
-            for k, lim in v.items():
-                if isinstance(lim, bool) or not isinstance(lim, (str, int, float)):
-                    raise ValueError(f"limit of {k!r} must be a value like 2s, 300ms or 1%, got {lim!r}")
-                parts.append(f"{k}<={str(lim).strip().lstrip('<=').strip()}")
-            v = ",".join(parts)
-        if not isinstance(v, str):
-            raise ValueError("give a string like 'ttft_p95<=2s,error_rate<=1%' or a mapping {ttft_p95: 2s}")
-        try:
-            parse_slo(v)
-        except ConfigError as e:
-            raise ValueError(str(e)) from None
-        return v
-
-    @field_validator("workload_slo", mode="before")
-    @classmethod
-    def _workload_slo(cls, v: Any) -> Any:
-        if v is None:
-            return {}
-        if not isinstance(v, dict):
-            raise ValueError("give a mapping workload -> SLO, e.g. {structured: 'ttft_p95<=5s'}")
-        out = {}
-        for k, text in v.items():
-            out[k] = cls._slo(text)
-            if not out[k]:
-                raise ValueError(f"{k}: give the workload's SLO, e.g. 'ttft_p95<=5s', or leave the key out")
-        return out
-
-    @field_validator("mix")
-    @classmethod
-    def _mix(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                parse_ratio(v)
-            except ConfigError as e:
-                raise ValueError(f"{e}; sets: {', '.join(mixable_workloads())}") from None
-        return v
-
-    @property
-    def objectives(self) -> list[Objective]:
-        """The parsed SLOs (:class:`servelab.bench.analysis.slo.Objective`; limits in seconds or a fraction)."""
-        return parse_slo(self.slo)
-
-
-# ---------------------------------------------------------------------------------------------------
-# candidates
-
-
-class Candidate(StrictModel):
-    """Common fields of a candidate (one engine kind + model + settings).
-
-    ``name``: unique, ``[A-Za-z0-9_.-]+``. ``engine``: a kind of :mod:`servelab.engines.registry`
-    (built in: ``llamacpp``, ``vllm``, ``url``, ``mock``). ``model``: a local model file or folder (must
-    exist; relative to the experiment file); ``None`` = the engine default (llamacpp: Gemma 3 270M GGUF;
-    vllm: the HF folder servelab converts from that GGUF; url/mock: no local weights). ``settings``:
-    the kind's ``Settings`` model. ``price_per_hour``: what this candidate's hardware costs per hour
-    (declared: hardware-specific; ``None`` = ``goal.budget.price_per_hour``). The concrete class of
-    each kind is built from the registry by :func:`candidate_model` (:data:`LlamaCppCandidate`,
-    :data:`VllmCandidate`, :data:`UrlCandidate`, :data:`MockCandidate` …).
-    """
-
-    name: str = Field(pattern=_NAME_PATTERN, description="unique candidate name, [A-Za-z0-9_.-]+")
-    engine: str
-    model: str | None = Field(None, description="model file/folder; null = engine default")
-    price_per_hour: float | None = Field(
-        None, ge=0, description="hardware price per hour, in goal.budget.currency (null = goal.budget.price_per_hour)"
-    )
-    restart: Literal["never", "once"] = Field(
-        "never",
-        description="once: an engine that exits during the load steps is started again once (recovery time recorded)",
-    )
-    declared: Declared | None = Field(
-        None, description="facts the server cannot tell (image digest, GPUs, TP/PP/DP); recorded with source 'declared'"
-    )
-    if typing.TYPE_CHECKING:  # the field is added per kind by candidate_model (narrowed to kind.Settings)
-        settings: EngineSettings
-
-    @field_validator("model")
-    @classmethod
-    def _model_exists(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is None:
-            return None
-        engine = info.data.get("engine")
-        kind = registry.get(engine) if isinstance(engine, str) and engine in registry.names() else None
-        if kind is not None and kind.launched and not kind.takes_model:
-            raise ValueError(
-                f"engine {engine!r} takes no model file; remove model (the {kind.title} engine "
-                "names its model in settings)"
-            )
-        path = _resolve_path(
-            v,
-            info,
-            "model path",
-            "give an existing model file or folder (relative to the experiment file), or null for the engine default",
-        )
-        if kind is not None and not kind.launched and Path(path).is_file():  # url: a copy of the served weights
-            from servelab.modelfile.gguf_meta import check_gguf
-
-            try:
-                check_gguf(path)
-            except ConfigError:
-                raise ValueError(
-                    f"{v!r} is not a GGUF file; give the local copy of the served weights as a GGUF "
-                    "file or an HF folder, or null"
-                ) from None
-        return path
-
-    @property
-    def kind(self) -> EngineKind:
-        """This candidate's engine kind (:class:`servelab.engines.registry.EngineKind`)."""
-        return registry.get(self.engine)
-
-    @property
-    def launched(self) -> bool:
-        """Whether servelab starts this engine (every kind but ``url``)."""
-        return self.kind.launched
-
-    def recorded_settings(self) -> JsonObject:
-        """The settings as the record's identity holds them: every field, ``None`` values left out."""
-        return self.settings.model_dump(mode="json", exclude_none=True)
-
-    def launch_settings(self) -> JsonObject:
-        """The engine settings for :func:`servelab.engines.start_engine` (``settings=``): every settings
-        field except ``port`` and ``ready_timeout_s``, ``None`` values left out (launcher default)."""
-        return self.settings.model_dump(mode="json", exclude_none=True, exclude={"port", "ready_timeout_s"})
-
-    def launch_kwargs(self) -> dict[str, float]:
-        """Keyword arguments for the launcher: ``port`` (when set) and ``ready_timeout_s`` (seconds,
-        when the engine has one)."""
-        d = self.settings.model_dump()
-        return {k: d[k] for k in ("port", "ready_timeout_s") if d.get(k) is not None}
-
-
-_CANDIDATE_MODELS: dict[str, tuple[EngineKind, type[Candidate]]] = {}
-
-
-def candidate_model(kind: str | EngineKind) -> type[Candidate]:
-    """The candidate model of an engine kind: :class:`Candidate` + the kind's ``candidate_fields`` +
-    ``engine: Literal[kind]`` + ``settings: kind.Settings`` (built once per registered kind).
-    Raises :class:`ConfigError` for an unknown kind name."""
-    k = registry.get(kind) if isinstance(kind, str) else kind
-    hit = _CANDIDATE_MODELS.get(k.kind)
-    if hit is not None and hit[0] is k:
-        return hit[1]
-    # the kind's own fields come after name/engine/model (pydantic orders fields by reversed MRO)
-    bases: tuple[type[BaseModel], ...] = (Candidate,) if k.candidate_fields is None else (k.candidate_fields, Candidate)
-    name = "".join(p[:1].upper() + p[1:] for p in re.split(r"[^A-Za-z0-9]+", k.kind) if p) + "Candidate"
-    engine: Any = Literal[k.kind]  # a Literal of a value known at run time
-    model = typing.cast(
-        "type[Candidate]",
-        create_model(
-            name,
-            __base__=bases,
-            __module__=__name__,
-            __doc__=f"``engine: {k.kind}`` — {k.summary}",
-            engine=(engine, Field(description=f"engine kind: {k.kind}")),
-            settings=(k.Settings, Field(default_factory=k.Settings, description=f"{k.title} settings")),
-        ),
-    )
-    _CANDIDATE_MODELS[k.kind] = (k, model)
-    return model
-
-
-def candidate_union() -> Any:
-    """``Annotated[Union[<candidate model of every registered kind>], Discriminator("engine")]``."""
-    models = tuple(candidate_model(k) for k in registry.kinds())
-    return Annotated[Union[models], Discriminator("engine")]  # noqa: UP007 — a union of a runtime tuple
-
-
-class _CandidateUnion:
-    """Marker in ``Annotated[Candidate, _CandidateUnion()]``: validate as the registry's candidate union
-    at the time the schema is built (:class:`Experiment` rebuilds when a kind is registered)."""
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> Any:
-        return handler.generate_schema(candidate_union())
-
-    def resolved_type(self) -> Any:
-        """The union this marker stands for now (read by :func:`servelab.wire.config.error_problem`)."""
-        return candidate_union()
-
-
-#: a candidate of any registered kind, chosen by ``engine``
-AnyCandidate = Annotated[Candidate, _CandidateUnion()]
-LlamaCppCandidate = candidate_model("llamacpp")
-VllmCandidate = candidate_model("vllm")
-UrlCandidate = candidate_model("url")
-MockCandidate = candidate_model("mock")
-
-
-# ---------------------------------------------------------------------------------------------------
-# workloads, steps, arrival test
-
-
-class WorkloadItem(StrictModel):
-    """One workload: a built-in set by ``name`` (a key of :data:`servelab.bench.workloads.registry.WORKLOADS`)
-    with optional ``set`` overrides (the bench's ``--set``: ``input_tokens``, ``output_tokens`` in
-    tokens, ``ratio``, ``lang``, …), or a ``dataset`` (JSONL/ShareGPT file, relative to the experiment
-    file) whose entries without a length get ``max_tokens_default`` tokens. In YAML a bare name
-    (``short-qa``) means ``{name: short-qa}``."""
-
-    name: Annotated[
-        str | None,
-        WithJsonSchema(
-            {
-                "anyOf": [{"type": "string", "enum": list(WORKLOADS)}, {"type": "null"}],
-                "default": None,
-                "description": "built-in workload set",
-            }
-        ),
-    ] = None
-    set: dict[str, Any] = Field(default_factory=dict, description="workload parameter overrides (bench --set)")
-    dataset: str | None = Field(None, description="JSONL or ShareGPT JSON file instead of a built-in set")
-    max_tokens_default: int = Field(256, ge=1, description="dataset: max_tokens of entries without one")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bare_name(cls, v: Any) -> Any:
-        return {"name": v} if isinstance(v, str) else v
-
-    @field_validator("name")
-    @classmethod
-    def _known(cls, v: str | None) -> str | None:
-        if v is not None and v not in WORKLOADS:
-            raise ValueError(
-                f"unknown workload {v!r}{suggest(v, WORKLOADS)}; choose from {', '.join(WORKLOADS)}"
-                " or give {dataset: FILE}"
-            )
-        return v
-
-    @field_validator("dataset")
-    @classmethod
-    def _dataset_exists(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is None:
-            return None
-        return _resolve_path(
-            v, info, "dataset", "give an existing JSONL/ShareGPT file (relative to the experiment file)"
-        )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> WorkloadItem:
-        if (self.name is None) == (self.dataset is None):
-            raise ValueError("give exactly one of name (a built-in set) or dataset (a file)")
-        if self.dataset is not None and self.set:
-            raise ValueError("set applies to built-in workloads only; remove it for a dataset")
-        if self.name is not None:
-            try:
-                make_workload(self.name, None, **self.set)
-            except ConfigError as e:
-                raise ValueError(f"set: {e}") from None
-        return self
-
-    @property
-    def label(self) -> str:
-        """The workload name as the bench reports it: the set name or ``dataset:<file name>``."""
-        return self.name if self.name is not None else f"dataset:{Path(self.dataset or '').name}"
-
-    @classmethod
-    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> JsonSchemaValue:
-        obj = handler(core_schema)
-        return {"anyOf": [{"type": "string", "enum": list(WORKLOADS), "description": "a built-in set by name"}, obj]}
-
-
-class Steps(StrictModel):
-    """The load steps, raised in order until an SLO or the error budget breaks.
-
-    Exactly one of ``concurrency`` (closed loop: that many requests in flight; ints >= 1) or ``rates``
-    (open loop: arrivals per second, > 0), each strictly increasing. Open loop only: ``arrival``
-    (``constant`` | ``poisson`` | ``gamma``, shape ``goal.burstiness``) and ``max_concurrency`` (cap on
-    requests in flight; ``None`` = none)."""
-
-    concurrency: list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]] | None = Field(
-        None, description="closed-loop levels"
-    )
-    rates: list[Annotated[float, Field(gt=0, le=MAX_RATE_RPS)]] | None = Field(
-        None, description="open-loop rates, requests/s"
-    )
-    arrival: Literal["constant", "poisson", "gamma"] = Field("poisson", description="open loop: arrival process")
-    max_concurrency: int | None = Field(None, ge=1, description="open loop: cap on requests in flight")
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> Steps:
-        if (self.concurrency is None) == (self.rates is None):
-            raise ValueError("give exactly one of concurrency: [1, 2, 4, 8] or rates: [0.5, 1, 2]")
-        levels = self.levels
-        if not levels:
-            raise ValueError("give at least one step")
-        if any(b <= a for a, b in zip(levels, levels[1:], strict=False)):
-            raise ValueError(f"steps must be strictly increasing (load is raised step by step), got {levels}")
-        return self
-
-    @property
-    def kind(self) -> Literal["closed", "open"]:
-        """``closed`` (concurrency) or ``open`` (rates)."""
-        return "closed" if self.concurrency is not None else "open"
-
-    @property
-    def levels(self) -> list[float]:
-        """The concurrency levels or the rates, in order."""
-        return list(self.concurrency if self.concurrency is not None else self.rates or [])
-
-    def load_models(self, burstiness: float = 0.5) -> list[LoadModel]:
-        """One :class:`servelab.bench.load.step.LoadModel` per step (labels ``c4`` / ``r0.5``);
-        ``burstiness`` is the gamma shape used when ``arrival`` is ``gamma``."""
-        if self.concurrency is not None:
-            return [LoadModel(kind="closed", concurrency=c) for c in self.concurrency]
-        return [
-            LoadModel(
-                kind="open",
-                rate_rps=r,
-                arrival=self.arrival,
-                gamma_shape=burstiness,
-                max_concurrency=self.max_concurrency,
-            )
-            for r in self.rates or []
-        ]
-
-
-class ArrivalTest(StrictModel):
-    """The run at the stated arrival rate (``goal.expected_rate_rps``, gamma arrivals of shape
-    ``goal.burstiness``, workload ``mix`` of ratio ``goal.mix``) after the load steps.
-
-    ``enabled`` (default true); ``requests``: number of requests (default 16); ``max_concurrency``:
-    cap on requests in flight (``None`` = none); ``set``: overrides for the mix workload (bench ``--set``).
-    """
-
-    enabled: bool = Field(True, description="run the arrival test")
-    requests: int = Field(16, ge=1, le=MAX_REQUESTS_PER_STEP, description="requests in the arrival test")
-    max_concurrency: int | None = Field(None, ge=1, description="cap on requests in flight")
-    set: dict[str, Any] = Field(default_factory=dict, description="mix workload overrides (bench --set)")
-
-
-class CapacitySearch(StrictModel):
-    """The open-loop search for the highest arrival rate whose objectives hold
-    (:mod:`servelab.trial.capacity`), on the goal's mix, after the load steps.
-
-    ``enabled`` (default true); ``requests``: requests per probe (default 12); ``max_probes``: probes
-    at most (default 4: bracketing by doubling, then bisection); ``start_rps``: the first rate
-    (``None`` = ``goal.expected_rate_rps``, else the completed requests/s at the ranked level);
-    ``tolerance``: stop bisecting when the bracket is this narrow, relative (default 0.05);
-    ``arrival``: ``goal`` (gamma of shape ``goal.burstiness``), ``poisson`` or ``constant``."""
-
-    enabled: bool = Field(True, description="run the capacity search")
-    requests: int = Field(12, ge=2, le=MAX_REQUESTS_PER_STEP, description="requests per probe")
-    max_probes: int = Field(4, ge=1, le=30, description="probes at most")
-    start_rps: float | None = Field(None, gt=0, description="first rate, requests/s (null = expected rate)")
-    tolerance: float = Field(0.05, gt=0, lt=1, description="relative width of the bracket to stop at")
-    arrival: Literal["goal", "poisson", "constant"] = Field("goal", description="arrival process of the probes")
-
-
 # ---------------------------------------------------------------------------------------------------
 # experiment
-
-
-def _default_steps() -> Steps:
-    return Steps(concurrency=[1, 2, 4, 8])
-
-
-def _default_workloads() -> list[WorkloadItem]:
-    return [WorkloadItem(name="short-qa"), WorkloadItem(name="structured")]
-
-
-class LoadGenerator(StrictModel):
-    """Who sends the load of the load steps and the arrival test (``servelab bench --workers/--ray``,
-    docs/distributed-bench.md): ``workers`` processes on this host (default 1: the trial's own process),
-    or with ``ray`` (a Ray cluster address, or ``auto``) that many Ray actors in total, or
-    ``workers_per_node`` actors on every node. The quality gate and the smoke tests always run in the
-    trial's process (a handful of requests)."""
-
-    workers: int = Field(1, ge=1, le=4096, description="load-generator processes (or Ray actors in total)")
-    workers_per_node: int | None = Field(None, ge=1, le=4096, description="Ray actors on every node (with ray)")
-    ray: str | None = Field(None, min_length=1, description="Ray cluster address (HOST:PORT or auto)")
-
-    @model_validator(mode="after")
-    def _ray_needed(self) -> LoadGenerator:
-        if self.workers_per_node is not None and self.ray is None:
-            raise ValueError(
-                "load_generator.workers_per_node places Ray actors on every node: set "
-                "load_generator.ray (a cluster address or auto)"
-            )
-        if self.workers_per_node is not None and self.workers != 1:
-            raise ValueError("load_generator: give workers (in total) or workers_per_node, not both")
-        return self
 
 
 class Experiment(StrictModel):
@@ -718,11 +111,11 @@ class Experiment(StrictModel):
     or a Ray cluster for the load steps and the arrival test).
     """
 
-    name: str | None = Field(None, pattern=_NAME_PATTERN, description="experiment name; default: the file name")
+    name: str | None = Field(None, pattern=NAME_PATTERN, description="experiment name; default: the file name")
     goal: Goal = Field(default_factory=Goal)
     candidates: list[AnyCandidate] = Field(min_length=1, description="engines to compare")
-    workloads: list[WorkloadItem] = Field(default_factory=_default_workloads, min_length=1)
-    steps: Steps = Field(default_factory=_default_steps)
+    workloads: list[WorkloadItem] = Field(default_factory=default_workloads, min_length=1)
+    steps: Steps = Field(default_factory=default_steps)
     requests_per_step: int = Field(
         8, ge=1, le=MAX_REQUESTS_PER_STEP, description="measured requests per workload and step"
     )
@@ -874,8 +267,8 @@ registry.subscribe(_rebuild_on_registry_change)
 
 #: Fixes appended when a string does not match one of these patterns.
 _PATTERN_HINTS = {
-    _NAME_PATTERN: "use letters, digits, '_', '.' or '-'",
-    _ENV_NAME: "an environment variable name is letters, digits and '_', not starting with a digit",
+    NAME_PATTERN: "use letters, digits, '_', '.' or '-'",
+    ENV_NAME: "an environment variable name is letters, digits and '_', not starting with a digit",
 }
 
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from servelab.bench.analysis.slo import apply_gates
-from servelab.bench.workloads.tools import TOOLS, tool_call_failures, tool_choice_for, tool_names
 from servelab.bench.workloads.registry import make_workload
+from servelab.bench.workloads.tools import TOOLS, tool_call_failures, tool_choice_for, tool_names
 from servelab.modelfile.tokenizer import TokenCounter, load_tokenizer
 from servelab.wire import ConfigError
 from servelab.wire.client import make_session, send

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab.bench.workloads.registry import WorkloadContext, WorkloadKind, register_workload, unregister_workload
+from servelab.bench.workloads.kinds import WorkloadContext, WorkloadKind
+from servelab.bench.workloads.registry import register_workload, unregister_workload
 from servelab.wire import RequestSpec
 
 pytestmark = pytest.mark.timeout(300)

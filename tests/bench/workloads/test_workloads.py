@@ -9,7 +9,10 @@ from collections import Counter
 
 import pytest
 
-from servelab.bench.workloads.registry import SCHEMAS, WORKLOADS, load_dataset, make_workload, parse_length
+from servelab.bench.workloads.builtin import SCHEMAS
+from servelab.bench.workloads.datasets import load_dataset
+from servelab.bench.workloads.lengths import parse_length
+from servelab.bench.workloads.registry import WORKLOADS, make_workload
 from servelab.modelfile.tokenizer import TokenCounter, load_tokenizer
 from servelab.wire import ConfigError, RequestSpec
 

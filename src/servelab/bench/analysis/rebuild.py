@@ -5,7 +5,7 @@ bench was killed (``kill -9``, OOM, power loss of the client) or its summary was
 arrives), each write flushed at once,
 so after a crash it holds every request that finished, and at most its last line is cut short; that
 line is ignored and reported. Every other line must be intact. The summary is computed by the
-bench's own code (:func:`servelab.bench.load.runner.step_summary`) from the records the lines hold, in the
+bench's own code (:func:`servelab.bench.analysis.summarize.step_summary`) from the records the lines hold, in the
 sweep the run's ``config.json`` describes (SLO-skipped steps included), and carries
 ``"rebuilt": {...}`` saying so; a step with fewer measured requests than planned is ``partial``.
 Requests that were in flight at the crash never finished and are not in the file: they are missing
@@ -30,8 +30,10 @@ from typing import Any
 import orjson
 
 from servelab.bench.analysis.slo import parse_slo
+from servelab.bench.analysis.summarize import new_summary, skipped_step, step_summary, with_fields, write_summary
+from servelab.bench.load.config import BenchConfig, plan_loads
 from servelab.bench.load.merge import summary_record
-from servelab.bench.load.runner import BenchConfig, new_summary, plan_loads, skipped_step, step_summary, write_summary
+from servelab.bench.results import Generator, Rebuilt, Summary
 from servelab.wire.client import ConfigError
 from servelab.wire.types import RequestRecord
 
@@ -106,7 +108,7 @@ def _config(run_dir: Path) -> BenchConfig:
     return BenchConfig.checked(**{k: v for k, v in data.items() if k in known})
 
 
-def rebuild_summary(run_dir: str | Path) -> tuple[dict[str, Any], Lines]:
+def rebuild_summary(run_dir: str | Path) -> tuple[Summary, Lines]:
     """The summary of the run in ``run_dir``, computed from ``requests.jsonl`` (module doc), and what
     was read. Does not write anything. Raises :class:`ConfigError` (one line) when ``run_dir`` is not
     a bench run directory or ``requests.jsonl`` is damaged before its last line."""
@@ -133,7 +135,7 @@ def rebuild_summary(run_dir: str | Path) -> tuple[dict[str, Any], Lines]:
     loads = plan_loads(cfg)
     summary = new_summary(str(model), cfg.base_url, objectives)
     if isinstance(old.get("started_unix_s"), (int, float)):
-        summary["started_unix_s"] = old["started_unix_s"]
+        summary.started_unix_s = old["started_unix_s"]
     complete = True
     kept: set[str] = set()
     for wi, wname in enumerate(cfg.workloads):
@@ -141,7 +143,7 @@ def rebuild_summary(run_dir: str | Path) -> tuple[dict[str, Any], Lines]:
         for si, load in enumerate(loads):
             k = wi * len(loads) + si
             if broken_at is not None:
-                summary["steps"].append(skipped_step(wname, load, f"SLO broken at step {broken_at}"))
+                summary.steps.append(skipped_step(wname, load, f"SLO broken at step {broken_at}"))
                 continue
             if k > last_index:
                 complete = False  # never reached
@@ -159,34 +161,34 @@ def rebuild_summary(run_dir: str | Path) -> tuple[dict[str, Any], Lines]:
             step = step_summary(wname, load, recs, objectives, tokenizer, started, partial=partial)
             # what the bench added beyond the records (the workers' CPU and lost parts, the saturation
             # verdict, a workload's own block: rag, mixed_lang, sessions, …) is not in requests.jsonl
-            for key, value in old_step.items():
-                if key not in step and value:
-                    step[key] = value
-                    kept.add(key)
-            summary["steps"].append(step)
+            added = {k: v for k, v in old_step.items() if k not in step.model_fields_set and v}
+            if added:
+                step = with_fields(step, added)
+                kept.update(added)
+            summary.steps.append(step)
             complete = complete and not partial
-            if objectives and not step["slo_met"] and cfg.stop_on_slo and not partial:
+            if objectives and not step.slo_met and cfg.stop_on_slo and not partial:
                 broken_at = load.label
         else:
             continue
         break
-    summary["complete"] = complete
+    summary.complete = complete
     if isinstance(old.get("finished_unix_s"), (int, float)):
-        summary["finished_unix_s"] = old["finished_unix_s"]
+        summary.finished_unix_s = old["finished_unix_s"]
     if isinstance(old.get("generator"), dict):
-        summary["generator"] = old["generator"]
-    summary["rebuilt"] = {
-        "from": "requests.jsonl",
-        "lines": found.lines,
-        "truncated_last_line": found.truncated_last_line,
-        "partial": not complete,
-        "rebuilt_unix_s": time.time(),
-        "kept_from_summary": sorted(kept),
-    }
+        summary.generator = Generator.model_validate(old["generator"])
+    summary.rebuilt = Rebuilt(
+        from_="requests.jsonl",
+        lines=found.lines,
+        truncated_last_line=found.truncated_last_line,
+        partial=not complete,
+        rebuilt_unix_s=time.time(),
+        kept_from_summary=sorted(kept),
+    )
     return summary, found
 
 
-def rebuild(run_dir: str | Path) -> tuple[dict[str, Any], Lines]:
+def rebuild(run_dir: str | Path) -> tuple[Summary, Lines]:
     """:func:`rebuild_summary`, then write it to ``run_dir/summary.json`` (atomically)."""
     summary, found = rebuild_summary(run_dir)
     write_summary(Path(run_dir), summary)

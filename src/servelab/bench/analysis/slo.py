@@ -59,7 +59,7 @@ class Objective:
 
 def parse_slo(text: str | None) -> list[Objective]:
     """Parse an SLO string (module doc); ``None`` or ``""`` means no objectives (an experiment's
-    ``slo``; ``servelab bench --slo ''`` is refused by :class:`~servelab.bench.load.runner.BenchConfig`).
+    ``slo``; ``servelab bench --slo ''`` is refused by :class:`~servelab.bench.load.config.BenchConfig`).
     Raises :class:`ConfigError` naming the bad part and the fix, also for a list with an empty item
     (``','``, ``'a,,b'``: :func:`servelab.bench.options.split_list`) that used to mean "no SLO"."""
     if not text:

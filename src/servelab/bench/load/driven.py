@@ -8,7 +8,7 @@ history, the tool call), follow a schedule of their own (a trace) or go to anoth
 
 :class:`servelab.bench.load.runner.Bench` runs one through :class:`DrivenWorkload`: ``drive`` sends the step's
 requests, every one ending through ``on_done`` (its ``requests.jsonl`` line, the gates), the step is
-summarised like any other (:func:`servelab.bench.load.runner.step_summary`) and ``step_extra(records)`` adds the
+summarised like any other (:func:`servelab.bench.analysis.summarize.step_summary`) and ``step_extra(records)`` adds the
 workload's own typed figures (:mod:`servelab.bench.workloads.extras`). They run in one process (not through
 ``--workers``/``--ray``) and without warmup requests.
 """

@@ -1,7 +1,7 @@
 """Exact merging of several load-generator workers' requests into one step summary.
 
 A step run by several workers (:mod:`servelab.bench.load.workers`) is summarised from *all* its request
-records together, by the same :func:`servelab.bench.load.runner.step_summary` as a single-process step:
+records together, by the same :func:`servelab.bench.analysis.summarize.step_summary` as a single-process step:
 percentiles of the pooled values, never an average of per-worker percentiles, and one throughput
 window from the first send to the last end across all workers.
 

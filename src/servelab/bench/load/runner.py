@@ -20,19 +20,18 @@ import gc
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
-from pydantic import ConfigDict, ValidationError, model_validator
-from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from servelab import __version__
 from servelab.bench.analysis import metrics as M
-from servelab.bench.analysis.slo import Objective, evaluate
+from servelab.bench.analysis.slo import Objective
+from servelab.bench.analysis.summarize import new_summary, skipped_step, step_summary, with_fields, write_summary
 from servelab.bench.events import (
     BenchObserver,
     Preparing,
@@ -45,32 +44,18 @@ from servelab.bench.events import (
     StepStarted,
     Watcher,
 )
-from servelab.bench.load.lines import HOSTNAME, finish_record, record_from_json, record_to_json
+from servelab.bench.load.config import BenchConfig, make_run_dir, plan_loads
+from servelab.bench.load.lines import HOSTNAME, finish_record, record_to_json
 from servelab.bench.load.merge import clock_note, summary_record
-from servelab.bench.load.saturation import DEFAULT_LAG_BOUND_S, CpuMeter, saturation, worker_step
+from servelab.bench.load.saturation import CpuMeter, saturation, worker_step
 from servelab.bench.load.step import LoadModel, arrival_offsets_s, run_step
 from servelab.bench.load.workers import LineBatch, LocalPool, Pool, RunContext, plan_step
-from servelab.bench.options import (
-    MAX_BURSTINESS,
-    MAX_CONCURRENCY,
-    MAX_RATE_RPS,
-    MAX_REQUESTS_PER_STEP,
-    MAX_STEP_S,
-    MAX_WORKERS,
-    MIN_BURSTINESS,
-    MIN_RATE_RPS,
-    ConcurrencyList,
-    NameList,
-    RateList,
-    config_error,
-    opt,
-)
 from servelab.bench.results import (
-    SUMMARY_SCHEMA_VERSION,
     Generator,
     GeneratorWorker,
     LostPart,
     RequestLine,
+    ResultModel,
     StepSummary,
     Summary,
     WorkerStep,
@@ -80,199 +65,9 @@ from servelab.wire.host import host_identity
 from servelab.wire.preflight import preflight
 from servelab.wire.types import RequestRecord, RequestSpec
 
-__all__ = [
-    "Bench",
-    "BenchConfig",
-    "CyclicSpecs",
-    "make_pool",
-    "make_run_dir",
-    "new_summary",
-    "plan_loads",
-    "record_from_json",
-    "record_to_json",
-    "skipped_step",
-    "step_summary",
-    "token_check",
-    "write_summary",
-]
+__all__ = ["Bench", "CyclicSpecs", "make_pool"]
 
 _PREPARE_NOTICE_S = 1.0  # building a step's prompts for longer than this shows a progress bar
-
-
-_FLOAT = {"allow_inf_nan": False}
-
-
-@pydantic_dataclass(config=ConfigDict(extra="forbid"))
-class BenchConfig:
-    """Settings of one benchmark run (what ``servelab bench`` options map to), validated on creation.
-
-    ``steps`` are concurrency levels (closed loop) or, when ``rates_rps`` is set, arrival rates in
-    requests/s (open loop). ``requests`` is per step (measured requests, warmup excluded);
-    ``duration_s`` instead bounds each step by time (at least one of the two is set). ``warmup``
-    requests run before each step at the step's load and are excluded from its statistics.
-    ``timeout_s`` is the whole-request limit, seconds. Every constraint is declared here once
-    (:mod:`servelab.bench.options`); a bad value raises :class:`pydantic.ValidationError`, which
-    :meth:`checked` turns into a one-line :class:`ConfigError` naming the ``servelab bench`` option.
-    """
-
-    base_url: str
-    model: str | None = None
-    workloads: NameList = opt(
-        default_factory=lambda: ["short-qa"],
-        cli="--workload",
-        min_length=1,
-        hint="list built-in sets, e.g. -w short-qa,rag",
-    )
-    concurrency: ConcurrencyList = opt(
-        default_factory=lambda: [1, 2, 4, 8],
-        cli="--concurrency",
-        min_length=1,
-        hint=f"list requests in flight, 1 to {MAX_CONCURRENCY} each, e.g. --concurrency 1,2,4,8",
-    )
-    rates_rps: RateList | None = opt(
-        None,
-        cli="--rate",
-        min_length=1,
-        hint=f"list arrival rates from {MIN_RATE_RPS:g} to {MAX_RATE_RPS:g} requests/s, e.g. --rate 0.5,1,2",
-    )
-    arrival: Literal["constant", "poisson", "gamma"] = opt(
-        "poisson", cli="--arrival", hint="use constant, poisson or gamma"
-    )
-    gamma_shape: float = opt(
-        0.5,
-        cli="--burstiness",
-        ge=MIN_BURSTINESS,
-        le=MAX_BURSTINESS,
-        **_FLOAT,
-        hint=f"give the gamma shape k from {MIN_BURSTINESS:g} to {MAX_BURSTINESS:g} "
-        "(1 = Poisson, < 1 burstier), e.g. --burstiness 0.5",
-    )
-    max_concurrency: int | None = opt(
-        None,
-        cli="--max-concurrency",
-        ge=1,
-        le=MAX_CONCURRENCY,
-        hint="give a cap >= 1 on requests in flight, or leave it out for none",
-    )
-    requests: int | None = opt(
-        32,
-        cli="--requests",
-        ge=1,
-        le=MAX_REQUESTS_PER_STEP,
-        hint=f"give measured requests per step, 1 to {MAX_REQUESTS_PER_STEP}, e.g. -n 32",
-    )
-    duration_s: float | None = opt(
-        None, cli="--duration", gt=0, le=MAX_STEP_S, **_FLOAT, hint="give seconds per step > 0, e.g. --duration 60"
-    )
-    warmup: int = opt(
-        2,
-        cli="--warmup",
-        ge=0,
-        le=MAX_REQUESTS_PER_STEP,
-        hint="give warmup requests per step >= 0 (0 = none), e.g. --warmup 2",
-    )
-    seed: int = opt(0, cli="--seed", ge=0, lt=2**63, hint="give an integer >= 0, e.g. --seed 0")
-    slo: str | None = opt(
-        None,
-        cli="--slo",
-        min_length=1,
-        hint="leave --slo out for none, or give e.g. --slo 'ttft_p95<=500ms,error_rate<=1%'",
-    )
-    stop_on_slo: bool = True
-    timeout_s: float = opt(
-        600.0,
-        cli="--timeout",
-        gt=0,
-        le=7 * 86400,
-        **_FLOAT,
-        hint="give the per-request limit in seconds, e.g. --timeout 120",
-    )
-    endpoint: Literal["chat", "completions", "embeddings", "rerank", "messages", "responses"] = opt(
-        "chat", cli="--endpoint", hint="use chat, completions, embeddings, rerank, messages or responses"
-    )
-    ignore_eos: bool = False
-    dataset: str | None = None
-    tokenizer: str | None = None
-    workload_overrides: dict[str, Any] = field(default_factory=dict)
-    api_key: str | None = None
-    out: str = opt("runs/bench", cli="--out", min_length=1, hint="name a run directory, e.g. --out runs/r1")
-    workers: int = opt(
-        1,
-        cli="--workers",
-        ge=1,
-        le=MAX_WORKERS,
-        hint=f"give load-generator processes (or Ray actors), 1 to {MAX_WORKERS}, e.g. --workers 4",
-    )
-    workers_per_node: int | None = opt(
-        None,
-        cli="--workers-per-node",
-        ge=1,
-        le=MAX_WORKERS,
-        hint="give Ray actors per cluster node, e.g. --workers-per-node 2 (with --ray)",
-    )
-    ray: str | None = opt(
-        None, cli="--ray", min_length=1, hint="give the Ray cluster address, e.g. --ray auto or --ray 10.0.0.1:6379"
-    )
-    lag_bound_ms: float = opt(
-        DEFAULT_LAG_BOUND_S * 1e3,
-        cli="--lag-bound-ms",
-        gt=0,
-        le=3.6e6,
-        **_FLOAT,
-        hint="give the schedule-lag P99 (ms) above which a step is generator-bound, e.g. --lag-bound-ms 1",
-    )
-
-    @model_validator(mode="after")
-    def _workers(self) -> BenchConfig:
-        if self.workers_per_node is not None and self.ray is None:
-            raise ValueError(
-                "--workers-per-node places Ray actors on every node: add --ray ADDRESS "
-                "(or use --workers N for processes on this host)"
-            )
-        if self.workers_per_node is not None and self.workers != 1:
-            raise ValueError("give --workers N (in total) or --workers-per-node N (with --ray), not both")
-        if self.max_concurrency is not None and self.max_concurrency < self.workers:
-            raise ValueError(
-                f"--max-concurrency {self.max_concurrency} is split among the workers, so it must be at "
-                f"least --workers {self.workers}; raise it or lower --workers"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _requests_or_duration(self) -> BenchConfig:
-        if self.requests is None and self.duration_s is None:
-            raise ValueError("give --requests N or --duration S: each step needs an end")
-        if self.rates_rps and self.duration_s and self.requests is None:
-            arrivals = max(self.rates_rps) * self.duration_s
-            if arrivals > MAX_REQUESTS_PER_STEP:
-                raise ValueError(
-                    f"--rate {max(self.rates_rps):g} for --duration {self.duration_s:g} s schedules "
-                    f"{arrivals:.3g} arrivals in a step, more than {MAX_REQUESTS_PER_STEP}; lower one"
-                )
-        if self.rates_rps:  # the slowest step must expect its arrivals within servelab's horizon
-            lo = min(self.rates_rps)
-            if self.duration_s and lo * self.duration_s < 1:
-                raise ValueError(
-                    f"--rate {lo:g} over --duration {self.duration_s:g} s expects "
-                    f"{lo * self.duration_s:.3g} arrivals, less than one per step; raise the rate "
-                    "or the duration"
-                )
-            if self.requests is not None and (self.requests + self.warmup) / lo > MAX_STEP_S:
-                raise ValueError(
-                    f"--rate {lo:g} spreads {self.requests + self.warmup} requests (with warmup) over "
-                    f"{(self.requests + self.warmup) / lo:.3g} s, more than {MAX_STEP_S} s (7 days) "
-                    "per step; raise the rate or lower --requests"
-                )
-        return self
-
-    @classmethod
-    def checked(cls, **values: Any) -> BenchConfig:
-        """``BenchConfig(**values)``, raising :class:`ConfigError` (one line: option, value, fix)
-        instead of :class:`pydantic.ValidationError`."""
-        try:
-            return cls(**values)
-        except ValidationError as e:
-            raise config_error(e, cls.__pydantic_fields__) from None  # type: ignore[attr-defined]  # set by @pydantic_dataclass
 
 
 class CyclicSpecs(Sequence[RequestSpec]):
@@ -295,127 +90,12 @@ class CyclicSpecs(Sequence[RequestSpec]):
         return self._pool[i % len(self._pool)]
 
 
-def write_summary(out: Path, summary: dict[str, Any] | Summary) -> None:
-    """Write ``out/summary.json`` atomically (a temporary file renamed over it): a reader, or a
-    crash mid-write, never sees half a summary. ``summary`` is validated as a
-    :class:`~servelab.bench.results.Summary` (raises :class:`pydantic.ValidationError` on a field the
-    schema does not know) and written with ``model_dump_json``."""
-    model = summary if isinstance(summary, Summary) else Summary.model_validate(summary)
-    tmp = out / "summary.json.tmp"
-    tmp.write_bytes(model.to_json_bytes(indent=2))
-    tmp.replace(out / "summary.json")
+_M = TypeVar("_M", bound=ResultModel)
 
 
-def make_run_dir(out: Path) -> None:
-    """Create the run directory ``out`` (and its parents). Raises :class:`ConfigError` (one line)
-    when it names an existing file, or cannot be created or written (permissions, read-only file
-    system, a file where a parent directory should be)."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is an existing file, not a directory: name a new run directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".servelab-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(
-            f"--out {out}: cannot create or write the run directory ({e.strerror or e}); pass a writable directory"
-        ) from None
-
-
-def plan_loads(cfg: BenchConfig) -> list[LoadModel]:
-    """The load steps of a run, in sweep order: one open-loop step per rate of ``cfg.rates_rps``,
-    else one closed-loop step per concurrency of ``cfg.concurrency``."""
-    if cfg.rates_rps:
-        return [
-            LoadModel(
-                kind="open",
-                rate_rps=r,
-                arrival=cfg.arrival,
-                gamma_shape=cfg.gamma_shape,
-                max_concurrency=cfg.max_concurrency,
-                duration_s=cfg.duration_s,
-            )
-            for r in cfg.rates_rps
-        ]
-    return [LoadModel(kind="closed", concurrency=n, duration_s=cfg.duration_s) for n in cfg.concurrency]
-
-
-def new_summary(model: str, base_url: str, objectives: list[Objective]) -> dict[str, Any]:
-    """The top of ``summary.json`` before any step ran (``complete: false``, no steps)."""
-    return {
-        "schema_version": SUMMARY_SCHEMA_VERSION,
-        "servelab_version": __version__,
-        "model": model,
-        "base_url": base_url,
-        "slo": [o.name for o in objectives],
-        "steps": [],
-        "started_unix_s": time.time(),
-        "complete": False,
-    }
-
-
-def skipped_step(workload: str, load: LoadModel, reason: str) -> dict[str, Any]:
-    """The summary entry of a step not run, for ``reason`` (an SLO broken at an earlier step, a budget)."""
-    return {"workload": workload, "step": load.label, "load": asdict(load), "skipped": True, "skipped_reason": reason}
-
-
-def step_summary(
-    workload: str,
-    load: LoadModel,
-    recs: list[RequestRecord],
-    objectives: list[Objective],
-    tokenizer: str | None,
-    started_unix_s: float | None,
-    partial: bool = False,
-) -> dict[str, Any]:
-    """The summary entry of one run step (docs/summary-schema.md): :func:`metrics.summarize` of
-    ``recs`` (warmup records are left out by it), SLO verdicts, the token cross-check against the
-    client ``tokenizer`` (name; ``None``: no check). ``partial`` marks a step that did not finish
-    (interrupted, or rebuilt from an incomplete ``requests.jsonl``); a partial step never meets its SLOs.
-    The one code path for both ``servelab bench`` and ``servelab summarize``."""
-    s = M.summarize(recs)
-    verdicts = evaluate(objectives, s)
-    out: dict[str, Any] = {
-        "workload": workload,
-        "step": load.label,
-        "load": asdict(load),
-        "started_unix_s": started_unix_s,
-        "skipped": False,
-    }
-    if partial:
-        out["partial"] = True
-    out.update(s)
-    out["slo"] = verdicts
-    out["slo_met"] = (not partial) and all(v["met"] for v in verdicts)
-    out["token_check"] = token_check(recs, tokenizer)
-    return out
-
-
-def token_check(recs: list[RequestRecord], tokenizer: str | None) -> dict[str, Any] | None:
-    """Client tokenizer vs server usage for output tokens: the discrepancy is reported, not hidden.
-    ``None`` when no client ``tokenizer`` (name) was used."""
-    if tokenizer is None:
-        return None
-    pairs = [
-        (r.client_output_tokens, r.output_tokens)
-        for r in recs
-        if not r.warmup
-        and r.failure is None
-        and r.output_tokens_source == "usage"
-        and r.client_output_tokens is not None
-        and r.output_tokens is not None
-    ]
-    if not pairs:
-        return {"tokenizer": tokenizer, "compared": 0}
-    diffs = [a - b for a, b in pairs]
-    return {
-        "tokenizer": tokenizer,
-        "compared": len(pairs),
-        "exact": sum(1 for d in diffs if d == 0),
-        "mean_diff_tokens": sum(diffs) / len(diffs),
-        "max_abs_diff_tokens": max(abs(d) for d in diffs),
-    }
+def _pruned(model: _M) -> _M:
+    """``model`` without the fields it holds as ``None``, as the summary records them (unset, not null)."""
+    return type(model).model_validate(model.model_dump(exclude_none=True))
 
 
 @dataclass
@@ -491,7 +171,7 @@ class Bench:
         self.engine_identity = engine_identity
         self.observer: BenchObserver = observer or Watcher()
         self.out = Path(cfg.out)
-        self.summary: dict[str, Any] = {}
+        self.summary: Summary | None = None
         self._jsonl: Any = None
         self._next_id = 0
         self._step_index, self._step_workload = 0, ""
@@ -514,6 +194,7 @@ class Bench:
         self.observer.on_event(RequestsDone(batch.count, batch.failed))
 
     def _write_summary(self) -> None:
+        assert self.summary is not None  # set before the first write
         write_summary(self.out, self.summary)
 
     def _n_requests(self, load: LoadModel) -> int:
@@ -553,25 +234,25 @@ class Bench:
                 "count kept as a cross-check",
             }
             (self.out / "identity.json").write_bytes(orjson.dumps(identity, option=orjson.OPT_INDENT_2))
-            self.summary = new_summary(model, c.base_url, self.objectives)
+            summary = self.summary = new_summary(model, c.base_url, self.objectives)
             self._pool = make_pool(c)
             try:
-                self.summary["generator"] = await self._start_generator(model, headers)
+                summary.generator = await self._start_generator(model, headers)
                 self._write_summary()
                 self._jsonl = open(self.out / "requests.jsonl", "ab")  # noqa: SIM115 — closed when the run ends
                 try:
                     await self._sweep(session, model, headers, loads, max_conc)
                 finally:
-                    self.summary["finished_unix_s"] = time.time()
+                    summary.finished_unix_s = time.time()
                     self._write_summary()
                     self._jsonl.close()
             finally:
                 if self._pool is not None:
                     await self._pool.close()
-        return Summary.model_validate(self.summary)
+        return summary
 
-    async def _start_generator(self, model: str, headers: dict[str, str] | None) -> dict[str, Any]:
-        """Start the workers (when any) and describe the load generator for ``summary["generator"]``."""
+    async def _start_generator(self, model: str, headers: dict[str, str] | None) -> Generator:
+        """Start the workers (when any) and describe the load generator for ``summary.generator``."""
         c = self.cfg
         if self._pool is None:
             # as each worker does (workers.WorkerCore.setup): the run's long-lived objects (imported modules,
@@ -584,7 +265,7 @@ class Bench:
                 hosts=1,
                 workers=[GeneratorWorker(worker=0, host=HOSTNAME, pid=os.getpid(), same_clock=True)],
             )
-            return gen.model_dump(exclude_none=True)
+            return _pruned(gen)
         ctx = RunContext(
             base_url=c.base_url,
             model=model,
@@ -610,7 +291,7 @@ class Bench:
             hosts=len(hosts),
             clock=clock_note(hosts),
         )
-        return gen.model_dump(exclude_none=True)
+        return _pruned(gen)
 
     async def _sweep(
         self,
@@ -637,17 +318,19 @@ class Bench:
                     continue
                 self._add_step(step)
                 # a step with a lost worker is partial: its SLO verdict is unknown, not broken
-                if self.objectives and not step["slo_met"] and c.stop_on_slo and not step.get("lost"):
+                if self.objectives and not step.slo_met and c.stop_on_slo and not step.lost:
                     broken_at = load.label
+        assert self.summary is not None
         if stopped is not None:
-            self.summary["stopped_by"] = stopped.by
-        self.summary["complete"] = stopped is None and not any(s.get("partial") for s in self.summary["steps"])
+            self.summary.stopped_by = stopped.by
+        self.summary.complete = stopped is None and not any(s.partial for s in self.summary.steps)
 
-    def _add_step(self, step: dict[str, Any]) -> None:
+    def _add_step(self, step: StepSummary) -> None:
         """Append ``step`` to the summary, write it, and tell the observer."""
-        self.summary["steps"].append(step)
+        assert self.summary is not None
+        self.summary.steps.append(step)
         self._write_summary()
-        self.observer.on_event(StepDone(StepSummary.model_validate(step)))
+        self.observer.on_event(StepDone(step))
 
     async def _load(
         self,
@@ -739,9 +422,8 @@ class Bench:
             if o.report is not None:
                 run.workers.append(o.report)
                 continue
-            host = next(
-                (w["host"] for w in self.summary.get("generator", {}).get("workers", []) if w["worker"] == k), "?"
-            )
+            gen = self.summary.generator if self.summary is not None else None
+            host = next((w.host for w in (gen.workers if gen is not None else []) if w.worker == k), "?")
             reason = o.lost_reason or "lost"
             run.workers.append(
                 WorkerStep(worker=k, host=host, assigned=task.assigned, finished=o.lines, lost=True, lost_reason=reason)
@@ -757,27 +439,30 @@ class Bench:
                 )
             )
 
-    def _step(
-        self, wname: str, load: LoadModel, run: _StepRun, t_start: float, partial: bool = False
-    ) -> dict[str, Any]:
+    def _step(self, wname: str, load: LoadModel, run: _StepRun, t_start: float, partial: bool = False) -> StepSummary:
         recs = run.finished()
         step = step_summary(
             wname, load, recs, self.objectives, self._tokenizer, t_start, partial=partial or bool(run.lost)
         )
-        step["workers"] = [w.model_dump(exclude_none=True) for w in run.workers]
+        step.workers = [_pruned(w) for w in run.workers]
         if run.lost:
-            step["lost"] = [x.model_dump(exclude_none=True) for x in run.lost]
+            step.lost = [_pruned(x) for x in run.lost]
         if run.workers:
             sat = saturation(
                 [w for w in run.workers if not w.lost],
                 kind=load.kind,
                 capped=bool(load.max_concurrency),
-                schedule_lag_p99_s=step["schedule_lag_s"]["p99"],
+                schedule_lag_p99_s=step.schedule_lag_s.p99,
                 lag_bound_s=self.cfg.lag_bound_ms / 1e3,
                 dispatch_lags_ns=run.dispatch_ns,
             )
-            step["saturation"] = sat.model_dump(exclude_none=True)
+            step.saturation = _pruned(sat)
         return step
+
+    def _partial_step(self, wname: str, load: LoadModel, run: _StepRun, t_start: float) -> None:
+        """Keep what an interrupted step finished, marked partial (written when the run ends)."""
+        if self.summary is not None:
+            self.summary.steps.append(self._step(wname, load, run, t_start, partial=True))
 
     async def _run_one(
         self,
@@ -789,7 +474,7 @@ class Bench:
         si: int,
         load: LoadModel,
         max_conc: int,
-    ) -> dict[str, Any] | Skip:
+    ) -> StepSummary | Skip:
         c = self.cfg
         step_seed = c.seed + 1000 * si + 100_000 * wi  # distinct prompts per step: no cross-step prompt-cache hits
         wl = self.workload_factory(wname, seed=step_seed)
@@ -828,13 +513,11 @@ class Bench:
         except asyncio.CancelledError:
             # interrupted (Ctrl-C): summarise what finished, marked partial, before giving up
             if run.batches or any(r.end_ns is not None for r in run.records):
-                self.summary["steps"].append(self._step(wname, load, run, t_start, partial=True))
+                self._partial_step(wname, load, run, t_start)
             raise
         step = self._step(wname, load, run, t_start)
         extra = getattr(wl, "summary_extra", None)  # a set's own typed figures (its text, its corpus)
-        if extra is not None:
-            step.update(extra())
-        return step
+        return step if extra is None else with_fields(step, extra())
 
     async def _run_driven(
         self,
@@ -844,7 +527,7 @@ class Bench:
         wname: str,
         wl: Any,
         load: LoadModel,
-    ) -> dict[str, Any] | Skip:
+    ) -> StepSummary | Skip:
         """One step of a workload that sends its own requests (:class:`servelab.bench.load.driven.DrivenWorkload`:
         multi-turn sessions, agent loops, trace replay, embeddings): ``wl.drive(...)`` under the step's load
         (or ``wl.fixed_load``, a trace's own schedule), every request ending through ``_on_done`` (its
@@ -875,7 +558,7 @@ class Bench:
             )
         except asyncio.CancelledError:
             if any(r.end_ns is not None for r in run.records):
-                self.summary["steps"].append(self._step(wname, load, run, t_start, partial=True))
+                self._partial_step(wname, load, run, t_start)
             raise
         finally:
             self._next_id = first + len(run.records)
@@ -893,9 +576,7 @@ class Bench:
                 dispatch_lags_ns=run.dispatch_ns,
             )
         ]
-        step = self._step(wname, load, run, t_start)
-        step.update(wl.step_extra(recs))
-        return step
+        return with_fields(self._step(wname, load, run, t_start), wl.step_extra(recs))
 
     def _check_fits(self, server: dict[str, Any]) -> None:
         """Raise :class:`ConfigError` when a workload's prompts can reach the server's context per

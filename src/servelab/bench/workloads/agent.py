@@ -85,7 +85,7 @@ class AgentWorkload:
         seed: int = 0,
         extra: dict[str, Any] | None = None,
     ) -> None:
-        from servelab.bench.workloads.registry import _TextMaker  # the built-in sets' exact-length text
+        from servelab.bench.workloads.text import TextMaker  # the built-in sets' exact-length text
 
         if not 1 <= tool_steps <= MAX_TOOL_STEPS:
             raise ConfigError(f"--set agent.tool_steps={tool_steps}: give 1 to {MAX_TOOL_STEPS} tool rounds per loop")
@@ -93,7 +93,7 @@ class AgentWorkload:
             raise ConfigError("agent loops need loops, first_tokens and output_tokens >= 1")
         self.loops, self.tool_steps, self.max_tokens, self.seed = loops, tool_steps, max_tokens, seed
         self.extra = dict(extra or {})
-        maker = _TextMaker(counter, "en")
+        maker = TextMaker(counter, "en")
         self.first: list[tuple[str, int | None]] = []
         for i in range(loops):
             rng = random.Random(f"servelab:agent:{seed}:{i}")

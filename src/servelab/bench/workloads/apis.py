@@ -45,7 +45,7 @@ def check_api_run(endpoint: str, names: list[str], ignore_eos: bool) -> None:
 
 
 def for_api(workload: Any, endpoint: str, model: str = "m") -> Any:
-    """``workload`` (a :class:`~servelab.bench.workloads.registry.Workload` built for chat) with every request sent to
+    """``workload`` (a :class:`~servelab.bench.workloads.kinds.Workload` built for chat) with every request sent to
     ``endpoint`` (``messages``/``responses``); the first :data:`CHECKED_REQUESTS` requests are turned into the
     API's body now (raises :class:`ConfigError` naming a field the API lacks). Other endpoints: as given."""
     if endpoint not in API_ENDPOINTS:

@@ -3,7 +3,7 @@ the input length and the unit stated).
 
 Each request is an OpenAI ``POST /v1/embeddings`` with ``batch_size`` inputs (``input``: a list of strings,
 ``encoding_format: float``; https://platform.openai.com/docs/api-reference/embeddings/create, read
-2026-12-01). Inputs are the built-in English text (:class:`servelab.bench.workloads.registry._TextMaker`) fitted to
+2026-12-01). Inputs are the built-in English text (:class:`servelab.bench.workloads.text.TextMaker`) fitted to
 exact lengths in the given tokenizer — the embedding model's own (all-MiniLM-L6-v2: its
 ``tokenizer.json``, :func:`servelab.engines.embedder.weights_dir`) — from the ``input_tokens`` distribution
 (default uniform 16-256; the server adds its special tokens, [CLS]/[SEP] for BERT, in
@@ -53,10 +53,11 @@ def embedding_inputs(
     ``--set input_tokens=``: ``128``, ``16-256``, ``normal:128,32``), texts exact in ``counter``'s tokenizer
     (``tokens`` ``None`` and the length approximate without one). Deterministic for ``seed``. Raises
     :class:`ConfigError` for a bad distribution."""
-    from servelab.bench.workloads.registry import _TextMaker, parse_length  # the built-in sets' exact-length text
+    from servelab.bench.workloads.lengths import parse_length
+    from servelab.bench.workloads.text import TextMaker  # the built-in sets' exact-length text
 
     dist = parse_length(input_tokens, "input_tokens", MAX_PROMPT_TOKENS)
-    maker = _TextMaker(counter, "en")
+    maker = TextMaker(counter, "en")
     out: list[tuple[str, int | None]] = []
     for i in range(n):
         rng = random.Random(f"servelab:embeddings:{seed}:{i}")

@@ -33,7 +33,7 @@ from servelab.bench.workloads.extras import LanguageInfo
 from servelab.wire import ConfigError, RequestSpec
 
 if TYPE_CHECKING:
-    from servelab.bench.workloads.registry import Workload
+    from servelab.bench.workloads.kinds import Workload
     from servelab.modelfile.tokenizer import TokenCounter
 
 __all__ = ["CATALOG_DIR", "MixedCorpus", "load_corpus", "mixed_lang_workload"]
@@ -143,13 +143,14 @@ def mixed_lang_workload(
     extra: dict[str, Any] | None = None,
     corpus_dir: Path = CATALOG_DIR,
 ) -> Workload:
-    """The ``mixed-lang`` :class:`~servelab.bench.workloads.registry.Workload` (module doc): prompt lengths from
+    """The ``mixed-lang`` :class:`~servelab.bench.workloads.kinds.Workload` (module doc): prompt lengths from
     ``input_tokens`` exact in ``counter``'s tokenizer (about ``n`` characters without one; then
     ``prompt_tokens_target`` is ``None``), ``max_tokens`` from ``output_tokens``. Its ``summary_extra``
     gives ``{"language": LanguageInfo}`` over the requests built so far. Raises :class:`ConfigError` for
     a bad length, an unknown endpoint or no catalogs."""
     from servelab.bench.options import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS
-    from servelab.bench.workloads.registry import Workload, _spec, parse_length
+    from servelab.bench.workloads.kinds import Workload, request_spec
+    from servelab.bench.workloads.lengths import parse_length
 
     if endpoint not in ("chat", "completions"):
         raise ConfigError(f"bad endpoint {endpoint!r}: use chat or completions")
@@ -183,7 +184,7 @@ def mixed_lang_workload(
         totals["chars"] += len(text)
         totals["han"] += len(_HAN.findall(text))
         totals["nonspace"] += sum(1 for ch in text if not ch.isspace())
-        return _spec(
+        return request_spec(
             endpoint, text, n_out, "mixed-lang", n_in if counter is not None else None, ignore_eos, dict(extra or {})
         )
 

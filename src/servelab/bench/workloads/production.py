@@ -31,13 +31,17 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console
 
 from servelab.bench.options import MAX_THINK_TIME_S
-from servelab.bench.workloads.registry import OPTION_WORKLOADS, WorkloadKind, register_workload
+from servelab.bench.workloads.kinds import WorkloadKind
+from servelab.bench.workloads.registry import OPTION_WORKLOADS, register_workload
 from servelab.wire.client import ConfigError
+
+if TYPE_CHECKING:
+    from servelab.bench.results import Summary
 
 __all__ = ["PRODUCTION_WORKLOADS", "ProductionOptions", "print_extras"]
 
@@ -260,7 +264,7 @@ class ProductionOptions:
 
     def _check_params(self, names: list[str], overrides: dict[str, Any]) -> None:
         from servelab.bench.options import scoped_overrides
-        from servelab.bench.workloads.registry import parse_length
+        from servelab.bench.workloads.lengths import parse_length
 
         for name in names:
             p = scoped_overrides(overrides, name)
@@ -320,7 +324,7 @@ class ProductionOptions:
                     max_concurrency=max_concurrency,
                 )
             if name == "sessions":
-                from servelab.bench.workloads.registry import parse_length
+                from servelab.bench.workloads.lengths import parse_length
                 from servelab.bench.workloads.sessions import SessionsWorkload, make_sessions
 
                 out = parse_length(p.get("output_tokens", 64), "output_tokens")
@@ -349,7 +353,7 @@ class ProductionOptions:
                 )
             if name == "agent":
                 from servelab.bench.workloads.agent import AgentWorkload
-                from servelab.bench.workloads.registry import parse_length
+                from servelab.bench.workloads.lengths import parse_length
 
                 out = parse_length(p.get("output_tokens", 192), "output_tokens")
                 extra = p.get("extra") if isinstance(p.get("extra"), dict) else None
@@ -404,8 +408,8 @@ class ProductionOptions:
         ``--rag-embed-url`` (its first model) or by a local all-MiniLM-L6-v2 llama-server started for the
         build and stopped after it. Raises :class:`ConfigError` (one line) when the embedder cannot be used."""
         from servelab.bench.options import scoped_overrides
+        from servelab.bench.workloads.lengths import parse_length
         from servelab.bench.workloads.rag import build_rag_set
-        from servelab.bench.workloads.registry import parse_length
         from servelab.wire.client import make_session, normalize_base_url
 
         p = scoped_overrides(overrides, "rag-docs")
@@ -447,65 +451,64 @@ class ProductionOptions:
             return build(emb.base_url)
 
 
-def print_extras(summary: dict[str, Any], console: Console) -> None:
+def print_extras(summary: Summary, console: Console) -> None:
     """One line per step of a production workload with its own figures (sessions, agent, replay,
     embeddings, language, RAG), under the terminal table."""
-    for s in summary.get("steps", []):
-        head = f"{s.get('workload')} {s.get('step')}:"
-        if s.get("sessions"):
-            x = s["sessions"]
+    for s in summary.steps:
+        head = f"{s.workload} {s.step}:"
+        if s.sessions:
+            x = s.sessions
             turns = "; ".join(
-                f"turn {t['turn']}: {t['prompt_tokens_mean'] or 0:.0f} prompt tok, TTFT p50 "
-                f"{(t['ttft_p50_s'] or 0) * 1e3:.1f} ms"
-                + (f", cached {t['cached_share']:.0%}" if t.get("cached_share") is not None else "")
-                for t in x["turns"]
+                f"turn {t.turn}: {t.prompt_tokens_mean or 0:.0f} prompt tok, TTFT p50 "
+                f"{(t.ttft_p50_s or 0) * 1e3:.1f} ms"
+                + (f", cached {t.cached_share:.0%}" if t.cached_share is not None else "")
+                for t in x.turns
             )
-            console.print(f"{head} sessions {x['sessions_ok']}/{x['sessions']} succeeded; {turns}", soft_wrap=True)
-        if s.get("agent"):
-            x = s["agent"]
+            console.print(f"{head} sessions {x.sessions_ok}/{x.sessions} succeeded; {turns}", soft_wrap=True)
+        if s.agent:
+            a = s.agent
             per = "; ".join(
-                f"step {t['step']}: {t['valid']}/{t['n']} valid"
-                + (f" ({', '.join(f'{k} {v}' for k, v in t['invalid'].items())})" if t["invalid"] else "")
-                for t in x["steps"]
+                f"step {t.step}: {t.valid}/{t.n} valid"
+                + (f" ({', '.join(f'{k} {v}' for k, v in t.invalid.items())})" if t.invalid else "")
+                for t in a.steps
             )
             console.print(
-                f"{head} agent loops {x['loops_completed']}/{x['loops']} completed "
-                f"({x['tool_steps']} tool steps each); {per}",
+                f"{head} agent loops {a.loops_completed}/{a.loops} completed ({a.tool_steps} tool steps each); {per}",
                 soft_wrap=True,
             )
-        if s.get("replay"):
-            x = s["replay"]
-            lag = x.get("schedule_lag_p99_s")
+        if s.replay:
+            r = s.replay
+            lag = r.schedule_lag_p99_s
             console.print(
-                f"{head} replayed {x['requests']} requests of {x['format']} trace {x['path']} at speed "
-                f"{x['speed']:g} ({x['rate_rps']:.2f} req/s); schedule lag p99 "
+                f"{head} replayed {r.requests} requests of {r.format} trace {r.path} at speed "
+                f"{r.speed:g} ({r.rate_rps:.2f} req/s); schedule lag p99 "
                 f"{'-' if lag is None else f'{lag * 1e3:.3f} ms'}, within 1 ms "
-                f"{(x.get('within_1ms') or 0):.1%}",
+                f"{(r.within_1ms or 0):.1%}",
                 soft_wrap=True,
             )
-        if s.get("embeddings"):
-            x = s["embeddings"]
-            lat = x["latency"]
+        if s.embeddings:
+            e = s.embeddings
+            lat = e.latency
             console.print(
-                f"{head} embeddings {x['inputs_per_s'] or 0:.1f} inputs/s, {x['tokens_per_s'] or 0:.0f} "
-                f"tokens/s; latency p50 {(lat['p50_s'] or 0) * 1e3:.1f} ms, p99 "
-                f"{(lat['p99_s'] or 0) * 1e3:.1f} ms (n={lat['n']}); {x['unit']}",
+                f"{head} embeddings {e.inputs_per_s or 0:.1f} inputs/s, {e.tokens_per_s or 0:.0f} "
+                f"tokens/s; latency p50 {(lat.p50_s or 0) * 1e3:.1f} ms, p99 "
+                f"{(lat.p99_s or 0) * 1e3:.1f} ms (n={lat.n}); {e.unit}",
                 soft_wrap=True,
             )
-        if s.get("language"):
-            x = s["language"]
-            tpc = x.get("tokens_per_char")
+        if s.language:
+            g = s.language
+            tpc = g.tokens_per_char
             console.print(
-                f"{head} {x['characters']} characters, "
-                f"{'-' if tpc is None else f'{tpc:.3f}'} tokens/character in {x.get('tokenizer')}; "
-                f"{(x.get('han_share') or 0):.0%} Chinese characters",
+                f"{head} {g.characters} characters, "
+                f"{'-' if tpc is None else f'{tpc:.3f}'} tokens/character in {g.tokenizer}; "
+                f"{(g.han_share or 0):.0%} Chinese characters",
                 soft_wrap=True,
             )
-        if s.get("rag"):
-            x = s["rag"]
+        if s.rag:
+            q = s.rag
             console.print(
-                f"{head} {x['corpus']}: {x['passages']} passages, top-{x['k']} by {x['embedding_model']}; "
-                f"prompt tokens p50 {x['input_tokens'].get('p50', 0):.0f}, max "
-                f"{x['input_tokens'].get('max', 0):.0f}",
+                f"{head} {q.corpus}: {q.passages} passages, top-{q.k} by {q.embedding_model}; "
+                f"prompt tokens p50 {q.input_tokens.get('p50', 0):.0f}, max "
+                f"{q.input_tokens.get('max', 0):.0f}",
                 soft_wrap=True,
             )

@@ -32,7 +32,7 @@ from servelab.bench.workloads.extras import RagInfo
 from servelab.wire import ConfigError, RequestSpec
 
 if TYPE_CHECKING:
-    from servelab.bench.workloads.registry import Workload
+    from servelab.bench.workloads.kinds import Workload
     from servelab.modelfile.tokenizer import TokenCounter
 
 __all__ = [
@@ -273,10 +273,10 @@ async def build_rag_set(
 
 
 def rag_docs_workload(rag: RagSet, per_step: int, step: int = 0) -> Workload:
-    """The ``rag-docs`` :class:`~servelab.bench.workloads.registry.Workload` of ``servelab bench`` over a built
+    """The ``rag-docs`` :class:`~servelab.bench.workloads.kinds.Workload` of ``servelab bench`` over a built
     ``rag`` set: step ``step`` (0-based) sends requests ``step * per_step`` on (cycled), so the steps of a
     sweep ask different questions. Its ``summary_extra`` is ``{"rag": RagInfo}``."""
-    from servelab.bench.workloads.registry import Workload
+    from servelab.bench.workloads.kinds import Workload
 
     specs = rag.requests
     if not specs:

@@ -97,14 +97,14 @@ def make_sessions(
     """``n`` built-in sessions of ``turns`` user messages: the first ``first_tokens`` long (context and a
     question), each later one ``turn_tokens`` (a follow-up), exactly in ``counter``'s tokenizer (about,
     without one). Deterministic for ``seed``. Raises :class:`ConfigError` for counts below 1."""
-    from servelab.bench.workloads.registry import _TextMaker  # the built-in sets' exact-length text
+    from servelab.bench.workloads.text import TextMaker  # the built-in sets' exact-length text
 
     if n < 1 or turns < 1 or first_tokens < 1 or turn_tokens < 1 or max_tokens < 1:
         raise ConfigError(
             f"sessions need n, turns, first_tokens, turn_tokens, max_tokens >= 1 (got {n}, {turns}, "
             f"{first_tokens}, {turn_tokens}, {max_tokens})"
         )
-    maker = _TextMaker(counter, "en")
+    maker = TextMaker(counter, "en")
     out = []
     for s in range(n):
         msgs = []

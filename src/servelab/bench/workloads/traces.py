@@ -259,9 +259,9 @@ def replay_offsets_ns(trace: Trace) -> list[int]:
 
 
 def _single_token_words(counter: TokenCounter | None) -> list[str]:
-    from servelab.bench.workloads.registry import _EN_WORDS  # the built-in sets' vocabulary
+    from servelab.bench.workloads.text import EN_WORDS  # the built-in sets' vocabulary
 
-    words = sorted(set(_EN_WORDS))
+    words = sorted(set(EN_WORDS))
     if counter is None:
         return words
     return [w for w, n in zip(words, map(len, counter.encode_batch([" " + w for w in words])), strict=True) if n == 1]

@@ -12,7 +12,8 @@ from typing import Any
 
 from servelab.bench.analysis.slo import Objective
 from servelab.bench.events import BenchEvent, Proceed, Skip, StepDone, StepStarted, StepVerdict, Watcher
-from servelab.bench.load.runner import Bench, BenchConfig
+from servelab.bench.load.config import BenchConfig
+from servelab.bench.load.runner import Bench
 from servelab.bench.load.step import LoadModel
 from servelab.bench.results import StepSummary, Summary
 from servelab.trial.benchload import bench_load

@@ -18,6 +18,7 @@ from servelab.engines.registry import EngineIdentity
 from servelab.engines.url import UrlFields
 from servelab.trial.annotate import annotate
 from servelab.trial.candidate_flow import CandidateRun
+from servelab.trial.candidates import Candidate
 from servelab.trial.console import step_line
 from servelab.trial.context import TrialContext
 from servelab.trial.flows.chat.benching import ChatBench
@@ -28,7 +29,6 @@ from servelab.trial.lifecycle import cancellation_text, run_lifecycle
 from servelab.trial.reliability import EngineWatch, current_engine, end_watch, watch_engine
 from servelab.trial.results import CandidateIdentity, CandidateResult, ColdStart, EngineExit, Host, JsonObject
 from servelab.trial.served_checks import run_checks
-from servelab.trial.spec import Candidate
 from servelab.trial.telemetry import MetricsSampler, start_sampler
 from servelab.wire.errors import ConfigError
 

@@ -4,9 +4,9 @@ cost per output tokens and the replicas for the peak rate (:mod:`servelab.trial.
 from __future__ import annotations
 
 from servelab.bench.results import Interval
+from servelab.trial.candidates import Candidate
 from servelab.trial.context import TrialContext
 from servelab.trial.results import CandidateResult
-from servelab.trial.spec import Candidate
 
 __all__ = ["economics"]
 

@@ -8,6 +8,7 @@ import os
 
 from servelab.engines.url import UrlFields
 from servelab.trial.candidate_flow import CandidateRun
+from servelab.trial.candidates import Candidate
 from servelab.trial.context import TrialContext
 from servelab.trial.flows.chat.benching import ChatBench
 from servelab.trial.flows.chat.candidate import ChatCandidate
@@ -23,7 +24,6 @@ from servelab.trial.results import (
     Host,
     MethodRow,
 )
-from servelab.trial.spec import Candidate
 
 __all__ = ["ChatFlow"]
 

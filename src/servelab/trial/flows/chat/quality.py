@@ -17,8 +17,8 @@ from servelab.trial.console import gate_line
 from servelab.trial.context import TrialContext
 from servelab.trial.flows.chat.benching import ChatBench
 from servelab.trial.flows.chat.smoke import model_name, send_one, smoke
+from servelab.trial.goal import Sample
 from servelab.trial.results import CandidateResult, JsonObject, Quality, QualityCheck, SmokeCheck
-from servelab.trial.spec import Sample
 from servelab.trial.workloads import experiment_workloads
 from servelab.wire.client import make_session
 from servelab.wire.types import RequestSpec
@@ -208,7 +208,7 @@ async def _samples(
     ``workload`` ``sample:<name>`` (``s<index>`` when unnamed). ``fits``: asked before each sample after
     the first with its estimated seconds (:class:`servelab.trial.quality_budget.GateTiming` of the first);
     ``False`` stops there. Returns the fraction that passed of those that ran, how many ran, the timing."""
-    from servelab.bench.load.runner import record_to_json
+    from servelab.bench.load.lines import record_to_json
     from servelab.trial.quality_budget import GateTiming
 
     passed = 0

@@ -64,7 +64,7 @@ async def smoke(
     try:
         return await _smoke_checks(base_url, model, checks, api_key, sent, timeout_s)
     finally:
-        from servelab.bench.load.runner import record_to_json
+        from servelab.bench.load.lines import record_to_json
 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"".join(record_to_json(r).to_json_bytes() + b"\n" for r in sent))

@@ -40,11 +40,14 @@ from typing import Any
 import orjson
 
 from servelab.bench.events import BenchEvent, StepDone, Watcher
-from servelab.bench.load.runner import Bench, BenchConfig
-from servelab.bench.results import StepSummary, Summary
+from servelab.bench.load.config import BenchConfig
+from servelab.bench.load.runner import Bench
+from servelab.bench.results import Summary
 from servelab.engines.registry import EngineIdentity
 from servelab.engines.url import UrlFields
 from servelab.trial.candidate_flow import CandidateRun
+from servelab.trial.candidates import Candidate
+from servelab.trial.console import embeddings_step_line
 from servelab.trial.context import TrialContext
 from servelab.trial.embed_results import EmbeddingsFigures
 from servelab.trial.flows.embeddings.decision import NOT_APPLICABLE, embeddings_decision, figures
@@ -61,7 +64,6 @@ from servelab.trial.results import (
     Host,
     MethodRow,
 )
-from servelab.trial.spec import Candidate
 from servelab.wire.errors import ConfigError
 
 __all__ = ["EmbeddingsFlow", "embedder_weights_package", "tokenizer_label"]
@@ -83,23 +85,6 @@ def tokenizer_label(counter: Any) -> str | None:
     if counter is None:
         return None
     return _LABELS.get(id(counter)) or getattr(counter, "name", None)
-
-
-def step_line(name: str, s: StepSummary) -> str:
-    e = s.embeddings
-    if s.skipped or e is None:
-        return f"[{name}] embeddings {s.step}: skipped ({s.skipped_reason or 'not run'})"
-    p95 = e.latency.p95_s
-    slo = (
-        ""
-        if not s.slo
-        else (" SLO met" if s.slo_met else " SLO BROKEN: " + ", ".join(v.objective for v in s.slo if not v.met))
-    )
-    return (
-        f"[{name}] embeddings {s.step}: {e.requests}/{e.requests + e.failed_requests} requests ok, "
-        f"{e.inputs_per_s or 0:.1f} inputs/s, {e.tokens_per_s or 0:.0f} tokens/s, e2e p95 "
-        f"{'-' if p95 is None else f'{p95 * 1000:.0f} ms'} (n {e.latency.n}){slo}"
-    )
 
 
 def _start(cand: Candidate, log_dir: Path) -> tuple[Any, str, str | None, str | None]:
@@ -248,7 +233,7 @@ class EmbeddingsFlow:
         class Lines(Watcher):
             def on_event(self, event: BenchEvent) -> None:
                 if isinstance(event, StepDone):
-                    say(step_line(say_name, event.summary) + tag)
+                    say(embeddings_step_line(say_name, event.summary) + tag)
 
         bench = Bench(cfg, self.ctx.objectives, factory, counter=counter, observer=Lines())
         summary = asyncio.run(bench.run())
