@@ -60,8 +60,9 @@ def test_engine_counters_per_engine_llamacpp_queries_are_cached_plus_processed()
 
 
 def test_llamacpp_path_runs_end_to_end_and_prints_every_figure(tmp_path: Path) -> None:
-    """Two real llama-server replicas behind two gateways (round_robin, engine): the run ends, every
-    request succeeded, and the table has a cached share > 0 (turn 2 reuses turn 1 on some replica). Skips
+    """Two real llama-server replicas behind two gateways (round_robin, engine), one 2-turn session: the run
+    ends and every request succeeds; round robin sends turn 2 to the other, empty replica (moved 1, nothing
+    cached), the engine picker keeps it where turn 1's prompt is (moved 0, a cached share > 0). Skips
     without a cached llama-server (fails with ``SERVELAB_REQUIRE_ENGINE``), as the other engine tests."""
     from servelab.engines.llamacpp import find_llama_server
 
@@ -71,7 +72,7 @@ def test_llamacpp_path_runs_end_to_end_and_prints_every_figure(tmp_path: Path) -
         pytest.skip("no cached llama-server (run `servelab engine build llamacpp`)")
     out = subprocess.run(
         [sys.executable, str(ROOT / "benches" / "routing_compare.py"), "--engine", "llamacpp", "--replicas", "2",
-         "--rounds", "1", "--sessions", "2", "--turns", "2", "--system-words", "30", "--user-words", "4",
+         "--rounds", "1", "--sessions", "1", "--turns", "2", "--system-words", "30", "--user-words", "4",
          "--max-tokens", "2", "--policies", "round_robin,engine", "--workdir", str(tmp_path)],
         capture_output=True, text=True, timeout=240, env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=ROOT,
     )
@@ -81,5 +82,9 @@ def test_llamacpp_path_runs_end_to_end_and_prints_every_figure(tmp_path: Path) -
     assert set(rows) == {"round_robin", "engine"}, out.stdout
     for name, cells in rows.items():
         assert cells[-1] == "0", f"{name}: failed requests in {cells}"  # the 'failed' column
-        assert 0.0 < float(cells[1]) <= 1.0, f"{name}: cached share {cells[1]}"
+    # columns: policy, cached, engine hit, ..., moved, route ms, failed
+    rr, eng = rows["round_robin"], rows["engine"]
+    assert (float(rr[1]), float(rr[2]), rr[-3]) == (0.0, 0.0, "1.000"), rr
+    assert 0.0 < float(eng[1]) < 1.0 and eng[-3] == "0.000", eng
+    assert eng[1] == eng[2], eng  # usage's cached_tokens and llama.cpp's counters agree
     assert re.search(r"cached share\s+n/a \(needs >= 3 rounds\)", out.stdout), out.stdout
