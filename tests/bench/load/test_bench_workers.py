@@ -18,10 +18,10 @@ import pytest
 
 from servelab.bench.analysis import metrics as M
 from servelab.bench.load.lines import record_from_json
+from servelab.bench.load.saturation import CPU_BOUND_FRACTION, saturation
+from servelab.bench.load.shares import Share, plan_step, split_count
 from servelab.bench.load.step import LoadModel
 from servelab.bench.results import WorkerStep
-from servelab.bench.load.saturation import CPU_BOUND_FRACTION, saturation
-from servelab.bench.load.workers import Share, plan_step, split_count
 from servelab.wire.types import RequestSpec
 
 SERVELAB = [sys.executable, "-m", "servelab.cli"]
@@ -307,7 +307,7 @@ def test_ctrl_c_stops_every_worker(mock_engine, tmp_path):
 
 def test_line_batch_round_trip() -> None:
     """A worker's batch crosses the pipe as count, failed and the joined lines; an empty one has no lines."""
-    from servelab.bench.load.workers import LineBatch
+    from servelab.bench.load.worker import LineBatch
 
     lines = [b'{"id":1,"failure":null}', b'{"id":2,"failure":"timeout"}']
     b = LineBatch.from_bytes(LineBatch.of(lines, 1).to_bytes())

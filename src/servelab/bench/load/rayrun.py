@@ -1,5 +1,5 @@
 """Load generation on a Ray cluster (``servelab bench --ray ADDRESS``): one Ray actor per worker, each a
-:class:`servelab.bench.load.workers.WorkerCore` (its own uvloop event loop and HTTP session) in its own
+:class:`servelab.bench.load.worker.WorkerCore` (its own uvloop event loop and HTTP session) in its own
 process, placed over the cluster's nodes.
 
 Placement: ``--workers N`` actors in total, spread over the nodes (Ray's ``SPREAD`` strategy), or
@@ -22,18 +22,9 @@ import contextlib
 import time
 from typing import Any
 
-from servelab.bench.load.workers import (
-    START_LEAD_S,
-    LineBatch,
-    LineBuffer,
-    OnLines,
-    RunContext,
-    StartAt,
-    StepTask,
-    WorkerCore,
-    WorkerOutcome,
-    generator_worker,
-)
+from servelab.bench.load.shares import RunContext, StepTask
+from servelab.bench.load.worker import START_LEAD_S, LineBatch, LineBuffer, StartAt, WorkerCore
+from servelab.bench.load.workers import OnLines, WorkerOutcome, generator_worker
 from servelab.bench.results import GeneratorWorker
 from servelab.wire.client import ConfigError
 
@@ -62,7 +53,7 @@ class RayWorkerActor:
         return True
 
     def clock(self) -> Any:
-        """This actor's :class:`~servelab.bench.load.workers.ClockSample`."""
+        """This actor's :class:`~servelab.bench.load.worker.ClockSample`."""
         return self.core.clock()
 
     def prepare(self, task: StepTask) -> bool:

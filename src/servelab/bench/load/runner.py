@@ -48,8 +48,10 @@ from servelab.bench.load.config import BenchConfig, make_run_dir, plan_loads
 from servelab.bench.load.lines import HOSTNAME, finish_record, record_to_json
 from servelab.bench.load.merge import clock_note, summary_record
 from servelab.bench.load.saturation import CpuMeter, saturation, worker_step
+from servelab.bench.load.shares import RunContext, plan_step
 from servelab.bench.load.step import LoadModel, arrival_offsets_s, run_step
-from servelab.bench.load.workers import LineBatch, LocalPool, Pool, RunContext, plan_step
+from servelab.bench.load.worker import LineBatch
+from servelab.bench.load.workers import LocalPool, Pool
 from servelab.bench.results import (
     Generator,
     GeneratorWorker,
