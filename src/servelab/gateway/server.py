@@ -305,9 +305,9 @@ class Gateway:
         r.add_post("/v1/embeddings", self._embeddings)
         r.add_post("/v1/rerank", self._rerank)
         r.add_post("/rerank", self._rerank)
-        r.add_post("/v1/messages", lambda q: self._handle(q, "chat", MessagesApi()))
-        r.add_post("/v1/messages/count_tokens", lambda q: self._handle(q, "chat", CountTokensApi()))
-        r.add_post("/v1/responses", lambda q: self._handle(q, "chat", ResponsesApi()))
+        r.add_post("/v1/messages", self._messages)
+        r.add_post("/v1/messages/count_tokens", self._count_tokens)
+        r.add_post("/v1/responses", self._responses)
         r.add_get("/v1/models", self._models)
         r.add_get("/health", self._health_ep)
         r.add_get("/health/live", self._live_ep)
@@ -945,6 +945,15 @@ class Gateway:
 
     async def _rerank(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "rerank")
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "chat", MessagesApi())
+
+    async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "chat", CountTokensApi())
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "chat", ResponsesApi())
 
     async def _handle(self, request: web.Request, endpoint: str, api: ApiAdapter | None = None) -> web.StreamResponse:
         """One API request through the whole pipeline (module doc). ``api``: the adapter of an API that is
