@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
 import sys
-from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from servelab.bench.console import print_summary, report_generator, run_with_progress
 from servelab.bench.options import scoped_overrides
+from servelab.bench.tokenizer_source import client_tokenizer
 from servelab.wire.client import ConfigError, normalize_base_url
 
 if TYPE_CHECKING:
-    from servelab.bench.results import Summary
+    pass
 
-__all__ = ["bench_command", "print_summary", "scoped_overrides", "summarize_command"]
+__all__ = ["bench_command", "plan_steps", "summarize_command"]
 
 _err = Console(stderr=True)
 
@@ -39,59 +36,6 @@ def _overrides(items: list[str]) -> dict[str, Any]:
             except ValueError:
                 out[k.strip()] = v
     return out
-
-
-def _fmt(v: Any, scale: float = 1.0, digits: int = 1) -> str:
-    return "-" if v is None else f"{v * scale:.{digits}f}"
-
-
-def print_summary(summary: Summary, console: Console) -> None:
-    """The terminal table: one row per workload × load step (latencies in ms, throughput in tok/s)."""
-    t = Table(title=f"servelab bench — {summary.model} @ {summary.base_url}", show_lines=False)
-    for col in (
-        "workload",
-        "step",
-        "ok/sent",
-        "failed",
-        "trunc",
-        "TTFT p50",
-        "TTFT p95",
-        "ITL p50",
-        "ITL p95",
-        "TPOT p50",
-        "E2E p95",
-        "out tok/s",
-        "good tok/s",
-        "req/s",
-        "SLO",
-    ):
-        t.add_column(col, justify="right" if col not in ("workload", "step") else "left")
-    for s in summary.steps:
-        if s.skipped:
-            t.add_row(s.workload, s.step, *["-"] * 12, "skipped")
-            continue
-        c = s.counts
-        fails = ",".join(f"{k}:{v}" for k, v in c.failed.items() if v) or "0"
-        slo = "-" if not s.slo else ("met" if s.slo_met else "BROKEN")
-        t.add_row(
-            s.workload,
-            s.step,
-            f"{c.succeeded}/{c.submitted}",
-            fails,
-            str(c.truncated),
-            _fmt(s.ttft_s.p50, 1e3),
-            _fmt(s.ttft_s.p95, 1e3),
-            _fmt(s.itl_s.p50, 1e3),
-            _fmt(s.itl_s.p95, 1e3),
-            _fmt(s.tpot_s.p50, 1e3),
-            _fmt(s.e2e_s.p95, 1e3),
-            _fmt(s.throughput.output_tokens_per_s),
-            _fmt(s.goodput.output_tokens_per_s),
-            _fmt(s.throughput.requests_per_s, digits=2),
-            slo,
-        )
-    console.print(t)
-    console.print("latencies in ms; tok/s over each step's window (warmup excluded); tokens from server usage")
 
 
 def _refuse_ignored_options(
@@ -503,7 +447,7 @@ def bench_command(
                     soft_wrap=True,
                 )
             base_url = normalize_base_url(url)
-            tokenizer, counter = _client_tokenizer(tokenizer, base_url, endpoint)
+            tokenizer, counter = client_tokenizer(tokenizer, base_url, endpoint)
             rag_set = None
             if "rag-docs" in wl_names:
                 rag_set = prod.build_rag(
@@ -548,7 +492,7 @@ def bench_command(
             for name in ["dataset"] if dataset else wl_names:  # validate params/dataset before any load
                 factory(name, seed)
             cfg = dataclasses.replace(cfg, base_url=base_url, tokenizer=tokenizer)
-            summary = _run_with_progress(cfg, objectives, factory, counter, engine_identity, quiet, stop)
+            summary = run_with_progress(cfg, objectives, factory, counter, engine_identity, quiet, stop)
         except KeyboardInterrupt:  # SIGINT or SIGTERM before the run's event loop (engine start, tokenizer)
             stop.stopped()
             _err.print(f"stopped by {stop.name} before the run started", soft_wrap=True)
@@ -566,35 +510,12 @@ def bench_command(
     from servelab.bench.workloads.production import print_extras
 
     print_extras(summary, console)
-    lost = _report_generator(summary)
+    lost = report_generator(summary)
     print(f"results: {Path(out) / 'summary.json'} and {Path(out) / 'requests.jsonl'}")
     if lost and stop.signum is None:
         sys.exit(1)
     if not summary.complete:
         sys.exit(stop.exit_code)
-
-
-def _report_generator(summary: Summary) -> bool:
-    """Print one stderr line per generator-bound step and per lost worker; True when a worker was lost."""
-    lost = False
-    for s in summary.steps:
-        sat = s.saturation
-        if sat is not None and sat.generator_bound:
-            _err.print(
-                f"warning: {s.workload} {s.step} was generator-bound ({'; '.join(sat.reasons)}): "
-                "its figures describe the load generator, not the server; add --workers",
-                soft_wrap=True,
-            )
-        for part in s.lost:
-            lost = True
-            missing = "unknown" if part.missing is None else part.missing
-            _err.print(
-                f"error: {s.workload} {s.step}: load-generator worker {part.worker} on {part.host} "
-                f"was lost ({part.reason}); its {part.finished} finished requests are counted, "
-                f"{missing} missing; the step is marked partial",
-                soft_wrap=True,
-            )
-    return lost
 
 
 def summarize_command(
@@ -619,97 +540,8 @@ def summarize_command(
     )
 
 
-def _client_tokenizer(tokenizer: str | None, base_url: str, endpoint: str) -> tuple[str | None, Any]:
-    """``(tokenizer path, TokenCounter or None)``: ``--tokenizer``, else what the server names (llama-server
-    ``/props``; for embeddings the embedder checkpoint's tokenizer.json, :func:`_embedder_tokenizer`)."""
-    if tokenizer is None:
-        tokenizer = _tokenizer_from_server(base_url)
-        if tokenizer and endpoint == "embeddings":
-            tokenizer = _embedder_tokenizer(tokenizer)
-    if not tokenizer:
-        return tokenizer, None
-    from servelab.modelfile.tokenizer import load_tokenizer
-
-    return tokenizer, load_tokenizer(tokenizer)  # (a checkpoint's fixed padding is turned off there)
-
-
 def plan_steps(cfg: Any) -> list[Any]:
     """The load steps of ``cfg`` (:func:`servelab.bench.load.config.plan_loads`)."""
     from servelab.bench.load.config import plan_loads
 
     return plan_loads(cfg)
-
-
-def _embedder_tokenizer(path: str) -> str | None:
-    """For ``--endpoint embeddings``: the server's GGUF when servelab reads its tokenizer, else the
-    all-MiniLM-L6-v2 checkpoint's ``tokenizer.json`` when the server runs servelab's converted GGUF of it
-    (servelab does not rebuild BERT WordPiece tokenizers from a GGUF), else ``None`` (lengths approximate)."""
-    from servelab.engines.embedder import MODEL_ID, weights_dir
-
-    if MODEL_ID in Path(path).name:
-        try:
-            return str(weights_dir() / "tokenizer.json")
-        except ConfigError:
-            return None
-    return path
-
-
-def _tokenizer_from_server(base_url: str) -> str | None:
-    """llama-server reports its GGUF path at /props; use it when that file is on this machine."""
-    import json
-    import urllib.request
-
-    root = base_url[:-3] if base_url.endswith("/v1") else base_url
-    try:
-        with urllib.request.urlopen(root + "/props", timeout=5) as r:
-            path = json.loads(r.read()).get("model_path")
-    except Exception:  # noqa: BLE001 — any failure just means "unknown"
-        return None
-    return path if path and os.path.isfile(path) else None
-
-
-def _run_with_progress(
-    cfg: Any, objectives: Any, factory: Any, counter: Any, engine_identity: Any, quiet: bool, stop: Any
-) -> Summary | None:
-    """Run the bench with progress bars; the summary (partial after a stop signal), or ``None`` when
-    the run was stopped before it had one."""
-    from servelab.bench.bars import Bars
-    from servelab.bench.load.runner import Bench
-
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"),
-        console=_err,
-        disable=quiet,
-        transient=False,
-    )
-    bench = Bench(
-        cfg,
-        objectives,
-        factory,
-        counter=counter,
-        engine_identity=engine_identity,
-        observer=Bars(progress, _err, quiet, counter is None),
-        refuse_oversized=True,
-    )
-    runner: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run
-    try:
-        import uvloop
-
-        runner = uvloop.run  # its event loop when the `fast` extra is installed
-    except ImportError:
-        pass
-    with progress:
-        try:
-            runner(stop.guard(bench.run()))
-        except (KeyboardInterrupt, asyncio.CancelledError):  # SIGINT / SIGTERM (bench.stopping)
-            stop.stopped()
-            _err.print(
-                f"stopped by {stop.name}: every finished request is in "
-                f"{cfg.out}/requests.jsonl; partial summary written",
-                soft_wrap=True,
-            )
-    return bench.summary
