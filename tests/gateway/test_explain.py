@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,23 @@ import aiohttp
 import pytest
 from conftest import gateway_key, launch_llama
 
-from servelab.gateway.explain import explain, find_record, format_explanation
+from servelab.gateway.explain import explain, format_explanation
+from servelab.gateway.explain import find_record as _find_record
 from servelab.gateway.timeline import engine_account
 from servelab.wire.errors import ConfigError
 
+
+def find_record(path: Any, rid: str, wait_s: float = 10.0) -> dict[str, Any]:
+    """The access-log line of ``rid``, waiting up to ``wait_s`` for it: the gateway writes the line after the
+    last byte went out, so a client that has its answer can read the log a moment before the line is there."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return _find_record(path, rid)
+        except ConfigError:
+            if time.monotonic() > deadline or not Path(path).exists():
+                raise
+            time.sleep(0.05)
 
 def _post(url: str, key: str, body: dict[str, Any]) -> tuple[int, str, bytes]:
     async def go() -> tuple[int, str, bytes]:
@@ -70,6 +84,10 @@ def test_rate_limited_and_retried_requests_are_explained(gateway, mock_engine) -
     for ev in ("received", "checked", "admitted", "routed", "attempt", "headers", "failed", "connected",
                "first_token", "last_token", "done"):
         assert ev in names, (ev, retried["timeline"])
+    # the connector's account: the first request opened its connections, the next one reused them
+    assert [e[2] for e in retried["timeline"] if e[0] == "connected"][0] == {"reused": False}, retried["timeline"]
+    again = [e[2] for e in find_record(gw.access_log, rid2)["timeline"] if e[0] == "connected"]
+    assert again and all(a == {"reused": True} for a in again), again
     exp = explain(retried)
     assert exp.cause == "failed_attempts" or "failed attempt" in exp.diagnosis, exp.diagnosis
     assert "attempt 1 on bad failed (503 model_busy)" in exp.diagnosis, exp.diagnosis
@@ -156,9 +174,9 @@ def test_explain_refuses_a_line_without_timeline_in_one_line(tmp_path: Path) -> 
     log = tmp_path / "access.log"
     log.write_text('{"request_id": "abc", "status": 200}\nnot json\n')
     with pytest.raises(ConfigError, match="has no timeline"):
-        explain(find_record(log, "abc"))
+        explain(_find_record(log, "abc"))
     with pytest.raises(ConfigError, match="cannot read the access log"):
-        find_record(tmp_path / "missing.log", "abc")
+        _find_record(tmp_path / "missing.log", "abc")
 
 
 def test_engine_account_reads_llamacpp_timings_and_cached_tokens() -> None:

@@ -153,6 +153,34 @@ def test_two_workers_answer_exactly_the_rpm_limit_and_share_metrics(tmp_path: Pa
         stop_gateway(gw.proc)
 
 
+def test_engine_gauges_appear_once_per_backend_under_two_workers(tmp_path: Path, mock: Any, redis_url: str) -> None:
+    """Every worker scrapes the engine; /metrics (multiprocess mode) shows each backend's engine gauges once,
+    from the answering worker, with the engine's own running/waiting figures (the mock's vLLM gauges)."""
+    key, entry = gateway_key("k1", "t")
+    cfg = _config(mock, redis_url, entry, rpm=None)
+    cfg["health"] = {"enabled": True, "interval_s": 0.5, "timeout_s": 2}
+    gw = start_gateway(cfg, tmp_path / "gw", "--workers", "2")
+    try:
+        assert _post(gw.url + "/chat/completions", key) == 200
+        deadline = time.monotonic() + 15
+        lines: list[str] = []
+        while time.monotonic() < deadline:
+            req = urllib.request.Request(gw.admin_url + "/metrics",
+                                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                text = r.read().decode()
+            lines = [ln for ln in text.splitlines() if ln.startswith("servelab_gateway_engine_")]
+            if any(ln.startswith('servelab_gateway_engine_scrape_up{backend="be",kind="mock"} 1') for ln in lines):
+                break
+            time.sleep(0.25)
+        for name in ("scrape_up", "requests_running", "requests_waiting", "scrape_age_seconds"):
+            series = [ln for ln in lines if ln.startswith(f'servelab_gateway_engine_{name}{{backend="be"')]
+            assert len(series) == 1, (name, lines)
+        assert any(ln.endswith(" 1.0") for ln in lines if ln.startswith("servelab_gateway_engine_scrape_up{")), lines
+    finally:
+        stop_gateway(gw.proc)
+
+
 def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(tmp_path: Path, mock: Any, redis_url: str) -> None:
     key, entry = gateway_key("k2", "t")
     gw = start_gateway(_config(mock, redis_url, entry), tmp_path / "gw", "--workers", "2")

@@ -41,7 +41,10 @@ renders all workers' families summed through its ``MultiProcessCollector`` (gaug
 ``inter_token_seconds`` collector writes its counts to ``itl_<pid>.json`` in that folder every
 :data:`FLUSH_S` (:meth:`GatewayMetrics.flush`) and the exposition sums every worker's file (the scraped
 worker's own counts live), so another worker's inter-token counts can be up to :data:`FLUSH_S` old.
-Counts of a worker that died stay in the sum (counters never go back).
+Counts of a worker that died stay in the sum (counters never go back). The engine gauges
+(servelab.gateway.enginegauges: each backend's own queue, running and KV figures) are not summed: every
+worker scrapes the engines, and ``/metrics`` shows the answering worker's view, so each backend once
+(:meth:`GatewayMetrics.add_local`).
 """
 
 from __future__ import annotations
@@ -152,6 +155,9 @@ class GatewayMetrics:
         self.multiproc_dir = multiprocess_dir()
         self._flushed = -1.0
         self._children: dict[str, tuple[Any, Any, Any, Any]] = {}
+        self._finished: dict[tuple[str, str, int, str], tuple[Any, Any]] = {}
+        self._tokens: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._local: list[Any] = []
 
     def model(self, model: str) -> tuple[Any, Any, Any, Any]:
         """Cached children ``(ttft, inter_token, e2e, in_flight)`` for ``model``."""
@@ -164,6 +170,49 @@ class GatewayMetrics:
                 self.in_flight.labels(model),
             )
         return c
+
+    def finished(
+        self, model: str, backend: str, status: int, api: str, prompt_tokens: int | None, completion_tokens: int | None
+    ) -> None:
+        """Count one finished request: ``requests_total{model,backend,status}``, ``api_requests_total{api,status}``
+        and, where the engine reported them, its tokens in ``tokens_total`` and ``api_tokens_total``. The
+        children are cached by their label values (bounded: models and backends come from the config,
+        ``api`` is one of six, statuses a handful), so a request costs dict lookups, not six ``labels()``."""
+        c = self._finished.get((model, backend, status, api))
+        if c is None:
+            st = str(status)
+            c = self._finished[(model, backend, status, api)] = (
+                self.requests.labels(model, backend, st),
+                self.api_requests.labels(api, st),
+            )
+        c[0].inc()
+        c[1].inc()
+        if prompt_tokens is not None:
+            t = self._token_children(model, api, "prompt")
+            t[0].inc(prompt_tokens)
+            t[1].inc(prompt_tokens)
+        if completion_tokens is not None:
+            t = self._token_children(model, api, "completion")
+            t[0].inc(completion_tokens)
+            t[1].inc(completion_tokens)
+
+    def _token_children(self, model: str, api: str, direction: str) -> tuple[Any, Any]:
+        """Cached ``(tokens_total{model,direction}, api_tokens_total{api,direction})`` children."""
+        t = self._tokens.get((model, api, direction))
+        if t is None:
+            t = self._tokens[(model, api, direction)] = (
+                self.tokens.labels(model, direction),
+                self.api_tokens.labels(api, direction),
+            )
+        return t
+
+    def add_local(self, collector: Any) -> None:
+        """Register ``collector``, a custom collector of what this process itself observed (the engine gauges,
+        servelab.gateway.enginegauges), in this registry. In multiprocess mode :meth:`expose` adds it from the
+        worker that answers the scrape only: every worker scrapes the same engines, so one worker's view has
+        each backend once (summing the workers' views would count each engine's queue N times)."""
+        self.registry.register(collector)
+        self._local.append(collector)
 
     def set_breakers(self, states: dict[str, str]) -> None:
         """Set ``breaker_state`` from ``{backend: "closed"|"half_open"|"open"}``."""
@@ -180,6 +229,8 @@ class GatewayMetrics:
         reg = CollectorRegistry()
         multiprocess.MultiProcessCollector(reg, self.multiproc_dir)
         reg.register(_MergedHistogram(self.itl, self.multiproc_dir))
+        for c in self._local:
+            reg.register(c)
         return generate_latest(reg)
 
     def flush(self) -> None:

@@ -74,7 +74,7 @@ from servelab.gateway.reqstate import RequestState
 from servelab.gateway.routing import LoadTracker
 from servelab.gateway.shadow import ShadowBook, ShadowSide
 from servelab.gateway.snapshot import Snapshot, breaker_settings
-from servelab.gateway.timeline import connection_trace
+from servelab.gateway.timeline import TimedConnector
 from servelab.gateway.tracing import Tracing
 from servelab.gateway.upstream import Upstream, reason
 from servelab.gateway.workers import worker_session_key
@@ -283,7 +283,7 @@ class Gateway:
         )
         #: each backend's own queue/running/KV gauges, re-exported by backend (servelab.gateway.enginegauges)
         self.engine_gauges = EngineGauges(self.snap.route_backends)
-        self.metrics.registry.register(self.engine_gauges)
+        self.metrics.add_local(self.engine_gauges)  # in /metrics once, also under --workers N
         self.upstream.engine_state = self.engine_gauges.state
         self.app = self._make_app()
 
@@ -351,11 +351,10 @@ class Gateway:
         admin) ports. Raises :class:`OSError` when a port cannot be bound, ConfigError for bad parts."""
         cfg = self.snap.cfg
         self.upstream.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=30),
+            connector=TimedConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=30),
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
-            trace_configs=[connection_trace()],
         )
         if self._redis is not None:
             try:
@@ -1016,18 +1015,10 @@ class Gateway:
             r.timeline.mark("client_left")
         r.timeline.mark("done", {"status": r.status})
         m = self.metrics
-        m.requests.labels(r.model, r.backend or "none", str(r.status)).inc()
-        api = api_name(r)
-        m.api_requests.labels(api, str(r.status)).inc()
+        m.finished(r.model, r.backend or "none", r.status, api_name(r), r.prompt_tokens, r.completion_tokens)
         if r.model != "-":
             m.model(r.model)[2].observe(e2e_ns / 1e9)
         used = used_tokens(r)
-        if r.prompt_tokens is not None:
-            m.tokens.labels(r.model, "prompt").inc(r.prompt_tokens)
-            m.api_tokens.labels(api, "prompt").inc(r.prompt_tokens)
-        if r.completion_tokens is not None:
-            m.tokens.labels(r.model, "completion").inc(r.completion_tokens)
-            m.api_tokens.labels(api, "completion").inc(r.completion_tokens)
         if r.status == 200 and r.model != "-":
             self._degrade.observe(r.model, r.ttft_ns)
         self._access.write(access_record(r, e2e_ns, snap.version, used))

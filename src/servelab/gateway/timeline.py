@@ -28,29 +28,35 @@ received (the gateway's monotonic clock, 0.001 ms resolution). Events, in the or
 - ``client_left``: the client went away before the answer ended;
 - ``done`` ``{status}``: the access-log line was written.
 
-Recording costs a list append per event (about ten a request), nothing per token.
+Recording costs a list append per event (about ten a request), nothing per token; ``connected`` comes from
+the upstream session's connector (:class:`TimedConnector`), not from aiohttp's client tracing, whose signals
+cost every request about 40 Python calls whether or not anything listens (benches/README.md).
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
-from types import SimpleNamespace
+from contextvars import ContextVar
+from operator import itemgetter
 from typing import Any
 
 import aiohttp
 
 __all__ = [
+    "CURRENT",
     "ENGINE_FIELDS",
+    "TimedConnector",
     "Timeline",
     "attempt_event",
-    "connection_trace",
     "engine_account",
     "route_event",
     "skip_reason",
 ]
 
 _now = time.monotonic_ns
+_BY_TIME = itemgetter(1)
 
 #: llama.cpp ``timings`` members kept (tokens and ms; docs/engine-wire.md)
 ENGINE_FIELDS = ("prompt_n", "prompt_ms", "cache_n", "predicted_n", "predicted_ms")
@@ -117,16 +123,14 @@ class Timeline:
     def record(self, t0_ns: int) -> list[list[Any]]:
         """The compact form: ``[[name, ms], [name, ms, attrs], ...]``, ms since ``t0_ns``, in time order
         (the engine's account as one ``engine`` event when its last part arrived)."""
-        out: list[list[Any]] = [["received", 0.0]]
-        events = list(self.events)
-        if self.engine:
-            events.append(("engine", self.engine_ns, self.engine))
-        for name, t, attrs in sorted(events, key=lambda e: e[1]):
-            row: list[Any] = [name, round((t - t0_ns) / 1e6, 3)]
-            if attrs:
-                row.append(attrs)
-            out.append(row)
-        return out
+        events = self.events if not self.engine else [*self.events, ("engine", self.engine_ns, self.engine)]
+        return [
+            ["received", 0.0],
+            *(
+                [name, round((t - t0_ns) / 1e6, 3), attrs] if attrs else [name, round((t - t0_ns) / 1e6, 3)]
+                for name, t, attrs in sorted(events, key=_BY_TIME)
+            ),
+        ]
 
 
 def route_event(plan: Any, outstanding: Callable[[str], int]) -> dict[str, Any]:
@@ -174,23 +178,31 @@ def attempt_event(
     return ev
 
 
-async def _on_connected(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: Any) -> None:
-    tl = ctx.trace_request_ctx
-    if isinstance(tl, Timeline):
-        tl.mark("connected", {"reused": False})
+#: the timeline of the upstream request being sent in this task (set by the caller around ``session.post``,
+#: read by :class:`TimedConnector`); None outside one
+CURRENT: ContextVar[Timeline | None] = ContextVar("servelab_gateway_timeline", default=None)
 
 
-async def _on_reused(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: Any) -> None:
-    tl = ctx.trace_request_ctx
-    if isinstance(tl, Timeline):
-        tl.mark("connected", {"reused": True})
+class TimedConnector(aiohttp.TCPConnector):
+    """A TCP connector that records ``connected {reused}`` in the :class:`Timeline` of :data:`CURRENT` when it
+    hands out a connection (``reused``: a pooled keep-alive one, told by the protocol object seen before).
 
+    It replaces an aiohttp ``TraceConfig`` (https://docs.aiohttp.org/en/stable/tracing_reference.html): any
+    trace config makes aiohttp build a trace context and send six signals with a parameters object each on
+    every request (request start, connection reuse, headers sent, chunk sent, request end...) whether or not
+    anything listens, about 40 Python calls a request; this costs one override and a set lookup."""
 
-def connection_trace() -> aiohttp.TraceConfig:
-    """An aiohttp trace config recording ``connected`` in the :class:`Timeline` passed as a request's
-    ``trace_request_ctx`` (aiohttp client tracing: https://docs.aiohttp.org/en/stable/tracing_reference.html);
-    requests without one are not touched."""
-    tc = aiohttp.TraceConfig()
-    tc.on_connection_create_end.append(_on_connected)
-    tc.on_connection_reuseconn.append(_on_reused)
-    return tc
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._seen: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        conn = await super().connect(req, traces, timeout)
+        tl = CURRENT.get()
+        if tl is not None:
+            proto = conn.protocol
+            reused = proto in self._seen
+            if not reused and proto is not None:
+                self._seen.add(proto)
+            tl.mark("connected", {"reused": reused})
+        return conn

@@ -28,7 +28,7 @@ import orjson
 from aiohttp import web
 
 from servelab.gateway import capabilities as caps_mod
-from servelab.gateway import degrade, enginefields, lengths, scrub
+from servelab.gateway import degrade, enginefields, lengths, scrub, timeline
 from servelab.gateway.admission import may_use_model
 from servelab.gateway.apis import native
 from servelab.gateway.breaker import RetryBudget, backoff_s
@@ -265,21 +265,21 @@ class Upstream:
         outcome = "failure"
         resp = None
         try:
-            for stale in range(3):
-                try:
-                    resp = await self.session.post(
-                        url,
-                        data=data,
-                        headers=headers,
-                        timeout=snap.timeouts[target.backend],
-                        trace_request_ctx=r.timeline,
-                    )
-                    break
-                except _STALE:
-                    if stale == 2:
-                        raise
-                    # a pooled keep-alive connection the engine had closed (llama-server closes after
-                    # each stream): nothing was sent or answered, so a fresh connection is no retry
+            timed = timeline.CURRENT.set(r.timeline)  # for its "connected" event (timeline.TimedConnector)
+            try:
+                for stale in range(3):
+                    try:
+                        resp = await self.session.post(
+                            url, data=data, headers=headers, timeout=snap.timeouts[target.backend]
+                        )
+                        break
+                    except _STALE:
+                        if stale == 2:
+                            raise
+                        # a pooled keep-alive connection the engine had closed (llama-server closes after
+                        # each stream): nothing was sent or answered, so a fresh connection is no retry
+            finally:
+                timeline.CURRENT.reset(timed)
             assert resp is not None
             status = resp.status
             r.timeline.mark("headers", {"status": status})
