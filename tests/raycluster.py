@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from servelab.engines.base import free_port
+from servelab.engines.spawn import free_port
 
 RAY = Path(sys.executable).with_name("ray")
 NODE_ARGS = ["--num-cpus", "1", "--memory", str(1 << 30), "--object-store-memory", str(80 << 20),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.engines.base import free_port
+from servelab.engines.spawn import free_port
 
 SERVELAB = [sys.executable, "-m", "servelab.cli"]
 

@@ -23,10 +23,11 @@ import psutil
 import pytest
 
 from servelab.engines import llamacpp
-from servelab.engines.base import EngineStartError, free_port, tail_lines
-from servelab.wire.prometheus import parse_prometheus_text
+from servelab.engines.exits import EngineStartError, tail_lines
 from servelab.engines.llamacpp import LlamaCppLauncher
+from servelab.engines.spawn import free_port
 from servelab.wire import ConfigError, RequestRecord, RequestSpec, make_session, send
+from servelab.wire.prometheus import parse_prometheus_text
 
 # ---------------------------------------------------------------------------------------------------
 # unit tests: no binary, no network
@@ -110,7 +111,7 @@ def test_sha256_cache_and_gguf_metadata(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_process_exit_during_start_raises_with_log_tail(tmp_path: Path) -> None:
-    from servelab.engines.base import spawn_engine
+    from servelab.engines.spawn import spawn_engine
 
     script = "import sys\nfor i in range(30): print('log line', i)\nsys.exit(3)\n"
     with pytest.raises(EngineStartError) as ei:

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from servelab.engines.llamacpp import build as lb
-from servelab.engines.base import EngineStartError, describe_exit, free_port, spawn_engine
+from servelab.engines.exits import EngineStartError, describe_exit
 from servelab.engines.isa import HostCpu, compiler_isa, host_cpu, missing_isa
 from servelab.engines.llamacpp import LlamaCppLauncher, crash_hint
+from servelab.engines.llamacpp import build as lb
+from servelab.engines.spawn import free_port, spawn_engine
 
 _FAKE_SERVER = """#!/bin/sh
 if [ "$1" = "--version" ]; then echo "version: 0.6.0-dev (build 0, commit unknown)" >&2;

@@ -15,9 +15,10 @@ import pytest
 
 import servelab
 from servelab.engines import ENGINE_KINDS, start_engine
-from servelab.engines.base import EngineStartError, RunningEngine
+from servelab.engines.exits import EngineStartError
 from servelab.engines.mock.launch import MOCK_SETTINGS, MockLauncher, check_mock_settings, mock_argv
 from servelab.engines.registry import EngineIdentity
+from servelab.engines.running import RunningEngine
 from servelab.wire import ConfigError
 from servelab.wire.client import make_session, send
 from servelab.wire.types import RequestRecord, RequestSpec

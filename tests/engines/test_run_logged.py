@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from servelab.engines.base import run_logged
+from servelab.engines.spawn import run_logged
 
 
 def test_progress_percent_and_log(tmp_path):

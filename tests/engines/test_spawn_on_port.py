@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from servelab.engines.base import EngineStartError, spawn_on_port
+from servelab.engines.exits import EngineStartError
 from servelab.engines.mock.launch import mock_argv
+from servelab.engines.spawn import spawn_on_port
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,11 +15,18 @@ import psutil
 import pytest
 from pydantic import Field
 
-from servelab.engines.base import RunningEngine
+from servelab.engines.kind import (
+    EngineIdentity,
+    EngineKind,
+    EngineSettings,
+    PortSetting,
+    Readiness,
+    ServerMetrics,
+    ready_timeout_setting,
+)
 from servelab.engines.mock.launch import MockLauncher
-from servelab.engines.kind import (EngineIdentity, EngineKind, EngineSettings, PortSetting, Readiness,
-                                   ServerMetrics, ready_timeout_setting)
 from servelab.engines.registry import register, unregister
+from servelab.engines.running import RunningEngine
 from servelab.trial.results import TrialRecord
 
 pytestmark = pytest.mark.timeout(300)

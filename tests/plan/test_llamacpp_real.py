@@ -20,7 +20,7 @@ import pytest
 
 from servelab.catalog.readers import read_gguf
 from servelab.engines import llamacpp
-from servelab.engines.base import free_port
+from servelab.engines.spawn import free_port
 from servelab.plan.llamacpp import llamacpp_memory, parse_server_log
 
 MIB = 2**20

@@ -29,7 +29,7 @@ def start_engine(
     settings: Mapping[str, Any] | BaseModel | None = None,
     **kwargs: Any,
 ) -> Any:
-    """Start an engine servelab launches and return its ready :class:`~servelab.engines.base.RunningEngine`.
+    """Start an engine servelab launches and return its ready :class:`~servelab.engines.running.RunningEngine`.
 
     ``kind``: a launched kind of the registry (:data:`ENGINE_KINDS`: ``llamacpp``, ``vllm``, ``mock`` and
     any registered one). ``settings``: the kind's ``Settings`` fields (a mapping or an instance),
@@ -39,7 +39,7 @@ def start_engine(
     launcher (``host``, ``progress``, ``binary``, ``python`` …).
 
     Raises :class:`ConfigError` (one line) for an unknown kind, an unknown or bad setting (named), a
-    bad model file, and :class:`~servelab.engines.base.EngineStartError` if the engine does not become ready.
+    bad model file, and :class:`~servelab.engines.exits.EngineStartError` if the engine does not become ready.
     """
     from servelab.engines.registry import get, launched_kinds
 

@@ -199,7 +199,7 @@ def up_command(
     """Start the engine, print its URL, serve until Ctrl-C or SIGTERM, then stop it cleanly.
     llamacpp uses --ctx-size/--parallel/--threads; vllm uses --max-num-seqs/--max-model-len."""
     k = _kind(kind)
-    from servelab.engines.base import EngineStartError
+    from servelab.engines.exits import EngineStartError
     from servelab.engines.llamacpp import LlamaCppLauncher
     from servelab.wire import ConfigError
 
@@ -265,7 +265,7 @@ def up_command(
             while not stop_evt.wait(0.5):
                 if not eng.alive:
                     rc = eng.process.poll()
-                    from servelab.engines.base import tail_lines
+                    from servelab.engines.exits import tail_lines
 
                     raise _err(
                         f"{eng.name} exited with status {rc} while serving; log {eng.log_path}:\n"

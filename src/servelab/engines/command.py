@@ -38,21 +38,14 @@ from typing import Annotated, Any, ClassVar, Literal
 import psutil
 from pydantic import Field, model_validator
 
-from servelab.engines.base import (
-    GUARD_SCRIPT,
-    EngineLauncher,
-    EngineStartError,
-    RunningEngine,
-    free_port,
-    log_dir_or_temp,
-    runtime_identity,
-    spawn_on_port,
-    tail_lines,
-)
+from servelab.engines.base import EngineLauncher, runtime_identity
 from servelab.engines.envsettings import EnvSettings
+from servelab.engines.exits import EngineStartError, tail_lines
 from servelab.engines.kind import EngineIdentity, EngineKind, PortSetting, Readiness, ServerMetrics
 from servelab.engines.probe import Fact, ProbedIdentity, probe_sync
+from servelab.engines.running import RunningEngine
 from servelab.engines.secrets import redact_env
+from servelab.engines.spawn import GUARD_SCRIPT, free_port, log_dir_or_temp, spawn_on_port
 from servelab.wire.config import StrictModel
 from servelab.wire.errors import ConfigError
 
@@ -385,7 +378,7 @@ def _port_taken(host: str, port: int) -> bool:
     return False
 
 
-#: the guard in front of the engine (``guard: true``): :data:`servelab.engines.base.GUARD_SCRIPT`
+#: the guard in front of the engine (``guard: true``): :data:`servelab.engines.spawn.GUARD_SCRIPT`
 _GUARD = GUARD_SCRIPT
 
 

@@ -48,7 +48,7 @@ from typing import Any
 
 import typer
 
-from servelab.engines.base import EngineStartError, RunningEngine
+from servelab.engines.exits import EngineStartError
 from servelab.engines.llamacpp import (
     LlamaCppLauncher,
     cache_dir,
@@ -57,6 +57,7 @@ from servelab.engines.llamacpp import (
     find_llama_server,
     llama_server_info,
 )
+from servelab.engines.running import RunningEngine
 from servelab.modelfile.gguf_meta import atomic_write_text, file_lock
 from servelab.wire.errors import ConfigError
 
@@ -248,7 +249,7 @@ class EmbeddingLauncher(LlamaCppLauncher):
             :class:`~servelab.engines.llamacpp.LlamaCppLauncher`.
 
     :meth:`start` converts the weights on first use (:func:`embedding_gguf`) and returns a
-    :class:`~servelab.engines.base.RunningEngine` whose ``base_url`` serves ``POST /v1/embeddings``
+    :class:`~servelab.engines.running.RunningEngine` whose ``base_url`` serves ``POST /v1/embeddings``
     and lists :data:`MODEL_ID` in ``/v1/models``. Raises ConfigError / EngineStartError / RuntimeError
     like the parent and :func:`embedding_gguf`.
     """

@@ -195,11 +195,11 @@ class EngineKind(Generic[SettingsT]):
 
     def launch(self, settings: Any, *, model: str | None = None, log_dir: str | None = None, **kwargs: Any) -> Any:
         """Start the engine from validated ``settings`` and return its ready
-        :class:`~servelab.engines.base.RunningEngine` with ``identity`` filled from an
+        :class:`~servelab.engines.running.RunningEngine` with ``identity`` filled from an
         :class:`EngineIdentity`: ``self.launcher(...).start()`` (arguments as :meth:`launcher`).
 
         Raises :class:`ConfigError` (bad input, one line) and
-        :class:`~servelab.engines.base.EngineStartError` (exited or not ready in time)."""
+        :class:`~servelab.engines.exits.EngineStartError` (exited or not ready in time)."""
         return self.launcher(settings, model=model, log_dir=log_dir, **kwargs).start()
 
     def parse(self, settings: Mapping[str, Any] | EngineSettings | None) -> SettingsT:

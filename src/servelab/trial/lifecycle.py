@@ -27,7 +27,7 @@ restart under load and cancellation.
   smoke check's limit) and counts the wasted decode time (``wasted_decode_s``: that time for each client
   that left, in sequence-seconds). The trial excludes a candidate whose verdict is ``fail`` and says why.
 
-Both take a running :class:`~servelab.engines.base.RunningEngine` and talk to it with
+Both take a running :class:`~servelab.engines.running.RunningEngine` and talk to it with
 :func:`servelab.wire.send` (aiohttp); times are seconds (``time.monotonic``).
 """
 

@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import Field
 
 from servelab.bench.results import ResultModel, StepSummary
-from servelab.engines.base import tail_lines
+from servelab.engines.exits import tail_lines
 
 __all__ = [
     "OOM_PATTERNS",
@@ -139,7 +139,7 @@ def step_counters(step: StepSummary) -> StepReliability:
 class EngineWatch(threading.Thread):
     """Watches a running engine while the load steps run (see the module doc).
 
-    ``engine``: the :class:`~servelab.engines.base.RunningEngine`; ``relaunch(port)``: starts the same
+    ``engine``: the :class:`~servelab.engines.running.RunningEngine`; ``relaunch(port)``: starts the same
     engine on ``port`` and returns the new ready ``RunningEngine`` (``None`` = no restart); ``restart``:
     ``"never"`` or ``"once"``; ``step_of()``: the load step running now; ``on_swap(new)``: told when a
     restarted engine replaces the old one (the metrics sampler follows it); ``kind``: the engine kind,

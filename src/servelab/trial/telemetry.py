@@ -405,7 +405,7 @@ def start_sampler(cand: Any, running: Any, base_url: str, api_key: str | None, p
 class MetricsSampler(threading.Thread):
     """Samples a running engine every ``interval_s`` seconds while load steps run (see the module doc).
 
-    ``engine``: the :class:`~servelab.engines.base.RunningEngine` (``rss_bytes()``, ``read_metrics()``,
+    ``engine``: the :class:`~servelab.engines.running.RunningEngine` (``rss_bytes()``, ``read_metrics()``,
     ``pid``; the reliability watch replaces it after a restart); ``path``: the JSONL file appended to;
     ``metrics``: the kind's names (default: every registered kind's); ``visible_devices``: the
     candidate's ``CUDA_VISIBLE_DEVICES`` (``None`` = all devices); ``gpu``: ``False`` skips NVML (the

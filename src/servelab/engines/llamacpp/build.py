@@ -54,8 +54,9 @@ from typing import Any, Literal
 import psutil
 from pydantic import BaseModel, Field
 
-from servelab.engines.base import EngineStartError, run_logged, spawn_on_port
+from servelab.engines.exits import EngineStartError
 from servelab.engines.isa import HostCpu, compiler_isa, host_cpu, missing_isa, tracked_host_isa
+from servelab.engines.spawn import run_logged, spawn_on_port
 from servelab.modelfile.gguf_meta import atomic_write_text, cache_dir, sha256_file
 from servelab.modelfile.gguf_meta import file_lock as _file_lock
 
@@ -479,7 +480,7 @@ def version_output(binary: Path) -> str:
     """``binary --version`` (stdout + stderr). Raises RuntimeError on a non-zero exit (a signal named)."""
     r = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     if r.returncode != 0:
-        from servelab.engines.base import describe_exit
+        from servelab.engines.exits import describe_exit
 
         raise RuntimeError(f"{binary} --version {describe_exit(r.returncode)}: {(r.stderr or r.stdout).strip()[-400:]}")
     return (r.stdout + r.stderr).strip()
@@ -553,7 +554,7 @@ def prove_llama_server(
     """Start ``binary`` on ``model`` (one slot, 512-token context), stream a ``tokens``-token
     completion from ``/v1/completions`` (``ignore_eos``), stop it. Never raises for the binary's
     faults: a crash, no readiness or no token is ``BuildProof(ok=False, error=...)``."""
-    from servelab.engines.base import describe_exit
+    from servelab.engines.exits import describe_exit
 
     t0 = time.monotonic()
     proof = BuildProof(ok=False, model=str(model))

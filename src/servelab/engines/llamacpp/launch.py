@@ -21,14 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from servelab.engines.base import (
-    EngineLauncher,
-    EngineStartError,
-    RunningEngine,
-    log_dir_or_temp,
-    runtime_identity,
-    spawn_on_port,
-)
+from servelab.engines.base import EngineLauncher, runtime_identity
+from servelab.engines.exits import EngineStartError
 from servelab.engines.isa import host_cpu
 from servelab.engines.kind import EngineIdentity, Readiness
 from servelab.engines.llamacpp.build import (
@@ -40,6 +34,8 @@ from servelab.engines.llamacpp.build import (
     version_output,
 )
 from servelab.engines.llamacpp.weights import default_model_path, file_sha256, model_identity
+from servelab.engines.running import RunningEngine
+from servelab.engines.spawn import log_dir_or_temp, spawn_on_port
 from servelab.modelfile.gguf_meta import check_gguf
 from servelab.wire import ConfigError
 
@@ -69,7 +65,7 @@ class LlamaCppLauncher(EngineLauncher):
         progress: receives one-line messages (build progress).
 
     :meth:`start` raises :class:`servelab.wire.ConfigError` for a missing/non-GGUF model and
-    :class:`~servelab.engines.base.EngineStartError` when the server exits or does not get ready.
+    :class:`~servelab.engines.exits.EngineStartError` when the server exits or does not get ready.
     llama-server build 11434 enables Jinja chat templates by default and falls back to ChatML when the
     GGUF has no template (Gemma 270M here), so no ``--jinja`` is passed.
     """

@@ -1,7 +1,7 @@
 """Launch the mock engine (:mod:`servelab.engines.mock`) as a child process, like a real engine.
 
 ``MockLauncher(settings).start()`` runs ``python -m servelab.engines.mock --host H --port P ...`` through
-:func:`~servelab.engines.base.spawn_engine` (own session, ``/health`` wait, cold-start times, stop kills
+:func:`~servelab.engines.spawn.spawn_engine` (own session, ``/health`` wait, cold-start times, stop kills
 the whole group), so code that drives real engines (bench, candidate smoke tests) can be tested
 against a fast, deterministic server whose failures are injected on purpose (``invalid_json``,
 ``crash_after_requests``, failure rates; see :class:`~servelab.engines.mock.config.MockConfig`).
@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import create_model, model_validator
 
 import servelab
-from servelab.engines.base import EngineLauncher, RunningEngine, log_dir_or_temp, runtime_identity, spawn_on_port
+from servelab.engines.base import EngineLauncher, runtime_identity
 from servelab.engines.kind import (
     EngineIdentity,
     EngineKind,
@@ -30,6 +30,8 @@ from servelab.engines.kind import (
     ready_timeout_setting,
 )
 from servelab.engines.mock.config import MockConfig, check_failure_rates
+from servelab.engines.running import RunningEngine
+from servelab.engines.spawn import log_dir_or_temp, spawn_on_port
 from servelab.wire.errors import ConfigError
 
 __all__ = ["MOCK_SETTINGS", "MockKind", "MockLauncher", "MockSettings", "check_mock_settings", "mock_argv"]

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from servelab.engines.base import run_logged
+from servelab.engines.spawn import run_logged
 from servelab.modelfile.gguf_meta import atomic_write_text, cache_dir, file_lock
 
 __all__ = [
@@ -117,7 +117,7 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 def run_in_venv(
     cmd: Sequence[str], log: Path, progress: Progress, label: str, timeout_s: float = 3600, show: str | None = None
 ) -> None:
-    """:func:`servelab.engines.base.run_logged` in the vLLM venv's clean environment."""
+    """:func:`servelab.engines.spawn.run_logged` in the vLLM venv's clean environment."""
     run_logged(cmd, log, progress, label, env=clean_env(), timeout_s=timeout_s, show=show)
 
 

@@ -26,15 +26,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from servelab.engines.base import (
-    GUARD_SCRIPT,
-    EngineLauncher,
-    RunningEngine,
-    log_dir_or_temp,
-    runtime_identity,
-    spawn_on_port,
-)
+from servelab.engines.base import EngineLauncher, runtime_identity
 from servelab.engines.kind import EngineIdentity, Readiness, parse_settings
+from servelab.engines.running import RunningEngine
+from servelab.engines.spawn import GUARD_SCRIPT, log_dir_or_temp, spawn_on_port
 from servelab.engines.vllm.convert import TEMPLATE_NAME, ensure_hf_model, hf_model_identity
 from servelab.engines.vllm.install import (
     Progress,
@@ -67,7 +62,7 @@ DEFAULT_SERVED_NAME = "gemma-3-270m"
 #: :class:`~servelab.engines.vllm.kind.VllmKind` declares the same one
 READINESS = Readiness()
 
-#: the guard in front of the server (:data:`servelab.engines.base.GUARD_SCRIPT`)
+#: the guard in front of the server (:data:`servelab.engines.spawn.GUARD_SCRIPT`)
 _GUARD = GUARD_SCRIPT
 
 
@@ -92,7 +87,7 @@ class VllmLauncher(EngineLauncher):
             process group when servelab dies without stopping it (SIGKILL); default True.
 
     :meth:`start` raises :class:`ConfigError` (not installed, bad model or setting) and
-    :class:`~servelab.engines.base.EngineStartError` (exited during start / not ready in time).
+    :class:`~servelab.engines.exits.EngineStartError` (exited during start / not ready in time).
     """
 
     name = "vllm"
