@@ -27,7 +27,9 @@ the admin API and token-budget spend are loaded from it and the replica serves. 
 before: keys kept only in the database would be refused and budgets could not be enforced (they fail
 closed). An outage after start is absorbed by the write-ahead journal (servelab.gateway.journal).
 
-Hot reload (:meth:`Gateway.reload`, on SIGHUP or a change of the file's mtime/size/content): a new
+The small endpoints (``/health``, ``/metrics``, ``/v1/models``, the 404/405 answer) are in
+:mod:`servelab.gateway.endpoints`, hot reload in :mod:`servelab.gateway.reloading` (mixins of
+:class:`Gateway`). Hot reload (:meth:`Gateway.reload`, on SIGHUP or a change of the file's mtime/size/content): a new
 :class:`~servelab.gateway.snapshot.Snapshot` is built from the new file and swapped in with one
 assignment; each request holds the snapshot it started with until it ends, so in-flight streams keep
 their config. A bad file leaves the running config in force; the error line is logged and kept in
@@ -38,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import re
@@ -50,26 +51,27 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import web
 
 from servelab.gateway import degrade
 from servelab.gateway.accesslog import AccessLog, access_record, api_name
 from servelab.gateway.accounting import journal_admit, settle, used_tokens
-from servelab.gateway.admission import Admitter, may_use_model
+from servelab.gateway.admission import Admitter
 from servelab.gateway.apis import ApiAdapter
 from servelab.gateway.apis.messages import CountTokensApi, MessagesApi
 from servelab.gateway.apis.responses import ResponsesApi
 from servelab.gateway.breaker import BreakerBoard, RetryBudget
-from servelab.gateway.config import GatewayConfig, load_config
+from servelab.gateway.config import GatewayConfig
+from servelab.gateway.endpoints import Endpoints, error_response, request_id, starting
 from servelab.gateway.enginegauges import EngineGauges
 from servelab.gateway.errors import GatewayError
 from servelab.gateway.ledger import Ledger
 from servelab.gateway.limits import Admission, Limiter, safe_url
 from servelab.gateway.listener import GuardedRunner, settings_for
-from servelab.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
+from servelab.gateway.metrics import GatewayMetrics
 from servelab.gateway.picker import PickerState
 from servelab.gateway.relay import Relay, map_finish_bytes, openai_finish
+from servelab.gateway.reloading import RELOAD_POLL_S, HotReload
 from servelab.gateway.reqstate import RequestState
 from servelab.gateway.routing import LoadTracker
 from servelab.gateway.shadow import ShadowBook, ShadowSide
@@ -93,35 +95,11 @@ __all__ = [
 log = logging.getLogger("servelab.gateway")
 _now = time.monotonic_ns
 
-#: How often the config file is checked for changes (seconds).
-RELOAD_POLL_S = 1.0
 #: First wait before the ledger is tried again when PostgreSQL was down at start (seconds; doubles)
 LEDGER_RETRY_S = 0.5
 #: Longest wait between ledger tries (seconds)
 LEDGER_RETRY_MAX_S = 5.0
 _RID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-#: the public routes and their method (for the 404/405 answers)
-_ROUTES = {
-    "/v1/chat/completions": "POST",
-    "/v1/completions": "POST",
-    "/v1/embeddings": "POST",
-    "/v1/rerank": "POST",
-    "/rerank": "POST",
-    "/v1/messages": "POST",
-    "/v1/messages/count_tokens": "POST",
-    "/v1/responses": "POST",
-    "/v1/models": "GET",
-    "/health": "GET",
-    "/health/live": "GET",
-    "/metrics": "GET",
-}
-
-
-def _request_id(request: web.Request) -> str:
-    """A fresh id made by the gateway (24 hex characters, 96 random bits): the ``X-Request-ID`` of every
-    answer, the access log's and ledger's ``request_id``. Never the client's own ``X-Request-ID``, which
-    a client can repeat or choose to steer anything keyed on it (see :func:`_client_request_id`)."""
-    return secrets.token_hex(12)
 
 
 def _client_request_id(request: web.Request) -> str | None:
@@ -130,38 +108,6 @@ def _client_request_id(request: web.Request) -> str | None:
     as the gateway's id nor for routing."""
     rid = request.headers.get("X-Request-ID")
     return rid if rid and _RID.match(rid) else None
-
-
-def _listener_fields(s: Any) -> tuple[Any, ...]:
-    """The ``server`` fields the listeners take at start (a change needs a restart)."""
-    return (
-        s.admin_host,
-        s.header_timeout_s,
-        s.body_timeout_s,
-        s.body_total_timeout_s,
-        s.keepalive_timeout_s,
-        s.max_connections,
-        s.admin_max_connections,
-        s.send_timeout_s,
-        s.max_connections_per_client,
-    )
-
-
-def _error_response(e: GatewayError, rid: str) -> web.Response:
-    return web.Response(
-        status=e.status, body=e.body(), content_type="application/json", headers={"X-Request-ID": rid, **e.headers()}
-    )
-
-
-def _starting() -> GatewayError:
-    """The answer to requests while the replica is not ready (PostgreSQL down at start): nothing internal."""
-    return GatewayError(
-        503,
-        "the service is starting and cannot take requests yet; retry in 2 s",
-        type="server_error",
-        code="service_starting",
-        retry_after_s=2.0,
-    )
 
 
 def _database_down(e: BaseException) -> bool:
@@ -180,7 +126,7 @@ def _database_down(e: BaseException) -> bool:
 WORKER_KEYS_REFRESH_S = 1.0
 
 
-class Gateway:
+class Gateway(HotReload, Endpoints):
     """One gateway: the OpenAI app (:attr:`app`), optionally the admin app, shared upstream session,
     limiter, ledger, key store, breakers, health checks and the hot-reloadable config.
 
@@ -314,37 +260,6 @@ class Gateway:
         r.add_get("/metrics", self._public_metrics_ep)
         r.add_route("*", "/{tail:.*}", self._unknown_path)  # last: only what no route above serves
         return app
-
-    async def _unknown_path(self, request: web.Request) -> web.Response:
-        """404/405 as an OpenAI error (the SDK parses it), naming the routes; a path that lacks ``/v1``
-        (the usual base_url mistake) is told so."""
-        path = request.path[:200]
-        allowed = _ROUTES.get(path)
-        if allowed is not None and allowed == request.method:
-            # routed by the raw path, decoded only here: /v1/chat%2Fcompletions (break-it report on 4b30bb7)
-            e = GatewayError(
-                404,
-                f"no such endpoint: {request.raw_path[:200]} (an encoded '/' is not a path "
-                f"separator); send {request.method} {path} with plain slashes",
-                code="unknown_path",
-            )
-            return _error_response(e, _request_id(request))
-        if allowed is not None:
-            e = GatewayError(405, f"{path} takes {allowed} requests, not {request.method}", code="method_not_allowed")
-            return web.Response(
-                status=405,
-                body=e.body(),
-                content_type="application/json",
-                headers={"Allow": allowed, "X-Request-ID": _request_id(request)},
-            )
-        hint = ""
-        if "/v1" + path in _ROUTES:
-            hint = f"; did you mean /v1{path}? set the client's base_url to end in /v1"
-        served = ", ".join(f"{m} {p}" for p, m in _ROUTES.items())
-        e = GatewayError(
-            404, f"no such endpoint: {request.method} {path}{hint} (this gateway serves {served})", code="unknown_path"
-        )
-        return _error_response(e, _request_id(request))
 
     async def start(self) -> None:
         """Open the ledger, limiter, key store, upstream session and health checks; bind the API (and
@@ -591,7 +506,7 @@ class Gateway:
                 code="database_unavailable",
                 retry_after_s=2.0,
             )
-            return _error_response(e, _request_id(request))
+            return error_response(e, request_id(request))
         return await handler(request)
 
     async def _start_health(self) -> None:
@@ -716,222 +631,6 @@ class Gateway:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
-    # ------------------------------------------------------------------ reload
-    def _signature(self) -> tuple[int, int, str] | None:
-        if self.config_path is None:
-            return None
-        try:
-            st = self.config_path.stat()
-            return (st.st_mtime_ns, st.st_size, hashlib.sha256(self.config_path.read_bytes()).hexdigest())
-        except OSError:
-            return None
-
-    async def reload(self, source: str = "api") -> dict[str, Any]:
-        """Load the config file again and swap it in atomically. Returns :attr:`last_reload`
-        (``{"ok", "version", "at", "error", "source"}``). On any error (bad YAML, bad field, unknown
-        reference) the running config stays in force and ``error`` holds the one-line reason naming the
-        field. Sections that need a restart (server ports/host, state, ledger) keep their running values
-        and the reload says so in ``warnings``."""
-        if self.config_path is None:
-            self.last_reload = {
-                "ok": False,
-                "version": self.snap.version,
-                "at": time.time(),
-                "source": source,
-                "error": "this gateway was started without a config file; nothing to reload",
-            }
-            return self.last_reload
-        self._file_sig = self._signature()
-        old = self.snap.cfg
-        try:
-            cfg = load_config(self.config_path)
-            snap = self._build(cfg)
-            new_breakers = breaker_settings(cfg)
-            tracing = Tracing.from_section(cfg.tracing, self.worker) if cfg.tracing != old.tracing else self.tracing
-        except Exception as e:  # noqa: BLE001 - any failure (RecursionError from deep YAML, MemoryError)
-            # leaves the running config in force; ConfigError/ValueError already name the field
-            msg = (
-                str(e)
-                if isinstance(e, (ConfigError, ValueError))
-                else (
-                    f"{self.config_path}: cannot be loaded ({reason(e)}); fix the file (too deeply nested or "
-                    "too large?) and save it again"
-                )
-            )
-            self.metrics.reloads.labels("error").inc()
-            log.error("config reload (%s) failed, keeping version %d: %s", source, self.snap.version, msg)
-            self.last_reload = {
-                "ok": False,
-                "version": self.snap.version,
-                "at": time.time(),
-                "error": msg,
-                "source": source,
-            }
-            return self.last_reload
-        warnings = [
-            f"{name} changed: restart the gateway to apply it"
-            for name, a, b in (
-                (
-                    "server.host/port/admin_port",
-                    (old.server.host, old.server.port, old.server.admin_port),
-                    (cfg.server.host, cfg.server.port, cfg.server.admin_port),
-                ),
-                ("state", old.state, cfg.state),
-                ("ledger", old.ledger, cfg.ledger),
-                ("server connection limits/admin_host", _listener_fields(old.server), _listener_fields(cfg.server)),
-            )
-            if a != b
-        ]
-        for w in warnings:
-            log.warning("config reload: %s", w)
-        if self._own_keystore and (old.keys != cfg.keys or old.tenants != cfg.tenants):
-            try:
-                self._keystore.update_config_keys(cfg.keys, cfg.tenants)  # swaps its table atomically
-            except ValueError as e:
-                self.metrics.reloads.labels("error").inc()
-                self.last_reload = {
-                    "ok": False,
-                    "version": self.snap.version,
-                    "at": time.time(),
-                    "error": f"{self.config_path}: {e}",
-                    "source": source,
-                }
-                return self.last_reload
-        self.snap = snap  # the atomic swap: new requests see the new config, running ones keep theirs
-        if old.breaker != cfg.breaker:
-            self.breakers.reconfigure(new_breakers)  # thresholds change, breaker states stay
-        self.retry_budget.ratio = cfg.retry.budget_ratio
-        if old.server.trusted_proxies != cfg.server.trusted_proxies and isinstance(self._runner, GuardedRunner):
-            self._runner.set_trusted_proxies(tuple(cfg.server.trusted_proxies))
-        if tracing is not self.tracing:
-            old_tracing, self.tracing = self.tracing, tracing
-            if old_tracing is not None:
-                self._spawn(asyncio.to_thread(old_tracing.shutdown))
-        if old.server.access_log != cfg.server.access_log:
-            old_log, self._access = self._access, AccessLog(cfg.server.access_log, self.worker)
-            old_log.close()
-        if (old.backends != cfg.backends or old.health != cfg.health) and self.upstream.session is not None:
-            await self._start_health()
-        self.metrics.reloads.labels("ok").inc()
-        log.info("config reloaded (%s): version %d", source, snap.version)
-        self.last_reload = {
-            "ok": True,
-            "version": snap.version,
-            "at": time.time(),
-            "error": None,
-            "source": source,
-            "warnings": warnings,
-        }
-        return self.last_reload
-
-    async def _watch_loop(self) -> None:
-        """Poll the file every :data:`RELOAD_POLL_S`; reload on a change. Never dies of a failed reload
-        (one line logged; the next change is tried again)."""
-        while True:
-            await asyncio.sleep(RELOAD_POLL_S)
-            try:
-                sig = self._signature()
-                if sig is not None and sig != self._file_sig:
-                    await self.reload("file change")
-            except Exception as e:  # noqa: BLE001 - the watcher outlives any one bad file
-                self._file_sig = self._signature()
-                log.error("config watch: reload failed, keeping version %d: %s", self.snap.version, reason(e))
-
-    def install_signal_handlers(self, stop: Callable[[], None]) -> None:
-        """SIGHUP -> reload; SIGINT/SIGTERM -> ``stop()``. Call inside the running loop (CLI)."""
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self.reload("SIGHUP")))
-        for s in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(s, stop)
-
-    # ------------------------------------------------------------------ small endpoints
-    async def _health_ep(self, request: web.Request) -> web.Response:
-        """Readiness (:mod:`servelab.gateway.readiness`): 200 ``ok``/``degraded`` when this replica can
-        serve, 503 ``unavailable`` with ``reasons`` when no backend is up or Redis (``state.redis_url``)
-        does not answer; ``checks`` shows Redis and ledger state."""
-        names = [b.name for b in self.snap.cfg.backends]
-        up = [
-            n for n in names if self.breakers.get(n).state != "open" and (self._health is None or self._health.is_up(n))
-        ]
-        if self._readiness is None:
-            from servelab.gateway.readiness import Readiness
-
-            self._readiness = Readiness(self._redis, self._ledger)
-        checks = await self._readiness.checks()
-        reasons = [] if up else ["no backend is up"]
-        if self.not_ready is not None:  # the field, not the address (the public port names none)
-            reasons.append(f"starting: {self.not_ready_public}; requests get 503 until it answers")
-        if checks.get("redis", "ok") != "ok":
-            reasons.append(f"Redis (state.redis_url) is {checks['redis']}: limits cannot be checked")
-        degraded = (
-            [f"ledger is {checks['ledger']}: usage is kept locally until it is back"]
-            if checks.get("ledger", "ok") != "ok"
-            else []
-        )
-        status = "unavailable" if reasons else ("degraded" if degraded else "ok")
-        return web.Response(
-            status=503 if reasons else 200,
-            content_type="application/json",
-            body=orjson.dumps(
-                {
-                    "status": status,
-                    "reasons": reasons + degraded,
-                    "checks": checks,
-                    "backends_up": len(up),
-                    "backends": len(names),
-                    "config_version": self.snap.version,
-                }
-            ),
-        )
-
-    async def _live_ep(self, request: web.Request) -> web.Response:
-        """Liveness: 200 while the process and its event loop run (checks nothing else)."""
-        return web.Response(content_type="application/json", body=b'{"status":"alive"}')
-
-    async def _public_metrics_ep(self, request: web.Request) -> web.Response:
-        """``/metrics`` on the API port: only with ``server.public_metrics`` (it names backends and breaker
-        states); otherwise 404 pointing to the admin port."""
-        if self.snap.cfg.server.public_metrics:
-            return await self._metrics_ep(request)
-        e = GatewayError(
-            404,
-            "no such endpoint: /metrics is served on the admin port (with the admin token); "
-            "set server.public_metrics: true to serve it here",
-            code="unknown_path",
-        )
-        return _error_response(e, _request_id(request))
-
-    def _conn_event(self, port: str, reason: str) -> None:
-        self.metrics.connection_events.labels(port, reason).inc()
-
-    def _set_gauges(self) -> None:
-        self.metrics.set_breakers({n: s["state"] for n, s in self.breakers.snapshot().items()})
-        for port, runner in (("api", self._runner), ("admin", self._admin_runner)):
-            if isinstance(runner, GuardedRunner):
-                self.metrics.connections.labels(port).set(runner.connections())
-
-    async def _metrics_ep(self, request: web.Request) -> web.Response:
-        self._set_gauges()
-        resp = web.Response(body=self.metrics.expose())
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return resp
-
-    async def _models(self, request: web.Request) -> web.Response:
-        rid = _request_id(request)
-        try:
-            if self.not_ready is not None:
-                raise _starting()
-            key = await self.admitter.authenticate(request)
-        except GatewayError as e:
-            return _error_response(e, rid)
-        snap = self.snap
-        data = [card for name, card in snap.model_cards.items() if may_use_model(snap, key, name)]
-        return web.Response(
-            body=orjson.dumps({"object": "list", "data": data}),
-            content_type="application/json",
-            headers={"X-Request-ID": rid},
-        )
-
     # ------------------------------------------------------------------ the hot path
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "chat")
@@ -960,16 +659,16 @@ class Gateway:
         answers and errors are in its own shape."""
         snap = self.snap  # this request's config for its whole life
         r = RequestState(
-            _request_id(request), endpoint, _now(), time.time(), client_rid=_client_request_id(request), api=api
+            request_id(request), endpoint, _now(), time.time(), client_rid=_client_request_id(request), api=api
         )
         if self.tracing is not None:
             r.trace = self.tracing.begin(request.headers)
-        answer = _error_response if api is None else api.error_response
+        answer = error_response if api is None else api.error_response
         admission: Admission | None = None
         in_flight = None
         try:
             if self.not_ready is not None:
-                raise _starting()
+                raise starting()
             adm = await self.admitter.check(request, snap, r, endpoint)
             r.timeline.mark("checked")
             admission = await self.admitter.reserve(adm, r.model)
