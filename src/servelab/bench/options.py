@@ -25,7 +25,7 @@ Limits servelab sets itself (documented in docs/summary-schema.md and the README
 - :data:`MAX_WORKERS`: 4,096 load-generator workers (``--workers``, ``--workers-per-node``): far above the cores
   of any one host or the CPUs of a test cluster; a typo such as ``--workers 40000`` is refused, not spawned.
 - :data:`MAX_THINK_TIME_S`: 1 hour of mean think time between the turns of a session (``--think-time-s``);
-  a user away longer starts a new session, and a mean of 1e22 s used to be accepted and hang the step.
+  a user away longer starts a new session, and an unbounded mean (1e22 s) would hang the step.
 - :data:`MAX_STEP_S`: 7 days per step (``--duration``; an open-loop step's ``(requests + warmup) / rate``);
   with ``--duration`` the slowest rate must expect at least one arrival (``rate * duration >= 1``).
 

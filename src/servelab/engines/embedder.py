@@ -81,7 +81,7 @@ EMBEDDING_DIM = 384
 #: longest input in tokens incl. [CLS]/[SEP] (the checkpoint's ``max_position_embeddings``)
 MAX_INPUT_TOKENS = 512
 #: what the converter venv gets: the CPU torch from the machine's local wheel folder, and the
-#: transformers version whose output was checked here (2026-11-30)
+#: transformers version the conversion is pinned to
 CONVERTER_REQUIREMENTS = ("torch==2.13.0+cpu", "transformers==5.19.0")
 Progress = Callable[[str], None]
 

@@ -1,4 +1,4 @@
-"""Memory pitfalls of seed 003 §20 in the plan (issue 23 item 5).
+"""Memory pitfalls of seed 003 §20 in the plan.
 
 * **Speculative decoding loads more than the model.** An MTP module (DeepSeek-V3/R1, GLM-4.5: the
   catalog's ``role: mtp`` component) or a draft model is held in memory next to the target, and each of
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 GIB = 1024**3
-#: Above this ``gpu_memory_utilization`` the plan warns (issue 23 item 5, after seed 003 §20).
+#: Above this ``gpu_memory_utilization`` the plan warns (after seed 003 §20).
 UTILIZATION_HEADROOM_LIMIT = 0.95
 SPECULATIVE_METHODS = ("mtp", "draft")
 

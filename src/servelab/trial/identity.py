@@ -1,4 +1,4 @@
-"""Identity for every candidate, each fact with its source (issue 11 item 2).
+"""Identity for every candidate, each fact with its source.
 
 A candidate's record identity (``identity.candidates.<name>``) gets ``facts``: ``name -> {value,
 source}`` merged from three places, in this order of trust:

@@ -1,4 +1,4 @@
-"""Lifecycle measurements of a launched engine (issue 11 item 5; seed 003 §19): cold vs warm start,
+"""Lifecycle measurements of a launched engine (seed 003 §19): cold vs warm start,
 restart under load and cancellation.
 
 - :func:`warm_start`: the candidate's first launch is its cold start; the engine is stopped and started

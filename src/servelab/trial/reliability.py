@@ -1,4 +1,4 @@
-"""Reliability of a candidate during its load steps (issue 11 item 4; seed 003 §19): timeouts, streams
+"""Reliability of a candidate during its load steps (seed 003 §19): timeouts, streams
 cut off mid-answer, engine crashes and OOMs, restarts — per step — and ``restart: once``.
 
 - :func:`step_counters`: per load step, from the bench's failure classes

@@ -1,4 +1,4 @@
-"""The report's server-side panel per candidate (issue 11 item 6): what the engine itself showed during
+"""The report's server-side panel per candidate: what the engine itself showed during
 each load step — queue length (waiting), running requests, KV-cache use, the process tree's CPU % and
 resident memory, GPU memory when an NVIDIA GPU was watched — and the server's output tokens per second
 beside the client's with their difference; then the lifecycle figures (cold vs warm start, restart

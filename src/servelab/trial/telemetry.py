@@ -1,4 +1,4 @@
-"""Server-side telemetry of a candidate while its load steps run (issue 11 item 3; seed 003 §19).
+"""Server-side telemetry of a candidate while its load steps run (seed 003 §19).
 
 :class:`MetricsSampler` is a thread that, every ``interval_s`` seconds and at each measured step's
 start and end (:meth:`MetricsSampler.boundary`), takes one :class:`TelemetrySample`:

@@ -43,7 +43,7 @@ than that (the same 12-request arrival test of one candidate gave TTFT P95 2.82 
   component tests have size alpha has size at most alpha): "broken in each run's condition"
   is the intersection of the per-run claims, and rejecting each at level 5 % rejects the
   intersection at level 5 % whatever the dependence between runs and whatever shifts the host
-  caused between them. Pooling the runs into one sample was rejected: it assumes the runs are draws
+  caused between them. The runs are not pooled into one sample: that would assume they are draws
   from one distribution, which is exactly what run-to-run variation denies, and would make the
   interval narrower the more the runs disagree;
 - with one run (the budget held no more, or ``repeats: 1``), a "broken" verdict stands only when its

@@ -33,12 +33,8 @@ _now = time.monotonic_ns
 _SPIN_NS = 1_500_000  # fallback: event loops wake timers on a 1 ms grid, so yield-spin through the last 1.5 ms
 #: the timerfd wakes this long before the instant and the rest is yield-spun (I/O keeps flowing). A
 #: sleeping process needs the scheduler, and on a VM the host, to run it again, and a loop busy with a
-#: response when the timerfd fires runs it only after that work. Measured 2026-12-02 00:20 with
-#: ``benches/replay_lateness.py --tails-us 200,1000 --rounds 3`` (200 arrivals at ~98 req/s, zero-delay
-#: mock, interleaved): lateness P99 with a 200 us tail 1.48 / 1.66 / 2.19 ms, with 1 ms 0.30 / 0.54 /
-#: 1.12 ms; a blocking sleep to each instant (no work at all) 0.97 / 0.31 / 0.62 ms; generator CPU per
-#: run 0.34-0.37 s vs 0.42-0.44 s with 1 ms (+20-30 %: the spin also keeps the vCPU from halting, which
-#: is what makes it prompt on this VM).
+#: response when the timerfd fires runs it only after that work. The lateness and CPU of each tail
+#: against the box's floor: ``benches/replay_lateness.py`` (its figures and command in benches/README.md).
 _TAIL_NS = 1_000_000
 
 _CLOCK_MONOTONIC = 1

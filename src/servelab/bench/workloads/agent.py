@@ -1,4 +1,4 @@
-"""Agent loops: the ``tools`` workload continued through tool results (issue 13 item 2).
+"""Agent loops: the ``tools`` workload continued through tool results.
 
 A loop starts like a ``tools`` request (the four :data:`servelab.bench.workloads.tools.TOOLS`, a user request of
 exact length in the target tokenizer). For each of its ``tool_steps`` (M) steps the request is sent with

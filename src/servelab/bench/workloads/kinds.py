@@ -51,7 +51,7 @@ def json_value(text: str, where: str, fix: str) -> Any:
 def check_sendable(obj: Any, where: str) -> None:
     """Raise :class:`ConfigError` (starting with ``where``) unless ``obj`` can be sent as a request
     body: the client serialises with orjson, which refuses nesting deeper than 254 levels ("Recursion
-    limit reached") and integers beyond 64 bits (measured with orjson 3.13.0 on 2026-12-01; limits in
+    limit reached") and integers beyond 64 bits (orjson's limits:
     https://github.com/ijl/orjson#serialize) — found here, once, instead of failing every request."""
     try:
         orjson.dumps(obj)

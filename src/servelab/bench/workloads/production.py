@@ -1,4 +1,4 @@
-"""The production-like workloads of ``servelab bench`` (issue 13): their options, checked once before any
+"""The production-like workloads of ``servelab bench``: their options, checked once before any
 engine starts, and the workload objects the run's factory builds.
 
 =================  ==========================================================  ==============================

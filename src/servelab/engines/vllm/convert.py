@@ -7,10 +7,9 @@ template is written next to it (the launcher passes it with ``--chat-template``)
 ``generation_config.json`` lists ``<end_of_turn>`` as an end token so a chat answer stops at the end of
 the model's turn.
 
-Found here (2026-11-30): the tokenizer rebuilt from the GGUF drops ``add_bos_token`` (fixed in the
-conversion); the default GGUF is the *base* Gemma 3 270M, and without Gemma's sampling defaults
-(``top_k=64, top_p=0.95``, written to ``generation_config.json``) vLLM samples the full vocabulary.
-Greedy outputs of vLLM match transformers' exactly.
+The conversion sets ``add_bos_token``, which the tokenizer rebuilt from the GGUF drops, and writes
+Gemma's sampling defaults (``top_k=64, top_p=0.95``) to ``generation_config.json``: the default GGUF is
+the *base* Gemma 3 270M, and without them vLLM samples the full vocabulary.
 """
 
 from __future__ import annotations
