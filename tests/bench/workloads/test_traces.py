@@ -97,8 +97,45 @@ def _schedule_lags_ms(base_url: str, specs: list, offsets_ns: list[int], rate: f
     return np.asarray(asyncio.run(go())) / 1e6
 
 
-@pytest.mark.parametrize("fmt", ["mooncake", "azure", "burstgpt"])
-def test_replay_keeps_the_trace_times(mock_engine, tmp_path: Path, fmt: str) -> None:
+FORMATS = ("mooncake", "azure", "burstgpt")
+
+
+def _replay_trace(tmp_path: Path, fmt: str) -> Path:
+    """200 arrivals at ~100 req/s (exponential gaps, seed 7, ten at one instant) written in ``fmt``."""
+    rng = np.random.default_rng(7)
+    t_ms = np.sort(np.round(rng.exponential(10.0, 200).cumsum())).astype(int)
+    t_ms[50:60] = t_ms[50]  # ten requests at the same instant
+    if fmt == "mooncake":
+        return _mooncake(tmp_path / "t.jsonl", [{"timestamp": int(t), "input_length": 40, "output_length": 4,
+                                                 "hash_ids": [0]} for t in t_ms])
+    p = tmp_path / f"{fmt}.csv"
+    if fmt == "azure":
+        p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+            f"2023-11-16 18:{15 + int(t) // 60000:02d}:{int(t) % 60000 / 1000:09.6f},40,4\n" for t in t_ms))
+    else:
+        p.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "".join(
+            f"{t / 1000},ChatGPT,40,4,44,API log\n" for t in t_ms))
+    return p
+
+
+def test_the_three_formats_give_one_schedule(tmp_path: Path) -> None:
+    """The same arrivals written as Mooncake, Azure and BurstGPT parse to the same send offsets, rate and
+    request sizes: the replay below may pool one round of each format. Azure's wall-clock timestamps go
+    through a float of seconds since the epoch (~0.2 us resolution at 1.7e9 s), so offsets agree within
+    1 us (a thousandth of the replay's 1 ms bound); the order of arrivals is exact."""
+    traces = {fmt: read_trace(_replay_trace(tmp_path, fmt)) for fmt in FORMATS}
+    offsets = {fmt: np.asarray(replay_offsets_ns(tr)) for fmt, tr in traces.items()}
+    assert all(len(tr.entries) == 200 for tr in traces.values())
+    for fmt in ("azure", "burstgpt"):
+        assert int(np.abs(offsets[fmt] - offsets["mooncake"]).max()) <= 1_000, fmt
+        assert (np.argsort(offsets[fmt], kind="stable") == np.argsort(offsets["mooncake"], kind="stable")).all()
+    rates = [tr.rate_rps for tr in traces.values()]
+    assert max(rates) - min(rates) <= 1e-6 * min(rates), rates
+    for tr in traces.values():
+        assert all((e.input_tokens, e.output_tokens) == (40, 4) for e in tr.entries)
+
+
+def test_replay_keeps_the_trace_times(mock_engine, tmp_path: Path) -> None:
     """200 requests at the trace's own rate (~100 req/s, bursts of simultaneous arrivals included) are
     sent on time: the generator's lateness P99 is within 1 ms of the box's floor for the same schedule.
 
@@ -106,28 +143,16 @@ def test_replay_keeps_the_trace_times(mock_engine, tmp_path: Path, fmt: str) -> 
     the host deschedules vCPUs for 1-5 ms, so even that wakes > 1 ms late at P99 at times (the CI run
     of 2026-12-01 saw servelab's P99 at 1.4-1.6 ms in three tries). Three rounds of servelab's replay
     are interleaved with three of the floor and the pooled P99s compared; the median lateness must
-    also be within 1 ms absolute."""
-    rng = np.random.default_rng(7)
-    t_ms = np.sort(np.round(rng.exponential(10.0, 200).cumsum())).astype(int)
-    t_ms[50:60] = t_ms[50]  # ten requests at the same instant
-    if fmt == "mooncake":
-        p = _mooncake(tmp_path / "t.jsonl", [{"timestamp": int(t), "input_length": 40, "output_length": 4,
-                                              "hash_ids": [0]} for t in t_ms])
-    elif fmt == "azure":
-        p = tmp_path / "t.csv"
-        p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
-            f"2023-11-16 18:{15 + int(t) // 60000:02d}:{int(t) % 60000 / 1000:09.6f},40,4\n" for t in t_ms))
-    else:
-        p = tmp_path / "t.csv"
-        p.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "".join(
-            f"{t / 1000},ChatGPT,40,4,44,API log\n" for t in t_ms))
-    tr = read_trace(p)
-    assert len(tr.entries) == 200
+    also be within 1 ms absolute. Each round replays another format's own parsed trace (requests and
+    offsets); :func:`test_the_three_formats_give_one_schedule` shows the three schedules are identical,
+    so the rounds are repeats of one schedule, as before when each format ran its own three rounds."""
+    traces = [read_trace(_replay_trace(tmp_path, fmt)) for fmt in FORMATS]
     mp = mock_engine("--ttft-ms", "0", "--itl-ms", "0")
-    specs, offsets = trace_requests(tr, None), replay_offsets_ns(tr)
     ours: list[np.ndarray] = []
     floor: list[np.ndarray] = []
-    for _ in range(3):
+    for tr in traces:
+        assert len(tr.entries) == 200
+        specs, offsets = trace_requests(tr, None), replay_offsets_ns(tr)
         gc.collect()
         gc.disable()
         try:
@@ -138,9 +163,9 @@ def test_replay_keeps_the_trace_times(mock_engine, tmp_path: Path, fmt: str) -> 
             gc.enable()
     lags, base = np.concatenate(ours), np.concatenate(floor)
     p99, p99_floor = float(np.percentile(lags, 99)), float(np.percentile(base, 99))
-    print(f"\n{fmt}: {tr.rate_rps:.0f} req/s, schedule lag P50 {np.median(lags):.3f} ms, P99 {p99:.3f} ms, "
-          f"max {lags.max():.3f} ms; floor (blocking sleep) P50 {np.median(base):.3f}, P99 {p99_floor:.3f}, "
-          f"max {base.max():.3f} ms (n={len(lags)} each)")
+    print(f"\n{'/'.join(tr.format for tr in traces)}: {traces[0].rate_rps:.0f} req/s, schedule lag P50 "
+          f"{np.median(lags):.3f} ms, P99 {p99:.3f} ms, max {lags.max():.3f} ms; floor (blocking sleep) P50 "
+          f"{np.median(base):.3f}, P99 {p99_floor:.3f}, max {base.max():.3f} ms (n={len(lags)} each)")
     assert float(np.median(lags)) <= 1.0, lags
     assert p99 <= p99_floor + 1.0, (p99, p99_floor)
 
