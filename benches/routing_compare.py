@@ -216,7 +216,7 @@ class Replicas:
                 self.roots.append(url[: -len("/v1")])
             return
         from servelab.engines.llamacpp import LlamaCppLauncher
-        from servelab.engines.llamacpp.build import find_llama_server
+        from servelab.engines.llamacpp.cache import find_llama_server
 
         binary = find_llama_server()
         if binary is None:

@@ -169,14 +169,9 @@ def check_llama_server(run: bool = True) -> list[Check]:
     """A cached llama-server build for this CPU (no ISA it lacks, proven when built) and, with
     ``run``, one streamed token from it now; plus the build tools when nothing is cached."""
     from servelab.engines.isa import host_cpu
-    from servelab.engines.llamacpp.build import (
-        IncompatibleBuildError,
-        check_host,
-        find_llama_server,
-        legacy_binaries,
-        prove_llama_server,
-        read_manifest,
-    )
+    from servelab.engines.llamacpp.binary import prove_llama_server
+    from servelab.engines.llamacpp.cache import check_host, find_llama_server, legacy_binaries, read_manifest
+    from servelab.engines.llamacpp.manifest import IncompatibleBuildError
 
     cpu = host_cpu()
     amx = any(f.startswith("amx") for f in cpu.flags)

