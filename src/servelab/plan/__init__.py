@@ -18,7 +18,8 @@ paging), :mod:`.llamacpp`, :mod:`.roofline`, :mod:`.layouts`, :mod:`.estimate`, 
 
 from __future__ import annotations
 
-from servelab.plan.estimate import CapacityPlan, estimate, smallest_fitting_layout
+from servelab.plan.capacity_plan import CapacityPlan
+from servelab.plan.estimate import estimate, smallest_fitting_layout
 from servelab.plan.kv import sequence_state
 from servelab.plan.layouts import Layout, default_layout
 from servelab.plan.llamacpp import llamacpp_memory
