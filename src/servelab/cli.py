@@ -15,8 +15,8 @@ from servelab.lazy_commands import LazyCommand, lazy_group
 if TYPE_CHECKING:
     from servelab.wire.config import PublishedSchema
 
-#: Every subcommand but ``schema``: imported only when it runs (:mod:`servelab.lazy_commands`; a
-#: start used to import them all, ~1.4 s). The summary is its line in ``servelab --help``.
+#: Every subcommand but ``schema``: imported only when it runs (:mod:`servelab.lazy_commands`, so a
+#: start does not import them all). The summary is its line in ``servelab --help``.
 COMMANDS: dict[str, LazyCommand] = {
     "bench": LazyCommand(
         "servelab.bench.cli", "bench_command", "Load-test an OpenAI-compatible server: latency, goodput."

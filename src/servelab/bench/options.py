@@ -15,7 +15,7 @@ Limits servelab sets itself (documented in docs/summary-schema.md and the README
 - :data:`MAX_REQUESTS_PER_STEP`: 1,000,000 requests per step (their specs are built up front).
 - :data:`MAX_MIX_WEIGHT`: 1,000 per set in a ``mix`` ratio (a block holds ``sum(weights)`` requests).
 - :data:`MIN_RATE_RPS` to :data:`MAX_RATE_RPS`: ``--rate`` from 0.001 requests/s (one arrival every
-  1,000 s on average; a lower rate used to overflow the arrival clock and fire every request at once)
+  1,000 s on average; a lower rate would overflow the arrival clock and fire every request at once)
   to 1,000,000 requests/s (past that every arrival lands in the same microsecond: a burst, not a rate).
 - :data:`MIN_BURSTINESS` to :data:`MAX_BURSTINESS`: the gamma shape ``--burstiness`` from 0.01
   (coefficient of variation 10) to 100 (CV 0.1, nearly constant); vLLM's ``benchmark_serving
@@ -163,7 +163,7 @@ class EngineOptions(BaseModel):
 def dataset_max_tokens(value: Any, where: str) -> int:
     """A dataset entry's ``max_tokens``/``output_tokens``: an integer (not a bool) from 1 to
     :data:`MAX_OUTPUT_TOKENS`. Raises :class:`ConfigError` starting with ``where`` (e.g. ``"dataset
-    d.jsonl: line 3"``); a value past 2^63 used to reach the JSON encoder and end in a traceback."""
+    d.jsonl: line 3"``); a value past 2^63 would otherwise reach the JSON encoder and end in a traceback."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OUTPUT_TOKENS:
         raise ConfigError(
             f"{where}: max_tokens/output_tokens must be an integer from 1 to {MAX_OUTPUT_TOKENS} "

@@ -276,7 +276,7 @@ def non_finite_path(data: Any, path: str = "") -> tuple[str, str] | None:
     """The first float in ``data`` (parsed YAML: dicts, lists, scalars) that is infinite or not a
     number, as (``a.b[0].c``, its YAML spelling ``.inf``/``-.inf``/``.nan``); ``None`` when there is
     none. Every number of an experiment (timeouts, rates, engine settings) must be finite: ``timeout_s:
-    .inf`` used to pass ``--check``."""
+    .inf`` is refused like any other bad value."""
     if isinstance(data, float) and not math.isfinite(data):
         return path or "(top level)", ".nan" if math.isnan(data) else (".inf" if data > 0 else "-.inf")
     if isinstance(data, dict):

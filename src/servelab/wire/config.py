@@ -6,7 +6,7 @@ JSON Schemas servelab publishes for editors (``servelab schema write|check``).
   :class:`FrozenModel` instances are also immutable (snapshots shared between requests or threads).
 - :func:`read_yaml_file`: a user's YAML file, every problem as one :class:`ConfigError` line (nesting
   deeper than :data:`MAX_YAML_DEPTH` included: PyYAML's composer recurses per level, and a 5,000-deep
-  list used to end in a 1,100-line RecursionError).
+  list would otherwise end in a RecursionError traceback).
 - :func:`validation_error_line`: a :class:`pydantic.ValidationError` as ``SOURCE: PATH: PROBLEM; FIX
   (+N more)``; :func:`error_problem` renders one error's ``PROBLEM`` for callers with their own head.
 - :class:`PublishedSchema`: one committed JSON Schema file, generated from a model, written or checked.

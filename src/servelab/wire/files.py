@@ -1,13 +1,10 @@
-"""Turning on uvloop for servers. (:func:`read_yaml_file` moved to :mod:`servelab.wire.config`; it is
-re-exported here for old imports.)"""
+"""Turning on uvloop for servers."""
 
 from __future__ import annotations
 
 import asyncio
 
-from servelab.wire.config import read_yaml_file as read_yaml_file
-
-__all__ = ["install_uvloop", "read_yaml_file"]
+__all__ = ["install_uvloop"]
 
 
 def install_uvloop() -> bool:

@@ -61,7 +61,7 @@ def parse_slo(text: str | None) -> list[Objective]:
     """Parse an SLO string (module doc); ``None`` or ``""`` means no objectives (an experiment's
     ``slo``; ``servelab bench --slo ''`` is refused by :class:`~servelab.bench.load.config.BenchConfig`).
     Raises :class:`ConfigError` naming the bad part and the fix, also for a list with an empty item
-    (``','``, ``'a,,b'``: :func:`servelab.bench.options.split_list`) that used to mean "no SLO"."""
+    (``','``, ``'a,,b'``: :func:`servelab.bench.options.split_list`) which would otherwise read as "no SLO"."""
     if not text:
         return []
     out = []

@@ -62,8 +62,8 @@ def arrival_offsets_s(n: int, rate_rps: float, arrival: str, seed: int, gamma_sh
     The first request goes at offset 0.
 
     Raises ``ValueError`` for a rate or shape that is not finite and > 0, and for offsets that are
-    not finite or do not fit in int64 nanoseconds (292 years): a rate of 1e-300 req/s used to overflow
-    the clock to garbage that sent every request at once. ``servelab bench`` bounds both first
+    not finite or do not fit in int64 nanoseconds (292 years): a rate of 1e-300 req/s would overflow
+    the clock and send every request at once. ``servelab bench`` bounds both first
     (:data:`servelab.bench.options.MIN_RATE_RPS`, :data:`~servelab.bench.options.MIN_BURSTINESS`).
     """
     if not (math.isfinite(rate_rps) and rate_rps > 0):
