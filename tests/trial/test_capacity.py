@@ -69,7 +69,7 @@ timeout_s: 20
 repeats: 1
 mix_sweep: false
 arrival_test: {enabled: false}
-capacity: {requests: 40, max_probes: 9, start_rps: 4, tolerance: 0.02, arrival: constant}
+capacity: {requests: 40, max_probes: 9, start_rps: 4, tolerance: 0.02, arrival: constant, model_check: true}
 """
 
 
@@ -97,3 +97,10 @@ def test_capacity_search_finds_known_service_rate(tmp_path) -> None:
     assert cm["fit"]["params"]["slots"] == SLOTS and cm["fit"]["params"]["slots_identified"], cm["fit"]
     assert cm["validation"]["steps"] and cm["validation"]["median_abs_error"] is not None
     assert cm["search"]["probes_agreeing"] >= len(cm["search"]["probes"]) - 1, cm["search"]
+    # model_check: one extra probe at the rate the model chose, predicted by the fit made before it ran
+    ck = cm["check"]
+    assert ck["rate_rps"] > 0 and ck["reason"] and ck.get("note") is None, ck
+    assert ck["step"]["fitted_on"] == cm["fit"]["steps"] and ck["step"]["requests"] == 40
+    assert ck["measured_held"] is not None and ck["predicted_held"] is not None
+    assert (tmp_path / "run" / "candidates" / "m" / "capacity" / f"r{ck['rate_rps']:.4g}" / "requests.jsonl").is_file()
+    assert len(cap["probes"]) == len(cm["search"]["probes"])  # the extra probe is not one of the search's

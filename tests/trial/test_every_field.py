@@ -1006,6 +1006,18 @@ def _capacity(request: pytest.FixtureRequest) -> None:
     assert rec2.result("m").capacity is None and rec2.method.capacity_search == {}
 
 
+@case("capacity.model_check")
+def _capacity_model_check(request: pytest.FixtureRequest) -> None:
+    """Off by default: the capacity model is recorded after the search, with no extra probe (on: one
+    extra probe predicted by the fit made before it, tests/trial/test_capacity.py)."""
+    rec, out, _ = _fx(request, "decisions")
+    cm = rec.result("own-price").capacity_model
+    assert cm is not None and cm.check is None and cm.fit.requests > 0
+    probes = rec.result("own-price").capacity.probes
+    ran = sorted(p.name for p in (out / "candidates" / "own-price" / "capacity").iterdir())
+    assert ran == sorted(f"r{p.rate_rps:.4g}" for p in probes if p.step)
+
+
 @case("capacity.requests")
 def _capacity_requests(request: pytest.FixtureRequest) -> None:
     rec, out, _ = _fx(request, "decisions")

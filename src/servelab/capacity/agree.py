@@ -95,20 +95,21 @@ def check_search(
     by_step = {
         st.label.split(":", 1)[0].removeprefix("capacity/"): st for st in steps if st.label.startswith("capacity/")
     }
-    checks = []
+    checks, found = [], []
     for rate, held, step in probes:
-        st = by_step.get(step)
+        st = by_step.get(f"r{rate:.4g}") or by_step.get(step)  # the trial's folder name, else the step label
         if st is None:
             continue
         pred = _held_at(p, st, rate, rate, slo)
         checks.append(
             ProbeCheck(rate_rps=rate, step=step, measured_held=held, predicted_held=pred, agrees=pred == held)
         )
+        found.append(st)
     if not checks:
         return None
-    reqs = [r for c in checks for r in by_step[c.step].requests]
-    n = max(len(by_step[c.step].requests) for c in checks)
-    templates = [(by_step[c.step], c.rate_rps) for c in checks]
+    reqs = [r for st in found for r in st.requests]
+    n = max(len(st.requests) for st in found)
+    templates = [(st, c.rate_rps) for st, c in zip(found, checks, strict=True)]
     sustained, _ = capacity(p, EvidenceDraws(reqs, p), slo, shape, seed)
     cap = probe_sized_capacity(p, templates, slo, seed)
     caps = [probe_sized_capacity(b, templates, slo, seed) for b in boots]

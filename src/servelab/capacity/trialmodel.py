@@ -62,17 +62,28 @@ def candidate_model(
 
 
 def check_rate(search: SearchCheck | None) -> tuple[float, str] | None:
-    """The extra load point's rate (req/s) and why (module doc); ``None`` without a search check."""
+    """The extra load point's rate (req/s) and why (module doc); ``None`` without a search check. A rate
+    the search already probed (same folder name, 4 significant digits) is moved halfway to the next
+    probed rate above it (x1.25 when none), so the check measures a new point."""
     if search is None or not search.model_capacity_rps:
         return None
     rate = search.model_capacity_rps
+    reason = f"where the model predicts probes of {search.probe_requests} requests stop meeting the SLO"
     lo, hi = search.measured_held_rps, search.measured_broke_rps
     if lo is not None and hi is not None and not lo <= rate < hi:
-        return (lo + hi) / 2, (
-            f"the model's break rate {rate:.3g} req/s lies outside the search's bracket "
-            f"[{lo:.3g}, {hi:.3g}): the bracket's middle"
+        rate, reason = (
+            (lo + hi) / 2,
+            (
+                f"the model's break rate {rate:.3g} req/s lies outside the search's bracket "
+                f"[{lo:.3g}, {hi:.3g}): the bracket's middle"
+            ),
         )
-    return rate, f"where the model predicts probes of {search.probe_requests} requests stop meeting the SLO"
+    probed = sorted(p.rate_rps for p in search.probes)
+    if any(f"{r:.4g}" == f"{rate:.4g}" for r in probed):
+        above = [r for r in probed if r > rate * (1 + 1e-9)]
+        rate = (rate + above[0]) / 2 if above else rate * 1.25
+        reason += "; moved off the rate the search already probed"
+    return rate, reason
 
 
 def check_point(

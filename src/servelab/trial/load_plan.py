@@ -174,7 +174,10 @@ class CapacitySearch(StrictModel):
     at most (default 4: bracketing by doubling, then bisection); ``start_rps``: the first rate
     (``None`` = ``goal.expected_rate_rps``, else the completed requests/s at the ranked level);
     ``tolerance``: stop bisecting when the bracket is this narrow, relative (default 0.05);
-    ``arrival``: ``goal`` (gamma of shape ``goal.burstiness``), ``poisson`` or ``constant``."""
+    ``arrival``: ``goal`` (gamma of shape ``goal.burstiness``), ``poisson`` or ``constant``;
+    ``model_check``: after the search, one extra probe (budgeted like the others) at the rate where the
+    candidate's capacity model predicts probes like the search's stop meeting the SLO, to check it
+    (:mod:`servelab.capacity.trialmodel`; default false)."""
 
     enabled: bool = Field(True, description="run the capacity search")
     requests: int = Field(12, ge=2, le=MAX_REQUESTS_PER_STEP, description="requests per probe")
@@ -182,6 +185,9 @@ class CapacitySearch(StrictModel):
     start_rps: float | None = Field(None, gt=0, description="first rate, requests/s (null = expected rate)")
     tolerance: float = Field(0.05, gt=0, lt=1, description="relative width of the bracket to stop at")
     arrival: Literal["goal", "poisson", "constant"] = Field("goal", description="arrival process of the probes")
+    model_check: bool = Field(
+        False, description="after the search, one extra probe where the capacity model predicts the SLO breaks"
+    )
 
 
 def default_steps() -> Steps:

@@ -3,6 +3,7 @@ expected rate (with bursts) and the capacity search, each checked against the tr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from servelab.bench.load.step import LoadModel
@@ -199,14 +200,19 @@ class OpenLoop:
                 + ("" if held is not None else "; none held"),
             )
         result.capacity = found
-        self.capacity_model(name, result, found)
+        self.capacity_model(name, result, found, probe if cap.model_check else None)
 
-    def capacity_model(self, name: str, result: CandidateResult, found: Capacity) -> None:
+    def capacity_model(
+        self, name: str, result: CandidateResult, found: Capacity, probe: Callable[[float], Probe] | None = None
+    ) -> None:
         """The candidate's performance model (:mod:`servelab.capacity.trialmodel`: fitted on its
         steps and probes so far, validated on held-out steps, set against the capacity search) into
-        ``result.capacity_model``; a fit that cannot be made is said, not raised."""
+        ``result.capacity_model``; with ``probe`` (``capacity.model_check``) one extra probe at the rate
+        the model chose, checked against the model's prediction. A fit that cannot be made is said,
+        not raised."""
         from servelab.capacity.evidence import declared_slots
-        from servelab.capacity.trialmodel import candidate_model
+        from servelab.capacity.results import ModelCheck
+        from servelab.capacity.trialmodel import candidate_model, check_point, check_rate
 
         spec = next((c for c in self.ctx.exp.candidates if c.name == name), None)
         settings = getattr(spec, "settings", None)
@@ -227,12 +233,30 @@ class OpenLoop:
             return
         if got is None:
             return
-        cc, _ = got
+        cc, boots = got
         result.capacity_model = cc
         v, sc = cc.validation, cc.search
         err = "" if v is None or v.median_abs_error is None else f", held-out median |error| {v.median_abs_error:.0%}"
         agree = "" if sc is None else f", {'agrees' if sc.agrees else 'disagrees'} with the capacity search"
         self.ctx.say(f"[{name}] capacity model fitted on {cc.fit.requests} requests{err}{agree}")
+        pick = check_rate(sc) if probe is not None else None
+        if probe is None or pick is None:
+            return
+        rate, reason = pick
+        pr = probe(rate)
+        if not pr.step:  # not run: the trial budget
+            cc.check = ModelCheck(rate_rps=rate, reason=reason, note="; ".join(pr.broken_by) or "not run")
+            return
+        folder = self.ctx.out / "candidates" / name / "capacity" / f"r{rate:.4g}"
+        cc.check = check_point(
+            cc.fit.params, boots[:10], folder, rate, reason, pr.held, self.ctx.objectives, cc.fit.steps
+        )
+        said = (
+            ""
+            if cc.check.predicted_held is None
+            else f"; the model predicted it would {'hold' if cc.check.predicted_held else 'break'}"
+        )
+        self.ctx.say(f"[{name}] model check at {rate:.3g} req/s ({reason}){said}")
 
     def arrival(
         self,
