@@ -90,3 +90,24 @@ def test_no_vllm_process_left(trial):
                  if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])
                  and str(rec["identity"]["candidates"]["vllm"]["engine"]["port"]) in " ".join(p.info["cmdline"] or [])]
     assert not leftovers
+
+
+def test_capacity_model_held_out_on_both_engines(trial):
+    """Issue 23: the capacity model fitted on each engine's own requests of this trial, every step held
+    out in turn (servelab.capacity.validate); the errors are printed for the record, whatever they are
+    (4-request steps: a P95 is one request). The bound is a guard against a broken law, not the 10 %
+    goal, which docs/capacity.md §4 reports against."""
+    from servelab.capacity.evidence import from_trial_candidate
+    from servelab.capacity.validate import validate
+
+    _, _, out = trial
+    for name, slots in (("llamacpp", 4), ("vllm", 8)):
+        steps = from_trial_candidate(out, name)
+        v = validate(steps, declared_slots=slots, bootstrap=0)
+        assert len(v.steps) == len(steps) >= 4, (name, [s.label for s in steps])
+        for c in v.steps:
+            assert all(pr.measured and pr.error is not None for pr in (c.ttft_p50_s, c.ttft_p95_s, c.output_tps))
+        assert v.median_abs_error is not None and v.max_abs_error is not None
+        print(f"{name}: held-out median |error| {v.median_abs_error:.1%}, max {v.max_abs_error:.1%} "
+              f"over {len(v.steps)} steps x 3 figures")
+        assert v.median_abs_error < 1.0, (name, v.median_abs_error)
