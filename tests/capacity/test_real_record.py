@@ -8,7 +8,7 @@ waits for each prompt batch) and not on the 1-slot one; every probe of the trial
 gets the verdict the engine gave; what the search would find under the model meets the search's
 bracket; the held-out error stays under a guard well above what this fixture gives (np1 ~5 %, np4
 ~14 % median |error|: printed by ``servelab capacity examples/traffic.yaml --record RUN``), so a
-change that breaks the llama.cpp law fails here. In-process, ~15 s."""
+change that breaks the llama.cpp law fails here. In-process, a few seconds."""
 
 from __future__ import annotations
 
