@@ -21,7 +21,7 @@ import pytest
 from conftest import gateway_key, launch_llama
 from gateway.test_server import post
 
-from servelab.gateway.routing import stable_unit
+from servelab.gateway.hashing import stable_unit
 
 
 def _chat(model: str, **kw: Any) -> dict[str, Any]:

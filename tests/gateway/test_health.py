@@ -13,7 +13,7 @@ import pytest
 
 from servelab.gateway.breaker import CLOSED, HALF_OPEN, OPEN, BreakerBoard, BreakerSettings
 from servelab.gateway.health import HealthChecker, health_url
-from servelab.gateway.routing import Backend
+from servelab.gateway.routespec import Backend
 
 
 def backend(mp, name: str = "m1", kind: str = "mock", **kw) -> Backend:

@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 from servelab.engines.mock.cache import BLOCK_WORDS, PrefixCache
 from servelab.gateway.config import load_config
 from servelab.gateway.picker import PickContext, Picker, PickerSettings, PickerState, ScoreWeights, prompt_blocks
-from servelab.gateway.routing import Backend, ModelRoute, Router, TargetSpec
+from servelab.gateway.routespec import Backend, ModelRoute, TargetSpec
+from servelab.gateway.routing import Router
 from servelab.wire.errors import ConfigError
 
 NAMES = ["a", "b", "c"]

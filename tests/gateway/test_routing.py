@@ -17,8 +17,9 @@ from hypothesis_profiles import examples
 
 from servelab.gateway.breaker import BreakerBoard, BreakerSettings
 from servelab.gateway.errors import GatewayError
-from servelab.gateway.routing import (Backend, FallbackSpec, ModelRoute, Router, ShadowSpec, TargetSpec,
-                                      affinity_text, hrw_order, stable_unit)
+from servelab.gateway.hashing import affinity_text, hrw_order, stable_unit
+from servelab.gateway.routespec import Backend, FallbackSpec, ModelRoute, ShadowSpec, TargetSpec
+from servelab.gateway.routing import Router
 from servelab.wire.errors import ConfigError
 
 
@@ -78,7 +79,7 @@ def test_affinity_same_prefix_same_replica_across_instances_and_listing_order() 
 
 
 def test_affinity_is_stable_across_processes_with_different_hash_seeds() -> None:
-    code = ("from servelab.gateway.routing import hrw_order\n"
+    code = ("from servelab.gateway.hashing import hrw_order\n"
             "import sys\n"
             "names=[f'r{i}' for i in range(5)]\n"
             "print(','.join(hrw_order(f'key-{k}', names)[0] for k in range(200)))\n")

@@ -28,10 +28,10 @@ from servelab.gateway import capabilities as caps_mod
 from servelab.gateway.apis import ApiAdapter
 from servelab.gateway.errors import GatewayError, bad_request
 from servelab.gateway.keys import KeyInfo
+from servelab.gateway.leases import LoadTracker
 from servelab.gateway.limits import Admission, Limiter, Limits
 from servelab.gateway.metrics import GatewayMetrics
 from servelab.gateway.reqstate import RequestState
-from servelab.gateway.routing import LoadTracker
 from servelab.gateway.served import ServedCount, choices_per_prompt
 from servelab.gateway.snapshot import Snapshot
 

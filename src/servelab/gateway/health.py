@@ -31,7 +31,7 @@ import aiohttp
 from servelab.gateway.breaker import BreakerBoard
 from servelab.gateway.fdbudget import is_local_resource_error
 from servelab.gateway.listener import RateLimitedLog
-from servelab.gateway.routing import Backend
+from servelab.gateway.routespec import Backend
 from servelab.wire.dialects import DIALECTS
 
 __all__ = ["HEALTH_PATHS", "HealthChecker", "HealthStatus", "health_url"]

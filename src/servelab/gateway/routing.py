@@ -48,8 +48,7 @@ Policies, in the order they apply:
 Outstanding requests are counted with :meth:`Router.acquire` / :class:`~servelab.gateway.leases.Lease` (per
 backend, shared by all Routers built with the same :class:`~servelab.gateway.leases.LoadTracker`, so a hot
 reload keeps the counts). The descriptors and the plan are in :mod:`servelab.gateway.routespec`, the
-hashes in :mod:`servelab.gateway.hashing`, the counts in :mod:`servelab.gateway.leases`; their names are
-importable from here too.
+hashes in :mod:`servelab.gateway.hashing`, the counts in :mod:`servelab.gateway.leases`.
 """
 
 from __future__ import annotations
@@ -75,27 +74,12 @@ from servelab.gateway.routespec import (
     FallbackSpec,
     ModelRoute,
     RoutePlan,
-    ShadowSpec,
     Target,
     TargetSpec,
 )
 from servelab.wire.errors import ConfigError
 
-__all__ = [
-    "Backend",
-    "FallbackSpec",
-    "Lease",
-    "LoadTracker",
-    "ModelRoute",
-    "RoutePlan",
-    "Router",
-    "ShadowSpec",
-    "Target",
-    "TargetSpec",
-    "affinity_text",
-    "hrw_order",
-    "stable_unit",
-]
+__all__ = ["Router"]
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 

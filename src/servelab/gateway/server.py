@@ -65,6 +65,7 @@ from servelab.gateway.config import GatewayConfig
 from servelab.gateway.endpoints import Endpoints, error_response, request_id, starting
 from servelab.gateway.enginegauges import EngineGauges
 from servelab.gateway.errors import GatewayError
+from servelab.gateway.leases import LoadTracker
 from servelab.gateway.ledger import Ledger
 from servelab.gateway.ledgerstart import LEDGER_RETRY_MAX_S, LEDGER_RETRY_S, WORKER_KEYS_REFRESH_S, LedgerStart
 from servelab.gateway.limits import Admission, Limiter, safe_url
@@ -74,7 +75,6 @@ from servelab.gateway.picker import PickerState
 from servelab.gateway.relay import Relay, map_finish_bytes, openai_finish
 from servelab.gateway.reloading import RELOAD_POLL_S, HotReload
 from servelab.gateway.reqstate import RequestState
-from servelab.gateway.routing import LoadTracker
 from servelab.gateway.shadow import ShadowBook, ShadowSide
 from servelab.gateway.snapshot import Snapshot, breaker_settings
 from servelab.gateway.timeline import TimedConnector

@@ -12,9 +12,11 @@ import aiohttp
 
 from servelab.gateway.breaker import BreakerBoard, BreakerSettings, RetryBudget
 from servelab.gateway.config import GatewayConfig, ModelEntry
+from servelab.gateway.leases import LoadTracker
 from servelab.gateway.picker import Picker, PickerSettings, PickerState, ScoreWeights
-from servelab.gateway.routing import Backend as RouteBackend
-from servelab.gateway.routing import FallbackSpec, LoadTracker, ModelRoute, Router, ShadowSpec, TargetSpec
+from servelab.gateway.routespec import Backend as RouteBackend
+from servelab.gateway.routespec import FallbackSpec, ModelRoute, ShadowSpec, TargetSpec
+from servelab.gateway.routing import Router
 
 __all__ = ["Snapshot", "breaker_settings", "model_card"]
 

@@ -134,7 +134,7 @@ class Timeline:
 
 
 def route_event(plan: Any, outstanding: Callable[[str], int]) -> dict[str, Any]:
-    """The ``routed`` event of route plan ``plan`` (:class:`~servelab.gateway.routing.RoutePlan`):
+    """The ``routed`` event of route plan ``plan`` (:class:`~servelab.gateway.routespec.RoutePlan`):
     ``candidates`` ``[[backend, role, requests in flight there], ...]`` in the order they will be tried,
     and ``why`` (how the first was chosen: the plan's own reason when the router gives one, prefix
     affinity, a fallback first because the model had no target, a task route, else the weighted split)."""

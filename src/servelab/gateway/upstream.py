@@ -34,11 +34,12 @@ from servelab.gateway.apis import native
 from servelab.gateway.breaker import RetryBudget, backoff_s
 from servelab.gateway.errors import GatewayError
 from servelab.gateway.fdbudget import is_local_resource_error
+from servelab.gateway.hashing import affinity_text
 from servelab.gateway.keys import KeyInfo
 from servelab.gateway.metrics import GatewayMetrics
 from servelab.gateway.relay import Relay
 from servelab.gateway.reqstate import RequestState, UpstreamFailed
-from servelab.gateway.routing import Target, affinity_text
+from servelab.gateway.routespec import Target
 from servelab.gateway.shadow import ShadowBook, ShadowRun, fetch_shadow, sample_of
 from servelab.gateway.snapshot import Snapshot
 from servelab.gateway.timeline import attempt_event, route_event, skip_reason
