@@ -54,6 +54,16 @@ entry); closing lines give each run's requests per worker (access logs), each mu
 req/core-s against the 1-worker run of its round (``wN`` also against ``wNi``), and per comparison the
 median, range and number of rounds within 10 % (issue 15 item 6). ``--rps-only`` skips the latency part.
 
+Variants of one gateway (``--variants``, ``--rounds K``): the ``servelab`` target runs once per variant, the
+list K times with every other round reversed, and the closing lines give each run's req/core-s against the first
+variant's in the same round (then the median and range of those paired ratios). A variant is ``NAME`` (this
+checkout) or ``NAME=OPT[+OPT]`` with ``src:DIR`` (that ``src/`` as the gateway's PYTHONPATH only: an older commit
+checked out with ``git worktree add``, measured by the same client and mock) and ``tracing[:RATIO]`` (the
+config's ``tracing`` section exporting over OTLP/HTTP to a receiver this script starts on the client CPU, sample
+ratio 1 unless given). ``--gateway-src DIR`` sets the same PYTHONPATH for a plain ``servelab`` run. Examples:
+``--targets direct,servelab --rps-only --rounds 6 --variants now,old=src:/tmp/wt-old/src`` (a regression) and
+``--variants off,on=tracing`` (what tracing costs).
+
 Processes that share a core pay for it: each switch between them leaves the next one a cold L1/L2 cache, and
 the kernel switches two busy processes every slice (EEVDF's default here: 1.4 ms). An entry ``N@MS``
 (``--gateway-workers 1,2,1@20,2@20``) makes every thread of that run's gateway request a scheduler slice of
@@ -237,6 +247,131 @@ def start_redis(work: Path, cpu: str) -> tuple[subprocess.Popen[bytes], str]:
     sys.exit(f"redis-server did not start: {(work / 'redis.log').read_text(errors='replace')[-500:]}")
 
 
+_RECEIVER = r"""
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+try:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+except ImportError:
+    ExportTraceServiceRequest = None
+count = {"exports": 0, "bytes": 0, "spans": 0}
+class H(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        count["exports"] += 1
+        count["bytes"] += len(body)
+        if ExportTraceServiceRequest is not None and self.headers.get("Content-Encoding") != "gzip":
+            req = ExportTraceServiceRequest()
+            req.ParseFromString(body)
+            count["spans"] += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+        with open(sys.argv[2], "w") as f:
+            json.dump(count, f)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def start_otlp_receiver(work: Path, cpu: str) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """A local OTLP/HTTP traces endpoint on ``cpu`` (the client's) that answers 200 to every export and
+    keeps counts (exports, bytes, spans decoded with opentelemetry-proto) in ``otlp-count.json``: (process,
+    traces URL, counts file). It stands in for a collector, so ``--variants NAME=tracing`` measures what
+    building and exporting the spans costs the gateway, not a collector's own work."""
+    port = free_port()
+    counts = work / "otlp-count.json"
+    proc = _spawn([sys.executable, "-c", _RECEIVER, str(port), str(counts)], cpu, work / "otlp-receiver.log")
+    url = f"http://127.0.0.1:{port}/v1/traces"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            import socket
+
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc, url, counts
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    sys.exit(f"the OTLP receiver did not start: {(work / 'otlp-receiver.log').read_text(errors='replace')[-500:]}")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One entry of ``--variants``: a gateway run from ``src`` (PYTHONPATH; None = this checkout) with tracing
+    sampled at ``trace_ratio`` to the local OTLP receiver (None = tracing off), in round ``round`` (0-based)."""
+
+    src: str | None
+    trace_ratio: float | None
+    round: int
+
+
+def _variant_targets(ap: argparse.ArgumentParser, spec: str | None, rounds: int) -> dict[str, Variant]:
+    """``--variants now,old=src:/tmp/wt-old/src`` or ``off,on=tracing`` (``tracing:0.1``: that sample ratio;
+    options joined by ``+``) with ``rounds`` -> runs ``servelab-now#1, servelab-old#1``, then the list
+    reversed in the next round, and so on (a drift of the machine favours no entry)."""
+    if not spec:
+        return {}
+    if rounds < 1:
+        ap.error("--rounds must be >= 1")
+    entries: list[tuple[str, Variant]] = []
+    for item in spec.split(","):
+        name, _, opts = item.strip().partition("=")
+        src, ratio = None, None
+        for opt in filter(None, opts.split("+")):
+            key, _, val = opt.partition(":")
+            if key == "src" and val and Path(val.split(":")[-1]).is_dir():
+                src = val
+            elif key == "tracing":
+                try:
+                    ratio = float(val) if val else 1.0
+                except ValueError:
+                    ratio = -1.0
+                if not 0 < ratio <= 1:
+                    ap.error(f"--variants {item!r}: tracing takes a sample ratio in (0, 1], e.g. tracing:0.1")
+            else:
+                ap.error(f"--variants {item!r}: give NAME or NAME=OPT[+OPT] with OPT src:DIR (an existing src/ "
+                         "folder) or tracing[:RATIO], e.g. now,old=src:/tmp/wt-old/src or off,on=tracing")
+        if not name.isidentifier():
+            ap.error(f"--variants {item!r}: a name is letters, digits and _ (e.g. now, old, traced)")
+        entries.append((name, Variant(src, ratio, 0)))
+    if len({n for n, _ in entries}) != len(entries):
+        ap.error(f"--variants {spec!r}: every name once")
+    out: dict[str, Variant] = {}
+    for r in range(rounds):
+        for name, v in entries if r % 2 == 0 else entries[::-1]:
+            out[f"servelab-{name}" + (f"#{r + 1}" if rounds > 1 else "")] = Variant(v.src, v.trace_ratio, r)
+    return out
+
+
+def _print_variant_ratio(variants: dict[str, Variant], rps: dict[str, tuple[float, float]], first: str) -> None:
+    """Per round, each variant's req/core-s against the first variant's of the same round (runs of one round
+    ran within a minute; no figure is averaged over runs that did not run together), then per variant the
+    median and range of those paired ratios."""
+    if len({t.split("#")[0] for t in variants}) < 2:
+        return
+    groups: dict[str, list[float]] = {}
+    print(f"\nreq/core-s against servelab-{first} of the same round:")
+    for rnd in sorted({v.round for v in variants.values()}):
+        runs = {t.split("#")[0]: t for t, v in variants.items() if v.round == rnd and t in rps}
+        base = runs.get(f"servelab-{first}")
+        if base is None:
+            continue
+        parts = []
+        for name, t in runs.items():
+            if t == base:
+                continue
+            r = rps[t][1] / rps[base][1]
+            groups.setdefault(name, []).append(r)
+            parts.append(f"{name} {rps[t][1]:.1f} / {rps[base][1]:.1f} = {r:.3f}")
+        print(f"  round {rnd + 1}: " + "; ".join(parts))
+    for name, rs in groups.items():
+        print(f"{name} / servelab-{first}: median {statistics.median(rs):.3f} over {len(rs)} paired round(s), "
+              f"range {min(rs):.3f}-{max(rs):.3f}")
+
+
 def _gateway_config(urls: list[str], work: Path, tag: str, port: int, secret: str) -> dict[str, Any]:
     """The benchmark's gateway config: one backend per mock URL, the public model split evenly over them, one
     key (``secret``), no limits, SQLite ledger and JSON access log named after ``tag`` in ``work``."""
@@ -250,22 +385,33 @@ def _gateway_config(urls: list[str], work: Path, tag: str, port: int, secret: st
             "keys": [{"id": "bench", "tenant": "bench", "sha256": hashlib.sha256(secret.encode()).hexdigest()}]}
 
 
+def _gateway_env(src: str | None) -> dict[str, str] | None:
+    """The environment additions of a gateway process: ``PYTHONPATH`` = ``src`` (``--gateway-src``: another
+    checkout's ``src/`` folder, so the same client and mock measure an older gateway), else nothing."""
+    return {"PYTHONPATH": src} if src else None
+
+
 def start_servelab(mock_url: str | list[str], work: Path, cpu: str, tag: str, workers: int = 0,
-                   redis_url: str | None = None) -> Proxy:
+                   redis_url: str | None = None, src: str | None = None,
+                   tracing: tuple[str, float] | None = None) -> Proxy:
     """``servelab gateway`` on CPUs ``cpu``: one backend per mock URL (the public model ``m`` split evenly
     over them), one key, no limits, SQLite ledger and JSON access log in ``work`` (its defaults).
-    ``workers`` > 0: ``--workers N`` with ``state.redis_url`` = ``redis_url`` (0: the plain command, no Redis)."""
+    ``workers`` > 0: ``--workers N`` with ``state.redis_url`` = ``redis_url`` (0: the plain command, no Redis).
+    ``src``: the gateway's PYTHONPATH (:func:`_gateway_env`); ``tracing``: (OTLP/HTTP traces URL, sample ratio)
+    sets the config's ``tracing`` section (None: tracing off, the default)."""
     urls = [mock_url] if isinstance(mock_url, str) else mock_url
     secret = secrets.token_hex(32)  # the gateway requires 64 hex characters
     port = free_port()
     cfg = _gateway_config(urls, work, tag, port, secret)
     if workers:
         cfg["state"] = {"redis_url": redis_url}
+    if tracing is not None:
+        cfg["tracing"] = {"endpoint": tracing[0], "sample_ratio": tracing[1]}
     path = work / f"gateway-{tag}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     log = work / f"gateway-{tag}.log"
     proc = _spawn([str(SERVELAB), "gateway", "--config", str(path),
-                   *(["--workers", str(workers)] if workers else [])], cpu, log)
+                   *(["--workers", str(workers)] if workers else [])], cpu, log, _gateway_env(src))
     # the command's own line, printed once every worker is up (each worker's log line "servelab.gateway: gateway
     # listening on ..." also says "listening on": waiting for that let the bench open its keep-alive
     # connections while worker 1 was still starting, and worker 0 then served every request of the run)
@@ -559,18 +705,31 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=1, help="run the --gateway-workers list this many times, every "
                     "other round in reverse order; ratios pair runs of the same round")
     ap.add_argument("--rps-only", action="store_true", help="only the throughput part")
+    ap.add_argument("--gateway-src", default=None, help="PYTHONPATH of the servelab gateway process only (another "
+                    "checkout's src/, e.g. a git worktree of an older commit): the same client and mock measure it")
+    ap.add_argument("--variants", default=None, help="comma list of gateway variants NAME[=OPT[+OPT]], OPT "
+                    "src:DIR (that src/ as the gateway's PYTHONPATH) or tracing[:RATIO] (OTLP export to a local "
+                    "receiver): e.g. now,old=src:/tmp/wt-old/src or off,on=tracing; run --rounds times, "
+                    "alternating, with each round's ratio to the first")
     return ap
 
 
 def _start_proxy(t: str, phase: str, urls: list[str], a: argparse.Namespace, work: Path,
-                 gw_workers: dict[str, GatewayRun], redis_url: str | None) -> Proxy:
+                 gw_workers: dict[str, GatewayRun], redis_url: str | None,
+                 variants: dict[str, Variant] | None = None, otlp_url: str | None = None) -> Proxy:
     """The proxy of target ``t`` for ``phase`` in front of the mock(s) at ``urls`` (``direct``: the first mock)."""
+    if variants and t in variants:
+        v = variants[t]
+        tracing = (otlp_url, v.trace_ratio) if v.trace_ratio is not None and otlp_url else None
+        p = start_servelab(urls, work, a.proxy_cpu, f"{phase}-{t}", src=v.src or a.gateway_src, tracing=tracing)
+        p.name = t
+        return p
     if t == "direct":
         return Proxy("direct", urls[0], None, None, None)
     if t == "litellm":
         return start_litellm(urls[0], work, a.proxy_cpu)
     if t not in gw_workers:
-        return start_servelab(urls, work, a.proxy_cpu, phase)
+        return start_servelab(urls, work, a.proxy_cpu, phase, src=a.gateway_src)
     g = gw_workers[t]
     p = (start_independent(urls, work, a.proxy_cpu, f"{phase}-{t}", g.workers) if g.independent else
          start_servelab(urls, work, a.proxy_cpu, f"{phase}-{t}", g.workers, redis_url))
@@ -595,9 +754,10 @@ def _throughput(p: Proxy, t: str, a: argparse.Namespace, work: Path) -> tuple[fl
     return step["throughput"]["requests_per_s"] or 0.0, served / cpu if cpu > 0 else float("nan"), switched
 
 
-def main() -> None:
-    ap = _parser()
-    a = ap.parse_args()
+def _targets(ap: argparse.ArgumentParser,
+             a: argparse.Namespace) -> tuple[list[str], dict[str, GatewayRun], dict[str, Variant]]:
+    """The runs in order (``direct`` first; ``servelab`` replaced by the ``--gateway-workers`` or ``--variants``
+    runs), the worker runs and the variant runs by label."""
     targets = [t.strip() for t in a.targets.split(",") if t.strip()]
     if targets[0] != "direct":
         targets = ["direct", *[t for t in targets if t != "direct"]]
@@ -605,9 +765,19 @@ def main() -> None:
     if bad:
         ap.error(f"unknown target(s) {', '.join(sorted(bad))}; choose from direct, servelab, litellm")
     gw_workers = _worker_targets(ap, a.gateway_workers, a.rounds)  # label servelab-w<N>[@<S>ms][#k] -> its run
-    if gw_workers:
+    variants = _variant_targets(ap, a.variants, a.rounds)  # label servelab-<name>[#k] -> its run
+    if variants and gw_workers:
+        ap.error("--variants and --gateway-workers are separate experiments: give one of them")
+    if gw_workers or variants:
         i = targets.index("servelab") if "servelab" in targets else len(targets)
-        targets = [*targets[:i], *gw_workers, *targets[i + 1:]]
+        targets = [*targets[:i], *(gw_workers or variants), *targets[i + 1:]]
+    return targets, gw_workers, variants
+
+
+def main() -> None:
+    ap = _parser()
+    a = ap.parse_args()
+    targets, gw_workers, variants = _targets(ap, a)
     try:
         proxy_cpus, client_cpus = cpu_list(a.proxy_cpu), cpu_list(a.client_cpu)
     except ValueError as e:
@@ -632,6 +802,8 @@ def main() -> None:
         os.sched_setaffinity(eng.process.pid, {client_cpus[i % len(client_cpus)]})
     rps_mock = rps_mocks[0]
     redis_proc, redis_url = start_redis(work, a.client_cpu) if gw_workers else (None, None)
+    otlp = (start_otlp_receiver(work, a.client_cpu) if any(v.trace_ratio for v in variants.values())
+            else None)
     lat: dict[str, dict[int, dict[str, Any]]] = {}
     rps: dict[str, tuple[float, float]] = {}
     split: dict[str, dict[int, int]] = {}
@@ -641,7 +813,8 @@ def main() -> None:
             phases = (("rps", rps_mock),) if a.rps_only else (("latency", lat_mock), ("rps", rps_mock))
             for phase, mock in phases:
                 urls = [m.base_url for m in rps_mocks] if mock is rps_mock else [mock.base_url]
-                p = _start_proxy(t, phase, urls, a, work, gw_workers, redis_url)
+                p = _start_proxy(t, phase, urls, a, work, gw_workers, redis_url, variants,
+                                 otlp[1] if otlp else None)
                 try:
                     print(f"[{t}] {phase} ...", flush=True)
                     if phase == "latency":
@@ -662,6 +835,9 @@ def main() -> None:
         if redis_proc is not None:
             redis_proc.terminate()
             redis_proc.wait(10)
+        if otlp is not None:
+            otlp[0].terminate()
+            otlp[0].wait(10)
 
     if lat:
         shown = [x for t in targets for x in (t, *(f"{t}:{api}" for api in apis[1:] if t == "servelab"))]
@@ -677,6 +853,10 @@ def main() -> None:
             print(f"{t:<{width}} {r:>8.1f} {'' if direct else f'{per_core:.1f}':>11} "
                   f"{'' if direct else f'{switches.get(t, 0.0):.0f}':>17}")
     _print_worker_ratio(gw_workers, rps, split)
+    if variants:
+        _print_variant_ratio(variants, rps, a.variants.split(",")[0].partition("=")[0].strip())
+        if otlp is not None and otlp[2].is_file():
+            print(f"OTLP receiver (every traced run together): {otlp[2].read_text()}")
     if "servelab" in rps and "litellm" in rps:
         print(f"\nservelab / LiteLLM: req/s {rps['servelab'][0] / rps['litellm'][0]:.1f}x, "
               f"req per proxy core-second {rps['servelab'][1] / rps['litellm'][1]:.1f}x (target >= 5x)")
