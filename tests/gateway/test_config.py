@@ -84,6 +84,7 @@ def test_schema_file_is_current_and_validates_the_example() -> None:
     (lambda c: c.update(state={"redis_url": "http://x"}), "state.redis_url"),
     (lambda c: c.update(server={"max_tokens_limit": 10, "default_max_tokens": 20}), "above max_tokens_limit"),
     (lambda c: c.update(backends=[]), "backends: needs at least 1 item, got 0; add one"),
+    (lambda c: c.update(health={"metrics_max_bytes": 100}), "health.metrics_max_bytes"),
 ])
 def test_errors_name_the_field(mutate: Any, expected: str) -> None:
     c = _base()

@@ -109,11 +109,19 @@ class BreakerSection(FrozenModel):
 
 
 class HealthSection(FrozenModel):
-    """Active readiness checks of every backend each ``interval_s`` (timeout ``timeout_s``)."""
+    """Active readiness checks of every backend each ``interval_s`` (timeout ``timeout_s``); the engine-gauge
+    scrape of each backend's ``/metrics`` (servelab.gateway.enginegauges) runs on the same clock and reads at
+    most ``metrics_max_bytes`` bytes of a page (a larger one is counted as oversize and its gauges dropped)."""
 
     enabled: bool = True
     interval_s: float = Field(1.0, gt=0)
     timeout_s: float = Field(1.0, gt=0)
+    metrics_max_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=64 * 1024,
+        le=256 * 1024 * 1024,
+        description="largest /metrics page read from one backend per scrape, bytes (64 KiB-256 MiB)",
+    )
 
 
 class TracingSection(FrozenModel):

@@ -420,7 +420,8 @@ class Gateway(HotReload, Endpoints, LedgerStart):
         )
         await self._health.start()
         self.engine_gauges.set_backends(self.snap.route_backends)  # scraped as often as health is checked
-        self.engine_gauges.interval_s, self.engine_gauges.timeout_s = cfg.health.interval_s, cfg.health.timeout_s
+        g, h = self.engine_gauges, cfg.health
+        g.interval_s, g.timeout_s, g.max_bytes = h.interval_s, h.timeout_s, h.metrics_max_bytes
         await self.engine_gauges.start()
 
     async def close(self) -> None:
