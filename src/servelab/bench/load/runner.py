@@ -100,6 +100,25 @@ def _pruned(model: _M) -> _M:
     return type(model).model_validate(model.model_dump(exclude_none=True))
 
 
+def _this_process(
+    meter: CpuMeter, load: LoadModel, recs: list[RequestRecord], assigned: int | None, dispatch_ns: list[int] | None
+) -> WorkerStep:
+    """The report of this process as the step's only load generator (worker 0): its CPU over the step,
+    its concurrency, ``assigned`` requests (``None``: a step ended by its duration or a driven workload)
+    and the schedule and dispatch lags of its finished requests ``recs``."""
+    lags = [x for x in (M.schedule_lag_s(r) for r in recs) if x is not None]
+    return worker_step(
+        0,
+        HOSTNAME,
+        meter,
+        concurrency=load.concurrency if load.kind == "closed" else load.max_concurrency,
+        assigned=assigned,
+        finished=len(recs),
+        schedule_lags_s=lags,
+        dispatch_lags_ns=dispatch_ns,
+    )
+
+
 @dataclass
 class _StepRun:
     """What one load step left: its records (single process) or lines (workers), the worker reports,
@@ -372,19 +391,7 @@ class Bench:
                 dispatch_lags_ns=run.dispatch_ns,
             )
             self._next_id += len(recs)
-            lags = [x for x in (M.schedule_lag_s(r) for r in recs) if x is not None]
-            run.workers = [
-                worker_step(
-                    0,
-                    HOSTNAME,
-                    meter,
-                    concurrency=load.concurrency if load.kind == "closed" else load.max_concurrency,
-                    assigned=n if c.requests is not None else None,
-                    finished=len(recs),
-                    schedule_lags_s=lags,
-                    dispatch_lags_ns=run.dispatch_ns,
-                )
-            ]
+            run.workers = [_this_process(meter, load, recs, n if c.requests is not None else None, run.dispatch_ns)]
             return
         offsets = None
         if load.kind == "open":
@@ -565,19 +572,7 @@ class Bench:
         finally:
             self._next_id = first + len(run.records)
         recs = run.finished()
-        lags = [x for x in (M.schedule_lag_s(r) for r in recs) if x is not None]
-        run.workers = [
-            worker_step(
-                0,
-                HOSTNAME,
-                meter,
-                concurrency=load.concurrency if load.kind == "closed" else load.max_concurrency,
-                assigned=None,
-                finished=len(recs),
-                schedule_lags_s=lags,
-                dispatch_lags_ns=run.dispatch_ns,
-            )
-        ]
+        run.workers = [_this_process(meter, load, recs, None, run.dispatch_ns)]
         return with_fields(self._step(wname, load, run, t_start), wl.step_extra(recs))
 
     def _check_fits(self, server: dict[str, Any]) -> None:
