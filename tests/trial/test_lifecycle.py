@@ -57,8 +57,14 @@ def test_warm_start_real_llama_server(llama) -> None:
 def test_restart_under_load_real_llama_server(llama) -> None:
     eng = llama()
     eng.measure_first_token(timeout_s=60)
-    res, last = restart_under_load(eng, lambda port: llama(port), clients=2, duration_s=14.0, restart_at_s=4.0,
-                                   max_tokens=8)
+    # Under the clients' steady requests llama-server does not exit on SIGTERM, so the default 10 s grace
+    # before SIGKILL was most of the down time (down_s 11.0 s; an idle start is ~1 s). What is checked is
+    # the measurement around the restart, not llama-server's shutdown: 2 s grace.
+    eng.stop_grace_s = 2.0
+    # The clients run 4 s before the restart and 3 s past the relaunched engine's readiness (after_s), not
+    # a fixed 14 s: every check below is about the restart and the first successes after it.
+    res, last = restart_under_load(eng, lambda port: llama(port), clients=2, duration_s=4.0, restart_at_s=4.0,
+                                   after_s=3.0, max_tokens=8)
     assert res.restart_error is None
     assert last is not eng and last.alive and last.port == eng.port and not eng.alive
     assert res.requests_ok > 0
