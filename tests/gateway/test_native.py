@@ -4,6 +4,8 @@ llama-server is tests/gateway/test_apis_llama.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from servelab.gateway.apis.messages import CountTokensApi, MessagesApi
@@ -51,3 +53,77 @@ def test_native_body_carries_admissions_decisions() -> None:
     assert native_body(source, {}, "e", 1000)["max_tokens"] == 500  # never above what the client asked
     bare = native_body(source, {}, "e", 0)  # no policy decision: the client's own sampling is not kept either
     assert "temperature" not in bare and "stop_sequences" not in bare
+
+
+def _engine_that_dies_mid_stream() -> tuple[str, Any]:
+    """An Anthropic-speaking server on a thread (an engine fault no real engine can be made to show on cue):
+    ``/v1/messages`` streams message_start, one text delta, then closes the connection."""
+    import asyncio
+    import json
+    import threading
+
+    from aiohttp import web
+
+    def ev(name: str, data: dict[str, Any]) -> bytes:
+        return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+    async def messages(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(ev("message_start", {"type": "message_start", "message": {
+            "id": "msg_e", "type": "message", "role": "assistant", "model": "/srv/models/secret.gguf",
+            "content": [], "stop_reason": None, "usage": {"input_tokens": 3, "output_tokens": 0}}}))
+        await resp.write(ev("content_block_start", {"type": "content_block_start", "index": 0,
+                                                    "content_block": {"type": "text", "text": ""}}))
+        await resp.write(ev("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                    "delta": {"type": "text_delta", "text": "hello"}}))
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_get("/health", ok)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = runner.addresses[0][1]
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    def stop() -> None:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+
+    return f"http://127.0.0.1:{port}", stop
+
+
+def test_pass_through_stream_cut_mid_way_ends_in_one_error_event(gateway: Any) -> None:
+    """The engine's own message_start opened the stream: a cut after it adds only an ``error`` event (no
+    second message_start or ping), scrubbed, and the model name the client sees is the public one."""
+    from conftest import gateway_key, sse_events
+
+    base, stop = _engine_that_dies_mid_stream()
+    try:
+        key, entry = gateway_key("k1", "t")
+        gw = gateway({"backends": [{"name": "v", "kind": "vllm", "base_url": base, "models": ["m"]}],
+                      "models": {"pub": {"targets": [{"backend": "v"}]}}, "retry": {"attempts": 0},
+                      "tenants": {"t": {}}, "keys": [entry]})
+        _, evs = sse_events(gw.root, "/v1/messages",
+                            {"model": "pub", "max_tokens": 8, "stream": True,
+                             "messages": [{"role": "user", "content": "hi"}]},
+                            {"x-api-key": key, "anthropic-version": "2023-06-01"})
+    finally:
+        stop()
+    names = [n for n, _ in evs]
+    assert names == ["message_start", "content_block_start", "content_block_delta", "error"], names
+    assert evs[0][1]["message"]["model"] == "pub"
+    err = evs[-1][1]
+    assert err["type"] == "error" and err["error"]["type"] == "api_error"
+    assert "127.0.0.1" not in err["error"]["message"] and "/srv" not in err["error"]["message"]

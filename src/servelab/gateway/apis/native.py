@@ -18,7 +18,8 @@ translation. The answer is relayed as the engine sent it (:func:`pipe`), with th
 tokens = ``output_tokens``: that is what the ledger records. The stream's TTFT is its first content
 delta (``content_block_delta``), never ``message_start``. An error event from the engine is never
 forwarded: before the first byte it is a retryable failure like any other, after it one Anthropic
-``error`` event with the gateway's scrubbed message.
+``error`` event with the gateway's scrubbed message (and no second ``message_start``: the engine's opened
+the stream).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import orjson
 from aiohttp import web
 
 from servelab.gateway import degrade, scrub
+from servelab.gateway.apis import StreamingApi
 from servelab.gateway.config import Backend
 from servelab.gateway.errors import GatewayError
 from servelab.gateway.metrics import GatewayMetrics
@@ -224,10 +226,18 @@ async def _stream(
     if r.shadow is not None:
         r.shadow.capture.rec = rec
     if error is not None:
-        metrics.stream_errors.labels(r.model, r.backend or "none").inc()
-        r.outcome = "error"
-        r.error_code = error.code
-        assert r.api is not None
-        await out.write(r.api.stream_error(error, r))
+        await _fail(metrics, r, out, error)
     await out.write_eof()
     return out, error is None
+
+
+async def _fail(metrics: GatewayMetrics, r: RequestState, out: web.StreamResponse, error: GatewayError) -> None:
+    """End a stream the engine opened with the API's error event alone: the engine's own ``message_start``
+    is already with the client, so the adapter's opening events are not sent again."""
+    metrics.stream_errors.labels(r.model, r.backend or "none").inc()
+    r.outcome = "error"
+    r.error_code = error.code
+    assert r.api is not None
+    if isinstance(r.api, StreamingApi):
+        r.api.started = True
+    await out.write(r.api.stream_error(error, r))
