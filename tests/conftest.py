@@ -312,6 +312,7 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/gateway/test_admin.py": ("unit",),
     "tests/gateway/test_admin.py::test_keys_cli_against_the_admin_port": ("proc",),
     "tests/gateway/test_alerts.py": ("unit",),
+    "tests/gateway/test_alerts_live.py": ("engine", "proc", "services"),
     "tests/gateway/test_alerts.py::test_promtool_checks_and_unit_tests_every_rule": ("proc",),
     "tests/gateway/test_apis.py": ("unit",),
     "tests/gateway/test_apis.py::test_messages_create_text_thinking_and_ledger_usage": ("proc",),

@@ -40,6 +40,7 @@ from typing import Any
 import pytest
 import yaml
 
+
 def _load_root_conftest() -> Any:
     # tests/conftest.py is shadowed by this file as module "conftest"; load it under its own name so
     # module-scoped fixtures here can start mock engines (start_mock_process / stop_mock_process)
@@ -239,3 +240,71 @@ def launch_llama(tmp_path_factory: pytest.TempPathFactory, ctx_size: int, parall
         yield eng
     finally:
         eng.stop()
+
+
+def prom_query(prom: str, expr: str) -> list[Any]:
+    """The result vector of the instant query ``expr`` on the Prometheus at ``prom``."""
+    import urllib.parse
+    import urllib.request
+
+    import orjson
+
+    with urllib.request.urlopen(prom + "/api/v1/query?" + urllib.parse.urlencode({"query": expr}), timeout=10) as f:
+        body = orjson.loads(f.read())
+    assert body["status"] == "success", body
+    return list(body["data"]["result"])
+
+
+def prom_alerts(prom: str) -> list[dict[str, Any]]:
+    """The alerts Prometheus at ``prom`` holds now (``labels``, ``state``: pending or firing)."""
+    import urllib.request
+
+    import orjson
+
+    with urllib.request.urlopen(prom + "/api/v1/alerts", timeout=10) as f:
+        return list(orjson.loads(f.read())["data"]["alerts"])
+
+
+@dataclass
+class PromProcess:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+def start_prometheus(folder: Path, targets: list[str], rule_files: tuple[Path, ...] = ()) -> PromProcess:
+    """A real Prometheus (Debian package ``prometheus``; skips without it) scraping ``targets`` (host:port)
+    every second and evaluating ``rule_files`` every second, its data in ``folder``; ready when it answers."""
+    import shutil
+    import socket
+    import urllib.request
+
+    prom_bin = shutil.which("prometheus")
+    if prom_bin is None:
+        pytest.skip("no prometheus (apt-get install -y prometheus)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    cfg: dict[str, Any] = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "servelab-gateway", "static_configs": [{"targets": targets}]}],
+    }
+    if rule_files:
+        cfg["rule_files"] = [str(p) for p in rule_files]
+    (folder / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    log = folder / "prometheus.log"
+    with open(log, "wb") as lf:
+        proc = subprocess.Popen([prom_bin, f"--config.file={folder / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={folder / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=lf)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
+                if r.status == 200:
+                    return PromProcess(url, proc, log)
+        except OSError:
+            time.sleep(0.2)
+    stop_process(proc, 5.0)
+    pytest.fail("prometheus did not start: " + log.read_text(errors="replace")[-2000:])

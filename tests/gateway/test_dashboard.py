@@ -7,37 +7,29 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import orjson
 import pytest
-import yaml
-from conftest import gateway_key, start_gateway, start_mock_process, stop_gateway, stop_mock_process, stop_process
+from conftest import (
+    gateway_key,
+    prom_query,
+    start_gateway,
+    start_mock_process,
+    start_prometheus,
+    stop_gateway,
+    stop_mock_process,
+    stop_process,
+)
 
 from servelab.gateway.dashboards import dashboard, panel_queries
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _query(prom: str, expr: str) -> list[Any]:
-    url = prom + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as f:
-        body = orjson.loads(f.read())
-    assert body["status"] == "success", body
-    return list(body["data"]["result"])
+_query = prom_query
 
 
 def _concrete(expr: str) -> str:
@@ -66,8 +58,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Prometheus scraping a gateway (two vLLM-dialect mock engines, one with a prefix cache (KV use), one
     cutting its streams, and a backend nothing listens on) every second, after the traffic; yields Prometheus'
     URL."""
-    prom_bin = shutil.which("prometheus")
-    if prom_bin is None:
+    if shutil.which("prometheus") is None:
         pytest.skip("no prometheus (apt-get install -y prometheus)")
     folder = tmp_path_factory.mktemp("dashboard")
     good = start_mock_process("--dialect", "vllm", "--ttft-ms", "5", "--itl-ms", "2", "--output-tokens", "8",
@@ -84,15 +75,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
            "tenants": {"t": {}, "lim": {"rpm": 1}}, "keys": [entry, entry_lim],
            "server": {"public_metrics": True}, "health": {"interval_s": 0.5}, "retry": {"backoff_s": 0.01}}
     gw = start_gateway(cfg, folder / "gw")
-    port = _free_port()
-    target = gw.root.split("//", 1)[1]
-    (folder / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "servelab-gateway", "static_configs": [{"targets": [target]}]}]}))
-    prom = subprocess.Popen([prom_bin, f"--config.file={folder / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={folder / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=open(folder / "prometheus.log", "wb"))  # noqa: SIM115
-    url = f"http://127.0.0.1:{port}"
+    prom = start_prometheus(folder, [gw.root.split("//", 1)[1]])
+    url = prom.url
     try:
         statuses = asyncio.run(_traffic(gw.url, key, key_lim))
         assert 401 in statuses and 429 in statuses and statuses.count(200) >= 13, statuses
@@ -107,10 +91,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 pass
             time.sleep(0.5)
         else:
-            pytest.fail("prometheus did not scrape the gateway: " + (folder / "prometheus.log").read_text()[-2000:])
+            pytest.fail("prometheus did not scrape the gateway: " + prom.log.read_text()[-2000:])
         yield url
     finally:
-        stop_process(prom, 10.0)
+        stop_process(prom.proc, 10.0)
         stop_gateway(gw.proc)
         stop_mock_process(good.proc)
         stop_mock_process(bad.proc)
