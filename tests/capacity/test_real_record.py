@@ -51,3 +51,29 @@ def test_held_out_error_on_real_llama_server(name: str) -> None:
     v = validate(from_trial_candidate(RUN, name), declared_slots=SEARCH["candidates"][name]["parallel"], bootstrap=0)
     assert len(v.steps) >= 14  # every step and probe held out in turn
     assert v.median_abs_error is not None and v.median_abs_error <= GUARD, v.median_abs_error
+
+
+def test_capacity_output_says_whose_hold_and_what_the_search_found(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two candidates hold streams for different times: the profile's concurrent-streams line names the
+    candidate whose predicted E2E it uses; the search line of a search where nothing broke says so in words."""
+    from servelab.capacity.cli import _print_search, capacity_command
+
+    cands = RUN / "candidates"
+    capacity_command(str(Path(__file__).parents[2] / "examples" / "traffic.yaml"), record=[],
+                     bench=[f"np1={cands / 'np1' / 'steps'}", f"np4={cands / 'np4' / 'steps'}"],
+                     slots=None, bootstrap=0, seed=0, json_out=None)
+    out = capsys.readouterr().out
+    streams = next(x for x in out.splitlines() if "concurrent streams:" in x)
+    assert "(np1's predicted E2E P50; each plan below gives its own)" in streams, streams
+
+    spec = SEARCH["candidates"]["np4"]  # its search held every probe
+    steps = from_trial_candidate(RUN, "np4")
+    rep, boots = fit(steps, declared_slots=spec["parallel"], bootstrap=0)
+    probes = [(p["rate_rps"], p["held"], p["step"]) for p in spec["capacity"]["probes"]]
+    slo = parse_slo(",".join(o for o in SEARCH["slo"] if not o.startswith("error_rate")))
+    sc = check_search(rep.params, boots, steps, probes, slo, shape=SEARCH["burstiness"])
+    assert sc is not None and sc.measured_broke_rps is None
+    _print_search(sc)
+    line = capsys.readouterr().out
+    assert "no probe broke" in line and "broke at open" not in line, line
+    assert "sustained, on the trial's own requests" in line, line

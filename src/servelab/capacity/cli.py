@@ -115,16 +115,17 @@ def _print_validation(v: Validation) -> None:
 
 
 def _print_search(sc: SearchCheck) -> None:
-    lo = "-" if sc.measured_held_rps is None else f"{sc.measured_held_rps:.4g}"
-    hi = "open" if sc.measured_broke_rps is None else f"{sc.measured_broke_rps:.4g}"
+    held = "no probe" if sc.measured_held_rps is None else f"{sc.measured_held_rps:.4g} req/s"
+    broke = "no probe broke" if sc.measured_broke_rps is None else f"broke at {sc.measured_broke_rps:.4g} req/s"
     print(
-        f"  capacity search: the trial held {lo} req/s, broke at {hi}; the model's capacity for probes of "
+        f"  capacity search: the trial held {held}, {broke}; the model's capacity for probes of "
         f"{sc.probe_requests} requests {sc.model_capacity_rps or 0:.4g} req/s{_iv(sc.model_capacity_ci, 1.0, '.4g')}; "
         f"{sc.probes_agreeing}/{len(sc.probes)} probe verdicts agree -> {'agrees' if sc.agrees else 'DISAGREES'}"
     )
     print(
-        f"    sustained (the plan's basis): {sc.sustained_capacity_rps or 0:.4g} req/s; "
-        "short probes hold above it because their queue has no time to build"
+        f"    sustained, on the trial's own requests: {sc.sustained_capacity_rps or 0:.4g} req/s; short probes "
+        "hold above it because their queue has no time to build (the plan below sizes the same way, on the "
+        "profile's lengths)"
     )
     for c in sc.probes:
         if not c.agrees:
@@ -206,8 +207,13 @@ def capacity_command(
             else None,
         )
     plans = {n: plan_candidate(n, p, b[:10], prof, seed=seed) for n, (p, b) in models.items()}
-    hold = next((pl.predicted_e2e_p50_s for pl in plans.values() if pl.predicted_e2e_p50_s), None)
-    peak = peak_load(prof, hold)
+    hold_of = next(((n, pl.predicted_e2e_p50_s) for n, pl in plans.items() if pl.predicted_e2e_p50_s), None)
+    peak = peak_load(prof, hold_of[1] if hold_of else None)
+    if hold_of is not None and prof.stream_hold_s is None and len(plans) > 1:
+        # the hold is one candidate's predicted E2E: say whose, as each candidate holds streams its own time
+        f = peak.concurrent_streams
+        whose = f"({hold_of[0]}'s predicted E2E P50; each plan below gives its own)"
+        peak.concurrent_streams = f.model_copy(update={"formula": f.formula.replace("(predicted E2E P50)", whose)})
     print(f"traffic profile {prof.name}: SLO {', '.join(prof.slo)}")
     for f in (
         peak.mean_rps,
