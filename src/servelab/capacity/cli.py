@@ -194,19 +194,30 @@ def capacity_command(
         declared = ev.slots or slots
         try:
             rep, boots = fit(ev.steps, declared_slots=declared, bootstrap=bootstrap, seed=seed)
+            models[name] = (rep.params, boots)
+            cands[name] = CandidateCapacity(
+                fit=rep,
+                validation=validate(ev.steps, declared_slots=declared, bootstrap=min(bootstrap, 20), seed=seed),
+                search=check_search(
+                    rep.params,
+                    boots[:10],
+                    ev.steps,
+                    ev.probes,
+                    parse_slo(",".join(ev.slo)),
+                    shape=ev.burstiness,
+                    seed=seed,
+                )
+                if ev.probes and ev.slo
+                else None,
+            )
         except ValueError as e:
             raise ConfigError(f"{name}: {e}") from None
-        models[name] = (rep.params, boots)
-        cands[name] = CandidateCapacity(
-            fit=rep,
-            validation=validate(ev.steps, declared_slots=declared, bootstrap=min(bootstrap, 20), seed=seed),
-            search=check_search(
-                rep.params, boots[:10], ev.steps, ev.probes, parse_slo(",".join(ev.slo)), shape=ev.burstiness, seed=seed
-            )
-            if ev.probes and ev.slo
-            else None,
-        )
-    plans = {n: plan_candidate(n, p, b[:10], prof, seed=seed) for n, (p, b) in models.items()}
+    plans = {}
+    for n, (p, b) in models.items():
+        try:
+            plans[n] = plan_candidate(n, p, b[:10], prof, seed=seed)
+        except ValueError as e:
+            raise ConfigError(f"{n}: {e}") from None
     hold_of = next(((n, pl.predicted_e2e_p50_s) for n, pl in plans.items() if pl.predicted_e2e_p50_s), None)
     peak = peak_load(prof, hold_of[1] if hold_of else None)
     if hold_of is not None and prof.stream_hold_s is None and len(plans) > 1:

@@ -47,12 +47,15 @@ def _batch_at(firsts: np.ndarray, lasts: np.ndarray, t: np.ndarray) -> np.ndarra
 
 def observed_slots(steps: list[StepEvidence]) -> tuple[int, bool]:
     """``(most requests decoding at once, whether some request waited)`` over ``steps`` (module doc):
-    waiting is seen when more requests were in flight (sent to end) at some send than the most decoding."""
+    waiting is seen when more requests were in flight (sent to end) at some send than the most decoding.
+    At least 1 when a step holds a request: one whose tokens all came at one instant decoded for no
+    measurable time but still held a slot."""
     most, inflight = 0, 0
     for st in steps:
         rs = st.requests
         firsts, lasts = np.sort([r.first for r in rs]), np.sort([r.last for r in rs])
-        most = max(most, int(_batch_at(firsts, lasts, np.asarray([r.first for r in rs])).max()))
+        if rs:
+            most = max(most, 1, int(_batch_at(firsts, lasts, np.asarray([r.first for r in rs])).max()))
         sents, ends = np.sort([r.sent for r in rs]), np.sort([r.end for r in rs])
         inflight = max(inflight, int(_batch_at(sents, ends, np.asarray([r.sent for r in rs])).max()))
     return most, inflight > most
@@ -317,10 +320,25 @@ def fit(
             f"prefill serial: token gaps grow by {beta:.2f} s per second of other prefills beside them;"
             " the decode waits for each prefill and prefills run one at a time"
         )
-    if prep.held:
+    if prep.held and prep.held < n:
         notes.append(
             f"{prep.held} requests streamed fewer tokens than their usage (held back by the engine);"
             " their token gaps are kept out of the decode law"
+        )
+    elif prep.held:
+        notes.append(
+            "every request streamed fewer token chunks than its usage's tokens (several tokens a chunk, or"
+            " tokens held back); the decode law takes each chunk gap as one token's"
+        )
+    gaps = int(sum(len(g) for g in prep.gaps))
+    if gaps == 0:
+        notes.append(
+            "no token gap measured (every response came in one chunk): the model decodes in 0 s per token;"
+            " measure with longer outputs streamed token by token to fit the decode law"
+        )
+    elif point.decode_base_s == 0 and point.decode_per_running_s == 0:
+        notes.append(
+            f"all {gaps} token gaps fit to 0 s (the tokens arrived together): the model decodes in 0 s per token"
         )
     sel = _prefill_samples(prep, np.arange(n), point.prefill_serial)
     extra = np.asarray([point.first_token_extra_s.get(w, 0.0) for w in prep.workloads])
@@ -332,7 +350,7 @@ def fit(
         steps=[s.label for s in steps],
         seen_slots=seen,
         declared_slots=declared_slots,
-        token_gaps=int(sum(len(g) for g in prep.gaps)),
+        token_gaps=gaps,
         prefill_base_ci=_iv([b.prefill_base_s for b in boots], n),
         prefill_rate_ci=_iv(rates, n) if rates else None,
         decode_base_ci=_iv([b.decode_base_s for b in boots], n),

@@ -119,6 +119,11 @@ def saturation_rps(p: PerfParams, wl: Draws, seed: int = 0) -> float:
     rng = np.random.default_rng(seed)
     prompt, out, extra = wl.draw(SIM_REQUESTS // 2, rng)
     run = simulate(p, prompt, out, concurrency=max(2, 2 * p.slots), extra_s=extra)
+    if run.window_s <= 0:
+        raise ValueError(
+            "the performance model serves requests in no time (prefill and decode both fitted to 0 s),"
+            " so it has no saturation rate; fit it on requests whose first token and later tokens took measurable time"
+        )
     return len(prompt) / run.window_s
 
 
@@ -146,7 +151,11 @@ def boot_interval(vals: list[float]) -> Interval | None:
 
 
 def _replicas(rate: float, cap: float, headroom: float) -> int | None:
-    return max(1, math.ceil(rate / (cap * (1 - headroom)) - 1e-9)) if cap > 0 else None
+    """Replicas for ``rate`` req/s at ``cap`` req/s each (module doc); ``None`` when either is not a
+    finite number > 0 (``rate`` 0: one replica)."""
+    if not (math.isfinite(rate) and math.isfinite(cap)) or cap <= 0 or rate < 0:
+        return None
+    return max(1, math.ceil(rate / (cap * (1 - headroom)) - 1e-9))
 
 
 def plan_candidate(

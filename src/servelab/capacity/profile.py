@@ -141,8 +141,12 @@ class TrafficProfile(StrictModel):
             raise ValueError("give input_tokens and output_tokens, or lengths_from (a trace or a run folder)")
         if self.peak_to_mean is not None and self.hourly_shape is not None:
             raise ValueError("give peak_to_mean or hourly_shape, not both")
-        if self.hourly_shape is not None and (min(self.hourly_shape) < 0 or sum(self.hourly_shape) <= 0):
-            raise ValueError("hourly_shape needs 24 values >= 0, not all 0")
+        if self.hourly_shape is not None and (
+            not all(math.isfinite(v) for v in self.hourly_shape)
+            or min(self.hourly_shape) < 0
+            or sum(self.hourly_shape) <= 0
+        ):
+            raise ValueError("hourly_shape needs 24 finite numbers >= 0, not all 0")
         if self.long_share > 0 and self.long_input_tokens is None:
             raise ValueError("long_share > 0 needs long_input_tokens")
         try:

@@ -60,11 +60,33 @@ def arrivals(rate_rps: float, n: int, rng: np.random.Generator, shape: float = 1
     return np.cumsum(rng.gamma(shape, 1.0 / (rate_rps * shape), n))
 
 
+def _check_params(p: PerfParams) -> None:
+    """Raise ``ValueError`` (one line, in words) when a figure of ``p`` is not a finite number >= 0: the
+    simulation would schedule tokens at undefined times."""
+    figures = {
+        "prefill base": p.prefill_base_s,
+        "decode gap": p.decode_base_s,
+        "decode gap per running request": p.decode_per_running_s,
+    }
+    if p.prefill_tokens_per_s is not None:
+        figures["prefill rate"] = p.prefill_tokens_per_s
+    bad = [f"{k} {v}" for k, v in figures.items() if not math.isfinite(v) or v < 0]
+    if bad:
+        raise ValueError(
+            f"the performance model has no usable {', '.join(bad)} (each must be a finite number >= 0);"
+            " refit it on a run whose requests streamed several token chunks each"
+        )
+    for name, v in p.first_token_extra_s.items():
+        if not math.isfinite(v):
+            raise ValueError(f"the performance model's first-token extra of workload {name} is {v}, not a number")
+
+
 class _Replica:
     """The state of one simulated replica (module doc); times in seconds."""
 
     def __init__(self, p: PerfParams, prompt: np.ndarray, output: np.ndarray, extra_s: np.ndarray | None) -> None:
         n = len(prompt)
+        _check_params(p)
         self.p, self.prompt, self.output = p, prompt, output
         self.extra = np.zeros(n) if extra_s is None else np.asarray(extra_s, dtype=float)
         self.slots = p.slots if p.slots and p.slots > 0 else n
@@ -138,7 +160,8 @@ class _Replica:
         for i in list(self.dec_next):
             tn = self.dec_next[i]
             if tn <= t:
-                m = min(self.dec_left[i], int((t - tn) / g + 1e-9) + 1)
+                # a zero gap (tokens measured arriving together): every token left is due at once
+                m = self.dec_left[i] if g <= 0 else min(self.dec_left[i], int((t - tn) / g + 1e-9) + 1)
                 self.dec_next[i], self.dec_left[i] = tn + m * g, self.dec_left[i] - m
         if t == t_fin:
             self.dec_left[who], self.dec_next[who] = 0, t + g

@@ -14,6 +14,7 @@ one extra load point of its own choosing:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -62,10 +63,11 @@ def candidate_model(
 
 
 def check_rate(search: SearchCheck | None) -> tuple[float, str] | None:
-    """The extra load point's rate (req/s) and why (module doc); ``None`` without a search check. A rate
-    the search already probed (same folder name, 4 significant digits) is moved halfway to the next
-    probed rate above it (x1.25 when none), so the check measures a new point."""
-    if search is None or not search.model_capacity_rps:
+    """The extra load point's rate (req/s) and why (module doc); ``None`` without a search check or a
+    finite model capacity > 0. A rate the search already probed (same folder name, 4 significant
+    digits) is moved halfway to the next probed rate above it (x1.25 when none), so the check measures
+    a new point."""
+    if search is None or not search.model_capacity_rps or not math.isfinite(search.model_capacity_rps):
         return None
     rate = search.model_capacity_rps
     reason = f"where the model predicts probes of {search.probe_requests} requests stop meeting the SLO"
