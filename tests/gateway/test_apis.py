@@ -167,6 +167,13 @@ def test_messages_errors_in_anthropic_shape(gw: Any) -> None:
     assert e.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
     bearer = anthropic.Anthropic(base_url=gw.root, auth_token=gw.key, max_retries=0)
     assert bearer.messages.create(model="m", max_tokens=4, messages=hello).usage.output_tokens == 4  # type: ignore[arg-type]
+    # an empty x-api-key (a proxy or client that sets the header unconditionally) does not hide the Bearer key
+    r = httpx.post(gw.root + "/v1/messages", headers={"x-api-key": "", "Authorization": f"Bearer {gw.key}"},
+                   json={"model": "m", "max_tokens": 2, "messages": hello})
+    assert r.status_code == 200, r.text
+    r = httpx.post(gw.root + "/v1/messages", headers={"x-api-key": ""}, json={"model": "m", "max_tokens": 2,
+                                                                            "messages": hello})
+    assert r.status_code == 401 and "x-api-key: sk-sl-" in r.json()["error"]["message"], r.text
     with pytest.raises(anthropic.InternalServerError) as e:
         client.messages.create(model="dead", max_tokens=8, messages=hello)  # type: ignore[arg-type]
     assert e.value.status_code == 503 and e.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]

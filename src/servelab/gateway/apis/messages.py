@@ -357,9 +357,10 @@ class MessagesApi(StreamingApi):
         self.stop_seq: str | None = None
 
     def key_header(self, request: web.Request) -> str | None:
-        """``x-api-key`` (how the Anthropic SDKs send a key), else ``Authorization: Bearer``."""
+        """``x-api-key`` (how the Anthropic SDKs send a key), else ``Authorization: Bearer``; an empty
+        ``x-api-key`` counts as absent, so it does not hide a Bearer key sent beside it."""
         key = request.headers.get("x-api-key")
-        if key is not None:
+        if key is not None and key.strip():
             return key
         value = request.headers.get("Authorization")
         if value is None:
