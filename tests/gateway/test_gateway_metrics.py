@@ -21,8 +21,8 @@ def test_counting_histogram_equals_prometheus_histogram() -> None:
     for i, v in enumerate(values):
         model = "a" if i % 3 else "b"
         ref.labels(model).observe(v)
-        ours.model(model)[1].observe(v)
-    ours.model("a")[1].add(0.01, 3)
+        ours.model(model, "be")[1].observe(v)
+    ours.model("a", "be")[1].add(0.01, 3)
     for _ in range(3):
         ref.labels("a").observe(0.01)
     pick = lambda text: sorted(ln for ln in text.decode().splitlines()  # noqa: E731

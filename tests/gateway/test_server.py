@@ -403,7 +403,7 @@ def test_metrics_exposed(env: Any) -> None:
                  "servelab_gateway_limit_rejections_total{"):
         assert name in text, name
     assert 'servelab_gateway_requests_total{backend="be-vllm",model="m-vllm",status="200"}' in text
-    ttft_count = [ln for ln in text.splitlines() if ln.startswith('servelab_gateway_ttft_seconds_count{model="m-vllm"}')]
+    ttft_count = [ln for ln in text.splitlines() if ln.startswith('servelab_gateway_ttft_seconds_count{backend="be-vllm",model="m-vllm"}')]
     assert ttft_count and float(ttft_count[0].split()[-1]) >= 1
     st, _, b = post(env.gw.root + "/health", None)
     assert st == 200 and orjson.loads(b)["status"] == "ok"

@@ -135,7 +135,7 @@ def test_two_workers_answer_exactly_the_rpm_limit_and_share_metrics(tmp_path: Pa
         assert _total(m, 'servelab_gateway_requests_total{') == SENT
         assert m['servelab_gateway_requests_total{backend="be",model="m",status="200"}'] == RPM
         assert m['servelab_gateway_limit_rejections_total{limit="rpm"}'] == SENT - RPM
-        assert m['servelab_gateway_ttft_seconds_count{model="m"}'] == RPM
+        assert m['servelab_gateway_ttft_seconds_count{backend="be",model="m"}'] == RPM
         # inter-token counts: one file per worker (by pid), non-empty exactly for the workers that streamed,
         # and the exposed count is their sum
         files = {int(f.stem.split("_")[1]): orjson.loads(f.read_bytes()) for f in prom.glob("itl_*.json")}

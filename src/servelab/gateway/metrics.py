@@ -10,11 +10,13 @@ Names (all prefixed ``servelab_gateway_``; seconds and token counts as the suffi
   :func:`servelab.gateway.accesslog.api_name`) and HTTP status; ``api_tokens_total{api,direction}`` counter:
   ``prompt``/``completion`` tokens by API, so Messages or Responses traffic is told from chat;
 - ``stream_errors_total{model,backend}`` counter: 200 streams that ended in an error event or cut off;
-- ``ttft_seconds{model}`` histogram: request received -> first token-carrying chunk written to the client
-  (never the role-only chunk or the headers, docs/engine-wire.md case 1), measured at the gateway;
+- ``ttft_seconds{model,backend}`` histogram: request received -> first token-carrying chunk written to the
+  client (never the role-only chunk or the headers, docs/engine-wire.md case 1), measured at the gateway, by
+  public model and the backend that answered (bounded: both come from the config);
 - ``inter_token_seconds{model}`` histogram: time between token-carrying chunks written to the client
   (a read carrying k events adds k observations of gap/k);
-- ``request_duration_seconds{model}`` histogram: E2E, request received -> last byte written;
+- ``request_duration_seconds{model,backend}`` histogram: E2E, request received -> last byte written (backend
+  ``none`` when no backend answered);
 - ``tokens_total{model,direction}`` counter: ``prompt``/``completion`` tokens as the engine reported them;
 - ``in_flight{model}`` gauge; ``retries_total{model,reason}`` counter (``connect``, ``429``, ``503``,
   ``saturated``); ``fallbacks_total{model}`` counter; ``breaker_state{backend}`` gauge (0 closed,
@@ -99,7 +101,11 @@ class GatewayMetrics:
             p + "stream_errors_total", "200 streams ended by an error or cut off", ("model", "backend"), registry=r
         )
         self.ttft = Histogram(
-            p + "ttft_seconds", "Time to first token at the gateway", ("model",), buckets=_TTFT_BUCKETS_S, registry=r
+            p + "ttft_seconds",
+            "Time to first token at the gateway",
+            ("model", "backend"),
+            buckets=_TTFT_BUCKETS_S,
+            registry=r,
         )
         # per-token observations: plain counts behind the public collector API (CountingHistogram)
         self.itl = CountingHistogram(
@@ -112,7 +118,7 @@ class GatewayMetrics:
         self.e2e = Histogram(
             p + "request_duration_seconds",
             "Request received to last byte written",
-            ("model",),
+            ("model", "backend"),
             buckets=_E2E_BUCKETS_S,
             registry=r,
         )
@@ -154,22 +160,32 @@ class GatewayMetrics:
         )
         self.multiproc_dir = multiprocess_dir()
         self._flushed = -1.0
-        self._children: dict[str, tuple[Any, Any, Any, Any]] = {}
+        self._children: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {}
+        self._in_flight: dict[str, Any] = {}
         self._finished: dict[tuple[str, str, int, str], tuple[Any, Any]] = {}
         self._tokens: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self._local: list[Any] = []
 
-    def model(self, model: str) -> tuple[Any, Any, Any, Any]:
-        """Cached children ``(ttft, inter_token, e2e, in_flight)`` for ``model``."""
-        c = self._children.get(model)
+    def model(self, model: str, backend: str | None) -> tuple[Any, Any, Any, Any]:
+        """Cached children ``(ttft, inter_token, e2e, in_flight)`` for ``model`` answered by ``backend``
+        (None: no backend answered, labelled ``none``); inter_token and in_flight are by model only."""
+        key = (model, backend or "none")
+        c = self._children.get(key)
         if c is None:
-            c = self._children[model] = (
-                self.ttft.labels(model),
+            c = self._children[key] = (
+                self.ttft.labels(model, key[1]),
                 self.itl.labels(model),
-                self.e2e.labels(model),
-                self.in_flight.labels(model),
+                self.e2e.labels(model, key[1]),
+                self.in_flight_of(model),
             )
         return c
+
+    def in_flight_of(self, model: str) -> Any:
+        """The cached ``in_flight{model}`` child (counted before any backend is chosen)."""
+        g = self._in_flight.get(model)
+        if g is None:
+            g = self._in_flight[model] = self.in_flight.labels(model)
+        return g
 
     def finished(
         self, model: str, backend: str, status: int, api: str, prompt_tokens: int | None, completion_tokens: int | None

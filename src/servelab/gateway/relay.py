@@ -184,7 +184,7 @@ class Relay:
         saw_done = False
         saw_finish = False
         last_ns = 0
-        ttft_h, itl, _, _ = self.metrics.model(r.model)
+        ttft_h, itl, _, _ = self.metrics.model(r.model, r.backend)
         error: GatewayError | None = None
         cut = False
         try:

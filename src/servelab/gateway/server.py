@@ -571,7 +571,7 @@ class Gateway(HotReload, Endpoints, LedgerStart):
             admission = await self.admitter.reserve(adm, r.model)
             r.timeline.mark("admitted")
             journal_admit(self._ledger, r, admission)  # write-ahead: on disk before anything is forwarded
-            in_flight = self.metrics.model(r.model)[3]
+            in_flight = self.metrics.in_flight_of(r.model)
             in_flight.inc()
             self.retry_budget.record_request()
             return await self.upstream.proxy(request, snap, r, adm.body, adm.task, adm.key)
@@ -613,7 +613,7 @@ class Gateway(HotReload, Endpoints, LedgerStart):
         m = self.metrics
         m.finished(r.model, r.backend or "none", r.status, api_name(r), r.prompt_tokens, r.completion_tokens)
         if r.model != "-":
-            m.model(r.model)[2].observe(e2e_ns / 1e9)
+            m.model(r.model, r.backend)[2].observe(e2e_ns / 1e9)
         used = used_tokens(r)
         if r.status == 200 and r.model != "-":
             self._degrade.observe(r.model, r.ttft_ns)

@@ -158,7 +158,7 @@ async def _stream(
 ) -> tuple[web.StreamResponse, bool | None]:
     rec = RequestRecord(request_id=0)
     parser = MessagesStreamParser(rec)
-    ttft_h, itl, _, _ = metrics.model(r.model)
+    ttft_h, itl, _, _ = metrics.model(r.model, r.backend)
     out: web.StreamResponse | None = None
     buf = b""
     error: GatewayError | None = None
