@@ -38,6 +38,25 @@ def test_config_refuses_contradictory_declarations(caps: dict[str, Any], words: 
         parse_config(_cfg(caps))
 
 
+@pytest.mark.parametrize(("primary", "fallback", "words"), [
+    ({"rerank": True}, {}, "'c' is a chat model and 'p' a rerank model"),
+    ({}, {"rerank": True}, "'c' is a rerank model and 'p' a chat model"),
+    ({"embeddings": True}, {"rerank": True}, "'c' is a rerank model and 'p' an embedding model"),
+])
+def test_config_refuses_a_fallback_to_another_kind_of_model(primary: dict[str, Any], fallback: dict[str, Any],
+                                                            words: str) -> None:
+    """Admission checks the first model's kind only: a fallback of another kind would get a rerank body as a
+    chat model (or a chat body as a reranker), so the config refuses it, naming the step."""
+    b = [{"name": "b", "kind": "mock", "base_url": "http://127.0.0.1:9", "models": ["m"]}]
+    cfg = {"backends": b, "models": {"p": {"targets": [{"backend": "b"}], "capabilities": primary,
+                                           "fallback": [{"model": "c"}]},
+                                     "c": {"targets": [{"backend": "b"}], "capabilities": fallback}}}
+    with pytest.raises(Exception, match=f"models.p.fallback\\[0\\].model: {words}"):
+        parse_config(cfg)
+    cfg["models"]["c"]["capabilities"] = primary  # the same kind is fine
+    parse_config(cfg)
+
+
 def test_rerank_estimate_counts_the_query_once_per_document() -> None:
     body = {"query": "x" * 12, "documents": ["y" * 6, {"text": "z" * 18}]}
     # 12 bytes -> 2 tokens per pairing, 6 -> 1, 18 -> 3 (6 bytes per token, capabilities module doc)

@@ -147,6 +147,12 @@ class GatewayConfig(FrozenModel):
                     )
                 if f.model == name:
                     raise ValueError(f"models.{name}.fallback[{j}].model: a model cannot fall back to itself")
+                mine, theirs = _route_kind(m.capabilities), _route_kind(self.models[f.model].capabilities)
+                if mine != theirs:
+                    raise ValueError(
+                        f"models.{name}.fallback[{j}].model: {f.model!r} is {theirs} model and {name!r} "
+                        f"{mine} model; a fallback must serve the same requests, so name {mine} model"
+                    )
             if m.shadow is not None:
                 _check_target(m.shadow.target, backends, f"models.{name}.shadow.target")
         pools = {b.pool for b in self.backends}
@@ -206,6 +212,12 @@ def _check_model_refs(cfg: GatewayConfig) -> None:
     for where, mname in refs:
         if mname not in cfg.models:
             raise ValueError(f"{where}: {mname!r} is not a model; one of {', '.join(cfg.models)}")
+
+
+def _route_kind(c: Capabilities) -> str:
+    """What requests a model with capabilities ``c`` serves, in words: 'a rerank', 'an embedding' or 'a chat'
+    (completions included); a fallback must be of its model's kind, as admission checked the first model only."""
+    return "a rerank" if c.rerank else "an embedding" if c.embeddings else "a chat"
 
 
 def _check_pooled(c: Capabilities, where: str) -> None:
