@@ -66,6 +66,10 @@ Uses these aiohttp internals (checked against aiohttp 3.14.5): ``RequestHandler.
 ``Server._connections``/``_kwargs``/``_loop``, ``web_protocol._ErrInfo`` (a queued request answered by
 :meth:`GuardedHandler.handle_error`); the attack tests (tests/gateway/test_hostile_connections.py,
 tests/gateway/test_connection_flood.py) fail if an aiohttp upgrade changes them.
+
+A port's limits and how they follow from the config are in :mod:`servelab.gateway.portsettings`, the log
+budget in :mod:`servelab.gateway.ratelog`, what is said about a malformed request in
+:mod:`servelab.gateway.malformed`; this module keeps the connection handling itself.
 """
 
 from __future__ import annotations
@@ -75,10 +79,7 @@ import contextlib
 import logging
 import struct
 import sys
-import time
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import http_exceptions as hx
@@ -89,6 +90,11 @@ from aiohttp.web_server import Server
 
 from servelab.gateway import clientip
 from servelab.gateway.errors import openai_error_body
+from servelab.gateway.malformed import describe_parse_error
+from servelab.gateway.malformed import raw_response as _raw_response
+from servelab.gateway.malformed import where as _where
+from servelab.gateway.portsettings import ListenerSettings, default_per_client, settings_for
+from servelab.gateway.ratelog import LOG_BURST, LOG_WINDOW_S, RateLimitedLog
 
 __all__ = [
     "EVENTS",
@@ -125,173 +131,6 @@ EVENTS = (
     "send_timeout",
     "client_refused",
 )
-#: at most this many connection-level log lines per :data:`LOG_WINDOW_S` per port
-LOG_BURST = 10
-LOG_WINDOW_S = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class ListenerSettings:
-    """Limits of one listening port. ``name``: ``"api"`` or ``"admin"`` (logs, metrics). Times in
-    seconds (> 0); ``max_connections``: open client connections on this port (>= 1);
-    ``max_connections_per_client``: open connections of one client address (0 = only the port's cap)."""
-
-    name: str
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    body_total_timeout_s: float = 120.0
-    keepalive_timeout_s: float = 30.0
-    max_connections: int = 512
-    send_timeout_s: float = 60.0
-    max_connections_per_client: int = 0
-
-
-def settings_for(server: Any, name: str, nofile: int | None = None) -> ListenerSettings:
-    """:class:`ListenerSettings` of port ``name`` (``"api"`` or ``"admin"``) from a config's ``server``
-    section (:class:`servelab.gateway.config.ServerSection`). The API port's cap defaults to
-    :func:`servelab.gateway.fdbudget.default_max_connections` of ``nofile`` (default: this process's
-    ``RLIMIT_NOFILE``), its per-client cap to ``server.max_connections_per_client`` or half the port's cap
-    (:func:`default_per_client`); the admin port has no per-client cap."""
-    from servelab.gateway.fdbudget import default_max_connections, nofile_limit
-
-    per_client = 0
-    if name == "admin":
-        cap = server.admin_max_connections
-    else:
-        nofile = nofile or nofile_limit()
-        fit = default_max_connections(nofile, server.admin_max_connections)
-        cap = server.max_connections or fit
-        if cap > fit:
-            log.warning(
-                "server.max_connections %d is more than the descriptor limit allows (ulimit -n %d: %d "
-                "with an upstream connection each); raise ulimit -n or lower it",
-                cap,
-                nofile,
-                fit,
-            )
-        per_client = getattr(server, "max_connections_per_client", None) or default_per_client(cap)
-    return ListenerSettings(
-        name=name,
-        header_timeout_s=server.header_timeout_s,
-        body_timeout_s=server.body_timeout_s,
-        body_total_timeout_s=server.body_total_timeout_s,
-        keepalive_timeout_s=server.keepalive_timeout_s,
-        max_connections=cap,
-        send_timeout_s=getattr(server, "send_timeout_s", 60.0),
-        max_connections_per_client=min(per_client, cap),
-    )
-
-
-def default_per_client(max_connections: int) -> int:
-    """Connections one client address may hold on the API port when ``server.max_connections_per_client``
-    is not set: half the port's cap (at least 1), so one address (or one flood) can never take the whole
-    port. Example: ``ulimit -n 1024`` -> port cap 464 -> 232 per address."""
-    return max(1, max_connections // 2)
-
-
-class RateLimitedLog:
-    """Emits at most ``burst`` lines per ``window_s`` seconds to ``logger`` at ``level``; the first line
-    after a suppressed stretch says how many were dropped. Not thread-safe (one event loop)."""
-
-    def __init__(
-        self,
-        logger: logging.Logger,
-        burst: int = LOG_BURST,
-        window_s: float = LOG_WINDOW_S,
-        level: int = logging.WARNING,
-    ) -> None:
-        self.logger, self.burst, self.window_s, self.level = logger, burst, window_s, level
-        self._start = -1e18
-        self._n = 0
-        self.suppressed = 0
-
-    def __call__(self, msg: str, *args: Any) -> bool:
-        """Log ``msg % args`` unless over the budget; returns whether it was logged."""
-        now = time.monotonic()
-        if now - self._start >= self.window_s:
-            self._start, self._n = now, 0
-        if self._n >= self.burst:
-            self.suppressed += 1
-            return False
-        self._n += 1
-        if self.suppressed:
-            msg += " (%d similar lines suppressed)"
-            args = (*args, self.suppressed)
-            self.suppressed = 0
-        self.logger.log(self.level, msg, *args)
-        return True
-
-
-def _raw_response(
-    status: int, reason: str, message: str, code: str, typ: str = "invalid_request_error", extra: str = ""
-) -> bytes:
-    body = openai_error_body(message, typ, code)
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        f"{extra}Connection: close\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-#: parser error class -> (what to log and tell the client, OpenAI error code); the most specific first
-_PARSE_ERRORS: tuple[tuple[type[BaseException], str, str], ...] = (
-    (
-        hx.LineTooLong,
-        "a request line or header field is longer than {limit} bytes; send shorter headers "
-        "(an API key is under 100 characters)",
-        "header_too_large",
-    ),
-    (
-        hx.BadHttpMethod,
-        "the request line is not HTTP/1.1 (bytes after a body shorter than its Content-Length, "
-        "or HTTPS sent to an HTTP port?); send an exact Content-Length, use http://",
-        "bad_http_request",
-    ),
-    (hx.InvalidHeader, "a header field is malformed; send 'Name: value' lines", "bad_http_header"),
-    (hx.InvalidURLError, "the request target is not a valid URL path", "bad_http_request"),
-    (
-        hx.BadStatusLine,
-        "the request line is malformed (bytes after a body shorter than its Content-Length?); "
-        "send 'METHOD /path HTTP/1.1' and an exact Content-Length",
-        "bad_http_request",
-    ),
-    (
-        hx.TransferEncodingError,
-        "the chunked body is malformed; send valid chunked encoding or a Content-Length",
-        "bad_http_body",
-    ),
-    (
-        hx.ContentLengthError,
-        "the body is shorter than its Content-Length; send exactly that many bytes",
-        "bad_http_body",
-    ),
-    (hx.ContentEncodingError, "the body's Content-Encoding cannot be decoded; send it uncompressed", "bad_http_body"),
-    (hx.HttpProcessingError, "the HTTP request is malformed", "bad_http_request"),
-)
-
-
-def describe_parse_error(exc: BaseException | None, limit: int = 8190) -> tuple[str, str]:
-    """(one-line description, OpenAI error code) for an aiohttp parser error, built only from its
-    class, never from its message (which quotes the request bytes)."""
-    if type(exc) is hx.BadHttpMessage and str(getattr(exc, "message", "")).startswith("Data after"):
-        # aiohttp's fixed prefix for bytes following a 'Connection: close' request (only the prefix is read)
-        return (
-            "bytes follow the body of a 'Connection: close' request (is Content-Length shorter than the "
-            "body?); send an exact Content-Length"
-        ), "bad_http_body"
-    for cls, text, code in _PARSE_ERRORS:
-        if isinstance(exc, cls):
-            return text.format(limit=limit), code
-    return "the HTTP request is malformed", "bad_http_request"
-
-
-def _where(exc: BaseException) -> str:
-    """``file.py:line in func`` of the innermost frame of ``exc``'s traceback (no message, no locals)."""
-    tb = traceback.extract_tb(exc.__traceback__)
-    if not tb:
-        return "?"
-    f = tb[-1]
-    return f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name}"
 
 
 class _Guard:
