@@ -38,7 +38,7 @@ def test_lengths_from_a_run_folder_and_a_declared_side_wins(tmp_path: Path) -> N
     ("extra", "needle"),
     [
         ("lengths_from: {trace: nope.jsonl}\n", "lengths_from.trace"),
-        ("lengths_from: {run: nope}\n", "not a folder"),
+        ("lengths_from: {run: nope}\n", "p.yaml: lengths_from.run "),
         ("lengths_from: {}\n", "one of trace or run"),
         ("", "input_tokens and output_tokens, or lengths_from"),
     ],

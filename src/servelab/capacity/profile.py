@@ -205,7 +205,15 @@ def load_profile(path: str | os.PathLike[str]) -> TrafficProfile:
         base = Path(path).parent
         where = base / (src.trace or src.run or "")
         if src.trace is not None and not where.is_file():
-            raise ConfigError(f"{path}: lengths_from.trace {where} is not a file; give an existing trace")
+            raise ConfigError(
+                f"{path}: lengths_from.trace {where} is not a file; give an existing trace (a relative path is "
+                "read from the profile's folder)"
+            )
+        if src.run is not None and not where.is_dir():
+            raise ConfigError(
+                f"{path}: lengths_from.run {where} is not a folder; give a servelab bench or trial run folder "
+                "(a relative path is read from the profile's folder)"
+            )
         inp, out = lengths_of_trace(where) if src.trace is not None else lengths_of_run(where)
         prof.input_tokens = prof.input_tokens or Lengths(values=inp)
         prof.output_tokens = prof.output_tokens or Lengths(values=out)
