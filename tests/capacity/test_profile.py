@@ -35,6 +35,10 @@ def test_example_loads_and_schema_is_current() -> None:
     ({"tasks": [{"name": "a", "share": 1.0, "tier": "huge"}]}, "'huge'"),
     ({"long_share": 0.2, "long_input_tokens": None}, "long_input_tokens"),
     ({"dayly_active_users": 3}, "dayly_active_users"),
+    # NaN and infinity are named as such, not as out of range ('less than or equal to 1000, got nan')
+    ({"peak_to_mean": float("nan")}, "peak_to_mean: input should be a finite number"),
+    ({"stream_hold_s": float("inf")}, "stream_hold_s: input should be a finite number"),
+    ({"input_tokens": {"mean": float("nan")}}, "input_tokens.mean: input should be a finite number"),
 ])
 def test_bad_value_is_one_line(tmp_path: Path, change: dict, needle: str) -> None:
     data = yaml.safe_load(EXAMPLE.read_text())

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from servelab.bench.analysis.slo import parse_slo
 from servelab.wire.config import PublishedSchema, StrictModel, json_schema_of, read_yaml_file, validation_error_line
@@ -28,6 +28,8 @@ Z95 = 1.6448536269514722
 class Lengths(StrictModel):
     """A token-length distribution: ``mean`` and ``p95`` (a lognormal through both; P95 at most 3.87x
     the mean, the most a lognormal allows), or ``values`` (an empirical sample, drawn with replacement)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # NaN/inf refused as such, not as out of range
 
     mean: float | None = Field(None, gt=0, le=10_000_000, description="mean tokens")
     p95: float | None = Field(None, gt=0, le=10_000_000, description="95th percentile tokens (default: the mean)")
@@ -86,6 +88,8 @@ class Task(StrictModel):
     """A task class of the mix: its ``share`` of requests, the ``tier`` it is routed to, and its own
     lengths (default: the profile's)."""
 
+    model_config = ConfigDict(allow_inf_nan=False)  # NaN/inf refused as such, not as out of range
+
     name: str = Field(min_length=1)
     share: float = Field(gt=0, le=1, description="fraction of all requests")
     tier: str = Field(min_length=1, description="a key of tiers")
@@ -96,6 +100,8 @@ class Task(StrictModel):
 class Deployment(StrictModel):
     """What one replica of a candidate runs on and costs: ``devices_per_replica`` (GPUs, or 1 CPU host),
     ``devices_per_host`` and ``price_per_hour`` of one replica in ``currency``."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # NaN/inf refused as such, not as out of range
 
     devices_per_replica: int = Field(1, ge=1, le=4096)
     devices_per_host: int = Field(8, ge=1, le=4096)
@@ -108,6 +114,8 @@ class TrafficProfile(StrictModel):
     in 0..1. ``tiers``: tier name -> candidate (a name in the evidence); ``tasks`` route shares of the
     traffic to tiers (empty: everything to each candidate in turn). ``strong_tier``: the tier a plan
     without routing would send everything to."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # NaN/inf refused as such, not as out of range
 
     name: str = "traffic"
     daily_active_users: int = Field(ge=1, le=10_000_000_000)
