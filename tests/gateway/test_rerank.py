@@ -32,6 +32,8 @@ def _cfg(caps: dict[str, Any]) -> dict[str, Any]:
     ({"rerank": True, "embeddings": True}, "not both"),
     ({"rerank": True, "tools": True}, "a rerank model cannot declare tools"),
     ({"rerank": True, "embedding_dimensions": 8}, "only an embedding model"),
+    ({"max_input_tokens": 8}, "only an embedding or rerank model has one"),  # a chat model never checked it
+    ({"rerank": True, "max_input_tokens": 1000, "context_tokens": 512}, "1000 is above context_tokens 512"),
 ])
 def test_config_refuses_contradictory_declarations(caps: dict[str, Any], words: str) -> None:
     with pytest.raises(Exception, match=words):

@@ -222,7 +222,7 @@ def _route_kind(c: Capabilities) -> str:
 
 def _check_pooled(c: Capabilities, where: str) -> None:
     """An embedding or rerank model serves only its own route: it cannot be both, declare chat features,
-    or (rerank) an embedding dimension."""
+    or (rerank) an embedding dimension; ``max_input_tokens`` is theirs only, and within ``context_tokens``."""
     if c.embeddings and c.rerank:
         raise ValueError(f"{where}: a model is an embedding model or a rerank model, not both")
     kind = "an embedding" if c.embeddings else ("a rerank" if c.rerank else None)
@@ -230,6 +230,16 @@ def _check_pooled(c: Capabilities, where: str) -> None:
         raise ValueError(f"{where}: {kind} model cannot declare tools or json_schema")
     if c.embedding_dimensions is not None and not c.embeddings:
         raise ValueError(f"{where}.embedding_dimensions: only an embedding model (embeddings: true) has one")
+    if c.max_input_tokens is not None and kind is None:
+        raise ValueError(
+            f"{where}.max_input_tokens: only an embedding or rerank model has one (a chat model's prompt is "
+            "bounded by context_tokens)"
+        )
+    if c.max_input_tokens is not None and c.context_tokens is not None and c.max_input_tokens > c.context_tokens:
+        raise ValueError(
+            f"{where}.max_input_tokens: {c.max_input_tokens} is above context_tokens {c.context_tokens}; "
+            "lower it to the context or below"
+        )
 
 
 def _check_target(t: Target, backends: dict[str, Backend], where: str) -> None:
