@@ -148,3 +148,46 @@ def test_native_over_cap_and_bad_input_refused_like_chat(gw: Any) -> None:
                       headers={"x-api-key": gw.key}, timeout=30)
     assert resp.status_code == 400 and resp.json()["type"] == "error"
     assert resp.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_native_stream_when_llama_server_dies_mid_answer(llama: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A second real llama-server (``llama`` only gives this test its engine tier) is killed with SIGKILL right
+    after the first text delta of a pass-through stream: the client gets the engine's own opening events, the
+    deltas it sent, then exactly one Anthropic ``error`` event, no second ``message_start``, nothing internal;
+    the access log says the request was cut off."""
+    import signal
+
+    eng_gen = launch_llama(tmp_path_factory, ctx_size=1024, parallel=1)
+    eng = next(eng_gen)
+    key, entry = gateway_key("k1", "t")
+    cfg = {"backends": [{"name": "n", "kind": "llamacpp", "base_url": eng.base_url.removesuffix("/v1"),
+                         "models": ["gemma"]}],
+           "models": {"native": {"targets": [{"backend": "n"}]}}, "retry": {"attempts": 0},
+           "tenants": {"t": {}}, "keys": [entry]}
+    proc = start_gateway(cfg, tmp_path_factory.mktemp("apis-llama-die") / "gw")
+    try:
+        body = {"model": "native", "max_tokens": 512, "stream": True, "temperature": 0,
+                "messages": [{"role": "user", "content": "Count from one to two hundred in words."}]}
+        names: list[str] = []
+        last = b""
+        with httpx.stream("POST", proc.root + "/v1/messages", json=body, headers={"x-api-key": key},
+                          timeout=120) as r:
+            assert r.status_code == 200
+            rid = r.headers["x-request-id"]
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    names.append(line.removeprefix("event: "))
+                    if names[-1] == "content_block_delta" and names.count("content_block_delta") == 1:
+                        eng.process.send_signal(signal.SIGKILL)
+                elif line.startswith("data: "):
+                    last = line.encode()
+        assert names.count("message_start") == 1 and names[-1] == "error", names
+        assert "message_stop" not in names and names.index("content_block_delta") < len(names) - 1
+        err = orjson.loads(last.removeprefix(b"data: "))
+        assert err["type"] == "error" and err["error"]["type"] == "api_error"
+        assert "127.0.0.1" not in err["error"]["message"] and "gguf" not in err["error"]["message"]
+        rec = next(orjson.loads(x) for x in proc.access_log.read_text().splitlines() if rid in x)
+        assert rec["outcome"] == "error" and rec["error_code"] == "upstream_cut_off", rec
+    finally:
+        stop_gateway(proc.proc)
+        eng_gen.close()
