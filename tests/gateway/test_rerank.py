@@ -8,6 +8,7 @@ start one gateway and one mock per module.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,24 @@ def test_config_refuses_a_fallback_to_another_kind_of_model(primary: dict[str, A
     with pytest.raises(Exception, match=f"models.p.fallback\\[0\\].model: {words}"):
         parse_config(cfg)
     cfg["models"]["c"]["capabilities"] = primary  # the same kind is fine
+    parse_config(cfg)
+
+
+@pytest.mark.parametrize(("models", "words"), [
+    (None, "applies to every model (models: null), including 'r', a rerank model"),
+    (["r"], "lists 'r', a rerank model"),
+])
+def test_config_refuses_a_degrade_route_to_another_kind(models: list[str] | None, words: str) -> None:
+    """A degrade rule routing rerank requests to a chat model made them 400s naming a model the client never
+    asked for; the config refuses it. A rule over chat models only is fine."""
+    cfg = _cfg({"rerank": True})
+    cfg["models"]["cheap"] = {"targets": [{"backend": "b"}]}
+    cfg["models"]["big"] = {"targets": [{"backend": "b"}]}
+    rule = {"name": "r1", "priorities": ["low"], "when": {"in_flight": 1}, "route_to": "cheap", "models": models}
+    cfg["degrade"] = {"rules": [rule]}
+    with pytest.raises(Exception, match=f"'cheap' is a chat model but the rule {re.escape(words)}"):
+        parse_config(cfg)
+    rule["models"] = ["big"]
     parse_config(cfg)
 
 

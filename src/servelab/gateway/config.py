@@ -178,6 +178,7 @@ class GatewayConfig(FrozenModel):
                     f"keys[{i}].tenant: {k.tenant!r} is not a tenant; "
                     f"add it under tenants: or use one of {', '.join(self.tenants) or '(none)'}"
                 )
+        _check_route_to_kinds(self)
         for task, mname in self.routing.tasks.items():
             if mname not in self.models:
                 raise ValueError(f"routing.tasks.{task}: {mname!r} is not a model; one of {', '.join(self.models)}")
@@ -212,6 +213,26 @@ def _check_model_refs(cfg: GatewayConfig) -> None:
     for where, mname in refs:
         if mname not in cfg.models:
             raise ValueError(f"{where}: {mname!r} is not a model; one of {', '.join(cfg.models)}")
+
+
+def _check_route_to_kinds(cfg: GatewayConfig) -> None:
+    """A degrade rule's ``route_to`` serves the requests of every model the rule applies to (its ``models``,
+    null = all): a rerank request routed to a chat model was refused with a 400 naming a model the client
+    never asked for."""
+    for i, rule in enumerate(cfg.degrade.rules):
+        to = cfg.models.get(rule.route_to) if rule.route_to else None
+        if to is None:
+            continue  # no route, or an unknown model (_check_model_refs names it)
+        want = _route_kind(to.capabilities)
+        for mname in rule.models or list(cfg.models):
+            m = cfg.models.get(mname)
+            if m is not None and _route_kind(m.capabilities) != want:
+                listed = "lists" if rule.models else "applies to every model (models: null), including"
+                raise ValueError(
+                    f"degrade.rules[{i}] ({rule.name}).route_to: {rule.route_to!r} is {want} model but the rule "
+                    f"{listed} {mname!r}, {_route_kind(m.capabilities)} model; list in models: only models "
+                    f"of its kind"
+                )
 
 
 def _route_kind(c: Capabilities) -> str:
