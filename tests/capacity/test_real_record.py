@@ -77,3 +77,19 @@ def test_capacity_output_says_whose_hold_and_what_the_search_found(capsys: pytes
     line = capsys.readouterr().out
     assert "no probe broke" in line and "broke at open" not in line, line
     assert "sustained, on the trial's own requests" in line, line
+
+
+def test_capacity_refuses_one_name_twice_and_says_why_tiers_are_not_planned(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--bench np1=A --bench np1=B`` kept B alone under np1's name (np4's evidence planned as np1): one line
+    instead. A profile whose tiers name a candidate without evidence gets a line saying so, not silence."""
+    from servelab.capacity.cli import capacity_command
+    from servelab.wire.errors import ConfigError
+
+    cands = RUN / "candidates"
+    example = str(Path(__file__).parents[2] / "examples" / "traffic.yaml")
+    with pytest.raises(ConfigError, match="the candidate name 'np1' is already given"):
+        capacity_command(example, record=[], bench=[f"np1={cands / 'np1' / 'steps'}", f"np1={cands / 'np4' / 'steps'}"],
+                         slots=None, bootstrap=0, seed=0, json_out=None)
+    capacity_command(example, record=[], bench=[f"np4={cands / 'np4' / 'steps'}"], slots=None, bootstrap=0, seed=0,
+                     json_out=None)
+    assert "tiers: not planned: no evidence for np1" in capsys.readouterr().out

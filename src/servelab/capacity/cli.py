@@ -57,6 +57,8 @@ def evidence_of(records: list[str], benches: list[str]) -> dict[str, Evidence]:
             steps = from_trial_candidate(run, name)
             if not steps:
                 continue
+            if name in out:
+                raise ConfigError(f"--record {r}: candidate {name!r} is also in an earlier --record; give each once")
             slots = declared_slots(rec.ident(name).settings)
             res = rec.results.candidates.get(name)
             cap = res.capacity if res is not None else None
@@ -67,7 +69,13 @@ def evidence_of(records: list[str], benches: list[str]) -> dict[str, Evidence]:
             raise ConfigError(f"{r}: no candidate of this trial has measured load steps to fit a model on")
     for b in benches:
         name, _, folder = b.rpartition("=")
-        out[name or Path(folder).name] = Evidence(from_bench(folder))
+        name = name or Path(folder).name
+        if name in out:
+            raise ConfigError(
+                f"--bench {b}: the candidate name {name!r} is already given (by --record or --bench); "
+                "name each evidence folder differently, as NAME=DIR"
+            )
+        out[name] = Evidence(from_bench(folder))
     return out
 
 
@@ -245,6 +253,12 @@ def capacity_command(
             _print_search(cc.search)
         _print_plan(plans[name])
     tiers = plan_tiers(prof, models, seed=seed) if models else None
+    missing = sorted({c for c in prof.tiers.values() if c not in models})
+    if models and prof.tasks and missing:
+        print(
+            f"tiers: not planned: no evidence for {', '.join(missing)} (a candidate the profile's tiers name); "
+            f"give it with --record or --bench NAME=DIR"
+        )
     if tiers is not None:
         print("tiers:")
         for tier, pl in tiers.tiers.items():
