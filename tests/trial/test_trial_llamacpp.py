@@ -21,7 +21,8 @@ name: two-llama
 goal:
   task: "chat: short Q&A + structured output"
   slo: "ttft_p95<=20s,error_rate<=1%"
-  quality: {structured_valid_min: 0.0, samples: [{prompt: "Reply with the single word OK.", expect_regex: ".", max_tokens: 4}]}
+  quality: {structured_valid_min: 0.0, structured_requests: 2,
+            samples: [{prompt: "Reply with the single word OK.", expect_regex: ".", max_tokens: 4}]}
   expected_rate_rps: 1
   burstiness: 0.5
   mix: "short-qa:1,structured:1"
