@@ -93,3 +93,33 @@ def test_capacity_refuses_one_name_twice_and_says_why_tiers_are_not_planned(caps
     capacity_command(example, record=[], bench=[f"np4={cands / 'np4' / 'steps'}"], slots=None, bootstrap=0, seed=0,
                      json_out=None)
     assert "tiers: not planned: no evidence for np1" in capsys.readouterr().out
+
+
+def test_capacity_interval_holds_the_plan_and_says_how_many_refits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--bootstrap 3`` on this fixture planned np4's tier at capacity 0.02562 req/s with '95 % CI
+    0.02968–0.03501' (every refit above the point fit) and '48 replicas (up to 41 at the capacity's low
+    end)'. Every plan's interval must hold its capacity, the replica range run upward, and an interval of 3
+    refits say so (a warning, and 'range of 3 bootstrap refits' rather than a 95 % CI)."""
+    from servelab.capacity.cli import capacity_command
+    from servelab.capacity.results import CapacityReport
+
+    cands = RUN / "candidates"
+    out_json = tmp_path / "report.json"
+    capacity_command(str(Path(__file__).parents[2] / "examples" / "traffic.yaml"), record=[],
+                     bench=[f"np1={cands / 'np1' / 'steps'}", f"np4={cands / 'np4' / 'steps'}"],
+                     slots=None, bootstrap=3, seed=0, json_out=str(out_json))
+    cap = capsys.readouterr()
+    assert "warning: --bootstrap 3: fewer than 10 refits" in cap.err, cap.err
+    rep = CapacityReport.model_validate_json(out_json.read_bytes())
+    plans = [c.plan for c in rep.candidates.values()] + list(rep.tiers.tiers.values() if rep.tiers else [])
+    assert len(plans) >= 3
+    for pl in plans:
+        assert pl is not None and pl.capacity_ci is not None and pl.capacity_per_replica_rps is not None
+        assert pl.capacity_ci.lo is not None and pl.capacity_ci.hi is not None
+        assert pl.capacity_ci.lo <= pl.capacity_per_replica_rps <= pl.capacity_ci.hi, pl
+        assert pl.capacity_ci.n == 3
+        assert pl.replicas_hi is None or pl.replicas is None or pl.replicas_hi >= pl.replicas, pl
+    lines = [x for x in cap.out.splitlines() if "per replica at the SLO" in x]
+    assert lines and all("range of 3 bootstrap refits" in x and "95 % CI" not in x.split("refits")[0] for x in lines)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 from servelab.bench.analysis.slo import Objective
+from servelab.capacity.bootci import boot_interval
 from servelab.capacity.evidence import Obs, StepEvidence
-from servelab.capacity.plan import boot_interval, capacity, meets
+from servelab.capacity.plan import capacity, meets
 from servelab.capacity.results import PerfParams, ProbeCheck, SearchCheck
 from servelab.capacity.simulate import simulate
 
@@ -113,7 +114,7 @@ def check_search(
     sustained, _ = capacity(p, EvidenceDraws(reqs, p), slo, shape, seed)
     cap = probe_sized_capacity(p, templates, slo, seed)
     caps = [probe_sized_capacity(b, templates, slo, seed) for b in boots]
-    civ = boot_interval(caps)
+    civ = boot_interval(caps, cap)
     held_rates = [c.rate_rps for c in checks if c.measured_held]
     broke_rates = [c.rate_rps for c in checks if not c.measured_held]
     lo = max(held_rates) if held_rates else None

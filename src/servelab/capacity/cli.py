@@ -5,13 +5,16 @@ formulas); with evidence, each candidate's fitted model, its held-out validation
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
 
 from servelab.bench.analysis.slo import parse_slo
+from servelab.bench.results import Interval
 from servelab.capacity.agree import check_search
+from servelab.capacity.bootci import MIN_REFITS, refits_text
 from servelab.capacity.evidence import StepEvidence, declared_slots, from_bench, from_trial_candidate
 from servelab.capacity.fit import fit
 from servelab.capacity.peak import peak_load
@@ -84,6 +87,13 @@ def _iv(ci: object, scale: float = 1.0, fmt: str = ".3g") -> str:
     return "" if lo is None or hi is None else f" (95 % CI {lo * scale:{fmt}}–{hi * scale:{fmt}})"
 
 
+def _refits_iv(ci: Interval | None, fmt: str = ".4g") -> str:
+    """An interval over simulated refits (``n`` the refits) with its number of refits (:mod:`bootci`)."""
+    if ci is None or ci.lo is None or ci.hi is None:
+        return ""
+    return f" ({refits_text(ci, f'{ci.lo:{fmt}}', f'{ci.hi:{fmt}}')})"
+
+
 def _print_fit(name: str, f: FitReport) -> None:
     p: PerfParams = f.params
     rate = (
@@ -127,7 +137,7 @@ def _print_search(sc: SearchCheck) -> None:
     broke = "no probe broke" if sc.measured_broke_rps is None else f"broke at {sc.measured_broke_rps:.4g} req/s"
     print(
         f"  capacity search: the trial held {held}, {broke}; the model's capacity for probes of "
-        f"{sc.probe_requests} requests {sc.model_capacity_rps or 0:.4g} req/s{_iv(sc.model_capacity_ci, 1.0, '.4g')}; "
+        f"{sc.probe_requests} requests {sc.model_capacity_rps or 0:.4g} req/s{_refits_iv(sc.model_capacity_ci)}; "
         f"{sc.probes_agreeing}/{len(sc.probes)} probe verdicts agree -> {'agrees' if sc.agrees else 'DISAGREES'}"
     )
     print(
@@ -147,7 +157,7 @@ def _print_plan(pl: CandidatePlan, indent: str = "  ") -> None:
     cap = pl.capacity_per_replica_rps or 0.0
     print(
         f"{indent}plan {pl.candidate} at {pl.rate_rps:.4g} req/s: capacity {cap:.4g} req/s per replica at the SLO"
-        f"{_iv(pl.capacity_ci, 1.0, '.4g')}, saturation {pl.saturation_rps or 0:.4g} req/s"
+        f"{_refits_iv(pl.capacity_ci)}, saturation {pl.saturation_rps or 0:.4g} req/s"
     )
     if pl.replicas is not None:
         hi = f" (up to {pl.replicas_hi} at the capacity's low end)" if pl.replicas_hi not in (None, pl.replicas) else ""
@@ -195,6 +205,12 @@ def capacity_command(
 ) -> None:
     """Peak load of a traffic profile; with --record/--bench: model, held-out validation and the plan."""
     prof = load_profile(profile)
+    if 0 < bootstrap < MIN_REFITS:
+        print(
+            f"warning: --bootstrap {bootstrap}: fewer than {MIN_REFITS} refits; each interval below is the range "
+            f"of those refits, not a 95 % CI (give --bootstrap {MIN_REFITS} or more)",
+            file=sys.stderr,
+        )
     models: dict[str, tuple[PerfParams, list[PerfParams]]] = {}
     cands: dict[str, CandidateCapacity] = {}
     evidence = evidence_of(record, bench)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from servelab.bench.results import Interval
+from servelab.capacity.bootci import boot_interval
 from servelab.capacity.evidence import StepEvidence
 from servelab.capacity.results import FitReport, PerfParams
 
@@ -280,11 +281,11 @@ def refit(
     ), beta
 
 
-def _iv(vals: list[float], n: int) -> Interval:
-    lo, hi = np.percentile(vals, [2.5, 97.5]) if vals else (None, None)
-    return Interval(
-        lo=None if lo is None else float(lo), hi=None if hi is None else float(hi), n=n, method="bootstrap-percentile"
-    )
+def _iv(vals: list[float], n: int, point: float | None) -> Interval:
+    """The refits' interval (:func:`servelab.capacity.bootci.boot_interval`, holding ``point``); ``n``
+    the requests fitted on; both bounds ``None`` without refits."""
+    iv = boot_interval(vals, point, method="bootstrap-percentile")
+    return Interval(n=n, method="bootstrap-percentile") if iv is None else iv.model_copy(update={"n": n})
 
 
 def fit(
@@ -351,13 +352,13 @@ def fit(
         seen_slots=seen,
         declared_slots=declared_slots,
         token_gaps=gaps,
-        prefill_base_ci=_iv([b.prefill_base_s for b in boots], n),
-        prefill_rate_ci=_iv(rates, n) if rates else None,
-        decode_base_ci=_iv([b.decode_base_s for b in boots], n),
-        decode_per_running_ci=_iv([b.decode_per_running_s for b in boots], n),
+        prefill_base_ci=_iv([b.prefill_base_s for b in boots], n, point.prefill_base_s),
+        prefill_rate_ci=_iv(rates, n, point.prefill_tokens_per_s) if rates else None,
+        decode_base_ci=_iv([b.decode_base_s for b in boots], n, point.decode_base_s),
+        decode_per_running_ci=_iv([b.decode_per_running_s for b in boots], n, point.decode_per_running_s),
         prefill_residual_s=float(np.sqrt(np.mean(resid**2))),
         prefill_stall=beta,
-        prefill_stall_ci=_iv(betas, n) if betas else None,
+        prefill_stall_ci=_iv(betas, n, beta) if betas else None,
         prefill_samples=len(sel),
         held_back_requests=prep.held,
         notes=notes,

@@ -4,9 +4,11 @@
 - **capacity per replica**: the highest arrival rate (requests/s; the profile's arrival process and
   lengths, :data:`SIM_REQUESTS` requests) at which every latency objective of the SLO holds in the
   simulation (TTFT/E2E percentiles; ITL judged by TPOT), by bisection below the saturation rate
-  (closed loop at twice the slots). Its interval: the same search under each bootstrap refit.
+  (closed loop at twice the slots). Its interval: the same search under each bootstrap refit
+  (:func:`servelab.capacity.bootci.boot_interval`: the refits' 2.5-97.5 % range, holding the point).
 - **replicas** ``ceil(λ_off / (capacity * (1 - headroom)))``, traffic spread evenly (each replica sees
-  ``λ_off / N``); ``replicas_hi`` from the low end of the capacity's interval.
+  ``λ_off / N``); ``replicas_hi`` from the low end of the capacity's interval (never below ``replicas``,
+  as the interval holds the capacity).
 - **burst headroom**: at ``burst_factor`` x the peak each replica gets ``K λ_off / N``; above its
   capacity the queue grows at the excess rate, and a request waits ``queue / μ`` (μ the saturation
   rate), so TTFT P95 reaches its limit after ``T = slack * μ / (K λ_off / N - capacity)``, ``slack`` =
@@ -29,7 +31,7 @@ from typing import Protocol
 import numpy as np
 
 from servelab.bench.analysis.slo import Objective, parse_slo
-from servelab.bench.results import Interval
+from servelab.capacity.bootci import boot_interval
 from servelab.capacity.peak import peak_load
 from servelab.capacity.profile import Lengths, Task, TrafficProfile
 from servelab.capacity.results import CandidatePlan, PerfParams, TierPlan, WhatIf
@@ -142,14 +144,6 @@ def capacity(
     return lo, mu
 
 
-def boot_interval(vals: list[float]) -> Interval | None:
-    """The 2.5-97.5 % range of ``vals`` (figures simulated under each bootstrap refit); ``None`` empty."""
-    if not vals:
-        return None
-    lo, hi = np.percentile(vals, [2.5, 97.5])
-    return Interval(lo=float(lo), hi=float(hi), n=len(vals), method="bootstrap-simulated")
-
-
 def _replicas(rate: float, cap: float, headroom: float) -> int | None:
     """Replicas for ``rate`` req/s at ``cap`` req/s each (module doc); ``None`` when either is not a
     finite number > 0 (``rate`` 0: one replica)."""
@@ -179,7 +173,7 @@ def plan_candidate(
     share = rate / peak.offered_peak_rps.value if peak.offered_peak_rps.value else 1.0
     cap, mu = capacity(p, wl, slo, shape, seed)
     caps = [capacity(b, wl, slo, shape, seed)[0] for b in boots]
-    civ = boot_interval(caps)
+    civ = boot_interval(caps, cap)
     dep = profile.deployments.get(name)
     out = CandidatePlan(
         candidate=name,
@@ -276,7 +270,7 @@ def plan_tiers(
     if not profile.tasks or any(c not in models for c in profile.tiers.values()):
         return None
     off = peak_load(profile).offered_peak_rps.value
-    tp = TierPlan()
+    tp = TierPlan(tiers={})  # set, so the JSON report (exclude_unset) keeps the tiers filled in below
     for tier, cand in profile.tiers.items():
         tasks = [t for t in profile.tasks if t.tier == tier]
         if not tasks:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from servelab.bench.results import Interval
+from servelab.capacity.bootci import boot_interval
 from servelab.capacity.evidence import StepEvidence
 from servelab.capacity.fit import fit
 from servelab.capacity.results import PerfParams, Prediction, StepCheck, Validation
@@ -36,10 +36,7 @@ def _figures(p: PerfParams, st: StepEvidence) -> tuple[float, float, float]:
 
 
 def _pred(point: float, boots: list[float], measured: float) -> Prediction:
-    iv = None
-    if boots:
-        lo, hi = np.percentile(boots, [2.5, 97.5])
-        iv = Interval(lo=float(lo), hi=float(hi), n=len(boots), method="bootstrap-simulated")
+    iv = boot_interval(boots, point)
     return Prediction(
         predicted=point, interval=iv, measured=measured, error=(point - measured) / measured if measured else None
     )
