@@ -153,6 +153,23 @@ def test_model_errors_404_403_and_bad_json_400(env: Any) -> None:
     assert st == 400 and _err(b)["param"] == "prompt"
 
 
+def test_unknown_model_is_echoed_cut_to_100_chars_on_every_api(env: Any) -> None:
+    """A 100,000-character ``model`` came back whole in the 404 of chat, messages, responses and rerank;
+    the message now repeats its first 100 characters and an ellipsis (3,000 here: the body limit is 4 KiB)."""
+    name = "x" * 3000
+    bodies = {
+        "/chat/completions": chat(name),
+        "/messages": {"model": name, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+        "/responses": {"model": name, "input": "hi"},
+        "/rerank": {"model": name, "query": "q", "documents": ["a", "b"]},
+    }
+    for path, body in bodies.items():
+        st, _, b = post(env.gw.url + path, body, env.key)
+        assert st == 404, (path, st, b[:300])
+        msg = orjson.loads(b)["error"]["message"]
+        assert "x" * 100 + "…" in msg and "x" * 101 not in msg and len(msg) < 300, (path, msg[:300])
+
+
 def test_body_size_413_and_max_tokens_limit_400(env: Any) -> None:
     url = env.gw.url + "/chat/completions"
     big = chat("m-vllm", messages=[{"role": "user", "content": "x" * 5000}])

@@ -26,7 +26,7 @@ from aiohttp import web
 from servelab.gateway import bodies, clientip, degrade, enginefields, lengths, logprobs, policy, scopes
 from servelab.gateway import capabilities as caps_mod
 from servelab.gateway.apis import ApiAdapter
-from servelab.gateway.errors import GatewayError, bad_request
+from servelab.gateway.errors import GatewayError, bad_request, echo
 from servelab.gateway.keys import KeyInfo
 from servelab.gateway.leases import LoadTracker
 from servelab.gateway.limits import Admission, Limiter, Limits
@@ -124,7 +124,7 @@ class Admitter:
         if entry is None:
             raise GatewayError(
                 404,
-                f"the model '{model}' does not exist; GET /v1/models lists the models you can use",
+                f"the model '{echo(model)}' does not exist; GET /v1/models lists the models you can use",
                 code="model_not_found",
                 param="model",
             )
@@ -132,7 +132,7 @@ class Admitter:
         if not may_use_model(snap, key, model):
             raise GatewayError(
                 403,
-                f"this API key may not use the model '{model}'; GET /v1/models lists the models it may use",
+                f"this API key may not use the model '{echo(model)}'; GET /v1/models lists the models it may use",
                 code="model_not_allowed",
                 param="model",
             )

@@ -20,6 +20,7 @@ import orjson
 __all__ = [
     "GatewayError",
     "bad_request",
+    "echo",
     "openai_error_body",
     "sanitize_upstream_message",
 ]
@@ -89,6 +90,17 @@ def openai_error_body(
 ) -> bytes:
     """``{"error": {"message", "type", "param", "code"}}`` as bytes (OpenAI's error object)."""
     return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
+
+
+#: most characters of a client's own value (a model name, a field) repeated in an error message
+ECHO_CHARS = 100
+
+
+def echo(value: object, limit: int = ECHO_CHARS) -> str:
+    """``value`` (a client's own string) as an error message repeats it: its first ``limit`` characters
+    and an ellipsis when longer, so a 100,000-character model name does not come back whole."""
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> GatewayError:

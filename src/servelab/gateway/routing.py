@@ -62,7 +62,7 @@ from types import MappingProxyType
 from typing import Any
 
 from servelab.gateway.breaker import BreakerBoard
-from servelab.gateway.errors import GatewayError
+from servelab.gateway.errors import GatewayError, echo
 from servelab.gateway.hashing import affinity_text, hrw_order, stable_unit
 from servelab.gateway.leases import Lease, LoadTracker
 from servelab.gateway.routespec import (
@@ -250,7 +250,7 @@ class Router:
         if route is None:
             raise GatewayError(
                 404,
-                f"the model {public_model!r} does not exist; GET /v1/models lists the models you can use",
+                f"the model '{echo(public_model)}' does not exist; GET /v1/models lists the models you can use",
                 code="model_not_found",
                 param="model",
             )
