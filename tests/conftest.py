@@ -318,6 +318,7 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/gateway/test_apis.py": ("unit",),
     "tests/gateway/test_apis.py::test_messages_create_text_thinking_and_ledger_usage": ("proc",),
     "tests/gateway/test_apis.py::test_messages_errors_in_anthropic_shape": ("proc",),
+    "tests/gateway/test_apis.py::test_messages_paths_unknown_or_wrong_method_answer_in_anthropic_shape": ("proc",),
     "tests/gateway/test_apis.py::test_messages_stop_sequences_and_count_tokens": ("proc",),
     "tests/gateway/test_apis.py::test_messages_stream_event_sequence_exact": ("proc",),
     "tests/gateway/test_apis.py::test_messages_tool_use_round_trip": ("proc",),

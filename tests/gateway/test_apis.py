@@ -188,6 +188,20 @@ def test_messages_errors_in_anthropic_shape(gw: Any) -> None:
                                tools=[{"type": "web_search_20250305", "name": "web_search"}])  # type: ignore[list-item]
 
 
+def test_messages_paths_unknown_or_wrong_method_answer_in_anthropic_shape(gw: Any) -> None:
+    """``GET /v1/messages`` (405) and ``POST /v1/messages/batches`` (404) answered in OpenAI's error shape;
+    under /v1/messages the Anthropic SDK parses Anthropic's. Other paths keep OpenAI's."""
+    r = httpx.get(gw.root + "/v1/messages", headers={"x-api-key": gw.key})
+    assert r.status_code == 405 and r.headers["allow"] == "POST", r.text
+    assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert r.json()["request_id"] == r.headers["x-request-id"]
+    r = httpx.post(gw.root + "/v1/messages/batches", headers={"x-api-key": gw.key}, json={"requests": []})
+    assert r.status_code == 404 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "not_found_error" and "no such endpoint" in r.json()["error"]["message"]
+    r = httpx.get(gw.root + "/v1/chat/completions", headers={"Authorization": f"Bearer {gw.key}"})
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed", r.text
+
+
 # ------------------------------------------------------------------------------------------ OpenAI Responses
 
 def test_responses_create_and_ledger_usage(gw: Any) -> None:

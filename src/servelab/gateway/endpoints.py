@@ -14,6 +14,7 @@ import orjson
 from aiohttp import web
 
 from servelab.gateway.admission import Admitter, may_use_model
+from servelab.gateway.apis.messages import anthropic_error_body
 from servelab.gateway.breaker import BreakerBoard
 from servelab.gateway.errors import GatewayError
 from servelab.gateway.listener import GuardedRunner
@@ -82,8 +83,9 @@ class Endpoints:
     _admin_runner: web.AppRunner | None
 
     async def _unknown_path(self, request: web.Request) -> web.Response:
-        """404/405 as an OpenAI error (the SDK parses it), naming the routes; a path that lacks ``/v1``
-        (the usual base_url mistake) is told so."""
+        """404/405 naming the routes, as an OpenAI error (the SDK parses it), or as an Anthropic error
+        under ``/v1/messages`` (the Anthropic SDK's paths: ``GET /v1/messages``, ``/v1/messages/batches``);
+        a path that lacks ``/v1`` (the usual base_url mistake) is told so."""
         path = request.path[:200]
         allowed = ROUTES.get(path)
         if allowed is not None and allowed == request.method:
@@ -94,23 +96,23 @@ class Endpoints:
                 f"separator); send {request.method} {path} with plain slashes",
                 code="unknown_path",
             )
-            return error_response(e, request_id(request))
-        if allowed is not None:
+        elif allowed is not None:
             e = GatewayError(405, f"{path} takes {allowed} requests, not {request.method}", code="method_not_allowed")
-            return web.Response(
-                status=405,
-                body=e.body(),
-                content_type="application/json",
-                headers={"Allow": allowed, "X-Request-ID": request_id(request)},
+        else:
+            hint = ""
+            if "/v1" + path in ROUTES:
+                hint = f"; did you mean /v1{path}? set the client's base_url to end in /v1"
+            served = ", ".join(f"{m} {p}" for p, m in ROUTES.items())
+            e = GatewayError(
+                404,
+                f"no such endpoint: {request.method} {path}{hint} (this gateway serves {served})",
+                code="unknown_path",
             )
-        hint = ""
-        if "/v1" + path in ROUTES:
-            hint = f"; did you mean /v1{path}? set the client's base_url to end in /v1"
-        served = ", ".join(f"{m} {p}" for p, m in ROUTES.items())
-        e = GatewayError(
-            404, f"no such endpoint: {request.method} {path}{hint} (this gateway serves {served})", code="unknown_path"
-        )
-        return error_response(e, request_id(request))
+        rid = request_id(request)
+        headers = {"X-Request-ID": rid, **({"Allow": allowed} if e.status == 405 and allowed else {})}
+        anthropic = path == "/v1/messages" or path.startswith("/v1/messages/")
+        body = anthropic_error_body(e, rid) if anthropic else e.body()
+        return web.Response(status=e.status, body=body, content_type="application/json", headers=headers)
 
     async def _health_ep(self, request: web.Request) -> web.Response:
         """Readiness (:mod:`servelab.gateway.readiness`): 200 ``ok``/``degraded`` when this replica can
