@@ -31,6 +31,9 @@ SECRETS = ("cuda", "memory", "gib", "gpu", "/opt", "model_runner", "7f3a9c12", "
            "mock-engine")
 SAFE_400 = "temperature must be non-negative, got -1.0."
 INTERNAL_400 = "invalid tensor shape in batch 7f3a9c12 on device cuda:0"
+#: llama-server started without --reranking/--embeddings
+NOT_SERVED_501 = "This server does not support reranking. Start it with `--reranking`"
+LEAKY_400 = "model /opt/x.gguf at http://10.0.0.5:9000 rejected: bad request"
 
 
 def _mock(*args: str) -> Any:
@@ -50,6 +53,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str, 
                                      "--error-message", INTERNAL_400)
         mocks["auth401"] = _mock("--fail-http-rate", "1", "--fail-http-status", "401",
                                  "--error-message", "invalid api key sk-upstream-secret for 10.0.0.7")
+        mocks["np501"] = _mock("--fail-http-rate", "1", "--fail-http-status", "501",
+                               "--error-message", NOT_SERVED_501)
+        mocks["leaky400"] = _mock("--fail-http-rate", "1", "--fail-http-status", "400", "--error-message", LEAKY_400)
         key, entry = gateway_key("k1", "t")
         cfg = {"backends": [{"name": f"secret-backend-{n}", "kind": "mock", "base_url": p.root, "models": ["up"]}
                             for n, p in mocks.items()],
@@ -146,6 +152,20 @@ def test_a_4xx_about_the_clients_input_keeps_its_words_internals_do_not(setup: A
     st, h, raw = post(gw.url + "/chat/completions", _chat("auth401"), key)
     assert st == 503 and orjson.loads(raw)["error"]["code"] == "model_unavailable", raw
     assert "sk-upstream" not in raw.decode() and h.get("Retry-After") == "1"
+
+
+def test_an_engine_501_is_not_served_and_not_worth_a_retry(setup: Any) -> None:
+    """llama-server without --reranking answers 501; the gateway said 502 "failed while answering; retry
+    the request", which no retry can change. Now 501 ``endpoint_not_served`` with ``x-should-retry: false``
+    (the SDKs then do not retry on their own), no engine words, no Retry-After."""
+    gw, key, mocks = setup
+    st, h, raw = post(gw.url + "/chat/completions", _chat("np501"), key)
+    assert st == 501, raw
+    err = orjson.loads(raw)["error"]
+    assert err["code"] == "endpoint_not_served" and "does not serve this endpoint" in err["message"], err
+    assert "retry the request" not in err["message"] and "--reranking" not in err["message"]
+    assert h.get("x-should-retry") == "false" and "Retry-After" not in h, h
+    _clean(raw, mocks)
 
 
 def test_real_llama_server_context_overflow_says_how_many_tokens_to_remove(llama: Any, tmp_path: Path) -> None:  # noqa: F811

@@ -42,12 +42,15 @@ from servelab.gateway.errors import GatewayError
 __all__ = ["Decision", "Degrader", "TtftWindow", "another_target", "cap", "priority_of"]
 
 #: error codes (servelab.gateway.scrub and the server's own) after which the next target is tried
-_ANOTHER_TARGET = frozenset({"model_busy", "upstream_error", "model_unavailable", "upstream_timeout"})
+_ANOTHER_TARGET = frozenset(
+    {"model_busy", "upstream_error", "model_unavailable", "upstream_timeout", "endpoint_not_served"}
+)
 
 
 def another_target(error: GatewayError) -> bool:
     """True when an attempt that failed with ``error`` before the first byte may go on to the next
-    target: busy (429/503), 5xx, an error answer, unreachable/misconfigured upstream, timeout. False for
+    target: busy (429/503), 5xx, an error answer, unreachable/misconfigured upstream, timeout, an engine
+    that does not serve the endpoint (501: another target's engine may; each target is tried once). False for
     the engine's verdict on the request itself (context too long, bad parameter)."""
     return error.code in _ANOTHER_TARGET
 

@@ -48,6 +48,8 @@ class GatewayError(Exception):
     ``server_error``). ``code`` is a stable machine-readable string (``model_not_found``,
     ``context_length_exceeded``, ``rate_limit_exceeded`` …), ``param`` the request field at fault.
     ``retry_after_s`` (seconds, > 0) becomes a ``Retry-After`` header (whole seconds, rounded up).
+    ``retryable`` False adds ``x-should-retry: false``, which the OpenAI and Anthropic SDKs obey instead
+    of retrying a 5xx on their own (for an answer that no retry can change).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class GatewayError(Exception):
         code: str | None = None,
         param: str | None = None,
         retry_after_s: float | None = None,
+        retryable: bool = True,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -66,16 +69,19 @@ class GatewayError(Exception):
         self.code = code
         self.param = param
         self.retry_after_s = retry_after_s
+        self.retryable = retryable
 
     def body(self) -> bytes:
         """The JSON body (bytes) of this error."""
         return openai_error_body(self.message, self.type, self.code, self.param)
 
     def headers(self) -> dict[str, str]:
-        """Extra response headers: ``Retry-After`` (integer seconds, at least 1) when ``retry_after_s`` is set."""
-        if self.retry_after_s is None:
-            return {}
-        return {"Retry-After": str(max(1, int(-(-self.retry_after_s // 1))))}
+        """Extra response headers: ``Retry-After`` (integer seconds, at least 1) when ``retry_after_s`` is set;
+        ``x-should-retry: false`` when the error is not ``retryable``."""
+        out = {} if self.retryable else {"x-should-retry": "false"}
+        if self.retry_after_s is not None:
+            out["Retry-After"] = str(max(1, int(-(-self.retry_after_s // 1))))
+        return out
 
     def event(self) -> bytes:
         """This error as one SSE event (``data: {...}\\n\\n``) for a stream that already started."""

@@ -19,6 +19,10 @@ class          engine said                                  client gets
                                                             own input and carries nothing internal
 ``unavailable``401/403/404/405/407/408 (the gateway's own   503 ``model_unavailable`` "temporarily
                setup or a proxy in between is wrong)        unavailable, retry in 1 s"
+``not_served`` 501 (llama-server without ``--reranking`` /   501 ``endpoint_not_served`` "does not
+               ``--embeddings``: the engine does not        serve this endpoint; a retry will not
+               implement the endpoint)                      help" + ``x-should-retry: false``; the
+                                                            next target is still tried
 ``failed``     5xx, an error inside a 200 stream, anything  502 ``upstream_error`` "failed while
                else                                         answering; retry the request"
 =============  ===========================================  ==========================================
@@ -53,7 +57,7 @@ __all__ = [
 
 log = logging.getLogger("servelab.gateway.upstream")
 
-ErrorClass = Literal["busy", "too_long", "bad_request", "unavailable", "failed"]
+ErrorClass = Literal["busy", "too_long", "bad_request", "unavailable", "not_served", "failed"]
 
 #: Words and shapes that mark a message as internal (GPU, memory, process, batch or request ids, code
 #: locations); a 4xx message matching any of them is replaced by the class's fixed wording.
@@ -141,6 +145,8 @@ def classify(err: WireError) -> ErrorClass:
         return "too_long"
     if status in (401, 403, 404, 405, 407, 408):
         return "unavailable"
+    if status == 501:
+        return "not_served"
     if status is not None and 400 <= status < 500:
         return "bad_request"
     return "failed"
@@ -233,6 +239,15 @@ def client_error(
             type="server_error",
             code="model_unavailable",
             retry_after_s=1.0,
+        )
+    if cls == "not_served":
+        return GatewayError(
+            501,
+            "this model's engine does not serve this endpoint (it answered 501 not implemented); a retry will "
+            "not help: use an endpoint the model serves, or ask the operator to enable this one on the engine",
+            type="server_error",
+            code="endpoint_not_served",
+            retryable=False,
         )
     return GatewayError(
         502, "the model failed while answering; retry the request", type="server_error", code="upstream_error"

@@ -295,8 +295,9 @@ class Upstream:
                     _retry_after(resp),
                     caps_mod.prompt_text(r.endpoint, body) if status < 500 else None,
                 )
-                # 429: the engine is busy, not broken (retried/fallen back, but no breaker failure)
-                outcome = "neutral" if status == 429 else ("failure" if status >= 500 else "success")
+                # 429: the engine is busy, not broken (retried/fallen back, but no breaker failure);
+                # 501: the engine works but does not serve this endpoint (llama-server without --reranking)
+                outcome = "neutral" if status in (429, 501) else ("failure" if status >= 500 else "success")
                 raise UpstreamFailed(gerr, degrade.another_target(gerr), str(status))
             r.backend, r.upstream_model = target.backend, target.upstream_model
             r.model_field = b'"model":' + orjson.dumps(target.public_model)
