@@ -122,7 +122,7 @@ def test_context_check_counts_prompt_and_max_tokens() -> None:
 
 def test_upstream_errors_are_plain_and_hide_internals() -> None:
     assert sanitize_upstream_message("connect to http://10.1.2.3:8000/v1 failed on gpu-a", ["gpu-a"]) == \
-        "connect to failed on the model"
+        "connect failed on the model"  # "connect to <url>" loses its "to" with the URL
     assert sanitize_upstream_message('Traceback (most recent call last):\n  File "x.py", line 1') is None
     busy = client_error(WireError(503, "queue full on vllm-7"), "r1", "vllm-7", ["vllm-7"], retry_after_s=2.2)
     assert busy.status == 503 and busy.message == "the model is busy, retry in 3 s"

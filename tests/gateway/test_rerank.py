@@ -177,6 +177,9 @@ def test_rerank_wrong_key_and_token_limit(gw: Any) -> None:
     second = _post(gw, "/v1/rerank", body, key=gw.tight)
     assert second.status_code == 429, second.text
     assert "Retry-After" in second.headers
+    # rerank has no max_tokens: the advice names its inputs (it said "a lower max_tokens reserves fewer tokens")
+    msg = second.json()["error"]["message"]
+    assert "max_tokens" not in msg and "fewer or shorter inputs" in msg, msg
 
 
 def test_bench_endpoint_rerank_through_the_gateway(gw: Any, tmp_path: Path) -> None:

@@ -154,6 +154,19 @@ def test_a_4xx_about_the_clients_input_keeps_its_words_internals_do_not(setup: A
     assert "sk-upstream" not in raw.decode() and h.get("Retry-After") == "1"
 
 
+def test_a_4xx_naming_a_path_and_a_url_reads_as_a_sentence(setup: Any) -> None:
+    """An engine 400 "model /opt/x.gguf at http://10.0.0.5:9000 rejected: bad request" reached the client
+    as "the model rejected the request: model at rejected: bad request". Now a sentence, and neither
+    the path nor the address."""
+    gw, key, mocks = setup
+    st, _, raw = post(gw.url + "/chat/completions", _chat("leaky400"), key)
+    assert st == 400, raw
+    msg = orjson.loads(raw)["error"]["message"]
+    assert msg == "the model rejected the request: bad request", msg
+    for leak in ("/opt", "x.gguf", "10.0.0.5", "9000", "http"):
+        assert leak not in msg, msg
+    _clean(raw, mocks)
+
 def test_an_engine_501_is_not_served_and_not_worth_a_retry(setup: Any) -> None:
     """llama-server without --reranking answers 501; the gateway said 502 "failed while answering; retry
     the request", which no retry can change. Now 501 ``endpoint_not_served`` with ``x-should-retry: false``

@@ -273,4 +273,4 @@ def test_hidden_names_are_replaced_as_whole_names_not_inside_words() -> None:
     assert "Field 'temperature'" in out and "type must be number, but is string" in out, out
     for h in ("llama-a", "gemma-3-270m", "8001", " m ", " M)"):
         assert h not in out, out
-    assert out.count("the model") == 5, out  # m, llama-a, gemma-3-270m, M, the URL
+    assert out.count("the model") == 4, out  # llama-a, gemma-3-270m, M, the URL ("model m" reads "model")

@@ -29,7 +29,7 @@ from servelab.gateway.apis import ApiAdapter
 from servelab.gateway.errors import GatewayError, bad_request, echo
 from servelab.gateway.keys import KeyInfo
 from servelab.gateway.leases import LoadTracker
-from servelab.gateway.limits import Admission, Limiter, Limits
+from servelab.gateway.limits import Admission, Limiter, LimitExceeded, Limits
 from servelab.gateway.metrics import GatewayMetrics
 from servelab.gateway.reqstate import RequestState
 from servelab.gateway.served import ServedCount, choices_per_prompt
@@ -49,6 +49,8 @@ class Admitted:
     task: str | None
     reserve_tokens: int
     extra: list[tuple[str, str, Limits]]
+    #: the route has output tokens (chat, completions; not embeddings, rerank): a 429's advice names max_tokens
+    outputs: bool = True
 
 
 def may_use_model(snap: Snapshot, key: KeyInfo, model: str) -> bool:
@@ -190,7 +192,7 @@ class Admitter:
         )
         r.application = scopes.application_of(snap.cfg, key.key_id)
         extra = scopes.extra_scopes(snap.cfg, key.key_id, key.tenant, model, r.client_ip)
-        return Admitted(key, body, task, r.prompt_est + out_cap * seqs, extra)
+        return Admitted(key, body, task, r.prompt_est + out_cap * seqs, extra, endpoint in ("chat", "completions"))
 
     async def reserve(self, adm: Admitted, model: str) -> Admission:
         """Admit ``adm`` against the limits of every scope (reserving its tokens); raises GatewayError
@@ -210,6 +212,8 @@ class Admitter:
         except GatewayError as e:
             if e.status == 429:
                 self.metrics.limit_rejections.labels(getattr(e, "limit", "other")).inc()
+            if isinstance(e, LimitExceeded) and not adm.outputs:
+                raise e.without_outputs() from None
             raise
 
     def degrade_hook(self, snap: Snapshot, key: KeyInfo, r: RequestState) -> degrade.Decision | None:

@@ -118,6 +118,12 @@ _URL = re.compile(r"\b(?:https?|wss?|tcp|unix)://\S+", re.I)
 _HOSTPORT = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\blocalhost(?::\d+)?\b", re.I)
 _TRACE = re.compile(r"Traceback \(most recent call last\)|File \"[^\"]+\", line \d+|\bat [\w.$]+\([\w.]+:\d+\)")
 _PATH = re.compile(r"(?<![\w.])/(?:[\w.-]+/)+[\w.-]+")
+#: marks for a hidden name and for a removed URL, host:port or path while a message is cleaned
+_HIDDEN, _GONE = "\x00H\x00", "\x00G\x00"
+#: a preposition whose object (a URL, host, path) was removed: "at <url>", "on <host>"
+_PLACE_GONE = re.compile(r"\s*\b(?:at|on|from|to|via|in|by|under)\s+\x00G\x00", re.I)
+#: a noun whose name was removed or hidden: "model <path>" -> "model"
+_NAMED_GONE = re.compile(r"\b(model|file|backend|server|host)\s+\x00[HG]\x00", re.I)
 
 
 def sanitize_upstream_message(
@@ -134,11 +140,17 @@ def sanitize_upstream_message(
     text = message.strip().splitlines()[0] if message.strip() else ""
     for h in sorted((h for h in hide if h), key=len, reverse=True):
         # whole names only: a backend or upstream model "m" must not turn "number" into "nuthe modelber"
-        text = re.sub(r"(?<![\w./-])" + re.escape(h) + r"(?![\w/-]|\.\w)", replace_with, text, flags=re.I)
-    text = _URL.sub("", text)
-    text = _HOSTPORT.sub("", text)
-    text = _PATH.sub("", text)
-    text = re.sub(r"\s{2,}", " ", text).strip(" :;,-")
+        text = re.sub(r"(?<![\w./-])" + re.escape(h) + r"(?![\w/-]|\.\w)", _HIDDEN, text, flags=re.I)
+    text = _URL.sub(_GONE, text)
+    text = _HOSTPORT.sub(_GONE, text)
+    text = _PATH.sub(_GONE, text)
+    # the sentence without what was removed: "model /opt/x.gguf at http://h:9000 rejected" reads
+    # "model rejected", not "model at rejected"; a hidden name elsewhere reads as ``replace_with``
+    text = _PLACE_GONE.sub("", text)
+    text = _NAMED_GONE.sub(r"\1", text)
+    text = text.replace(_HIDDEN, replace_with).replace(_GONE, "")
+    text = re.sub(r"\(\s*[,;]?\s*\)", "", text)
+    text = re.sub(r"\s+([,;:)])", r"\1", re.sub(r"\s{2,}", " ", text)).strip(" :;,-")
     if len(text) < 3:
         return None
     return text[:max_chars]

@@ -75,6 +75,13 @@ class LimitExceeded(GatewayError):
         super().__init__(429, message, type=type, code=code, retry_after_s=retry_after_s)
         self.limit = limit
         self.scope = scope
+        #: what :func:`_reject` made it from, so :meth:`without_outputs` can word it for another route
+        self.made_of: tuple[str, str, str, int, int, int, float | None, str] | None = None
+
+    def without_outputs(self) -> LimitExceeded:
+        """This 429 worded for a route with no output tokens (embeddings, rerank: no ``max_tokens``): its
+        advice is to send fewer or shorter inputs."""
+        return self if self.made_of is None else _reject(*self.made_of, outputs=False)
 
 
 #: How each scope is named to the client in a 429 (``{tenant}`` and ``{name}`` filled in).
@@ -88,11 +95,38 @@ _WHO = {
 
 
 def _reject(
-    kind: str, scope: str, tenant: str, limit: int, used: int, reserve: int, wait_s: float | None, name: str = ""
+    kind: str,
+    scope: str,
+    tenant: str,
+    limit: int,
+    used: int,
+    reserve: int,
+    wait_s: float | None,
+    name: str = "",
+    outputs: bool = True,
 ) -> LimitExceeded:
     """The user-facing 429 for ``kind`` (rpm|tpm|tpm_too_large|concurrency|budget) on ``scope`` (key,
-    tenant, app, model, ip; ``name``: the app, model or IP)."""
+    tenant, app, model, ip; ``name``: the app, model or IP). ``outputs`` False: the route has no output
+    tokens (embeddings, rerank), so the advice names the inputs, not ``max_tokens``."""
+    e = _reject_text(kind, scope, tenant, limit, used, reserve, wait_s, name, outputs)
+    e.made_of = (kind, scope, tenant, limit, used, reserve, wait_s, name)
+    return e
+
+
+def _reject_text(
+    kind: str,
+    scope: str,
+    tenant: str,
+    limit: int,
+    used: int,
+    reserve: int,
+    wait_s: float | None,
+    name: str,
+    outputs: bool,
+) -> LimitExceeded:
     who = _WHO.get(scope, "this API key").format(tenant=tenant, name=name)
+    holds = "prompt + max_tokens" if outputs else "its inputs"
+    lower = "lower max_tokens or shorten the prompt" if outputs else "send fewer or shorter inputs"
     retry = f"; retry in {max(1, math.ceil(wait_s))} s" if wait_s is not None else ""
     if kind == "rpm":
         return LimitExceeded(
@@ -108,8 +142,12 @@ def _reject(
             "tpm",
             scope,
             f"Rate limit reached for tokens per minute (TPM) on {who}: limit "
-            f"{limit}, used {used}, requested {reserve}{retry}; a lower max_tokens reserves "
-            "fewer tokens",
+            f"{limit}, used {used}, requested {reserve}{retry}; "
+            + (
+                "a lower max_tokens reserves fewer tokens"
+                if outputs
+                else "fewer or shorter inputs reserve fewer tokens"
+            ),
             "tokens",
             "rate_limit_exceeded",
             wait_s,
@@ -119,8 +157,7 @@ def _reject(
             "tpm",
             scope,
             f"Request too large for the tokens per minute (TPM) limit of {who}: "
-            f"it reserves {reserve} tokens (prompt + max_tokens), the limit is {limit}; "
-            "lower max_tokens or shorten the prompt",
+            f"it reserves {reserve} tokens ({holds}), the limit is {limit}; {lower}",
             "tokens",
             "rate_limit_exceeded",
             None,
@@ -138,7 +175,8 @@ def _reject(
     detail = (
         "is used up"
         if left == 0
-        else f"has {left} tokens left, this request reserves {reserve} (prompt + max_tokens); lower max_tokens"
+        else f"has {left} tokens left, this request reserves {reserve} ({holds}); "
+        + ("lower max_tokens" if outputs else "send fewer or shorter inputs")
     )
     return LimitExceeded(
         "budget",

@@ -70,6 +70,9 @@ INTERNAL_SIGNS = re.compile(
     re.I,
 )
 
+#: an engine message's opening that the client message already says ("the model rejected the request: ")
+_SAID_ALREADY = re.compile(r"^(?:the\s+)?model\s+(?:rejected|refused)(?:\s+the\s+request)?\s*[:;,-]\s*", re.I)
+
 #: The engine text written to the log at most (characters; the rest is cut with a marker).
 LOG_CHARS = 2000
 
@@ -225,6 +228,8 @@ def client_error(
         return _too_long(context_numbers(err.message, fields))
     if cls == "bad_request":
         safe = user_safe_text(err.message, hide)
+        # "model rejected: bad request" after "the model rejected the request: " says it twice
+        safe = _SAID_ALREADY.sub("", safe) if safe else safe
         return GatewayError(
             400,
             f"the model rejected the request: {safe}"
