@@ -83,9 +83,29 @@ CASES = [
 
 def run_aic(aic: Path, c: Case, out: Path) -> dict[str, str]:
     """AIConfigurator's rank-1 aggregated row for ``c`` (raises RuntimeError with its last lines)."""
-    cmd = [str(aic), "cli", "recommend", "--model-path", c.aic_model, "--system", c.aic_system, "--backend", "vllm",
-           "--isl", str(c.isl), "--osl", str(c.osl), "--target-request-rate", f"{c.rate_rps:g}",
-           "--ttft", f"{c.ttft_ms:g}", "--tpot", f"{c.tpot_ms:g}", "--save-dir", str(out)]
+    cmd = [
+        str(aic),
+        "cli",
+        "recommend",
+        "--model-path",
+        c.aic_model,
+        "--system",
+        c.aic_system,
+        "--backend",
+        "vllm",
+        "--isl",
+        str(c.isl),
+        "--osl",
+        str(c.osl),
+        "--target-request-rate",
+        f"{c.rate_rps:g}",
+        "--ttft",
+        f"{c.ttft_ms:g}",
+        "--tpot",
+        f"{c.tpot_ms:g}",
+        "--save-dir",
+        str(out),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     rows = sorted(out.glob("**/agg/best_config_topn.csv"))
     if p.returncode != 0 or not rows:
@@ -110,17 +130,27 @@ def roofline_law(model: str, hw: str, tp: int, isl: int, osl: int) -> tuple[Perf
     pre = estimate(model, hw, tp, isl, 1, tp=tp, find_smallest=False).roofline.prefill_s
     if pre is None:
         return None
-    law = PerfParams(prefill_base_s=0.0, prefill_tokens_per_s=isl / pre, decode_base_s=g1,
-                     decode_per_running_s=(gb - g1) / (slots - 1) if slots > 1 else 0.0, slots=slots,
-                     slots_identified=True)
+    law = PerfParams(
+        prefill_base_s=0.0,
+        prefill_tokens_per_s=isl / pre,
+        decode_base_s=g1,
+        decode_per_running_s=(gb - g1) / (slots - 1) if slots > 1 else 0.0,
+        slots=slots,
+        slots_identified=True,
+    )
     return law, base.device.weights_bytes / 2**30
 
 
 def servelab_gpus(c: Case) -> dict[str, float | int | str]:
     """servelab's smallest GPU count for ``c`` over TP 1, 2, 4, 8 (module doc)."""
-    profile = TrafficProfile(daily_active_users=1, requests_per_user_per_day=1,
-                             input_tokens=Lengths(mean=c.isl), output_tokens=Lengths(mean=c.osl),
-                             slo=[f"ttft_p50<={c.ttft_ms:g}ms", f"tpot_p50<={c.tpot_ms:g}ms"], headroom=0.0)
+    profile = TrafficProfile(
+        daily_active_users=1,
+        requests_per_user_per_day=1,
+        input_tokens=Lengths(mean=c.isl),
+        output_tokens=Lengths(mean=c.osl),
+        slo=[f"ttft_p50<={c.ttft_ms:g}ms", f"tpot_p50<={c.tpot_ms:g}ms"],
+        headroom=0.0,
+    )
     slo = parse_slo(",".join(profile.slo))
     best: dict[str, float | int | str] = {}
     for tp in (1, 2, 4, 8):
@@ -137,16 +167,27 @@ def servelab_gpus(c: Case) -> dict[str, float | int | str]:
         replicas = max(1, math.ceil(c.rate_rps / cap - 1e-9))
         gpus = replicas * tp
         if not best or gpus < int(best["gpus"]):
-            best = {"gpus": gpus, "tp": tp, "replicas": replicas, "cap_rps": cap, "slots": law.slots,
-                    "weights_gib": w_gib, "g1_ms": law.decode_base_s * 1e3,
-                    "prefill_tps": law.prefill_tokens_per_s or 0.0}
+            best = {
+                "gpus": gpus,
+                "tp": tp,
+                "replicas": replicas,
+                "cap_rps": cap,
+                "slots": law.slots,
+                "weights_gib": w_gib,
+                "g1_ms": law.decode_base_s * 1e3,
+                "prefill_tps": law.prefill_tokens_per_s or 0.0,
+            }
     return best
 
 
 def roofline_tpot_ms(c: Case, tp: int, batch: int) -> float:
     """servelab's roofline TPOT floor (ms) for ``batch`` sequences of ``isl + osl`` at TP ``tp``."""
-    return estimate(c.servelab_model, c.servelab_hw, tp, c.isl + c.osl, batch, tp=tp,
-                    find_smallest=False).roofline.decode_step_s * 1e3
+    return (
+        estimate(
+            c.servelab_model, c.servelab_hw, tp, c.isl + c.osl, batch, tp=tp, find_smallest=False
+        ).roofline.decode_step_s
+        * 1e3
+    )
 
 
 def main() -> int:
@@ -154,15 +195,23 @@ def main() -> int:
     ap.add_argument("--aic", type=Path, default=AIC_DEFAULT, help="the aiconfigurator executable")
     args = ap.parse_args()
     if not args.aic.exists():
-        print(f"no aiconfigurator at {args.aic}; set it up: python3 -m venv ~/.cache/aic-venv && "
-              "~/.cache/aic-venv/bin/pip install aiconfigurator==0.12.0", file=sys.stderr)
+        print(
+            f"no aiconfigurator at {args.aic}; set it up: python3 -m venv ~/.cache/aic-venv && "
+            "~/.cache/aic-venv/bin/pip install aiconfigurator==0.12.0",
+            file=sys.stderr,
+        )
         return 2
-    ver = subprocess.run([str(args.aic.parent / "pip"), "show", "aiconfigurator"], capture_output=True,
-                         text=True).stdout
-    print(f"aiconfigurator {next((ln.split()[1] for ln in ver.splitlines() if ln.startswith('Version')), '?')}, "
-          f"backend vllm, agg rank 1 | servelab plan roofline + capacity simulation, SLO on P50, no headroom\n")
-    head = (f"{'case':<50} {'AIC GPUs':>8} {'AIC cfg':>14} {'servelab GPUs':>13} {'servelab cfg':>16} "
-            f"{'ratio s/A':>9} {'AIC TPOT':>9} {'floor TPOT':>10} {'AIC/floor':>9}")
+    ver = subprocess.run(
+        [str(args.aic.parent / "pip"), "show", "aiconfigurator"], capture_output=True, text=True
+    ).stdout
+    print(
+        f"aiconfigurator {next((ln.split()[1] for ln in ver.splitlines() if ln.startswith('Version')), '?')}, "
+        f"backend vllm, agg rank 1 | servelab plan roofline + capacity simulation, SLO on P50, no headroom\n"
+    )
+    head = (
+        f"{'case':<50} {'AIC GPUs':>8} {'AIC cfg':>14} {'servelab GPUs':>13} {'servelab cfg':>16} "
+        f"{'ratio s/A':>9} {'AIC TPOT':>9} {'floor TPOT':>10} {'AIC/floor':>9}"
+    )
     print(head)
     print("-" * len(head))
     details = []
@@ -181,21 +230,27 @@ def main() -> int:
         a_cfg = f"{a['replicas_needed']}x tp{a_tp} bs{a_bs}"
         s_cfg = f"{s['replicas']}x tp{s['tp']} slots{s['slots']}" if s else "-"
         s_gpus = int(s["gpus"]) if s else 0
-        print(f"{name:<50} {a_gpus:>8} {a_cfg:>14} {s_gpus or '-':>13} {s_cfg:>16} "
-              f"{(s_gpus / a_gpus if s_gpus else float('nan')):>9.2f} {a_tpot:>7.1f}ms {floor:>8.1f}ms "
-              f"{a_tpot / floor:>9.2f}")
+        print(
+            f"{name:<50} {a_gpus:>8} {a_cfg:>14} {s_gpus or '-':>13} {s_cfg:>16} "
+            f"{(s_gpus / a_gpus if s_gpus else float('nan')):>9.2f} {a_tpot:>7.1f}ms {floor:>8.1f}ms "
+            f"{a_tpot / floor:>9.2f}"
+        )
         details.append((c, a, s, t_aic, t_sl))
     print("\nwhat each number rests on:")
     for c, a, s, t_aic, t_sl in details:
-        print(f"- {c.servelab_model} on {c.servelab_hw}: AIConfigurator ({t_aic:.0f} s): "
-              f"{float(a['seq/s']):.2f} req/s per replica x {a['replicas_needed']} = {a['total_gpus_needed']} GPUs "
-              f"at TTFT {float(a['ttft']):.0f} ms, TPOT {float(a['tpot']):.1f} ms, "
-              f"{float(a['memory']):.1f} GB per GPU, from its {a['version']} vllm kernel tables for {a['system']}.")
+        print(
+            f"- {c.servelab_model} on {c.servelab_hw}: AIConfigurator ({t_aic:.0f} s): "
+            f"{float(a['seq/s']):.2f} req/s per replica x {a['replicas_needed']} = {a['total_gpus_needed']} GPUs "
+            f"at TTFT {float(a['ttft']):.0f} ms, TPOT {float(a['tpot']):.1f} ms, "
+            f"{float(a['memory']):.1f} GB per GPU, from its {a['version']} vllm kernel tables for {a['system']}."
+        )
         if s:
-            print(f"  servelab ({t_sl:.0f} s): weights {s['weights_gib']:.1f} GiB/GPU at tp{s['tp']}, KV holds "
-                  f"{s['slots']} sequences of {c.isl + c.osl} tokens; roofline law: decode gap {s['g1_ms']:.2f} ms "
-                  f"at 1 running, prefill {s['prefill_tps']:.0f} tok/s -> {s['cap_rps']:.2f} req/s per replica "
-                  "meeting the SLO in simulation (a floor on time: GPUs are a lower bound, no GPU measured).")
+            print(
+                f"  servelab ({t_sl:.0f} s): weights {s['weights_gib']:.1f} GiB/GPU at tp{s['tp']}, KV holds "
+                f"{s['slots']} sequences of {c.isl + c.osl} tokens; roofline law: decode gap {s['g1_ms']:.2f} ms "
+                f"at 1 running, prefill {s['prefill_tps']:.0f} tok/s -> {s['cap_rps']:.2f} req/s per replica "
+                "meeting the SLO in simulation (a floor on time: GPUs are a lower bound, no GPU measured)."
+            )
         else:
             print("  servelab: no TP up to 8 meets the SLO even on the roofline")
     return 0

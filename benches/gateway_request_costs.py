@@ -4,7 +4,8 @@
 
     .venv/bin/python benches/gateway_request_costs.py
 
-- ``timeline marks``: the nine events marked for a plain streamed request (``received`` is implicit) (servelab.gateway.timeline.Timeline.mark);
+- ``timeline marks``: the nine events marked for a plain streamed request (``received`` is implicit)
+  (servelab.gateway.timeline.Timeline.mark);
 - ``timeline record``: their compact access-log form (Timeline.record);
 - ``timeline JSON``: that form through orjson, as the access-log line carries it;
 - ``tracing begin+headers`` (with ``opentelemetry-sdk`` installed): what every request pays while tracing is on,
@@ -79,8 +80,10 @@ def main() -> None:
         pieces["tracing begin+headers (ratio 0.1)"] = trace
     for name, fn in pieces.items():
         runs = [timeit.timeit(fn, number=a.number) / a.number * 1e6 for _ in range(a.repeats)]
-        print(f"{name:<36} {statistics.median(runs):6.2f} us  (range {min(runs):.2f}-{max(runs):.2f}, "
-              f"{a.repeats} x {a.number} calls)")
+        print(
+            f"{name:<36} {statistics.median(runs):6.2f} us  (range {min(runs):.2f}-{max(runs):.2f}, "
+            f"{a.repeats} x {a.number} calls)"
+        )
 
 
 if __name__ == "__main__":

@@ -91,6 +91,7 @@ def log(msg: str) -> None:
 # ----------------------------------------------------------------------------------------------
 # small helpers
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -123,6 +124,7 @@ def proc_cpu_s(pid: int) -> float:
 # ----------------------------------------------------------------------------------------------
 # the mock engine
 
+
 class Mock:
     def __init__(self, output_tokens: int, workdir: Path) -> None:
         self.port = free_port()
@@ -131,10 +133,27 @@ class Mock:
         cmd = [str(VENV_PY), "-m", "servelab.engines.mock"]
         if _servelab_cli_ok():
             cmd = [str(ROOT / ".venv" / "bin" / "servelab"), "mock-engine"]
-        cmd += ["--port", str(self.port), "--ttft-ms", "0", "--itl-ms", "0", "--output-tokens", str(output_tokens),
-                "--dialect", "vllm", "--model", "m"]
-        self.proc = subprocess.Popen([*NICE, "taskset", "-c", MOCK_CPU, *cmd], stdout=open(self.log, "wb"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        cmd += [
+            "--port",
+            str(self.port),
+            "--ttft-ms",
+            "0",
+            "--itl-ms",
+            "0",
+            "--output-tokens",
+            str(output_tokens),
+            "--dialect",
+            "vllm",
+            "--model",
+            "m",
+        ]
+        with open(self.log, "wb") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [*NICE, "taskset", "-c", MOCK_CPU, *cmd],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.root = f"http://127.0.0.1:{self.port}"
         self.base_url = self.root + "/v1"
         t0 = time.monotonic()
@@ -175,13 +194,16 @@ def _servelab_cli_ok() -> bool:
     if _CLI_OK is None:
         exe = ROOT / ".venv" / "bin" / "servelab"
         r = subprocess.run([str(exe), "bench", "--help"], capture_output=True, timeout=60)
-        w = subprocess.run([str(VENV_PY), "-c", "import servelab.bench.workloads.registry"], capture_output=True, timeout=60)
+        w = subprocess.run(
+            [str(VENV_PY), "-c", "import servelab.bench.workloads.registry"], capture_output=True, timeout=60
+        )
         _CLI_OK = r.returncode == 0 and w.returncode == 0
     return _CLI_OK
 
 
 # ----------------------------------------------------------------------------------------------
 # CPU sampler: mock process, generator process tree, and whole-core busy time of CPU 0 and CPU 1
+
 
 class Sampler(threading.Thread):
     """Samples every 0.2 s: (t_mono_ns, mock CPU s, generator-tree CPU s, generator pid, per-core busy/total
@@ -223,10 +245,8 @@ class Sampler(threading.Thread):
                     pass
             extra = []
             for x in self._extra:
-                try:
+                with contextlib.suppress(psutil.Error):
                     extra.append(psutil.Process(x))
-                except psutil.Error:
-                    pass
             for q in [p, *p.children(recursive=True), *extra]:
                 try:
                     ct = q.cpu_times()
@@ -241,8 +261,16 @@ class Sampler(threading.Thread):
         while not self._stop.is_set():
             try:
                 pid = self.gen_pid
-                self.samples.append((time.monotonic_ns(), proc_cpu_s(self.mock_pid), self._gen_cpu(), pid,
-                                     self._cores(), _cpu_or_zero(pid)))
+                self.samples.append(
+                    (
+                        time.monotonic_ns(),
+                        proc_cpu_s(self.mock_pid),
+                        self._gen_cpu(),
+                        pid,
+                        self._cores(),
+                        _cpu_or_zero(pid),
+                    )
+                )
             except OSError:
                 pass
             self._stop.wait(0.2)
@@ -282,8 +310,14 @@ def run_pinned(cmd: list[str], cwd: Path, log_path: Path, timeout: float, sample
     env = dict(os.environ)
     env.pop("HF_HUB_OFFLINE", None)  # AIPerf rejects local tokenizer paths with it set
     with open(log_path, "wb") as lf:
-        p = subprocess.Popen([*NICE, "taskset", "-c", GEN_CPU, *cmd], cwd=cwd, stdout=lf, stderr=subprocess.STDOUT,
-                             env=env, start_new_session=True)
+        p = subprocess.Popen(
+            [*NICE, "taskset", "-c", GEN_CPU, *cmd],
+            cwd=cwd,
+            stdout=lf,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         sampler.gen_pid = p.pid
         sampler._extra = []
         try:
@@ -304,14 +338,15 @@ def run_pinned(cmd: list[str], cwd: Path, log_path: Path, timeout: float, sample
 # ----------------------------------------------------------------------------------------------
 # one measured step (any tool)
 
+
 @dataclass
 class Step:
     tool: str
     offered_rps: float
-    lag_p99_s: float | None = None      # the tool's own figure (see lag_source)
+    lag_p99_s: float | None = None  # the tool's own figure (see lag_source)
     lag_source: str = ""
-    failed: int = 0                     # failures the tool reported
-    tool_rps: float | None = None       # requests/s the tool itself reported
+    failed: int = 0  # failures the tool reported
+    tool_rps: float | None = None  # requests/s the tool itself reported
     reqs: list[tuple[int, float]] = field(default_factory=list)  # (send time, monotonic ns; tool TTFT s)
     # filled from the mock's records
     requests: int = 0
@@ -320,7 +355,7 @@ class Step:
     events_per_s: float = 0.0
     ttft_added_ms: list[float] = field(default_factory=list)
     unmatched: int = 0
-    generator_bound: bool = False       # servelab's own saturation verdict of the step
+    generator_bound: bool = False  # servelab's own saturation verdict of the step
     cpu: dict[str, float | None] = field(default_factory=dict)
     strict_ok: bool = False
     sustained_ok: bool = False
@@ -338,8 +373,10 @@ def mock_ttft_s(r: dict[str, Any]) -> float:
 def attach_mock(steps: list[Step], recs: list[dict[str, Any]], sampler: Sampler) -> None:
     """Match each tool request to the mock record received first after its send time (one-to-one),
     then compute the mock-side rates, the TTFT added and the CPU shares of each step."""
-    done = sorted((r for r in recs if r.get("status") == 200 and r.get("done_ns") and r.get("token_write_ns")),
-                  key=lambda r: r["recv_ns"])
+    done = sorted(
+        (r for r in recs if r.get("status") == 200 and r.get("done_ns") and r.get("token_write_ns")),
+        key=lambda r: r["recv_ns"],
+    )
     recv = [r["recv_ns"] for r in done]
     used: set[int] = set()
     for st in steps:
@@ -387,10 +424,12 @@ def log_step(st: Step) -> None:
     lag = f"{st.lag_p99_s * 1e3:.2f} ms" if st.lag_p99_s is not None else "n/a"
     c = st.cpu
     f = lambda v: f"{v:.0%}" if v is not None else "?"  # noqa: E731
-    log(f"{st.tool:8s} {st.load:>7s}: strict {'PASS' if st.strict_ok else 'fail'} / sustained "
+    log(
+        f"{st.tool:8s} {st.load:>7s}: strict {'PASS' if st.strict_ok else 'fail'} / sustained "
         f"{'PASS' if st.sustained_ok else 'fail'} | {st.rps:7.1f} req/s {st.events_per_s:8.0f} ev/s | lag p99 {lag}"
         f" | CPU gen {f(c.get('gen'))} mock {f(c.get('mock'))} core0 {f(c.get('core0'))} core1 {f(c.get('core1'))}"
-        f"{' | ' + st.why if st.why else ''}")
+        f"{' | ' + st.why if st.why else ''}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -425,29 +464,67 @@ run(bench.run())
 """
 
 
-def servelab_cmd(mock: Mock, rate: float, a: argparse.Namespace, out: Path, tok: str | None,
-                 extra: list[str] | None = None) -> list[str]:
+def servelab_cmd(
+    mock: Mock, rate: float, a: argparse.Namespace, out: Path, tok: str | None, extra: list[str] | None = None
+) -> list[str]:
     if _servelab_cli_ok():
-        cmd = [str(ROOT / ".venv" / "bin" / "servelab"), "bench", *(extra or []), "--url", mock.base_url,
-               "--model", "m",
-               "--rate", f"{rate:g}", "--arrival", "constant", "--duration", str(a.step_s), "--warmup", "0",
-               "--quiet", "--out", str(out), "--workload", "short-qa", "--set", f"input_tokens={a.input_tokens}",
-               "--set", f"output_tokens={a.output_tokens}"]
+        cmd = [
+            str(ROOT / ".venv" / "bin" / "servelab"),
+            "bench",
+            *(extra or []),
+            "--url",
+            mock.base_url,
+            "--model",
+            "m",
+            "--rate",
+            f"{rate:g}",
+            "--arrival",
+            "constant",
+            "--duration",
+            str(a.step_s),
+            "--warmup",
+            "0",
+            "--quiet",
+            "--out",
+            str(out),
+            "--workload",
+            "short-qa",
+            "--set",
+            f"input_tokens={a.input_tokens}",
+            "--set",
+            f"output_tokens={a.output_tokens}",
+        ]
         return cmd + (["--tokenizer", tok] if tok else [])
-    cfg = {"url": mock.base_url, "rate": rate, "duration": a.step_s, "out": str(out),
-           "input_tokens": a.input_tokens, "output_tokens": a.output_tokens, "tokenizer": tok}
+    cfg = {
+        "url": mock.base_url,
+        "rate": rate,
+        "duration": a.step_s,
+        "out": str(out),
+        "input_tokens": a.input_tokens,
+        "output_tokens": a.output_tokens,
+        "tokenizer": tok,
+    }
     return [str(VENV_PY), "-c", SERVELAB_DRIVER, json.dumps(cfg)]
 
 
-def servelab_steps(mock: Mock, rate: float, a: argparse.Namespace, work: Path, tok: str | None,
-                   sampler: Sampler, tag: str = "servelab", extra: list[str] | None = None) -> list[Step]:
+def servelab_steps(
+    mock: Mock,
+    rate: float,
+    a: argparse.Namespace,
+    work: Path,
+    tok: str | None,
+    sampler: Sampler,
+    tag: str = "servelab",
+    extra: list[str] | None = None,
+) -> list[Step]:
     out = work / tag / f"r{rate:g}"
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     mock.reset()
     sampler.summary_path = (out / "summary.json") if extra and "--ray" in extra else None
-    rc, _ = run_pinned(servelab_cmd(mock, rate, a, out, tok, extra), ROOT, out.with_suffix(".log"), a.step_s + 150,
-                       sampler)
+    rc, _ = run_pinned(
+        servelab_cmd(mock, rate, a, out, tok, extra), ROOT, out.with_suffix(".log"), a.step_s + 150, sampler
+    )
     sampler.summary_path = None
     st = Step(tool=tag, offered_rps=rate, lag_source="servelab summary.json schedule_lag_s.p99")
     try:
@@ -469,22 +546,38 @@ def servelab_steps(mock: Mock, rate: float, a: argparse.Namespace, work: Path, t
 # ----------------------------------------------------------------------------------------------
 # peers: one invocation runs several constant rates; wall-clock stamps are mapped onto the monotonic clock
 
+
 def wall_to_mono_ns(t_wall_s: float, offset_ns: int) -> int:
     return int(t_wall_s * 1e9) - offset_ns
 
 
-def guidellm_steps(mock: Mock, rates: list[float], a: argparse.Namespace, work: Path, tok_dir: str,
-                   sampler: Sampler, offset_ns: int) -> list[Step]:
+def guidellm_steps(
+    mock: Mock, rates: list[float], a: argparse.Namespace, work: Path, tok_dir: str, sampler: Sampler, offset_ns: int
+) -> list[Step]:
     exe = PEERS / "guidellm" / "bin" / "guidellm"
     tag = "_".join(f"{r:g}" for r in rates)
     out = work / "guidellm" / f"r{tag}"
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [str(exe), "run", "--backend", f"kind=openai_http,target={mock.base_url},model=m",
-           "--profile", "kind=constant", "--override", "profile.rate", ",".join(f"{r:g}" for r in rates),
-           "--constraint", f"kind=max_duration,seconds={a.step_s:g}",
-           "--data", f"kind=synthetic_text,prompt_tokens={a.input_tokens},output_tokens={a.output_tokens}",
-           "--tokenizer", f"kind=huggingface_auto,model={tok_dir}",
-           "--output", f"kind=json,path={out / 'out.json'}", "--disable-console-interactive"]
+    cmd = [
+        str(exe),
+        "run",
+        "--backend",
+        f"kind=openai_http,target={mock.base_url},model=m",
+        "--profile",
+        "kind=constant",
+        "--override",
+        "profile.rate",
+        ",".join(f"{r:g}" for r in rates),
+        "--constraint",
+        f"kind=max_duration,seconds={a.step_s:g}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens={a.input_tokens},output_tokens={a.output_tokens}",
+        "--tokenizer",
+        f"kind=huggingface_auto,model={tok_dir}",
+        "--output",
+        f"kind=json,path={out / 'out.json'}",
+        "--disable-console-interactive",
+    ]
     mock.reset()
     budget = 90 + len(rates) * (a.step_s + 40)
     rc, wall = run_pinned(cmd, out, out / "log.txt", budget, sampler)
@@ -498,10 +591,15 @@ def guidellm_steps(mock: Mock, rates: list[float], a: argparse.Namespace, work: 
     for b in d["benchmarks"]:
         strat = b["config"].get("strategy", {})
         rate = float(strat.get("rate") or 0)
-        st = Step(tool="guidellm", offered_rps=rate,
-                  lag_source="guidellm request_dispatch_delay p99 (targeted start -> dispatch)")
+        st = Step(
+            tool="guidellm",
+            offered_rps=rate,
+            lag_source="guidellm request_dispatch_delay p99 (targeted start -> dispatch)",
+        )
         m = b["metrics"]
-        dd = (m.get("request_dispatch_delay") or {}).get("total") or (m.get("request_dispatch_delay") or {}).get("successful")
+        dd = (m.get("request_dispatch_delay") or {}).get("total") or (m.get("request_dispatch_delay") or {}).get(
+            "successful"
+        )
         st.lag_p99_s = dd["percentiles"]["p99"] if dd else None
         tot = m["request_totals"]
         st.failed = int(tot.get("errored", 0))  # "incomplete" = cut by the duration limit
@@ -517,18 +615,46 @@ def guidellm_steps(mock: Mock, rates: list[float], a: argparse.Namespace, work: 
     return steps
 
 
-def aiperf_steps(mock: Mock, rates: list[float], a: argparse.Namespace, work: Path, tok_dir: str,
-                 sampler: Sampler, offset_ns: int) -> list[Step]:
+def aiperf_steps(
+    mock: Mock, rates: list[float], a: argparse.Namespace, work: Path, tok_dir: str, sampler: Sampler, offset_ns: int
+) -> list[Step]:
     exe = PEERS / "aiperf" / "bin" / "aiperf"
     tag = "_".join(f"{r:g}" for r in rates)
     out = work / "aiperf" / f"r{tag}"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [str(exe), "profile", "--model", "m", "--url", mock.root, "--endpoint-type", "chat", "--streaming",
-           "--tokenizer", tok_dir, "--use-server-token-count", "--request-rate", ",".join(f"{r:g}" for r in rates),
-           "--arrival-pattern", "constant", "--benchmark-duration", f"{a.step_s:g}", "--benchmark-grace-period", "10",
-           "--isl", str(a.input_tokens), "--osl", str(a.output_tokens), "--ui", "none", "--export-level", "records",
-           "--artifact-dir", str(out / "art")]
+    cmd = [
+        str(exe),
+        "profile",
+        "--model",
+        "m",
+        "--url",
+        mock.root,
+        "--endpoint-type",
+        "chat",
+        "--streaming",
+        "--tokenizer",
+        tok_dir,
+        "--use-server-token-count",
+        "--request-rate",
+        ",".join(f"{r:g}" for r in rates),
+        "--arrival-pattern",
+        "constant",
+        "--benchmark-duration",
+        f"{a.step_s:g}",
+        "--benchmark-grace-period",
+        "10",
+        "--isl",
+        str(a.input_tokens),
+        "--osl",
+        str(a.output_tokens),
+        "--ui",
+        "none",
+        "--export-level",
+        "records",
+        "--artifact-dir",
+        str(out / "art"),
+    ]
     mock.reset()
     budget = 90 + len(rates) * (a.step_s + 40)
     rc, wall = run_pinned(cmd, out, out / "log.txt", budget, sampler)
@@ -536,9 +662,12 @@ def aiperf_steps(mock: Mock, rates: list[float], a: argparse.Namespace, work: Pa
     steps: list[Step] = []
     for rate in rates:
         d = out / "art" / f"rate_{float(rate)}" if len(rates) > 1 else out / "art"
-        st = Step(tool="aiperf", offered_rps=rate,
-                  lag_source="derived from AIPerf request_start_ns vs the ideal constant-rate slots (AIPerf itself "
-                             "reports only credit_to_start_latency, which excludes its timing manager)")
+        st = Step(
+            tool="aiperf",
+            offered_rps=rate,
+            lag_source="derived from AIPerf request_start_ns vs the ideal constant-rate slots (AIPerf itself "
+            "reports only credit_to_start_latency, which excludes its timing manager)",
+        )
         try:
             summ = json.loads((d / "profile_export_aiperf.json").read_text())
             lines = (d / "profile_export.jsonl").read_text().splitlines()
@@ -577,8 +706,17 @@ def aiperf_steps(mock: Mock, rates: list[float], a: argparse.Namespace, work: Pa
 # ----------------------------------------------------------------------------------------------
 # search and report
 
-def servelab_search(mock: Mock, a: argparse.Namespace, work: Path, tok: str | None, sampler: Sampler,
-                    deadline: float, tag: str = "servelab", extra: list[str] | None = None) -> list[Step]:
+
+def servelab_search(
+    mock: Mock,
+    a: argparse.Namespace,
+    work: Path,
+    tok: str | None,
+    sampler: Sampler,
+    deadline: float,
+    tag: str = "servelab",
+    extra: list[str] | None = None,
+) -> list[Step]:
     """Geometric (x2) growth from --start-rate until the sustained criterion fails, then bisection on a
     geometric scale until the bracket is within 12 %; then, if no rate met the strict lag limit, one
     lower rate (start/4) to see whether any does."""
@@ -647,21 +785,30 @@ def fmt(v: float | None, spec: str = ".0f") -> str:
 
 def print_report(results: dict[str, list[Step]], a: argparse.Namespace, info: dict[str, Any]) -> None:
     print()
-    print(f"servelab generator capacity vs peers — {time.strftime('%Y-%m-%d %H:%M')} — mock-engine "
-          f"(vllm dialect, ttft 0, itl 0, {a.output_tokens} tokens => {a.output_tokens + 3} SSE events/response) "
-          f"on CPU {MOCK_CPU}, each generator on CPU {GEN_CPU}; {a.step_s:g} s per step")
-    print(f"host: {info['cpu']}; load average before the run {info['loadavg']}; mock and generators at niceness "
-          f"{a.nice if NICE else 0}")
+    print(
+        f"servelab generator capacity vs peers — {time.strftime('%Y-%m-%d %H:%M')} — mock-engine "
+        f"(vllm dialect, ttft 0, itl 0, {a.output_tokens} tokens => {a.output_tokens + 3} SSE events/response) "
+        f"on CPU {MOCK_CPU}, each generator on CPU {GEN_CPU}; {a.step_s:g} s per step"
+    )
+    print(
+        f"host: {info['cpu']}; load average before the run {info['loadavg']}; mock and generators at niceness "
+        f"{a.nice if NICE else 0}"
+    )
     for strict in (True, False):
-        crit = (f"A. schedule-lag P99 <= {a.lag_ms:g} ms (the issue's criterion), >= {ACHIEVED_MIN:.0%} of offered "
-                f"rate achieved, no failures" if strict else
-                f"B. sustained: >= {ACHIEVED_MIN:.0%} of offered rate achieved, no failures, lag P99 <= "
-                f"{a.sustain_lag_ms:g} ms (bounded, not growing)")
+        crit = (
+            f"A. schedule-lag P99 <= {a.lag_ms:g} ms (the issue's criterion), >= {ACHIEVED_MIN:.0%} of offered "
+            f"rate achieved, no failures"
+            if strict
+            else f"B. sustained: >= {ACHIEVED_MIN:.0%} of offered rate achieved, no failures, lag P99 <= "
+            f"{a.sustain_lag_ms:g} ms (bounded, not growing)"
+        )
         print()
         print(crit)
-        hdr = (f"{'tool':9s} {'rate':>7s} {'events/s/core':>13s} {'req/s/core':>10s} {'lag P99 ms':>10s} "
-               f"{'TTFT+ p50 ms':>12s} {'TTFT+ p99 ms':>12s} {'gen CPU':>7s} {'mock CPU':>8s} "
-               f"{'core0':>5s} {'ev/CPU-s':>8s}  {'ev/s ratio servelab/tool':>24s}")
+        hdr = (
+            f"{'tool':9s} {'rate':>7s} {'events/s/core':>13s} {'req/s/core':>10s} {'lag P99 ms':>10s} "
+            f"{'TTFT+ p50 ms':>12s} {'TTFT+ p99 ms':>12s} {'gen CPU':>7s} {'mock CPU':>8s} "
+            f"{'core0':>5s} {'ev/CPU-s':>8s}  {'ev/s ratio servelab/tool':>24s}"
+        )
         print(hdr)
         print("-" * len(hdr))
         sl = best(results.get("servelab", []), strict)
@@ -670,18 +817,26 @@ def print_report(results: dict[str, list[Step]], a: argparse.Namespace, info: di
             if b is None:
                 tried = sorted(steps, key=lambda s: s.offered_rps)
                 low = tried[0] if tried else None
-                note = (f"none passed (lowest rate tried {low.offered_rps:g}/s: lag P99 "
-                        f"{fmt(low.lag_p99_s and low.lag_p99_s * 1e3, '.2f')} ms, {low.why or 'ok'})") if low else "not run"
+                note = (
+                    (
+                        f"none passed (lowest rate tried {low.offered_rps:g}/s: lag P99 "
+                        f"{fmt(low.lag_p99_s and low.lag_p99_s * 1e3, '.2f')} ms, {low.why or 'ok'})"
+                    )
+                    if low
+                    else "not run"
+                )
                 print(f"{tool:9s} {note}")
                 continue
             ratio = "-" if tool == "servelab" or sl is None else f"{sl.events_per_s / b.events_per_s:.2f}x"
             c = b.cpu
             pc = lambda v: "?" if v is None else f"{v:.0%}"  # noqa: E731
-            print(f"{tool:9s} {b.offered_rps:7g} {b.events_per_s:13.0f} {b.rps:10.1f} "
-                  f"{fmt(b.lag_p99_s and b.lag_p99_s * 1e3, '.2f'):>10s} "
-                  f"{fmt(pct(b.ttft_added_ms, 50), '.3f'):>12s} {fmt(pct(b.ttft_added_ms, 99), '.3f'):>12s} "
-                  f"{pc(c.get('gen')):>7s} {pc(c.get('mock')):>8s} {pc(c.get('core0')):>5s} "
-                  f"{fmt(b.events_per_s / c['gen'] if c.get('gen') else None):>8s}  {ratio:>24s}")
+            print(
+                f"{tool:9s} {b.offered_rps:7g} {b.events_per_s:13.0f} {b.rps:10.1f} "
+                f"{fmt(b.lag_p99_s and b.lag_p99_s * 1e3, '.2f'):>10s} "
+                f"{fmt(pct(b.ttft_added_ms, 50), '.3f'):>12s} {fmt(pct(b.ttft_added_ms, 99), '.3f'):>12s} "
+                f"{pc(c.get('gen')):>7s} {pc(c.get('mock')):>8s} {pc(c.get('core0')):>5s} "
+                f"{fmt(b.events_per_s / c['gen'] if c.get('gen') else None):>8s}  {ratio:>24s}"
+            )
             if c.get("mock") is not None and c["mock"] > 0.9:
                 print(f"{'':9s} ^ the mock used {c['mock']:.0%} of its core here: this figure may be mock-bound")
     common = set.intersection(*[{s.offered_rps for s in st} for st in results.values()]) if results else set()
@@ -689,18 +844,22 @@ def print_report(results: dict[str, list[Step]], a: argparse.Namespace, info: di
         r = min(common, key=lambda x: abs(x - 50))
         print()
         print(f"C. every tool at the same constant rate, {r:g} req/s (TTFT added and CPU cost at equal load)")
-        hdr = (f"{'tool':9s} {'req/s':>7s} {'lag P99 ms':>10s} {'TTFT+ p50 ms':>12s} {'TTFT+ p99 ms':>12s} "
-               f"{'gen CPU':>7s} {'core0':>5s} {'CPU ms/request':>14s}")
+        hdr = (
+            f"{'tool':9s} {'req/s':>7s} {'lag P99 ms':>10s} {'TTFT+ p50 ms':>12s} {'TTFT+ p99 ms':>12s} "
+            f"{'gen CPU':>7s} {'core0':>5s} {'CPU ms/request':>14s}"
+        )
         print(hdr)
         print("-" * len(hdr))
         for tool, steps in results.items():
             s = next(x for x in steps if x.offered_rps == r)
             g = s.cpu.get("gen")
-            print(f"{tool:9s} {s.rps:7.1f} {fmt(s.lag_p99_s and s.lag_p99_s * 1e3, '.2f'):>10s} "
-                  f"{fmt(pct(s.ttft_added_ms, 50), '.3f'):>12s} {fmt(pct(s.ttft_added_ms, 99), '.3f'):>12s} "
-                  f"{'?' if g is None else f'{g:.0%}':>7s} "
-                  f"{'?' if s.cpu.get('core0') is None else format(s.cpu['core0'], '.0%'):>5s} "
-                  f"{fmt(g * 1e3 / s.rps if g and s.rps else None, '.3f'):>14s}")
+            print(
+                f"{tool:9s} {s.rps:7.1f} {fmt(s.lag_p99_s and s.lag_p99_s * 1e3, '.2f'):>10s} "
+                f"{fmt(pct(s.ttft_added_ms, 50), '.3f'):>12s} {fmt(pct(s.ttft_added_ms, 99), '.3f'):>12s} "
+                f"{'?' if g is None else f'{g:.0%}':>7s} "
+                f"{'?' if s.cpu.get('core0') is None else format(s.cpu['core0'], '.0%'):>5s} "
+                f"{fmt(g * 1e3 / s.rps if g and s.rps else None, '.3f'):>14s}"
+            )
     print()
     print("lag sources:")
     seen = set()
@@ -712,51 +871,73 @@ def print_report(results: dict[str, list[Step]], a: argparse.Namespace, info: di
                 print(f"  {tool}: {src}")
     ap = [s for s in results.get("aiperf", [])]
     if ap:
-        print("  aiperf's own credit_to_start_latency p99 per rate: "
-              + ", ".join(f"{s.offered_rps:g}/s {s.lag_source.split('p99 ')[-1]}" for s in
-                          sorted(ap, key=lambda s: s.offered_rps)))
-    print("TTFT+ = tool TTFT - (mock first token write - mock recv), per request; requests matched to mock records "
-          "by send time on the shared monotonic clock (peers' wall-clock stamps mapped onto it)")
-    print("events/s and req/s are counted on the mock (completed responses / first recv..last done); 'per core' = "
-          "the generator was pinned to one core; gen CPU = CPU share of the generator's process tree during that "
-          "window; core0 = total busy share of the generator's core (other processes included); ev/CPU-s = events/s "
-          "divided by gen CPU (events per second of generator CPU time)")
+        print(
+            "  aiperf's own credit_to_start_latency p99 per rate: "
+            + ", ".join(
+                f"{s.offered_rps:g}/s {s.lag_source.split('p99 ')[-1]}" for s in sorted(ap, key=lambda s: s.offered_rps)
+            )
+        )
+    print(
+        "TTFT+ = tool TTFT - (mock first token write - mock recv), per request; requests matched to mock records "
+        "by send time on the shared monotonic clock (peers' wall-clock stamps mapped onto it)"
+    )
+    print(
+        "events/s and req/s are counted on the mock (completed responses / first recv..last done); 'per core' = "
+        "the generator was pinned to one core; gen CPU = CPU share of the generator's process tree during that "
+        "window; core0 = total busy share of the generator's core (other processes included); ev/CPU-s = events/s "
+        "divided by gen CPU (events per second of generator CPU time)"
+    )
     print()
     print("all steps (tool, offered rate, mock-side req/s, events/s, lag P99 ms, strict/sustained):")
     for tool, steps in results.items():
-        print(f"  {tool}: " + "; ".join(
-            f"{s.offered_rps:g}->{s.rps:.0f} req/s {s.events_per_s:.0f} ev/s lag {fmt(s.lag_p99_s and s.lag_p99_s * 1e3, '.2f')}"
-            f" {'A' if s.strict_ok else '-'}{'B' if s.sustained_ok else '-'}"
-            for s in sorted(steps, key=lambda s: s.offered_rps)))
+        print(
+            f"  {tool}: "
+            + "; ".join(
+                f"{s.offered_rps:g}->{s.rps:.0f} req/s {s.events_per_s:.0f} ev/s "
+                f"lag {fmt(s.lag_p99_s and s.lag_p99_s * 1e3, '.2f')}"
+                f" {'A' if s.strict_ok else '-'}{'B' if s.sustained_ok else '-'}"
+                for s in sorted(steps, key=lambda s: s.offered_rps)
+            )
+        )
 
 
-def print_workers_report(results: dict[str, list[Step]], configs: list[tuple[str, int, bool]],
-                         a: argparse.Namespace) -> None:
+def print_workers_report(
+    results: dict[str, list[Step]], configs: list[tuple[str, int, bool]], a: argparse.Namespace
+) -> None:
     """Section D: servelab per worker configuration, at its best rate under the strict criterion."""
     print()
-    print(f"D. servelab on several workers: events/s at schedule-lag P99 <= {a.lag_ms:g} ms (criterion A) and "
-          "generator CPU per SSE event (coordinator + every worker)")
-    hdr = (f"{'config':22s} {'workers':>7s} {'CPUs':>5s} {'rate':>7s} {'events/s':>9s} {'req/s':>7s} "
-           f"{'lag P99 ms':>10s} {'gen CPU':>7s} {'CPU us/event':>12s} {'vs 1 worker':>11s} {'gen-bound':>9s}")
+    print(
+        f"D. servelab on several workers: events/s at schedule-lag P99 <= {a.lag_ms:g} ms (criterion A) and "
+        "generator CPU per SSE event (coordinator + every worker)"
+    )
+    hdr = (
+        f"{'config':22s} {'workers':>7s} {'CPUs':>5s} {'rate':>7s} {'events/s':>9s} {'req/s':>7s} "
+        f"{'lag P99 ms':>10s} {'gen CPU':>7s} {'CPU us/event':>12s} {'vs 1 worker':>11s} {'gen-bound':>9s}"
+    )
     print(hdr)
     print("-" * len(hdr))
     base = None
     for tag, k, _ray in configs:
         b = best(results.get(tag, []), True)
         if b is None or not b.cpu.get("gen"):
-            print(f"{tag:22s} {k:7d} {'-':>5s} none passed criterion A"
-                  + (f" (lowest tried {min(s.offered_rps for s in results[tag]):g}/s)" if results.get(tag) else ""))
+            print(
+                f"{tag:22s} {k:7d} {'-':>5s} none passed criterion A"
+                + (f" (lowest tried {min(s.offered_rps for s in results[tag]):g}/s)" if results.get(tag) else "")
+            )
             continue
         us = b.cpu["gen"] / b.events_per_s * 1e6
         if tag == "servelab":
             base = us
         ratio = "-" if base is None or tag == "servelab" else f"{us / base:.2f}x"
-        print(f"{tag:22s} {k:7d} {min(k, os.cpu_count() or 1):5d} {b.offered_rps:7g} {b.events_per_s:9.0f} "
-              f"{b.rps:7.1f} {fmt(b.lag_p99_s and b.lag_p99_s * 1e3, '.2f'):>10s} {b.cpu['gen']:7.0%} {us:12.2f} "
-              f"{ratio:>11s} {'yes' if b.generator_bound else 'no':>9s}")
+        print(
+            f"{tag:22s} {k:7d} {min(k, os.cpu_count() or 1):5d} {b.offered_rps:7g} {b.events_per_s:9.0f} "
+            f"{b.rps:7.1f} {fmt(b.lag_p99_s and b.lag_p99_s * 1e3, '.2f'):>10s} {b.cpu['gen']:7.0%} {us:12.2f} "
+            f"{ratio:>11s} {'yes' if b.generator_bound else 'no':>9s}"
+        )
     # CPU per event at equal load: the highest offered rate every configuration ran and sustained (criterion B)
-    sets = [{x.offered_rps for x in results.get(tag, []) if x.sustained_ok and x.cpu.get("gen")}
-            for tag, _, _ in configs]
+    sets = [
+        {x.offered_rps for x in results.get(tag, []) if x.sustained_ok and x.cpu.get("gen")} for tag, _, _ in configs
+    ]
     common = set.intersection(*sets) if sets else set()
     if common:
         r = max(common)
@@ -766,13 +947,17 @@ def print_workers_report(results: dict[str, list[Step]], configs: list[tuple[str
             x = next(y for y in results[tag] if y.offered_rps == r and y.sustained_ok and y.cpu.get("gen"))
             us = x.cpu["gen"] / x.events_per_s * 1e6
             base = us if base is None else base
-            print(f"  {tag:22s} {k:3d} worker(s): {x.events_per_s:8.0f} ev/s, lag P99 "
-                  f"{fmt(x.lag_p99_s and x.lag_p99_s * 1e3, '.2f')} ms, gen CPU {x.cpu['gen']:.0%}, "
-                  f"{us:.2f} CPU us/event ({us / base:.2f}x the first), "
-                  f"generator-bound {'yes' if x.generator_bound else 'no'}")
-    print("CPU us/event = generator CPU seconds (whole process tree; Ray actors by pid) / SSE events counted on the "
-          f"mock, over the mock-side window; with K workers the generator is pinned to CPUs 0..K-1, the mock to CPU "
-          f"{MOCK_CPU}")
+            print(
+                f"  {tag:22s} {k:3d} worker(s): {x.events_per_s:8.0f} ev/s, lag P99 "
+                f"{fmt(x.lag_p99_s and x.lag_p99_s * 1e3, '.2f')} ms, gen CPU {x.cpu['gen']:.0%}, "
+                f"{us:.2f} CPU us/event ({us / base:.2f}x the first), "
+                f"generator-bound {'yes' if x.generator_bound else 'no'}"
+            )
+    print(
+        "CPU us/event = generator CPU seconds (whole process tree; Ray actors by pid) / SSE events counted on the "
+        f"mock, over the mock-side window; with K workers the generator is pinned to CPUs 0..K-1, the mock to CPU "
+        f"{MOCK_CPU}"
+    )
 
 
 def gen_cpus(k: int, ncpu: int, how: str) -> str:
@@ -800,8 +985,15 @@ def configured(k: int, ray: bool, ncpu: int, a: argparse.Namespace, work: Path) 
         GEN_CPU = "0"
 
 
-def servelab_compare(mock: Mock, a: argparse.Namespace, work: Path, tok: str | None, sampler: Sampler,
-                     configs: list[tuple[str, int, bool]], ncpu: int) -> dict[str, list[Step]]:
+def servelab_compare(
+    mock: Mock,
+    a: argparse.Namespace,
+    work: Path,
+    tok: str | None,
+    sampler: Sampler,
+    configs: list[tuple[str, int, bool]],
+    ncpu: int,
+) -> dict[str, list[Step]]:
     """``--compare-rates``: every configuration at each fixed rate, ``--repeats`` rounds, the configurations
     interleaved within each round (rate by rate) so that a slow spell of this shared machine hits all of
     them alike; no search."""
@@ -826,18 +1018,23 @@ def us_per_event(st: Step, who: str = "gen") -> float | None:
     return cpu / st.events_per_s * 1e6 if cpu is not None and st.events_per_s else None
 
 
-def print_compare_report(results: dict[str, list[Step]], configs: list[tuple[str, int, bool]],
-                         a: argparse.Namespace) -> None:
+def print_compare_report(
+    results: dict[str, list[Step]], configs: list[tuple[str, int, bool]], a: argparse.Namespace
+) -> None:
     """Section E: CPU per SSE event of each configuration at each fixed rate, per round, and its ratio to
     the 1-worker run of the SAME round and rate (runs of different rounds are never combined into one
     figure; the mean and range of the per-round ratios are printed beside them)."""
     rates = [float(x) for x in a.compare_rates.split(",") if x.strip()]
     base_tag = configs[0][0]
     print()
-    print(f"E. CPU per SSE event at fixed offered rates, {a.repeats} round(s), configurations interleaved; "
-          f"ratio = configuration / {base_tag} of the same round")
-    hdr = (f"{'rate':>6s} {'config':20s} {'round':>5s} {'req/s':>7s} {'lag P99 ms':>10s} {'gen CPU':>7s} "
-           f"{'us/event':>9s} {'coord us/ev':>11s} {'ratio':>6s} {'gen-bound':>9s}")
+    print(
+        f"E. CPU per SSE event at fixed offered rates, {a.repeats} round(s), configurations interleaved; "
+        f"ratio = configuration / {base_tag} of the same round"
+    )
+    hdr = (
+        f"{'rate':>6s} {'config':20s} {'round':>5s} {'req/s':>7s} {'lag P99 ms':>10s} {'gen CPU':>7s} "
+        f"{'us/event':>9s} {'coord us/ev':>11s} {'ratio':>6s} {'gen-bound':>9s}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for rate in rates:
@@ -852,16 +1049,22 @@ def print_compare_report(results: dict[str, list[Step]], configs: list[tuple[str
                 ratio = us / bus if us and bus and tag != base_tag else None
                 if ratio is not None:
                     ratios.append(ratio)
-                lag = fmt(x.lag_p99_s and x.lag_p99_s * 1e3, '.2f')
-                print(f"{rate:6g} {tag:20s} {i + 1:5d} {x.rps:7.1f} {lag:>10s} "
-                      f"{fmt(g and g * 100, '.0f'):>6s}% {fmt(us, '.2f'):>9s} {fmt(cus, '.2f'):>11s} "
-                      f"{fmt(ratio, '.3f'):>6s} {'yes' if x.generator_bound else 'no':>9s}"
-                      + ("" if x.sustained_ok else "  (not sustained: " + (x.why or "lag") + ")"))
+                lag = fmt(x.lag_p99_s and x.lag_p99_s * 1e3, ".2f")
+                print(
+                    f"{rate:6g} {tag:20s} {i + 1:5d} {x.rps:7.1f} {lag:>10s} "
+                    f"{fmt(g and g * 100, '.0f'):>6s}% {fmt(us, '.2f'):>9s} {fmt(cus, '.2f'):>11s} "
+                    f"{fmt(ratio, '.3f'):>6s} {'yes' if x.generator_bound else 'no':>9s}"
+                    + ("" if x.sustained_ok else "  (not sustained: " + (x.why or "lag") + ")")
+                )
             if ratios:
-                print(f"{'':6s} {tag:20s} ratio over {len(ratios)} round(s): mean {sum(ratios) / len(ratios):.3f}, "
-                      f"min {min(ratios):.3f}, max {max(ratios):.3f}")
-    print("us/event = generator CPU seconds (coordinator + every worker) / SSE events counted on the mock over the "
-          "mock-side window; coord = the servelab bench process alone (with workers: the coordinator)")
+                print(
+                    f"{'':6s} {tag:20s} ratio over {len(ratios)} round(s): mean {sum(ratios) / len(ratios):.3f}, "
+                    f"min {min(ratios):.3f}, max {max(ratios):.3f}"
+                )
+    print(
+        "us/event = generator CPU seconds (coordinator + every worker) / SSE events counted on the mock over the "
+        "mock-side window; coord = the servelab bench process alone (with workers: the coordinator)"
+    )
 
 
 class LocalRay:
@@ -875,11 +1078,35 @@ class LocalRay:
         self.log = work / f"ray-head-{num_cpus}.log"
         env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
         ray = ROOT / ".venv" / "bin" / "ray"
-        self.proc = subprocess.Popen(
-            ["taskset", "-c", cpus, str(ray), "start", "--head", "--block", "--port", str(self.port), "--num-cpus",
-             str(num_cpus), "--memory", str(2 << 30), "--object-store-memory", str(100 << 20), "--include-dashboard",
-             "false", "--disable-usage-stats", "--temp-dir", str(self.tmp)],
-            stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        with open(self.log, "wb") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [
+                    "taskset",
+                    "-c",
+                    cpus,
+                    str(ray),
+                    "start",
+                    "--head",
+                    "--block",
+                    "--port",
+                    str(self.port),
+                    "--num-cpus",
+                    str(num_cpus),
+                    "--memory",
+                    str(2 << 30),
+                    "--object-store-memory",
+                    str(100 << 20),
+                    "--include-dashboard",
+                    "false",
+                    "--disable-usage-stats",
+                    "--temp-dir",
+                    str(self.tmp),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         t0 = time.monotonic()
         while "block forever" not in self.log.read_text(errors="replace"):
             if self.proc.poll() is not None or time.monotonic() - t0 > 120:
@@ -894,10 +1121,8 @@ class LocalRay:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 break
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
             time.sleep(2)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
@@ -908,19 +1133,23 @@ def make_tokenizer(dst: Path) -> tuple[str, str, str]:
     tj = dst / "tokenizer.json"
     if tj.is_file():
         return str(dst), str(tj), "cached"
-    code = ("import sys\nfrom servelab.modelfile.tokenizer import load_tokenizer\n"
-            "load_tokenizer(None).save_hf_folder(sys.argv[1])\n")
+    code = (
+        "import sys\nfrom servelab.modelfile.tokenizer import load_tokenizer\n"
+        "load_tokenizer(None).save_hf_folder(sys.argv[1])\n"
+    )
     r = subprocess.run([str(VENV_PY), "-c", code, str(dst)], capture_output=True, text=True, timeout=300)
     if r.returncode == 0 and tj.is_file():
         return str(dst), str(tj), "servelab load_tokenizer(gemma3 GGUF).save_hf_folder"
     log(f"servelab tokenizer export failed ({r.stderr.strip()[-200:]}); training a tiny BPE instead")
-    code = ("import sys, json, os\nfrom tokenizers import Tokenizer, models, trainers, pre_tokenizers\n"
-            "t = Tokenizer(models.BPE(unk_token='<unk>')); t.pre_tokenizer = pre_tokenizers.Whitespace()\n"
-            "tr = trainers.BpeTrainer(vocab_size=2000, special_tokens=['<unk>', '<s>', '</s>'])\n"
-            "t.train_from_iterator([open(__file__ if False else sys.argv[2]).read()] * 3, tr)\n"
-            "os.makedirs(sys.argv[1], exist_ok=True); t.save(os.path.join(sys.argv[1], 'tokenizer.json'))\n"
-            "json.dump({'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': '<s>', 'eos_token': '</s>', "
-            "'unk_token': '<unk>'}, open(os.path.join(sys.argv[1], 'tokenizer_config.json'), 'w'))\n")
+    code = (
+        "import sys, json, os\nfrom tokenizers import Tokenizer, models, trainers, pre_tokenizers\n"
+        "t = Tokenizer(models.BPE(unk_token='<unk>')); t.pre_tokenizer = pre_tokenizers.Whitespace()\n"
+        "tr = trainers.BpeTrainer(vocab_size=2000, special_tokens=['<unk>', '<s>', '</s>'])\n"
+        "t.train_from_iterator([open(__file__ if False else sys.argv[2]).read()] * 3, tr)\n"
+        "os.makedirs(sys.argv[1], exist_ok=True); t.save(os.path.join(sys.argv[1], 'tokenizer.json'))\n"
+        "json.dump({'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': '<s>', 'eos_token': '</s>', "
+        "'unk_token': '<unk>'}, open(os.path.join(sys.argv[1], 'tokenizer_config.json'), 'w'))\n"
+    )
     subprocess.run([str(VENV_PY), "-c", code, str(dst), __file__], check=True, timeout=120)
     return str(dst), str(tj), "tiny BPE trained with tokenizers (fallback)"
 
@@ -941,14 +1170,42 @@ def profile_servelab(mock: Mock, rate: float, a: argparse.Namespace, work: Path,
         drv.write_text(SERVELAB_DRIVER)
         args = [cmd[-1]]
     mock.reset()
-    subprocess.run([*NICE, "taskset", "-c", GEN_CPU, str(VENV_PY), "-m", "cProfile", "-o", str(prof), str(drv), *args],
-                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=a.step_s + 120)
+    subprocess.run(
+        [*NICE, "taskset", "-c", GEN_CPU, str(VENV_PY), "-m", "cProfile", "-o", str(prof), str(drv), *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=a.step_s + 120,
+    )
     print()
     print(f"cProfile of servelab at {rate:g} req/s (constant), top 25 by own time (whole process incl. start-up):")
     st = pstats.Stats(str(prof))
     st.sort_stats("tottime").print_stats(25)
     print("servelab's own functions, by cumulative time:")
     st.sort_stats("cumulative").print_stats(r"servelab/(wire|bench)/", 20)
+
+
+def reprint(workdir: Path) -> None:
+    """Print the report of an earlier run from its ``results.json`` in ``workdir`` (--reprint)."""
+    d = json.loads((workdir / "results.json").read_text())
+    old = argparse.Namespace(**d["args"])
+    res = {t: [Step(**x) for x in st] for t, st in d["results"].items()}
+    for st in res.values():
+        for x in st:
+            x.reqs = [tuple(r) for r in x.reqs]
+    if old.nice:
+        NICE[:] = ["nice", "-n", str(old.nice)]
+    print_report(res, old, d["info"])
+
+
+def host_info() -> dict[str, str]:
+    """The CPU model (``model name`` in /proc/cpuinfo) and the 1, 5 and 15-minute load averages
+    (/proc/loadavg) the report prints."""
+    with open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    with open("/proc/loadavg") as f:
+        loadavg = " ".join(f.read().split()[:3])
+    return {"cpu": cpu, "loadavg": loadavg}
 
 
 def main() -> None:
@@ -959,40 +1216,57 @@ def main() -> None:
     ap.add_argument("--step-s", type=float, default=5.0, help="seconds per load step")
     ap.add_argument("--start-rate", type=float, default=50.0, help="servelab search: first rate (req/s)")
     ap.add_argument("--max-trials", type=int, default=9, help="servelab search: most steps")
-    ap.add_argument("--peer-rates", default="12.5,25,50,100,200,400,800",
-                    help="peers: constant rates of the coarse sweep (one invocation each tool)")
+    ap.add_argument(
+        "--peer-rates",
+        default="12.5,25,50,100,200,400,800",
+        help="peers: constant rates of the coarse sweep (one invocation each tool)",
+    )
     ap.add_argument("--lag-ms", type=float, default=1.0, help="strict schedule-lag P99 limit (ms)")
     ap.add_argument("--sustain-lag-ms", type=float, default=50.0, help="lag P99 limit of the sustained criterion (ms)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop searching after this many seconds")
-    ap.add_argument("--servelab-tokenizer", action=argparse.BooleanOptionalAction, default=True,
-                    help="pass --tokenizer to servelab (per-request client token count, as the peers do)")
-    ap.add_argument("--nice", type=int, default=-10,
-                    help="niceness of the mock and the generators (default -10: less disturbed by other work on a "
-                         "shared machine; needs root, else 0 is used); the same for every tool")
+    ap.add_argument(
+        "--servelab-tokenizer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pass --tokenizer to servelab (per-request client token count, as the peers do)",
+    )
+    ap.add_argument(
+        "--nice",
+        type=int,
+        default=-10,
+        help="niceness of the mock and the generators (default -10: less disturbed by other work on a "
+        "shared machine; needs root, else 0 is used); the same for every tool",
+    )
     ap.add_argument("--profile", action="store_true", help="also run servelab once under cProfile at its best rate")
     ap.add_argument("--workdir", default=None, help="where run artefacts go (default: a temp dir, kept)")
     ap.add_argument("--reprint", metavar="WORKDIR", help="print the table of an earlier run (its results.json)")
-    ap.add_argument("--compare-rates", default=None, metavar="R1,R2,...",
-                    help="servelab only: no search; every --workers (and --ray) configuration at each of these "
-                         "constant rates, interleaved, --repeats rounds; prints section E (CPU per event ratios)")
+    ap.add_argument(
+        "--compare-rates",
+        default=None,
+        metavar="R1,R2,...",
+        help="servelab only: no search; every --workers (and --ray) configuration at each of these "
+        "constant rates, interleaved, --repeats rounds; prints section E (CPU per event ratios)",
+    )
     ap.add_argument("--repeats", type=int, default=3, help="rounds of --compare-rates")
-    ap.add_argument("--worker-cpus", choices=("spread", "one"), default="spread",
-                    help="K workers on CPUs 0..K-1 (spread; the last shared with the mock) or all on CPU 0 (one)")
-    ap.add_argument("--workers", default="1", help="servelab: comma-separated worker counts, one search each "
-                    "(servelab bench --workers K; 1 = one process)")
-    ap.add_argument("--ray", action="store_true", help="servelab: also each worker count through a local Ray "
-                    "cluster (servelab bench --ray, K actors)")
+    ap.add_argument(
+        "--worker-cpus",
+        choices=("spread", "one"),
+        default="spread",
+        help="K workers on CPUs 0..K-1 (spread; the last shared with the mock) or all on CPU 0 (one)",
+    )
+    ap.add_argument(
+        "--workers",
+        default="1",
+        help="servelab: comma-separated worker counts, one search each (servelab bench --workers K; 1 = one process)",
+    )
+    ap.add_argument(
+        "--ray",
+        action="store_true",
+        help="servelab: also each worker count through a local Ray cluster (servelab bench --ray, K actors)",
+    )
     a = ap.parse_args()
     if a.reprint:
-        d = json.loads((Path(a.reprint) / "results.json").read_text())
-        old = argparse.Namespace(**d["args"])
-        res = {t: [Step(**x) for x in st] for t, st in d["results"].items()}
-        for st in res.values():
-            for x in st:
-                x.reqs = [tuple(r) for r in x.reqs]
-        if old.nice:
-            NICE[:] = ["nice", "-n", str(old.nice)]
-        print_report(res, old, d["info"])
+        reprint(Path(a.reprint))
         return
     a.peer_rates = [float(x) for x in a.peer_rates.split(",") if x.strip()]
     worker_counts = [int(x) for x in a.workers.split(",") if x.strip()]
@@ -1021,10 +1295,11 @@ def main() -> None:
     t_start = time.monotonic()
     deadline = t_start + a.budget_s
     tok_dir, tok_json, tok_how = make_tokenizer(PEERS / "tokenizer-gemma3")
-    log(f"tokenizer: {tok_dir} ({tok_how}); work dir {work}; servelab via "
-        f"{'servelab bench CLI' if _servelab_cli_ok() else 'Bench API driver (CLI not usable)'}")
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    info = {"cpu": cpu, "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])}
+    log(
+        f"tokenizer: {tok_dir} ({tok_how}); work dir {work}; servelab via "
+        f"{'servelab bench CLI' if _servelab_cli_ok() else 'Bench API driver (CLI not usable)'}"
+    )
+    info = host_info()
     mock = Mock(a.output_tokens, work)
     sampler = Sampler(mock.proc.pid)
     sampler.start()
@@ -1036,8 +1311,9 @@ def main() -> None:
         total = sum(share[t] for t in tools)
         share = {t: share[t] / total for t in tools}
         if a.compare_rates:
-            results = servelab_compare(mock, a, work, tok_json if a.servelab_tokenizer else None, sampler, configs,
-                                       ncpu)
+            results = servelab_compare(
+                mock, a, work, tok_json if a.servelab_tokenizer else None, sampler, configs, ncpu
+            )
             tools = []
         for tool in tools:
             t_deadline = min(deadline, time.monotonic() + a.budget_s * share[tool])
@@ -1046,19 +1322,38 @@ def main() -> None:
                 per = (t_deadline - time.monotonic()) / len(configs)
                 for tag, k, ray in configs:
                     with configured(k, ray, ncpu, a, work) as extra:
-                        log(f"--- {tag}: {k} worker(s){' (Ray)' if ray else ''} on CPUs {GEN_CPU}, "
-                            f"mock on CPU {MOCK_CPU}")
-                        results[tag] = servelab_search(mock, a, work, tok_json if a.servelab_tokenizer else None,
-                                                       sampler, min(t_deadline, time.monotonic() + per), tag, extra)
+                        log(
+                            f"--- {tag}: {k} worker(s){' (Ray)' if ray else ''} on CPUs {GEN_CPU}, "
+                            f"mock on CPU {MOCK_CPU}"
+                        )
+                        results[tag] = servelab_search(
+                            mock,
+                            a,
+                            work,
+                            tok_json if a.servelab_tokenizer else None,
+                            sampler,
+                            min(t_deadline, time.monotonic() + per),
+                            tag,
+                            extra,
+                        )
             elif tool == "guidellm":
-                results[tool] = peer_search(lambda rs: guidellm_steps(mock, rs, a, work, tok_dir, sampler, offset_ns),
-                                            tool, a, t_deadline)
+                results[tool] = peer_search(
+                    lambda rs: guidellm_steps(mock, rs, a, work, tok_dir, sampler, offset_ns), tool, a, t_deadline
+                )
             else:
-                results[tool] = peer_search(lambda rs: aiperf_steps(mock, rs, a, work, tok_dir, sampler, offset_ns),
-                                            tool, a, t_deadline)
-        (work / "results.json").write_text(json.dumps(
-            {"args": {k: v for k, v in vars(a).items()}, "info": info,
-             "results": {t: [asdict(x) for x in st] for t, st in results.items()}}, default=str))
+                results[tool] = peer_search(
+                    lambda rs: aiperf_steps(mock, rs, a, work, tok_dir, sampler, offset_ns), tool, a, t_deadline
+                )
+        (work / "results.json").write_text(
+            json.dumps(
+                {
+                    "args": {k: v for k, v in vars(a).items()},
+                    "info": info,
+                    "results": {t: [asdict(x) for x in st] for t, st in results.items()},
+                },
+                default=str,
+            )
+        )
         if a.compare_rates:
             print_compare_report(results, configs, a)
         else:

@@ -13,6 +13,7 @@ Run as root to add SCHED_FIFO to the round trips like the timing tests do:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import time
@@ -42,10 +43,8 @@ def _rtt_us(n: int, fifo: bool) -> list[float]:
         os._exit(0)
     if fifo:
         for p in (0, pid):
-            try:
+            with contextlib.suppress(OSError):  # PermissionError without root
                 os.sched_setscheduler(p, os.SCHED_FIFO, os.sched_param(10))
-            except (PermissionError, OSError):
-                pass
     out = []
     for _ in range(n):
         t = time.perf_counter_ns()
@@ -73,13 +72,17 @@ def main() -> int:
         p.join()
     for c in cpus:
         g = res[c]
-        print(f"CPU {c}: {len(g)} gaps > 0.2 ms in {a.seconds:g} s, {sum(x > 1 for x in g)} > 1 ms, "
-              f"longest {', '.join(f'{x:.2f}' for x in g[-3:]) or '-'} ms")
+        print(
+            f"CPU {c}: {len(g)} gaps > 0.2 ms in {a.seconds:g} s, {sum(x > 1 for x in g)} > 1 ms, "
+            f"longest {', '.join(f'{x:.2f}' for x in g[-3:]) or '-'} ms"
+        )
     for fifo in (False, True):
         rt = _rtt_us(a.round_trips, fifo)
         n = len(rt)
-        print(f"pipe round trip ({'SCHED_FIFO' if fifo else 'default policy'}), n={n}: P50 {rt[n // 2]:.0f} us, "
-              f"P99 {rt[int(n * 0.99)]:.0f} us, max {rt[-1]:.0f} us")
+        print(
+            f"pipe round trip ({'SCHED_FIFO' if fifo else 'default policy'}), n={n}: P50 {rt[n // 2]:.0f} us, "
+            f"P99 {rt[int(n * 0.99)]:.0f} us, max {rt[-1]:.0f} us"
+        )
     return 0
 
 

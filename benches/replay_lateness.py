@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import re
@@ -38,10 +39,8 @@ def _offsets_ns() -> list[int]:
 
 
 def _fifo(pid: int) -> None:
-    try:
+    with contextlib.suppress(OSError):  # PermissionError without root
         os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(10))
-    except (PermissionError, OSError):
-        pass
 
 
 def _lags_ms(base_url: str, offsets: list[int]) -> np.ndarray:
@@ -50,9 +49,17 @@ def _lags_ms(base_url: str, offsets: list[int]) -> np.ndarray:
     async def go() -> list[int]:
         lags: list[int] = []
         async with make_session() as s:
-            await run_step(s, base_url, "m", [spec] * len(offsets), LoadModel(kind="open", rate_rps=98.0),
-                           offsets_ns=offsets, dispatch_lags_ns=lags)
+            await run_step(
+                s,
+                base_url,
+                "m",
+                [spec] * len(offsets),
+                LoadModel(kind="open", rate_rps=98.0),
+                offsets_ns=offsets,
+                dispatch_lags_ns=lags,
+            )
         return lags
+
     return np.asarray(asyncio.run(go())) / 1e6
 
 
@@ -73,8 +80,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds (each runs every tail once)")
     a = ap.parse_args()
     tails = [int(x) for x in a.tails_us.split(",")]
-    mock = subprocess.Popen([sys.executable, "-m", "servelab.engines.mock", "--port", "0", "--ttft-ms", "0",
-                             "--itl-ms", "0"], stdout=subprocess.PIPE, text=True)
+    mock = subprocess.Popen(
+        [sys.executable, "-m", "servelab.engines.mock", "--port", "0", "--ttft-ms", "0", "--itl-ms", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert mock.stdout is not None
         m = re.search(r"listening on (\S+)", mock.stdout.readline())
@@ -96,11 +106,15 @@ def main() -> int:
                 c1 = resource.getrusage(resource.RUSAGE_SELF)
                 gc.enable()
                 cpu = c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
-                print(f"round {r} tail {tail:>5} us: lateness P50 {np.median(lags):.3f} P99 "
-                      f"{np.percentile(lags, 99):.3f} max {lags.max():.3f} ms, CPU {cpu:.3f} s")
+                print(
+                    f"round {r} tail {tail:>5} us: lateness P50 {np.median(lags):.3f} P99 "
+                    f"{np.percentile(lags, 99):.3f} max {lags.max():.3f} ms, CPU {cpu:.3f} s"
+                )
             f = _floor_ms(offsets)
-            print(f"round {r} floor (blocking sleep): P50 {np.median(f):.3f} P99 {np.percentile(f, 99):.3f} "
-                  f"max {f.max():.3f} ms")
+            print(
+                f"round {r} floor (blocking sleep): P50 {np.median(f):.3f} P99 {np.percentile(f, 99):.3f} "
+                f"max {f.max():.3f} ms"
+            )
     finally:
         mock.terminate()
         mock.wait(10)

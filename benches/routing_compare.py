@@ -87,8 +87,10 @@ _LISTEN = re.compile(rb"listening on (http://\S+/v1)(?: \(admin (http://[^)\s]+)
 _ADMIN_TOKEN = os.environ.get("SERVELAB_ADMIN_TOKEN") or "routing-compare-" + "0" * 32
 #: Engine counters of cached and processed prompt tokens per engine: (hits, queries) names; for llama.cpp
 #: queries = cached + processed (its prompt_tokens_total excludes the cached ones).
-_COUNTERS = {"mock": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
-             "llamacpp": ("llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_total")}
+_COUNTERS = {
+    "mock": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+    "llamacpp": ("llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_total"),
+}
 
 
 def _start(cmd: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str, str]:
@@ -123,8 +125,10 @@ class Run:
 def _prompts(args: argparse.Namespace, rnd: int) -> list[list[str]]:
     """Per session, the user messages of its turns (fresh words every round, the same for every policy)."""
     rng = random.Random(1000 + rnd)
-    return [[" ".join(f"u{rnd}s{s}t{t}w{rng.randrange(10**6)}" for _ in range(args.user_words))
-             for t in range(args.turns)] for s in range(args.sessions)]
+    return [
+        [" ".join(f"u{rnd}s{s}t{t}w{rng.randrange(10**6)}" for _ in range(args.user_words)) for t in range(args.turns)]
+        for s in range(args.sessions)
+    ]
 
 
 def cached_of(ev: dict[str, Any]) -> int | None:
@@ -156,13 +160,19 @@ def engine_counters(text: str, engine: str) -> tuple[float, float]:
     return hits, (hits + other if engine == "llamacpp" else other)
 
 
-async def _session(s: aiohttp.ClientSession, url: str, key: str, system: str, users: list[str], sid: int,
-                   run: Run, max_tokens: int) -> None:
+async def _session(
+    s: aiohttp.ClientSession, url: str, key: str, system: str, users: list[str], sid: int, run: Run, max_tokens: int
+) -> None:
     msgs: list[dict[str, str]] = [{"role": "system", "content": system}]
     for t, u in enumerate(users):
         msgs.append({"role": "user", "content": u})
-        body = {"model": "chat", "stream": True, "max_tokens": max_tokens,
-                "stream_options": {"include_usage": True}, "messages": msgs}
+        body = {
+            "model": "chat",
+            "stream": True,
+            "max_tokens": max_tokens,
+            "stream_options": {"include_usage": True},
+            "messages": msgs,
+        }
         t0 = time.perf_counter()
         ttft = None
         usage: dict[str, Any] = {}
@@ -190,8 +200,18 @@ async def _session(s: aiohttp.ClientSession, url: str, key: str, system: str, us
             else:
                 print(f"  {run.policy}: HTTP {r.status}: {(await r.text())[:200]}", file=sys.stderr)
         e2e = time.perf_counter() - t0
-        run.rows.append({"sid": sid, "turn": t, "rid": rid, "ok": ok and ttft is not None, "ttft": ttft, "e2e": e2e,
-                         "prompt": usage.get("prompt_tokens", 0), "cached": cached or 0})
+        run.rows.append(
+            {
+                "sid": sid,
+                "turn": t,
+                "rid": rid,
+                "ok": ok and ttft is not None,
+                "ttft": ttft,
+                "e2e": e2e,
+                "prompt": usage.get("prompt_tokens", 0),
+                "cached": cached or 0,
+            }
+        )
         msgs.append({"role": "assistant", "content": "".join(text)})
 
 
@@ -207,11 +227,32 @@ class Replicas:
         if self.engine == "mock":
             self.kind, self.model, self.roots = "vllm", "m", []
             for i in range(args.replicas):
-                p, url, _ = _start([sys.executable, "-m", "servelab.engines.mock", "--port", "0", "--dialect", "vllm",
-                                    "--model", "m", "--output-tokens", "16", "--ttft-ms", str(args.ttft_ms),
-                                    "--itl-ms", "5", "--itl-ms-per-running", "1", "--prefill-tokens-per-s",
-                                    str(args.prefill_tps), "--prefix-cache-blocks", str(args.prefix_cache_blocks)],
-                                   work / f"mock{i}.log")
+                p, url, _ = _start(
+                    [
+                        sys.executable,
+                        "-m",
+                        "servelab.engines.mock",
+                        "--port",
+                        "0",
+                        "--dialect",
+                        "vllm",
+                        "--model",
+                        "m",
+                        "--output-tokens",
+                        "16",
+                        "--ttft-ms",
+                        str(args.ttft_ms),
+                        "--itl-ms",
+                        "5",
+                        "--itl-ms-per-running",
+                        "1",
+                        "--prefill-tokens-per-s",
+                        str(args.prefill_tps),
+                        "--prefix-cache-blocks",
+                        str(args.prefix_cache_blocks),
+                    ],
+                    work / f"mock{i}.log",
+                )
                 self.procs.append(p)
                 self.roots.append(url[: -len("/v1")])
             return
@@ -225,11 +266,28 @@ class Replicas:
         launchers = []
         for i in range(args.replicas):
             (work / f"slots{i}").mkdir(exist_ok=True)
-            extra = ["--swa-full", "--cache-reuse", "256", "--cache-ram", "0", "--slot-save-path",
-                     str(work / f"slots{i}"), "--alias", self.model]
-            launchers.append(LlamaCppLauncher(ctx_size=args.ctx_size, parallel=args.slots, threads=args.threads,
-                                              extra_args=extra, binary=binary, log_dir=work / f"llama{i}",
-                                              progress=lambda _m: None))
+            extra = [
+                "--swa-full",
+                "--cache-reuse",
+                "256",
+                "--cache-ram",
+                "0",
+                "--slot-save-path",
+                str(work / f"slots{i}"),
+                "--alias",
+                self.model,
+            ]
+            launchers.append(
+                LlamaCppLauncher(
+                    ctx_size=args.ctx_size,
+                    parallel=args.slots,
+                    threads=args.threads,
+                    extra_args=extra,
+                    binary=binary,
+                    log_dir=work / f"llama{i}",
+                    progress=lambda _m: None,
+                )
+            )
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(len(launchers)) as ex:
@@ -252,8 +310,9 @@ class Replicas:
             for slot in range(self.args.slots):
                 async with s.post(f"{root}/slots/{slot}?action=erase", json={}) as r:
                     if r.status != 200:
-                        raise SystemExit(f"routing_compare: erasing slot {slot} of {root}: HTTP {r.status} "
-                                         f"{(await r.text())[:200]}")
+                        raise SystemExit(
+                            f"routing_compare: erasing slot {slot} of {root}: HTTP {r.status} {(await r.text())[:200]}"
+                        )
                     await r.read()
 
     async def counters(self, s: aiohttp.ClientSession) -> tuple[float, float]:
@@ -281,19 +340,25 @@ async def _wait_gateway_sees(s: aiohttp.ClientSession, gw: dict[str, Any], timeo
             states = (await r.json())["backends"]
         async with s.get(gw["admin"] + "/metrics", headers=hdr) as r:
             page = await r.text()
-        up = all((st.get("health") or {}).get("up") is True and (st.get("breaker") or {}).get("state") == "closed"
-                 for st in states.values())
-        scraped = sum(1 for ln in page.splitlines()
-                      if ln.startswith("servelab_gateway_engine_scrape_up{") and ln.endswith(" 1.0"))
+        up = all(
+            (st.get("health") or {}).get("up") is True and (st.get("breaker") or {}).get("state") == "closed"
+            for st in states.values()
+        )
+        scraped = sum(
+            1 for ln in page.splitlines() if ln.startswith("servelab_gateway_engine_scrape_up{") and ln.endswith(" 1.0")
+        )
         if up and scraped >= len(states):
             return
         await asyncio.sleep(0.1)
-    raise SystemExit(f"routing_compare: gateway {gw['url']} did not see every replica up within {timeout_s:g} s "
-                     f"(backends {states}, {scraped} scraped)")
+    raise SystemExit(
+        f"routing_compare: gateway {gw['url']} did not see every replica up within {timeout_s:g} s "
+        f"(backends {states}, {scraped} scraped)"
+    )
 
 
-async def _one_run(args: argparse.Namespace, policy: str, gw: dict[str, Any], reps: Replicas, key: str,
-                   rnd: int) -> Run:
+async def _one_run(
+    args: argparse.Namespace, policy: str, gw: dict[str, Any], reps: Replicas, key: str, rnd: int
+) -> Run:
     run = Run(policy)
     systems = [" ".join(f"sys{g}w{k}" for k in range(args.system_words)) for g in range(args.prefixes)]
     users = _prompts(args, rnd)
@@ -305,8 +370,12 @@ async def _one_run(args: argparse.Namespace, policy: str, gw: dict[str, Any], re
             await _wait_gateway_sees(s, gw)
         seen = gw["log"].stat().st_size if gw["log"].exists() else 0
         hits0, queries0 = await reps.counters(s)
-        await asyncio.gather(*(_session(s, gw["url"], key, systems[i % args.prefixes], users[i], i, run,
-                                        args.max_tokens) for i in range(args.sessions)))
+        await asyncio.gather(
+            *(
+                _session(s, gw["url"], key, systems[i % args.prefixes], users[i], i, run, args.max_tokens)
+                for i in range(args.sessions)
+            )
+        )
         hits1, queries1 = await reps.counters(s)
         run.engine_hits, run.engine_queries = hits1 - hits0, queries1 - queries0
     await asyncio.sleep(0.3)  # access-log lines are written after the last byte
@@ -346,11 +415,15 @@ def _ttft_q(run: Run, q: float) -> float:
 
 def _report(args: argparse.Namespace, runs: dict[str, list[Run]], policies: list[str]) -> None:
     unit = "tokens" if args.engine == "llamacpp" else "words"
-    print(f"\n{args.replicas} {args.engine} replicas, {args.sessions} sessions x {args.turns} turns, {args.prefixes} "
-          f"shared system prompts of {args.system_words} words, {args.rounds} rounds; SLO TTFT <= "
-          f"{args.slo_ttft_ms:g} ms; cached share in prompt {unit}; 95 % intervals")
-    print(f"{'policy':<18} {'cached':>7} {'engine hit':>10} {'TTFT P50 ms':>16} {'TTFT P99 ms':>16} "
-          f"{'E2E P50 ms':>15} {'goodput':>20} {'imbal':>6} {'moved':>6} {'route ms P50/P99':>17} {'failed':>6}")
+    print(
+        f"\n{args.replicas} {args.engine} replicas, {args.sessions} sessions x {args.turns} turns, {args.prefixes} "
+        f"shared system prompts of {args.system_words} words, {args.rounds} rounds; SLO TTFT <= "
+        f"{args.slo_ttft_ms:g} ms; cached share in prompt {unit}; 95 % intervals"
+    )
+    print(
+        f"{'policy':<18} {'cached':>7} {'engine hit':>10} {'TTFT P50 ms':>16} {'TTFT P99 ms':>16} "
+        f"{'E2E P50 ms':>15} {'goodput':>20} {'imbal':>6} {'moved':>6} {'route ms P50/P99':>17} {'failed':>6}"
+    )
     for policy in policies:
         rs = runs[policy]
         rows = [r for run in rs for r in run.rows]
@@ -374,14 +447,18 @@ def _report(args: argparse.Namespace, runs: dict[str, list[Run]], policies: list
                 last[r["sid"]] = b
         imbalance = max(per.values()) / (sum(per.values()) / args.replicas) if per else 0.0
         routed = sorted(x for run in rs for x in run.routed_ms)
-        route = (f"{_quantile(routed, 0.5):.2f}/{_quantile(routed, 0.99):.2f}" if routed else "n/a")
-        print(f"{policy:<18} {cached:>7.3f} {ehit:>10.3f} {_q(ttft, 0.5):>16} {_q(ttft, 0.99):>16} "
-              f"{_q(e2e, 0.5):>15} {good / max(1, len(rows)):>6.3f} [{gi.lo:.2f}, {gi.hi:.2f}] "
-              f"{imbalance:>6.2f} {moved / max(1, moves):>6.3f} {route:>17} {len(rows) - len(ok):>6}")
+        route = f"{_quantile(routed, 0.5):.2f}/{_quantile(routed, 0.99):.2f}" if routed else "n/a"
+        print(
+            f"{policy:<18} {cached:>7.3f} {ehit:>10.3f} {_q(ttft, 0.5):>16} {_q(ttft, 0.99):>16} "
+            f"{_q(e2e, 0.5):>15} {good / max(1, len(rows)):>6.3f} [{gi.lo:.2f}, {gi.hi:.2f}] "
+            f"{imbalance:>6.2f} {moved / max(1, moves):>6.3f} {route:>17} {len(rows) - len(ok):>6}"
+        )
     print("\nper round (cached share; TTFT P50/P99 ms):")
     for policy in policies:
-        cells = [f"{_cached_share(run):.3f}; {_ttft_q(run, 0.5) * 1e3:.0f}/{_ttft_q(run, 0.99) * 1e3:.0f}"
-                 for run in runs[policy]]
+        cells = [
+            f"{_cached_share(run):.3f}; {_ttft_q(run, 0.5) * 1e3:.0f}/{_ttft_q(run, 0.99) * 1e3:.0f}"
+            for run in runs[policy]
+        ]
         print(f"  {policy:<18} " + " | ".join(cells))
     print("\npaired rounds vs round_robin (95 % intervals; significant = the interval excludes 0 or 1):")
     base = runs["round_robin"]
@@ -399,8 +476,10 @@ def _compare(policy: str, mine: list[Run], base: list[Run]) -> None:
         print(f"  {policy:<18} cached share  n/a (needs >= 3 rounds)")
     else:
         sig = "significant" if d.lo > 0 or d.hi < 0 else "not significant"
-        print(f"  {policy:<18} cached share  {sum(diffs) / len(diffs) * 100:+.1f} points "
-              f"[{d.lo * 100:+.1f}, {d.hi * 100:+.1f}] {sig}")
+        print(
+            f"  {policy:<18} cached share  {sum(diffs) / len(diffs) * 100:+.1f} points "
+            f"[{d.lo * 100:+.1f}, {d.hi * 100:+.1f}] {sig}"
+        )
     for name, q in (("TTFT P50", 0.5), ("TTFT P99", 0.99)):
         a, b = [_ttft_q(r, q) for r in mine], [_ttft_q(r, q) for r in base]
         ratio = paired_rounds_ratio(a, b)
@@ -408,8 +487,10 @@ def _compare(policy: str, mine: list[Run], base: list[Run]) -> None:
         if ratio is None:
             print(f"  {policy:<18} {name:<13} n/a (needs >= 3 rounds, figures > 0)")
         else:
-            print(f"  {policy:<18} {name:<13} x{ratio.ratio:.3f} [{ratio.lo:.3f}, {ratio.hi:.3f}] "
-                  f"(mean {dm:+.0f} ms per round) {'significant' if ratio.significant else 'not significant'}")
+            print(
+                f"  {policy:<18} {name:<13} x{ratio.ratio:.3f} [{ratio.lo:.3f}, {ratio.hi:.3f}] "
+                f"(mean {dm:+.0f} ms per round) {'significant' if ratio.significant else 'not significant'}"
+            )
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -445,8 +526,15 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--workdir", type=Path, default=None)
     args = ap.parse_args()
     llama = args.engine == "llamacpp"
-    for name, mock, real in (("sessions", 12, 4), ("turns", 4, 3), ("prefixes", 3, 2), ("system_words", 256, 60),
-                             ("user_words", 48, 6), ("max_tokens", 16, 4), ("slo_ttft_ms", 150.0, 2000.0)):
+    for name, mock, real in (
+        ("sessions", 12, 4),
+        ("turns", 4, 3),
+        ("prefixes", 3, 2),
+        ("system_words", 256, 60),
+        ("user_words", 48, 6),
+        ("max_tokens", 16, 4),
+        ("slo_ttft_ms", 150.0, 2000.0),
+    ):
         if getattr(args, name) is None:
             setattr(args, name, real if llama else mock)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -477,20 +565,29 @@ def main() -> None:
         for policy in args.policies:
             d = work / policy
             d.mkdir(exist_ok=True)
-            cfg = {"server": {"port": 0, "admin_port": 0, "access_log": str(d / "access.log")},
-                   "ledger": {"sqlite_path": str(d / "usage.db")},
-                   "backends": [{"name": f"r{i}", "kind": reps.kind, "base_url": r, "models": [reps.model]}
-                                for i, r in enumerate(reps.roots)],
-                   "models": {"chat": {"targets": [{"backend": f"r{i}", "model": reps.model}
-                                                   for i in range(len(reps.roots))]}},
-                   "tenants": {"t": {"allowed_models": ["chat"]}},
-                   "keys": [{"id": "bench", "tenant": "t", "sha256": hash_secret(secret)}],
-                   "health": {"interval_s": 0.25},
-                   "routing": {"affinity_chars": 256 if policy == "prefix" else 0,
-                               "picker": {"policy": policy, "stale_after_s": 1.0}}}
+            cfg = {
+                "server": {"port": 0, "admin_port": 0, "access_log": str(d / "access.log")},
+                "ledger": {"sqlite_path": str(d / "usage.db")},
+                "backends": [
+                    {"name": f"r{i}", "kind": reps.kind, "base_url": r, "models": [reps.model]}
+                    for i, r in enumerate(reps.roots)
+                ],
+                "models": {
+                    "chat": {"targets": [{"backend": f"r{i}", "model": reps.model} for i in range(len(reps.roots))]}
+                },
+                "tenants": {"t": {"allowed_models": ["chat"]}},
+                "keys": [{"id": "bench", "tenant": "t", "sha256": hash_secret(secret)}],
+                "health": {"interval_s": 0.25},
+                "routing": {
+                    "affinity_chars": 256 if policy == "prefix" else 0,
+                    "picker": {"policy": policy, "stale_after_s": 1.0},
+                },
+            }
             (d / "gateway.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-            p, url, admin = _start([sys.executable, "-m", "servelab.cli", "gateway", "--config",
-                                    str(d / "gateway.yaml")], d / "gateway.stderr")
+            p, url, admin = _start(
+                [sys.executable, "-m", "servelab.cli", "gateway", "--config", str(d / "gateway.yaml")],
+                d / "gateway.stderr",
+            )
             procs.append(p)
             gws[policy] = {"url": url, "admin": admin, "log": d / "access.log"}
         runs: dict[str, list[Run]] = defaultdict(list)
@@ -500,8 +597,10 @@ def main() -> None:
             rng.shuffle(order)
             for policy in order:
                 runs[policy].append(asyncio.run(_one_run(args, policy, gws[policy], reps, key, rnd)))
-            print(f"round {rnd + 1}/{args.rounds} done ({', '.join(order)}) at {time.monotonic() - t_start:.0f} s",
-                  flush=True)
+            print(
+                f"round {rnd + 1}/{args.rounds} done ({', '.join(order)}) at {time.monotonic() - t_start:.0f} s",
+                flush=True,
+            )
         _report(args, runs, args.policies)
         print(f"\nartefacts: {work}; wall time {time.monotonic() - t_start:.0f} s")
     finally:

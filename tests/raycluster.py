@@ -18,8 +18,16 @@ from pathlib import Path
 from servelab.engines.spawn import free_port
 
 RAY = Path(sys.executable).with_name("ray")
-NODE_ARGS = ["--num-cpus", "1", "--memory", str(1 << 30), "--object-store-memory", str(80 << 20),
-             "--disable-usage-stats", "--block"]
+NODE_ARGS = [
+    "--num-cpus",
+    "1",
+    "--memory",
+    str(1 << 30),
+    "--object-store-memory",
+    str(80 << 20),
+    "--disable-usage-stats",
+    "--block",
+]
 
 
 def session_pids(sid: int) -> list[int]:
@@ -43,10 +51,8 @@ def _stop_session(proc: subprocess.Popen[bytes]) -> None:
     (watched once a second; a worker node's session was gone within 1 s), so a longer SIGTERM wait only
     delays the SIGKILL that ends them: 2 s."""
     for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 10.0)):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and session_pids(proc.pid):
             time.sleep(0.2)
@@ -75,14 +81,39 @@ def ray_cluster() -> Iterator[str]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         head_log = tmp / "head.log"
-        procs.append(subprocess.Popen([str(RAY), "start", "--head", "--port", str(port), "--include-dashboard", "false",
-                                       "--temp-dir", str(tmp / "ray"), *NODE_ARGS], stdout=open(head_log, "wb"),
-                                      stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        with open(head_log, "wb") as log:  # each child keeps its own copy of the descriptor
+            procs.append(
+                subprocess.Popen(
+                    [
+                        str(RAY),
+                        "start",
+                        "--head",
+                        "--port",
+                        str(port),
+                        "--include-dashboard",
+                        "false",
+                        "--temp-dir",
+                        str(tmp / "ray"),
+                        *NODE_ARGS,
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            )
         _wait_for(head_log, "block forever", procs[0])
         node_log = tmp / "node.log"
-        procs.append(subprocess.Popen([str(RAY), "start", "--address", f"127.0.0.1:{port}", *NODE_ARGS],
-                                      stdout=open(node_log, "wb"), stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True))
+        with open(node_log, "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [str(RAY), "start", "--address", f"127.0.0.1:{port}", *NODE_ARGS],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            )
         _wait_for(node_log, "block forever", procs[1])
         yield f"127.0.0.1:{port}"
     finally:

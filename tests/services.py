@@ -87,14 +87,29 @@ def start_redis(timeout_s: float = 10.0) -> RedisServer:
     """Start ``redis-server`` on a free port without persistence; raise ``RuntimeError`` if it cannot."""
     exe = shutil.which("redis-server")
     if exe is None:
-        raise RuntimeError("redis-server not found; install it with scripts/setup.sh "
-                           "(apt-get install -y redis-server)")
+        raise RuntimeError("redis-server not found; install it with scripts/setup.sh (apt-get install -y redis-server)")
     last = ""
     for _ in range(3):  # the free port may be taken between free_port() and bind
         port = free_port()
-        proc = subprocess.Popen([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                                 "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                exe,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+                "--loglevel",
+                "warning",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         if _wait_port(port, timeout_s, proc):
             server = RedisServer(port, proc)
             atexit.register(server.stop)
@@ -132,8 +147,7 @@ class PostgresCluster:
         if self.dropped:
             return
         self.dropped = True
-        subprocess.run(["pg_ctlcluster", PG_VERSION, self.name, "stop", "-m", "fast"],
-                       capture_output=True, timeout=60)
+        subprocess.run(["pg_ctlcluster", PG_VERSION, self.name, "stop", "-m", "fast"], capture_output=True, timeout=60)
         subprocess.run(["pg_dropcluster", "--stop", PG_VERSION, self.name], capture_output=True, timeout=60)
 
 
@@ -143,14 +157,18 @@ def start_postgres(timeout_s: float = 60.0) -> PostgresCluster:
     Raises ``RuntimeError`` with the command's output if the Debian wrappers are missing or fail.
     """
     if shutil.which("pg_createcluster") is None or not os.path.exists(f"/usr/lib/postgresql/{PG_VERSION}/bin"):
-        raise RuntimeError(f"PostgreSQL {PG_VERSION} server not found; install it with scripts/setup.sh "
-                           f"(apt-get install -y postgresql-{PG_VERSION})")
+        raise RuntimeError(
+            f"PostgreSQL {PG_VERSION} server not found; install it with scripts/setup.sh "
+            f"(apt-get install -y postgresql-{PG_VERSION})"
+        )
     name = f"sltest_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     port = free_port()
     cluster = PostgresCluster(name, port)
     atexit.register(cluster.drop)
-    steps = (["pg_createcluster", PG_VERSION, name, "-p", str(port), "--", "--auth=trust"],
-             ["pg_ctlcluster", PG_VERSION, name, "start"])
+    steps = (
+        ["pg_createcluster", PG_VERSION, name, "-p", str(port), "--", "--auth=trust"],
+        ["pg_ctlcluster", PG_VERSION, name, "start"],
+    )
     for cmd in steps:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         if r.returncode != 0:

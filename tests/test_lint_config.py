@@ -29,8 +29,12 @@ def test_ruff_enforces_the_complexity_limit(tmp_path: Path) -> None:
 def test_mypy_refuses_implicit_optional_and_stale_ignores(tmp_path: Path) -> None:
     mod = tmp_path / "m.py"
     mod.write_text("def f(x: int = None) -> int:\n    return 1\n\n\ny: int = 1  # type: ignore[assignment]\n")
-    r = subprocess.run([str(BIN / "mypy"), "--config-file", str(ROOT / "pyproject.toml"), "--no-incremental",
-                        str(mod)], capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [str(BIN / "mypy"), "--config-file", str(ROOT / "pyproject.toml"), "--no-incremental", str(mod)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert r.returncode == 1
     assert "implicit Optional" in r.stdout or "Incompatible default for parameter" in r.stdout
     assert 'Unused "type: ignore" comment' in r.stdout

@@ -14,8 +14,8 @@ import json
 import socket
 import time
 import urllib.request
-from urllib.parse import urlsplit
 from typing import Any
+from urllib.parse import urlsplit
 
 _now = time.monotonic_ns
 
@@ -44,8 +44,9 @@ def _token_events(data: bytes) -> int:
     return n
 
 
-def raw_stream_stamps(base_url: str, body: dict[str, Any], request_ids: list[int],
-                      path: str = "/chat/completions") -> dict[int, list[int]]:
+def raw_stream_stamps(
+    base_url: str, body: dict[str, Any], request_ids: list[int], path: str = "/chat/completions"
+) -> dict[int, list[int]]:
     """Send each request (``X-Request-Id``) in turn on one keep-alive TCP connection with blocking
     ``sendall``/``recv`` and return ``{request_id: [monotonic ns of the recv that brought each token
     event]}``: the read stamps a client without an event loop, HTTP library or SSE parser gets.
@@ -61,8 +62,10 @@ def raw_stream_stamps(base_url: str, body: dict[str, Any], request_ids: list[int
     with socket.create_connection((host, port), timeout=30) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for rid in request_ids:
-            head = (f"POST {prefix}{path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\n"
-                    f"X-Request-Id: {rid}\r\nContent-Length: {len(payload)}\r\n\r\n").encode()
+            head = (
+                f"POST {prefix}{path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\n"
+                f"X-Request-Id: {rid}\r\nContent-Length: {len(payload)}\r\n\r\n"
+            ).encode()
             s.sendall(head + payload)
             stamps: list[int] = []
             tail = b""

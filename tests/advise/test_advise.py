@@ -32,12 +32,30 @@ def excluded(adv, name):
 
 def test_acceptance_chat_qwen3_32b_on_two_h100(tmp_path):
     out = tmp_path / "qwen.yaml"
-    r = run("advise", "--task", "chat", "--model", "Qwen3-32B", "--hardware", "H100-80GB:2", "--context", "32k",
-            "--concurrency", "64", "--write-experiment", str(out))
+    r = run(
+        "advise",
+        "--task",
+        "chat",
+        "--model",
+        "Qwen3-32B",
+        "--hardware",
+        "H100-80GB:2",
+        "--context",
+        "32k",
+        "--concurrency",
+        "64",
+        "--write-experiment",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     text = r.stdout
-    for section in ("candidates, in evaluation order", "excluded", "000 §5 exact-combination checklist",
-                    "capacity plan", "experiment written"):
+    for section in (
+        "candidates, in evaluation order",
+        "excluded",
+        "000 §5 exact-combination checklist",
+        "capacity plan",
+        "experiment written",
+    ):
         assert section in text, section
     assert text.index("vLLM") < text.index("TensorRT-LLM")
     # the experiment validates with the trial's own loader and lists the first candidates in order
@@ -70,8 +88,15 @@ def test_chat_qwen_meaning():
     assert {n.engine.name for n in adv.platform_layer} == {"dynamo", "ray-serve", "triton-server"}
     assert not {"dynamo", "ray-serve", "triton-server"} & set(order)
     # checklist: seven 000 §5 rows, facts carry sources
-    assert [i.key for i in adv.checklist] == ["architecture", "precision", "model-card", "openai-api", "context",
-                                              "modality", "install"]
+    assert [i.key for i in adv.checklist] == [
+        "architecture",
+        "precision",
+        "model-card",
+        "openai-api",
+        "context",
+        "modality",
+        "install",
+    ]
     arch = adv.checklist[0]
     assert arch.known[0].source.startswith("https://huggingface.co/Qwen/")
     assert any("docs.vllm.ai" in v for v in arch.verify)
@@ -212,8 +237,20 @@ def test_video_generation():
 
 
 def test_json_output():
-    r = run("advise", "--task", "tools", "--model", "qwen3-8b", "--hardware", "L40S", "--context", "16k",
-            "--concurrency", "8", "--json")
+    r = run(
+        "advise",
+        "--task",
+        "tools",
+        "--model",
+        "qwen3-8b",
+        "--hardware",
+        "L40S",
+        "--context",
+        "16k",
+        "--concurrency",
+        "8",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["request"]["task"] == "agent" and "tool_calling" in d["request"]["required_features"]
@@ -225,15 +262,18 @@ def test_json_output():
 # ------------------------------------------------------------------------------------ bad input
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--model", "Qwen3-33B", "--hardware", "H100-80GB:2"], "did you mean"),
-    (["--model", "Qwen3-32B", "--hardware", "H100-80G:2"], "did you mean H100-80GB-SXM"),
-    (["--model", "Qwen3-32B", "--hardware", "H100-80GB:two"], "whole number"),
-    (["--model", "Qwen3-32B", "--hardware", "H100-80GB:2:1"], "NAME[:COUNT]"),
-    (["--model", "Qwen3-32B", "--hardware", "H100", "--context", "32q"], "--context"),
-    (["--model", "Qwen3-32B", "--hardware", "H100", "--concurrency", "0"], "--concurrency"),
-    (["--model", "whisper-large-v3", "--hardware", "H100"], "not for --task chat"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model", "Qwen3-33B", "--hardware", "H100-80GB:2"], "did you mean"),
+        (["--model", "Qwen3-32B", "--hardware", "H100-80G:2"], "did you mean H100-80GB-SXM"),
+        (["--model", "Qwen3-32B", "--hardware", "H100-80GB:two"], "whole number"),
+        (["--model", "Qwen3-32B", "--hardware", "H100-80GB:2:1"], "NAME[:COUNT]"),
+        (["--model", "Qwen3-32B", "--hardware", "H100", "--context", "32q"], "--context"),
+        (["--model", "Qwen3-32B", "--hardware", "H100", "--concurrency", "0"], "--concurrency"),
+        (["--model", "whisper-large-v3", "--hardware", "H100"], "not for --task chat"),
+    ],
+)
 def test_bad_input_is_one_line(args, needle):
     r = run("advise", "--task", "chat", *args)
     assert r.returncode == 2, (r.stdout, r.stderr)

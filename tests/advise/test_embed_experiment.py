@@ -34,9 +34,14 @@ def test_minilm_on_cpu_writes_two_launchable_embedders(tmp_path: Path) -> None:
     if not (find_llama_server() is not None or os.environ.get("SERVELAB_REQUIRE_ENGINE")):
         pytest.skip("no cached llama-server for the embedder")
     # a few requests, and an SLO this shared 2-core box meets (the written one is a placeholder)
-    small = exp.model_copy(update={"steps": exp.steps.model_copy(update={"concurrency": [1, 2]}),
-                                   "requests_per_step": 4, "repeats": 2,
-                                   "goal": exp.goal.model_copy(update={"slo": "e2e_p95<=60s"})})
+    small = exp.model_copy(
+        update={
+            "steps": exp.steps.model_copy(update={"concurrency": [1, 2]}),
+            "requests_per_step": 4,
+            "repeats": 2,
+            "goal": exp.goal.model_copy(update={"slo": "e2e_p95<=60s"}),
+        }
+    )
     rec = TrialRunner(small, tmp_path / "run", progress=lambda s: None).run()
     assert all(rec.result(n).status == "ranked" for n in ("embedder-np1", "embedder-np4")), rec.results
     assert rec.decision.adopt in ("embedder-np1", "embedder-np4")
@@ -56,9 +61,23 @@ def test_a_gguf_embedding_model_gets_a_llamacpp_embeddings_candidate(tmp_path: P
 
 def test_cli_writes_a_valid_embeddings_experiment(tmp_path: Path) -> None:
     out = tmp_path / "cli.yaml"
-    r = subprocess.run([str(Path(sys.executable).with_name("servelab")), "advise", "--task", "embedding", "--model",
-                        "all-minilm-l6-v2", "--hardware", "laptop-cpu", "--write-experiment", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("servelab")),
+            "advise",
+            "--task",
+            "embedding",
+            "--model",
+            "all-minilm-l6-v2",
+            "--hardware",
+            "laptop-cpu",
+            "--write-experiment",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "experiment written" in r.stdout + r.stderr
     assert load_experiment(out).goal.task_kind == "embeddings"

@@ -42,7 +42,7 @@ def test_engines_table():
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     i = next(n for n, ln in enumerate(lines) if "│ tgi " in ln)
-    cell = " ".join(ln.split("│")[7].strip() for ln in lines[i:i + 4])  # the lifecycle column, folded
+    cell = " ".join(ln.split("│")[7].strip() for ln in lines[i : i + 4])  # the lifecycle column, folded
     assert cell.startswith("archived since 2026-03-21: not for new platforms"), cell
     assert "audio → text" in r.stdout  # whisper routes: input and output modalities apart
 

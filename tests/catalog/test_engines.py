@@ -17,10 +17,35 @@ from servelab.catalog.schema import DATA_DIR, FEATURES, PLATFORMS, PUBLISHED_SCH
 from servelab.wire.errors import ConfigError
 
 # 000 §1-§4: every project named there
-NAMED = ["vllm", "sglang", "sglang-diffusion", "sglang-omni", "vllm-omni", "tensorrt-llm", "lmdeploy-turbomind",
-         "lmdeploy-pytorch", "transformers", "tgi", "llama.cpp", "ollama", "mlx-lm", "ds4", "ktransformers",
-         "onnxruntime-genai", "openvino-genai", "diffusers", "comfyui", "fastvideo", "faster-whisper",
-         "whisper.cpp", "tei", "vllm-pooling", "dynamo", "ray-serve", "triton-server"]
+NAMED = [
+    "vllm",
+    "sglang",
+    "sglang-diffusion",
+    "sglang-omni",
+    "vllm-omni",
+    "tensorrt-llm",
+    "lmdeploy-turbomind",
+    "lmdeploy-pytorch",
+    "transformers",
+    "tgi",
+    "llama.cpp",
+    "ollama",
+    "mlx-lm",
+    "ds4",
+    "ktransformers",
+    "onnxruntime-genai",
+    "openvino-genai",
+    "diffusers",
+    "comfyui",
+    "fastvideo",
+    "faster-whisper",
+    "whisper.cpp",
+    "tei",
+    "vllm-pooling",
+    "dynamo",
+    "ray-serve",
+    "triton-server",
+]
 
 
 def test_every_named_project_present():

@@ -12,13 +12,31 @@ from servelab.catalog.hardware import HARDWARE_FILE, parse_hardware_spec
 from servelab.catalog.schema import PRECISIONS, HardwareCatalog, load_yaml_catalog
 from servelab.wire.errors import ConfigError
 
-REQUIRED = {"H100-80GB-SXM", "H100-80GB-PCIe", "H200", "B200", "A100-80GB", "A100-40GB", "L40S", "L4", "A10G",
-            "RTX-4090", "RTX-3090", "MI300X", "MI325X", "M3-Max", "M4-Max", "laptop-cpu", "Xeon-8480+",
-            "EPYC-9654", "cpu-host"}
+REQUIRED = {
+    "H100-80GB-SXM",
+    "H100-80GB-PCIe",
+    "H200",
+    "B200",
+    "A100-80GB",
+    "A100-40GB",
+    "L40S",
+    "L4",
+    "A10G",
+    "RTX-4090",
+    "RTX-3090",
+    "MI300X",
+    "MI325X",
+    "M3-Max",
+    "M4-Max",
+    "laptop-cpu",
+    "Xeon-8480+",
+    "EPYC-9654",
+    "cpu-host",
+}
 
 
 def test_required_devices_present():
-    assert REQUIRED <= {h.name for h in load_hardware()}
+    assert {h.name for h in load_hardware()} >= REQUIRED
 
 
 def test_every_raw_row_has_source_and_checked():
@@ -95,17 +113,27 @@ def test_unknown_name_suggests_nearest():
     assert "did you mean" in msg and "H100-80GB-SXM" in msg and "\n" not in msg
 
 
-@pytest.mark.parametrize("spec,name,count", [("H100-80GB:2", "H100-80GB-SXM", 2), ("laptop-cpu", "laptop-cpu", 1),
-                                              (" MI300X : 8 ", "MI300X", 8)])
+@pytest.mark.parametrize(
+    "spec,name,count",
+    [("H100-80GB:2", "H100-80GB-SXM", 2), ("laptop-cpu", "laptop-cpu", 1), (" MI300X : 8 ", "MI300X", 8)],
+)
 def test_parse_spec(spec, name, count):
     hw, n = parse_hardware_spec(spec)
     assert (hw.name, n) == (name, count)
 
 
-@pytest.mark.parametrize("spec,needle", [("H100:two", "whole number"), ("H100:0", "whole number"),
-                                          ("H100:-1", "whole number"), ("H100:2:3", "NAME[:COUNT]"),
-                                          (":2", "NAME[:COUNT]"), ("", "NAME[:COUNT]"),
-                                          ("H100:100000", "beyond")])
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        ("H100:two", "whole number"),
+        ("H100:0", "whole number"),
+        ("H100:-1", "whole number"),
+        ("H100:2:3", "NAME[:COUNT]"),
+        (":2", "NAME[:COUNT]"),
+        ("", "NAME[:COUNT]"),
+        ("H100:100000", "beyond"),
+    ],
+)
 def test_parse_spec_errors_are_one_line(spec, needle):
     with pytest.raises(ConfigError) as ei:
         parse_hardware_spec(spec)

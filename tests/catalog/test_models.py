@@ -18,16 +18,41 @@ MODELS = load_models()
 
 def test_catalog_has_the_required_models() -> None:
     names = {m.name for m in MODELS}
-    for need in ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "qwen3-0.6b",
-                 "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "deepseek-r1",
-                 "gemma-3-270m", "gemma-3-1b", "gemma-3-4b", "gemma-3-12b", "gemma-3-27b", "gpt-oss-20b",
-                 "gpt-oss-120b", "mistral-7b", "mixtral-8x7b", "glm-4.5", "kimi-k2", "nemotron-h-8b",
-                 "whisper-large-v3", "all-minilm-l6-v2", "qwen3-embedding-8b", "wan2.1-t2v-14b"):
+    for need in (
+        "llama-3.1-8b",
+        "llama-3.1-70b",
+        "llama-3.1-405b",
+        "llama-3.2-1b",
+        "llama-3.2-3b",
+        "qwen3-0.6b",
+        "qwen3-8b",
+        "qwen3-32b",
+        "qwen3-30b-a3b",
+        "qwen3-235b-a22b",
+        "deepseek-v3",
+        "deepseek-r1",
+        "gemma-3-270m",
+        "gemma-3-1b",
+        "gemma-3-4b",
+        "gemma-3-12b",
+        "gemma-3-27b",
+        "gpt-oss-20b",
+        "gpt-oss-120b",
+        "mistral-7b",
+        "mixtral-8x7b",
+        "glm-4.5",
+        "kimi-k2",
+        "nemotron-h-8b",
+        "whisper-large-v3",
+        "all-minilm-l6-v2",
+        "qwen3-embedding-8b",
+        "wan2.1-t2v-14b",
+    ):
         assert need in names
 
 
 @pytest.mark.parametrize("m", MODELS, ids=lambda m: m.name)
-def test_every_row_has_source_and_checked(m) -> None:  # noqa: ANN001
+def test_every_row_has_source_and_checked(m) -> None:
     assert m.source.startswith("https://")
     assert dt.date(2025, 1, 1) <= m.checked <= dt.date.today()
 
@@ -48,7 +73,7 @@ def test_a_row_without_source_or_checked_fails_to_load(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("m", MODELS, ids=lambda m: m.name)
-def test_parameter_count_from_fields_matches_published(m) -> None:  # noqa: ANN001
+def test_parameter_count_from_fields_matches_published(m) -> None:
     """A wrong layer count, width or expert count moves this sum by far more than 3 %."""
     computed = total_params(m)
     if m.kind == "diffusion":  # the published 14B is the DiT alone
@@ -63,7 +88,11 @@ def test_layer_patterns() -> None:
     o = find_model("gpt-oss-120b").architecture
     assert o.layer_mixers()[:4] == ["sliding", "full", "sliding", "full"] and o.layer_mixers().count("full") == 18
     n = find_model("nemotron-h-8b").architecture
-    assert (n.layer_mixers().count("mamba2"), n.layer_mixers().count("full"), n.layer_ffns().count("dense")) == (24, 4, 24)
+    assert (n.layer_mixers().count("mamba2"), n.layer_mixers().count("full"), n.layer_ffns().count("dense")) == (
+        24,
+        4,
+        24,
+    )
     d = find_model("deepseek-v3").architecture
     assert d.layer_ffns()[:4] == ["dense", "dense", "dense", "moe"] and d.layer_ffns().count("moe") == 58
 

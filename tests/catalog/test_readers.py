@@ -16,8 +16,19 @@ from servelab.wire.errors import ConfigError
 FIX = Path(__file__).parent / "fixtures" / "configs"
 
 
-@pytest.mark.parametrize("folder", ["llama-3.1-8b", "gemma-3-4b", "gemma-3-270m", "gpt-oss-20b", "deepseek-v3",
-                                    "qwen3-30b-a3b", "mixtral-8x7b", "nemotron-h-8b"])
+@pytest.mark.parametrize(
+    "folder",
+    [
+        "llama-3.1-8b",
+        "gemma-3-4b",
+        "gemma-3-270m",
+        "gpt-oss-20b",
+        "deepseek-v3",
+        "qwen3-30b-a3b",
+        "mixtral-8x7b",
+        "nemotron-h-8b",
+    ],
+)
 def test_config_json_reads_to_the_catalog_architecture(folder: str) -> None:
     got = read_hf_config(FIX / folder)
     want = find_model(folder)
@@ -25,7 +36,9 @@ def test_config_json_reads_to_the_catalog_architecture(folder: str) -> None:
     assert ga.layer_mixers() == wa.layer_mixers()
     assert ga.layer_ffns() == wa.layer_ffns()
     assert (ga.num_layers, ga.hidden_size, ga.vocab_size) == (wa.num_layers, wa.hidden_size, wa.vocab_size)
-    assert ga.attention == wa.attention or ga.attention.model_dump(exclude={"sinks"}) == wa.attention.model_dump(exclude={"sinks"})
+    assert ga.attention == wa.attention or ga.attention.model_dump(exclude={"sinks"}) == wa.attention.model_dump(
+        exclude={"sinks"}
+    )
     assert ga.mla == wa.mla and ga.ssm == wa.ssm and ga.moe == wa.moe
     for ctx in (1000, 40000):  # the KV a plan uses is the same whichever way the model came in
         assert sequence_state(got, ctx).total_bytes == sequence_state(want, ctx).total_bytes
@@ -68,8 +81,13 @@ def test_real_gguf_reads_to_the_catalog_row(gemma_gguf: Path) -> None:
     ga, wa = got.architecture, want.architecture
     assert ga.layer_mixers() == wa.layer_mixers()  # gemma3: llama.cpp's hard-coded period 6
     assert ga.attention.sliding_window == 512 and ga.attention.num_kv_heads == 1 and ga.attention.head_dim == 256
-    assert (ga.num_layers, ga.hidden_size, ga.vocab_size, ga.ffn_intermediate, ga.max_context) == \
-        (18, 640, 262144, 2048, 32768)
+    assert (ga.num_layers, ga.hidden_size, ga.vocab_size, ga.ffn_intermediate, ga.max_context) == (
+        18,
+        640,
+        262144,
+        2048,
+        32768,
+    )
     assert ga.tie_word_embeddings  # no output.weight tensor
     assert find_model(str(gemma_gguf)).architecture == ga
 
@@ -84,16 +102,30 @@ def test_gguf_tensor_table(gemma_gguf: Path) -> None:
     assert {k: v[0] for k, v in t.by_type.items()} == {"Q4_K": 27, "Q6_K": 9, "Q5_0": 81, "Q8_0": 10, "F32": 109}
 
 
-_LLAMA = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-          "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192}
+_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+}
 
 
-@pytest.mark.parametrize(("patch", "match"), [
-    ({"head_dim": "x"}, r"config\.json: a field has an unusable value .*'x'"),
-    ({"num_attention_heads": 0}, "num_attention_heads is 0; it must be a positive integer"),
-    ({"num_key_value_heads": 5}, r"config\.json: architecture\.attention: num_kv_heads \(5\) must divide num_heads"),
-    ({"intermediate_size": None}, "missing intermediate_size"),
-])
+@pytest.mark.parametrize(
+    ("patch", "match"),
+    [
+        ({"head_dim": "x"}, r"config\.json: a field has an unusable value .*'x'"),
+        ({"num_attention_heads": 0}, "num_attention_heads is 0; it must be a positive integer"),
+        (
+            {"num_key_value_heads": 5},
+            r"config\.json: architecture\.attention: num_kv_heads \(5\) must divide num_heads",
+        ),
+        ({"intermediate_size": None}, "missing intermediate_size"),
+    ],
+)
 def test_unusable_config_values_are_one_line_errors(tmp_path: Path, patch: dict, match: str) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**_LLAMA, **patch}))
     with pytest.raises(ConfigError, match=match) as e:

@@ -24,7 +24,7 @@ KIND = registry.get("command")
 
 #: a tiny OpenAI-shaped server: /health, /v1/models; it starts a child (`sleep`), writes both pids and,
 #: on a signal, the signal's name, then exits after ``GRACE`` seconds (or at once when GRACE is 0)
-SERVER = textwrap.dedent('''
+SERVER = textwrap.dedent("""
     import http.server, json, os, signal, subprocess, sys, time
     port, out, grace = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
     child = subprocess.Popen(["sleep", "300"])
@@ -44,7 +44,7 @@ SERVER = textwrap.dedent('''
         def log_message(self, *a):
             pass
     http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
-''')
+""")
 
 
 def _gone(*pids: int) -> bool:
@@ -95,8 +95,10 @@ def test_stop_signal_reaches_the_group_and_no_process_is_left(tmp_path: Path, si
     script = tmp_path / "srv.py"
     script.write_text(SERVER)
     out = tmp_path / "o"
-    eng = KIND.launch({"argv": [sys.executable, str(script), "{port}", str(out), "0"], "stop_signal": sig,
-                       "stop_grace_s": 5.0}, log_dir=str(tmp_path / "logs"))
+    eng = KIND.launch(
+        {"argv": [sys.executable, str(script), "{port}", str(out), "0"], "stop_signal": sig, "stop_grace_s": 5.0},
+        log_dir=str(tmp_path / "logs"),
+    )
     cs = eng.cold_start
     assert 0 < cs["port_open_s"] <= cs["health_s"]
     assert eng.model_name == "tiny" and eng.base_url.endswith("/v1")
@@ -112,8 +114,9 @@ def test_grace_then_sigkill(tmp_path: Path) -> None:
     script = tmp_path / "srv.py"
     script.write_text(SERVER)
     out = tmp_path / "o"
-    eng = KIND.launch({"argv": [sys.executable, str(script), "{port}", str(out), "30"], "stop_grace_s": 0.5},
-                      log_dir=str(tmp_path))
+    eng = KIND.launch(
+        {"argv": [sys.executable, str(script), "{port}", str(out), "30"], "stop_grace_s": 0.5}, log_dir=str(tmp_path)
+    )
     leader, child = map(int, Path(str(out) + ".pids").read_text().split())
     t0 = time.monotonic()
     rc = eng.stop()
@@ -124,11 +127,27 @@ def test_grace_then_sigkill(tmp_path: Path) -> None:
 
 def test_first_token_readiness_and_after_ready(tmp_path: Path) -> None:
     mark = tmp_path / "pulled"
-    eng = KIND.launch({"argv": [sys.executable, "-m", "servelab.engines.mock", "--host", "{host}", "--port",
-                                "{port}", "--ttft-ms", "5", "--itl-ms", "1"],
-                       "ready": "first_token", "guard": True,
-                       "after_ready": [[sys.executable, "-c", f"open({str(mark)!r}, 'w').write('{{port}}')"]]},
-                      log_dir=str(tmp_path))
+    eng = KIND.launch(
+        {
+            "argv": [
+                sys.executable,
+                "-m",
+                "servelab.engines.mock",
+                "--host",
+                "{host}",
+                "--port",
+                "{port}",
+                "--ttft-ms",
+                "5",
+                "--itl-ms",
+                "1",
+            ],
+            "ready": "first_token",
+            "guard": True,
+            "after_ready": [[sys.executable, "-c", f"open({str(mark)!r}, 'w').write('{{port}}')"]],
+        },
+        log_dir=str(tmp_path),
+    )
     try:
         cs = eng.cold_start
         assert cs["port_open_s"] <= cs["first_token_s"] == cs["health_s"]
@@ -152,8 +171,9 @@ def test_llama_server_by_command_line_has_the_built_in_identity(tmp_path: Path) 
             pytest.fail("llama-server is not built: run 'servelab engine build llamacpp'")
         pytest.skip("llama-server not built ('servelab engine build llamacpp')")
     binary, model = str(found), str(default_model_path())
-    s = CommandSettings(argv=[binary, "-m", model, "--host", "{host}", "--port", "{port}", "-c", "2048",
-                              "-np", "1", "--metrics"])
+    s = CommandSettings(
+        argv=[binary, "-m", model, "--host", "{host}", "--port", "{port}", "-c", "2048", "-np", "1", "--metrics"]
+    )
     eng = KIND.launch(s, log_dir=str(tmp_path))
     try:
         eng.measure_first_token(timeout_s=60)
@@ -179,10 +199,13 @@ def test_llama_server_by_command_line_has_the_built_in_identity(tmp_path: Path) 
 def test_port_placeholder_in_env(tmp_path: Path) -> None:
     """An engine that takes its port from the environment only (Ollama's OLLAMA_HOST): ``{port}`` in an
     ``env`` value is replaced, and the server answers there."""
-    code = ("import os, sys; host, port = os.environ['SRV_HOST'].split(':'); os.execv(sys.executable, "
-            "[sys.executable, '-m', 'servelab.engines.mock', '--host', host, '--port', port])")
-    eng = KIND.launch({"argv": [sys.executable, "-c", code], "env": {"SRV_HOST": "{host}:{port}"}},
-                      log_dir=str(tmp_path))
+    code = (
+        "import os, sys; host, port = os.environ['SRV_HOST'].split(':'); os.execv(sys.executable, "
+        "[sys.executable, '-m', 'servelab.engines.mock', '--host', host, '--port', port])"
+    )
+    eng = KIND.launch(
+        {"argv": [sys.executable, "-c", code], "env": {"SRV_HOST": "{host}:{port}"}}, log_dir=str(tmp_path)
+    )
     try:
         assert eng.base_url == f"http://127.0.0.1:{eng.port}/v1"
         assert eng.identity["launcher"]["env"] == {"SRV_HOST": f"127.0.0.1:{eng.port}"}

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR
 
 #: argv[1] pid file, argv[2:] the engine to exec: a child calls setsid and forks a grandchild that sleeps
 #: (its pid written to the file), the child exits at once, then this process becomes the engine
-DAEMONIZE = textwrap.dedent('''
+DAEMONIZE = textwrap.dedent("""
     import os, sys, time
     pidfile, engine = sys.argv[1], sys.argv[2:]
     if os.fork() == 0:
@@ -42,12 +42,25 @@ DAEMONIZE = textwrap.dedent('''
     while not os.path.exists(pidfile) or not open(pidfile).read():
         time.sleep(0.01)
     os.execv(engine[0], engine)
-''')
+""")
 
 
 def _argv(pidfile: Path) -> list[str]:
-    return [sys.executable, "-c", DAEMONIZE, str(pidfile), sys.executable, "-m", "servelab.engines.mock",
-            "--host", "{host}", "--port", "{port}", "--output-tokens", "4"]
+    return [
+        sys.executable,
+        "-c",
+        DAEMONIZE,
+        str(pidfile),
+        sys.executable,
+        "-m",
+        "servelab.engines.mock",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "--output-tokens",
+        "4",
+    ]
 
 
 def _alive(pid: int) -> bool:
@@ -81,20 +94,54 @@ def test_a_double_forked_grandchild_stays_in_the_tree_and_is_stopped(guard: bool
 
 
 def test_no_daemon_left_after_a_trial(tmp_path: Path) -> None:
-    cands = [{"name": f"daemon-{g}", "engine": "command", "settings": {
-        "argv": _argv(tmp_path / f"daemon-{g}.pid"), "guard": g, "ready_timeout_s": 60}} for g in (False, True)]
-    exp = {"name": "daemons", "goal": {"task": "chat", "slo": "ttft_p95<=60s,error_rate<=5%",
-                                       "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]}},
-           "candidates": cands, "workloads": [{"name": "short-qa", "set": {"input_tokens": 8, "output_tokens": 4}}],
-           "steps": {"concurrency": [1]}, "requests_per_step": 2, "warmup": 0, "repeats": 1, "mix_sweep": False,
-           "arrival_test": {"enabled": False}, "capacity": {"enabled": False}, "lifecycle": {"warm_start": False},
-           "checks": []}
+    cands = [
+        {
+            "name": f"daemon-{g}",
+            "engine": "command",
+            "settings": {"argv": _argv(tmp_path / f"daemon-{g}.pid"), "guard": g, "ready_timeout_s": 60},
+        }
+        for g in (False, True)
+    ]
+    exp = {
+        "name": "daemons",
+        "goal": {
+            "task": "chat",
+            "slo": "ttft_p95<=60s,error_rate<=5%",
+            "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]},
+        },
+        "candidates": cands,
+        "workloads": [{"name": "short-qa", "set": {"input_tokens": 8, "output_tokens": 4}}],
+        "steps": {"concurrency": [1]},
+        "requests_per_step": 2,
+        "warmup": 0,
+        "repeats": 1,
+        "mix_sweep": False,
+        "arrival_test": {"enabled": False},
+        "capacity": {"enabled": False},
+        "lifecycle": {"warm_start": False},
+        "checks": [],
+    }
     f = tmp_path / "exp.yaml"
     f.write_text(yaml.safe_dump(exp))
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(f), "--out", str(tmp_path / "run"),
-                        "--no-report", "--no-index"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "servelab.cli",
+            "trial",
+            str(f),
+            "--out",
+            str(tmp_path / "run"),
+            "--no-report",
+            "--no-index",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for g in (False, True):
         pid = int((tmp_path / f"daemon-{g}.pid").read_text())
-        assert _gone_within(pid), f"guard={g}: daemonized grandchild {pid} outlived the trial (parent " \
-                                  f"{psutil.Process(pid).ppid()})"
+        assert _gone_within(pid), (
+            f"guard={g}: daemonized grandchild {pid} outlived the trial (parent {psutil.Process(pid).ppid()})"
+        )

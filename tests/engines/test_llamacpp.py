@@ -115,8 +115,14 @@ def test_process_exit_during_start_raises_with_log_tail(tmp_path: Path) -> None:
 
     script = "import sys\nfor i in range(30): print('log line', i)\nsys.exit(3)\n"
     with pytest.raises(EngineStartError) as ei:
-        spawn_engine("fake", [sys.executable, "-c", script], host="127.0.0.1", port=free_port(),
-                     log_path=tmp_path / "fake.log", ready_timeout_s=30)
+        spawn_engine(
+            "fake",
+            [sys.executable, "-c", script],
+            host="127.0.0.1",
+            port=free_port(),
+            log_path=tmp_path / "fake.log",
+            ready_timeout_s=30,
+        )
     assert ei.value.returncode == 3
     assert "exited with status 3" in str(ei.value) and "log line 29" in str(ei.value)
     assert "log line 9" not in str(ei.value)  # only the last ~20 lines
@@ -132,8 +138,10 @@ CTX, NP = 2048, 2
 def _binary_or_skip() -> Path:
     p = llamacpp.find_llama_server()
     if p is None:
-        msg = (f"no cached llama-server under {llamacpp.cache_dir()}/llama-server "
-               "(run `servelab engine build llamacpp`, ~11 min)")
+        msg = (
+            f"no cached llama-server under {llamacpp.cache_dir()}/llama-server "
+            "(run `servelab engine build llamacpp`, ~11 min)"
+        )
         if os.environ.get("SERVELAB_REQUIRE_ENGINE"):
             pytest.fail(msg + "; SERVELAB_REQUIRE_ENGINE is set")
         pytest.skip(msg)
@@ -146,7 +154,7 @@ def binary() -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(binary: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def engine(binary: Path, tmp_path_factory: pytest.TempPathFactory):
     log_dir = tmp_path_factory.mktemp("llamacpp")
     eng = LlamaCppLauncher(ctx_size=CTX, parallel=NP, log_dir=log_dir, binary=binary).start()
     try:
@@ -165,7 +173,7 @@ def _gone(pids: list[int]) -> bool:
     return False
 
 
-def test_health_props_and_cold_start(engine) -> None:  # noqa: ANN001
+def test_health_props_and_cold_start(engine) -> None:
     status, body = engine.get("/health")
     assert status == 200, body
     assert engine.base_url == f"http://127.0.0.1:{engine.port}/v1"
@@ -178,10 +186,11 @@ def test_health_props_and_cold_start(engine) -> None:  # noqa: ANN001
     assert engine.peak_rss_bytes() >= engine.rss_bytes() * 0.9
 
 
-def test_streamed_chat_gets_tokens_and_usage(engine) -> None:  # noqa: ANN001
+def test_streamed_chat_gets_tokens_and_usage(engine) -> None:
     async def go() -> RequestRecord:
-        spec = RequestSpec(endpoint="chat", max_tokens=16,
-                           messages=[{"role": "user", "content": "Count from one to ten."}])
+        spec = RequestSpec(
+            endpoint="chat", max_tokens=16, messages=[{"role": "user", "content": "Count from one to ten."}]
+        )
         rec = RequestRecord(request_id=1)
         async with make_session() as s:
             await send(s, engine.base_url, "gemma", spec, rec, timeout_s=120)
@@ -198,7 +207,7 @@ def test_streamed_chat_gets_tokens_and_usage(engine) -> None:  # noqa: ANN001
     assert "llamacpp:requests_processing" in m and "llamacpp:requests_deferred" in m
 
 
-def test_identity(engine, binary: Path) -> None:  # noqa: ANN001
+def test_identity(engine, binary: Path) -> None:
     ident = engine.identity
     json.dumps(ident)  # serialisable
     assert ident["engine"] == "llama.cpp"
@@ -250,8 +259,9 @@ if sys.argv[3] == "hang":
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
 def test_no_orphan_when_python_exits(binary: Path, tmp_path: Path, how: str) -> None:
     mode = "exit" if how == "exit" else "hang"
-    p = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path), str(binary), mode],
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path), str(binary), mode], stdout=subprocess.PIPE, text=True
+    )
     try:
         line = p.stdout.readline()  # type: ignore[union-attr]
         pid = int(line)
@@ -267,8 +277,20 @@ def test_no_orphan_when_python_exits(binary: Path, tmp_path: Path, how: str) -> 
 
 
 def test_cli_up_prints_url_and_stops_on_sigint(binary: Path, tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "servelab.cli", "engine", "up", "llamacpp", "--ctx-size", "512",
-           "--parallel", "1", "--log-dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "servelab.cli",
+        "engine",
+        "up",
+        "llamacpp",
+        "--ctx-size",
+        "512",
+        "--parallel",
+        "1",
+        "--log-dir",
+        str(tmp_path),
+    ]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = p.stdout.readline()  # type: ignore[union-attr]

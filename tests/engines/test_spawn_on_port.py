@@ -26,8 +26,14 @@ def test_a_bind_race_is_retried_on_a_new_port(tmp_path: Path) -> None:
             return [sys.executable, "-c", _LOSE_THE_RACE]
         return mock_argv({}, "127.0.0.1", port)
 
-    eng = spawn_on_port("racer", argv_for, host="127.0.0.1", port=None,
-                        log_path_for=lambda p: tmp_path / f"racer-{p}.log", ready_timeout_s=60)
+    eng = spawn_on_port(
+        "racer",
+        argv_for,
+        host="127.0.0.1",
+        port=None,
+        log_path_for=lambda p: tmp_path / f"racer-{p}.log",
+        ready_timeout_s=60,
+    )
     try:
         assert len(ports) == 2 and eng.port == ports[1]
         assert "address already in use" in (tmp_path / f"racer-{ports[0]}.log").read_text()
@@ -44,8 +50,14 @@ def test_a_fixed_port_is_tried_once(tmp_path: Path) -> None:
         return [sys.executable, "-c", _LOSE_THE_RACE]
 
     with pytest.raises(EngineStartError) as ei:
-        spawn_on_port("racer", argv_for, host="127.0.0.1", port=47999, log_path_for=lambda p: tmp_path / "r.log",
-                      ready_timeout_s=30)
+        spawn_on_port(
+            "racer",
+            argv_for,
+            host="127.0.0.1",
+            port=47999,
+            log_path_for=lambda p: tmp_path / "r.log",
+            ready_timeout_s=30,
+        )
     assert calls == [47999] and getattr(ei.value, "bind_failed", False)
 
 
@@ -57,6 +69,13 @@ def test_attempts_are_bounded(tmp_path: Path) -> None:
         return [sys.executable, "-c", _LOSE_THE_RACE]
 
     with pytest.raises(EngineStartError):
-        spawn_on_port("racer", argv_for, host="127.0.0.1", port=None, attempts=3,
-                      log_path_for=lambda p: tmp_path / f"r-{p}.log", ready_timeout_s=30)
+        spawn_on_port(
+            "racer",
+            argv_for,
+            host="127.0.0.1",
+            port=None,
+            attempts=3,
+            log_path_for=lambda p: tmp_path / f"r-{p}.log",
+            ready_timeout_s=30,
+        )
     assert len(calls) == 3

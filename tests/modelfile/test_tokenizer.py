@@ -62,10 +62,24 @@ def test_properties(counter: TokenCounter) -> None:
 def test_round_trip_and_byte_fallback(counter: TokenCounter) -> None:
     rng = random.Random(3)
     for _ in range(50):
-        text = "".join(chr(rng.choice([rng.randint(32, 126), rng.randint(0x80, 0x2FFF), rng.randint(0x1F300, 0x1F64F),
-                                       rng.randint(0x4E00, 0x9FA5), 10, 32, 9])) for _ in range(rng.randint(1, 80)))
+        text = "".join(
+            chr(
+                rng.choice(
+                    [
+                        rng.randint(32, 126),
+                        rng.randint(0x80, 0x2FFF),
+                        rng.randint(0x1F300, 0x1F64F),
+                        rng.randint(0x4E00, 0x9FA5),
+                        10,
+                        32,
+                        9,
+                    ]
+                )
+            )
+            for _ in range(rng.randint(1, 80))
+        )
         assert counter.decode(counter.encode(text)) == text
-    ids = counter.encode("\U000E0100")  # a variation selector: not a vocab piece -> <0x..> byte tokens
+    ids = counter.encode("\U000e0100")  # a variation selector: not a vocab piece -> <0x..> byte tokens
     assert [counter.tokenizer.id_to_token(i) for i in ids] == ["<0xF3>", "<0xA0>", "<0x84>", "<0x80>"]
 
 
@@ -104,8 +118,10 @@ def test_save_hf_folder_reloads(counter: TokenCounter, tmp_path) -> None:
         assert again.encode(text) == counter.encode(text)
     from tokenizers import Tokenizer
 
-    assert Tokenizer.from_file(str(d / "tokenizer.json")).encode("Hello world", add_special_tokens=False).ids == \
-        KNOWN["Hello world"]
+    assert (
+        Tokenizer.from_file(str(d / "tokenizer.json")).encode("Hello world", add_special_tokens=False).ids
+        == KNOWN["Hello world"]
+    )
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -127,14 +143,38 @@ def test_bad_specs(tmp_path) -> None:
 
 def _varied_texts(n: int = 200) -> list[str]:
     rng = random.Random(7)
-    words = ("the of and to in is that for it as with be on not this are from at system model server request "
-             "latency memory cache token network question answer benchmark throughput").split()
-    fixed = ["", " ", "   ", "\n", "\n\n\n", "\t\t", " leading", "trailing ", "a  b   c    d", "x" * 100,
-             "<start_of_turn>user\nhi<end_of_turn>", "<bos>text<eos>", "<b>bold</b><table><tr><td>1</td></tr>",
-             "https://example.com/a?b=1&c=2", "3.14159 1e-10 12345678901234567890", "😀😃 👨‍👩‍👧‍👦 🚀",
-             "你好，世界！推理服务压测。", "日本語のテキスト", "Привет, мир!", "مرحبا", "\u200bzero\u00a0nbsp",
-             "\r\nwindows\r\n", "{\"k\": [1, 2, {\"n\": null}]}", "def f(x):\n    return x + 1\n",
-             "▁ literal piece", "<0x41> literal byte text"]
+    words = (
+        "the of and to in is that for it as with be on not this are from at system model server request "
+        "latency memory cache token network question answer benchmark throughput"
+    ).split()
+    fixed = [
+        "",
+        " ",
+        "   ",
+        "\n",
+        "\n\n\n",
+        "\t\t",
+        " leading",
+        "trailing ",
+        "a  b   c    d",
+        "x" * 100,
+        "<start_of_turn>user\nhi<end_of_turn>",
+        "<bos>text<eos>",
+        "<b>bold</b><table><tr><td>1</td></tr>",
+        "https://example.com/a?b=1&c=2",
+        "3.14159 1e-10 12345678901234567890",
+        "😀😃 👨‍👩‍👧‍👦 🚀",
+        "你好，世界！推理服务压测。",
+        "日本語のテキスト",
+        "Привет, мир!",
+        "مرحبا",
+        "\u200bzero\u00a0nbsp",
+        "\r\nwindows\r\n",
+        '{"k": [1, 2, {"n": null}]}',
+        "def f(x):\n    return x + 1\n",
+        "▁ literal piece",
+        "<0x41> literal byte text",
+    ]
     out = list(fixed)
     while len(out) < n:
         kind = len(out) % 7
@@ -152,8 +192,12 @@ def _varied_texts(n: int = 200) -> list[str]:
         elif kind == 5:
             t = "".join(chr(rng.randint(0x80, 0x2FFF)) for _ in range(k))
         else:
-            t = "for (int i = 0; i < n; ++i) {\n    sum += a[i] * " + str(k) + ";\n}\n" + " ".join(
-                rng.choice(words).capitalize() for _ in range(k))
+            t = (
+                "for (int i = 0; i < n; ++i) {\n    sum += a[i] * "
+                + str(k)
+                + ";\n}\n"
+                + " ".join(rng.choice(words).capitalize() for _ in range(k))
+            )
         out.append(t)
     return out
 
@@ -162,14 +206,14 @@ def _find_llama_server() -> str | None:
     env = os.environ.get("SERVELAB_LLAMA_SERVER")
     if env:
         return env if os.path.isfile(env) else None
-    try:
-        from servelab.engines.llamacpp import find_llama_server
+    from servelab.engines.llamacpp import find_llama_server
 
+    try:
         found = find_llama_server()
-        if found is not None:
-            return str(found)
-    except Exception:
-        pass
+    except OSError:  # an unreadable cache folder: fall back to the default path
+        found = None
+    if found is not None:
+        return str(found)
     return DEFAULT_LLAMA_SERVER if os.path.isfile(DEFAULT_LLAMA_SERVER) else None
 
 
@@ -189,9 +233,13 @@ def test_matches_llama_server_tokenize(counter: TokenCounter, gemma_path: str, t
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = open(tmp_path / "llama-server.log", "wb")
-    proc = subprocess.Popen([binary, "-m", gemma_path, "--host", "127.0.0.1", "--port", str(port), "-c", "2048",
-                             "-np", "1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp_path / "llama-server.log", "wb") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [binary, "-m", gemma_path, "--host", "127.0.0.1", "--port", str(port), "-c", "2048", "-np", "1"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -221,7 +269,6 @@ def test_matches_llama_server_tokenize(counter: TokenCounter, gemma_path: str, t
             proc.wait(10)
         except ProcessLookupError:
             pass
-        log.close()
 
 
 def test_checkpoint_padding_is_not_counted() -> None:

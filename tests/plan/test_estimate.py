@@ -7,7 +7,6 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from hypothesis_profiles import examples
 
 from servelab.catalog import find_model
@@ -21,8 +20,14 @@ from servelab.wire.errors import ConfigError
 GIB = 2**30
 # a hardware entry given as a dict (the fields of catalog/data/hardware.yaml), so these tests do not
 # depend on the hardware catalog's numbers: 80 GiB, 3350 GB/s, 989 dense BF16 TFLOPS (H100 SXM datasheet)
-H100 = {"name": "h100-test", "kind": "gpu", "memory_gib": 80, "memory_bandwidth_gbps": 3350,
-        "dense_tflops": {"bf16": 989.0, "fp8": 1979.0}, "max_per_node": 8}
+H100 = {
+    "name": "h100-test",
+    "kind": "gpu",
+    "memory_gib": 80,
+    "memory_bandwidth_gbps": 3350,
+    "dense_tflops": {"bf16": 989.0, "fp8": 1979.0},
+    "max_per_node": 8,
+}
 
 
 def test_llama_8b_fits_one_gpu_with_hand_computed_pool() -> None:
@@ -59,8 +64,12 @@ def test_smallest_layout_spreads_sequences_over_replicas() -> None:
     assert not p.fits and p.max_concurrent_sequences == 9
     assert p.smallest_layout == Layout(tp=4, pp=1, dp=3)
     assert estimate("qwen3-32b", H100, 12, 32768, 64, tp=4, dp=3).fits
-    assert not any(estimate("qwen3-32b", H100, n, 32768, 64, tp=t, dp=n // t).fits
-                   for n in range(2, 12) for t in (1, 2, 4, 8) if n % t == 0)
+    assert not any(
+        estimate("qwen3-32b", H100, n, 32768, 64, tp=t, dp=n // t).fits
+        for n in range(2, 12)
+        for t in (1, 2, 4, 8)
+        if n % t == 0
+    )
     # a model-parallel group stays a power of two: 405B bf16 still needs TP8 x PP2
     assert estimate("llama-3.1-405b", H100, 1, 8192, 1).smallest_layout == Layout(tp=8, pp=2, dp=1)
 
@@ -75,14 +84,17 @@ def test_moe_memory_counts_all_experts_and_ep_splits_them() -> None:
     assert pe.device.weights_by_part["attention"] == pytest.approx(w["attention"] / 4)
 
 
-@pytest.mark.parametrize(("kwargs", "msg"), [
-    ({"tp": 3}, "TP 3 does not divide the 32 attention heads"),
-    ({"tp": 8, "pp": 2}, "needs 16 devices but --hardware gives 8"),
-    ({"ep": 2}, "has no MoE layers"),
-    ({"engine": "tgi"}, "unknown --engine"),
-    ({"precision": "fp6"}, "unknown weight precision"),
-    ({"pp": 40, "tp": 1}, "more stages than the 32 layers"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "msg"),
+    [
+        ({"tp": 3}, "TP 3 does not divide the 32 attention heads"),
+        ({"tp": 8, "pp": 2}, "needs 16 devices but --hardware gives 8"),
+        ({"ep": 2}, "has no MoE layers"),
+        ({"engine": "tgi"}, "unknown --engine"),
+        ({"precision": "fp6"}, "unknown weight precision"),
+        ({"pp": 40, "tp": 1}, "more stages than the 32 layers"),
+    ],
+)
 def test_bad_layouts_are_one_line_errors(kwargs: dict, msg: str) -> None:
     with pytest.raises(ConfigError, match=msg):
         estimate("llama-3.1-8b", H100, 8, 4096, 1, **kwargs)
@@ -99,7 +111,20 @@ def test_parse_helpers() -> None:
 
 def test_cli_json_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
-        main(["plan", "--model", "qwen3-8b", "--hardware", "H100-80GB-SXM:2", "--context", "32k", "--concurrency", "4", "--json"])
+        main(
+            [
+                "plan",
+                "--model",
+                "qwen3-8b",
+                "--hardware",
+                "H100-80GB-SXM:2",
+                "--context",
+                "32k",
+                "--concurrency",
+                "4",
+                "--json",
+            ]
+        )
     assert e.value.code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fits"] and out["layout"]["tp"] == 2 and out["context_tokens"] == 32768
@@ -127,9 +152,16 @@ DECODERS = [m for m in load_models() if m.kind in ("decoder", "encoder-decoder")
 
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(idx=st.integers(0, len(DECODERS) - 1), ctx=st.integers(1, 200_000), conc=st.integers(1, 512),
-       extra=st.integers(1, 50_000), prec=st.sampled_from(["bf16", "fp8", "int4", "native"]))
-def test_no_estimate_beats_physics_and_memory_is_monotonic(idx: int, ctx: int, conc: int, extra: int, prec: str) -> None:
+@given(
+    idx=st.integers(0, len(DECODERS) - 1),
+    ctx=st.integers(1, 200_000),
+    conc=st.integers(1, 512),
+    extra=st.integers(1, 50_000),
+    prec=st.sampled_from(["bf16", "fp8", "int4", "native"]),
+)
+def test_no_estimate_beats_physics_and_memory_is_monotonic(
+    idx: int, ctx: int, conc: int, extra: int, prec: str
+) -> None:
     m = DECODERS[idx]
     p = estimate(m, H100, 1, ctx, conc, precision=prec, find_smallest=False)
     w = weight_bytes_by_part(m, prec)
@@ -159,7 +191,8 @@ def test_encoder_models_are_planned_at_their_own_length_limit() -> None:
     p = estimate("whisper-large-v3", "L4", 1, 8192, 4)
     assert p.context_tokens == 448 and "at most 448 decoder tokens" in p.notes[0]
     assert p.state_per_sequence["full_attention_bytes"] == pytest.approx(
-        estimate("whisper-large-v3", "L4", 1, 448, 4).state_per_sequence["full_attention_bytes"])
+        estimate("whisper-large-v3", "L4", 1, 448, 4).state_per_sequence["full_attention_bytes"]
+    )
 
 
 def test_tp_above_kv_heads_replicates_kv_heads_and_their_weights() -> None:

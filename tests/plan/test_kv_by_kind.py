@@ -107,5 +107,6 @@ def test_weight_precision_bytes() -> None:
     assert native["moe_experts"] == pytest.approx(24 * (32 * 3 * 2880 * 2880 + 2880 * 32) * 4.25 / 8)
     assert native["attention"] == pytest.approx(24 * (2880 * 64 * 64 + 2880 * 8 * 128 + 64 * 64 * 2880) * BF16)
     ds = weight_bytes_by_part(find_model("deepseek-v3"), "native")  # FP8 + one fp32 scale per 128x128 block
-    assert ds["attention"] / weight_bytes_by_part(find_model("deepseek-v3"), "bf16")["attention"] == \
-        pytest.approx((1 + 4 / 16384) / 2)
+    assert ds["attention"] / weight_bytes_by_part(find_model("deepseek-v3"), "bf16")["attention"] == pytest.approx(
+        (1 + 4 / 16384) / 2
+    )

@@ -25,8 +25,16 @@ from servelab.plan.llamacpp import llamacpp_memory, parse_server_log
 
 MIB = 2**20
 # (-c, -np, extra args): odd sizes exercise the padding to 256 and the per-sequence split
-CASES = [(2048, 1, []), (4096, 2, []), (8192, 4, []), (16384, 3, []), (5000, 1, []), (8192, 4, ["-kvu"]),
-         (8192, 4, ["-ctk", "q8_0", "-ctv", "q8_0"]), (3000, 2, ["-ub", "256"])]
+CASES = [
+    (2048, 1, []),
+    (4096, 2, []),
+    (8192, 4, []),
+    (16384, 3, []),
+    (5000, 1, []),
+    (8192, 4, ["-kvu"]),
+    (8192, 4, ["-ctk", "q8_0", "-ctv", "q8_0"]),
+    (3000, 2, ["-ub", "256"]),
+]
 
 
 def _binary() -> Path:
@@ -41,8 +49,19 @@ def _binary() -> Path:
 
 def _start_log(binary: Path, model: Path, args: list[str], log: Path, timeout_s: float = 120) -> str:
     """Run llama-server until its log shows the scheduler's graph line (all buffers allocated), then stop it."""
-    cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(free_port()), "-lv", "4",
-           "--no-warmup", *args]
+    cmd = [
+        str(binary),
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        "-lv",
+        "4",
+        "--no-warmup",
+        *args,
+    ]
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
     try:
@@ -76,8 +95,9 @@ def test_plan_matches_llama_server(ctx: int, np_: int, extra: list[str], gguf: P
     real = parse_server_log(_start_log(binary, gguf, ["-c", str(ctx), "-np", str(np_), *extra], tmp_path / "log"))
     ctk = extra[extra.index("-ctk") + 1] if "-ctk" in extra else "f16"
     ub = int(extra[extra.index("-ub") + 1]) if "-ub" in extra else 512
-    plan = llamacpp_memory(read_gguf(gguf), ctx, np_, kv_unified="-kvu" in extra, cache_type_k=ctk, cache_type_v=ctk,
-                           n_ubatch=ub)
+    plan = llamacpp_memory(
+        read_gguf(gguf), ctx, np_, kv_unified="-kvu" in extra, cache_type_k=ctk, cache_type_v=ctk, n_ubatch=ub
+    )
     assert (real["n_ctx"], real["n_ctx_seq"]) == (plan.n_ctx, plan.n_ctx_seq)
     base, swa = real["kv_caches"]  # non-SWA first, then SWA (llama_kv_cache_iswa order)
     assert (base["cells"], base["layers"], base["streams"]) == (plan.cells_base, plan.layers_base, plan.n_stream)
@@ -99,8 +119,26 @@ def test_cli_plan_matches_llama_server(gguf: Path, tmp_path: Path, capsys: pytes
     from servelab.cli import main
 
     with pytest.raises(SystemExit) as e:
-        main(["plan", "--model", str(gguf), "--hardware", "cpu-host", "--engine", "llamacpp", "--context", "2000",
-              "--concurrency", "3", "--ctx-size", "6000", "--parallel", "3", "--json"])
+        main(
+            [
+                "plan",
+                "--model",
+                str(gguf),
+                "--hardware",
+                "cpu-host",
+                "--engine",
+                "llamacpp",
+                "--context",
+                "2000",
+                "--concurrency",
+                "3",
+                "--ctx-size",
+                "6000",
+                "--parallel",
+                "3",
+                "--json",
+            ]
+        )
     assert e.value.code == 0
     out = json.loads(capsys.readouterr().out)["llamacpp"]
     base, swa = real["kv_caches"]
@@ -110,16 +148,20 @@ def test_cli_plan_matches_llama_server(gguf: Path, tmp_path: Path, capsys: pytes
 
 
 # a real -c 8192 -np 4 -lv 4 start of this build (2026-11-30), the numbers the issue quotes
-RECORDED = """\
-0.00.996.946 I common_memory_breakdown_print: |   - Host               |                  327 =   222 +      84 +      21                |
-0.00.996.946 I common_memory_breakdown_print: |   - CPU_REPACK         |                   12 =    12 +       0 +       0                |
-0.01.704.223 I llama_context: n_ctx                 = 8192
-0.01.704.236 I llama_context: n_ctx_seq             = 2048
-0.01.704.515 I llama_context:        CPU  output buffer size =     4.00 MiB
-0.01.717.684 I llama_kv_cache: size =   24.00 MiB (  2048 cells,   3 layers,  4/4 seqs), K (f16):   12.00 MiB, V (f16):   12.00 MiB
-0.01.752.738 I llama_kv_cache: size =   60.00 MiB (  1024 cells,  15 layers,  4/4 seqs), K (f16):   30.00 MiB, V (f16):   30.00 MiB
-0.01.755.058 I sched_reserve:        CPU compute buffer size =    21.28 MiB
-"""
+RECORDED = (  # long lines split in two literals; the text is the log as recorded
+    "0.00.996.946 I common_memory_breakdown_print: |   - Host               |"
+    "                  327 =   222 +      84 +      21                |\n"
+    "0.00.996.946 I common_memory_breakdown_print: |   - CPU_REPACK         |"
+    "                   12 =    12 +       0 +       0                |\n"
+    "0.01.704.223 I llama_context: n_ctx                 = 8192\n"
+    "0.01.704.236 I llama_context: n_ctx_seq             = 2048\n"
+    "0.01.704.515 I llama_context:        CPU  output buffer size =     4.00 MiB\n"
+    "0.01.717.684 I llama_kv_cache: size =   24.00 MiB (  2048 cells,   3 layers,"
+    "  4/4 seqs), K (f16):   12.00 MiB, V (f16):   12.00 MiB\n"
+    "0.01.752.738 I llama_kv_cache: size =   60.00 MiB (  1024 cells,  15 layers,"
+    "  4/4 seqs), K (f16):   30.00 MiB, V (f16):   30.00 MiB\n"
+    "0.01.755.058 I sched_reserve:        CPU compute buffer size =    21.28 MiB\n"
+)
 
 
 def test_parse_recorded_log_and_hand_arithmetic() -> None:

@@ -16,10 +16,22 @@ from servelab.wire.errors import ConfigError
 
 GIB = 2**30
 # hardware as a dict (catalog numbers not assumed): 141 GiB, 4800 GB/s (H200 datasheet), and an 80 GiB part
-H200 = {"name": "h200-test", "kind": "gpu", "memory_gib": 141, "memory_bandwidth_gbps": 4800,
-        "dense_tflops": {"bf16": 989.0, "fp8": 1979.0}, "max_per_node": 8}
-H100 = {"name": "h100-test", "kind": "gpu", "memory_gib": 80, "memory_bandwidth_gbps": 3350,
-        "dense_tflops": {"bf16": 989.0, "fp8": 1979.0}, "max_per_node": 8}
+H200 = {
+    "name": "h200-test",
+    "kind": "gpu",
+    "memory_gib": 141,
+    "memory_bandwidth_gbps": 4800,
+    "dense_tflops": {"bf16": 989.0, "fp8": 1979.0},
+    "max_per_node": 8,
+}
+H100 = {
+    "name": "h100-test",
+    "kind": "gpu",
+    "memory_gib": 80,
+    "memory_bandwidth_gbps": 3350,
+    "dense_tflops": {"bf16": 989.0, "fp8": 1979.0},
+    "max_per_node": 8,
+}
 
 
 def test_deepseek_v3_mtp_module_is_in_the_catalog_with_its_source() -> None:
@@ -61,14 +73,17 @@ def test_draft_model_weights_and_kv_are_counted() -> None:
     assert (spec.max_concurrent_sequences or 0) < (base.max_concurrent_sequences or 0)
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"speculative": "mtp"}, "no MTP module"),
-    ({"speculative": "eagle"}, "unknown --speculative"),
-    ({"speculative": "draft"}, "needs --draft-model"),
-    ({"draft_model": "qwen3-0.6b"}, "vocabulary"),
-    ({"speculative": "mtp", "draft_model": "llama-3.2-1b"}, "drop --draft-model"),
-    ({"speculative": "draft", "draft_model": "llama-3.2-1b", "engine": "llamacpp"}, "vllm and sglang"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"speculative": "mtp"}, "no MTP module"),
+        ({"speculative": "eagle"}, "unknown --speculative"),
+        ({"speculative": "draft"}, "needs --draft-model"),
+        ({"draft_model": "qwen3-0.6b"}, "vocabulary"),
+        ({"speculative": "mtp", "draft_model": "llama-3.2-1b"}, "drop --draft-model"),
+        ({"speculative": "draft", "draft_model": "llama-3.2-1b", "engine": "llamacpp"}, "vllm and sglang"),
+    ],
+)
 def test_bad_speculative_input_is_one_line(kwargs: dict[str, str], fragment: str) -> None:
     with pytest.raises(ConfigError) as e:
         estimate("llama-3.1-70b", H100, 4, 8192, 1, **kwargs)  # type: ignore[arg-type]
@@ -114,8 +129,26 @@ def test_context_that_fits_bisects_a_monotone_state() -> None:
 
 def test_cli_prints_warnings_and_json_carries_speculative(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
-        main(["plan", "--model", "deepseek-v3", "--hardware", "H200:8", "--context", "8k", "--concurrency", "4",
-              "--precision", "native", "--speculative", "mtp", "--gpu-memory-utilization", "0.97", "--json"])
+        main(
+            [
+                "plan",
+                "--model",
+                "deepseek-v3",
+                "--hardware",
+                "H200:8",
+                "--context",
+                "8k",
+                "--concurrency",
+                "4",
+                "--precision",
+                "native",
+                "--speculative",
+                "mtp",
+                "--gpu-memory-utilization",
+                "0.97",
+                "--json",
+            ]
+        )
     assert e.value.code == 0
     d = json.loads(capsys.readouterr().out)
     assert d["speculative"]["method"] == "mtp" and "0.97 > 0.95" in d["warnings"][0]

@@ -26,7 +26,7 @@ LINGER_S = 4.0
 
 #: the mock engine whose handler, when its client leaves mid-stream, keeps the request counted as running
 #: for argv[1] seconds (an engine that does not notice the disconnect and decodes on)
-LINGERING = textwrap.dedent('''
+LINGERING = textwrap.dedent("""
     import asyncio, sys
     import servelab.engines.mock.server as mock_server
     from servelab.engines.mock.cli import mock_engine_command
@@ -45,29 +45,50 @@ LINGERING = textwrap.dedent('''
     sys.argv = [sys.argv[0], *sys.argv[2:]]
     import typer
     typer.run(mock_engine_command)
-''')
+""")
 MOCK_ARGS = ["--host", "{host}", "--port", "{port}", "--itl-ms", "40", "--output-tokens", "60"]
 
 
 def _exp() -> dict:
     def cand(name: str, argv: list[str]) -> dict:
         return {"name": name, "engine": "command", "settings": {"argv": argv, "ready_timeout_s": 60}}
-    cands = [cand("prompt", [sys.executable, "-m", "servelab.engines.mock", *MOCK_ARGS]),
-             cand("lingering", [sys.executable, "-c", LINGERING, str(LINGER_S), *MOCK_ARGS])]
-    return {"name": "cancel", "goal": {"task": "chat", "slo": "ttft_p95<=60s,error_rate<=5%",
-                                       "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]}},
-            "candidates": cands, "workloads": [{"name": "short-qa", "set": {"input_tokens": 8, "output_tokens": 4}}],
-            "steps": {"concurrency": [1]}, "requests_per_step": 2, "warmup": 0, "repeats": 1, "mix_sweep": False,
-            "arrival_test": {"enabled": False}, "capacity": {"enabled": False}, "checks": [],
-            "lifecycle": {"warm_start": False, "cancellation": True, "cancel_max_decode_s": 1.5}}
+
+    cands = [
+        cand("prompt", [sys.executable, "-m", "servelab.engines.mock", *MOCK_ARGS]),
+        cand("lingering", [sys.executable, "-c", LINGERING, str(LINGER_S), *MOCK_ARGS]),
+    ]
+    return {
+        "name": "cancel",
+        "goal": {
+            "task": "chat",
+            "slo": "ttft_p95<=60s,error_rate<=5%",
+            "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]},
+        },
+        "candidates": cands,
+        "workloads": [{"name": "short-qa", "set": {"input_tokens": 8, "output_tokens": 4}}],
+        "steps": {"concurrency": [1]},
+        "requests_per_step": 2,
+        "warmup": 0,
+        "repeats": 1,
+        "mix_sweep": False,
+        "arrival_test": {"enabled": False},
+        "capacity": {"enabled": False},
+        "checks": [],
+        "lifecycle": {"warm_start": False, "cancellation": True, "cancel_max_decode_s": 1.5},
+    }
 
 
 def test_an_engine_that_decodes_for_departed_clients_is_excluded(tmp_path: Path) -> None:
     f = tmp_path / "exp.yaml"
     f.write_text(yaml.safe_dump(_exp()))
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(f), "--out", str(out), "--no-index"],
-                       capture_output=True, text=True, timeout=400, env={**os.environ})
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "trial", str(f), "--out", str(out), "--no-index"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ},
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rec = json.loads((out / "record.json").read_text())
     res = rec["results"]["candidates"]
@@ -79,11 +100,14 @@ def test_an_engine_that_decodes_for_departed_clients_is_excluded(tmp_path: Path)
     d = rec["decision"]
     assert d["adopt"] == "prompt" and d["verdicts"]["lingering"]["verdict"] == "exclude"
     why = d["verdicts"]["lingering"]["reasons"][0]
-    assert why.startswith("excluded: cancellation: the engine kept decoding ") or \
-        why.startswith("cancellation: the engine kept decoding "), why
+    assert why.startswith("excluded: cancellation: the engine kept decoding ") or why.startswith(
+        "cancellation: the engine kept decoding "
+    ), why
     assert "over the 1.5 s limit (lifecycle.cancel_max_decode_s)" in why and "decoding nobody received" in why
-    assert any(x.startswith("cancellation: the engine stopped decoding ") and "within the 1.5 s limit" in x
-               for x in d["verdicts"]["prompt"]["reasons"]), d["verdicts"]["prompt"]["reasons"]
+    assert any(
+        x.startswith("cancellation: the engine stopped decoding ") and "within the 1.5 s limit" in x
+        for x in d["verdicts"]["prompt"]["reasons"]
+    ), d["verdicts"]["prompt"]["reasons"]
     assert "  lingering: EXCLUDE\n    - " in r.stdout and "kept decoding" in r.stdout
 
 

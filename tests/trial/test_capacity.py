@@ -11,8 +11,8 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import start_mock_process, stop_process
+
 from servelab.trial.capacity import search
 from servelab.trial.results import Probe
 
@@ -23,6 +23,7 @@ def fake(capacity: float):
     def probe(rate: float) -> Probe:
         calls.append(rate)
         return Probe(rate_rps=rate, held=rate <= capacity, output_tokens_per_s=rate * 10)
+
     return probe, calls
 
 
@@ -74,14 +75,28 @@ capacity: {requests: 40, max_probes: 9, start_rps: 4, tolerance: 0.02, arrival: 
 
 
 def test_capacity_search_finds_known_service_rate(tmp_path) -> None:
-    m = start_mock_process("--dialect", "llamacpp", "--max-inflight", str(SLOTS), "--ttft-ms", str(TTFT_MS),
-                           "--itl-ms", str(ITL_MS), "--output-tokens", str(TOKENS))
+    m = start_mock_process(
+        "--dialect",
+        "llamacpp",
+        "--max-inflight",
+        str(SLOTS),
+        "--ttft-ms",
+        str(TTFT_MS),
+        "--itl-ms",
+        str(ITL_MS),
+        "--output-tokens",
+        str(TOKENS),
+    )
     try:
         exp = tmp_path / "exp.yaml"
         exp.write_text(textwrap.dedent(EXP.replace("URL", m.base_url)))
-        r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(tmp_path / "run"),
-                            "--no-report"], capture_output=True, text=True, timeout=600,
-                           env={**os.environ, "SERVELAB_RECORDS_DB": str(tmp_path / "records.db")})
+        r = subprocess.run(
+            [sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(tmp_path / "run"), "--no-report"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "SERVELAB_RECORDS_DB": str(tmp_path / "records.db")},
+        )
     finally:
         stop_process(m.proc)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -34,12 +34,19 @@ def _golden(name: str) -> tuple[Decision, dict[str, CandidateResult]]:
 
 
 def _step(steady: float | None) -> StepSummary:
-    return StepSummary.model_validate({
-        "workload": "mix", "step": "c4", "counts": {"submitted": 6, "succeeded": 6},
-        "ttft_s": {"count": 6, "p95": 0.007}, "itl_s": {"count": 6, "p95": 0.006},
-        "throughput": {"output_tokens_per_s": 648.3},
-        "slo": [{"objective": "ttft_p95<=0.5s", "value": 0.007, "limit": 0.5, "met": True}], "slo_met": True,
-        **({"steady": {"output_tokens_per_s": steady}} if steady is not None else {})})
+    return StepSummary.model_validate(
+        {
+            "workload": "mix",
+            "step": "c4",
+            "counts": {"submitted": 6, "succeeded": 6},
+            "ttft_s": {"count": 6, "p95": 0.007},
+            "itl_s": {"count": 6, "p95": 0.006},
+            "throughput": {"output_tokens_per_s": 648.3},
+            "slo": [{"objective": "ttft_p95<=0.5s", "value": 0.007, "limit": 0.5, "met": True}],
+            "slo_met": True,
+            **({"steady": {"output_tokens_per_s": steady}} if steady is not None else {}),
+        }
+    )
 
 
 def test_step_line_says_which_throughput_it_shows() -> None:
@@ -50,13 +57,25 @@ def test_step_line_says_which_throughput_it_shows() -> None:
 
 
 def test_embeddings_step_line_says_its_rates_are_the_whole_steps() -> None:
-    step = StepSummary.model_validate({
-        "workload": "embeddings", "step": "c4",
-        "embeddings": {"batch_size": 4, "requests": 20, "inputs": 80, "inputs_per_s": 181.04, "tokens_per_s": 2317.2,
-                       "latency": {"n": 20, "p95_s": 0.048}}})
+    step = StepSummary.model_validate(
+        {
+            "workload": "embeddings",
+            "step": "c4",
+            "embeddings": {
+                "batch_size": 4,
+                "requests": 20,
+                "inputs": 80,
+                "inputs_per_s": 181.04,
+                "tokens_per_s": 2317.2,
+                "latency": {"n": 20, "p95_s": 0.048},
+            },
+        }
+    )
     line = embeddings_step_line("fast", step)
-    assert line == ("[fast] embeddings c4: 20/20 requests ok, 181.0 inputs/s, 2317 tokens/s (whole step, the ranked "
-                    "figure), e2e p95 48 ms (n 20)")
+    assert line == (
+        "[fast] embeddings c4: 20/20 requests ok, 181.0 inputs/s, 2317 tokens/s (whole step, the ranked "
+        "figure), e2e p95 48 ms (n 20)"
+    )
     skipped = StepSummary(workload="embeddings", step="c8", skipped=True, skipped_reason="budget")
     assert embeddings_step_line("fast", skipped) == "[fast] embeddings c8: skipped (budget)"
 
@@ -71,12 +90,22 @@ def test_decision_leads_with_the_verdict_table_then_the_reasons() -> None:
     decision, cands = _golden("mock-three")
     lines = decision_lines(decision, cands)
     assert all(ln.strip() for ln in lines), "an empty line"
-    assert lines[0] == "decision:" and lines[1].split() == ["candidate", "verdict", "ranked", "on", "95", "%", "CI",
-                                                            "measured", "SLO"]
+    assert lines[0] == "decision:" and lines[1].split() == [
+        "candidate",
+        "verdict",
+        "ranked",
+        "on",
+        "95",
+        "%",
+        "CI",
+        "measured",
+        "SLO",
+    ]
     rows = lines[2:5]
     assert [r.split()[:2] for r in rows] == [["twin", "ADOPT"], ["fast", "BACKUP"], ["slow", "BACKUP"]]
-    assert "876 out tok/s  815–937  mix at c4, steady window, 3 repeat(s)  met at c4 (by 95 % CI: undetermined)" \
-        in rows[0]
+    assert (
+        "876 out tok/s  815–937  mix at c4, steady window, 3 repeat(s)  met at c4 (by 95 % CI: undetermined)" in rows[0]
+    )
     assert "steady window" in lines[5] and "whole-step" in lines[5]
     reasons = lines.index("reasons:")
     assert reasons == 6 and lines[reasons + 1] == "  twin: ADOPT"
@@ -97,4 +126,6 @@ def test_verdict_table_states_the_slo_and_why_a_figure_is_missing() -> None:
     assert rows["badjson"].slo == "not measured (excluded)"
     real, real_cands = _golden("llamacpp-slots")  # the real llama-server run: np1 broke at c1 on both limits
     assert {r.candidate: r.slo for r in verdict_table(real, real_cands)} == {
-        "np1": "broke at c1 (ttft_p95, itl_p95)", "np4": "not measured (failed)"}
+        "np1": "broke at c1 (ttft_p95, itl_p95)",
+        "np4": "not measured (failed)",
+    }

@@ -22,8 +22,8 @@ import urllib.request
 
 import jsonschema
 import pytest
-
 from conftest import start_mock_process, stop_process
+
 from servelab.trial.results import RECORD_SCHEMA_PATH
 from servelab.trial.spec import default_experiment
 
@@ -36,17 +36,25 @@ def _trial(tmp, body: str) -> tuple[dict, str]:
     exp = tmp / "exp.yaml"
     exp.write_text(textwrap.dedent(body))
     out = tmp / "run"
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out), "--no-report"],
-                       capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "SERVELAB_RECORDS_DB": str(tmp / "records.db")})
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out), "--no-report"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "SERVELAB_RECORDS_DB": str(tmp / "records.db")},
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return json.loads((out / "record.json").read_text()), r.stdout
 
 
 def server_tps(records: list[dict], start_ns: int, stop_ns: int) -> float:
     """Output tokens the mock wrote inside [start_ns, stop_ns) per second (its own record)."""
-    n = sum(k for r in records for t, k in zip(r["token_write_ns"], r["token_counts"], strict=True)
-            if start_ns <= t < stop_ns)
+    n = sum(
+        k
+        for r in records
+        for t, k in zip(r["token_write_ns"], r["token_counts"], strict=True)
+        if start_ns <= t < stop_ns
+    )
     return n / ((stop_ns - start_ns) / 1e9)
 
 
@@ -78,13 +86,20 @@ capacity: {{enabled: false}}
 
 @pytest.fixture(scope="module")
 def known(tmp_path_factory):
-    mocks = {n: start_mock_process(*MOCK, "--itl-ms", str(itl))
-             for n, itl in (("fast", ITL_MS), ("twin", ITL_MS), ("slow", SLOW_ITL_MS))}
+    mocks = {
+        n: start_mock_process(*MOCK, "--itl-ms", str(itl))
+        for n, itl in (("fast", ITL_MS), ("twin", ITL_MS), ("slow", SLOW_ITL_MS))
+    }
     try:
-        rec, out = _trial(tmp_path_factory.mktemp("known"), EXP.replace("{fast}", mocks["fast"].base_url)
-                          .replace("{twin}", mocks["twin"].base_url).replace("{slow}", mocks["slow"].base_url))
-        seen = {n: json.loads(urllib.request.urlopen(m.root + "/mock/records", timeout=10).read())
-                for n, m in mocks.items()}
+        rec, out = _trial(
+            tmp_path_factory.mktemp("known"),
+            EXP.replace("{fast}", mocks["fast"].base_url)
+            .replace("{twin}", mocks["twin"].base_url)
+            .replace("{slow}", mocks["slow"].base_url),
+        )
+        seen = {
+            n: json.loads(urllib.request.urlopen(m.root + "/mock/records", timeout=10).read()) for n, m in mocks.items()
+        }
     finally:
         for m in mocks.values():
             stop_process(m.proc)
@@ -109,8 +124,11 @@ def test_mix_throughput_is_what_the_engine_delivered_never_the_sum(known):
         c4 = [s["steady"] for s in mix if s["step"] == "c4"]
         truth = sum(server_tps(served[name], st["start_ns"], st["stop_ns"]) for st in c4) / len(c4)
         assert eff["output_tokens_per_s"] == pytest.approx(truth, rel=0.02)
-        per = [s["throughput"]["output_tokens_per_s"] for s in c["steps"]
-               if s["workload"] != "mix" and s["step"] == "c4" and not s["skipped"]]
+        per = [
+            s["throughput"]["output_tokens_per_s"]
+            for s in c["steps"]
+            if s["workload"] != "mix" and s["step"] == "c4" and not s["skipped"]
+        ]
         assert len(per) == 2 and eff["output_tokens_per_s"] < 0.75 * sum(per)  # not the old-style sum
         assert set(c["per_workload"]) == {"short-qa", "structured"}  # reported apart
 

@@ -40,14 +40,24 @@ DOC = ROOT / "docs" / "experiment.md"
 
 #: heading of docs/experiment.md -> the path prefix of the fields its table documents
 SECTIONS = {
-    "Top level": "", "goal": "goal.", "goal.quality": "goal.quality.",
-    "A sample (`goal.quality.samples[]`)": "goal.quality.samples[].", "goal.budget": "goal.budget.",
-    "candidates": "candidates[].", "engine: llamacpp": "candidates[llamacpp].settings.",
-    "engine: vllm": "candidates[vllm].settings.", "engine: url": "candidates[url].",
-    "engine: mock": "candidates[mock].settings.", "engine: command": "candidates[command].settings.",
-    "workloads": "workloads[].", "steps": "steps.",
-    "arrival_test": "arrival_test.", "capacity": "capacity.", "lifecycle": "lifecycle.",
-    "load_generator": "load_generator.", "embeddings": "embeddings.",
+    "Top level": "",
+    "goal": "goal.",
+    "goal.quality": "goal.quality.",
+    "A sample (`goal.quality.samples[]`)": "goal.quality.samples[].",
+    "goal.budget": "goal.budget.",
+    "candidates": "candidates[].",
+    "engine: llamacpp": "candidates[llamacpp].settings.",
+    "engine: vllm": "candidates[vllm].settings.",
+    "engine: url": "candidates[url].",
+    "engine: mock": "candidates[mock].settings.",
+    "engine: command": "candidates[command].settings.",
+    "workloads": "workloads[].",
+    "steps": "steps.",
+    "arrival_test": "arrival_test.",
+    "capacity": "capacity.",
+    "lifecycle": "lifecycle.",
+    "load_generator": "load_generator.",
+    "embeddings": "embeddings.",
 }
 
 
@@ -95,8 +105,9 @@ class RecorderKind(EngineKind):
     Settings = MockSettings
     calls: list[dict[str, Any]] = []
 
-    def launcher(self, settings: Any, *, model: str | None = None, log_dir: str | None = None,
-                 **kwargs: Any) -> MockLauncher:
+    def launcher(
+        self, settings: Any, *, model: str | None = None, log_dir: str | None = None, **kwargs: Any
+    ) -> MockLauncher:
         self.calls.append({"settings": settings, "model": model, "log_dir": log_dir})
         return MockLauncher(self.parse(settings), log_dir=log_dir, **kwargs)
 
@@ -130,32 +141,57 @@ def rich(tmp_path_factory: pytest.TempPathFactory, recorder: RecorderKind) -> tu
     exp = {
         "name": "every-field",
         "goal": {
-            "task": "t-every-field", "slo": "ttft_p95<=5s", "error_budget": 0.5,
+            "task": "t-every-field",
+            "slo": "ttft_p95<=5s",
+            "error_budget": 0.5,
             "quality": {
-                "structured_valid_min": 0.25, "structured_requests": 3, "samples_pass_min": 0.5,
+                "structured_valid_min": 0.25,
+                "structured_requests": 3,
+                "samples_pass_min": 0.5,
                 "smoke": ["streaming", "usage"],
                 "samples": [
                     {"name": "named-one", "prompt": "one two three", "expect_regex": "tok\\d", "max_tokens": 3},
-                    {"messages": [{"role": "system", "content": "a b"}, {"role": "user", "content": "c d e f"}],
-                     "expect_regex": "no such answer"},
-                    {"name": "json", "prompt": "city please",
-                     "expect_json_schema": {"type": "object", "properties": {"city": {"type": "string"}},
-                                            "required": ["city"]}},
-                    {"name": "json-re", "prompt": "x", "expect_regex": "tok0",
-                     "expect_json_schema": {"type": "object"}},
-                ]},
-            "expected_rate_rps": 50, "burstiness": 2.0, "mix": "structured:1",
+                    {
+                        "messages": [{"role": "system", "content": "a b"}, {"role": "user", "content": "c d e f"}],
+                        "expect_regex": "no such answer",
+                    },
+                    {
+                        "name": "json",
+                        "prompt": "city please",
+                        "expect_json_schema": {
+                            "type": "object",
+                            "properties": {"city": {"type": "string"}},
+                            "required": ["city"],
+                        },
+                    },
+                    {
+                        "name": "json-re",
+                        "prompt": "x",
+                        "expect_regex": "tok0",
+                        "expect_json_schema": {"type": "object"},
+                    },
+                ],
+            },
+            "expected_rate_rps": 50,
+            "burstiness": 2.0,
+            "mix": "structured:1",
             "budget": {"price_per_hour": 3.6, "currency": "EUR"},
         },
         "candidates": [
-            {"name": "cand-a", "engine": "mock",
-             "settings": {"ttft_ms": 2, "output_tokens": 20, "model": "served-x"}},
+            {"name": "cand-a", "engine": "mock", "settings": {"ttft_ms": 2, "output_tokens": 20, "model": "served-x"}},
             {"name": "rec", "engine": "recorder", "model": str(weights), "settings": {"output_tokens": 9}},
         ],
-        "workloads": [{"name": "short-qa", "set": {"output_tokens": 7}}, "structured",
-                      {"dataset": str(data), "max_tokens_default": 5}],
+        "workloads": [
+            {"name": "short-qa", "set": {"output_tokens": 7}},
+            "structured",
+            {"dataset": str(data), "max_tokens_default": 5},
+        ],
         "steps": {"concurrency": [1, 3]},
-        "requests_per_step": 3, "warmup": 1, "seed": 5, "timeout_s": 20, "ignore_eos": False,
+        "requests_per_step": 3,
+        "warmup": 1,
+        "seed": 5,
+        "timeout_s": 20,
+        "ignore_eos": False,
         "arrival_test": {"enabled": True, "requests": 5, "max_concurrency": 2, "set": {"input_tokens": 33}},
     }
     out = tmp / "run"
@@ -168,14 +204,24 @@ def gates(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrialRecord, Path]:
     out = tmp_path_factory.mktemp("gates") / "run"
     exp = {
         "name": "gates",
-        "goal": {"quality": {"structured_valid_min": 0.0, "structured_requests": 2, "smoke": ["streaming", "usage"],
-                             "samples": [{"prompt": "hi", "expect_regex": "never"}]}},
+        "goal": {
+            "quality": {
+                "structured_valid_min": 0.0,
+                "structured_requests": 2,
+                "smoke": ["streaming", "usage"],
+                "samples": [{"prompt": "hi", "expect_regex": "never"}],
+            }
+        },
         "candidates": [
             {"name": "badjson", "engine": "mock", "settings": {"invalid_json": True, "output_tokens": 4}},
             {"name": "slow", "engine": "mock", "settings": {"ttft_ms": 1500, "output_tokens": 2}},
         ],
-        "workloads": ["structured"], "steps": {"concurrency": [1]}, "requests_per_step": 1, "warmup": 0,
-        "timeout_s": 0.5, "arrival_test": {"enabled": False},
+        "workloads": ["structured"],
+        "steps": {"concurrency": [1]},
+        "requests_per_step": 1,
+        "warmup": 0,
+        "timeout_s": 0.5,
+        "arrival_test": {"enabled": False},
     }
     return _run(exp, out), out
 
@@ -186,13 +232,20 @@ def scoped(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrialRecord, Path]
     out = tmp_path_factory.mktemp("scoped") / "run"
     exp = {
         "name": "scoped",
-        "goal": {"slo": "ttft_p95<=5s", "workload_slo": {"structured": "e2e_p95<=1ms"},
-                 "quality": {"smoke": ["streaming", "usage"], "structured_requests": 2},
-                 "mix": "short-qa:1,structured:1"},
+        "goal": {
+            "slo": "ttft_p95<=5s",
+            "workload_slo": {"structured": "e2e_p95<=1ms"},
+            "quality": {"smoke": ["streaming", "usage"], "structured_requests": 2},
+            "mix": "short-qa:1,structured:1",
+        },
         "candidates": [{"name": "s", "engine": "mock", "settings": {"ttft_ms": 3, "itl_ms": 2, "output_tokens": 12}}],
         "workloads": [{"name": "short-qa", "set": {"output_tokens": 6}}, "structured"],
-        "steps": {"concurrency": [1]}, "requests_per_step": 4, "warmup": 0, "repeats": 1,
-        "arrival_test": {"enabled": False}, "capacity": {"enabled": False},
+        "steps": {"concurrency": [1]},
+        "requests_per_step": 4,
+        "warmup": 0,
+        "repeats": 1,
+        "arrival_test": {"enabled": False},
+        "capacity": {"enabled": False},
     }
     return _run(exp, out), out
 
@@ -203,12 +256,14 @@ def open_loop(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrialRecord, Pa
     out = tmp_path_factory.mktemp("open") / "run"
     exp = {
         "name": "open",
-        "goal": {"slo": "ttft_p95<=0.1ms", "burstiness": 3.0, "error_budget": 1.0,
-                 "quality": {"smoke": ["streaming"]}},
+        "goal": {"slo": "ttft_p95<=0.1ms", "burstiness": 3.0, "error_budget": 1.0, "quality": {"smoke": ["streaming"]}},
         "candidates": [{"name": "o", "engine": "mock", "settings": {"ttft_ms": 5, "itl_ms": 5, "output_tokens": 6}}],
         "workloads": [{"name": "short-qa", "set": {"output_tokens": 7}}],
         "steps": {"rates": [20, 40], "arrival": "gamma", "max_concurrency": 1},
-        "requests_per_step": 3, "warmup": 0, "stop_on_slo": False, "arrival_test": {"enabled": False},
+        "requests_per_step": 3,
+        "warmup": 0,
+        "stop_on_slo": False,
+        "arrival_test": {"enabled": False},
     }
     return _run(exp, out), out
 
@@ -257,10 +312,22 @@ def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         exp = {
             "name": "external",
             "goal": {"quality": {"smoke": ["streaming", "usage"]}},
-            "candidates": [{"name": "ext", "engine": "url", "url": mp.base_url + "/", "model_name": "asked-name",
-                            "api_key_env": "EVERY_FIELD_KEY", "model": str(gguf)}],
-            "workloads": ["short-qa"], "steps": {"concurrency": [1]}, "requests_per_step": 2, "warmup": 0,
-            "ignore_eos": False, "arrival_test": {"enabled": False},
+            "candidates": [
+                {
+                    "name": "ext",
+                    "engine": "url",
+                    "url": mp.base_url + "/",
+                    "model_name": "asked-name",
+                    "api_key_env": "EVERY_FIELD_KEY",
+                    "model": str(gguf),
+                }
+            ],
+            "workloads": ["short-qa"],
+            "steps": {"concurrency": [1]},
+            "requests_per_step": 2,
+            "warmup": 0,
+            "ignore_eos": False,
+            "arrival_test": {"enabled": False},
         }
         try:
             rec = _run(exp, out)
@@ -269,8 +336,15 @@ def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         with urllib.request.urlopen(mp.root + "/mock/records", timeout=10) as r:
             records = json.loads(r.read())
         records = records.get("records", records) if isinstance(records, dict) else records
-        yield {"record": rec, "out": out, "mock": mp, "benches": spy.benches, "headers": headers,
-               "mock_records": records, "gguf": gguf}
+        yield {
+            "record": rec,
+            "out": out,
+            "mock": mp,
+            "benches": spy.benches,
+            "headers": headers,
+            "mock_records": records,
+            "gguf": gguf,
+        }
     finally:
         mpatch.undo()
         stop_mock_process(mp.proc)
@@ -288,12 +362,15 @@ def budget_trial(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrialRecord,
     out = tmp_path_factory.mktemp("budget") / "run"
     exp = {
         "name": "budget",
-        "goal": {"expected_rate_rps": 5, "budget": {"max_minutes": 0.12},
-                 "quality": {"smoke": ["streaming", "usage"]}},
-        "candidates": [{"name": "first", "engine": "mock", "settings": {"itl_ms": 20, "output_tokens": 50}},
-                       {"name": "second", "engine": "mock", "settings": {"itl_ms": 1, "output_tokens": 8}}],
+        "goal": {"expected_rate_rps": 5, "budget": {"max_minutes": 0.12}, "quality": {"smoke": ["streaming", "usage"]}},
+        "candidates": [
+            {"name": "first", "engine": "mock", "settings": {"itl_ms": 20, "output_tokens": 50}},
+            {"name": "second", "engine": "mock", "settings": {"itl_ms": 1, "output_tokens": 8}},
+        ],
         "workloads": [{"name": "short-qa", "set": {"output_tokens": 50}}],
-        "steps": {"concurrency": [1, 2, 4, 8]}, "requests_per_step": 3, "warmup": 0,
+        "steps": {"concurrency": [1, 2, 4, 8]},
+        "requests_per_step": 3,
+        "warmup": 0,
         "arrival_test": {"enabled": True, "requests": 5},
     }
     return _run(exp, out), out
@@ -313,6 +390,7 @@ def case(*fields: str) -> Callable[[Case], Case]:
             assert f not in CASES, f
             CASES[f] = fn
         return fn
+
     return deco
 
 
@@ -347,8 +425,11 @@ def _candidate_names(request: pytest.FixtureRequest) -> None:
 def _workload_names(request: pytest.FixtureRequest) -> None:
     rec, _ = _fx(request, "rich")
     # each listed workload runs its own sweep, in order (the flow may add its own runs after them)
-    assert list(dict.fromkeys(s.workload for s in _steps(rec, "cand-a")))[:3] == \
-        ["short-qa", "structured", "dataset:prompts.jsonl"]
+    assert list(dict.fromkeys(s.workload for s in _steps(rec, "cand-a")))[:3] == [
+        "short-qa",
+        "structured",
+        "dataset:prompts.jsonl",
+    ]
 
 
 @case("steps", "steps.concurrency")
@@ -383,8 +464,11 @@ def _seed(request: pytest.FixtureRequest) -> None:
     _, out_o = _fx(request, "open_loop")
 
     def targets(path: Path) -> list[int]:  # the mock counts prompt words
-        return [r["prompt_tokens"] for r in _lines(path) if r["workload"] == "short-qa"
-                and r["step"] in ("c1", "r20") and not r["warmup"]]
+        return [
+            r["prompt_tokens"]
+            for r in _lines(path)
+            if r["workload"] == "short-qa" and r["step"] in ("c1", "r20") and not r["warmup"]
+        ]
 
     a = targets(out_a / "candidates/cand-a/steps/requests.jsonl")
     o = targets(out_o / "candidates/o/steps/requests.jsonl")
@@ -677,8 +761,11 @@ def _workload_set(request: pytest.FixtureRequest) -> None:
 @case("workloads[].dataset", "workloads[].max_tokens_default")
 def _dataset(request: pytest.FixtureRequest) -> None:
     _, out = _fx(request, "rich")
-    rows = [r for r in _lines(out / "candidates/cand-a/steps/requests.jsonl")
-            if r["workload"] == "dataset:prompts.jsonl" and not r["warmup"]]
+    rows = [
+        r
+        for r in _lines(out / "candidates/cand-a/steps/requests.jsonl")
+        if r["workload"] == "dataset:prompts.jsonl" and not r["warmup"]
+    ]
     assert len(rows) == 6 and {r["max_tokens"] for r in rows} == {5}
 
 
@@ -779,22 +866,70 @@ def _mock_config(settings: dict[str, Any], host: str) -> BaseModel | Any:
 
 #: a non-default value per setting (the default's launch must differ from it)
 SETTINGS_VALUES: dict[str, dict[str, Any]] = {
-    "llamacpp": {"parallel": 3, "ctx_size": 1024, "threads": 2, "extra_args": ["--seed", "7"], "port": 18123,
-                 "ready_timeout_s": 12.5},
-    "vllm": {"max_num_seqs": 3, "max_model_len": 512, "dtype": "float32", "enforce_eager": False,
-             "served_model_name": "named", "extra_args": ["--seed", "7"], "env": {"VLLM_CPU_KVCACHE_SPACE": 3},
-             "port": 18123, "ready_timeout_s": 12.5},
-    "mock": {"ttft_ms": 3.0, "itl_ms": 4.0, "output_tokens": 9, "tokens_per_chunk": 2, "reasoning_tokens": 1,
-             "dialect": "sglang", "seed": 4, "fail_http_rate": 0.1, "fail_http_status": 503,
-             "stream_error_rate": 0.1, "cut_rate": 0.1, "hang_rate": 0.1, "hang_s": 2.0, "max_inflight": 3,
-             "overload_status": 429, "invalid_json": True, "bad_tool_call": "schema", "crash_after_requests": 5,
-             "model": "m2", "error_message": "boom", "context_tokens": 100, "port": 18123, "ready_timeout_s": 12.5,
-             "prefill_tokens_per_s": 5000.0, "itl_ms_per_running": 2.0, "prefix_cache_blocks": 64},
-    "command": {"argv": ["/bin/other", "--port", "{port}"], "env": {"A": "1"}, "inherit_env": False, "cwd": "/tmp",
-                "host": "127.0.0.2", "port": 18123, "api_root": "/api/v1", "ready": "first_token",
-                "ready_timeout_s": 12.5, "stop_signal": "SIGINT", "stop_grace_s": 2.0,
-                "after_ready": [["ollama", "pull", "m"]], "after_ready_timeout_s": 60.0, "model_name": "m",
-                "guard": True},
+    "llamacpp": {
+        "parallel": 3,
+        "ctx_size": 1024,
+        "threads": 2,
+        "extra_args": ["--seed", "7"],
+        "port": 18123,
+        "ready_timeout_s": 12.5,
+    },
+    "vllm": {
+        "max_num_seqs": 3,
+        "max_model_len": 512,
+        "dtype": "float32",
+        "enforce_eager": False,
+        "served_model_name": "named",
+        "extra_args": ["--seed", "7"],
+        "env": {"VLLM_CPU_KVCACHE_SPACE": 3},
+        "port": 18123,
+        "ready_timeout_s": 12.5,
+    },
+    "mock": {
+        "ttft_ms": 3.0,
+        "itl_ms": 4.0,
+        "output_tokens": 9,
+        "tokens_per_chunk": 2,
+        "reasoning_tokens": 1,
+        "dialect": "sglang",
+        "seed": 4,
+        "fail_http_rate": 0.1,
+        "fail_http_status": 503,
+        "stream_error_rate": 0.1,
+        "cut_rate": 0.1,
+        "hang_rate": 0.1,
+        "hang_s": 2.0,
+        "max_inflight": 3,
+        "overload_status": 429,
+        "invalid_json": True,
+        "bad_tool_call": "schema",
+        "crash_after_requests": 5,
+        "model": "m2",
+        "error_message": "boom",
+        "context_tokens": 100,
+        "port": 18123,
+        "ready_timeout_s": 12.5,
+        "prefill_tokens_per_s": 5000.0,
+        "itl_ms_per_running": 2.0,
+        "prefix_cache_blocks": 64,
+    },
+    "command": {
+        "argv": ["/bin/other", "--port", "{port}"],
+        "env": {"A": "1"},
+        "inherit_env": False,
+        "cwd": "/tmp",
+        "host": "127.0.0.2",
+        "port": 18123,
+        "api_root": "/api/v1",
+        "ready": "first_token",
+        "ready_timeout_s": 12.5,
+        "stop_signal": "SIGINT",
+        "stop_grace_s": 2.0,
+        "after_ready": [["ollama", "pull", "m"]],
+        "after_ready_timeout_s": 60.0,
+        "model_name": "m",
+        "guard": True,
+    },
 }
 
 
@@ -803,6 +938,7 @@ def _settings_case(kind: str, field: str) -> Case:
         base = _launch_plan(kind, {})
         changed = _launch_plan(kind, {field: SETTINGS_VALUES[kind][field]})
         assert changed != base, f"{kind} setting {field!r} does not change what its launcher runs"
+
     return run
 
 
@@ -830,6 +966,7 @@ def _secret_env_case(kind: str) -> Case:
             plain = k.parse({"env": env}).model_dump(mode="json")["env"]
             marked = k.parse({"env": env, "secret_env": ["DB_URL"]}).model_dump(mode="json")["env"]
         assert plain["DB_URL"] == env["DB_URL"] and marked["DB_URL"].startswith("<secret sha256:")
+
     return run
 
 
@@ -852,18 +989,32 @@ def _embed_exp(tmp: Path, **embeddings: Any) -> dict[str, Any]:
 
     if find_llama_server() is None and not os.environ.get("SERVELAB_REQUIRE_ENGINE"):
         pytest.skip("no cached llama-server for the embedder")
-    return {"name": "embed-fields", "goal": {"task_kind": "embeddings", "slo": "e2e_p95<=30s"},
-            "candidates": [{"name": "minilm", "engine": "command", "settings": {"argv": [
-                sys.executable, "-m", "servelab.engines.embedder", "--port", "{port}", "--parallel", "1"]}}],
-            "steps": {"concurrency": [1]}, "requests_per_step": 3, "repeats": 1, "embeddings": embeddings}
+    return {
+        "name": "embed-fields",
+        "goal": {"task_kind": "embeddings", "slo": "e2e_p95<=30s"},
+        "candidates": [
+            {
+                "name": "minilm",
+                "engine": "command",
+                "settings": {
+                    "argv": [sys.executable, "-m", "servelab.engines.embedder", "--port", "{port}", "--parallel", "1"]
+                },
+            }
+        ],
+        "steps": {"concurrency": [1]},
+        "requests_per_step": 3,
+        "repeats": 1,
+        "embeddings": embeddings,
+    }
 
 
 @pytest.fixture(scope="module")
 def embed_trial(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrialRecord, Path]:
     out = tmp_path_factory.mktemp("embed") / "run"
     ref = ROOT / "tests" / "gateway" / "data" / "embedding_reference.json"
-    return _run(_embed_exp(out.parent, batch_size=3, input_tokens="40-50", reference=str(ref),
-                           similarity_min=0.99), out), out
+    return _run(
+        _embed_exp(out.parent, batch_size=3, input_tokens="40-50", reference=str(ref), similarity_min=0.99), out
+    ), out
 
 
 @case("goal.task_kind", "embeddings")
@@ -944,15 +1095,30 @@ def decisions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TrialR
     out = tmp_path_factory.mktemp("decisions") / "run"
     exp = {
         "name": "decisions",
-        "goal": {"slo": "ttft_p95<=5s", "expected_rate_rps": 50, "peak_rate_rps": 40, "headroom": 0.5,
-                 "mix": "short-qa:2,structured:1", "budget": {"price_per_hour": 2.0},
-                 "quality": {"smoke": ["streaming", "usage"]}},
-        "candidates": [{"name": "own-price", "engine": "mock", "price_per_hour": 7.5,
-                        "settings": {"ttft_ms": 2, "itl_ms": 1, "output_tokens": 8}},
-                       {"name": "budget-price", "engine": "mock",
-                        "settings": {"ttft_ms": 2, "itl_ms": 1, "output_tokens": 8}}],
-        "workloads": ["short-qa", "structured"], "steps": {"concurrency": [1, 2]}, "requests_per_step": 4,
-        "warmup": 0, "arrival_test": {"enabled": False}, "repeats": 2,
+        "goal": {
+            "slo": "ttft_p95<=5s",
+            "expected_rate_rps": 50,
+            "peak_rate_rps": 40,
+            "headroom": 0.5,
+            "mix": "short-qa:2,structured:1",
+            "budget": {"price_per_hour": 2.0},
+            "quality": {"smoke": ["streaming", "usage"]},
+        },
+        "candidates": [
+            {
+                "name": "own-price",
+                "engine": "mock",
+                "price_per_hour": 7.5,
+                "settings": {"ttft_ms": 2, "itl_ms": 1, "output_tokens": 8},
+            },
+            {"name": "budget-price", "engine": "mock", "settings": {"ttft_ms": 2, "itl_ms": 1, "output_tokens": 8}},
+        ],
+        "workloads": ["short-qa", "structured"],
+        "steps": {"concurrency": [1, 2]},
+        "requests_per_step": 4,
+        "warmup": 0,
+        "arrival_test": {"enabled": False},
+        "repeats": 2,
         "capacity": {"requests": 5, "max_probes": 2, "start_rps": 30, "tolerance": 0.3, "arrival": "constant"},
     }
     try:
@@ -967,10 +1133,16 @@ def nomix(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrialRecord, Path]:
     """No mix run together, no capacity search, one round."""
     out = tmp_path_factory.mktemp("nomix") / "run"
     exp = {
-        "name": "nomix", "goal": {"quality": {"smoke": ["streaming"]}},
+        "name": "nomix",
+        "goal": {"quality": {"smoke": ["streaming"]}},
         "candidates": [{"name": "m", "engine": "mock", "settings": {"output_tokens": 4}}],
-        "workloads": ["short-qa", "structured"], "steps": {"concurrency": [1]}, "requests_per_step": 2,
-        "warmup": 0, "arrival_test": {"enabled": False}, "mix_sweep": False, "capacity": {"enabled": False},
+        "workloads": ["short-qa", "structured"],
+        "steps": {"concurrency": [1]},
+        "requests_per_step": 2,
+        "warmup": 0,
+        "arrival_test": {"enabled": False},
+        "mix_sweep": False,
+        "capacity": {"enabled": False},
         "repeats": 1,
     }
     return _run(exp, out), out
@@ -1053,8 +1225,9 @@ def _capacity_arrival(request: pytest.FixtureRequest) -> None:
     cap = rec.result("own-price").capacity
     assert cap.arrival == "constant"
     p = cap.probes[0]
-    summ = json.loads((out / "candidates" / "own-price" / "capacity" / f"r{p.rate_rps:.4g}" /
-                       "summary.json").read_text())
+    summ = json.loads(
+        (out / "candidates" / "own-price" / "capacity" / f"r{p.rate_rps:.4g}" / "summary.json").read_text()
+    )
     assert summ["steps"][0]["load"]["arrival"] == "constant"
 
 
@@ -1077,15 +1250,29 @@ def _headroom(request: pytest.FixtureRequest) -> None:
 @pytest.fixture(scope="module")
 def lifecycle_run(tmp_path_factory: pytest.TempPathFactory) -> TrialRecord:
     """A mock candidate with both lifecycle measurements on, 3 of 4 cancellation clients leaving."""
-    exp = Experiment.model_validate({
-        "goal": {"quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]}, "mix": "short-qa:1"},
-        "candidates": [{"name": "m", "engine": "mock", "settings": {"ttft_ms": 5.0, "itl_ms": 20.0,
-                                                                    "output_tokens": 300}}],
-        "workloads": [{"name": "short-qa", "set": {"output_tokens": 4}}], "steps": {"concurrency": [1]},
-        "requests_per_step": 2, "warmup": 0, "mix_sweep": False, "repeats": 1, "arrival_test": {"enabled": False},
-        "capacity": {"enabled": False}, "timeout_s": 30,
-        "lifecycle": {"restart_under_load": True, "cancellation": True, "cancel_share": 0.75,
-                      "cancel_max_decode_s": 7.5}})
+    exp = Experiment.model_validate(
+        {
+            "goal": {"quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]}, "mix": "short-qa:1"},
+            "candidates": [
+                {"name": "m", "engine": "mock", "settings": {"ttft_ms": 5.0, "itl_ms": 20.0, "output_tokens": 300}}
+            ],
+            "workloads": [{"name": "short-qa", "set": {"output_tokens": 4}}],
+            "steps": {"concurrency": [1]},
+            "requests_per_step": 2,
+            "warmup": 0,
+            "mix_sweep": False,
+            "repeats": 1,
+            "arrival_test": {"enabled": False},
+            "capacity": {"enabled": False},
+            "timeout_s": 30,
+            "lifecycle": {
+                "restart_under_load": True,
+                "cancellation": True,
+                "cancel_share": 0.75,
+                "cancel_max_decode_s": 7.5,
+            },
+        }
+    )
     return TrialRunner(exp, tmp_path_factory.mktemp("lifecycle") / "run", progress=lambda *_: None).run()
 
 
@@ -1093,10 +1280,16 @@ def lifecycle_run(tmp_path_factory: pytest.TempPathFactory) -> TrialRecord:
 def _lifecycle(request: pytest.FixtureRequest) -> None:
     rec = _fx(request, "lifecycle_run")
     assert rec.results.candidates["m"].lifecycle is not None
-    default = Experiment.model_validate({"candidates": [{"name": "m", "engine": "mock"}],
-                                         "arrival_test": {"enabled": False}}).lifecycle
-    assert default.model_dump() == {"warm_start": None, "restart_under_load": False, "cancellation": False,
-                                     "cancel_share": 0.5, "cancel_max_decode_s": 10.0}
+    default = Experiment.model_validate(
+        {"candidates": [{"name": "m", "engine": "mock"}], "arrival_test": {"enabled": False}}
+    ).lifecycle
+    assert default.model_dump() == {
+        "warm_start": None,
+        "restart_under_load": False,
+        "cancellation": False,
+        "cancel_share": 0.5,
+        "cancel_max_decode_s": 10.0,
+    }
 
 
 @case("checks")
@@ -1106,13 +1299,29 @@ def _checks(request: pytest.FixtureRequest) -> None:
     assert d is not None and d.template is not None and d.context is None
     # [context] on a mock that refuses prompts past 512 tokens: the limit found, no template check
     tmp_path: Path = _fx(request, "tmp_path")
-    exp = Experiment.model_validate({
-        "goal": {"quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]}, "mix": "short-qa:1"},
-        "candidates": [{"name": "m", "engine": "mock", "settings": {"ttft_ms": 2.0, "itl_ms": 1.0, "output_tokens": 4,
-                                                                    "context_tokens": 512}}],
-        "workloads": [{"name": "short-qa", "set": {"output_tokens": 4}}], "steps": {"concurrency": [1]},
-        "requests_per_step": 1, "warmup": 0, "mix_sweep": False, "repeats": 1, "arrival_test": {"enabled": False},
-        "capacity": {"enabled": False}, "timeout_s": 30, "checks": ["context"], "lifecycle": {"warm_start": False}})
+    exp = Experiment.model_validate(
+        {
+            "goal": {"quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]}, "mix": "short-qa:1"},
+            "candidates": [
+                {
+                    "name": "m",
+                    "engine": "mock",
+                    "settings": {"ttft_ms": 2.0, "itl_ms": 1.0, "output_tokens": 4, "context_tokens": 512},
+                }
+            ],
+            "workloads": [{"name": "short-qa", "set": {"output_tokens": 4}}],
+            "steps": {"concurrency": [1]},
+            "requests_per_step": 1,
+            "warmup": 0,
+            "mix_sweep": False,
+            "repeats": 1,
+            "arrival_test": {"enabled": False},
+            "capacity": {"enabled": False},
+            "timeout_s": 30,
+            "checks": ["context"],
+            "lifecycle": {"warm_start": False},
+        }
+    )
     rec = TrialRunner(exp, tmp_path / "ctx", progress=lambda *_: None).run()
     c = rec.results.candidates["m"].checks
     assert c is not None and c.template is None and c.context is not None
@@ -1132,13 +1341,24 @@ def _lifecycle_warm_start(request: pytest.FixtureRequest) -> None:
     assert w.warm.port_open_s is not None and w.warm.health_s is not None and w.warm.first_token_s
     assert w.warm.port_open_s <= w.warm.health_s <= w.warm.first_token_s and "mock" in w.engine_caches
     # false: no second launch (and nothing else enabled: no lifecycle result at all)
-    exp = Experiment.model_validate({
-        "goal": {"quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]}, "mix": "short-qa:1"},
-        "candidates": [{"name": "m", "engine": "mock", "settings": {"ttft_ms": 2.0, "itl_ms": 1.0,
-                                                                    "output_tokens": 4}}],
-        "workloads": [{"name": "short-qa", "set": {"output_tokens": 4}}], "steps": {"concurrency": [1]},
-        "requests_per_step": 1, "warmup": 0, "mix_sweep": False, "repeats": 1, "arrival_test": {"enabled": False},
-        "capacity": {"enabled": False}, "timeout_s": 30, "lifecycle": {"warm_start": False}})
+    exp = Experiment.model_validate(
+        {
+            "goal": {"quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]}, "mix": "short-qa:1"},
+            "candidates": [
+                {"name": "m", "engine": "mock", "settings": {"ttft_ms": 2.0, "itl_ms": 1.0, "output_tokens": 4}}
+            ],
+            "workloads": [{"name": "short-qa", "set": {"output_tokens": 4}}],
+            "steps": {"concurrency": [1]},
+            "requests_per_step": 1,
+            "warmup": 0,
+            "mix_sweep": False,
+            "repeats": 1,
+            "arrival_test": {"enabled": False},
+            "capacity": {"enabled": False},
+            "timeout_s": 30,
+            "lifecycle": {"warm_start": False},
+        }
+    )
     r = TrialRunner(exp, tmp_path / "off", progress=lambda *_: None).run().results.candidates["m"]
     assert r.status == "ranked" and r.lifecycle is None
     assert not (tmp_path / "off" / "candidates" / "m" / "engine-warm").exists()
@@ -1167,14 +1387,24 @@ def _lifecycle_cancel_limit(request: pytest.FixtureRequest) -> None:
     assert any("within the 7.5 s limit" in x for x in rec.decision.verdicts["m"].reasons)
 
 
-def _generator_run(tmp: Path, name: str, load_generator: dict[str, Any] | None,
-                   **more: Any) -> tuple[dict[str, Any], list]:
+def _generator_run(
+    tmp: Path, name: str, load_generator: dict[str, Any] | None, **more: Any
+) -> tuple[dict[str, Any], list]:
     """One tiny closed-loop trial on a mock; returns its steps' summary.json and requests.jsonl lines."""
     exp: dict[str, Any] = {
-        "name": name, "goal": {"quality": {"smoke": ["streaming"]}},
+        "name": name,
+        "goal": {"quality": {"smoke": ["streaming"]}},
         "candidates": [{"name": "m", "engine": "mock", "settings": {"ttft_ms": 2, "itl_ms": 1, "output_tokens": 4}}],
-        "workloads": ["short-qa"], "steps": {"concurrency": [2]}, "requests_per_step": 6, "warmup": 0,
-        "repeats": 1, "mix_sweep": False, "arrival_test": {"enabled": False}, "capacity": {"enabled": False}, **more}
+        "workloads": ["short-qa"],
+        "steps": {"concurrency": [2]},
+        "requests_per_step": 6,
+        "warmup": 0,
+        "repeats": 1,
+        "mix_sweep": False,
+        "arrival_test": {"enabled": False},
+        "capacity": {"enabled": False},
+        **more,
+    }
     if load_generator is not None:
         exp["load_generator"] = load_generator
     _run(exp, tmp / name)
@@ -1189,13 +1419,20 @@ def generators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict
     import raycluster
 
     tmp = tmp_path_factory.mktemp("generators")
-    runs = {"default": _generator_run(tmp, "default", None),
-            "workers": _generator_run(tmp, "workers", {"workers": 2}, workloads=["short-qa", "structured"],
-                                      mix_sweep=True, goal={"quality": {"smoke": ["streaming"]},
-                                                            "expected_rate_rps": 20, "mix": "short-qa:1,structured:1"},
-                                      capacity={"requests": 4, "max_probes": 1, "start_rps": 20},
-                                      arrival_test={"enabled": True, "requests": 4}),
-            "tmp": ({"tmp": str(tmp)}, [])}
+    runs = {
+        "default": _generator_run(tmp, "default", None),
+        "workers": _generator_run(
+            tmp,
+            "workers",
+            {"workers": 2},
+            workloads=["short-qa", "structured"],
+            mix_sweep=True,
+            goal={"quality": {"smoke": ["streaming"]}, "expected_rate_rps": 20, "mix": "short-qa:1,structured:1"},
+            capacity={"requests": 4, "max_probes": 1, "start_rps": 20},
+            arrival_test={"enabled": True, "requests": 4},
+        ),
+        "tmp": ({"tmp": str(tmp)}, []),
+    }
     with raycluster.ray_cluster() as address:
         runs["ray"] = _generator_run(tmp, "ray", {"ray": address, "workers": 2})
         runs["per_node"] = _generator_run(tmp, "per-node", {"ray": address, "workers_per_node": 1})
@@ -1245,14 +1482,27 @@ def _candidate_restart(request: pytest.FixtureRequest) -> None:
     tmp = request.getfixturevalue("tmp_path")
     outcomes = {}
     for restart in ("never", "once"):
-        exp = Experiment.model_validate({
-            "goal": {"quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]}, "mix": "short-qa:1"},
-            "candidates": [{"name": "c", "engine": "mock", "restart": restart,
-                            "settings": {"ttft_ms": 5.0, "itl_ms": 2.0, "output_tokens": 4,
-                                         "crash_after_requests": 5}}],
-            "workloads": [{"name": "short-qa", "set": {"output_tokens": 4}}], "steps": {"concurrency": [1]},
-            "requests_per_step": 6, "warmup": 0, "mix_sweep": False, "arrival_test": {"enabled": False},
-            "capacity": {"enabled": False}, "timeout_s": 10})
+        exp = Experiment.model_validate(
+            {
+                "goal": {"quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]}, "mix": "short-qa:1"},
+                "candidates": [
+                    {
+                        "name": "c",
+                        "engine": "mock",
+                        "restart": restart,
+                        "settings": {"ttft_ms": 5.0, "itl_ms": 2.0, "output_tokens": 4, "crash_after_requests": 5},
+                    }
+                ],
+                "workloads": [{"name": "short-qa", "set": {"output_tokens": 4}}],
+                "steps": {"concurrency": [1]},
+                "requests_per_step": 6,
+                "warmup": 0,
+                "mix_sweep": False,
+                "arrival_test": {"enabled": False},
+                "capacity": {"enabled": False},
+                "timeout_s": 10,
+            }
+        )
         r = TrialRunner(exp, tmp / restart, progress=lambda *_: None).run().results.candidates["c"]
         assert r.reliability is not None and r.reliability.crash_count >= 1
         outcomes[restart] = (r.status, r.reliability.restart_count)
@@ -1263,13 +1513,26 @@ def _candidate_restart(request: pytest.FixtureRequest) -> None:
 def _candidate_declared(request: pytest.FixtureRequest) -> None:
     """Declared facts reach the record's identity with source 'declared' (a url candidate on the mock)."""
     mp = request.getfixturevalue("mock_engine")("--dialect", "sglang")  # stopped at teardown
-    exp = Experiment.model_validate({
-        "goal": {"quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]}, "mix": "short-qa:1"},
-        "candidates": [{"name": "r", "engine": "url", "url": mp.base_url,
-                        "declared": {"gpu_model": "NVIDIA H200", "gpu_count": 8, "pp": 2}}],
-        "workloads": [{"name": "short-qa", "set": {"output_tokens": 2}}], "steps": {"concurrency": [1]},
-        "requests_per_step": 1, "warmup": 0, "mix_sweep": False, "arrival_test": {"enabled": False},
-        "capacity": {"enabled": False}})
+    exp = Experiment.model_validate(
+        {
+            "goal": {"quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]}, "mix": "short-qa:1"},
+            "candidates": [
+                {
+                    "name": "r",
+                    "engine": "url",
+                    "url": mp.base_url,
+                    "declared": {"gpu_model": "NVIDIA H200", "gpu_count": 8, "pp": 2},
+                }
+            ],
+            "workloads": [{"name": "short-qa", "set": {"output_tokens": 2}}],
+            "steps": {"concurrency": [1]},
+            "requests_per_step": 1,
+            "warmup": 0,
+            "mix_sweep": False,
+            "arrival_test": {"enabled": False},
+            "capacity": {"enabled": False},
+        }
+    )
     out = request.getfixturevalue("tmp_path") / "declared"
     rec = TrialRunner(exp, out, progress=lambda *_: None).run()
     facts = rec.identity.candidates["r"].facts
@@ -1308,12 +1571,23 @@ def test_field_has_its_effect(field: str, request: pytest.FixtureRequest) -> Non
 def test_informational_gates_are_printed_as_such(tmp_path: Path) -> None:
     """A gate whose minimum is 0 cannot fail: the progress line says 'informational', never 'ok'."""
     lines: list[str] = []
-    exp = Experiment.model_validate({
-        "goal": {"quality": {"smoke": ["streaming"], "samples_pass_min": 0.0,
-                             "samples": [{"prompt": "hi", "expect_regex": "never"}]}},
-        "candidates": [{"name": "m", "engine": "mock", "settings": {"output_tokens": 2}}],
-        "workloads": ["short-qa"], "steps": {"concurrency": [1]}, "requests_per_step": 1, "warmup": 0,
-        "arrival_test": {"enabled": False}})
+    exp = Experiment.model_validate(
+        {
+            "goal": {
+                "quality": {
+                    "smoke": ["streaming"],
+                    "samples_pass_min": 0.0,
+                    "samples": [{"prompt": "hi", "expect_regex": "never"}],
+                }
+            },
+            "candidates": [{"name": "m", "engine": "mock", "settings": {"output_tokens": 2}}],
+            "workloads": ["short-qa"],
+            "steps": {"concurrency": [1]},
+            "requests_per_step": 1,
+            "warmup": 0,
+            "arrival_test": {"enabled": False},
+        }
+    )
     TrialRunner(exp, tmp_path / "run", progress=lines.append).run()
     (gate,) = [ln for ln in lines if "quality gate:" in ln]
     assert "samples_pass_fraction 0.00 (informational: no minimum)" in gate and " ok" not in gate, gate

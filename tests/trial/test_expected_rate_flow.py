@@ -20,21 +20,38 @@ def record(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("exprate")
     exp = {
         "name": "expected-rate",
-        "goal": {"slo": "ttft_p95<=150ms", "expected_rate_rps": 50, "burstiness": 1.0, "mix": "short-qa:1",
-                 "quality": {"smoke": ["streaming", "usage"]}},
+        "goal": {
+            "slo": "ttft_p95<=150ms",
+            "expected_rate_rps": 50,
+            "burstiness": 1.0,
+            "mix": "short-qa:1",
+            "quality": {"smoke": ["streaming", "usage"]},
+        },
         "candidates": [
-            {"name": "oneslot", "engine": "mock",
-             "settings": {"dialect": "llamacpp", "max_inflight": 1, "ttft_ms": 5, "itl_ms": 5, "output_tokens": 10}},
-            {"name": "wide", "engine": "mock", "settings": {"ttft_ms": 5, "itl_ms": 5, "output_tokens": 10}}],
+            {
+                "name": "oneslot",
+                "engine": "mock",
+                "settings": {"dialect": "llamacpp", "max_inflight": 1, "ttft_ms": 5, "itl_ms": 5, "output_tokens": 10},
+            },
+            {"name": "wide", "engine": "mock", "settings": {"ttft_ms": 5, "itl_ms": 5, "output_tokens": 10}},
+        ],
         "workloads": [{"name": "short-qa", "set": {"output_tokens": 10}}],
-        "steps": {"concurrency": [1]}, "requests_per_step": 4, "warmup": 0, "repeats": 2,
-        "arrival_test": {"enabled": True, "requests": 12}, "capacity": {"enabled": False},
+        "steps": {"concurrency": [1]},
+        "requests_per_step": 4,
+        "warmup": 0,
+        "repeats": 2,
+        "arrival_test": {"enabled": True, "requests": 12},
+        "capacity": {"enabled": False},
     }
     p = tmp / "exp.yaml"
     p.write_text(yaml.safe_dump(exp))
     out = tmp / "run"
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(p), "--out", str(out), "--no-report",
-                        "--no-index"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "trial", str(p), "--out", str(out), "--no-report", "--no-index"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return json.loads((out / "record.json").read_text())
 

@@ -26,18 +26,25 @@ def one_line(r: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize(("text", "want"), [
-    ("requests_per_step: 1000000000000000000000000000000\n" + CAND,
-     "requests_per_step: input should be less than or equal to 1000000"),
-    ("requests_per_step: 1.0e+18\n" + CAND, "requests_per_step: input should be less than or equal to 1000000"),
-    ("warmup: 1.0e+15\n" + CAND, "warmup: input should be less than or equal to 1000000"),
-    ("timeout_s: .inf\n" + CAND, "timeout_s: .inf is not a finite number"),
-    ("timeout_s: 1.0e+300\n" + CAND, "timeout_s: input should be less than or equal to 604800"),
-    ("steps: {concurrency: [1000000000]}\n" + CAND, "steps.concurrency[0]: input should be less than or equal"),
-    ("steps: {rates: [.nan]}\n" + CAND, "steps.rates[0]: .nan is not a finite number"),
-    ("candidates:\n- {name: a, engine: mock, settings: {ready_timeout_s: -.inf}}\n",
-     "candidates[0].settings.ready_timeout_s: -.inf is not a finite number"),
-])
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (
+            "requests_per_step: 1000000000000000000000000000000\n" + CAND,
+            "requests_per_step: input should be less than or equal to 1000000",
+        ),
+        ("requests_per_step: 1.0e+18\n" + CAND, "requests_per_step: input should be less than or equal to 1000000"),
+        ("warmup: 1.0e+15\n" + CAND, "warmup: input should be less than or equal to 1000000"),
+        ("timeout_s: .inf\n" + CAND, "timeout_s: .inf is not a finite number"),
+        ("timeout_s: 1.0e+300\n" + CAND, "timeout_s: input should be less than or equal to 604800"),
+        ("steps: {concurrency: [1000000000]}\n" + CAND, "steps.concurrency[0]: input should be less than or equal"),
+        ("steps: {rates: [.nan]}\n" + CAND, "steps.rates[0]: .nan is not a finite number"),
+        (
+            "candidates:\n- {name: a, engine: mock, settings: {ready_timeout_s: -.inf}}\n",
+            "candidates[0].settings.ready_timeout_s: -.inf is not a finite number",
+        ),
+    ],
+)
 def test_unbounded_numbers_refused_by_check(text: str, want: str, tmp_path: Path) -> None:
     f = tmp_path / "exp.yaml"
     f.write_text(BASE + text)

@@ -49,9 +49,13 @@ def trial(tmp_path_factory):
     exp = _exp(tmp, EXP)
     out = tmp / "run"
     env_db = str(tmp / "records.db")
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out), "--no-report"],
-                       capture_output=True, text=True, timeout=600,
-                       env={**__import__("os").environ, "SERVELAB_RECORDS_DB": env_db})
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out), "--no-report"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "SERVELAB_RECORDS_DB": env_db},
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r, json.loads((out / "record.json").read_text()), out
 
@@ -92,10 +96,20 @@ def test_no_engine_left_running(trial):
 
 
 def test_bad_experiment_is_one_line(tmp_path):
-    p = _exp(tmp_path, EXP.replace("engine: mock, settings: {ttft_ms: 5, itl_ms: 1, output_tokens: 12}}",
-                                   "engine: mokc, settings: {ttft_ms: 5}}", 1))
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(p), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=120)
+    p = _exp(
+        tmp_path,
+        EXP.replace(
+            "engine: mock, settings: {ttft_ms: 5, itl_ms: 1, output_tokens: 12}}",
+            "engine: mokc, settings: {ttft_ms: 5}}",
+            1,
+        ),
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "trial", str(p), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0 and "candidates[0].engine" in r.stderr
 
@@ -108,10 +122,18 @@ def test_port_in_use_is_one_line_and_starts_nothing(tmp_path):
     srv.listen(1)
     port = srv.getsockname()[1]
     try:
-        p = _exp(tmp_path, EXP.replace("settings: {ttft_ms: 5, itl_ms: 1, output_tokens: 12}}",
-                                       f"settings: {{ttft_ms: 5, port: {port}}}}}", 1))
-        r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(p), "--out", str(tmp_path / "o")],
-                           capture_output=True, text=True, timeout=120)
+        p = _exp(
+            tmp_path,
+            EXP.replace(
+                "settings: {ttft_ms: 5, itl_ms: 1, output_tokens: 12}}", f"settings: {{ttft_ms: 5, port: {port}}}}}", 1
+            ),
+        )
+        r = subprocess.run(
+            [sys.executable, "-m", "servelab.cli", "trial", str(p), "--out", str(tmp_path / "o")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert "candidates[0].settings.port" in r.stderr and "in use" in r.stderr
         assert r.stderr.strip().count("\n") == 0
@@ -147,8 +169,13 @@ def test_ctrl_c_writes_a_partial_record_that_report_renders(tmp_path):
     exp = _exp(tmp_path, SLOW_EXP)
     out = tmp_path / "run"
     env = {**os.environ, "SERVELAB_RECORDS_DB": str(tmp_path / "records.db"), "PYTHONUNBUFFERED": "1"}
-    p = subprocess.Popen([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out), "--no-report"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out), "--no-report"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     seen = ""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -169,8 +196,9 @@ def test_ctrl_c_writes_a_partial_record_that_report_renders(tmp_path):
     assert cands["second"]["status"] == "failed" and "interrupted" in cands["second"]["reason"]
     assert cands["third"]["status"] == "failed" and cands["third"]["reason"].startswith("not run")
     assert rec["interrupted"]["candidate"] == "second"
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "report", str(out)], capture_output=True, text=True,
-                       timeout=120, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "report", str(out)], capture_output=True, text=True, timeout=120, env=env
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     html = (out / "report.html").read_text()
     assert "Partial trial" in html and "interrupted while <b>second</b>" in html
@@ -184,7 +212,9 @@ def test_external_server_down_fails_that_candidate_only(tmp_path):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    exp = _exp(tmp_path, f"""
+    exp = _exp(
+        tmp_path,
+        f"""
 name: dead-url
 goal: {{task: "chat", slo: "ttft_p95<=5s"}}
 candidates:
@@ -197,11 +227,16 @@ warmup: 0
 seed: 0
 timeout_s: 20
 arrival_test: {{enabled: false}}
-""")
+""",
+    )
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out), "--no-report"],
-                       capture_output=True, text=True, timeout=300,
-                       env={**__import__("os").environ, "SERVELAB_RECORDS_DB": str(tmp_path / "r.db")})
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out), "--no-report"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "SERVELAB_RECORDS_DB": str(tmp_path / "r.db")},
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     cands = json.loads((out / "record.json").read_text())["results"]["candidates"]
     assert cands["gone"]["status"] == "failed" and f"127.0.0.1:{port}" in cands["gone"]["reason"]

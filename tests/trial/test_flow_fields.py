@@ -28,17 +28,30 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrialRecord, Path]:
     tmp = tmp_path_factory.mktemp("fields")
     data = tmp / "prompts.jsonl"  # entries without a length: they get max_tokens_default
     data.write_text("".join(json.dumps({"prompt": f"question {i}?"}) + "\n" for i in range(4)))
-    exp = Experiment.model_validate({
-        "name": "fields",
-        "goal": {"slo": "ttft_p95<=5s", "expected_rate_rps": 50, "burstiness": 1,
-                 "mix": None,  # documented: null = the experiment's mixable workloads, weight 1 each
-                 "quality": {"structured_requests": 3, "structured_valid_min": 0.5, "samples_pass_min": 1.0,
-                             "samples": [{"name": "tokens", "prompt": "Say something.", "expect_regex": "tok\\d"}]}},
-        "candidates": [{"name": "m", "engine": "mock", "settings": {"ttft_ms": 1, "output_tokens": 50}}],
-        "workloads": ["short-qa", "structured", {"dataset": str(data), "max_tokens_default": 5}],
-        "steps": {"concurrency": [1]}, "requests_per_step": 4, "warmup": 0, "timeout_s": 20,
-        "arrival_test": {"enabled": True, "requests": 10},
-    })
+    exp = Experiment.model_validate(
+        {
+            "name": "fields",
+            "goal": {
+                "slo": "ttft_p95<=5s",
+                "expected_rate_rps": 50,
+                "burstiness": 1,
+                "mix": None,  # documented: null = the experiment's mixable workloads, weight 1 each
+                "quality": {
+                    "structured_requests": 3,
+                    "structured_valid_min": 0.5,
+                    "samples_pass_min": 1.0,
+                    "samples": [{"name": "tokens", "prompt": "Say something.", "expect_regex": "tok\\d"}],
+                },
+            },
+            "candidates": [{"name": "m", "engine": "mock", "settings": {"ttft_ms": 1, "output_tokens": 50}}],
+            "workloads": ["short-qa", "structured", {"dataset": str(data), "max_tokens_default": 5}],
+            "steps": {"concurrency": [1]},
+            "requests_per_step": 4,
+            "warmup": 0,
+            "timeout_s": 20,
+            "arrival_test": {"enabled": True, "requests": 10},
+        }
+    )
     out = tmp / "run"
     record = TrialRunner(exp, out, progress=lambda s: None).run()
     return record, out

@@ -91,8 +91,17 @@ def test_the_cases_cover_the_decisions_paths() -> None:
         texts.append(json.dumps(d, ensure_ascii=False))
     blob = "\n".join(texts)
     assert verdicts == {"adopt", "backup", "exclude"}
-    for phrase in ("by the tie-break", "sustains", "too few samples", "per 10k output tokens", "replica(s)",
-                   "at the expected rate", "error rate", "smoke", "broke"):
+    for phrase in (
+        "by the tie-break",
+        "sustains",
+        "too few samples",
+        "per 10k output tokens",
+        "replica(s)",
+        "at the expected rate",
+        "error rate",
+        "smoke",
+        "broke",
+    ):
         assert phrase in blob, phrase
 
 

@@ -18,19 +18,45 @@ DIGEST = "sha256:" + "ab" * 32
 
 
 def _exp(cands: list[dict]) -> Experiment:
-    return Experiment.model_validate({
-        "goal": {"slo": "ttft_p95<=5s", "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]},
-                 "mix": "short-qa:1"},
-        "candidates": cands, "workloads": [{"name": "short-qa", "set": {"output_tokens": 4}}],
-        "steps": {"concurrency": [1]}, "requests_per_step": 2, "warmup": 0, "mix_sweep": False,
-        "arrival_test": {"enabled": False}, "capacity": {"enabled": False}})
+    return Experiment.model_validate(
+        {
+            "goal": {
+                "slo": "ttft_p95<=5s",
+                "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]},
+                "mix": "short-qa:1",
+            },
+            "candidates": cands,
+            "workloads": [{"name": "short-qa", "set": {"output_tokens": 4}}],
+            "steps": {"concurrency": [1]},
+            "requests_per_step": 2,
+            "warmup": 0,
+            "mix_sweep": False,
+            "arrival_test": {"enabled": False},
+            "capacity": {"enabled": False},
+        }
+    )
 
 
 def test_url_candidate_identity_from_the_server_and_declared(mock_engine, tmp_path: Path) -> None:
     mp = mock_engine("--dialect", "tgi", "--model", "org/Model-7B", "--context-tokens", "2048")
-    exp = _exp([{"name": "remote", "engine": "url", "url": mp.base_url, "price_per_hour": 4.5,
-                 "declared": {"image_digest": DIGEST, "gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 2,
-                              "tp": 2, "pp": 1, "dp": 1}}])
+    exp = _exp(
+        [
+            {
+                "name": "remote",
+                "engine": "url",
+                "url": mp.base_url,
+                "price_per_hour": 4.5,
+                "declared": {
+                    "image_digest": DIGEST,
+                    "gpu_model": "NVIDIA H100 80GB HBM3",
+                    "gpu_count": 2,
+                    "tp": 2,
+                    "pp": 1,
+                    "dp": 1,
+                },
+            }
+        ]
+    )
     rec = TrialRunner(exp, tmp_path / "run", progress=lambda *_: None).run()
     ident = rec.identity.candidates["remote"]
     f = ident.facts
@@ -56,10 +82,15 @@ def test_declared_refused_with_one_line() -> None:
 
 def test_launcher_facts_first_then_probe_then_declared() -> None:
     engine = {"version": "11434.0.0", "build": "11434", "binary_sha256": "b" * 64, "devices": ["cpu"]}
-    probed = ProbedIdentity(kind="llamacpp", answered=["GET /props"],
-                            facts={"build": Fact(value="b0-unknown", source="GET /props"),
-                                   "slots": Fact(value=1, source="GET /props"),
-                                   "tp_size": Fact(value=1, source="GET /get_server_info")})
+    probed = ProbedIdentity(
+        kind="llamacpp",
+        answered=["GET /props"],
+        facts={
+            "build": Fact(value="b0-unknown", source="GET /props"),
+            "slots": Fact(value=1, source="GET /props"),
+            "tp_size": Fact(value=1, source="GET /get_server_info"),
+        },
+    )
     f = merge_facts(engine, probed, Declared(tp=2, gpu_count=0), price_per_hour=None)
     assert f["build"] == Fact(value="11434", source="launcher")  # the launcher knows the build number
     assert f["slots"].source == "GET /props" and f["devices"].value == "cpu"
@@ -75,14 +106,21 @@ def test_url_candidates_at_different_addresses_differ_by_address() -> None:
     from servelab.trial.results import CandidateIdentity
 
     a = CandidateIdentity(engine_kind="url", settings={"url": "http://10.0.0.1:8000/v1"}, url="http://10.0.0.1:8000/v1")
-    b = CandidateIdentity(engine_kind="url", settings={"url": "http://10.0.0.2:8000/v1"}, url="http://10.0.0.2:8000/v1/")
+    b = CandidateIdentity(
+        engine_kind="url", settings={"url": "http://10.0.0.2:8000/v1"}, url="http://10.0.0.2:8000/v1/"
+    )
     c = compare_identities(a, b, "east", "west")
     assert c.differs_in == ["server.url"]
     assert c.details["server.url"] == ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
     assert "different servers" in c.note and "10.0.0.2" in c.note and "no factor differs" not in c.note
     same = compare_identities(a, a.model_copy(), "east", "east-again")
     assert same.differs_in == [] and same.note.startswith("no factor differs")
-    launched = CandidateIdentity.model_validate({"engine_kind": "llamacpp", "settings": {"parallel": 4, "port": 8081},
-                                                 "engine": {"kind": "llamacpp", "engine": "llama.cpp"},
-                                                 "url": "http://127.0.0.1:8081/v1"})
+    launched = CandidateIdentity.model_validate(
+        {
+            "engine_kind": "llamacpp",
+            "settings": {"parallel": 4, "port": 8081},
+            "engine": {"kind": "llamacpp", "engine": "llama.cpp"},
+            "url": "http://127.0.0.1:8081/v1",
+        }
+    )
     assert "server.url" not in identity_factors(launched)

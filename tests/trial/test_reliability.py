@@ -15,14 +15,31 @@ from servelab.trial.spec import Experiment
 
 
 def _run(tmp_path: Path, restart: str):
-    exp = Experiment.model_validate({
-        "goal": {"slo": "ttft_p95<=5s", "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]},
-                 "mix": "short-qa:1"},
-        "candidates": [{"name": "crashy", "engine": "mock", "restart": restart,
-                        "settings": {"ttft_ms": 20.0, "itl_ms": 5.0, "output_tokens": 8, "crash_after_requests": 6}}],
-        "workloads": [{"name": "short-qa", "set": {"output_tokens": 8}}], "steps": {"concurrency": [1]},
-        "requests_per_step": 8, "warmup": 0, "mix_sweep": False, "arrival_test": {"enabled": False},
-        "capacity": {"enabled": False}, "timeout_s": 10})
+    exp = Experiment.model_validate(
+        {
+            "goal": {
+                "slo": "ttft_p95<=5s",
+                "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]},
+                "mix": "short-qa:1",
+            },
+            "candidates": [
+                {
+                    "name": "crashy",
+                    "engine": "mock",
+                    "restart": restart,
+                    "settings": {"ttft_ms": 20.0, "itl_ms": 5.0, "output_tokens": 8, "crash_after_requests": 6},
+                }
+            ],
+            "workloads": [{"name": "short-qa", "set": {"output_tokens": 8}}],
+            "steps": {"concurrency": [1]},
+            "requests_per_step": 8,
+            "warmup": 0,
+            "mix_sweep": False,
+            "arrival_test": {"enabled": False},
+            "capacity": {"enabled": False},
+            "timeout_s": 10,
+        }
+    )
     rec = TrialRunner(exp, tmp_path / restart, progress=lambda *_: None).run()
     from servelab.trial.results import read_record
 
@@ -55,12 +72,15 @@ def test_restart_once_recovers_with_its_recovery_time(tmp_path: Path) -> None:
     assert r.engine_exit is not None and r.engine_exit.alive_after_stop is False
 
 
-@pytest.mark.parametrize(("line", "kind", "oom"), [
-    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "vllm", True),
-    ("ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 4294967296", "llamacpp", True),
-    ("terminate called after throwing an instance of 'std::bad_alloc'", None, True),
-    ("INFO: shutting down", "vllm", False),
-])
+@pytest.mark.parametrize(
+    ("line", "kind", "oom"),
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "vllm", True),
+        ("ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 4294967296", "llamacpp", True),
+        ("terminate called after throwing an instance of 'std::bad_alloc'", None, True),
+        ("INFO: shutting down", "vllm", False),
+    ],
+)
 def test_classify_exit_from_log_lines(tmp_path: Path, line: str, kind: str | None, oom: bool) -> None:
     log = tmp_path / "engine.log"
     log.write_text("starting\n" + line + "\nbye\n")

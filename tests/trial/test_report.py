@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from browser_check import _assert_rendered, _chromium_run
+
 from servelab.trial.report import write_compare, write_report
 from servelab.wire import ConfigError
 
@@ -47,6 +47,7 @@ def _record(run: Path) -> dict:
 
 # ------------------------------------------------------------------------------------------ content
 
+
 def test_report_content(run: Path) -> None:
     out = write_report(run)
     assert out == run / "report.html"
@@ -57,21 +58,28 @@ def test_report_content(run: Path) -> None:
         assert name in text
     for verdict in (">adopt<", ">backup<", ">exclude<"):
         assert verdict in text
-    assert "llama-4slot</b> &gt; <b>llama-1slot" in text                    # ranking
+    assert "llama-4slot</b> &gt; <b>llama-1slot" in text  # ranking
     table = text.index("<th>ranked on</th><th>95 % CI</th><th>measured</th><th>SLO</th>")  # the verdict table
-    assert text.index('id="decision"') < table < text.index('class="cards"')               # leads the reasons
-    assert "<td>llama-4slot</td>" in text[table:text.index('class="cards"')] and "met at c4" in text
-    assert "smoke test json_schema failed" in text                          # excluded with its reason
+    assert text.index('id="decision"') < table < text.index('class="cards"')  # leads the reasons
+    assert "<td>llama-4slot</td>" in text[table : text.index('class="cards"')] and "met at c4" in text
+    assert "smoke test json_schema failed" in text  # excluded with its reason
     assert "Scope of validity" in text and "engine binary changes" in text  # scope + re-check
-    assert "settings.parallel" in text                                      # the factor that differs
-    assert "skipped: c4 broke ttft_p95&lt;=2s" in text                      # skipped steps with reason
-    assert "llamacpp:predicted_tokens_seconds" in text                      # client vs server table
+    assert "settings.parallel" in text  # the factor that differs
+    assert "skipped: c4 broke ttft_p95&lt;=2s" in text  # skipped steps with reason
+    assert "llamacpp:predicted_tokens_seconds" in text  # client vs server table
     # §12 rows as tables
-    for h in ("<h3>Goal</h3>", "<h3>Identity</h3>", "<h3>Environment</h3>", "<h3>Method</h3>",
-              "<h3>Results</h3>", "<h3>Evidence</h3>", "<h3>Decision</h3>"):
+    for h in (
+        "<h3>Goal</h3>",
+        "<h3>Identity</h3>",
+        "<h3>Environment</h3>",
+        "<h3>Method</h3>",
+        "<h3>Results</h3>",
+        "<h3>Evidence</h3>",
+        "<h3>Decision</h3>",
+    ):
         assert h in text
-    assert "a5fd3b62230a" in text and "b7150" in text                        # identity, short
-    assert 'href="candidates/llama-4slot/steps/requests.jsonl"' in text      # relative evidence links
+    assert "a5fd3b62230a" in text and "b7150" in text  # identity, short
+    assert 'href="candidates/llama-4slot/steps/requests.jsonl"' in text  # relative evidence links
     # SLO limits drawn on latency charts; Pareto + 3 latency + throughput + CDF + errors + cold start
     assert "SLO ttft_p95 ≤ 2 s" in text and "SLO itl_p95 ≤ 0.3 s" in text
     assert "Pareto: output tok\\u002fs per user" in text and "SLO region: ≥ 3.33 tok\\u002fs per user" in text
@@ -93,7 +101,9 @@ def test_ttft_cdf_uses_only_measured_successes(run: Path) -> None:
     rows = [json.loads(x) for x in (run / "candidates/llama-4slot/steps/requests.jsonl").read_text().splitlines()]
     want = sum(1 for r in rows if r["step"] == "c8" and not r["warmup"] and r["failure"] is None)
     assert want == 12  # 2 workloads x 8, 2 failed in each
-    m = re.search(r'"hovertemplate":"llama-4slot c8\\u003cbr\\u003eTTFT[^"]*",(?:(?!"hovertemplate").)*?"x":\[([^\]]*)\]', text)
+    m = re.search(
+        r'"hovertemplate":"llama-4slot c8\\u003cbr\\u003eTTFT[^"]*",(?:(?!"hovertemplate").)*?"x":\[([^\]]*)\]', text
+    )
     assert m, "no CDF trace for llama-4slot c8"
     xs = [float(v) for v in m.group(1).split(",")]
     ttfts = sorted(r["ttft_s"] for r in rows if r["step"] == "c8" and not r["warmup"] and r["failure"] is None)
@@ -124,8 +134,9 @@ def test_partial_records_do_not_crash(run: Path) -> None:
     rec["decision"]["ranking"] = []
     rec["decision"]["verdicts"]["llama-1slot"] = {"verdict": "exclude", "reasons": [c1["reason"]]}
     rec["goal"]["slo"] = ["ttft_p95<=2s", "nonsense<<3"]
-    rec["results"]["candidates"]["llama-4slot"]["steps"].append({"workload": "short-qa", "step": "c16",
-                                                                 "skipped": True})
+    rec["results"]["candidates"]["llama-4slot"]["steps"].append(
+        {"workload": "short-qa", "step": "c16", "skipped": True}
+    )
     (run / "candidates/llama-4slot/steps/requests.jsonl").unlink()
     (run / "record.json").write_text(json.dumps(rec))
     text = write_report(run).read_text()
@@ -157,7 +168,7 @@ def test_compare_content(run: Path, tmp_path: Path) -> None:
     text = out.read_text()
     for label in ("A:llama-4slot", "B:llama-4slot", "A:llama-1slot", "B:llama-1slot"):
         assert label in text
-    assert "20261201-070000-beef" in text and "b7200" in text          # the identity difference
+    assert "20261201-070000-beef" in text and "b7200" in text  # the identity difference
     assert text.count(">adopt<") == 4  # each trial's adopted candidate: in its verdict table and its card
     assert _chart_count(text) == 4
     page = _without_plotly_bundle(text)
@@ -167,6 +178,7 @@ def test_compare_content(run: Path, tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ Chromium
 
+
 def test_report_renders_in_chromium(run: Path, tmp_path: Path) -> None:
     page = write_report(run)
     charts = _chart_count(page.read_text())
@@ -174,8 +186,9 @@ def test_report_renders_in_chromium(run: Path, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     _assert_rendered(res.stdout, charts)
     shot = tmp_path / "report.png"
-    res = _chromium_run(page, tmp_path / "profile-shot", "--hide-scrollbars", "--window-size=1280,5200",
-                        f"--screenshot={shot}")
+    res = _chromium_run(
+        page, tmp_path / "profile-shot", "--hide-scrollbars", "--window-size=1280,5200", f"--screenshot={shot}"
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 100_000, "screenshot is nearly blank"
@@ -221,13 +234,17 @@ def test_report_with_intervals_pareto_capacity_and_cost_renders_in_chromium(tmp_
     exp = tmp_path / "exp.yaml"
     exp.write_text(textwrap.dedent(MOCK_EXP))
     run = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(run), "--no-report"],
-                       capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "SERVELAB_RECORDS_DB": str(tmp_path / "records.db")})
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(run), "--no-report"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "SERVELAB_RECORDS_DB": str(tmp_path / "records.db")},
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     page = write_report(run)
     text = page.read_text()
-    assert "Pareto: output tok\\u002fs per user" in text and "\"error_x\"" in text and "\"error_y\"" in text
+    assert "Pareto: output tok\\u002fs per user" in text and '"error_x"' in text and '"error_y"' in text
     assert "SLO region: ≥ 20 tok\\u002fs per user" in text
     assert "Capacity search (open loop)" in text
     assert "Is the winner significantly better?" in text and "Tie-break (no significant difference)" in text

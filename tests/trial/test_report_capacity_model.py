@@ -21,8 +21,9 @@ REAL = Path(__file__).parents[1] / "capacity" / "fixtures" / "llamacpp-slots"
 def test_capacity_model_section_renders(tmp_path: Path) -> None:
     search = json.loads((REAL / "search.json").read_text())["candidates"]["np4"]
     probes = [(p["rate_rps"], p["held"], p["step"]) for p in search["capacity"]["probes"]]
-    got = candidate_model(REAL, "np4", slots=4, probes=probes, slo=parse_slo("ttft_p95<=3s,itl_p95<=400ms"),
-                          burstiness=0.5, bootstrap=4)
+    got = candidate_model(
+        REAL, "np4", slots=4, probes=probes, slo=parse_slo("ttft_p95<=3s,itl_p95<=400ms"), burstiness=0.5, bootstrap=4
+    )
     assert got is not None
     cc, _ = got
     run = tmp_path / "run"

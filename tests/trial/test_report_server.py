@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from browser_check import _assert_rendered, _chromium_run
+
 from servelab.trial.flow import TrialRunner
 from servelab.trial.report import write_report
 from servelab.trial.spec import Experiment
@@ -18,14 +18,31 @@ from servelab.trial.spec import Experiment
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    exp = Experiment.model_validate({
-        "goal": {"slo": "ttft_p95<=5s", "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]},
-                 "mix": "short-qa:1"},
-        "candidates": [{"name": "m", "engine": "mock", "settings": {"ttft_ms": 20.0, "itl_ms": 30.0,
-                                                                    "output_tokens": 12, "dialect": "llamacpp"}}],
-        "workloads": [{"name": "short-qa", "set": {"output_tokens": 12}}], "steps": {"concurrency": [1, 2]},
-        "requests_per_step": 6, "warmup": 0, "mix_sweep": False, "repeats": 1, "arrival_test": {"enabled": False},
-        "capacity": {"enabled": False}, "timeout_s": 30})
+    exp = Experiment.model_validate(
+        {
+            "goal": {
+                "slo": "ttft_p95<=5s",
+                "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]},
+                "mix": "short-qa:1",
+            },
+            "candidates": [
+                {
+                    "name": "m",
+                    "engine": "mock",
+                    "settings": {"ttft_ms": 20.0, "itl_ms": 30.0, "output_tokens": 12, "dialect": "llamacpp"},
+                }
+            ],
+            "workloads": [{"name": "short-qa", "set": {"output_tokens": 12}}],
+            "steps": {"concurrency": [1, 2]},
+            "requests_per_step": 6,
+            "warmup": 0,
+            "mix_sweep": False,
+            "repeats": 1,
+            "arrival_test": {"enabled": False},
+            "capacity": {"enabled": False},
+            "timeout_s": 30,
+        }
+    )
     out = tmp_path_factory.mktemp("panel") / "run"
     rec = TrialRunner(exp, out, progress=lambda *_: None).run()
     assert rec.results.candidates["m"].status == "ranked", rec.results.candidates["m"].reason
@@ -44,8 +61,9 @@ def test_panel_holds_the_server_side_figures(run: Path) -> None:
     rec = read_record(run / "record.json")
     tel = rec.results.candidates["m"].telemetry
     assert tel is not None and set(tel.steps) == {"short-qa/c1", "short-qa/c2"}
-    assert all(s.running is not None and s.running.max is not None and s.running.max >= 1
-               for s in tel.steps.values())  # the mock's llama.cpp dialect gauge, found without a kind table
+    assert all(
+        s.running is not None and s.running.max is not None and s.running.max >= 1 for s in tel.steps.values()
+    )  # the mock's llama.cpp dialect gauge, found without a kind table
     panel = _panel(write_report(run).read_text())
     table = re.search(r'<table class="server-panel">(.*?)</table>', panel, re.S)
     assert table is not None

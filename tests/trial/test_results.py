@@ -17,8 +17,14 @@ import pytest
 import yaml
 
 from servelab.bench.results import SUMMARY_SCHEMA_PATH, RequestLine, Summary
-from servelab.trial.results import (RECORD_SCHEMA_PATH, RECORD_SCHEMA_VERSION, MetricsSample, TrialRecord, migrate,
-                                    read_record)
+from servelab.trial.results import (
+    RECORD_SCHEMA_PATH,
+    RECORD_SCHEMA_VERSION,
+    MetricsSample,
+    TrialRecord,
+    migrate,
+    read_record,
+)
 from servelab.wire import ConfigError
 
 pytestmark = pytest.mark.timeout(300)
@@ -28,13 +34,25 @@ V1 = Path(__file__).parent / "fixtures" / "run1"  # a record of schema version 1
 
 EXPERIMENT = {
     "name": "results",
-    "goal": {"slo": "ttft_p95<=5s,error_rate<=5%", "expected_rate_rps": 20, "burstiness": 1,
-             "quality": {"structured_requests": 2, "structured_valid_min": 0.5,
-                         "samples": [{"name": "tokens", "prompt": "Say something.", "expect_regex": "tok\\d"}]}},
-    "candidates": [{"name": "fast", "engine": "mock", "settings": {"ttft_ms": 1, "output_tokens": 16}},
-                   {"name": "slow", "engine": "mock", "settings": {"ttft_ms": 30, "output_tokens": 16}}],
+    "goal": {
+        "slo": "ttft_p95<=5s,error_rate<=5%",
+        "expected_rate_rps": 20,
+        "burstiness": 1,
+        "quality": {
+            "structured_requests": 2,
+            "structured_valid_min": 0.5,
+            "samples": [{"name": "tokens", "prompt": "Say something.", "expect_regex": "tok\\d"}],
+        },
+    },
+    "candidates": [
+        {"name": "fast", "engine": "mock", "settings": {"ttft_ms": 1, "output_tokens": 16}},
+        {"name": "slow", "engine": "mock", "settings": {"ttft_ms": 30, "output_tokens": 16}},
+    ],
     "workloads": ["short-qa", "structured"],
-    "steps": {"concurrency": [1, 2]}, "requests_per_step": 3, "warmup": 1, "timeout_s": 20,
+    "steps": {"concurrency": [1, 2]},
+    "requests_per_step": 3,
+    "warmup": 1,
+    "timeout_s": 20,
     "arrival_test": {"enabled": True, "requests": 6},
 }
 
@@ -45,8 +63,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     exp = tmp / "exp.yaml"
     exp.write_text(yaml.safe_dump(EXPERIMENT))
     out = tmp / "run"
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out), "--no-index"],
-                       capture_output=True, text=True, timeout=240)
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out), "--no-index"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return out
 
@@ -106,8 +128,9 @@ def test_the_decision_follows_from_the_record_read_back(run: Path) -> None:
     from servelab.trial.decide import decide, effective_step
 
     rec = read_record(run)
-    again = decide(rec.results.candidates, rec.identity.candidates, goal=rec.goal, environment=rec.environment,
-                   method=rec.method)
+    again = decide(
+        rec.results.candidates, rec.identity.candidates, goal=rec.goal, environment=rec.environment, method=rec.method
+    )
     assert again == rec.decision
     for name in rec.decision.ranking:
         res = rec.result(name)
@@ -126,8 +149,13 @@ def test_summaries_and_request_lines_validate(run: Path) -> None:
             s = Summary.model_validate(raw)
             assert s.complete and s.steps
             assert s.to_json_bytes(indent=2) == (cdir / part / "summary.json").read_bytes()
-        for f in ("smoke.jsonl", "quality.jsonl", "steps/requests.jsonl", "quality/requests.jsonl",
-                  "arrival/requests.jsonl"):
+        for f in (
+            "smoke.jsonl",
+            "quality.jsonl",
+            "steps/requests.jsonl",
+            "quality/requests.jsonl",
+            "arrival/requests.jsonl",
+        ):
             for line in (cdir / f).read_bytes().splitlines():
                 r = RequestLine.model_validate_json(line)
                 assert r.to_json_bytes() == line  # the line is exactly what the model writes
@@ -150,6 +178,7 @@ def test_the_schemas_refuse_an_unknown_field(run: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ schema version 1
 
+
 def test_v1_record_is_migrated_on_read() -> None:
     raw = json.loads((V1 / "record.json").read_text())
     assert raw["schema_version"] == 1
@@ -169,8 +198,9 @@ def test_v1_record_is_migrated_on_read() -> None:
 def test_v1_record_renders_with_servelab_report(tmp_path: Path) -> None:
     run = tmp_path / "run1"
     shutil.copytree(V1, run)
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "report", str(run)], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "report", str(run)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     text = (run / "report.html").read_text()
     assert ">adopt<" in text and "llama-4slot</b> &gt; <b>llama-1slot" in text
@@ -181,8 +211,11 @@ def test_v1_record_renders_with_servelab_report(tmp_path: Path) -> None:
 def test_newer_or_broken_record_is_one_line(tmp_path: Path) -> None:
     raw = json.loads((V1 / "record.json").read_text())
     (tmp_path / "record.json").write_text(json.dumps({**raw, "schema_version": RECORD_SCHEMA_VERSION + 1}))
-    with pytest.raises(ConfigError, match=rf"schema version {RECORD_SCHEMA_VERSION + 1}; this servelab reads versions "
-                                          rf"1 to {RECORD_SCHEMA_VERSION}: upgrade servelab"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"schema version {RECORD_SCHEMA_VERSION + 1}; this servelab reads versions "
+        rf"1 to {RECORD_SCHEMA_VERSION}: upgrade servelab",
+    ):
         read_record(tmp_path)
     raw["results"]["candidates"]["llama-4slot"]["status"] = "winner"
     (tmp_path / "record.json").write_text(json.dumps(raw))

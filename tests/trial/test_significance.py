@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from servelab.bench.results import StepSummary
 from servelab.bench.analysis.steady import BLOCKS
+from servelab.bench.results import StepSummary
 from servelab.trial.decide import decide, effective_step
 from servelab.trial.results import CandidateResult
 from servelab.trial.spec import default_experiment
@@ -24,15 +24,27 @@ DRIFT, RUN, BLOCK = 0.10, 0.02, 0.04
 
 
 def _step(rate: float, blocks: list[float], repeat: int) -> StepSummary:
-    return StepSummary.model_validate({
-        "workload": "mix", "step": "c4", "load": {"kind": "closed", "concurrency": 4}, "repeat": repeat,
-        "counts": {"submitted": 8, "succeeded": 8, "good": 8},
-        "ttft_s": {"count": 8, "p95": 0.5}, "e2e_s": {"count": 8, "p99": 2.0},
-        "throughput": {"output_tokens_per_s": rate, "requests_per_s": rate / 50},
-        "goodput": {"output_tokens_per_s": rate},
-        "slo": [{"objective": "ttft_p95<=3s", "value": 0.5, "limit": 3.0, "met": True}], "slo_met": True,
-        "steady": {"target_inflight": 4, "output_tokens_per_s": float(np.mean(blocks)), "blocks": blocks,
-                   "requests_per_s": rate / 50}})
+    return StepSummary.model_validate(
+        {
+            "workload": "mix",
+            "step": "c4",
+            "load": {"kind": "closed", "concurrency": 4},
+            "repeat": repeat,
+            "counts": {"submitted": 8, "succeeded": 8, "good": 8},
+            "ttft_s": {"count": 8, "p95": 0.5},
+            "e2e_s": {"count": 8, "p99": 2.0},
+            "throughput": {"output_tokens_per_s": rate, "requests_per_s": rate / 50},
+            "goodput": {"output_tokens_per_s": rate},
+            "slo": [{"objective": "ttft_p95<=3s", "value": 0.5, "limit": 3.0, "met": True}],
+            "slo_met": True,
+            "steady": {
+                "target_inflight": 4,
+                "output_tokens_per_s": float(np.mean(blocks)),
+                "blocks": blocks,
+                "requests_per_s": rate / 50,
+            },
+        }
+    )
 
 
 def _simulate(rng: np.random.Generator, rate_a: float, rate_b: float) -> dict:
@@ -72,14 +84,18 @@ def test_rounds_are_the_replicates_not_alternating_blocks() -> None:
     """The default trial on llama-server (np1 c1 vs np4 c4, 3 rounds): whole-run figures 30.1/29.3/27.3 vs
     39.3/36.1/37.7 tok/s, np4's time blocks alternating 19.5 … 66.3 tok/s. The paired t over the rounds
     calls np4 significantly ahead (the block spread had said "no significant difference", CI 0.57–1.32×)."""
+
     def cand(rounds: list[float], blocks: list[list[float]]) -> CandidateResult:
         st = [_step(r, b, i) for i, (r, b) in enumerate(zip(rounds, blocks, strict=True))]
         c = CandidateResult(status="ranked", steps=st)
         c.apply(effective_step(st))
         return c
 
-    alt = [[19.5, 66.3, 21.1, 50.4, 16.9, 51.0], [18.0, 60.1, 20.2, 49.9, 17.5, 51.0],
-           [20.1, 62.0, 19.0, 52.3, 18.8, 53.8]]
+    alt = [
+        [19.5, 66.3, 21.1, 50.4, 16.9, 51.0],
+        [18.0, 60.1, 20.2, 49.9, 17.5, 51.0],
+        [20.1, 62.0, 19.0, 52.3, 18.8, 53.8],
+    ]
     np4 = cand([39.3, 36.1, 37.7], alt)
     np1 = cand([30.1, 29.3, 27.3], [[25.9, 22.9, 33.8, 38.0, 24.2, 24.5]] * 3)
     d = decide({"np1": np1, "np4": np4}, {})

@@ -43,7 +43,7 @@ def error_of(tmp_path: Path, text: str, name: str = "experiment.yaml") -> str:
     msg = str(ei.value)
     assert "\n" not in msg, msg
     assert msg.startswith(f"{p}: "), msg
-    return msg[len(f"{p}: "):]
+    return msg[len(f"{p}: ") :]
 
 
 def mutate(base: str, fn) -> str:
@@ -114,13 +114,18 @@ def test_minimal_file_defaults(tmp_path: Path) -> None:
 
 
 def test_slo_as_mapping_and_rates_steps(tmp_path: Path) -> None:
-    e = load_experiment(write(tmp_path, """
+    e = load_experiment(
+        write(
+            tmp_path,
+            """
         goal: {slo: {ttft_p95: 2s, itl_p95: 300ms, error_rate: 1%}}
         candidates: [{name: r, engine: url, url: "http://127.0.0.1:8000/v1/", model_name: m, api_key_env: KEY}]
         workloads: [short-qa, {name: mix, set: {ratio: "short-qa:1,rag:1"}}]
         steps: {rates: [0.5, 1, 2], arrival: gamma, max_concurrency: 8}
         arrival_test: {enabled: false}
-    """))
+    """,
+        )
+    )
     assert [o.name for o in e.goal.objectives] == ["ttft_p95<=2s", "itl_p95<=0.3s", "error_rate<=1%"]
     c = e.candidates[0]
     assert isinstance(c, UrlCandidate) and c.url == "http://127.0.0.1:8000/v1" and not c.launched
@@ -133,11 +138,16 @@ def test_relative_paths_resolve_against_the_file(tmp_path: Path) -> None:
     sub.mkdir()
     (sub / "m.gguf").write_bytes(b"GGUF")
     (sub / "d.jsonl").write_text('{"prompt": "hi"}\n')
-    e = load_experiment(write(sub, """
+    e = load_experiment(
+        write(
+            sub,
+            """
         candidates: [{name: a, engine: llamacpp, model: m.gguf}]
         workloads: [{dataset: d.jsonl}]
         arrival_test: {enabled: false}
-    """))
+    """,
+        )
+    )
     assert e.candidates[0].model == str(sub / "m.gguf")
     assert e.workloads[0].dataset == str(sub / "d.jsonl") and e.workloads[0].label == "dataset:d.jsonl"
 
@@ -163,23 +173,29 @@ def test_typo_field_suggests(tmp_path: Path) -> None:
 
 
 def test_typo_top_level_and_goal(tmp_path: Path) -> None:
-    assert error_of(tmp_path, MINIMAL + "request_per_step: 4\n") == \
-        "request_per_step: unknown field (did you mean 'requests_per_step'?)"
+    assert (
+        error_of(tmp_path, MINIMAL + "request_per_step: 4\n")
+        == "request_per_step: unknown field (did you mean 'requests_per_step'?)"
+    )
     msg = error_of(tmp_path, mutate(MINIMAL, lambda d: d["goal"].update(quality={"structured_valid_mni": 1})))
     assert msg == "goal.quality.structured_valid_mni: unknown field (did you mean 'structured_valid_min'?)"
 
 
 def test_unknown_field_without_close_match_lists_valid(tmp_path: Path) -> None:
-    msg = error_of(tmp_path, mutate(MINIMAL, lambda d: d["goal"]["budget"] if False else d["goal"].update(
-        budget={"zzz": 1})))
+    msg = error_of(
+        tmp_path, mutate(MINIMAL, lambda d: d["goal"]["budget"] if False else d["goal"].update(budget={"zzz": 1}))
+    )
     assert msg == "goal.budget.zzz: unknown field (valid: max_minutes, price_per_hour, currency)"
 
 
 def test_url_candidate_rejects_settings(tmp_path: Path) -> None:
-    msg = error_of(tmp_path, """
+    msg = error_of(
+        tmp_path,
+        """
         candidates: [{name: r, engine: url, url: "http://x:1/v1", settings: {parallel: 4}}]
         arrival_test: {enabled: false}
-    """)
+    """,
+    )
     assert msg.startswith("candidates[0].settings.parallel: unknown field"), msg
 
 
@@ -211,10 +227,13 @@ def test_missing_model_path(tmp_path: Path) -> None:
 
 
 def test_bad_env_name(tmp_path: Path) -> None:
-    msg = error_of(tmp_path, """
+    msg = error_of(
+        tmp_path,
+        """
         candidates: [{name: a, engine: vllm, settings: {env: {1X: a}}}]
         arrival_test: {enabled: false}
-    """)
+    """,
+    )
     assert msg.startswith("candidates[0].settings.env.1X: '1X' does not match"), msg
 
 
@@ -238,33 +257,43 @@ def test_bad_values(tmp_path: Path) -> None:
     assert msg.startswith("candidates[1].settings.parallel: input should be greater than or equal to 1, got 0"), msg
     msg = error_of(tmp_path, mutate(MINIMAL, lambda d: d["candidates"][0]["settings"].update(dialect="vlm")))
     assert msg.startswith("candidates[0].settings.dialect: 'vlm' is not one of vllm, sglang, tgi, llamacpp, ollama")
-    msg = error_of(tmp_path, mutate(MINIMAL, lambda d: d["candidates"][0]["settings"].update(
-        fail_http_rate=0.6, cut_rate=0.6)))
+    msg = error_of(
+        tmp_path, mutate(MINIMAL, lambda d: d["candidates"][0]["settings"].update(fail_http_rate=0.6, cut_rate=0.6))
+    )
     assert msg.startswith("candidates[0].settings: fail_http_rate + stream_error_rate"), msg
     msg = error_of(tmp_path, mutate(MINIMAL, lambda d: d["candidates"][0]["settings"].update(invalid_json="maybe")))
     assert msg.startswith("candidates[0].settings.invalid_json: input should be a valid boolean"), msg
 
 
 def test_url_candidate_needs_http_url(tmp_path: Path) -> None:
-    msg = error_of(tmp_path, """
+    msg = error_of(
+        tmp_path,
+        """
         candidates: [{name: r, engine: url, url: "localhost:8000"}]
         arrival_test: {enabled: false}
-    """)
+    """,
+    )
     assert msg.startswith("candidates[0].url: 'localhost:8000' is not an http(s) URL"), msg
-    msg = error_of(tmp_path, """
+    msg = error_of(
+        tmp_path,
+        """
         candidates: [{name: r, engine: url}]
         arrival_test: {enabled: false}
-    """)
+    """,
+    )
     assert msg == "candidates[0].url: required field is missing; add it"
 
 
 def test_steps_errors(tmp_path: Path) -> None:
     assert error_of(tmp_path, MINIMAL + "steps: {concurrency: [1, 4, 2]}\n").startswith(
-        "steps: steps must be strictly increasing")
+        "steps: steps must be strictly increasing"
+    )
     assert error_of(tmp_path, MINIMAL + "steps: {concurrency: [1], rates: [1]}\n").startswith(
-        "steps: give exactly one of concurrency")
+        "steps: give exactly one of concurrency"
+    )
     assert error_of(tmp_path, MINIMAL + "steps: {concurrency: [1, 0]}\n").startswith(
-        "steps.concurrency[1]: input should be greater than or equal to 1")
+        "steps.concurrency[1]: input should be greater than or equal to 1"
+    )
 
 
 def test_arrival_rate_required(tmp_path: Path) -> None:
@@ -278,8 +307,10 @@ def test_bad_mix(tmp_path: Path) -> None:
 
 
 def test_sample_errors(tmp_path: Path) -> None:
-    msg = error_of(tmp_path, mutate(MINIMAL, lambda d: d["goal"].update(
-        quality={"samples": [{"prompt": "x", "expect_regex": "("}]})))
+    msg = error_of(
+        tmp_path,
+        mutate(MINIMAL, lambda d: d["goal"].update(quality={"samples": [{"prompt": "x", "expect_regex": "("}]})),
+    )
     assert msg.startswith("goal.quality.samples[0].expect_regex: invalid regex '('"), msg
     msg = error_of(tmp_path, mutate(MINIMAL, lambda d: d["goal"].update(quality={"samples": [{"prompt": "x"}]})))
     assert msg.startswith("goal.quality.samples[0]: give a check"), msg
@@ -302,25 +333,34 @@ def test_yaml_syntax_error_has_line(tmp_path: Path) -> None:
     assert "invalid YAML" in msg
 
 
-@pytest.mark.parametrize("text,start", [("", "the file is empty"), ("- a\n- b\n", "the top level must be a mapping"),
-                                         ("goal: 5\ncandidates: []\n", "goal: expected a mapping"),
-                                         ("goal: {}\n", "candidates: required field is missing"),
-                                         ("candidates: []\n", "candidates: needs at least 1 item, got 0")])
+@pytest.mark.parametrize(
+    "text,start",
+    [
+        ("", "the file is empty"),
+        ("- a\n- b\n", "the top level must be a mapping"),
+        ("goal: 5\ncandidates: []\n", "goal: expected a mapping"),
+        ("goal: {}\n", "candidates: required field is missing"),
+        ("candidates: []\n", "candidates: needs at least 1 item, got 0"),
+    ],
+)
 def test_shape_errors(tmp_path: Path, text: str, start: str) -> None:
     assert error_of(tmp_path, text).startswith(start)
 
 
 def test_cli_prints_one_line(tmp_path: Path) -> None:
     p = write(tmp_path, mutate(MINIMAL, lambda d: d["candidates"][1].update(engine="vlm")))
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", "--check", str(p)], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "trial", "--check", str(p)], capture_output=True, text=True
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "candidates[1].engine: 'vlm' is not one of" in r.stderr
 
 
 def test_cli_check_prints_the_experiment_back(tmp_path: Path) -> None:
     p = write(tmp_path, MINIMAL)
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", "--check", str(p)], capture_output=True,
-                       text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "trial", "--check", str(p)], capture_output=True, text=True, cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     assert load_experiment(p) == Experiment.model_validate(yaml.safe_load(r.stdout))
     assert not (tmp_path / "runs").exists()  # nothing was started, no run folder made
@@ -378,14 +418,18 @@ candidates:
 """
 
 
-@pytest.mark.parametrize("setting, value, problem", [
-    ("dtype", "half", "'half' is vLLM's alias of float16; write dtype: float16"),
-    ("dtype", "float", "'float' is vLLM's alias of float32; write dtype: float32"),
-    ("max_model_len", 8, "input should be greater than or equal to 16, got 8"),
-    ("extra_args", "--seed 7", "expected a list, got str '--seed 7'"),
-])
-def test_vllm_settings_the_launcher_refuses_are_refused_at_validation(tmp_path: Path, setting: str, value: object,
-                                                                      problem: str) -> None:
+@pytest.mark.parametrize(
+    "setting, value, problem",
+    [
+        ("dtype", "half", "'half' is vLLM's alias of float16; write dtype: float16"),
+        ("dtype", "float", "'float' is vLLM's alias of float32; write dtype: float32"),
+        ("max_model_len", 8, "input should be greater than or equal to 16, got 8"),
+        ("extra_args", "--seed 7", "expected a list, got str '--seed 7'"),
+    ],
+)
+def test_vllm_settings_the_launcher_refuses_are_refused_at_validation(
+    tmp_path: Path, setting: str, value: object, problem: str
+) -> None:
     from servelab.engines.vllm import VllmLauncher
 
     msg = error_of(tmp_path, mutate(VLLM, lambda d: d["candidates"][1]["settings"].update({setting: value})))
@@ -398,13 +442,19 @@ def test_settings_models_are_the_launchers_own() -> None:
     from servelab.engines import llamacpp, url, vllm
     from servelab.engines.mock import launch as mocklaunch
 
-    settings = {c: c.model_fields["settings"].annotation
-                for c in (LlamaCppCandidate, VllmCandidate, UrlCandidate, MockCandidate)}
+    settings = {
+        c: c.model_fields["settings"].annotation
+        for c in (LlamaCppCandidate, VllmCandidate, UrlCandidate, MockCandidate)
+    }
     assert settings[LlamaCppCandidate] is llamacpp.LlamaCppSettings and settings[VllmCandidate] is vllm.VllmSettings
     assert settings[MockCandidate] is mocklaunch.MockSettings and settings[UrlCandidate] is url.UrlSettings
     assert S.ENGINES == ("llamacpp", "vllm", "url", "mock", "command")
-    for cls, kind in ((LlamaCppCandidate, "llamacpp"), (VllmCandidate, "vllm"), (UrlCandidate, "url"),
-                      (MockCandidate, "mock")):
+    for cls, kind in (
+        (LlamaCppCandidate, "llamacpp"),
+        (VllmCandidate, "vllm"),
+        (UrlCandidate, "url"),
+        (MockCandidate, "mock"),
+    ):
         assert cls is candidate_model(kind)
 
 
@@ -423,8 +473,9 @@ def test_mock_settings_follow_mock_config() -> None:
 
 
 def test_quality_structured_requests_is_a_field(tmp_path: Path) -> None:
-    e = load_experiment(write(tmp_path, mutate(MINIMAL, lambda d: d["goal"].update(
-        quality={"structured_requests": 3}))))
+    e = load_experiment(
+        write(tmp_path, mutate(MINIMAL, lambda d: d["goal"].update(quality={"structured_requests": 3})))
+    )
     assert e.goal.quality.structured_requests == 3
     msg = error_of(tmp_path, mutate(MINIMAL, lambda d: d["goal"].update(quality={"structured_requests": 0})))
     assert msg.startswith("goal.quality.structured_requests: input should be greater than or equal to 1"), msg
@@ -434,23 +485,34 @@ def test_model_a_kind_cannot_use_is_refused_at_load(tmp_path: Path) -> None:
     """`model` for the mock (its model is named in settings) and a non-GGUF file for a url candidate
     (a copy of the served weights) are refused when the file loads, with the field path."""
     (tmp_path / "notes.txt").write_text("not weights")
-    msg = error_of(tmp_path, """
+    msg = error_of(
+        tmp_path,
+        """
         goal: {expected_rate_rps: 1}
         candidates:
           - {name: a, engine: mock, model: notes.txt}
-        """)
+        """,
+    )
     assert msg.startswith("candidates[0].model: engine 'mock' takes no model file"), msg
-    msg = error_of(tmp_path, """
+    msg = error_of(
+        tmp_path,
+        """
         goal: {expected_rate_rps: 1}
         candidates:
           - {name: a, engine: url, url: "http://127.0.0.1:9/v1", model: notes.txt}
-        """)
+        """,
+    )
     assert msg.startswith("candidates[0].model: 'notes.txt' is not a GGUF file"), msg
     folder = tmp_path / "hf"
     folder.mkdir()
-    e = load_experiment(write(tmp_path, """
+    e = load_experiment(
+        write(
+            tmp_path,
+            """
         goal: {expected_rate_rps: 1}
         candidates:
           - {name: a, engine: url, url: "http://127.0.0.1:9/v1", model: hf}
-        """))
+        """,
+        )
+    )
     assert e.candidates[0].model == str(folder)

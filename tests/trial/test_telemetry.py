@@ -55,11 +55,18 @@ def test_nvml_restricted_to_no_device() -> None:
         nv.close()
 
 
-@pytest.mark.parametrize(("value", "want"), [
-    (None, (None, None)), ("", ([], [])), ("-1", ([], [])), ("0,2", ([0, 2], [])), ("1,-1,0", ([1], [])),
-    ("GPU-8f2c1d9e-aaaa-bbbb-cccc-0123456789ab", ([], ["GPU-8f2c1d9e-aaaa-bbbb-cccc-0123456789ab"])),
-    ("0,bogus,1", ([0], [])),
-])
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        (None, (None, None)),
+        ("", ([], [])),
+        ("-1", ([], [])),
+        ("0,2", ([0, 2], [])),
+        ("1,-1,0", ([1], [])),
+        ("GPU-8f2c1d9e-aaaa-bbbb-cccc-0123456789ab", ([], ["GPU-8f2c1d9e-aaaa-bbbb-cccc-0123456789ab"])),
+        ("0,bogus,1", ([0], [])),
+    ],
+)
 def test_parse_visible_devices(value: str | None, want: tuple[list[int] | None, list[str] | None]) -> None:
     assert parse_visible_devices(value) == want
 
@@ -67,9 +74,13 @@ def test_parse_visible_devices(value: str | None, want: tuple[list[int] | None, 
 def test_tree_cpu_seconds_counts_children() -> None:
     # a parent that starts a busy child and waits: the child's CPU time is part of the tree's
     spin = "import time\nt=time.process_time()\nwhile time.process_time()-t<0.6: pass\ntime.sleep(30)"
-    parent = subprocess.Popen([sys.executable, "-c",
-                               f"import subprocess,sys,time\np=subprocess.Popen([sys.executable,'-c',{spin!r}])\n"
-                               "time.sleep(30)"])
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess,sys,time\np=subprocess.Popen([sys.executable,'-c',{spin!r}])\ntime.sleep(30)",
+        ]
+    )
     try:
         before = tree_cpu_seconds(parent.pid)
         assert before is not None
@@ -100,14 +111,26 @@ def test_llama_server_telemetry_and_token_agreement(tmp_path: Path) -> None:
         if os.environ.get("SERVELAB_REQUIRE_ENGINE"):
             pytest.fail("llama-server is not built: run 'servelab engine build llamacpp'")
         pytest.skip("llama-server not built")
-    exp = Experiment.model_validate({
-        "goal": {"slo": "ttft_p95<=60s", "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]},
-                 "mix": "short-qa:1"},
-        "candidates": [{"name": "np2", "engine": "llamacpp", "settings": {"parallel": 2, "ctx_size": 2048}}],
-        "workloads": [{"name": "short-qa", "set": {"input_tokens": 24, "output_tokens": 24}}],
-        "steps": {"concurrency": [1, 2]}, "requests_per_step": 6, "warmup": 1, "ignore_eos": True,
-        "mix_sweep": False, "arrival_test": {"enabled": False}, "capacity": {"enabled": False}, "timeout_s": 120,
-        "lifecycle": {"warm_start": False}})
+    exp = Experiment.model_validate(
+        {
+            "goal": {
+                "slo": "ttft_p95<=60s",
+                "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]},
+                "mix": "short-qa:1",
+            },
+            "candidates": [{"name": "np2", "engine": "llamacpp", "settings": {"parallel": 2, "ctx_size": 2048}}],
+            "workloads": [{"name": "short-qa", "set": {"input_tokens": 24, "output_tokens": 24}}],
+            "steps": {"concurrency": [1, 2]},
+            "requests_per_step": 6,
+            "warmup": 1,
+            "ignore_eos": True,
+            "mix_sweep": False,
+            "arrival_test": {"enabled": False},
+            "capacity": {"enabled": False},
+            "timeout_s": 120,
+            "lifecycle": {"warm_start": False},
+        }
+    )
     rec = TrialRunner(exp, tmp_path / "run", progress=lambda *_: None).run()
     r = rec.results.candidates["np2"]
     assert r.status == "ranked", r.reason
@@ -135,7 +158,7 @@ def test_llama_server_telemetry_and_token_agreement(tmp_path: Path) -> None:
 
     html = write_report(tmp_path / "run").read_text()  # the panel shows each step's agreement, marked ok
     start = html.index('<div id="server-panel">')
-    panel = html[start:html.index("</div>", start)]
+    panel = html[start : html.index("</div>", start)]
     assert panel.count('<span class="ok">') == 2, panel[:3000]  # both steps within 2 %
 
 
@@ -146,13 +169,24 @@ def test_url_candidate_metrics_sampled_without_process_or_gpu(mock_engine, tmp_p
     from servelab.trial.spec import Experiment
 
     mp = mock_engine("--dialect", "vllm", "--ttft-ms", "20", "--itl-ms", "50", "--output-tokens", "16")  # ~3 s step
-    exp = Experiment.model_validate({
-        "goal": {"slo": "ttft_p95<=5s", "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]},
-                 "mix": "short-qa:1"},
-        "candidates": [{"name": "remote", "engine": "url", "url": mp.base_url}],
-        "workloads": [{"name": "short-qa", "set": {"output_tokens": 16}}], "steps": {"concurrency": [2]},
-        "requests_per_step": 8, "warmup": 0, "mix_sweep": False, "arrival_test": {"enabled": False},
-        "capacity": {"enabled": False}, "timeout_s": 30})
+    exp = Experiment.model_validate(
+        {
+            "goal": {
+                "slo": "ttft_p95<=5s",
+                "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]},
+                "mix": "short-qa:1",
+            },
+            "candidates": [{"name": "remote", "engine": "url", "url": mp.base_url}],
+            "workloads": [{"name": "short-qa", "set": {"output_tokens": 16}}],
+            "steps": {"concurrency": [2]},
+            "requests_per_step": 8,
+            "warmup": 0,
+            "mix_sweep": False,
+            "arrival_test": {"enabled": False},
+            "capacity": {"enabled": False},
+            "timeout_s": 30,
+        }
+    )
     rec = TrialRunner(exp, tmp_path / "run", progress=lambda *_: None).run()
     r = rec.results.candidates["remote"]
     assert r.status == "ranked", r.reason
@@ -172,7 +206,8 @@ def test_generation_counters_come_from_the_registry() -> None:
     from servelab.trial.telemetry import generation_counters
 
     got = generation_counters()
-    assert {"llamacpp:tokens_predicted_total", "vllm:generation_tokens_total",
-            "sglang:generation_tokens_total"} <= set(got)
+    assert {"llamacpp:tokens_predicted_total", "vllm:generation_tokens_total", "sglang:generation_tokens_total"} <= set(
+        got
+    )
     assert registry.get("llamacpp").metrics.generation_tokens == ("llamacpp:tokens_predicted_total",)
     assert "sglang:generation_tokens_total" in registry.get("url").metrics.names()

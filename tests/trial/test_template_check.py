@@ -14,8 +14,10 @@ from servelab.trial.template_check import CONVERSATIONS, check_template, render_
 
 
 def test_render_follows_transformers_conventions() -> None:
-    src = ("{% for m in messages %}{{ m.role }}:{{ m.content | tojson }}\n{% endfor %}"
-           "{% if add_generation_prompt %}A:{% endif %}")
+    src = (
+        "{% for m in messages %}{{ m.role }}:{{ m.content | tojson }}\n{% endfor %}"
+        "{% if add_generation_prompt %}A:{% endif %}"
+    )
     out = render_template(src, [{"role": "user", "content": "中文"}])
     assert out == 'user:"中文"\nA:'  # trim_blocks drops the newline after a block; tojson keeps non-ASCII
     with pytest.raises(TemplateError, match="no system"):

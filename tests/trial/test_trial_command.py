@@ -33,9 +33,28 @@ def _llama() -> tuple[str, str]:
 
 def _llama_candidate(name: str) -> dict[str, Any]:
     binary, model = _llama()
-    return {"name": name, "engine": "command", "settings": {
-        "argv": [binary, "-m", model, "--host", "{host}", "--port", "{port}", "-c", "2048", "-np", "1", "--metrics"],
-        "ready": {"path": "/health", "status": 200}, "ready_timeout_s": 120}}
+    return {
+        "name": name,
+        "engine": "command",
+        "settings": {
+            "argv": [
+                binary,
+                "-m",
+                model,
+                "--host",
+                "{host}",
+                "--port",
+                "{port}",
+                "-c",
+                "2048",
+                "-np",
+                "1",
+                "--metrics",
+            ],
+            "ready": {"path": "/health", "status": 200},
+            "ready_timeout_s": 120,
+        },
+    }
 
 
 def _vllm_candidate(name: str) -> tuple[dict[str, Any], Path, Path]:
@@ -51,25 +70,66 @@ def _vllm_candidate(name: str) -> tuple[dict[str, Any], Path, Path]:
     model_dir = vllm.ensure_hf_model(None)
     template = model_dir / "servelab-gemma-chat-template.jinja"
     py = vllm.venv_python()
-    cand = {"name": name, "engine": "command", "settings": {
-        "argv": [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "{host}",
-                 "--port", "{port}", "--served-model-name", "gemma-3-270m", "--chat-template", str(template),
-                 "--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "1024", "--max-num-seqs", "4"],
-        "env": {**vllm.DEFAULT_ENV, "VIRTUAL_ENV": str(vllm.venv_dir()),
-                "PATH": f"{vllm.venv_dir() / 'bin'}:/usr/local/bin:/usr/bin:/bin"},
-        "guard": True, "ready_timeout_s": 900, "stop_grace_s": 20}}
+    cand = {
+        "name": name,
+        "engine": "command",
+        "settings": {
+            "argv": [
+                str(py),
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(model_dir),
+                "--host",
+                "{host}",
+                "--port",
+                "{port}",
+                "--served-model-name",
+                "gemma-3-270m",
+                "--chat-template",
+                str(template),
+                "--enforce-eager",
+                "--dtype",
+                "bfloat16",
+                "--max-model-len",
+                "1024",
+                "--max-num-seqs",
+                "4",
+            ],
+            "env": {
+                **vllm.DEFAULT_ENV,
+                "VIRTUAL_ENV": str(vllm.venv_dir()),
+                "PATH": f"{vllm.venv_dir() / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+            },
+            "guard": True,
+            "ready_timeout_s": 900,
+            "stop_grace_s": 20,
+        },
+    }
     return cand, model_dir, template
 
 
 def _experiment(cands: list[dict[str, Any]], name: str) -> dict[str, Any]:
-    return {"name": name,
-            "goal": {"task": "chat: short Q&A", "slo": "ttft_p95<=60s,error_rate<=5%",
-                     "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]},
-                     "expected_rate_rps": 1, "mix": "short-qa:1"},
-            "candidates": cands, "workloads": [{"name": "short-qa", "set": {"input_tokens": 16, "output_tokens": 8}}],
-            "steps": {"concurrency": [1]}, "requests_per_step": 3, "warmup": 0, "timeout_s": 300,
-            "ignore_eos": True, "mix_sweep": False, "arrival_test": {"enabled": False},
-            "capacity": {"enabled": False}}
+    return {
+        "name": name,
+        "goal": {
+            "task": "chat: short Q&A",
+            "slo": "ttft_p95<=60s,error_rate<=5%",
+            "quality": {"structured_valid_min": 0.0, "smoke": ["streaming"]},
+            "expected_rate_rps": 1,
+            "mix": "short-qa:1",
+        },
+        "candidates": cands,
+        "workloads": [{"name": "short-qa", "set": {"input_tokens": 16, "output_tokens": 8}}],
+        "steps": {"concurrency": [1]},
+        "requests_per_step": 3,
+        "warmup": 0,
+        "timeout_s": 300,
+        "ignore_eos": True,
+        "mix_sweep": False,
+        "arrival_test": {"enabled": False},
+        "capacity": {"enabled": False},
+    }
 
 
 def _procs_with(needle: str) -> list[psutil.Process]:
@@ -97,9 +157,13 @@ def trial(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
     exp = tmp / "exp.yaml"
     exp.write_text(yaml.safe_dump(exp_d))
     out = tmp / "run"
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out)],
-                       capture_output=True, text=True, timeout=2400,
-                       env={**os.environ, "SERVELAB_RECORDS_DB": str(tmp / "records.db")})
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+        env={**os.environ, "SERVELAB_RECORDS_DB": str(tmp / "records.db")},
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     return json.loads((out / "record.json").read_text()), out, model_dir, template
 
@@ -133,7 +197,8 @@ def test_command_identity_matches_the_built_in_launchers(trial: tuple[dict[str, 
         built_llama = eng.identity
     assert comparable_facts(llama) == comparable_facts(built_llama)
     built_vllm = VllmLauncher(settings={"max_model_len": 1024, "max_num_seqs": 4}).identity(
-        None, venv_python(), model_dir, template)
+        None, venv_python(), model_dir, template
+    )
     got, want = comparable_facts(vl), comparable_facts(built_vllm)
     assert got == want, (got, want)
     assert vl["detected_kind"] == "vllm" and vl["facts"]["version"]["source"] in ("launcher", "GET /version")
@@ -151,25 +216,48 @@ def test_no_process_left_after_the_trial(trial: tuple[dict[str, Any], Path, Path
         pid, port = eng["pid"], str(eng["port"])
         alive = psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         assert not alive, f"{name}: engine pid {pid} still running"
-        serving = [p for p in _procs_with(port)
-                   if "--port" in (p.info["cmdline"] or []) and port in (p.info["cmdline"] or [])]
+        serving = [
+            p for p in _procs_with(port) if "--port" in (p.info["cmdline"] or []) and port in (p.info["cmdline"] or [])
+        ]
         assert not serving, f"{name}: processes still serving port {port}: {serving}"
 
 
 def test_no_process_left_after_ctrl_c(tmp_path: Path) -> None:
     """SIGINT while the second candidate runs its load step: the trial writes a partial record and
     every process it started (engines, their children) is gone."""
-    second = {"name": "mock", "engine": "command", "settings": {
-        "argv": [sys.executable, "-m", "servelab.engines.mock", "--host", "{host}", "--port", "{port}",
-                 "--ttft-ms", "200", "--itl-ms", "200", "--output-tokens", "8"]}}
+    second = {
+        "name": "mock",
+        "engine": "command",
+        "settings": {
+            "argv": [
+                sys.executable,
+                "-m",
+                "servelab.engines.mock",
+                "--host",
+                "{host}",
+                "--port",
+                "{port}",
+                "--ttft-ms",
+                "200",
+                "--itl-ms",
+                "200",
+                "--output-tokens",
+                "8",
+            ]
+        },
+    }
     exp_d = _experiment([_llama_candidate("llama-np1"), second], "ctrl-c")
     exp_d["requests_per_step"] = 20
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump(exp_d))
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "SERVELAB_RECORDS_DB": str(tmp_path / "records.db")})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "SERVELAB_RECORDS_DB": str(tmp_path / "records.db")},
+    )
     seen: set[int] = set()
     lines: list[str] = []
     assert proc.stdout is not None

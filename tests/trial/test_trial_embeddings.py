@@ -27,22 +27,41 @@ pytestmark = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "tests" / "gateway" / "data" / "embedding_reference.json"
-needs_engine = pytest.mark.skipif(find_llama_server() is None and not os.environ.get("SERVELAB_REQUIRE_ENGINE"),
-                                  reason="no cached llama-server")
+needs_engine = pytest.mark.skipif(
+    find_llama_server() is None and not os.environ.get("SERVELAB_REQUIRE_ENGINE"), reason="no cached llama-server"
+)
 
 
 def _embedder(name: str, parallel: int) -> dict[str, Any]:
-    return {"name": name, "engine": "command", "settings": {
-        "argv": [sys.executable, "-m", "servelab.engines.embedder", "--port", "{port}", "--parallel", str(parallel),
-                 "--threads", "1"], "ready_timeout_s": 180}}
+    return {
+        "name": name,
+        "engine": "command",
+        "settings": {
+            "argv": [
+                sys.executable,
+                "-m",
+                "servelab.engines.embedder",
+                "--port",
+                "{port}",
+                "--parallel",
+                str(parallel),
+                "--threads",
+                "1",
+            ],
+            "ready_timeout_s": 180,
+        },
+    }
 
 
 def _exp(candidates: list[dict[str, Any]], **over: Any) -> dict[str, Any]:
     d: dict[str, Any] = {
-        "name": "embed", "goal": {"task_kind": "embeddings", "slo": "e2e_p95<=20s,error_rate<=1%"},
-        "candidates": candidates, "steps": {"concurrency": [1, 2]}, "requests_per_step": 6, "repeats": 2,
-        "embeddings": {"batch_size": 4, "input_tokens": "32-96", "reference": str(REFERENCE),
-                       "similarity_min": 0.99},
+        "name": "embed",
+        "goal": {"task_kind": "embeddings", "slo": "e2e_p95<=20s,error_rate<=1%"},
+        "candidates": candidates,
+        "steps": {"concurrency": [1, 2]},
+        "requests_per_step": 6,
+        "repeats": 2,
+        "embeddings": {"batch_size": 4, "input_tokens": "32-96", "reference": str(REFERENCE), "similarity_min": 0.99},
     }
     d.update(over)
     return d
@@ -57,10 +76,18 @@ def _write(tmp_path: Path, d: dict[str, Any]) -> Path:
 @needs_engine
 def test_two_embedders_run_to_a_decision_on_inputs_per_s(tmp_path: Path, mock_engine: Any) -> None:
     mock_server = mock_engine()
-    exp = load_experiment(_write(tmp_path, _exp([
-        _embedder("np1", 1), _embedder("np2", 2),
-        {"name": "chat", "engine": "url", "url": mock_server.base_url},  # a chat server: no /v1/embeddings
-    ])))
+    exp = load_experiment(
+        _write(
+            tmp_path,
+            _exp(
+                [
+                    _embedder("np1", 1),
+                    _embedder("np2", 2),
+                    {"name": "chat", "engine": "url", "url": mock_server.base_url},  # a chat server: no /v1/embeddings
+                ]
+            ),
+        )
+    )
     lines: list[str] = []
     rec = TrialRunner(exp, tmp_path / "run", progress=lines.append).run()
     res = rec.results.candidates
@@ -110,17 +137,25 @@ def test_two_embedders_run_to_a_decision_on_inputs_per_s(tmp_path: Path, mock_en
     assert "tokenizer.json" in html and "0 output tok/s" not in html
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"workloads": ["short-qa"]}, "workloads: is for chat workloads"),
-    ({"goal": {"task_kind": "embeddings", "quality": {"samples": [{"prompt": "hi", "expect_regex": "x"}]}}},
-     "goal.quality.samples: is for chat business samples"),
-    ({"goal": {"task_kind": "embeddings", "slo": "ttft_p95<=1s"}}, "ttft_p95<=1s times streamed tokens"),
-    ({"candidates": [{"name": "c", "engine": "mock"}]}, "candidates[0].engine: 'mock' is a chat engine"),
-    ({"candidates": [{"name": "c", "engine": "llamacpp"}]}, "a llamacpp candidate serves chat unless"),
-    ({"embeddings": {"reference": "nope.json"}}, "cannot read reference"),
-    ({"embeddings": {"batch_size": 0}}, "embeddings.batch_size"),
-    ({"goal": {"task_kind": "embeddings", "expected_rate_rps": 5}}, "goal.expected_rate_rps: is for the chat arrival"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"workloads": ["short-qa"]}, "workloads: is for chat workloads"),
+        (
+            {"goal": {"task_kind": "embeddings", "quality": {"samples": [{"prompt": "hi", "expect_regex": "x"}]}}},
+            "goal.quality.samples: is for chat business samples",
+        ),
+        ({"goal": {"task_kind": "embeddings", "slo": "ttft_p95<=1s"}}, "ttft_p95<=1s times streamed tokens"),
+        ({"candidates": [{"name": "c", "engine": "mock"}]}, "candidates[0].engine: 'mock' is a chat engine"),
+        ({"candidates": [{"name": "c", "engine": "llamacpp"}]}, "a llamacpp candidate serves chat unless"),
+        ({"embeddings": {"reference": "nope.json"}}, "cannot read reference"),
+        ({"embeddings": {"batch_size": 0}}, "embeddings.batch_size"),
+        (
+            {"goal": {"task_kind": "embeddings", "expected_rate_rps": 5}},
+            "goal.expected_rate_rps: is for the chat arrival",
+        ),
+    ],
+)
 def test_bad_embeddings_input_is_one_line(tmp_path: Path, change: dict[str, Any], message: str) -> None:
     d = _exp([_embedder("a", 1)])
     d.update(change)
@@ -144,8 +179,12 @@ def test_an_embeddings_experiment_writes_back_and_loads(tmp_path: Path) -> None:
 def test_trial_command_refuses_a_chat_candidate_in_one_line(tmp_path: Path) -> None:
     d = _exp([{"name": "c", "engine": "vllm"}])
     p = _write(tmp_path, d)
-    r = subprocess.run([str(Path(sys.executable).with_name("servelab")), "trial", str(p), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [str(Path(sys.executable).with_name("servelab")), "trial", str(p), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(err) == 1 and "candidates[0].engine: 'vllm' is a chat engine" in err[0], r.stderr
@@ -156,8 +195,9 @@ def _ranked(per_repeat: list[float], p95: float) -> Any:
     from servelab.trial.embed_results import EmbeddingsFigures
     from servelab.trial.results import CandidateResult
 
-    f = EmbeddingsFigures(at_step="c2", per_repeat=per_repeat, inputs_per_s=sum(per_repeat) / len(per_repeat),
-                          e2e_p95_s=p95, unit="u")
+    f = EmbeddingsFigures(
+        at_step="c2", per_repeat=per_repeat, inputs_per_s=sum(per_repeat) / len(per_repeat), e2e_p95_s=p95, unit="u"
+    )
     return CandidateResult(status="ranked", max_step_meeting_slo="c2", embeddings=f)
 
 

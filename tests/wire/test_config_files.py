@@ -12,8 +12,7 @@ from typing import Annotated, Literal
 import pytest
 from pydantic import Discriminator, Field, ValidationError
 
-from servelab.wire.config import (FrozenModel, PublishedSchema, StrictModel, read_yaml_file,
-                                  validation_error_line)
+from servelab.wire.config import FrozenModel, PublishedSchema, StrictModel, read_yaml_file, validation_error_line
 from servelab.wire.errors import ConfigError
 
 
@@ -50,15 +49,20 @@ def test_unknown_field_gets_the_nearest_name_and_the_path() -> None:
 
 
 def test_discriminated_union_paths_drop_the_tag_and_list_the_choices() -> None:
-    assert line({"pets": [{"kind": "cat", "lifes": 3}]}) == \
-        "f.yaml: pets[0].lifes: unknown field (did you mean 'lives'?)"
-    assert line({"pets": [{"kind": "dgo"}]}) == "f.yaml: pets[0].kind: 'dgo' is not one of cat, dog (did you mean 'dog'?)"
+    assert (
+        line({"pets": [{"kind": "cat", "lifes": 3}]}) == "f.yaml: pets[0].lifes: unknown field (did you mean 'lives'?)"
+    )
+    assert (
+        line({"pets": [{"kind": "dgo"}]}) == "f.yaml: pets[0].kind: 'dgo' is not one of cat, dog (did you mean 'dog'?)"
+    )
     assert line({"pets": [{}]}) == "f.yaml: pets[0].kind: required field is missing; use one of cat, dog"
 
 
 def test_bounds_patterns_hints_and_more_count() -> None:
-    assert line({"server": {"port": 0, "name": "A"}}) == \
-        "f.yaml: server.port: input should be greater than or equal to 1, got 0 (+1 more)"
+    assert (
+        line({"server": {"port": 0, "name": "A"}})
+        == "f.yaml: server.port: input should be greater than or equal to 1, got 0 (+1 more)"
+    )
     got = line({"server": {"name": "A"}}, pattern_hints={r"^[a-z]+$": "use lower-case letters"})
     assert got == "f.yaml: server.name: 'A' does not match ^[a-z]+$; use lower-case letters"
     assert line({"backends": 5}) == "f.yaml: backends: expected a list, got int 5"
@@ -75,9 +79,14 @@ def test_frozen_model_is_immutable_and_strict_forbids_extras() -> None:
         Snap.model_validate({"b": 1})
 
 
-@pytest.mark.parametrize("text,needle", [("", "the file is empty; write one"),
-                                         ("a: [1,\n", "line 2 column 1: invalid YAML"),
-                                         (b"\xff\xfe", "cannot read as UTF-8 text")])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("", "the file is empty; write one"),
+        ("a: [1,\n", "line 2 column 1: invalid YAML"),
+        (b"\xff\xfe", "cannot read as UTF-8 text"),
+    ],
+)
 def test_read_yaml_file_one_line_errors(tmp_path: Path, text: str | bytes, needle: str) -> None:
     p = tmp_path / "c.yaml"
     p.write_bytes(text if isinstance(text, bytes) else text.encode())
@@ -108,8 +117,16 @@ def test_schema_command_writes_what_check_compares(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == sorted(s.path.name for s in published_schemas())
-    assert {"experiment.schema.json", "gateway.schema.json", "engines.schema.json", "hardware.schema.json",
-            "models.schema.json", "summary.schema.json", "record.schema.json", "traffic.schema.json"} == set(names)
+    assert {
+        "experiment.schema.json",
+        "gateway.schema.json",
+        "engines.schema.json",
+        "hardware.schema.json",
+        "models.schema.json",
+        "summary.schema.json",
+        "record.schema.json",
+        "traffic.schema.json",
+    } == set(names)
     for s in published_schemas():  # the files written are the ones `check` wants committed
         assert (tmp_path / s.path.name).read_text(encoding="utf-8") == s.text()
     r = _servelab("schema", "check")
@@ -120,4 +137,7 @@ def test_schema_command_writes_what_check_compares(tmp_path: Path) -> None:
 
 def test_schema_write_into_a_missing_folder_is_one_line(tmp_path: Path) -> None:
     r = _servelab("schema", "write", "--dir", str(tmp_path / "nope"))
-    assert r.returncode == 2 and r.stderr.strip() == f"servelab: error: --dir {tmp_path / 'nope'}: no such folder; create it first"
+    assert (
+        r.returncode == 2
+        and r.stderr.strip() == f"servelab: error: --dir {tmp_path / 'nope'}: no such folder; create it first"
+    )

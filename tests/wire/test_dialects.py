@@ -51,7 +51,7 @@ def test_the_mock_speaks_every_engine_dialect_of_the_table() -> None:
 def test_every_reader_covers_every_kind() -> None:
     assert set(HEALTH_PATHS) == set(KINDS) and HEALTH_PATHS["ollama"] == "/" and HEALTH_PATHS["openai"] == "/v1/models"
     assert set(lengths.FORWARDERS) == set(KINDS)
-    assert PRIORITY_KINDS == {"vllm", "sglang"}
+    assert {"vllm", "sglang"} == PRIORITY_KINDS
     assert {(w, n) for w, n, _ in logprobs.COUNT_FIELDS} == {f.field for d in DIALECTS.values() for f in d.logprobs}
     assert stream_rules("llamacpp").overload_status is None and stream_rules("tgi").overflow_status == 422
 

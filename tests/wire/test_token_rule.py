@@ -7,15 +7,15 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from hypothesis_profiles import examples
 
 from servelab.wire.stream import TOKEN_FIELDS, apply_event, choices_carry_token
 from servelab.wire.types import RequestRecord
 
 _text = st.sampled_from([None, "", "hi", " "])
-_tool_calls = st.sampled_from([None, [], [{"index": 0, "id": "c1", "type": "function",
-                                           "function": {"name": "f", "arguments": "{"}}]])
+_tool_calls = st.sampled_from(
+    [None, [], [{"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{"}}]]
+)
 
 
 @st.composite
