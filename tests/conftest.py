@@ -337,6 +337,7 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/gateway/test_rerank.py::test_rerank_model_on_chat_and_embedding_declarations": ("proc",),
     "tests/gateway/test_rerank.py::test_rerank_wrong_key_and_token_limit": ("proc",),
     "tests/gateway/test_rerank.py::test_bench_endpoint_rerank_through_the_gateway": ("proc",),
+    "tests/gateway/test_rerank.py::test_bench_step_where_every_request_failed_exits_1_with_one_line": ("proc",),
     "tests/gateway/test_apis_llama.py": ("proc",),
     "tests/gateway/test_native.py": ("unit",),
     "tests/gateway/test_bench_apis.py": ("unit",),

@@ -215,3 +215,19 @@ def test_bench_endpoint_rerank_through_the_gateway(gw: Any, tmp_path: Path) -> N
         time.sleep(0.05)
     assert all(isinstance(x["prompt_tokens"], int) and x["prompt_tokens"] > 0 for x in lines)
     assert len(rows) == n and sum(x["prompt_tokens"] for x in lines) == sum(int(r[0]) for r in rows)
+
+
+def test_bench_step_where_every_request_failed_exits_1_with_one_line(gw: Any, tmp_path: Path) -> None:
+    """``servelab bench --endpoint rerank --model chat`` (every request refused 400: chat is no rerank model)
+    exited 0 after a table of 0/4, as did chat when every request failed; now one line and exit 1."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "bench", "--url", gw.url, "--model", "chat",
+                        "--api-key", gw.key, "--endpoint", "rerank", "--concurrency", "1", "--requests", "4",
+                        "--warmup", "0", "--quiet", "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    errs = [x for x in r.stderr.splitlines() if x.startswith("servelab: error:")]
+    assert len(errs) == 1 and "every request of step rerank/c1 failed (http_status: 4)" in errs[0], r.stderr
+    assert "Traceback" not in r.stderr

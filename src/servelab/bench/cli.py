@@ -514,6 +514,19 @@ def bench_command(
     print(f"results: {Path(out) / 'summary.json'} and {Path(out) / 'requests.jsonl'}")
     if lost and stop.signum is None:
         sys.exit(1)
+    dead = [x for x in summary.steps if not x.skipped and x.counts.submitted and not x.counts.succeeded]
+    if dead and stop.signum is None:
+        c = dead[0].counts
+        why = ", ".join(f"{k}: {v}" for k, v in sorted(c.failed.items()) if v) or "no reason recorded"
+        more = f" (and {len(dead) - 1} more steps)" if len(dead) > 1 else ""
+        _err.print(
+            f"servelab: error: every request of step {dead[0].workload}/{dead[0].step} failed ({why}){more}; "
+            f"each failure's reason is in {Path(out) / 'requests.jsonl'}",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
+        sys.exit(1)
     if not summary.complete:
         sys.exit(stop.exit_code)
 
