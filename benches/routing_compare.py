@@ -74,7 +74,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 import orjson
@@ -504,8 +504,16 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.kill()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose refusals are one line (``routing_compare.py: error: ...``, exit 2), no usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
 def _args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = _Parser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--engine", choices=("mock", "llamacpp"), default="mock")
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated; round_robin is always run")
     ap.add_argument("--replicas", type=int, default=3)
@@ -538,11 +546,15 @@ def _args() -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, real if llama else mock)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        ap.error(f"--policies {args.policies!r} names no policy; give some of {', '.join(POLICIES)}, comma-separated")
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         ap.error(f"--policies: {', '.join(bad)} not among {', '.join(POLICIES)}")
     args.policies = ["round_robin"] + [p for p in policies if p != "round_robin"]
-    for name in ("replicas", "rounds", "sessions", "turns", "prefixes", "max_tokens", "threads", "slots"):
+    if args.replicas < 2:
+        ap.error(f"--replicas {args.replicas}: routing compares where requests go, which needs 2 replicas or more")
+    for name in ("rounds", "sessions", "turns", "prefixes", "max_tokens", "threads", "slots"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     return args

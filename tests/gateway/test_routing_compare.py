@@ -88,3 +88,21 @@ def test_llamacpp_path_runs_end_to_end_and_prints_every_figure(tmp_path: Path) -
     assert 0.0 < float(eng[1]) < 1.0 and eng[-3] == "0.000", eng
     assert eng[1] == eng[2], eng  # usage's cached_tokens and llama.cpp's counters agree
     assert re.search(r"cached share\s+n/a \(needs >= 3 rounds\)", out.stdout), out.stdout
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--replicas", "1"], "--replicas 1: routing compares where requests go, which needs 2 replicas or more"),
+    (["--policies", ",,"], "--policies ',,' names no policy"),
+    (["--policies", "nope"], "--policies: nope not among"),
+    (["--replicas", "x"], "invalid int value"),
+])
+def test_bad_arguments_are_refused_with_one_line(argv: list[str], words: str, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """--replicas 1 ran a comparison on one replica, --policies ,, ran round_robin alone; argparse's
+    refusals came with a usage block. Now each is one line and exit 2."""
+    mod = _bench()
+    monkeypatch.setattr(sys, "argv", ["routing_compare.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        mod._args()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and words in err, err
