@@ -100,7 +100,7 @@ from typing import Any
 import psutil
 import yaml
 
-from servelab.engines.base import free_port
+from servelab.engines.spawn import free_port
 from servelab.engines.mock.launch import MockLauncher
 
 ROOT = Path(__file__).resolve().parent.parent
