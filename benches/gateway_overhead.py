@@ -100,8 +100,8 @@ from typing import Any
 import psutil
 import yaml
 
-from servelab.engines.spawn import free_port
 from servelab.engines.mock.launch import MockLauncher
+from servelab.engines.spawn import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SERVELAB_CACHE", Path.home() / ".cache" / "servelab"))
@@ -163,16 +163,23 @@ class Proxy:
                     os.killpg(proc.pid, 9)
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float,
-                headers: dict[str, str] | None = None, line: str | None = None) -> None:
+def _wait_ready(
+    url: str,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
+    line: str | None = None,
+) -> None:
     """Until ``url`` answers 200 and, with ``line``, the log holds it (``servelab gateway --workers N``
     prints its ``listening on`` line once every worker is up: /health answers as soon as worker 0 is,
     and the others' start-up CPU must not fall into the measured window)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         if proc.poll() is not None:
-            raise SystemExit(f"{url}: the proxy exited ({proc.returncode}); log {log}:\n"
-                             + log.read_text(errors="replace")[-3000:])
+            raise SystemExit(
+                f"{url}: the proxy exited ({proc.returncode}); log {log}:\n" + log.read_text(errors="replace")[-3000:]
+            )
         try:
             with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2) as r:
                 if r.status == 200 and (line is None or line in log.read_text(errors="replace")):
@@ -201,9 +208,14 @@ def cpu_list(spec: str) -> list[int]:
 def _spawn(argv: list[str], cpus: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """``argv`` under ``taskset -c cpus`` (inherited by its children), its own session, output to ``log``."""
     with open(log, "ab") as lf:
-        return subprocess.Popen(["taskset", "-c", cpus, *argv], stdout=lf, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, **(env or {})})
+        return subprocess.Popen(
+            ["taskset", "-c", cpus, *argv],
+            stdout=lf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
 
 
 def start_litellm(mock_url: str, work: Path, cpu: str) -> Proxy:
@@ -211,16 +223,22 @@ def start_litellm(mock_url: str, work: Path, cpu: str) -> Proxy:
     from MACHINE_NOTES (LITELLM_MASTER_KEY, LITELLM_LOCAL_MODEL_COST_MAP=True)."""
     if not LITELLM.is_file():
         raise SystemExit(f"LiteLLM is not installed at {LITELLM}; see this file's docstring")
-    cfg = {"model_list": [{"model_name": MODEL, "litellm_params": {"model": f"openai/{MODEL}",
-                                                                   "api_base": mock_url, "api_key": "x"}}]}
+    cfg = {
+        "model_list": [
+            {"model_name": MODEL, "litellm_params": {"model": f"openai/{MODEL}", "api_base": mock_url, "api_key": "x"}}
+        ]
+    }
     path = work / "litellm.yaml"
     path.write_text(yaml.safe_dump(cfg))
     port = free_port()
     key = "sk-bench-" + secrets.token_hex(8)
     log = work / "litellm.log"
-    proc = _spawn([str(LITELLM), "--config", str(path), "--host", "127.0.0.1", "--port", str(port),
-                   "--num_workers", "1"], cpu, log,
-                  {"LITELLM_MASTER_KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    proc = _spawn(
+        [str(LITELLM), "--config", str(path), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+        cpu,
+        log,
+        {"LITELLM_MASTER_KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    )
     _wait_ready(f"http://127.0.0.1:{port}/health/liveliness", proc, log, 120)
     return Proxy("litellm", f"http://127.0.0.1:{port}/v1", key, proc, log)
 
@@ -229,11 +247,14 @@ def start_redis(work: Path, cpu: str) -> tuple[subprocess.Popen[bytes], str]:
     """A redis-server without persistence on a free port, pinned to ``cpu``: (process, URL)."""
     exe = shutil.which("redis-server")
     if exe is None:
-        sys.exit("--gateway-workers needs redis-server on PATH (scripts/setup.sh installs it: apt-get install -y "
-                 "redis-server)")
+        sys.exit(
+            "--gateway-workers needs redis-server on PATH (scripts/setup.sh installs it: apt-get install -y "
+            "redis-server)"
+        )
     port = free_port()
-    proc = _spawn([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"], cpu,
-                  work / "redis.log")
+    proc = _spawn(
+        [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"], cpu, work / "redis.log"
+    )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
@@ -332,8 +353,10 @@ def _variant_targets(ap: argparse.ArgumentParser, spec: str | None, rounds: int)
                 if not 0 < ratio <= 1:
                     ap.error(f"--variants {item!r}: tracing takes a sample ratio in (0, 1], e.g. tracing:0.1")
             else:
-                ap.error(f"--variants {item!r}: give NAME or NAME=OPT[+OPT] with OPT src:DIR (an existing src/ "
-                         "folder) or tracing[:RATIO], e.g. now,old=src:/tmp/wt-old/src or off,on=tracing")
+                ap.error(
+                    f"--variants {item!r}: give NAME or NAME=OPT[+OPT] with OPT src:DIR (an existing src/ "
+                    "folder) or tracing[:RATIO], e.g. now,old=src:/tmp/wt-old/src or off,on=tracing"
+                )
         if not name.isidentifier():
             ap.error(f"--variants {item!r}: a name is letters, digits and _ (e.g. now, old, traced)")
         entries.append((name, Variant(src, ratio, 0)))
@@ -368,21 +391,32 @@ def _print_variant_ratio(variants: dict[str, Variant], rps: dict[str, tuple[floa
             parts.append(f"{name} {rps[t][1]:.1f} / {rps[base][1]:.1f} = {r:.3f}")
         print(f"  round {rnd + 1}: " + "; ".join(parts))
     for name, rs in groups.items():
-        print(f"{name} / servelab-{first}: median {statistics.median(rs):.3f} over {len(rs)} paired round(s), "
-              f"range {min(rs):.3f}-{max(rs):.3f}")
+        print(
+            f"{name} / servelab-{first}: median {statistics.median(rs):.3f} over {len(rs)} paired round(s), "
+            f"range {min(rs):.3f}-{max(rs):.3f}"
+        )
 
 
 def _gateway_config(urls: list[str], work: Path, tag: str, port: int, secret: str) -> dict[str, Any]:
     """The benchmark's gateway config: one backend per mock URL, the public model split evenly over them, one
     key (``secret``), no limits, SQLite ledger and JSON access log named after ``tag`` in ``work``."""
-    return {"server": {"host": "127.0.0.1", "port": port, "admin_port": None, "max_tokens_limit": 4096,
-                       "access_log": str(work / f"gateway-{tag}-access.log")},
-            "ledger": {"sqlite_path": str(work / f"gateway-{tag}-usage.db")},
-            "backends": [{"name": f"mock{i}", "kind": "mock", "base_url": u.removesuffix("/v1"), "models": [MODEL]}
-                         for i, u in enumerate(urls)],
-            "models": {MODEL: {"targets": [{"backend": f"mock{i}", "model": MODEL} for i in range(len(urls))]}},
-            "tenants": {"bench": {"allowed_models": ["*"]}},
-            "keys": [{"id": "bench", "tenant": "bench", "sha256": hashlib.sha256(secret.encode()).hexdigest()}]}
+    return {
+        "server": {
+            "host": "127.0.0.1",
+            "port": port,
+            "admin_port": None,
+            "max_tokens_limit": 4096,
+            "access_log": str(work / f"gateway-{tag}-access.log"),
+        },
+        "ledger": {"sqlite_path": str(work / f"gateway-{tag}-usage.db")},
+        "backends": [
+            {"name": f"mock{i}", "kind": "mock", "base_url": u.removesuffix("/v1"), "models": [MODEL]}
+            for i, u in enumerate(urls)
+        ],
+        "models": {MODEL: {"targets": [{"backend": f"mock{i}", "model": MODEL} for i in range(len(urls))]}},
+        "tenants": {"bench": {"allowed_models": ["*"]}},
+        "keys": [{"id": "bench", "tenant": "bench", "sha256": hashlib.sha256(secret.encode()).hexdigest()}],
+    }
 
 
 def _gateway_env(src: str | None) -> dict[str, str] | None:
@@ -391,9 +425,16 @@ def _gateway_env(src: str | None) -> dict[str, str] | None:
     return {"PYTHONPATH": src} if src else None
 
 
-def start_servelab(mock_url: str | list[str], work: Path, cpu: str, tag: str, workers: int = 0,
-                   redis_url: str | None = None, src: str | None = None,
-                   tracing: tuple[str, float] | None = None) -> Proxy:
+def start_servelab(
+    mock_url: str | list[str],
+    work: Path,
+    cpu: str,
+    tag: str,
+    workers: int = 0,
+    redis_url: str | None = None,
+    src: str | None = None,
+    tracing: tuple[str, float] | None = None,
+) -> Proxy:
     """``servelab gateway`` on CPUs ``cpu``: one backend per mock URL (the public model ``m`` split evenly
     over them), one key, no limits, SQLite ledger and JSON access log in ``work`` (its defaults).
     ``workers`` > 0: ``--workers N`` with ``state.redis_url`` = ``redis_url`` (0: the plain command, no Redis).
@@ -410,8 +451,12 @@ def start_servelab(mock_url: str | list[str], work: Path, cpu: str, tag: str, wo
     path = work / f"gateway-{tag}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     log = work / f"gateway-{tag}.log"
-    proc = _spawn([str(SERVELAB), "gateway", "--config", str(path),
-                   *(["--workers", str(workers)] if workers else [])], cpu, log, _gateway_env(src))
+    proc = _spawn(
+        [str(SERVELAB), "gateway", "--config", str(path), *(["--workers", str(workers)] if workers else [])],
+        cpu,
+        log,
+        _gateway_env(src),
+    )
     # the command's own line, printed once every worker is up (each worker's log line "servelab.gateway: gateway
     # listening on ..." also says "listening on": waiting for that let the bench open its keep-alive
     # connections while worker 1 was still starting, and worker 0 then served every request of the run)
@@ -432,31 +477,73 @@ def start_independent(urls: list[str], work: Path, cpu: str, tag: str, n: int) -
         path = work / f"gateway-{tag}-{i}.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         log = work / f"gateway-{tag}-{i}.log"
-        proc = _spawn([str(SERVELAB), "gateway", "--config", str(path), "--worker-index", str(i), "--no-admin"],
-                      cpu, log)
+        proc = _spawn(
+            [str(SERVELAB), "gateway", "--config", str(path), "--worker-index", str(i), "--no-admin"], cpu, log
+        )
         procs.append(proc)
         _wait_ready(f"http://127.0.0.1:{port}/health", proc, log, 60, line="servelab gateway listening on")
-    return Proxy("servelab", f"http://127.0.0.1:{port}/v1", f"sk-sl-bench-{secret}", procs[0],
-                 work / f"gateway-{tag}-0.log", procs[1:])
+    return Proxy(
+        "servelab",
+        f"http://127.0.0.1:{port}/v1",
+        f"sk-sl-bench-{secret}",
+        procs[0],
+        work / f"gateway-{tag}-0.log",
+        procs[1:],
+    )
 
 
-def run_bench(p: Proxy, out: Path, cpu: str, concurrency: list[int] | None, requests: int | None,
-              duration_s: float | None, warmup: int, output_tokens: str,
-              rate_rps: float | None = None, workers: int = 1, endpoint: str = "chat") -> dict[str, Any]:
+def run_bench(
+    p: Proxy,
+    out: Path,
+    cpu: str,
+    concurrency: list[int] | None,
+    requests: int | None,
+    duration_s: float | None,
+    warmup: int,
+    output_tokens: str,
+    rate_rps: float | None = None,
+    workers: int = 1,
+    endpoint: str = "chat",
+) -> dict[str, Any]:
     """Run ``servelab bench`` (pinned to the CPU list ``cpu``, ``--workers`` ``workers``) against ``p`` and
     return its summary.json: closed loop at ``concurrency``, or open loop (Poisson arrivals) at ``rate_rps``.
     ``endpoint``: the API the bench speaks (``--endpoint``: chat, messages, responses; TTFT at each API's first
     content event, servelab.wire.apis)."""
     # open loop: the same rate twice, the first step warms every connection (the bench's own warmup runs as a
     # closed loop of 1 in open mode: minutes at 0.8 s a request); the caller keeps the last step
-    load = ["--rate", f"{rate_rps:g},{rate_rps:g}", "--arrival", "poisson"] if rate_rps else \
-        ["--concurrency", ",".join(map(str, concurrency or []))]
-    argv = ["taskset", "-c", cpu, str(SERVELAB), "bench", "--url", p.base_url, "--model", MODEL,
-            "--workload", "short-qa", "--set", "input_tokens=32", "--set", f"output_tokens={output_tokens}",
-            *load, "--warmup", str(0 if rate_rps else warmup),
-            "--no-stop-on-slo", "--timeout", "120", "--quiet", "--out", str(out),
-            *(["--workers", str(workers)] if workers > 1 else []),
-            *(["--endpoint", endpoint] if endpoint != "chat" else [])]
+    load = (
+        ["--rate", f"{rate_rps:g},{rate_rps:g}", "--arrival", "poisson"]
+        if rate_rps
+        else ["--concurrency", ",".join(map(str, concurrency or []))]
+    )
+    argv = [
+        "taskset",
+        "-c",
+        cpu,
+        str(SERVELAB),
+        "bench",
+        "--url",
+        p.base_url,
+        "--model",
+        MODEL,
+        "--workload",
+        "short-qa",
+        "--set",
+        "input_tokens=32",
+        "--set",
+        f"output_tokens={output_tokens}",
+        *load,
+        "--warmup",
+        str(0 if rate_rps else warmup),
+        "--no-stop-on-slo",
+        "--timeout",
+        "120",
+        "--quiet",
+        "--out",
+        str(out),
+        *(["--workers", str(workers)] if workers > 1 else []),
+        *(["--endpoint", endpoint] if endpoint != "chat" else []),
+    ]
     argv += ["--requests", str(requests)] if requests else ["--duration", str(duration_s)]
     env = {**os.environ, "OPENAI_API_KEY": p.api_key or ""}
     r = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -471,8 +558,9 @@ def _ms(x: float | None) -> str:
 
 def _steps(summary: dict[str, Any], key: int | None = None) -> dict[int, dict[str, Any]]:
     """Steps by concurrency (``key`` for a one-step open-loop run)."""
-    return {key if key is not None else int(s["load"]["concurrency"]): s for s in summary["steps"]
-            if not s.get("skipped")}  # with ``key``: the last step wins (the first one was the warm-up)
+    return {
+        key if key is not None else int(s["load"]["concurrency"]): s for s in summary["steps"] if not s.get("skipped")
+    }  # with ``key``: the last step wins (the first one was the warm-up)
 
 
 @dataclass(frozen=True)
@@ -504,8 +592,10 @@ def _worker_targets(ap: argparse.ArgumentParser, spec: str | None, rounds: int =
         try:
             n, slice_ms = int(n_s.removesuffix("i")), (float(slice_s) if slice_s else None)
         except ValueError:
-            ap.error(f"--gateway-workers {spec!r}: give worker counts like 1,2,1,2 (2i: two independent "
-                     "gateways), each optionally with a scheduler slice in ms (2@20)")
+            ap.error(
+                f"--gateway-workers {spec!r}: give worker counts like 1,2,1,2 (2i: two independent "
+                "gateways), each optionally with a scheduler slice in ms (2@20)"
+            )
         if n < 1 or (independent and n < 2):
             ap.error("--gateway-workers: every count must be >= 1 (Ni: >= 2)")
         if slice_ms is not None and not SLICE_MIN_MS <= slice_ms <= SLICE_MAX_MS:
@@ -544,8 +634,10 @@ def set_slice(proxy: Proxy, slice_ms: float) -> float:
             err = ctypes.get_errno()
             if err == errno.ESRCH:  # a thread that ended meanwhile
                 continue
-            raise SystemExit(f"sched_setattr(slice {slice_ms:g} ms) failed: {os.strerror(err)}; a custom slice "
-                             "needs Linux >= 6.12 on x86_64 (drop the @MS of --gateway-workers)")
+            raise SystemExit(
+                f"sched_setattr(slice {slice_ms:g} ms) failed: {os.strerror(err)}; a custom slice "
+                "needs Linux >= 6.12 on x86_64 (drop the @MS of --gateway-workers)"
+            )
     back = ctypes.create_string_buffer(56)
     if proxy.proc is None or libc.syscall(_SYS_SCHED_GETATTR, proxy.proc.pid, back, 56, 0) != 0:
         return float("nan")
@@ -564,8 +656,9 @@ def _worker_split(work: Path, tag: str) -> dict[int, int]:
     return out
 
 
-def _print_worker_ratio(gw_workers: dict[str, GatewayRun], rps: dict[str, tuple[float, float]],
-                        split: dict[str, dict[int, int]]) -> None:
+def _print_worker_ratio(
+    gw_workers: dict[str, GatewayRun], rps: dict[str, tuple[float, float]], split: dict[str, dict[int, int]]
+) -> None:
     """Each run's requests per worker; each multi-worker run's req/core-s against the 1-worker run of the same
     round (with the same slice when the list has one, else the default slice; runs of one round ran minutes
     apart at most, and no figure is a mean over runs that did not run together); per entry over the rounds,
@@ -573,9 +666,14 @@ def _print_worker_ratio(gw_workers: dict[str, GatewayRun], rps: dict[str, tuple[
     workers' shared state costs over N processes that share nothing."""
     if not gw_workers:
         return
-    print("\nrequests per gateway worker (access log): " + "; ".join(
-        f"{t} " + " / ".join(f"w{w}: {n}" for w, n in sorted(split.get(t, {}).items(), key=lambda x: str(x[0])))
-        for t in gw_workers if t in rps))
+    print(
+        "\nrequests per gateway worker (access log): "
+        + "; ".join(
+            f"{t} " + " / ".join(f"w{w}: {n}" for w, n in sorted(split.get(t, {}).items(), key=lambda x: str(x[0])))
+            for t in gw_workers
+            if t in rps
+        )
+    )
     by_round = {(g.round, g.workers, g.independent, g.slice_ms): t for t, g in gw_workers.items() if t in rps}
     groups: dict[str, list[float]] = {}
     pairs = []
@@ -597,18 +695,23 @@ def _print_worker_ratio(gw_workers: dict[str, GatewayRun], rps: dict[str, tuple[
     print("req/core-s, each multi-worker run against the runs of its round it compares with: " + "; ".join(pairs))
     for key, rs in groups.items():
         within = sum(1 for r in rs if r >= 0.9)
-        print(f"{key}: median {statistics.median(rs):.3f} over {len(rs)} paired round(s), range "
-              f"{min(rs):.3f}-{max(rs):.3f}, {within} of {len(rs)} at >= 0.900 (within 10 %)")
+        print(
+            f"{key}: median {statistics.median(rs):.3f} over {len(rs)} paired round(s), range "
+            f"{min(rs):.3f}-{max(rs):.3f}, {within} of {len(rs)} at >= 0.900 (within 10 %)"
+        )
 
 
-def _print_latency(a: argparse.Namespace, lat: dict[str, dict[int, dict[str, Any]]], conc: list[int],
-                   targets: list[str], mean_s: float) -> None:
+def _print_latency(
+    a: argparse.Namespace, lat: dict[str, dict[int, dict[str, Any]]], conc: list[int], targets: list[str], mean_s: float
+) -> None:
     """The latency table (target minus direct) and the direct check (is the client + mock core queueing?)."""
-    loop = (f"open loop, Poisson arrivals at streams / {mean_s:.2f} s" if a.loop == "open" else "closed loop")
+    loop = f"open loop, Poisson arrivals at streams / {mean_s:.2f} s" if a.loop == "open" else "closed loop"
     print(f"\nLatency (ms; {loop}; mock TTFT {a.ttft_ms:g} ms, ITL {a.itl_ms:g} ms, {a.output_tokens} tokens)")
     w = max(9, *(len(t) for t in targets))  # "servelab:messages": the servelab target spoken in another API
-    hdr = f"{'streams':>7} {'target':<{w}} {'n':>5} {'fail':>4} {'TTFT p50':>9} {'TTFT p99':>9} {'chunk p99':>9} " \
-          f"{'+TTFT p50':>9} {'+TTFT p99':>9} {'+chunk p99':>10}"
+    hdr = (
+        f"{'streams':>7} {'target':<{w}} {'n':>5} {'fail':>4} {'TTFT p50':>9} {'TTFT p99':>9} {'chunk p99':>9} "
+        f"{'+TTFT p50':>9} {'+TTFT p99':>9} {'+chunk p99':>10}"
+    )
     print(hdr)
     for c in conc:
         d = lat["direct"].get(c)
@@ -619,14 +722,21 @@ def _print_latency(a: argparse.Namespace, lat: dict[str, dict[int, dict[str, Any
             tt, ch = s["ttft_s"], s["itl_chunk_s"]
             add = ["", "", ""]
             if t != "direct" and d is not None:
-                add = [_ms(tt["p50"] - d["ttft_s"]["p50"]), _ms(tt["p99"] - d["ttft_s"]["p99"]),
-                       _ms(ch["p99"] - d["itl_chunk_s"]["p99"])]
+                add = [
+                    _ms(tt["p50"] - d["ttft_s"]["p50"]),
+                    _ms(tt["p99"] - d["ttft_s"]["p99"]),
+                    _ms(ch["p99"] - d["itl_chunk_s"]["p99"]),
+                ]
             failed = s["counts"]["submitted"] - s["counts"]["succeeded"]
-            print(f"{c:>7} {t:<{w}} {s['counts']['submitted']:>5} {failed:>4} {_ms(tt['p50']):>9} {_ms(tt['p99']):>9} "
-                  f"{_ms(ch['p99']):>9} {add[0]:>9} {add[1]:>9} {add[2]:>10}")
+            print(
+                f"{c:>7} {t:<{w}} {s['counts']['submitted']:>5} {failed:>4} {_ms(tt['p50']):>9} {_ms(tt['p99']):>9} "
+                f"{_ms(ch['p99']):>9} {add[0]:>9} {add[1]:>9} {add[2]:>10}"
+            )
     # is the direct baseline itself queueing on the client + mock core? Then "added" numbers mean little
-    print(f"\nDirect check (client + mock on CPU {a.client_cpu}): the direct run must show the mock's own "
-          f"schedule (TTFT {a.ttft_ms:g} ms, chunk gap {a.itl_ms:g} ms)")
+    print(
+        f"\nDirect check (client + mock on CPU {a.client_cpu}): the direct run must show the mock's own "
+        f"schedule (TTFT {a.ttft_ms:g} ms, chunk gap {a.itl_ms:g} ms)"
+    )
     for c in conc:
         d = lat.get("direct", {}).get(c)
         if d is None:
@@ -634,10 +744,16 @@ def _print_latency(a: argparse.Namespace, lat: dict[str, dict[int, dict[str, Any
         extra_ttft_ms = (d["ttft_s"]["p50"] - a.ttft_ms / 1e3) * 1e3
         extra_chunk_ms = (d["itl_chunk_s"]["p99"] - a.itl_ms / 1e3) * 1e3
         saturated = extra_ttft_ms > max(2.0, 0.05 * a.ttft_ms) or extra_chunk_ms > max(5.0, 0.1 * a.itl_ms)
-        print(f"{c:>7} streams: TTFT p50 +{extra_ttft_ms:.2f} ms, chunk p99 +{extra_chunk_ms:.2f} ms over the "
-              f"schedule; CPU {a.client_cpu} busy {d['cpu_busy_pct']['client']:.0f} % -> "
-              + ("SATURATED: the client + mock core queues, added numbers at this step are not the proxy's "
-                 "alone; raise --itl-ms or lower the streams" if saturated else "not saturated"))
+        print(
+            f"{c:>7} streams: TTFT p50 +{extra_ttft_ms:.2f} ms, chunk p99 +{extra_chunk_ms:.2f} ms over the "
+            f"schedule; CPU {a.client_cpu} busy {d['cpu_busy_pct']['client']:.0f} % -> "
+            + (
+                "SATURATED: the client + mock core queues, added numbers at this step are not the proxy's "
+                "alone; raise --itl-ms or lower the streams"
+                if saturated
+                else "not saturated"
+            )
+        )
 
 
 def _apis(ap: argparse.ArgumentParser, spec: str) -> list[str]:
@@ -648,8 +764,17 @@ def _apis(ap: argparse.ArgumentParser, spec: str) -> list[str]:
     return ["chat", *[x for x in dict.fromkeys(apis) if x != "chat"]]
 
 
-def _latency(p: Proxy, label: str, api: str, a: argparse.Namespace, work: Path, conc: list[int], mean_s: float,
-             client_cpus: list[int], proxy_cpus: list[int]) -> dict[int, dict[str, Any]]:
+def _latency(
+    p: Proxy,
+    label: str,
+    api: str,
+    a: argparse.Namespace,
+    work: Path,
+    conc: list[int],
+    mean_s: float,
+    client_cpus: list[int],
+    proxy_cpus: list[int],
+) -> dict[int, dict[str, Any]]:
     """The latency part against ``p`` spoken in ``api``: one step per concurrency, each its own bench run so
     request counts can differ (open loop: the rate that keeps that many streams in flight); each step with the
     busiest client and proxy CPU's share."""
@@ -658,13 +783,25 @@ def _latency(p: Proxy, label: str, api: str, a: argparse.Namespace, work: Path, 
         n = max(a.min_requests, a.requests_per_stream * c)
         psutil.cpu_percent(percpu=True)  # starts the per-CPU busy-share interval
         rate = c / mean_s if a.loop == "open" else None
-        s = run_bench(p, work / f"{label.replace(':', '-')}-c{c}", a.client_cpu, [c], n, None, warmup=c,
-                      output_tokens=a.output_tokens, rate_rps=rate,  # every connection warm
-                      workers=a.client_workers, endpoint=api)
+        s = run_bench(
+            p,
+            work / f"{label.replace(':', '-')}-c{c}",
+            a.client_cpu,
+            [c],
+            n,
+            None,
+            warmup=c,
+            output_tokens=a.output_tokens,
+            rate_rps=rate,  # every connection warm
+            workers=a.client_workers,
+            endpoint=api,
+        )
         busy = psutil.cpu_percent(percpu=True)
         out.update(_steps(s, c))
-        out[c]["cpu_busy_pct"] = {"client": max(busy[i] for i in client_cpus),
-                                  "proxy": max(busy[i] for i in proxy_cpus)}
+        out[c]["cpu_busy_pct"] = {
+            "client": max(busy[i] for i in client_cpus),
+            "proxy": max(busy[i] for i in proxy_cpus),
+        }
     return out
 
 
@@ -672,51 +809,110 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--targets", default="direct,servelab,litellm", help="comma list: direct,servelab,litellm")
     ap.add_argument("--concurrency", default="1,16,64,256", help="concurrent streams per step")
-    ap.add_argument("--requests-per-stream", type=int, default=4, help="measured requests per step = this x "
-                    "streams (at least --min-requests)")
+    ap.add_argument(
+        "--requests-per-stream",
+        type=int,
+        default=4,
+        help="measured requests per step = this x streams (at least --min-requests)",
+    )
     ap.add_argument("--min-requests", type=int, default=200)
     ap.add_argument("--ttft-ms", type=float, default=50.0, help="mock time to first token, ms")
-    ap.add_argument("--itl-ms", type=float, default=50.0, help="mock delay between tokens, ms (50: 256 streams "
-                    "= ~5k chunks/s, which the client + mock core carries without queueing; see the direct check)")
-    ap.add_argument("--output-tokens", default="8-24", help="tokens per answer (one per chunk): N, or LO-HI drawn "
-                    "uniformly per request, so closed-loop streams do not stay in lockstep (equal lengths make all "
-                    "streams of a step arrive in the same millisecond, every round)")
-    ap.add_argument("--loop", choices=("open", "closed"), default="open",
-                    help="latency part: open = Poisson arrivals at streams / mean request time (streams in flight "
-                         "on average, independent phases); closed = that many workers. A closed loop on a fixed "
-                         "TTFT/ITL schedule keeps every stream's chunks in the same millisecond forever (durations "
-                         "are multiples of the ITL), which measures burst queueing, not per-chunk cost")
+    ap.add_argument(
+        "--itl-ms",
+        type=float,
+        default=50.0,
+        help="mock delay between tokens, ms (50: 256 streams "
+        "= ~5k chunks/s, which the client + mock core carries without queueing; see the direct check)",
+    )
+    ap.add_argument(
+        "--output-tokens",
+        default="8-24",
+        help="tokens per answer (one per chunk): N, or LO-HI drawn "
+        "uniformly per request, so closed-loop streams do not stay in lockstep (equal lengths make all "
+        "streams of a step arrive in the same millisecond, every round)",
+    )
+    ap.add_argument(
+        "--loop",
+        choices=("open", "closed"),
+        default="open",
+        help="latency part: open = Poisson arrivals at streams / mean request time (streams in flight "
+        "on average, independent phases); closed = that many workers. A closed loop on a fixed "
+        "TTFT/ITL schedule keeps every stream's chunks in the same millisecond forever (durations "
+        "are multiples of the ITL), which measures burst queueing, not per-chunk cost",
+    )
     ap.add_argument("--rps-concurrency", type=int, default=64, help="streams in the throughput run")
     ap.add_argument("--rps-duration-s", type=float, default=10.0, help="seconds of the throughput run")
-    ap.add_argument("--proxy-cpu", default="1", help="CPU list of the proxy (taskset -c syntax: 1, 2,3, 8-11); "
-                    "a gateway's workers share it")
+    ap.add_argument(
+        "--proxy-cpu",
+        default="1",
+        help="CPU list of the proxy (taskset -c syntax: 1, 2,3, 8-11); a gateway's workers share it",
+    )
     ap.add_argument("--client-cpu", default="0", help="CPU list of the client, the mocks and Redis")
-    ap.add_argument("--client-workers", type=int, default=1, help="servelab bench --workers of the client (a "
-                    "machine with a core per gateway worker needs more than one client core to load them)")
-    ap.add_argument("--mocks", type=int, default=1, help="zero-delay mock processes of the throughput part, each "
-                    "on one CPU of --client-cpu in turn; the gateway splits requests evenly over them")
+    ap.add_argument(
+        "--client-workers",
+        type=int,
+        default=1,
+        help="servelab bench --workers of the client (a "
+        "machine with a core per gateway worker needs more than one client core to load them)",
+    )
+    ap.add_argument(
+        "--mocks",
+        type=int,
+        default=1,
+        help="zero-delay mock processes of the throughput part, each "
+        "on one CPU of --client-cpu in turn; the gateway splits requests evenly over them",
+    )
     ap.add_argument("--workdir", default=None, help="artefacts folder (default: a new temp dir)")
-    ap.add_argument("--apis", default="chat", help="comma list of the APIs the servelab target is measured in "
-                    "(chat, messages, responses): each extra one is the same latency steps sent as Anthropic "
-                    "Messages or OpenAI Responses, translated by the gateway to the mock's chat completions; its "
-                    "added TTFT is against the direct chat run, so it includes the translation")
-    ap.add_argument("--gateway-workers", default=None, help="comma list of worker counts for the servelab target, "
-                    "run in this order (e.g. 1,2,1,2), each with Redis (module doc); default: one plain run")
-    ap.add_argument("--rounds", type=int, default=1, help="run the --gateway-workers list this many times, every "
-                    "other round in reverse order; ratios pair runs of the same round")
+    ap.add_argument(
+        "--apis",
+        default="chat",
+        help="comma list of the APIs the servelab target is measured in "
+        "(chat, messages, responses): each extra one is the same latency steps sent as Anthropic "
+        "Messages or OpenAI Responses, translated by the gateway to the mock's chat completions; its "
+        "added TTFT is against the direct chat run, so it includes the translation",
+    )
+    ap.add_argument(
+        "--gateway-workers",
+        default=None,
+        help="comma list of worker counts for the servelab target, "
+        "run in this order (e.g. 1,2,1,2), each with Redis (module doc); default: one plain run",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the --gateway-workers list this many times, every "
+        "other round in reverse order; ratios pair runs of the same round",
+    )
     ap.add_argument("--rps-only", action="store_true", help="only the throughput part")
-    ap.add_argument("--gateway-src", default=None, help="PYTHONPATH of the servelab gateway process only (another "
-                    "checkout's src/, e.g. a git worktree of an older commit): the same client and mock measure it")
-    ap.add_argument("--variants", default=None, help="comma list of gateway variants NAME[=OPT[+OPT]], OPT "
-                    "src:DIR (that src/ as the gateway's PYTHONPATH) or tracing[:RATIO] (OTLP export to a local "
-                    "receiver): e.g. now,old=src:/tmp/wt-old/src or off,on=tracing; run --rounds times, "
-                    "alternating, with each round's ratio to the first")
+    ap.add_argument(
+        "--gateway-src",
+        default=None,
+        help="PYTHONPATH of the servelab gateway process only (another "
+        "checkout's src/, e.g. a git worktree of an older commit): the same client and mock measure it",
+    )
+    ap.add_argument(
+        "--variants",
+        default=None,
+        help="comma list of gateway variants NAME[=OPT[+OPT]], OPT "
+        "src:DIR (that src/ as the gateway's PYTHONPATH) or tracing[:RATIO] (OTLP export to a local "
+        "receiver): e.g. now,old=src:/tmp/wt-old/src or off,on=tracing; run --rounds times, "
+        "alternating, with each round's ratio to the first",
+    )
     return ap
 
 
-def _start_proxy(t: str, phase: str, urls: list[str], a: argparse.Namespace, work: Path,
-                 gw_workers: dict[str, GatewayRun], redis_url: str | None,
-                 variants: dict[str, Variant] | None = None, otlp_url: str | None = None) -> Proxy:
+def _start_proxy(
+    t: str,
+    phase: str,
+    urls: list[str],
+    a: argparse.Namespace,
+    work: Path,
+    gw_workers: dict[str, GatewayRun],
+    redis_url: str | None,
+    variants: dict[str, Variant] | None = None,
+    otlp_url: str | None = None,
+) -> Proxy:
     """The proxy of target ``t`` for ``phase`` in front of the mock(s) at ``urls`` (``direct``: the first mock)."""
     if variants and t in variants:
         v = variants[t]
@@ -731,8 +927,11 @@ def _start_proxy(t: str, phase: str, urls: list[str], a: argparse.Namespace, wor
     if t not in gw_workers:
         return start_servelab(urls, work, a.proxy_cpu, phase, src=a.gateway_src)
     g = gw_workers[t]
-    p = (start_independent(urls, work, a.proxy_cpu, f"{phase}-{t}", g.workers) if g.independent else
-         start_servelab(urls, work, a.proxy_cpu, f"{phase}-{t}", g.workers, redis_url))
+    p = (
+        start_independent(urls, work, a.proxy_cpu, f"{phase}-{t}", g.workers)
+        if g.independent
+        else start_servelab(urls, work, a.proxy_cpu, f"{phase}-{t}", g.workers, redis_url)
+    )
     p.name = t
     if g.slice_ms is not None:
         print(f"[{t}] scheduler slice {set_slice(p, g.slice_ms):g} ms (read back)", flush=True)
@@ -744,8 +943,17 @@ def _throughput(p: Proxy, t: str, a: argparse.Namespace, work: Path) -> tuple[fl
     context switches of the proxy per CPU-second of it). The proxy's CPU covers warmup + measured requests,
     so both are counted."""
     cpu0, sw0 = p.cpu_s(), p.switches()
-    s = run_bench(p, work / f"{t}-rps", a.client_cpu, [a.rps_concurrency], None, a.rps_duration_s,
-                  warmup=a.rps_concurrency, output_tokens=a.output_tokens, workers=a.client_workers)
+    s = run_bench(
+        p,
+        work / f"{t}-rps",
+        a.client_cpu,
+        [a.rps_concurrency],
+        None,
+        a.rps_duration_s,
+        warmup=a.rps_concurrency,
+        output_tokens=a.output_tokens,
+        workers=a.client_workers,
+    )
     cpu = p.cpu_s() - cpu0
     switched = (p.switches() - sw0) / cpu if cpu > 0 else 0.0
     step = _steps(s)[a.rps_concurrency]
@@ -754,8 +962,9 @@ def _throughput(p: Proxy, t: str, a: argparse.Namespace, work: Path) -> tuple[fl
     return step["throughput"]["requests_per_s"] or 0.0, served / cpu if cpu > 0 else float("nan"), switched
 
 
-def _targets(ap: argparse.ArgumentParser,
-             a: argparse.Namespace) -> tuple[list[str], dict[str, GatewayRun], dict[str, Variant]]:
+def _targets(
+    ap: argparse.ArgumentParser, a: argparse.Namespace
+) -> tuple[list[str], dict[str, GatewayRun], dict[str, Variant]]:
     """The runs in order (``direct`` first; ``servelab`` replaced by the ``--gateway-workers`` or ``--variants``
     runs), the worker runs and the variant runs by label."""
     targets = [t.strip() for t in a.targets.split(",") if t.strip()]
@@ -770,7 +979,7 @@ def _targets(ap: argparse.ArgumentParser,
         ap.error("--variants and --gateway-workers are separate experiments: give one of them")
     if gw_workers or variants:
         i = targets.index("servelab") if "servelab" in targets else len(targets)
-        targets = [*targets[:i], *(gw_workers or variants), *targets[i + 1:]]
+        targets = [*targets[:i], *(gw_workers or variants), *targets[i + 1 :]]
     return targets, gw_workers, variants
 
 
@@ -792,18 +1001,21 @@ def main() -> None:
     mean_s = (a.ttft_ms + ((out_lo + out_hi) / 2 - 1) * a.itl_ms) / 1e3
     work = Path(a.workdir or tempfile.mkdtemp(prefix="gateway-overhead-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"workdir {work}; mock ttft {a.ttft_ms} ms, itl {a.itl_ms} ms, {a.output_tokens} tokens; "
-          f"proxy on CPU {a.proxy_cpu}, mock + client on CPU {a.client_cpu}", flush=True)
-    lat_mock = MockLauncher({"ttft_ms": a.ttft_ms, "itl_ms": a.itl_ms, "output_tokens": out_hi,
-                             "model": MODEL}, log_dir=work).start()
+    print(
+        f"workdir {work}; mock ttft {a.ttft_ms} ms, itl {a.itl_ms} ms, {a.output_tokens} tokens; "
+        f"proxy on CPU {a.proxy_cpu}, mock + client on CPU {a.client_cpu}",
+        flush=True,
+    )
+    lat_mock = MockLauncher(
+        {"ttft_ms": a.ttft_ms, "itl_ms": a.itl_ms, "output_tokens": out_hi, "model": MODEL}, log_dir=work
+    ).start()
     os.sched_setaffinity(lat_mock.process.pid, set(client_cpus))
     rps_mocks = [MockLauncher({"output_tokens": out_hi, "model": MODEL}, log_dir=work).start() for _ in range(a.mocks)]
     for i, eng in enumerate(rps_mocks):
         os.sched_setaffinity(eng.process.pid, {client_cpus[i % len(client_cpus)]})
     rps_mock = rps_mocks[0]
     redis_proc, redis_url = start_redis(work, a.client_cpu) if gw_workers else (None, None)
-    otlp = (start_otlp_receiver(work, a.client_cpu) if any(v.trace_ratio for v in variants.values())
-            else None)
+    otlp = start_otlp_receiver(work, a.client_cpu) if any(v.trace_ratio for v in variants.values()) else None
     lat: dict[str, dict[int, dict[str, Any]]] = {}
     rps: dict[str, tuple[float, float]] = {}
     split: dict[str, dict[int, int]] = {}
@@ -813,8 +1025,7 @@ def main() -> None:
             phases = (("rps", rps_mock),) if a.rps_only else (("latency", lat_mock), ("rps", rps_mock))
             for phase, mock in phases:
                 urls = [m.base_url for m in rps_mocks] if mock is rps_mock else [mock.base_url]
-                p = _start_proxy(t, phase, urls, a, work, gw_workers, redis_url, variants,
-                                 otlp[1] if otlp else None)
+                p = _start_proxy(t, phase, urls, a, work, gw_workers, redis_url, variants, otlp[1] if otlp else None)
                 try:
                     print(f"[{t}] {phase} ...", flush=True)
                     if phase == "latency":
@@ -842,24 +1053,30 @@ def main() -> None:
     if lat:
         shown = [x for t in targets for x in (t, *(f"{t}:{api}" for api in apis[1:] if t == "servelab"))]
         _print_latency(a, lat, conc, shown, mean_s)
-    print(f"\nThroughput ({a.rps_concurrency} streams, {a.rps_duration_s:g} s, zero-delay mock, "
-          f"{a.output_tokens} tokens; proxy alone on CPU {a.proxy_cpu})")
+    print(
+        f"\nThroughput ({a.rps_concurrency} streams, {a.rps_duration_s:g} s, zero-delay mock, "
+        f"{a.output_tokens} tokens; proxy alone on CPU {a.proxy_cpu})"
+    )
     width = max(9, *(len(t) for t in targets))
     print(f"{'target':<{width}} {'req/s':>8} {'req/core-s':>11} {'preempted/core-s':>17}")
     for t in targets:
         if t in rps:
             r, per_core = rps[t]
             direct = t == "direct"
-            print(f"{t:<{width}} {r:>8.1f} {'' if direct else f'{per_core:.1f}':>11} "
-                  f"{'' if direct else f'{switches.get(t, 0.0):.0f}':>17}")
+            print(
+                f"{t:<{width}} {r:>8.1f} {'' if direct else f'{per_core:.1f}':>11} "
+                f"{'' if direct else f'{switches.get(t, 0.0):.0f}':>17}"
+            )
     _print_worker_ratio(gw_workers, rps, split)
     if variants:
         _print_variant_ratio(variants, rps, a.variants.split(",")[0].partition("=")[0].strip())
         if otlp is not None and otlp[2].is_file():
             print(f"OTLP receiver (every traced run together): {otlp[2].read_text()}")
     if "servelab" in rps and "litellm" in rps:
-        print(f"\nservelab / LiteLLM: req/s {rps['servelab'][0] / rps['litellm'][0]:.1f}x, "
-              f"req per proxy core-second {rps['servelab'][1] / rps['litellm'][1]:.1f}x (target >= 5x)")
+        print(
+            f"\nservelab / LiteLLM: req/s {rps['servelab'][0] / rps['litellm'][0]:.1f}x, "
+            f"req per proxy core-second {rps['servelab'][1] / rps['litellm'][1]:.1f}x (target >= 5x)"
+        )
     top = max(conc)
     if "servelab" in lat and top in lat["servelab"]:
         added = (lat["servelab"][top]["ttft_s"]["p99"] - lat["direct"][top]["ttft_s"]["p99"]) * 1e3

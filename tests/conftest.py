@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import hypothesis_profiles
+import pytest
 
 HYPOTHESIS_PROFILE = hypothesis_profiles.load()
 
@@ -204,7 +203,9 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/advise/test_advise.py::test_bad_input_is_one_line": ("proc",),
     "tests/advise/test_advise.py::test_json_output": ("proc",),
     "tests/advise/test_embed_experiment.py": ("engine", "proc"),
-    "tests/advise/test_embed_experiment.py::test_a_gguf_embedding_model_gets_a_llamacpp_embeddings_candidate": ("unit",),
+    "tests/advise/test_embed_experiment.py::test_a_gguf_embedding_model_gets_a_llamacpp_embeddings_candidate": (
+        "unit",
+    ),
     "tests/advise/test_embed_experiment.py::test_cli_writes_a_valid_embeddings_experiment": ("proc",),
     "tests/bench/test_bench_e2e.py": ("unit",),
     "tests/bench/test_bench_e2e.py::test_not_openai_server": ("proc",),
@@ -217,7 +218,10 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/bench/test_bench_cli_robustness.py": ("unit",),
     "tests/bench/test_bench_cli_robustness.py::test_engine_values_checked_before_start": ("proc",),
     "tests/bench/test_bench_cli_robustness.py::test_help_documents_exit_codes": ("proc",),
-    "tests/bench/test_bench_cli_robustness.py::test_prompts_longer_than_the_servers_context_are_refused": ("engine", "proc"),
+    "tests/bench/test_bench_cli_robustness.py::test_prompts_longer_than_the_servers_context_are_refused": (
+        "engine",
+        "proc",
+    ),
     "tests/bench/test_bench_cli_robustness.py::test_sigterm_stops_the_engine_it_started": ("proc",),
     "tests/bench/analysis/test_intervals.py": ("unit",),
     "tests/bench/load/test_load.py": ("unit",),
@@ -281,7 +285,10 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/engines/test_llamacpp_build.py::test_cli_build_replaces_a_build_made_for_another_cpu": ("engine", "proc"),
     "tests/engines/test_llamacpp_build.py::test_compiler_isa_reads_the_compilers_own_macros": ("proc",),
     "tests/engines/test_llamacpp_build.py::test_crash_by_signal_is_named_with_the_log_lines": ("proc",),
-    "tests/engines/test_llamacpp_build.py::test_ensure_builds_with_cmake_and_restarts_a_tree_of_other_flags": ("engine", "proc"),
+    "tests/engines/test_llamacpp_build.py::test_ensure_builds_with_cmake_and_restarts_a_tree_of_other_flags": (
+        "engine",
+        "proc",
+    ),
     "tests/engines/test_llamacpp_build.py::test_host_cpu_and_missing_isa": ("unit",),
     "tests/engines/test_llamacpp_build.py::test_native_build_leaves_out_amx_and_keeps_native": ("unit",),
     "tests/engines/test_mock.py": ("unit",),
@@ -381,11 +388,19 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/gateway/test_enginegauges_bound.py": ("unit",),
     "tests/gateway/test_picker.py": ("unit",),
     "tests/gateway/test_routing_compare.py": ("unit",),
-    "tests/gateway/test_routing_compare.py::test_llamacpp_path_runs_end_to_end_and_prints_every_figure": ("engine", "proc"),
+    "tests/gateway/test_routing_compare.py::test_llamacpp_path_runs_end_to_end_and_prints_every_figure": (
+        "engine",
+        "proc",
+    ),
     "tests/gateway/test_picker_gateway.py": ("unit",),
     "tests/gateway/test_picker_gateway.py::test_a_replica_the_engine_reports_busy_gets_no_new_request": ("proc",),
-    "tests/gateway/test_picker_gateway.py::test_sessions_stay_on_their_replica_and_find_the_previous_turn_cached": ("proc",),
-    "tests/gateway/test_picker_gateway.py::test_without_gauges_the_picker_falls_back_to_least_outstanding_and_counts_it": ("proc",),
+    "tests/gateway/test_picker_gateway.py::test_sessions_stay_on_their_replica_and_find_the_previous_turn_cached": (
+        "proc",
+    ),
+    (
+        "tests/gateway/test_picker_gateway.py::"
+        "test_without_gauges_the_picker_falls_back_to_least_outstanding_and_counts_it"
+    ): ("proc",),
     "tests/gateway/test_policy.py": ("unit",),
     "tests/gateway/test_public_health.py": ("unit",),
     "tests/gateway/test_readiness_admin.py": ("services",),
@@ -393,11 +408,19 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/gateway/test_readiness_admin.py::test_admin_usage_times_and_unknown_paths": ("unit",),
     "tests/gateway/test_reload_robust.py": ("unit",),
     "tests/gateway/test_startup_errors_and_public_names.py": ("unit",),
-    "tests/gateway/test_startup_errors_and_public_names.py::test_postgres_wrong_database_and_role_one_line_no_traceback": ("proc", "services"),
+    (
+        "tests/gateway/test_startup_errors_and_public_names.py::"
+        "test_postgres_wrong_database_and_role_one_line_no_traceback"
+    ): (
+        "proc",
+        "services",
+    ),
     "tests/gateway/test_startup_errors_and_public_names.py::test_short_admin_token_is_refused_at_start": ("proc",),
     "tests/gateway/test_startup_errors_and_public_names.py::test_unreachable_postgres_is_named": ("proc",),
     "tests/gateway/test_startup_errors_and_public_names.py::test_unreachable_redis_is_refused_at_start": ("proc",),
-    "tests/gateway/test_startup_errors_and_public_names.py::test_unwritable_ledger_path_is_named_not_a_port_problem": ("proc",),
+    "tests/gateway/test_startup_errors_and_public_names.py::test_unwritable_ledger_path_is_named_not_a_port_problem": (
+        "proc",
+    ),
     "tests/gateway/test_routing.py": ("unit",),
     "tests/gateway/test_routing.py::test_affinity_is_stable_across_processes_with_different_hash_seeds": ("proc",),
     "tests/gateway/test_scopes.py": ("unit",),
@@ -412,9 +435,13 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/gateway/test_tracing.py": ("unit",),
     "tests/gateway/test_tracing.py::test_failed_attempt_and_fallback_are_child_spans_with_their_error": ("proc",),
     "tests/gateway/test_tracing.py::test_gateway_imports_no_opentelemetry_while_tracing_is_off": ("proc",),
-    "tests/gateway/test_tracing.py::test_new_trace_without_client_header_and_prompt_only_when_tenant_logs_prompts": ("proc",),
+    "tests/gateway/test_tracing.py::test_new_trace_without_client_header_and_prompt_only_when_tenant_logs_prompts": (
+        "proc",
+    ),
     "tests/gateway/test_tracing.py::test_refused_request_has_an_admission_span_with_the_error": ("proc",),
-    "tests/gateway/test_tracing.py::test_request_span_continues_the_client_trace_with_genai_attributes_and_children": ("proc",),
+    "tests/gateway/test_tracing.py::test_request_span_continues_the_client_trace_with_genai_attributes_and_children": (
+        "proc",
+    ),
     "tests/gateway/test_workers.py": ("unit",),
     "tests/modelfile/test_gguf_meta.py": ("unit",),
     "tests/modelfile/test_tokenizer.py": ("unit",),
@@ -467,7 +494,10 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/trial/test_report.py": ("unit",),
     "tests/trial/test_report.py::test_compare_renders_in_chromium": ("browser",),
     "tests/trial/test_report.py::test_report_renders_in_chromium": ("browser",),
-    "tests/trial/test_report.py::test_report_with_intervals_pareto_capacity_and_cost_renders_in_chromium": ("browser", "proc"),
+    "tests/trial/test_report.py::test_report_with_intervals_pareto_capacity_and_cost_renders_in_chromium": (
+        "browser",
+        "proc",
+    ),
     "tests/trial/test_report_capacity_model.py": ("unit",),
     "tests/trial/test_report_server.py": ("unit",),
     "tests/trial/test_report_server.py::test_panel_renders_in_chromium": ("browser",),
@@ -575,8 +605,11 @@ _LIBRARY_PROBES = ("uname", "/sbin/ldconfig", "ldconfig")
 
 def _refuse_in_unit(what: str, argv0: str = "") -> None:
     if _UNIT_RUNNING and argv0 not in _LIBRARY_PROBES:
-        pytest.fail(f"{_UNIT_RUNNING[-1]} is in the unit tier (in-process) but started {what[:200]}; "
-                    "give it its tier in tests/conftest.py (PATH_TIERS or FIXTURE_TIERS)", pytrace=False)
+        pytest.fail(
+            f"{_UNIT_RUNNING[-1]} is in the unit tier (in-process) but started {what[:200]}; "
+            "give it its tier in tests/conftest.py (PATH_TIERS or FIXTURE_TIERS)",
+            pytrace=False,
+        )
 
 
 def _install_unit_guard() -> None:

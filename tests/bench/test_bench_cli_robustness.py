@@ -132,7 +132,7 @@ def bad_value_cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["--set", "input_tokens=normal:nan,3"], "input_tokens"),
         (["--workload", "mix", "--set", "ratio=short-qa:100000000000"], "ratio"),
         (["--set", "extra=" + "[" * 50_000 + "]" * 50_000], "nested too deeply"),
-        (["--set", "extra={\"a\": " + "[" * 300 + "]" * 300 + "}"], "cannot be sent as JSON"),
+        (["--set", 'extra={"a": ' + "[" * 300 + "]" * 300 + "}"], "cannot be sent as JSON"),
         (["--workload", "shared-prefix", "--set", "prefix_tokens=100000000"], "at most"),
     ]
 
@@ -171,16 +171,49 @@ def test_engine_values_checked_before_start(tmp_path):
 def test_long_prompts_show_progress(mock_engine, tmp_path):
     """Building very long prompts is reported instead of looking like a hang."""
     m = mock_engine("--output-tokens", "2")
-    r = run("bench", "--quiet", "--url", m.base_url, "-n", "16", "-c", "4", "--warmup", "0",
-            "--set", "input_tokens=400000", "--out", str(tmp_path / "r"), timeout=240)
+    r = run(
+        "bench",
+        "--quiet",
+        "--url",
+        m.base_url,
+        "-n",
+        "16",
+        "-c",
+        "4",
+        "--warmup",
+        "0",
+        "--set",
+        "input_tokens=400000",
+        "--out",
+        str(tmp_path / "r"),
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "building prompts for short-qa c4: 16 requests" in r.stderr, r.stderr
 
 
 def _start(m, out: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([SERVELAB, "bench", "--quiet", "--url", m.base_url, "--concurrency", "2", "--requests",
-                             "500", "--warmup", "0", "--out", str(out), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            SERVELAB,
+            "bench",
+            "--quiet",
+            "--url",
+            m.base_url,
+            "--concurrency",
+            "2",
+            "--requests",
+            "500",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_lines(out: Path, n: int, timeout_s: float = 60) -> None:
@@ -234,8 +267,12 @@ def test_sigterm_stops_the_engine_it_started(tmp_path):
     import psutil
 
     out = tmp_path / "run"
-    p = subprocess.Popen([SERVELAB, "bench", "--quiet", "--engine", "mock", "-c", "2", "-n", "5000", "--warmup", "0",
-                          "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [SERVELAB, "bench", "--quiet", "--engine", "mock", "-c", "2", "-n", "5000", "--warmup", "0", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_lines(out, 5)
         children = psutil.Process(p.pid).children(recursive=True)
@@ -278,8 +315,25 @@ def test_summarize_rebuilds_what_the_bench_wrote(mock_engine, tmp_path):
     """One summary code path: a rebuilt summary of a complete run has the bench's numbers."""
     m = mock_engine("--ttft-ms", "30", "--itl-ms", "2", "--output-tokens", "6")
     out = tmp_path / "run"
-    r = run("bench", "--quiet", "--url", m.base_url, "-w", "short-qa,structured", "-c", "1,2,4", "-n", "4",
-            "--warmup", "1", "--slo", "ttft_p95<=10ms,error_rate<=5%", "--out", str(out), timeout=120)
+    r = run(
+        "bench",
+        "--quiet",
+        "--url",
+        m.base_url,
+        "-w",
+        "short-qa,structured",
+        "-c",
+        "1,2,4",
+        "-n",
+        "4",
+        "--warmup",
+        "1",
+        "--slo",
+        "ttft_p95<=10ms,error_rate<=5%",
+        "--out",
+        str(out),
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     orig = json.loads((out / "summary.json").read_text())
     assert [s["skipped"] for s in orig["steps"]] == [False, True, True, False, True, True]
@@ -288,7 +342,7 @@ def test_summarize_rebuilds_what_the_bench_wrote(mock_engine, tmp_path):
     new = json.loads((out / "summary.json").read_text())
     assert new["complete"] is True and new["rebuilt"]["partial"] is False and new["slo"] == orig["slo"]
     assert len(new["steps"]) == len(orig["steps"])
-    for a, b in zip(orig["steps"], new["steps"]):
+    for a, b in zip(orig["steps"], new["steps"], strict=True):
         for k in a:
             if k in ("itl_s", "itl_chunk_s", "output_tps_per_user", "tpot_s"):
                 continue  # chunk times are stored to the microsecond: equal to 1e-6 s, checked below
@@ -303,7 +357,10 @@ def test_summarize_bad_input_one_line(tmp_path, mock_engine):
     assert_one_line_error(run("summarize", str(tmp_path)), "config.json")
     m = mock_engine("--output-tokens", "3")
     out = tmp_path / "run"
-    assert run("bench", "-q", "--url", m.base_url, "-n", "3", "-c", "1", "--warmup", "0", "--out", str(out)).returncode == 0
+    assert (
+        run("bench", "-q", "--url", m.base_url, "-n", "3", "-c", "1", "--warmup", "0", "--out", str(out)).returncode
+        == 0
+    )
     raw = (out / "requests.jsonl").read_bytes().split(b"\n")
     raw[1] = raw[1][:20]  # damage a line that is not the last
     (out / "requests.jsonl").write_bytes(b"\n".join(raw))
@@ -315,11 +372,15 @@ def test_summarize_bad_input_one_line(tmp_path, mock_engine):
 
 _slo_text = st.one_of(
     st.text(max_size=40),
-    st.builds(lambda m, s, op, v, u: f"{m}{s}{op}{v}{u}",
-              st.sampled_from(["ttft", "e2e", "itl", "tpot", "ttfat", "schedule_lag", "error_rate", "x"]),
-              st.sampled_from(["", "_p50", "_p95", "_p99", "_max", "_mean", "_p7"]), st.sampled_from(["<=", "<", "="]),
-              st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(str), st.text("0123456789.", max_size=8)),
-              st.sampled_from(["", "ms", "s", "%", "h"])))
+    st.builds(
+        lambda m, s, op, v, u: f"{m}{s}{op}{v}{u}",
+        st.sampled_from(["ttft", "e2e", "itl", "tpot", "ttfat", "schedule_lag", "error_rate", "x"]),
+        st.sampled_from(["", "_p50", "_p95", "_p99", "_max", "_mean", "_p7"]),
+        st.sampled_from(["<=", "<", "="]),
+        st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(str), st.text("0123456789.", max_size=8)),
+        st.sampled_from(["", "ms", "s", "%", "h"]),
+    ),
+)
 
 
 @settings(max_examples=examples(400), deadline=None)
@@ -337,10 +398,14 @@ def test_parse_slo_never_crashes(text):
             assert 0 < o.limit <= 7 * 86400 and math.isfinite(o.limit)
 
 
-_length = st.one_of(st.integers(-10, 2 * MAX_PROMPT_TOKENS), st.floats(allow_nan=True, allow_infinity=True),
-                    st.text(max_size=20), st.tuples(st.integers(-5, 2 * MAX_PROMPT_TOKENS), st.integers(-5, 99)),
-                    st.builds(lambda a, b: f"normal:{a},{b}", st.floats(), st.floats()),
-                    st.builds(lambda a, b: f"{a}-{b}", st.integers(-3, 2 * MAX_PROMPT_TOKENS), st.integers(-3, 10**7)))
+_length = st.one_of(
+    st.integers(-10, 2 * MAX_PROMPT_TOKENS),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+    st.tuples(st.integers(-5, 2 * MAX_PROMPT_TOKENS), st.integers(-5, 99)),
+    st.builds(lambda a, b: f"normal:{a},{b}", st.floats(), st.floats()),
+    st.builds(lambda a, b: f"{a}-{b}", st.integers(-3, 2 * MAX_PROMPT_TOKENS), st.integers(-3, 10**7)),
+)
 
 
 @settings(max_examples=examples(400), deadline=None)
@@ -357,17 +422,36 @@ def test_parse_length_never_crashes(value):
     assert 1 <= n <= MAX_PROMPT_TOKENS
 
 
-_number = st.one_of(st.integers(-10**20, 10**20), st.floats(allow_nan=True, allow_infinity=True), st.none())
+_number = st.one_of(st.integers(-(10**20), 10**20), st.floats(allow_nan=True, allow_infinity=True), st.none())
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(timeout=_number, warmup=_number, max_conc=_number, gamma=_number, requests=_number, duration=_number,
-       seed=_number, conc=st.text("0123456789,-x", max_size=8), rate=st.text("0123456789.,-naif", max_size=8),
-       ratio=st.text("short-qa:0123456789,rag", max_size=20), sets=st.lists(st.text(max_size=12), max_size=2))
+@given(
+    timeout=_number,
+    warmup=_number,
+    max_conc=_number,
+    gamma=_number,
+    requests=_number,
+    duration=_number,
+    seed=_number,
+    conc=st.text("0123456789,-x", max_size=8),
+    rate=st.text("0123456789.,-naif", max_size=8),
+    ratio=st.text("short-qa:0123456789,rag", max_size=20),
+    sets=st.lists(st.text(max_size=12), max_size=2),
+)
 def test_bench_values_never_crash(timeout, warmup, max_conc, gamma, requests, duration, seed, conc, rate, ratio, sets):
     try:
-        values = dict(timeout_s=timeout, warmup=warmup, max_concurrency=max_conc, gamma_shape=gamma,
-                      requests=requests, duration_s=duration, seed=seed, concurrency=conc, rates_rps=rate or None)
+        values = dict(
+            timeout_s=timeout,
+            warmup=warmup,
+            max_concurrency=max_conc,
+            gamma_shape=gamma,
+            requests=requests,
+            duration_s=duration,
+            seed=seed,
+            concurrency=conc,
+            rates_rps=rate or None,
+        )
         values = {k: v for k, v in values.items() if v is not None or k in ("max_concurrency", "requests")}
         cfg = BenchConfig.checked(base_url="http://127.0.0.1:1/v1", **values)
         _overrides(sets)
@@ -387,9 +471,13 @@ def test_bench_values_never_crash(timeout, warmup, max_conc, gamma, requests, du
             assert np.isfinite(offs).all() and (offs * 1e9 < 2**63).all()
 
 
-_list_text = st.one_of(st.text(max_size=12), st.text(" ,0123456789.-eEnaif", max_size=12),
-                       st.lists(st.sampled_from(["", " ", "1", "2.5", "-1", "1e-300", "1e400", "nan", "x", "0"]),
-                                max_size=4).map(",".join))
+_list_text = st.one_of(
+    st.text(max_size=12),
+    st.text(" ,0123456789.-eEnaif", max_size=12),
+    st.lists(st.sampled_from(["", " ", "1", "2.5", "-1", "1e-300", "1e400", "nan", "x", "0"]), max_size=4).map(
+        ",".join
+    ),
+)
 
 
 @settings(max_examples=examples(500), deadline=None)
@@ -400,10 +488,13 @@ def test_every_list_option_refuses_empty_items(text):
     one ConfigError line."""
     items = [x.strip() for x in text.split(",")]
     has_empty = not all(items)
-    for flag, parse in (("--concurrency", lambda t: BenchConfig.checked(base_url="http://h/v1", concurrency=t)),
-                        ("--rate", lambda t: BenchConfig.checked(base_url="http://h/v1", rates_rps=t)),
-                        ("--workload", lambda t: BenchConfig.checked(base_url="http://h/v1", workloads=t)),
-                        ("SLO", parse_slo), ("--set ratio", parse_ratio)):
+    for flag, parse in (
+        ("--concurrency", lambda t: BenchConfig.checked(base_url="http://h/v1", concurrency=t)),
+        ("--rate", lambda t: BenchConfig.checked(base_url="http://h/v1", rates_rps=t)),
+        ("--workload", lambda t: BenchConfig.checked(base_url="http://h/v1", workloads=t)),
+        ("SLO", parse_slo),
+        ("--set ratio", parse_ratio),
+    ):
         if flag == "SLO" and text == "":
             continue  # an experiment's slo: "" means none; servelab bench --slo '' is refused by BenchConfig
         try:
@@ -418,8 +509,12 @@ def test_every_list_option_refuses_empty_items(text):
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(n=st.integers(0, 2000), rate=st.floats(allow_nan=True, allow_infinity=True),
-       shape=st.floats(allow_nan=True, allow_infinity=True), arrival=st.sampled_from(["constant", "poisson", "gamma"]))
+@given(
+    n=st.integers(0, 2000),
+    rate=st.floats(allow_nan=True, allow_infinity=True),
+    shape=st.floats(allow_nan=True, allow_infinity=True),
+    arrival=st.sampled_from(["constant", "poisson", "gamma"]),
+)
 def test_arrival_clock_is_finite_or_refused(n, rate, shape, arrival):
     """Item 7: --rate 1e-300 overflowed the clock (numpy warnings), then sent every request at once
     while summary.json said 1e-300 req/s. The generator itself now refuses what it cannot schedule."""
@@ -469,23 +564,62 @@ def test_prompts_longer_than_the_servers_context_are_refused(tmp_path):
 
     if find_llama_server() is None:
         pytest.skip("llama-server not built (servelab engine build llamacpp)")
-    r = run("bench", "--quiet", "--engine", "llamacpp", "--engine-ctx", "1024", "--engine-parallel", "2", "-n", "2",
-            "-c", "1", "--warmup", "0", "--set", "input_tokens=600", "--out", str(tmp_path / "r"), timeout=300)
+    r = run(
+        "bench",
+        "--quiet",
+        "--engine",
+        "llamacpp",
+        "--engine-ctx",
+        "1024",
+        "--engine-parallel",
+        "2",
+        "-n",
+        "2",
+        "-c",
+        "1",
+        "--warmup",
+        "0",
+        "--set",
+        "input_tokens=600",
+        "--out",
+        str(tmp_path / "r"),
+        timeout=300,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     err = r.stderr.strip().splitlines()[-1]
     assert "600 tokens" in err and "512 tokens per request" in err, err
     assert not (tmp_path / "r" / "requests.jsonl").exists()
 
 
-_override_value = st.one_of(st.integers(-5, 3 * 10**6), st.floats(allow_nan=True, allow_infinity=True),
-                            st.text(max_size=16), st.sampled_from(["1-5", "normal:8,2", "en", "zh", "{}", "[1]",
-                                                                   "short-qa:1,rag:2", "inf", "1e400"]))
+_override_value = st.one_of(
+    st.integers(-5, 3 * 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=16),
+    st.sampled_from(["1-5", "normal:8,2", "en", "zh", "{}", "[1]", "short-qa:1,rag:2", "inf", "1e400"]),
+)
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(st.sampled_from(["short-qa", "rag", "long-gen", "structured", "mix", "shared-prefix"]),
-       st.dictionaries(st.sampled_from(["input_tokens", "output_tokens", "ratio", "prefix_tokens", "num_prefixes",
-                                        "suffix_tokens", "lang", "extra", "bogus"]), _override_value, max_size=3))
+@given(
+    st.sampled_from(["short-qa", "rag", "long-gen", "structured", "mix", "shared-prefix"]),
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "input_tokens",
+                "output_tokens",
+                "ratio",
+                "prefix_tokens",
+                "num_prefixes",
+                "suffix_tokens",
+                "lang",
+                "extra",
+                "bogus",
+            ]
+        ),
+        _override_value,
+        max_size=3,
+    ),
+)
 def test_workload_overrides_never_crash(name, overrides):
     """``--set KEY=VALUE`` for any key and value: a workload or one ConfigError line, never a traceback."""
     from servelab.bench.workloads.registry import make_workload

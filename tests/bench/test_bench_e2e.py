@@ -49,12 +49,28 @@ def assert_totals(summary: dict, lines: list[dict]) -> None:
 def test_files_and_totals(mock_engine, tmp_path):
     m = mock_engine("--ttft-ms", "5", "--itl-ms", "2", "--output-tokens", "12")
     out = tmp_path / "run"
-    r = bench("--url", m.base_url, "--workload", "short-qa,structured", "--concurrency", "1,4", "--requests", "12",
-              "--warmup", "2", "--out", str(out))
+    r = bench(
+        "--url",
+        m.base_url,
+        "--workload",
+        "short-qa,structured",
+        "--concurrency",
+        "1,4",
+        "--requests",
+        "12",
+        "--warmup",
+        "2",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     summary, lines = load(out)
     assert summary["complete"] and [(s["workload"], s["step"]) for s in summary["steps"]] == [
-        ("short-qa", "c1"), ("short-qa", "c4"), ("structured", "c1"), ("structured", "c4")]
+        ("short-qa", "c1"),
+        ("short-qa", "c4"),
+        ("structured", "c1"),
+        ("structured", "c4"),
+    ]
     assert len(lines) == 4 * (12 + 2)
     assert_totals(summary, lines)
     s = summary["steps"][1]
@@ -70,12 +86,41 @@ def test_files_and_totals(mock_engine, tmp_path):
 
 @pytest.mark.parametrize("dialect", ["vllm", "sglang", "tgi", "llamacpp", "ollama"])
 def test_injected_failures_add_up(mock_engine, tmp_path, dialect):
-    m = mock_engine("--dialect", dialect, "--ttft-ms", "2", "--itl-ms", "1", "--output-tokens", "8",
-                    "--fail-http-rate", "0.15", "--cut-rate", "0.1", "--stream-error-rate", "0.1",
-                    "--hang-rate", "0.05", "--seed", "3")
+    m = mock_engine(
+        "--dialect",
+        dialect,
+        "--ttft-ms",
+        "2",
+        "--itl-ms",
+        "1",
+        "--output-tokens",
+        "8",
+        "--fail-http-rate",
+        "0.15",
+        "--cut-rate",
+        "0.1",
+        "--stream-error-rate",
+        "0.1",
+        "--hang-rate",
+        "0.05",
+        "--seed",
+        "3",
+    )
     out = tmp_path / "run"
-    r = bench("--url", m.base_url, "--concurrency", "8", "--requests", "60", "--warmup", "0", "--timeout", "1",
-              "--out", str(out))
+    r = bench(
+        "--url",
+        m.base_url,
+        "--concurrency",
+        "8",
+        "--requests",
+        "60",
+        "--warmup",
+        "0",
+        "--timeout",
+        "1",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     summary, lines = load(out)
     assert_totals(summary, lines)
@@ -93,9 +138,26 @@ def test_injected_failures_add_up(mock_engine, tmp_path, dialect):
 def test_server_dies_mid_run(mock_engine, tmp_path):
     m = mock_engine("--ttft-ms", "5", "--itl-ms", "20", "--output-tokens", "10")
     out = tmp_path / "run"
-    p = subprocess.Popen([*SERVELAB, "bench", "--quiet", "--url", m.base_url, "--concurrency", "2", "--requests",
-                          "200", "--warmup", "0", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(
+        [
+            *SERVELAB,
+            "bench",
+            "--quiet",
+            "--url",
+            m.base_url,
+            "--concurrency",
+            "2",
+            "--requests",
+            "200",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(2.5)
     m.proc.kill()
     m.proc.wait()
@@ -111,9 +173,26 @@ def test_server_dies_mid_run(mock_engine, tmp_path):
 def test_ctrl_c_keeps_finished_requests(mock_engine, tmp_path):
     m = mock_engine("--ttft-ms", "5", "--itl-ms", "20", "--output-tokens", "10")
     out = tmp_path / "run"
-    p = subprocess.Popen([*SERVELAB, "bench", "--quiet", "--url", m.base_url, "--concurrency", "2", "--requests",
-                          "500", "--warmup", "0", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(
+        [
+            *SERVELAB,
+            "bench",
+            "--quiet",
+            "--url",
+            m.base_url,
+            "--concurrency",
+            "2",
+            "--requests",
+            "500",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(3)
     p.send_signal(signal.SIGINT)
     so, se = p.communicate(timeout=60)
@@ -121,7 +200,9 @@ def test_ctrl_c_keeps_finished_requests(mock_engine, tmp_path):
     assert "Traceback" not in se
     summary, lines = load(out)
     assert summary["complete"] is False
-    assert summary["steps"] and summary["steps"][0]["partial"] is True and summary["steps"][0]["counts"]["succeeded"] > 5
+    assert (
+        summary["steps"] and summary["steps"][0]["partial"] is True and summary["steps"][0]["counts"]["succeeded"] > 5
+    )
     assert len(lines) > 5 and sum(1 for x in lines if x["failure"] is None) > 5
 
 
@@ -129,15 +210,41 @@ def test_open_loop_client_queueing_is_reported(mock_engine, tmp_path):
     m = mock_engine("--ttft-ms", "50", "--itl-ms", "5", "--output-tokens", "10")
     out = tmp_path / "run"
     # 20 req/s but only 1 in flight and each takes ~100 ms: arrivals must wait -> schedule lag grows
-    r = bench("--url", m.base_url, "--rate", "20", "--arrival", "constant", "--max-concurrency", "1",
-              "--requests", "20", "--warmup", "0", "--out", str(out))
+    r = bench(
+        "--url",
+        m.base_url,
+        "--rate",
+        "20",
+        "--arrival",
+        "constant",
+        "--max-concurrency",
+        "1",
+        "--requests",
+        "20",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     summary, lines = load(out)
     lag = summary["steps"][0]["schedule_lag_s"]
     assert lag["max"] > 0.5 and lag["p50"] > 0.2
     out2 = tmp_path / "run2"
-    r = bench("--url", m.base_url, "--rate", "5", "--arrival", "constant", "--requests", "10", "--warmup", "0",
-              "--out", str(out2))
+    r = bench(
+        "--url",
+        m.base_url,
+        "--rate",
+        "5",
+        "--arrival",
+        "constant",
+        "--requests",
+        "10",
+        "--warmup",
+        "0",
+        "--out",
+        str(out2),
+    )
     summary2, _ = load(out2)
     assert summary2["steps"][0]["schedule_lag_s"]["p99"] < 0.05
 
@@ -145,8 +252,20 @@ def test_open_loop_client_queueing_is_reported(mock_engine, tmp_path):
 def test_sweep_stops_after_slo_break(mock_engine, tmp_path):
     m = mock_engine("--ttft-ms", "40", "--itl-ms", "1", "--output-tokens", "4")
     out = tmp_path / "run"
-    r = bench("--url", m.base_url, "--concurrency", "1,2,4", "--requests", "4", "--warmup", "0",
-              "--slo", "ttft_p95<=10ms", "--out", str(out))
+    r = bench(
+        "--url",
+        m.base_url,
+        "--concurrency",
+        "1,2,4",
+        "--requests",
+        "4",
+        "--warmup",
+        "0",
+        "--slo",
+        "ttft_p95<=10ms",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     summary, _ = load(out)
     steps = summary["steps"]
@@ -176,8 +295,7 @@ def test_bad_input_one_line(tmp_path, mock_engine):
     _one_line_error(bench("--url", m.base_url, "--dataset", str(bad), "--out", str(tmp_path / "d")), "bad.jsonl")
     notgguf = tmp_path / "model.gguf"
     notgguf.write_bytes(b"PK\x03\x04 this is a zip")
-    _one_line_error(bench("--engine", "llamacpp", "--engine-model", str(notgguf), "--out", str(tmp_path / "e")),
-                    "GGUF")
+    _one_line_error(bench("--engine", "llamacpp", "--engine-model", str(notgguf), "--out", str(tmp_path / "e")), "GGUF")
     _one_line_error(bench("--url", "ftp://x", "--out", str(tmp_path / "f")), "http")
     _one_line_error(bench("--url", m.base_url, "--workload", "poetry", "--out", str(tmp_path / "g")), "workload")
 
@@ -186,8 +304,12 @@ def test_not_openai_server(tmp_path):
     port = free_port()
     (tmp_path / "v1").mkdir()
     (tmp_path / "v1" / "models").write_text("<html>hello</html>")
-    srv = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], cwd=tmp_path,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(50):
             try:
@@ -195,8 +317,10 @@ def test_not_openai_server(tmp_path):
                 break
             except OSError:
                 time.sleep(0.1)
-        _one_line_error(bench("--url", f"http://127.0.0.1:{port}/v1", "--out", str(tmp_path / "x")),
-                        "not an OpenAI-compatible server")
+        _one_line_error(
+            bench("--url", f"http://127.0.0.1:{port}/v1", "--out", str(tmp_path / "x")),
+            "not an OpenAI-compatible server",
+        )
     finally:
         srv.kill()
         srv.wait()

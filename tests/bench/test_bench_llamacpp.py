@@ -30,11 +30,39 @@ def run(tmp_path_factory):
             pytest.fail("llama-server is not built: run 'servelab engine build llamacpp' (scripts/setup.sh does)")
         pytest.skip("llama-server not built (servelab engine build llamacpp); set SERVELAB_REQUIRE_ENGINE to fail")
     out = tmp_path_factory.mktemp("bench") / "run"
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "bench", "--quiet", "--engine", "llamacpp",
-                        "--engine-parallel", "2", "--engine-ctx", "2048", "--workload", "short-qa,structured",
-                        "--concurrency", "1,2", "--requests", "3", "--warmup", "1", "--ignore-eos",
-                        "--set", "short-qa.input_tokens=40", "--set", "short-qa.output_tokens=12", "--out", str(out)],
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "servelab.cli",
+            "bench",
+            "--quiet",
+            "--engine",
+            "llamacpp",
+            "--engine-parallel",
+            "2",
+            "--engine-ctx",
+            "2048",
+            "--workload",
+            "short-qa,structured",
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "3",
+            "--warmup",
+            "1",
+            "--ignore-eos",
+            "--set",
+            "short-qa.input_tokens=40",
+            "--set",
+            "short-qa.output_tokens=12",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     lines = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
@@ -46,7 +74,11 @@ def test_all_steps_ran_and_add_up(run):
     r, summary, lines, _ = run
     assert summary["complete"]
     assert [(s["workload"], s["step"]) for s in summary["steps"]] == [
-        ("short-qa", "c1"), ("short-qa", "c2"), ("structured", "c1"), ("structured", "c2")]
+        ("short-qa", "c1"),
+        ("short-qa", "c2"),
+        ("structured", "c1"),
+        ("structured", "c2"),
+    ]
     for s in summary["steps"]:
         c = s["counts"]
         assert c["submitted"] == 3 == c["succeeded"] + c["failed_total"]
@@ -89,8 +121,12 @@ def test_structured_gate_matches_the_schema(run):
     from servelab.bench.workloads.registry import make_workload
 
     _, summary, lines, _ = run
-    schemas = {json.dumps(s["schema"], sort_keys=True) for s in
-               [spec.extra["response_format"]["json_schema"] for spec in make_workload("structured", None).requests(50)]}
+    schemas = {
+        json.dumps(s["schema"], sort_keys=True)
+        for s in [
+            spec.extra["response_format"]["json_schema"] for spec in make_workload("structured", None).requests(50)
+        ]
+    }
     st = [x for x in lines if x["workload"] == "structured" and not x["warmup"]]
     assert len(st) == 6
     for x in st:

@@ -40,8 +40,11 @@ def test_root_help_imports_no_command():
 def test_bench_help_imports_bench_only():
     r, mods = imported_by("bench", "--help")
     assert "--concurrency" in r.stdout and "143" in r.stdout
-    assert not {m for m in mods if m.startswith(("servelab.gateway", "servelab.trial", "servelab.advise",
-                                                   "servelab.plan", "servelab.catalog"))}, sorted(mods)
+    assert not {
+        m
+        for m in mods
+        if m.startswith(("servelab.gateway", "servelab.trial", "servelab.advise", "servelab.plan", "servelab.catalog"))
+    }, sorted(mods)
 
 
 def test_every_lazy_command_loads_with_its_summary():
@@ -49,7 +52,7 @@ def test_every_lazy_command_loads_with_its_summary():
     _register()
     group = typer.main.get_command(app)
     ctx = typer.Context(group)
-    assert group.list_commands(ctx)[:len(COMMANDS)] == list(COMMANDS)
+    assert group.list_commands(ctx)[: len(COMMANDS)] == list(COMMANDS)
     for name, lazy in COMMANDS.items():
         assert len(lazy.summary) <= 60, name  # one line in an 80-column --help
         cmd = group.get_command(ctx, name)

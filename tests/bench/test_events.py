@@ -34,10 +34,16 @@ class Recorder(Watcher):
 
 
 def _bench(base_url: str, out: Path, observer: Recorder, factory=None, **cfg) -> tuple[Bench, Summary]:
-    config = BenchConfig(base_url=base_url, workloads=cfg.pop("workloads", ["short-qa", "long-gen"]),
-                         concurrency=[1, 2, 4], requests=2, warmup=1, out=str(out), **cfg)
-    bench = Bench(config, [], factory or (lambda name, seed: make_workload(name, None, seed=seed)),
-                  observer=observer)
+    config = BenchConfig(
+        base_url=base_url,
+        workloads=cfg.pop("workloads", ["short-qa", "long-gen"]),
+        concurrency=[1, 2, 4],
+        requests=2,
+        warmup=1,
+        out=str(out),
+        **cfg,
+    )
+    bench = Bench(config, [], factory or (lambda name, seed: make_workload(name, None, seed=seed)), observer=observer)
     return bench, asyncio.run(bench.run())
 
 
@@ -47,8 +53,13 @@ def test_a_skip_stops_the_sweep_and_records_the_rest(mock_engine, tmp_path: Path
     _, summary = _bench(m.base_url, tmp_path / "run", obs)
     assert isinstance(summary, Summary)
     assert [(s.workload, s.step, s.skipped) for s in summary.steps] == [
-        ("short-qa", "c1", False), ("short-qa", "c2", True), ("short-qa", "c4", True),
-        ("long-gen", "c1", True), ("long-gen", "c2", True), ("long-gen", "c4", True)]
+        ("short-qa", "c1", False),
+        ("short-qa", "c2", True),
+        ("short-qa", "c4", True),
+        ("long-gen", "c1", True),
+        ("long-gen", "c2", True),
+        ("long-gen", "c4", True),
+    ]
     assert {s.skipped_reason for s in summary.steps if s.skipped} == {"no time left"}
     assert summary.stopped_by == "budget" and not summary.complete
     assert obs.asked == ["short-qa/c1", "short-qa/c2"]  # asked once per step, never after a Skip
@@ -75,10 +86,10 @@ def test_request_seeds_are_set_by_the_factory_and_sent(mock_engine, tmp_path: Pa
     assert [s.extra["seed"] for s in seeded.requests(3)] == [100, 101, 102]
     assert seeded.request(2).extra["seed"] == 102 and "seed" not in wl.request(2).extra  # a new workload
     m = mock_engine("--ttft-ms", "1", "--itl-ms", "1", "--output-tokens", "4")
-    config = BenchConfig(base_url=m.base_url, workloads=["structured"], concurrency=[1], requests=3, warmup=0,
-                         out=str(tmp_path / "run"))
-    asyncio.run(Bench(config, [], lambda name, seed: make_workload(name, None, seed=seed).with_request_seeds(7)
-                      ).run())
+    config = BenchConfig(
+        base_url=m.base_url, workloads=["structured"], concurrency=[1], requests=3, warmup=0, out=str(tmp_path / "run")
+    )
+    asyncio.run(Bench(config, [], lambda name, seed: make_workload(name, None, seed=seed).with_request_seeds(7)).run())
     with urllib.request.urlopen(m.root + "/mock/records", timeout=10) as r:
         records = json.loads(r.read())
     assert sorted(x["sampling"]["seed"] for x in records if x["endpoint"] == "chat") == [7, 8, 9]

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import start_mock_process, stop_mock_process
+
 from servelab.capacity.evidence import from_bench
 from servelab.capacity.fit import fit
 from servelab.capacity.validate import validate
@@ -33,16 +33,56 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = random.Random(1)
     with (d / "prompts.jsonl").open("w") as f:
         for _ in range(64):
-            f.write(json.dumps({"prompt": " ".join(["w"] * rng.choice([80, 200, 400, 700, 1000])),
-                                "max_tokens": rng.choice([12, 20, 28, 36])}) + "\n")
-    mock = start_mock_process("--dialect", "llamacpp", "--ttft-ms", str(LAW["ttft_ms"]), "--itl-ms", str(LAW["itl_ms"]),
-                              "--prefill-tokens-per-s", str(LAW["prefill_tokens_per_s"]),
-                              "--itl-ms-per-running", str(LAW["itl_ms_per_running"]),
-                              "--max-inflight", str(LAW["slots"]), "--output-tokens", "64")
+            f.write(
+                json.dumps(
+                    {
+                        "prompt": " ".join(["w"] * rng.choice([80, 200, 400, 700, 1000])),
+                        "max_tokens": rng.choice([12, 20, 28, 36]),
+                    }
+                )
+                + "\n"
+            )
+    mock = start_mock_process(
+        "--dialect",
+        "llamacpp",
+        "--ttft-ms",
+        str(LAW["ttft_ms"]),
+        "--itl-ms",
+        str(LAW["itl_ms"]),
+        "--prefill-tokens-per-s",
+        str(LAW["prefill_tokens_per_s"]),
+        "--itl-ms-per-running",
+        str(LAW["itl_ms_per_running"]),
+        "--max-inflight",
+        str(LAW["slots"]),
+        "--output-tokens",
+        "64",
+    )
     try:
-        subprocess.run([sys.executable, "-m", "servelab.cli", "bench", "--url", mock.base_url, "--dataset",
-                        str(d / "prompts.jsonl"), "-c", "1,2,4,8", "-n", "16", "--warmup", "1", "-q", "-o",
-                        str(d / "run")], check=True, capture_output=True, timeout=300)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "servelab.cli",
+                "bench",
+                "--url",
+                mock.base_url,
+                "--dataset",
+                str(d / "prompts.jsonl"),
+                "-c",
+                "1,2,4,8",
+                "-n",
+                "16",
+                "--warmup",
+                "1",
+                "-q",
+                "-o",
+                str(d / "run"),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
     finally:
         stop_mock_process(mock.proc)
     return d / "run"
@@ -52,10 +92,12 @@ def test_fit_recovers_the_mock_law_within_5_percent(bench_run: Path) -> None:
     rep, _ = fit(from_bench(bench_run), bootstrap=20)
     p = rep.params
     assert p.slots == LAW["slots"] and p.slots_identified
-    for got, want in ((p.prefill_base_s * 1e3, LAW["ttft_ms"]),
-                      (p.prefill_tokens_per_s, LAW["prefill_tokens_per_s"]),
-                      (p.decode_base_s * 1e3, LAW["itl_ms"]),
-                      (p.decode_per_running_s * 1e3, LAW["itl_ms_per_running"])):
+    for got, want in (
+        (p.prefill_base_s * 1e3, LAW["ttft_ms"]),
+        (p.prefill_tokens_per_s, LAW["prefill_tokens_per_s"]),
+        (p.decode_base_s * 1e3, LAW["itl_ms"]),
+        (p.decode_per_running_s * 1e3, LAW["itl_ms_per_running"]),
+    ):
         assert got is not None and abs(got - want) <= 0.05 * want, (got, want, rep)
 
 
@@ -72,12 +114,39 @@ def test_held_out_steps_predicted_within_10_percent(bench_run: Path) -> None:
 
 def test_capacity_command_end_to_end(bench_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "cap.json"
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "capacity", str(ROOT / "examples/traffic.yaml"),
-                        "--bench", f"np1={bench_run}", "--bench", f"np4={bench_run}", "--bootstrap", "5",
-                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "servelab.cli",
+            "capacity",
+            str(ROOT / "examples/traffic.yaml"),
+            "--bench",
+            f"np1={bench_run}",
+            "--bench",
+            f"np4={bench_run}",
+            "--bootstrap",
+            "5",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
-    for needle in ("peak rate:", "concurrent streams:", "held-out error:", "replicas:", "burst:", "cost:",
-                   "what if peak x2:", "what if outputs x2:", "tier small:", "blended:"):
+    for needle in (
+        "peak rate:",
+        "concurrent streams:",
+        "held-out error:",
+        "replicas:",
+        "burst:",
+        "cost:",
+        "what if peak x2:",
+        "what if outputs x2:",
+        "tier small:",
+        "blended:",
+    ):
         assert needle in r.stdout, needle
     from servelab.capacity.results import CapacityReport
 

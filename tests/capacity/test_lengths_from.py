@@ -17,7 +17,10 @@ HEAD = "daily_active_users: 1000\nrequests_per_user_per_day: 4\npeak_to_mean: 2\
 
 
 def test_lengths_from_a_trace(tmp_path: Path) -> None:
-    rows = [{"timestamp": i * 100, "input_length": 100 * (i + 1), "output_length": 10 + i, "hash_ids": [i]} for i in range(5)]
+    rows = [
+        {"timestamp": i * 100, "input_length": 100 * (i + 1), "output_length": 10 + i, "hash_ids": [i]}
+        for i in range(5)
+    ]
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "p.yaml").write_text(HEAD + "lengths_from: {trace: t.jsonl}\n")
     p = load_profile(tmp_path / "p.yaml")

@@ -7,19 +7,27 @@ from servelab.capacity.profile import TrafficProfile
 
 
 def _profile(**kw: object) -> TrafficProfile:
-    base = {"daily_active_users": 8640, "requests_per_user_per_day": 10, "peak_to_mean": 4, "retry_rate": 0.05,
-            "burst_factor": 3, "input_tokens": {"values": [100, 300]}, "output_tokens": {"mean": 50},
-            "long_share": 0.1, "long_input_tokens": {"mean": 2200}}
+    base = {
+        "daily_active_users": 8640,
+        "requests_per_user_per_day": 10,
+        "peak_to_mean": 4,
+        "retry_rate": 0.05,
+        "burst_factor": 3,
+        "input_tokens": {"values": [100, 300]},
+        "output_tokens": {"mean": 50},
+        "long_share": 0.1,
+        "long_input_tokens": {"mean": 2200},
+    }
     return TrafficProfile.model_validate({**base, **kw})
 
 
 def test_peak_formulas() -> None:
     pk = peak_load(_profile(), hold_s=2.0)
-    assert abs(pk.mean_rps.value - 1.0) < 1e-12                 # 8640 * 10 / 86400
+    assert abs(pk.mean_rps.value - 1.0) < 1e-12  # 8640 * 10 / 86400
     assert abs(pk.peak_rps.value - 4.0) < 1e-12
-    assert abs(pk.offered_peak_rps.value - 4.2) < 1e-12         # retries
+    assert abs(pk.offered_peak_rps.value - 4.2) < 1e-12  # retries
     assert abs(pk.burst_rps.value - 12.6) < 1e-12
-    assert abs(pk.concurrent_streams.value - 8.4) < 1e-12       # Little: 4.2 * 2 s
+    assert abs(pk.concurrent_streams.value - 8.4) < 1e-12  # Little: 4.2 * 2 s
     assert abs(pk.mean_input_tokens - (0.9 * 200 + 0.1 * 2200)) < 1e-9
     assert abs(pk.output_tps.value - 4.2 * 50) < 1e-9
     assert "86400" in pk.mean_rps.formula and "Little" in pk.concurrent_streams.formula

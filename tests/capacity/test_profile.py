@@ -22,24 +22,27 @@ def test_example_loads_and_schema_is_current() -> None:
     assert PUBLISHED_SCHEMA.problem() is None
 
 
-@pytest.mark.parametrize("change, needle", [
-    ({"daily_active_users": 0}, "daily_active_users"),
-    ({"peak_to_mean": 0.5}, "peak_to_mean"),
-    ({"hourly_shape": [1.0] * 24}, "not both"),
-    ({"input_tokens": {"mean": 100, "p95": 50}}, "below the mean"),
-    ({"input_tokens": {"mean": 100, "p95": 1000}}, "no lognormal"),
-    ({"output_tokens": {"values": [0, 3]}}, ">= 1"),
-    ({"retry_rate": 1.5}, "retry_rate"),
-    ({"slo": ["ttft_p95<=fast"]}, "invalid SLO"),
-    ({"tasks": [{"name": "a", "share": 0.5, "tier": "small"}]}, "add up to 0.5"),
-    ({"tasks": [{"name": "a", "share": 1.0, "tier": "huge"}]}, "'huge'"),
-    ({"long_share": 0.2, "long_input_tokens": None}, "long_input_tokens"),
-    ({"dayly_active_users": 3}, "dayly_active_users"),
-    # NaN and infinity are named as such, not as out of range ('less than or equal to 1000, got nan')
-    ({"peak_to_mean": float("nan")}, "peak_to_mean: input should be a finite number"),
-    ({"stream_hold_s": float("inf")}, "stream_hold_s: input should be a finite number"),
-    ({"input_tokens": {"mean": float("nan")}}, "input_tokens.mean: input should be a finite number"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"daily_active_users": 0}, "daily_active_users"),
+        ({"peak_to_mean": 0.5}, "peak_to_mean"),
+        ({"hourly_shape": [1.0] * 24}, "not both"),
+        ({"input_tokens": {"mean": 100, "p95": 50}}, "below the mean"),
+        ({"input_tokens": {"mean": 100, "p95": 1000}}, "no lognormal"),
+        ({"output_tokens": {"values": [0, 3]}}, ">= 1"),
+        ({"retry_rate": 1.5}, "retry_rate"),
+        ({"slo": ["ttft_p95<=fast"]}, "invalid SLO"),
+        ({"tasks": [{"name": "a", "share": 0.5, "tier": "small"}]}, "add up to 0.5"),
+        ({"tasks": [{"name": "a", "share": 1.0, "tier": "huge"}]}, "'huge'"),
+        ({"long_share": 0.2, "long_input_tokens": None}, "long_input_tokens"),
+        ({"dayly_active_users": 3}, "dayly_active_users"),
+        # NaN and infinity are named as such, not as out of range ('less than or equal to 1000, got nan')
+        ({"peak_to_mean": float("nan")}, "peak_to_mean: input should be a finite number"),
+        ({"stream_hold_s": float("inf")}, "stream_hold_s: input should be a finite number"),
+        ({"input_tokens": {"mean": float("nan")}}, "input_tokens.mean: input should be a finite number"),
+    ],
+)
 def test_bad_value_is_one_line(tmp_path: Path, change: dict, needle: str) -> None:
     data = yaml.safe_load(EXAMPLE.read_text())
     data.update(change)

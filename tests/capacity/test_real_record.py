@@ -59,9 +59,15 @@ def test_capacity_output_says_whose_hold_and_what_the_search_found(capsys: pytes
     from servelab.capacity.cli import _print_search, capacity_command
 
     cands = RUN / "candidates"
-    capacity_command(str(Path(__file__).parents[2] / "examples" / "traffic.yaml"), record=[],
-                     bench=[f"np1={cands / 'np1' / 'steps'}", f"np4={cands / 'np4' / 'steps'}"],
-                     slots=None, bootstrap=0, seed=0, json_out=None)
+    capacity_command(
+        str(Path(__file__).parents[2] / "examples" / "traffic.yaml"),
+        record=[],
+        bench=[f"np1={cands / 'np1' / 'steps'}", f"np4={cands / 'np4' / 'steps'}"],
+        slots=None,
+        bootstrap=0,
+        seed=0,
+        json_out=None,
+    )
     out = capsys.readouterr().out
     streams = next(x for x in out.splitlines() if "concurrent streams:" in x)
     assert "(np1's predicted E2E P50; each plan below gives its own)" in streams, streams
@@ -88,10 +94,18 @@ def test_capacity_refuses_one_name_twice_and_says_why_tiers_are_not_planned(caps
     cands = RUN / "candidates"
     example = str(Path(__file__).parents[2] / "examples" / "traffic.yaml")
     with pytest.raises(ConfigError, match="the candidate name 'np1' is already given"):
-        capacity_command(example, record=[], bench=[f"np1={cands / 'np1' / 'steps'}", f"np1={cands / 'np4' / 'steps'}"],
-                         slots=None, bootstrap=0, seed=0, json_out=None)
-    capacity_command(example, record=[], bench=[f"np4={cands / 'np4' / 'steps'}"], slots=None, bootstrap=0, seed=0,
-                     json_out=None)
+        capacity_command(
+            example,
+            record=[],
+            bench=[f"np1={cands / 'np1' / 'steps'}", f"np1={cands / 'np4' / 'steps'}"],
+            slots=None,
+            bootstrap=0,
+            seed=0,
+            json_out=None,
+        )
+    capacity_command(
+        example, record=[], bench=[f"np4={cands / 'np4' / 'steps'}"], slots=None, bootstrap=0, seed=0, json_out=None
+    )
     assert "tiers: not planned: no evidence for np1" in capsys.readouterr().out
 
 
@@ -107,9 +121,15 @@ def test_capacity_interval_holds_the_plan_and_says_how_many_refits(
 
     cands = RUN / "candidates"
     out_json = tmp_path / "report.json"
-    capacity_command(str(Path(__file__).parents[2] / "examples" / "traffic.yaml"), record=[],
-                     bench=[f"np1={cands / 'np1' / 'steps'}", f"np4={cands / 'np4' / 'steps'}"],
-                     slots=None, bootstrap=3, seed=0, json_out=str(out_json))
+    capacity_command(
+        str(Path(__file__).parents[2] / "examples" / "traffic.yaml"),
+        record=[],
+        bench=[f"np1={cands / 'np1' / 'steps'}", f"np4={cands / 'np4' / 'steps'}"],
+        slots=None,
+        bootstrap=3,
+        seed=0,
+        json_out=str(out_json),
+    )
     cap = capsys.readouterr()
     assert "warning: --bootstrap 3: fewer than 10 refits" in cap.err, cap.err
     rep = CapacityReport.model_validate_json(out_json.read_bytes())

@@ -9,8 +9,13 @@ from servelab.capacity.simulate import arrivals, simulate
 
 
 def _p(**kw: object) -> PerfParams:
-    base = {"prefill_base_s": 0.1, "prefill_tokens_per_s": 1000.0, "decode_base_s": 0.01,
-            "decode_per_running_s": 0.0, "slots": 1}
+    base = {
+        "prefill_base_s": 0.1,
+        "prefill_tokens_per_s": 1000.0,
+        "decode_base_s": 0.01,
+        "decode_per_running_s": 0.0,
+        "slots": 1,
+    }
     return PerfParams.model_validate({**base, **kw})
 
 

@@ -31,8 +31,16 @@ def _obs(sent: float, prompt: int) -> Obs:
     """One request as the mock streamed it: first token TTFT_S after sending, its two chunks (8 tokens
     each, recorded as one token a chunk) at the same instant, usage TOKENS."""
     first = sent + TTFT_S
-    return Obs(sent=sent, first=first, last=first, end=first + 4e-5, prompt=prompt, output=TOKENS,
-               chunks=[(first, 1), (first, 1)], workload="short-qa")
+    return Obs(
+        sent=sent,
+        first=first,
+        last=first,
+        end=first + 4e-5,
+        prompt=prompt,
+        output=TOKENS,
+        chunks=[(first, 1), (first, 1)],
+        workload="short-qa",
+    )
 
 
 def _steps() -> list[StepEvidence]:
@@ -40,8 +48,11 @@ def _steps() -> list[StepEvidence]:
     steps = [StepEvidence("steps", "steps:short-qa/c1", LoadInfo(kind="closed", concurrency=1), closed)]
     for rate in (4.0, 8.0):
         reqs = [_obs(k / rate, 30 + k % 5) for k in range(10)]
-        steps.append(StepEvidence("capacity", f"capacity/r{rate:.4g}:mix/r{rate:.4g}",
-                                  LoadInfo(kind="open", rate_rps=rate), reqs))
+        steps.append(
+            StepEvidence(
+                "capacity", f"capacity/r{rate:.4g}:mix/r{rate:.4g}", LoadInfo(kind="open", rate_rps=rate), reqs
+            )
+        )
     return steps
 
 
@@ -80,8 +91,9 @@ def test_no_token_gap_is_said() -> None:
 @pytest.mark.parametrize("field", ["prefill_base_s", "decode_base_s", "decode_per_running_s"])
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0])
 def test_a_model_that_is_not_finite_is_refused_in_words(field: str, bad: float) -> None:
-    p = PerfParams.model_validate({"prefill_base_s": 0.01, "decode_base_s": 0.001, "decode_per_running_s": 0.0,
-                                   "slots": 1, field: bad})
+    p = PerfParams.model_validate(
+        {"prefill_base_s": 0.01, "decode_base_s": 0.001, "decode_per_running_s": 0.0, "slots": 1, field: bad}
+    )
     with pytest.raises(ValueError) as e:
         simulate(p, np.full(3, 10.0), np.full(3, 4.0), concurrency=1)
     msg = str(e.value)
@@ -98,6 +110,12 @@ def test_non_finite_rates_never_reach_int() -> None:
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_hourly_shape_must_be_finite(bad: float) -> None:
     with pytest.raises(ValidationError, match="finite number"):
-        TrafficProfile.model_validate({"daily_active_users": 100, "requests_per_user_per_day": 10,
-                                       "input_tokens": {"mean": 100}, "output_tokens": {"mean": 50},
-                                       "hourly_shape": [1.0] * 23 + [bad]})
+        TrafficProfile.model_validate(
+            {
+                "daily_active_users": 100,
+                "requests_per_user_per_day": 10,
+                "input_tokens": {"mean": 100},
+                "output_tokens": {"mean": 50},
+                "hourly_shape": [1.0] * 23 + [bad],
+            }
+        )

@@ -131,8 +131,14 @@ def _fill(cfg: dict[str, Any], folder: Path, keep_ports: dict[str, Any] | None =
     return cfg
 
 
-def start_gateway(config: dict[str, Any], folder: Path, *args: str, env: dict[str, str] | None = None,
-                  timeout_s: float = 30.0, preexec_fn: Any = None) -> GatewayProcess:
+def start_gateway(
+    config: dict[str, Any],
+    folder: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 30.0,
+    preexec_fn: Any = None,
+) -> GatewayProcess:
     """Write ``config`` (defaults filled, see module doc) to ``folder/gateway.yaml`` and start
     ``servelab gateway`` on it (``preexec_fn``: run in the child before exec, e.g. to lower its
     RLIMIT_NOFILE). Raises :class:`RuntimeError` with the process's stderr if it does not announce
@@ -144,8 +150,13 @@ def start_gateway(config: dict[str, Any], folder: Path, *args: str, env: dict[st
     log_path = folder / "gateway.stderr"
     e = dict(os.environ, PYTHONUNBUFFERED="1", SERVELAB_ADMIN_TOKEN=ADMIN_TOKEN, **(env or {}))
     with open(log_path, "wb") as errf:
-        proc = subprocess.Popen([sys.executable, "-m", "servelab.cli", "gateway", "--config", str(path), *args],
-                                stdout=subprocess.PIPE, stderr=errf, env=e, preexec_fn=preexec_fn)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "servelab.cli", "gateway", "--config", str(path), *args],
+            stdout=subprocess.PIPE,
+            stderr=errf,
+            env=e,
+            preexec_fn=preexec_fn,
+        )
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -158,8 +169,15 @@ def start_gateway(config: dict[str, Any], folder: Path, *args: str, env: dict[st
             cfg["server"]["port"] = urlparse(m.group(1).decode()).port
             if m.group(2):
                 cfg["server"]["admin_port"] = urlparse(m.group(2).decode()).port
-            return GatewayProcess(proc, m.group(1).decode(), m.group(2).decode() if m.group(2) else None, path,
-                                  Path(cfg["server"]["access_log"]), log_path, config=cfg)
+            return GatewayProcess(
+                proc,
+                m.group(1).decode(),
+                m.group(2).decode() if m.group(2) else None,
+                path,
+                Path(cfg["server"]["access_log"]),
+                log_path,
+                config=cfg,
+            )
         if not line and proc.poll() is not None:
             break
     stop_gateway(proc)
@@ -174,16 +192,18 @@ def ledger_usage(db: Path, rid: str, timeout_s: float = 5.0) -> tuple[int, int]:
     deadline = time.monotonic() + timeout_s
     while True:
         with sqlite3.connect(db) as con:
-            row = con.execute("SELECT prompt_tokens, completion_tokens FROM servelab_usage WHERE request_id = ?",
-                              (rid,)).fetchone()
+            row = con.execute(
+                "SELECT prompt_tokens, completion_tokens FROM servelab_usage WHERE request_id = ?", (rid,)
+            ).fetchone()
         if row is not None or time.monotonic() > deadline:
             assert row is not None, f"no ledger row for {rid}"
             return int(row[0]), int(row[1])
         time.sleep(0.05)
 
 
-def sse_events(root: str, path: str, body: dict[str, Any], headers: dict[str, str],
-               timeout_s: float = 10.0) -> tuple[str, list[tuple[str, Any]]]:
+def sse_events(
+    root: str, path: str, body: dict[str, Any], headers: dict[str, str], timeout_s: float = 10.0
+) -> tuple[str, list[tuple[str, Any]]]:
     """POST a streamed request to ``root + path`` (an API whose events are named: Messages, Responses);
     (the request id, every SSE event as (event name, decoded data)) as sent. Asserts 200 and that every
     event is exactly one ``event:`` line and one ``data:`` line."""
@@ -234,8 +254,9 @@ def launch_llama(tmp_path_factory: pytest.TempPathFactory, ctx_size: int, parall
         if os.environ.get("SERVELAB_REQUIRE_ENGINE"):
             pytest.fail("no cached llama-server; SERVELAB_REQUIRE_ENGINE is set")
         pytest.skip("no cached llama-server (run `servelab engine build llamacpp`)")
-    eng = LlamaCppLauncher(ctx_size=ctx_size, parallel=parallel, log_dir=tmp_path_factory.mktemp("llama"),
-                           progress=lambda m: None).start()
+    eng = LlamaCppLauncher(
+        ctx_size=ctx_size, parallel=parallel, log_dir=tmp_path_factory.mktemp("llama"), progress=lambda m: None
+    ).start()
     try:
         yield eng
     finally:
@@ -294,9 +315,16 @@ def start_prometheus(folder: Path, targets: list[str], rule_files: tuple[Path, .
     (folder / "prometheus.yml").write_text(yaml.safe_dump(cfg))
     log = folder / "prometheus.log"
     with open(log, "wb") as lf:
-        proc = subprocess.Popen([prom_bin, f"--config.file={folder / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={folder / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=subprocess.DEVNULL, stderr=lf)
+        proc = subprocess.Popen(
+            [
+                prom_bin,
+                f"--config.file={folder / 'prometheus.yml'}",
+                f"--storage.tsdb.path={folder / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=lf,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

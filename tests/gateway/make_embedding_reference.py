@@ -32,9 +32,11 @@ TEXTS = [
     "東京は日本の首都です。 北京是中国的首都。",
     "emoji test 🚀🔥 and symbols <>&% $42.50",
     "def add(a, b):\n    return a + b  # python",
-    ("Continuous batching lets an inference server add new sequences to a running batch at every "
-     "decoding step instead of waiting for the whole batch to finish, which raises throughput and "
-     "keeps time to first token low when requests arrive at random times."),
+    (
+        "Continuous batching lets an inference server add new sequences to a running batch at every "
+        "decoding step instead of waiting for the whole batch to finish, which raises throughput and "
+        "keeps time to first token low when requests arrive at random times."
+    ),
 ]
 
 
@@ -56,16 +58,25 @@ def main() -> None:
     with torch.no_grad():
         for text in TEXTS:
             enc = tok(text, return_tensors="pt")
-            hidden = model(**enc).last_hidden_state[0]          # (tokens, 384)
+            hidden = model(**enc).last_hidden_state[0]  # (tokens, 384)
             mask = enc["attention_mask"][0].unsqueeze(-1).float()
             mean = (hidden * mask).sum(0) / mask.sum()
             vec = torch.nn.functional.normalize(mean, p=2, dim=0)
-            items.append({"text": text, "prompt_tokens": int(enc["input_ids"].shape[1]),
-                          "embedding": [round(float(x), 8) for x in vec]})
-    out = {"model": "sentence-transformers/all-MiniLM-L6-v2",
-           "weights_sha256": hashlib.sha256((wdir / "model.safetensors").read_bytes()).hexdigest(),
-           "method": "transformers AutoModel, attention-mask mean pooling, L2 normalise, float32",
-           "torch": torch.__version__, "transformers": transformers.__version__, "items": items}
+            items.append(
+                {
+                    "text": text,
+                    "prompt_tokens": int(enc["input_ids"].shape[1]),
+                    "embedding": [round(float(x), 8) for x in vec],
+                }
+            )
+    out = {
+        "model": "sentence-transformers/all-MiniLM-L6-v2",
+        "weights_sha256": hashlib.sha256((wdir / "model.safetensors").read_bytes()).hexdigest(),
+        "method": "transformers AutoModel, attention-mask mean pooling, L2 normalise, float32",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "items": items,
+    }
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {a.out}: {len(items)} texts")
 

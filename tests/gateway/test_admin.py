@@ -74,50 +74,61 @@ def test_auth_keys_crud_hooks_usage(tmp_path) -> None:
         return {"version": len(reloads) + 1}
 
     async def go():
-        async with admin_server(tmp_path, reload_hook=reload_hook,
-                                backends_hook=lambda: {"llama-a": {"breaker": "closed"}}) as (base, ks, led):
-            async with aiohttp.ClientSession() as s:
-                for tok in (None, "wrong", TOKEN[:-1]):
-                    st, body, hdr = await call(s, "GET", f"{base}/admin/keys", token=tok)
-                    assert st == 401 and body["error"]["code"] == "invalid_admin_token"
-                    assert hdr["WWW-Authenticate"] == "Bearer"
-                st, body, _ = await call(s, "GET", f"{base}/nothing-here", token="wrong")
-                assert st == 401  # no route enumeration without the credential
-                st, body, _ = await call(s, "POST", f"{base}/admin/keys",
-                                         json={"tenant": "ta", "allowed_models": ["gemma"], "limits": {"rpm": 9}})
-                assert st == 201 and body["key"].startswith(f"sk-sl-{body['key_id']}-")
-                key, key_id = body["key"], body["key_id"]
-                assert ks.authenticate(f"Bearer {key}").limits.rpm == 9
-                st, body, _ = await call(s, "GET", f"{base}/admin/keys")
-                assert st == 200 and [k["key_id"] for k in body["keys"]] == [key_id]
-                assert key.rsplit("-", 1)[1] not in orjson.dumps(body).decode()
-                assert "sha256" not in body["keys"][0]
-                for bad, code in (({"tenant": "zz"}, "invalid_key_request"), ({}, "missing_tenant"),
-                                  ({"tenant": "ta", "x": 1}, "unknown_field"),
-                                  ({"tenant": "ta", "limits": {"rpm": -1}}, "invalid_key_request")):
-                    st, body, _ = await call(s, "POST", f"{base}/admin/keys", json=bad)
-                    assert st == 400 and body["error"]["code"] == code, (bad, body)
-                st, body, _ = await call(s, "DELETE", f"{base}/admin/keys/{key_id}")
-                assert st == 200 and body == {"key_id": key_id, "revoked": True}
-                st, body, _ = await call(s, "DELETE", f"{base}/admin/keys/{key_id}")
-                assert st == 404
-                st, body, _ = await call(s, "POST", f"{base}/admin/reload")
-                assert st == 200 and body == {"reloaded": True, "result": {"version": 2}}
-                st, body, _ = await call(s, "POST", f"{base}/admin/reload")
-                assert st == 400 and "running config stays" in body["error"]["message"]
-                assert "models.gemma.targets[0].backend" in body["error"]["message"]
-                st, body, _ = await call(s, "POST", f"{base}/admin/reload")
-                assert st == 400 and "tenants.t.rpm: must be >= 1" in body["error"]["message"]
-                st, body, _ = await call(s, "GET", f"{base}/admin/backends")
-                assert st == 200 and body == {"backends": {"llama-a": {"breaker": "closed"}}}
-                await led.record(UsageRow("r1", 1.0, "k", "ta", "gemma", "llama-a", "g", 10, 5, 100, 200, "ok", 0.5))
-                await led.record(UsageRow("r2", 2.0, "k", "ta", "gemma", "llama-a", "g", 1, 2, 100, 200, "ok", 0.25))
-                st, body, _ = await call(s, "GET", f"{base}/admin/usage?group_by=tenant")
-                assert st == 200 and len(body["totals"]) == 1
-                t = body["totals"][0]
-                assert (t["tenant"], t["requests"], t["total_tokens"], t["cost"]) == ("ta", 2, 18, 0.75)
-                st, body, _ = await call(s, "GET", f"{base}/admin/usage?group_by=secret")
-                assert st == 400
+        async with (
+            admin_server(
+                tmp_path, reload_hook=reload_hook, backends_hook=lambda: {"llama-a": {"breaker": "closed"}}
+            ) as (base, ks, led),
+            aiohttp.ClientSession() as s,
+        ):
+            for tok in (None, "wrong", TOKEN[:-1]):
+                st, body, hdr = await call(s, "GET", f"{base}/admin/keys", token=tok)
+                assert st == 401 and body["error"]["code"] == "invalid_admin_token"
+                assert hdr["WWW-Authenticate"] == "Bearer"
+            st, body, _ = await call(s, "GET", f"{base}/nothing-here", token="wrong")
+            assert st == 401  # no route enumeration without the credential
+            st, body, _ = await call(
+                s,
+                "POST",
+                f"{base}/admin/keys",
+                json={"tenant": "ta", "allowed_models": ["gemma"], "limits": {"rpm": 9}},
+            )
+            assert st == 201 and body["key"].startswith(f"sk-sl-{body['key_id']}-")
+            key, key_id = body["key"], body["key_id"]
+            assert ks.authenticate(f"Bearer {key}").limits.rpm == 9
+            st, body, _ = await call(s, "GET", f"{base}/admin/keys")
+            assert st == 200 and [k["key_id"] for k in body["keys"]] == [key_id]
+            assert key.rsplit("-", 1)[1] not in orjson.dumps(body).decode()
+            assert "sha256" not in body["keys"][0]
+            for bad, code in (
+                ({"tenant": "zz"}, "invalid_key_request"),
+                ({}, "missing_tenant"),
+                ({"tenant": "ta", "x": 1}, "unknown_field"),
+                ({"tenant": "ta", "limits": {"rpm": -1}}, "invalid_key_request"),
+            ):
+                st, body, _ = await call(s, "POST", f"{base}/admin/keys", json=bad)
+                assert st == 400 and body["error"]["code"] == code, (bad, body)
+            st, body, _ = await call(s, "DELETE", f"{base}/admin/keys/{key_id}")
+            assert st == 200 and body == {"key_id": key_id, "revoked": True}
+            st, body, _ = await call(s, "DELETE", f"{base}/admin/keys/{key_id}")
+            assert st == 404
+            st, body, _ = await call(s, "POST", f"{base}/admin/reload")
+            assert st == 200 and body == {"reloaded": True, "result": {"version": 2}}
+            st, body, _ = await call(s, "POST", f"{base}/admin/reload")
+            assert st == 400 and "running config stays" in body["error"]["message"]
+            assert "models.gemma.targets[0].backend" in body["error"]["message"]
+            st, body, _ = await call(s, "POST", f"{base}/admin/reload")
+            assert st == 400 and "tenants.t.rpm: must be >= 1" in body["error"]["message"]
+            st, body, _ = await call(s, "GET", f"{base}/admin/backends")
+            assert st == 200 and body == {"backends": {"llama-a": {"breaker": "closed"}}}
+            await led.record(UsageRow("r1", 1.0, "k", "ta", "gemma", "llama-a", "g", 10, 5, 100, 200, "ok", 0.5))
+            await led.record(UsageRow("r2", 2.0, "k", "ta", "gemma", "llama-a", "g", 1, 2, 100, 200, "ok", 0.25))
+            st, body, _ = await call(s, "GET", f"{base}/admin/usage?group_by=tenant")
+            assert st == 200 and len(body["totals"]) == 1
+            t = body["totals"][0]
+            assert (t["tenant"], t["requests"], t["total_tokens"], t["cost"]) == ("ta", 2, 18, 0.75)
+            st, body, _ = await call(s, "GET", f"{base}/admin/usage?group_by=secret")
+            assert st == 400
+
     asyncio.run(go())
 
 
@@ -125,8 +136,9 @@ def test_token_sha256_credential_and_missing_hooks(tmp_path, monkeypatch) -> Non
     monkeypatch.delenv("TEST_ADMIN_TOKEN")
 
     async def go():
-        app = make_admin_app(KeyStore([], None, TENANTS), "TEST_ADMIN_TOKEN",
-                             token_sha256=hashlib.sha256(TOKEN.encode()).hexdigest())
+        app = make_admin_app(
+            KeyStore([], None, TENANTS), "TEST_ADMIN_TOKEN", token_sha256=hashlib.sha256(TOKEN.encode()).hexdigest()
+        )
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -139,6 +151,7 @@ def test_token_sha256_credential_and_missing_hooks(tmp_path, monkeypatch) -> Non
                     assert (await call(s, method, base + path))[0] == 501
         finally:
             await runner.cleanup()
+
     asyncio.run(go())
 
 
@@ -146,8 +159,9 @@ async def cli(*args: str, token: str | None = TOKEN) -> tuple[int, str, str]:
     env = {k: v for k, v in os.environ.items() if k != "SERVELAB_ADMIN_TOKEN"}
     if token is not None:
         env["SERVELAB_ADMIN_TOKEN"] = token
-    p = await asyncio.create_subprocess_exec(SERVELAB, "keys", *args, env=env, stdout=asyncio.subprocess.PIPE,
-                                             stderr=asyncio.subprocess.PIPE)
+    p = await asyncio.create_subprocess_exec(
+        SERVELAB, "keys", *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     out, err = await p.communicate()
     return p.returncode, out.decode(), err.decode()
 
@@ -155,8 +169,7 @@ async def cli(*args: str, token: str | None = TOKEN) -> tuple[int, str, str]:
 def test_keys_cli_against_the_admin_port(tmp_path) -> None:
     async def go():
         async with admin_server(tmp_path) as (base, ks, _):
-            rc, out, err = await cli("create", "--tenant", "ta", "--models", "gemma", "--rpm", "3",
-                                     "--admin-url", base)
+            rc, out, err = await cli("create", "--tenant", "ta", "--models", "gemma", "--rpm", "3", "--admin-url", base)
             assert rc == 0, err
             key = out.strip()
             assert key.startswith("sk-sl-") and "not shown again" in err
@@ -182,6 +195,7 @@ def test_keys_cli_against_the_admin_port(tmp_path) -> None:
                 assert err.count("\n") == 1 and "Traceback" not in err
         rc, out, err = await cli("list", "--admin-url", base)  # server gone
         assert rc == 2 and "cannot reach the gateway's admin port" in err
+
     asyncio.run(go())
 
 
@@ -191,10 +205,17 @@ def test_keys_cli_with_a_running_gateway(gateway, mock_engine) -> None:
     from conftest import ADMIN_TOKEN
 
     eng = mock_engine("--dialect", "vllm", "--output-tokens", "2")
-    gw = gateway({"backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m", "m2"]}],
-                  "models": {"m": {"targets": [{"backend": "b", "model": "m"}]},
-                             "m2": {"targets": [{"backend": "b", "model": "m2"}]}},
-                  "tenants": {"t": {"allowed_models": ["m"]}}, "keys": []})
+    gw = gateway(
+        {
+            "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m", "m2"]}],
+            "models": {
+                "m": {"targets": [{"backend": "b", "model": "m"}]},
+                "m2": {"targets": [{"backend": "b", "model": "m2"}]},
+            },
+            "tenants": {"t": {"allowed_models": ["m"]}},
+            "keys": [],
+        }
+    )
 
     async def go():
         rc, out, err = await cli("create", "--tenant", "t", "--admin-url", gw.admin_url, token=ADMIN_TOKEN)
@@ -204,15 +225,20 @@ def test_keys_cli_with_a_running_gateway(gateway, mock_engine) -> None:
         assert rc == 2 and "is not in the config" in err
 
         async with aiohttp.ClientSession() as s:
+
             async def chat(model):
-                async with s.post(f"{gw.url}/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                                  json={"model": model, "max_tokens": 2,
-                                        "messages": [{"role": "user", "content": "hi"}]}) as r:
+                async with s.post(
+                    f"{gw.url}/chat/completions",
+                    headers={"Authorization": f"Bearer {key}"},
+                    json={"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+                ) as r:
                     return r.status
+
             assert await chat("m") == 200
             assert await chat("m2") in (403, 404)
             key_id = key.split("-")[2]
             rc, out, err = await cli("revoke", key_id, "--admin-url", gw.admin_url, token=ADMIN_TOKEN)
             assert rc == 0, err
             assert await chat("m") == 401
+
     asyncio.run(go())

@@ -32,8 +32,13 @@ FOR_S = 3
 FIRE_WITHIN_S = FOR_S + 12
 #: every alert a fault may fire, by (alertname, backend or model): the saturated engine's queue and the latency
 #: alerts of its model (the queue is what delays its first tokens and ends), the dead engine and its breaker
-ALLOWED = {("ServelabEngineQueueBacklog", "llama-a"), ("ServelabTTFTAboveSLO", "a"), ("ServelabE2EAboveSLO", "a"),
-           ("ServelabEngineDown", "llama-b"), ("ServelabBreakerOpen", "llama-b")}
+ALLOWED = {
+    ("ServelabEngineQueueBacklog", "llama-a"),
+    ("ServelabTTFTAboveSLO", "a"),
+    ("ServelabE2EAboveSLO", "a"),
+    ("ServelabEngineDown", "llama-b"),
+    ("ServelabBreakerOpen", "llama-b"),
+}
 
 
 def _short_rules(folder: Path) -> Path:
@@ -99,12 +104,20 @@ class _Watch:
 
 def test_saturated_and_killed_engines_fire_their_alerts_and_no_others(tmp_path: Path, llama_a, llama_b) -> None:
     key, entry = gateway_key("k1", "t")
-    cfg = {"backends": [{"name": "llama-a", "kind": "llamacpp", "base_url": llama_a.base_url, "models": ["gemma"]},
-                        {"name": "llama-b", "kind": "llamacpp", "base_url": llama_b.base_url, "models": ["gemma"]}],
-           "models": {"a": {"targets": [{"backend": "llama-a", "model": "gemma"}]},
-                      "b": {"targets": [{"backend": "llama-b", "model": "gemma"}]}},
-           "tenants": {"t": {"allowed_models": ["a", "b"]}}, "keys": [entry],
-           "server": {"public_metrics": True}, "health": {"interval_s": 0.5, "timeout_s": 2}}
+    cfg = {
+        "backends": [
+            {"name": "llama-a", "kind": "llamacpp", "base_url": llama_a.base_url, "models": ["gemma"]},
+            {"name": "llama-b", "kind": "llamacpp", "base_url": llama_b.base_url, "models": ["gemma"]},
+        ],
+        "models": {
+            "a": {"targets": [{"backend": "llama-a", "model": "gemma"}]},
+            "b": {"targets": [{"backend": "llama-b", "model": "gemma"}]},
+        },
+        "tenants": {"t": {"allowed_models": ["a", "b"]}},
+        "keys": [entry],
+        "server": {"public_metrics": True},
+        "health": {"interval_s": 0.5, "timeout_s": 2},
+    }
     gw = start_gateway(cfg, tmp_path / "gw")
     prom = start_prometheus(tmp_path, [gw.root.split("//", 1)[1]], (_short_rules(tmp_path),))
     watch = _Watch(prom.url)
@@ -116,15 +129,22 @@ def test_saturated_and_killed_engines_fire_their_alerts_and_no_others(tmp_path: 
         # fault 1: eight long streams at a one-slot engine, seven of them queued in it; cancelled once the alert
         # fired (the gateway then cancels them upstream), so a slow CPU does not wait for every answer and a
         # fast one still keeps the queue longer than the alert's for:
-        body = {"model": "a", "stream": True, "max_tokens": 256, "temperature": 0,
-                "messages": [{"role": "user", "content": "Count from one to one hundred in words."}]}
+        body = {
+            "model": "a",
+            "stream": True,
+            "max_tokens": 256,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "Count from one to one hundred in words."}],
+        }
 
         async def burst() -> list[int]:
             async def one(s: aiohttp.ClientSession) -> int:
-                async with s.post(gw.url + "/chat/completions", json=body,
-                                  headers={"Authorization": f"Bearer {key}"}) as r:
+                async with s.post(
+                    gw.url + "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+                ) as r:
                     await r.read()
                     return r.status
+
             async with aiohttp.ClientSession() as s:
                 return list(await asyncio.gather(*(one(s) for _ in range(8))))
 

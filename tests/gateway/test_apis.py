@@ -28,8 +28,11 @@ from conftest import (
 )
 
 LIMIT = 512  # server.max_tokens_limit
-TOOL = {"name": "get_weather", "description": "weather of a city",
-        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+TOOL = {
+    "name": "get_weather",
+    "description": "weather of a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 def _free_port() -> int:
@@ -43,24 +46,41 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A gateway with model ``m`` (a vLLM-dialect mock, 6 tokens, 2 reasoning tokens), ``t`` (an Ollama-dialect
     mock: tool calls come whole), ``dead`` (nothing listens) and keys ``key`` and ``slow`` (rpm 1)."""
     tmp = tmp_path_factory.mktemp("apis")
-    mocks = [start_mock_process("--dialect", "vllm", "--output-tokens", "6", "--reasoning-tokens", "2"),
-             start_mock_process("--dialect", "ollama", "--output-tokens", "5")]
+    mocks = [
+        start_mock_process("--dialect", "vllm", "--output-tokens", "6", "--reasoning-tokens", "2"),
+        start_mock_process("--dialect", "ollama", "--output-tokens", "5"),
+    ]
     key, entry = gateway_key("k1", "t")
     slow, slow_entry = gateway_key("k2", "t")
-    cfg = {"server": {"max_tokens_limit": LIMIT},
-           "backends": [{"name": "b", "kind": "mock", "base_url": mocks[0].root, "models": ["m"]},
-                        {"name": "o", "kind": "mock", "base_url": mocks[1].root, "models": ["m"]},
-                        {"name": "gone", "kind": "vllm", "base_url": f"http://127.0.0.1:{_free_port()}",
-                         "models": ["m"]}],
-           "models": {"m": {"targets": [{"backend": "b"}], "capabilities": {"tools": True}},
-                      "t": {"targets": [{"backend": "o"}], "capabilities": {"tools": True}},
-                      "dead": {"targets": [{"backend": "gone"}]}},
-           "retry": {"attempts": 0},
-           "tenants": {"t": {}}, "keys": [entry, {**slow_entry, "rpm": 1}]}
+    cfg = {
+        "server": {"max_tokens_limit": LIMIT},
+        "backends": [
+            {"name": "b", "kind": "mock", "base_url": mocks[0].root, "models": ["m"]},
+            {"name": "o", "kind": "mock", "base_url": mocks[1].root, "models": ["m"]},
+            {"name": "gone", "kind": "vllm", "base_url": f"http://127.0.0.1:{_free_port()}", "models": ["m"]},
+        ],
+        "models": {
+            "m": {"targets": [{"backend": "b"}], "capabilities": {"tools": True}},
+            "t": {"targets": [{"backend": "o"}], "capabilities": {"tools": True}},
+            "dead": {"targets": [{"backend": "gone"}]},
+        },
+        "retry": {"attempts": 0},
+        "tenants": {"t": {}},
+        "keys": [entry, {**slow_entry, "rpm": 1}],
+    }
     proc = start_gateway(cfg, tmp / "gw")
     try:
-        yield type("GW", (), {"url": proc.url, "root": proc.root, "key": key, "slow": slow,
-                              "db": Path(proc.config["ledger"]["sqlite_path"])})
+        yield type(
+            "GW",
+            (),
+            {
+                "url": proc.url,
+                "root": proc.root,
+                "key": key,
+                "slow": slow,
+                "db": Path(proc.config["ledger"]["sqlite_path"]),
+            },
+        )
     finally:
         stop_gateway(proc.proc)
         for m in mocks:
@@ -77,11 +97,13 @@ def _oai(gw: Any, key: str | None = None) -> openai.OpenAI:
 
 # ------------------------------------------------------------------------------------------ Anthropic Messages
 
+
 def test_messages_create_text_thinking_and_ledger_usage(gw: Any) -> None:
     """A whole answer: the engine's reasoning as a thinking block, its text, stop_reason, and usage equal to
     the ledger's row for the request."""
     raw = _claude(gw).messages.with_raw_response.create(
-        model="m", max_tokens=64, system="be brief", messages=[{"role": "user", "content": "hello"}])
+        model="m", max_tokens=64, system="be brief", messages=[{"role": "user", "content": "hello"}]
+    )
     msg = raw.parse()
     assert [b.type for b in msg.content] == ["thinking", "text"]
     assert msg.content[0].thinking == " think0 think1"
@@ -101,14 +123,19 @@ def test_messages_stream_event_sequence_exact(gw: Any) -> None:
     rid, events = sse_events(gw.root, "/v1/messages", body, {"x-api-key": gw.key})
     assert all(name == data["type"] for name, data in events)
     seq = [(n, d.get("index"), (d.get("delta") or d.get("content_block") or {}).get("type")) for n, d in events]
-    assert seq == [("message_start", None, None), ("ping", None, None),
-                   ("content_block_start", 0, "thinking"),
-                   ("content_block_delta", 0, "thinking_delta"), ("content_block_delta", 0, "thinking_delta"),
-                   ("content_block_stop", 0, None),
-                   ("content_block_start", 1, "text"),
-                   *[("content_block_delta", 1, "text_delta")] * 3,
-                   ("content_block_stop", 1, None),
-                   ("message_delta", None, None), ("message_stop", None, None)]
+    assert seq == [
+        ("message_start", None, None),
+        ("ping", None, None),
+        ("content_block_start", 0, "thinking"),
+        ("content_block_delta", 0, "thinking_delta"),
+        ("content_block_delta", 0, "thinking_delta"),
+        ("content_block_stop", 0, None),
+        ("content_block_start", 1, "text"),
+        *[("content_block_delta", 1, "text_delta")] * 3,
+        ("content_block_stop", 1, None),
+        ("message_delta", None, None),
+        ("message_stop", None, None),
+    ]
     delta = events[-2][1]
     assert delta["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
     assert (delta["usage"]["input_tokens"], delta["usage"]["output_tokens"]) == ledger_usage(gw.db, rid)
@@ -127,13 +154,16 @@ def test_messages_tool_use_round_trip(gw: Any, model: str) -> None:
     msg = client.messages.create(model=model, max_tokens=64, messages=msgs, tools=[TOOL])
     call = next(b for b in msg.content if b.type == "tool_use")
     assert msg.stop_reason == "tool_use" and call.name == "get_weather" and isinstance(call.input["city"], str)
-    with client.messages.stream(model=model, max_tokens=64, messages=msgs, tools=[TOOL],
-                                tool_choice={"type": "tool", "name": "get_weather"}) as s:
+    with client.messages.stream(
+        model=model, max_tokens=64, messages=msgs, tools=[TOOL], tool_choice={"type": "tool", "name": "get_weather"}
+    ) as s:
         streamed = s.get_final_message()
     scall = next(b for b in streamed.content if b.type == "tool_use")
     assert (scall.name, scall.input, streamed.stop_reason) == ("get_weather", call.input, "tool_use")
-    msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in msg.content]},
-             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}]}]
+    msgs += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in msg.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}]},
+    ]
     answer = client.messages.create(model=model, max_tokens=64, messages=msgs, tools=[TOOL])
     assert answer.stop_reason == "end_turn" and any(b.type == "text" and b.text for b in answer.content)
 
@@ -142,8 +172,9 @@ def test_messages_stop_sequences_and_count_tokens(gw: Any) -> None:
     """stop_sequences ends the text before the stop string; count_tokens answers the engine's prompt count
     (the same as a real request's input_tokens)."""
     client = _claude(gw)
-    msg = client.messages.create(model="m", max_tokens=64, stop_sequences=[" tok2"],
-                                 messages=[{"role": "user", "content": "count"}])
+    msg = client.messages.create(
+        model="m", max_tokens=64, stop_sequences=[" tok2"], messages=[{"role": "user", "content": "count"}]
+    )
     assert msg.content[-1].text == " tok0 tok1"
     n = client.messages.count_tokens(model="m", messages=[{"role": "user", "content": "count"}])
     assert n.input_tokens == msg.usage.input_tokens > 0
@@ -168,11 +199,15 @@ def test_messages_errors_in_anthropic_shape(gw: Any) -> None:
     bearer = anthropic.Anthropic(base_url=gw.root, auth_token=gw.key, max_retries=0)
     assert bearer.messages.create(model="m", max_tokens=4, messages=hello).usage.output_tokens == 4  # type: ignore[arg-type]
     # an empty x-api-key (a proxy or client that sets the header unconditionally) does not hide the Bearer key
-    r = httpx.post(gw.root + "/v1/messages", headers={"x-api-key": "", "Authorization": f"Bearer {gw.key}"},
-                   json={"model": "m", "max_tokens": 2, "messages": hello})
+    r = httpx.post(
+        gw.root + "/v1/messages",
+        headers={"x-api-key": "", "Authorization": f"Bearer {gw.key}"},
+        json={"model": "m", "max_tokens": 2, "messages": hello},
+    )
     assert r.status_code == 200, r.text
-    r = httpx.post(gw.root + "/v1/messages", headers={"x-api-key": ""}, json={"model": "m", "max_tokens": 2,
-                                                                            "messages": hello})
+    r = httpx.post(
+        gw.root + "/v1/messages", headers={"x-api-key": ""}, json={"model": "m", "max_tokens": 2, "messages": hello}
+    )
     assert r.status_code == 401 and "x-api-key: sk-sl-" in r.json()["error"]["message"], r.text
     with pytest.raises(anthropic.InternalServerError) as e:
         client.messages.create(model="dead", max_tokens=8, messages=hello)  # type: ignore[arg-type]
@@ -184,8 +219,12 @@ def test_messages_errors_in_anthropic_shape(gw: Any) -> None:
         slow.messages.create(model="m", max_tokens=2, messages=hello)  # type: ignore[arg-type]
     assert e.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
     with pytest.raises(anthropic.BadRequestError, match="server tool"):
-        client.messages.create(model="m", max_tokens=8, messages=hello,  # type: ignore[arg-type]
-                               tools=[{"type": "web_search_20250305", "name": "web_search"}])  # type: ignore[list-item]
+        client.messages.create(
+            model="m",
+            max_tokens=8,
+            messages=hello,  # type: ignore[arg-type]
+            tools=[{"type": "web_search_20250305", "name": "web_search"}],
+        )  # type: ignore[list-item]
 
 
 def test_messages_paths_unknown_or_wrong_method_answer_in_anthropic_shape(gw: Any) -> None:
@@ -203,6 +242,7 @@ def test_messages_paths_unknown_or_wrong_method_answer_in_anthropic_shape(gw: An
 
 
 # ------------------------------------------------------------------------------------------ OpenAI Responses
+
 
 def test_responses_create_and_ledger_usage(gw: Any) -> None:
     """input as text with instructions: reasoning and message items, output_text, usage = the ledger's row;
@@ -227,13 +267,21 @@ def test_responses_stream_event_sequence_exact(gw: Any) -> None:
     assert all(name == data["type"] for name, data in events)
     assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
     assert [n for n, _ in events] == [
-        "response.created", "response.in_progress",
-        "response.output_item.added", "response.reasoning_text.delta", "response.reasoning_text.delta",
-        "response.reasoning_text.done", "response.output_item.done",
-        "response.output_item.added", "response.content_part.added",
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
         *["response.output_text.delta"] * 3,
-        "response.output_text.done", "response.content_part.done", "response.output_item.done",
-        "response.incomplete"]
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
     usage = events[-1][1]["response"]["usage"]
     assert (usage["input_tokens"], usage["output_tokens"]) == ledger_usage(gw.db, rid)
     parsed = list(_oai(gw).responses.create(**body))
@@ -253,9 +301,15 @@ def test_responses_function_call_round_trip(gw: Any, model: str) -> None:
     assert "response.function_call_arguments.delta" in [e.type for e in events]
     call = next(o for o in events[-1].response.output if o.type == "function_call")  # type: ignore[union-attr]
     assert call.name == "get_weather" and "city" in call.arguments
-    answer = client.responses.create(model=model, tools=tools, input=[
-        {"role": "user", "content": "weather?"}, call.model_dump(exclude_none=True),
-        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    answer = client.responses.create(
+        model=model,
+        tools=tools,
+        input=[
+            {"role": "user", "content": "weather?"},
+            call.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+        ],
+    )
     assert answer.output_text and answer.status == "completed"
 
 

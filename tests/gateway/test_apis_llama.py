@@ -35,15 +35,30 @@ def gw(llama: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     always translated), key ``key``, output cap 64."""
     key, entry = gateway_key("k1", "t")
     root = llama.base_url.removesuffix("/v1")
-    cfg = {"server": {"max_tokens_limit": 64},
-           "backends": [{"name": "n", "kind": "llamacpp", "base_url": root, "models": ["gemma"]},
-                        {"name": "c", "kind": "llamacpp", "base_url": root, "models": ["gemma"], "native_apis": []}],
-           "models": {"native": {"targets": [{"backend": "n"}]}, "chat": {"targets": [{"backend": "c"}]}},
-           "retry": {"attempts": 0}, "tenants": {"t": {}}, "keys": [entry]}
+    cfg = {
+        "server": {"max_tokens_limit": 64},
+        "backends": [
+            {"name": "n", "kind": "llamacpp", "base_url": root, "models": ["gemma"]},
+            {"name": "c", "kind": "llamacpp", "base_url": root, "models": ["gemma"], "native_apis": []},
+        ],
+        "models": {"native": {"targets": [{"backend": "n"}]}, "chat": {"targets": [{"backend": "c"}]}},
+        "retry": {"attempts": 0},
+        "tenants": {"t": {}},
+        "keys": [entry],
+    }
     proc = start_gateway(cfg, tmp_path_factory.mktemp("apis-llama") / "gw")
     try:
-        yield type("GW", (), {"url": proc.url, "root": proc.root, "key": key, "log": proc.access_log,
-                              "db": Path(proc.config["ledger"]["sqlite_path"])})
+        yield type(
+            "GW",
+            (),
+            {
+                "url": proc.url,
+                "root": proc.root,
+                "key": key,
+                "log": proc.access_log,
+                "db": Path(proc.config["ledger"]["sqlite_path"]),
+            },
+        )
     finally:
         stop_gateway(proc.proc)
 
@@ -97,14 +112,23 @@ def test_messages_stream_native_and_translated(gw: Any) -> None:
         assert all(n == d["type"] for n, d in events)
         deltas = names.count("content_block_delta")
         head = ["message_start", "ping"] if model == "chat" else ["message_start"]
-        assert names == [*head, "content_block_start", *["content_block_delta"] * deltas, "content_block_stop",
-                         "message_delta", "message_stop"], names
+        assert names == [
+            *head,
+            "content_block_start",
+            *["content_block_delta"] * deltas,
+            "content_block_stop",
+            "message_delta",
+            "message_stop",
+        ], names
         assert 1 <= deltas <= N
         start, delta = events[0][1]["message"], events[-2][1]
         assert start["model"] == model
         usage = {**start["usage"], **delta["usage"]}  # message_delta's counts are cumulative
-        prompt = usage["input_tokens"] + usage.get("cache_read_input_tokens", 0) + usage.get(
-            "cache_creation_input_tokens", 0)
+        prompt = (
+            usage["input_tokens"]
+            + usage.get("cache_read_input_tokens", 0)
+            + usage.get("cache_creation_input_tokens", 0)
+        )
         assert (prompt, usage["output_tokens"]) == ledger_usage(gw.db, rid)
         text = "".join(d["delta"]["text"] for n, d in events if n == "content_block_delta")
         got[model] = (text, delta["delta"]["stop_reason"], (prompt, usage["output_tokens"]))
@@ -120,16 +144,24 @@ def test_responses_stream_against_llama_server(gw: Any) -> None:
     """openai responses.create(stream=True) (translated: llama-server does not serve Responses): the typed
     events in exact order with sequence numbers 0, 1, ...; text arrives; usage equals the ledger's row."""
     client = openai.OpenAI(base_url=gw.url, api_key=gw.key, max_retries=0, timeout=120)
-    with client.responses.with_streaming_response.create(model="native", input=MSGS, max_output_tokens=N,
-                                                         temperature=0, stream=True) as raw:
+    with client.responses.with_streaming_response.create(
+        model="native", input=MSGS, max_output_tokens=N, temperature=0, stream=True
+    ) as raw:
         rid = raw.headers["x-request-id"]
         events = list(raw.parse())
     kinds = [e.type for e in events]
     deltas = kinds.count("response.output_text.delta")
-    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
-                     "response.content_part.added", *["response.output_text.delta"] * deltas,
-                     "response.output_text.done", "response.content_part.done", "response.output_item.done",
-                     kinds[-1]], kinds
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * deltas,
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        kinds[-1],
+    ], kinds
     assert kinds[-1] in ("response.completed", "response.incomplete") and deltas >= 1
     assert [e.sequence_number for e in events] == list(range(len(events)))
     done = events[-1].response  # type: ignore[union-attr]
@@ -144,8 +176,12 @@ def test_native_over_cap_and_bad_input_refused_like_chat(gw: Any) -> None:
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="native", max_tokens=65, messages=MSGS)
     assert "max_tokens" in str(e.value) and "64" in str(e.value)
-    resp = httpx.post(gw.root + "/v1/messages", json={"model": "native", "max_tokens": 4, "messages": []},
-                      headers={"x-api-key": gw.key}, timeout=30)
+    resp = httpx.post(
+        gw.root + "/v1/messages",
+        json={"model": "native", "max_tokens": 4, "messages": []},
+        headers={"x-api-key": gw.key},
+        timeout=30,
+    )
     assert resp.status_code == 400 and resp.json()["type"] == "error"
     assert resp.json()["error"]["type"] == "invalid_request_error"
 
@@ -160,18 +196,27 @@ def test_native_stream_when_llama_server_dies_mid_answer(llama: Any, tmp_path_fa
     eng_gen = launch_llama(tmp_path_factory, ctx_size=1024, parallel=1)
     eng = next(eng_gen)
     key, entry = gateway_key("k1", "t")
-    cfg = {"backends": [{"name": "n", "kind": "llamacpp", "base_url": eng.base_url.removesuffix("/v1"),
-                         "models": ["gemma"]}],
-           "models": {"native": {"targets": [{"backend": "n"}]}}, "retry": {"attempts": 0},
-           "tenants": {"t": {}}, "keys": [entry]}
+    cfg = {
+        "backends": [
+            {"name": "n", "kind": "llamacpp", "base_url": eng.base_url.removesuffix("/v1"), "models": ["gemma"]}
+        ],
+        "models": {"native": {"targets": [{"backend": "n"}]}},
+        "retry": {"attempts": 0},
+        "tenants": {"t": {}},
+        "keys": [entry],
+    }
     proc = start_gateway(cfg, tmp_path_factory.mktemp("apis-llama-die") / "gw")
     try:
-        body = {"model": "native", "max_tokens": 512, "stream": True, "temperature": 0,
-                "messages": [{"role": "user", "content": "Count from one to two hundred in words."}]}
+        body = {
+            "model": "native",
+            "max_tokens": 512,
+            "stream": True,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "Count from one to two hundred in words."}],
+        }
         names: list[str] = []
         last = b""
-        with httpx.stream("POST", proc.root + "/v1/messages", json=body, headers={"x-api-key": key},
-                          timeout=120) as r:
+        with httpx.stream("POST", proc.root + "/v1/messages", json=body, headers={"x-api-key": key}, timeout=120) as r:
             assert r.status_code == 200
             rid = r.headers["x-request-id"]
             for line in r.iter_lines():

@@ -30,17 +30,38 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A gateway serving model ``m`` from a vLLM-dialect mock that reasons (2 tokens) then answers (7 tokens),
     first token after 20 ms; one key per API so each run's ledger rows and log lines are its own."""
     tmp = tmp_path_factory.mktemp("bench-apis")
-    mock = start_mock_process("--dialect", "vllm", "--output-tokens", str(ANSWER), "--reasoning-tokens",
-                              str(REASONING), "--ttft-ms", "20", "--itl-ms", "2")
+    mock = start_mock_process(
+        "--dialect",
+        "vllm",
+        "--output-tokens",
+        str(ANSWER),
+        "--reasoning-tokens",
+        str(REASONING),
+        "--ttft-ms",
+        "20",
+        "--itl-ms",
+        "2",
+    )
     keys = {api: gateway_key(f"k_{api}", "t") for api in ("messages", "responses")}
-    cfg = {"backends": [{"name": "b", "kind": "mock", "base_url": mock.root, "models": ["m"]}],
-           "models": {"m": {"targets": [{"backend": "b"}]}}, "tenants": {"t": {}},
-           "keys": [entry for _, entry in keys.values()]}
+    cfg = {
+        "backends": [{"name": "b", "kind": "mock", "base_url": mock.root, "models": ["m"]}],
+        "models": {"m": {"targets": [{"backend": "b"}]}},
+        "tenants": {"t": {}},
+        "keys": [entry for _, entry in keys.values()],
+    }
     proc = None
     try:
         proc = start_gateway(cfg, tmp / "gw")
-        yield type("GW", (), {"proc": proc, "keys": {a: k for a, (k, _) in keys.items()}, "tmp": tmp,
-                              "db": Path(proc.config["ledger"]["sqlite_path"])})
+        yield type(
+            "GW",
+            (),
+            {
+                "proc": proc,
+                "keys": {a: k for a, (k, _) in keys.items()},
+                "tmp": tmp,
+                "db": Path(proc.config["ledger"]["sqlite_path"]),
+            },
+        )
     finally:
         if proc is not None:
             stop_gateway(proc.proc)
@@ -52,8 +73,10 @@ def _ledger(db: Path, key_id: str, n: int, timeout_s: float = 5.0) -> tuple[int,
     deadline = time.monotonic() + timeout_s
     while True:
         with sqlite3.connect(db) as con:
-            rows, pt, ct = con.execute("SELECT COUNT(*), SUM(prompt_tokens), SUM(completion_tokens) FROM "
-                                       "servelab_usage WHERE key_id = ?", (key_id,)).fetchone()
+            rows, pt, ct = con.execute(
+                "SELECT COUNT(*), SUM(prompt_tokens), SUM(completion_tokens) FROM servelab_usage WHERE key_id = ?",
+                (key_id,),
+            ).fetchone()
         if rows >= n or time.monotonic() > deadline:
             return int(rows), int(pt or 0), int(ct or 0)
         time.sleep(0.05)
@@ -69,10 +92,37 @@ def _metrics(gw: Any) -> dict[str, float]:
 @pytest.mark.parametrize("api", ["messages", "responses"])
 def test_bench_through_gateway_tokens_equal_ledger(gw: Any, api: str) -> None:
     out = gw.tmp / f"run-{api}"
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "bench", "--url", gw.proc.url, "--model", "m",
-                        "--api-key", gw.keys[api], "--endpoint", api, "-w", "short-qa", "--set", "output_tokens=32",
-                        "--concurrency", "2", "--requests", str(N), "--warmup", "0", "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "servelab.cli",
+            "bench",
+            "--url",
+            gw.proc.url,
+            "--model",
+            "m",
+            "--api-key",
+            gw.keys[api],
+            "--endpoint",
+            api,
+            "-w",
+            "short-qa",
+            "--set",
+            "output_tokens=32",
+            "--concurrency",
+            "2",
+            "--requests",
+            str(N),
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "short-qa" in r.stdout  # the same summary table as chat
     summary = json.loads((out / "summary.json").read_text())
@@ -107,11 +157,28 @@ def test_bench_through_gateway_tokens_equal_ledger(gw: Any, api: str) -> None:
 
 def test_bench_refuses_what_the_api_cannot_carry(gw: Any) -> None:
     """One line, exit 2, before any request: --ignore-eos, the tools workload, a structured set as messages."""
-    for args, said in ((["--ignore-eos"], "--ignore-eos is not a field of the messages API"),
-                       (["-w", "tools"], "tools is not one: use --endpoint chat"),
-                       (["-w", "structured"], "'response_format' is not a field of the messages API")):
-        r = subprocess.run([sys.executable, "-m", "servelab.cli", "bench", "--url", gw.proc.url, "--endpoint",
-                            "messages", "--out", str(gw.tmp / "never"), *args], capture_output=True, text=True,
-                           timeout=60)
+    for args, said in (
+        (["--ignore-eos"], "--ignore-eos is not a field of the messages API"),
+        (["-w", "tools"], "tools is not one: use --endpoint chat"),
+        (["-w", "structured"], "'response_format' is not a field of the messages API"),
+    ):
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "servelab.cli",
+                "bench",
+                "--url",
+                gw.proc.url,
+                "--endpoint",
+                "messages",
+                "--out",
+                str(gw.tmp / "never"),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (gw.tmp / "never").exists()

@@ -37,8 +37,10 @@ def _bomb() -> bytes:
 def _raw_post(port: int, body: bytes, headers: str) -> tuple[bytes, float]:
     t0 = time.monotonic()
     with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
-        s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{headers}"
-                  f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        s.sendall(
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         out = s.recv(4096)
     return out, time.monotonic() - t0
 
@@ -46,8 +48,15 @@ def _raw_post(port: int, body: bytes, headers: str) -> tuple[bytes, float]:
 def _gw(gateway: Any, mock_engine: Any, **server: Any) -> tuple[Any, str]:
     eng = mock_engine("--dialect", "vllm", "--itl-ms", "20", "--output-tokens", "60")
     key, entry = gateway_key("k1", "t")
-    gw = gateway({"server": server, "backends": [{"name": "b", "kind": "vllm", "base_url": eng.root, "models": ["m"]}],
-                  "models": {"m": {"targets": [{"backend": "b"}]}}, "tenants": {"t": {}}, "keys": [entry]})
+    gw = gateway(
+        {
+            "server": server,
+            "backends": [{"name": "b", "kind": "vllm", "base_url": eng.root, "models": ["m"]}],
+            "models": {"m": {"targets": [{"backend": "b"}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+        }
+    )
     return gw, key
 
 
@@ -64,15 +73,21 @@ def test_compressed_bodies_refused_by_default_and_corrupt_ones_are_400(gateway: 
     assert "request_compression" in err["message"]
     gw2, key2 = _gw(gateway, mock_engine, request_compression=True)
     url2 = gw2.url + "/chat/completions"
-    for enc, data in (("gzip", gzip.compress(orjson.dumps(_chat()))), ("deflate", zlib.compress(orjson.dumps(_chat()))),
-                      ("deflate", zlib.compress(orjson.dumps(_chat()))[2:-4])):  # zlib-wrapped and raw
+    for enc, data in (
+        ("gzip", gzip.compress(orjson.dumps(_chat()))),
+        ("deflate", zlib.compress(orjson.dumps(_chat()))),
+        ("deflate", zlib.compress(orjson.dumps(_chat()))[2:-4]),
+    ):  # zlib-wrapped and raw
         st, _, raw = post(url2, None, key2, headers={"Content-Encoding": enc}, raw=data)
         assert st == 200, (enc, raw)
     st, _, raw = post(url2, None, key2, headers={"Content-Encoding": "br"}, raw=b"xx")
     assert st == 415, raw
     for _ in range(60):  # corrupt and truncated bodies
-        for enc, data in (("gzip", b"\x1f\x8bnot gzip at all"), ("deflate", b"garbage!"),
-                          ("gzip", gzip.compress(orjson.dumps(_chat()))[:20])):
+        for enc, data in (
+            ("gzip", b"\x1f\x8bnot gzip at all"),
+            ("deflate", b"garbage!"),
+            ("gzip", gzip.compress(orjson.dumps(_chat()))[:20]),
+        ):
             st, _, raw = post(url2, None, key2, headers={"Content-Encoding": enc}, raw=data)
             assert st == 400 and orjson.loads(raw)["error"]["code"] == "invalid_body_encoding", raw
     err_log = gw2.stderr()
@@ -88,10 +103,14 @@ def test_gzip_bomb_neither_stalls_nor_inflates(gateway: Any, mock_engine: Any) -
     gaps: list[float] = []
 
     def stream() -> None:
-        body = orjson.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}],
-                             "max_tokens": 60})
-        req = urllib.request.Request(gw.url + "/chat/completions", data=body,
-                                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        body = orjson.dumps(
+            {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60}
+        )
+        req = urllib.request.Request(
+            gw.url + "/chat/completions",
+            data=body,
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=60) as r:
             last = time.monotonic()
             for _line in r:
@@ -102,8 +121,10 @@ def test_gzip_bomb_neither_stalls_nor_inflates(gateway: Any, mock_engine: Any) -
     t = threading.Thread(target=stream)
     t.start()
     time.sleep(0.3)
-    answers = [_raw_post(port, bomb, "Content-Encoding: gzip\r\n"),  # no key: 401, never inflated
-               _raw_post(port, bomb, f"Authorization: Bearer {key}\r\nContent-Encoding: gzip\r\n")]
+    answers = [
+        _raw_post(port, bomb, "Content-Encoding: gzip\r\n"),  # no key: 401, never inflated
+        _raw_post(port, bomb, f"Authorization: Bearer {key}\r\nContent-Encoding: gzip\r\n"),
+    ]
     t.join()
     assert answers[0][0].startswith(b"HTTP/1.1 401"), answers[0][0][:100]
     assert answers[1][0].startswith(b"HTTP/1.1 413"), answers[1][0][:100]

@@ -50,9 +50,14 @@ def test_vllm_max_completion_tokens_is_reserved_and_counted(gateway: Any, mock_e
     max_completion_tokens = 3000; five requests spent 16,506 tokens against TPM 2,000 / budget 5,000."""
     eng = mock_engine("--dialect", "vllm", "--output-tokens", "3000")
     key, entry = gateway_key("k1", "t")
-    gw = gateway({"backends": [{"name": "v", "kind": "vllm", "base_url": eng.root, "models": ["m"]}],
-                  "models": {"m": {"targets": [{"backend": "v"}]}},
-                  "tenants": {"t": {"tpm": 2000, "token_budget": 5000}}, "keys": [entry]})
+    gw = gateway(
+        {
+            "backends": [{"name": "v", "kind": "vllm", "base_url": eng.root, "models": ["m"]}],
+            "models": {"m": {"targets": [{"backend": "v"}]}},
+            "tenants": {"t": {"tpm": 2000, "token_budget": 5000}},
+            "keys": [entry],
+        }
+    )
     url = gw.url + "/chat/completions"
     statuses = [post(url, _chat("m", max_tokens=1, max_completion_tokens=3000), key)[0] for _ in range(5)]
     assert statuses == [429] * 5, statuses  # reserves 3000 (+ prompt) > TPM 2000: refused, never served
@@ -75,9 +80,15 @@ def test_vllm_max_completion_tokens_is_reserved_and_counted(gateway: Any, mock_e
 def test_engine_length_fields_can_be_refused(gateway: Any, mock_engine: Any) -> None:
     eng = mock_engine("--dialect", "llamacpp", "--output-tokens", "50")
     key, entry = gateway_key("k1", "t")
-    gw = gateway({"server": {"max_tokens_limit": 64, "engine_length_fields": "refuse"},
-                  "backends": [{"name": "l", "kind": "llamacpp", "base_url": eng.root, "models": ["m"]}],
-                  "models": {"m": {"targets": [{"backend": "l"}]}}, "tenants": {"t": {}}, "keys": [entry]})
+    gw = gateway(
+        {
+            "server": {"max_tokens_limit": 64, "engine_length_fields": "refuse"},
+            "backends": [{"name": "l", "kind": "llamacpp", "base_url": eng.root, "models": ["m"]}],
+            "models": {"m": {"targets": [{"backend": "l"}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+        }
+    )
     st, _, raw = post(gw.url + "/chat/completions", _chat("m", max_tokens=8, n_predict=20), key)
     err = orjson.loads(raw)["error"]
     assert st == 400 and err["param"] == "n_predict" and err["code"] == "unsupported_parameter", raw
@@ -96,17 +107,32 @@ def test_llama_server_n_predict_cannot_escape_the_cap(gateway: Any, llama: Any) 
     """Before: ``max_tokens: 8, n_predict: 300, ignore_eos: true`` with max_tokens_limit 64 got 300 tokens
     from llama-server (n_predict wins there) while the gateway checked and reserved 8 (limit 32 here)."""
     key, entry = gateway_key("k1", "t")
-    gw = gateway({"server": {"max_tokens_limit": 32},
-                  "backends": [{"name": "llama", "kind": "llamacpp", "base_url": llama.base_url,
-                                "models": ["gemma"], "read_timeout_s": 120}],
-                  "models": {"gemma": {"targets": [{"backend": "llama"}]}}, "tenants": {"t": {}}, "keys": [entry]})
+    gw = gateway(
+        {
+            "server": {"max_tokens_limit": 32},
+            "backends": [
+                {
+                    "name": "llama",
+                    "kind": "llamacpp",
+                    "base_url": llama.base_url,
+                    "models": ["gemma"],
+                    "read_timeout_s": 120,
+                }
+            ],
+            "models": {"gemma": {"targets": [{"backend": "llama"}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+        }
+    )
     url = gw.url + "/chat/completions"
     st, _, raw = post(url, _chat("gemma", max_tokens=8, n_predict=300, ignore_eos=True), key)
     assert st == 400 and orjson.loads(raw)["error"]["param"] == "n_predict", raw
-    for body in (_chat("gemma", max_tokens=8, n_predict=20, ignore_eos=True),
-                 _chat("gemma", max_tokens=20, n_predict=8, ignore_eos=True),
-                 _chat("gemma", options={"num_predict": 20}, ignore_eos=True),
-                 _chat("gemma", n_predict=-1, ignore_eos=True)):  # "no limit" = the gateway's default
+    for body in (
+        _chat("gemma", max_tokens=8, n_predict=20, ignore_eos=True),
+        _chat("gemma", max_tokens=20, n_predict=8, ignore_eos=True),
+        _chat("gemma", options={"num_predict": 20}, ignore_eos=True),
+        _chat("gemma", n_predict=-1, ignore_eos=True),
+    ):  # "no limit" = the gateway's default
         st, _, raw = post(url, body, key)
         assert st == 200, raw
         ct = orjson.loads(raw)["usage"]["completion_tokens"]
@@ -130,17 +156,28 @@ def test_fallback_to_a_model_the_tenant_may_not_use_is_skipped(gateway: Any, moc
     ka, ea = gateway_key("ka", "A")
     kb, eb = gateway_key("kb", "B")
     kc, ec = gateway_key("kc", "C")
-    gw = gateway({"backends": [{"name": "down", "kind": "mock", "base_url": "http://127.0.0.1:9", "models": ["x"]},
-                               {"name": "s", "kind": "mock", "base_url": eng.root, "models": ["x"]},
-                               {"name": "sh", "kind": "mock", "base_url": shadow.root, "models": ["x"],
-                                "pool": "canary"}],
-                  "models": {"afb": {"targets": [{"backend": "down"}], "fallback": [{"model": "secret"}]},
-                             "secret": {"targets": [{"backend": "s"}]},
-                             "open": {"targets": [{"backend": "s"}],
-                                      "shadow": {"target": {"backend": "sh"}, "sample_rate": 1.0}}},
-                  "tenants": {"A": {"allowed_models": ["afb", "open"], "pools": ["default"]},
-                              "B": {"allowed_models": ["secret"]}, "C": {"allowed_models": ["*"]}},
-                  "keys": [ea, eb, ec], "retry": {"attempts": 2, "backoff_s": 0}, "health": {"enabled": False}})
+    gw = gateway(
+        {
+            "backends": [
+                {"name": "down", "kind": "mock", "base_url": "http://127.0.0.1:9", "models": ["x"]},
+                {"name": "s", "kind": "mock", "base_url": eng.root, "models": ["x"]},
+                {"name": "sh", "kind": "mock", "base_url": shadow.root, "models": ["x"], "pool": "canary"},
+            ],
+            "models": {
+                "afb": {"targets": [{"backend": "down"}], "fallback": [{"model": "secret"}]},
+                "secret": {"targets": [{"backend": "s"}]},
+                "open": {"targets": [{"backend": "s"}], "shadow": {"target": {"backend": "sh"}, "sample_rate": 1.0}},
+            },
+            "tenants": {
+                "A": {"allowed_models": ["afb", "open"], "pools": ["default"]},
+                "B": {"allowed_models": ["secret"]},
+                "C": {"allowed_models": ["*"]},
+            },
+            "keys": [ea, eb, ec],
+            "retry": {"attempts": 2, "backoff_s": 0},
+            "health": {"enabled": False},
+        }
+    )
     url = gw.url + "/chat/completions"
     assert post(url, _chat("secret"), ka)[0] == 403
     for _ in range(3):
@@ -183,13 +220,27 @@ def _canary_setup(gateway: Any, mock_engine: Any, canary_weight: float, **over: 
     canary = mock_engine("--dialect", "vllm", "--output-tokens", "2")
     key, entry = gateway_key("k1", "t")
     env = over.pop("env", None)
-    gw = gateway({"backends": [{"name": "stable", "kind": "mock", "base_url": stable.root, "models": ["m"],
-                                "pool": "a"},
-                               {"name": "canary", "kind": "mock", "base_url": canary.root, "models": ["m"],
-                                "pool": "b"}],
-                  "models": {"m": {"targets": [{"backend": "stable", "weight": 100 - canary_weight},
-                                               {"backend": "canary", "weight": canary_weight}]}},
-                  "tenants": {"t": {}}, "keys": [entry], "health": {"enabled": False}, **over}, env=env)
+    gw = gateway(
+        {
+            "backends": [
+                {"name": "stable", "kind": "mock", "base_url": stable.root, "models": ["m"], "pool": "a"},
+                {"name": "canary", "kind": "mock", "base_url": canary.root, "models": ["m"], "pool": "b"},
+            ],
+            "models": {
+                "m": {
+                    "targets": [
+                        {"backend": "stable", "weight": 100 - canary_weight},
+                        {"backend": "canary", "weight": canary_weight},
+                    ]
+                }
+            },
+            "tenants": {"t": {}},
+            "keys": [entry],
+            "health": {"enabled": False},
+            **over,
+        },
+        env=env,
+    )
     return gw, key, stable, canary
 
 
@@ -217,8 +268,13 @@ def test_client_request_id_steers_nothing_and_is_logged_apart(gateway: Any, mock
 
 
 def test_session_affinity_is_opt_in_and_keyed_by_hmac(gateway: Any, mock_engine: Any) -> None:
-    gw, key, _, _ = _canary_setup(gateway, mock_engine, 50, routing={"session_header": "X-Session-ID"},
-                                  env={"SERVELAB_SESSION_SECRET": "s3cret-for-tests"})
+    gw, key, _, _ = _canary_setup(
+        gateway,
+        mock_engine,
+        50,
+        routing={"session_header": "X-Session-ID"},
+        env={"SERVELAB_SESSION_SECRET": "s3cret-for-tests"},
+    )
     url = gw.url + "/chat/completions"
     for sess in ("alpha", "beta", "gamma"):
         n0 = len(gw.access_records())
@@ -238,9 +294,15 @@ def test_session_affinity_is_opt_in_and_keyed_by_hmac(gateway: Any, mock_engine:
 def test_deeply_nested_body_is_400_not_500(gateway: Any, mock_engine: Any) -> None:
     eng = mock_engine("--dialect", "vllm", "--output-tokens", "2")
     key, entry = gateway_key("k1", "t")
-    gw = gateway({"server": {"max_json_depth": 40},
-                  "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
-                  "models": {"m": {"targets": [{"backend": "b"}]}}, "tenants": {"t": {}}, "keys": [entry]})
+    gw = gateway(
+        {
+            "server": {"max_json_depth": 40},
+            "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
+            "models": {"m": {"targets": [{"backend": "b"}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+        }
+    )
     url = gw.url + "/chat/completions"
     for depth in (41, 300, 1000, 5000):
         deep = b"[" * depth + b"]" * depth
@@ -255,9 +317,15 @@ def test_deeply_nested_body_is_400_not_500(gateway: Any, mock_engine: Any) -> No
 
 def test_health_live_is_always_200(gateway: Any, tmp_path: Path) -> None:
     key, entry = gateway_key("k1", "t")
-    gw = gateway({"backends": [{"name": "b", "kind": "mock", "base_url": "http://127.0.0.1:9", "models": ["m"]}],
-                  "models": {"m": {"targets": [{"backend": "b"}]}}, "tenants": {"t": {}}, "keys": [entry],
-                  "health": {"interval_s": 0.2, "timeout_s": 0.2}})
+    gw = gateway(
+        {
+            "backends": [{"name": "b", "kind": "mock", "base_url": "http://127.0.0.1:9", "models": ["m"]}],
+            "models": {"m": {"targets": [{"backend": "b"}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+            "health": {"interval_s": 0.2, "timeout_s": 0.2},
+        }
+    )
     time.sleep(1.0)
     st, _, raw = post(gw.root + "/health", None)
     assert st == 503 and "no backend is up" in orjson.loads(raw)["reasons"]

@@ -11,8 +11,16 @@ from collections.abc import Iterator
 import pytest
 from services import free_port, redis_server
 
-from servelab.gateway.breaker import (CLOSED, HALF_OPEN, OPEN, BreakerBoard, BreakerSettings, CircuitBreaker,
-                                      RetryBudget, backoff_s)
+from servelab.gateway.breaker import (
+    CLOSED,
+    HALF_OPEN,
+    OPEN,
+    BreakerBoard,
+    BreakerSettings,
+    CircuitBreaker,
+    RetryBudget,
+    backoff_s,
+)
 
 
 class Clock:
@@ -70,7 +78,7 @@ def test_error_rate_over_window_needs_min_requests_and_forgets_old_events() -> N
 
 def test_error_rate_below_threshold_stays_closed() -> None:
     br, c = mk(consecutive_failures=100, error_rate=0.5, window_s=10, min_requests=10)
-    for i in range(100):
+    for _ in range(100):
         c.t += 0.05
         ok(br, 2)
         fail(br)  # 33 %
@@ -146,8 +154,10 @@ def test_reconfigure_keeps_state_and_applies_new_thresholds() -> None:
     assert board.snapshot()["a"]["open_reason"] == "consecutive"
 
 
-@pytest.mark.parametrize("kw", [dict(consecutive_failures=0), dict(error_rate=0), dict(error_rate=1.5),
-                                dict(open_s=0), dict(half_open_probes=0)])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(consecutive_failures=0), dict(error_rate=0), dict(error_rate=1.5), dict(open_s=0), dict(half_open_probes=0)],
+)
 def test_bad_settings_raise(kw: dict) -> None:
     with pytest.raises(ValueError):
         BreakerSettings(**kw)
@@ -172,7 +182,7 @@ def test_retry_budget_is_ratio_of_recent_requests_plus_floor() -> None:
 def test_backoff_full_jitter_bounds_and_spread() -> None:
     rng = random.Random(7)
     xs = [backoff_s(3, base_s=0.1, cap_s=10, rng=rng) for _ in range(4000)]
-    assert 0 <= min(xs) and max(xs) <= 0.4
+    assert min(xs) >= 0 and max(xs) <= 0.4
     assert 0.18 < sum(xs) / len(xs) < 0.22  # uniform(0, 0.4): mean 0.2
     assert max(backoff_s(50, base_s=0.1, cap_s=2.0, rng=rng) for _ in range(200)) <= 2.0
     with pytest.raises(ValueError):
@@ -188,11 +198,16 @@ def redis_port() -> Iterator[int]:
 
 async def _boards(port: int, open_s: float, prefix: str) -> tuple[BreakerBoard, BreakerBoard, object, object]:
     import redis.asyncio as aioredis
+
     ra = aioredis.Redis(host="127.0.0.1", port=port)
     rb = aioredis.Redis(host="127.0.0.1", port=port)
     s = BreakerSettings(consecutive_failures=2, open_s=open_s)
-    return (BreakerBoard(s, redis=ra, prefix=prefix, sync_interval_s=0.05),
-            BreakerBoard(s, redis=rb, prefix=prefix, sync_interval_s=0.05), ra, rb)
+    return (
+        BreakerBoard(s, redis=ra, prefix=prefix, sync_interval_s=0.05),
+        BreakerBoard(s, redis=rb, prefix=prefix, sync_interval_s=0.05),
+        ra,
+        rb,
+    )
 
 
 def test_open_state_is_shared_between_replicas_and_expires_by_itself(redis_port: int) -> None:

@@ -37,10 +37,14 @@ HEADER_S = 10.0  # the default: the flood must not be ended by the header timeou
 
 
 def _cfg(mock_root: str, entry: dict[str, str], **server: Any) -> dict[str, Any]:
-    return {"server": {"header_timeout_s": HEADER_S, **server},
-            "backends": [{"name": "b", "kind": "mock", "base_url": mock_root, "models": ["m"]}],
-            "models": {"m": {"targets": [{"backend": "b"}]}},
-            "tenants": {"t": {}}, "keys": [entry], "health": {"enabled": False}}
+    return {
+        "server": {"header_timeout_s": HEADER_S, **server},
+        "backends": [{"name": "b", "kind": "mock", "base_url": mock_root, "models": ["m"]}],
+        "models": {"m": {"targets": [{"backend": "b"}]}},
+        "tenants": {"t": {}},
+        "keys": [entry],
+        "health": {"enabled": False},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +68,15 @@ def _chat() -> bytes:
     return orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
 
 
-def _request(url: str, path: str, key: str | None = None, source: str = "127.0.0.1", body: bytes | None = None,
-             headers: dict[str, str] | None = None, timeout_s: float = 8.0) -> tuple[int, bytes]:
+def _request(
+    url: str,
+    path: str,
+    key: str | None = None,
+    source: str = "127.0.0.1",
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 8.0,
+) -> tuple[int, bytes]:
     """One request on a fresh connection from ``source``: (status, body); a refused or reset connection
     is status 0."""
     host, port = _addr(url)
@@ -103,8 +114,14 @@ class Flood:
     ``first`` (one byte of a request line: header-incomplete), re-opening every one the server closes,
     every ``every_s`` seconds, until :meth:`stop`. :attr:`opened` counts connections opened in all."""
 
-    def __init__(self, addr: tuple[str, int], sources: tuple[str, ...], per_source: int, first: bytes = b"P",
-                 every_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        addr: tuple[str, int],
+        sources: tuple[str, ...],
+        per_source: int,
+        first: bytes = b"P",
+        every_s: float = 0.1,
+    ) -> None:
         self.addr, self.sources, self.per_source, self.first, self.every_s = addr, sources, per_source, first, every_s
         self.opened = 0
         self._stop = threading.Event()
@@ -198,8 +215,10 @@ def _slow_body(addr: tuple[str, int], source: str, key: str, xff: str | None = N
     s.settimeout(5)
     s.connect(addr)
     extra = f"X-Forwarded-For: {xff}\r\n" if xff else ""
-    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-              f"Content-Type: application/json\r\n{extra}Content-Length: 100\r\n\r\n{{".encode())
+    s.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\n{extra}Content-Length: 100\r\n\r\n{{".encode()
+    )
     return s
 
 
@@ -240,8 +259,9 @@ def test_per_client_cap_behind_a_trusted_proxy_counts_x_forwarded_for(tmp_path: 
     request of 203.0.113.5 while two are in progress gets 429; 203.0.113.6 through the same proxy is
     served; the header sent by an untrusted peer (127.0.0.2) is ignored, so that peer is served."""
     key, entry = gateway_key("k1", "t")
-    gw = start_gateway(_cfg(mock.root, entry, max_connections_per_client=2, trusted_proxies=["127.0.0.1"]),
-                       tmp_path / "gw")
+    gw = start_gateway(
+        _cfg(mock.root, entry, max_connections_per_client=2, trusted_proxies=["127.0.0.1"]), tmp_path / "gw"
+    )
     addr = _addr(gw.url)
     busy = [_slow_body(addr, "127.0.0.1", key, xff="203.0.113.5") for _ in range(2)]
     try:
@@ -249,8 +269,12 @@ def test_per_client_cap_behind_a_trusted_proxy_counts_x_forwarded_for(tmp_path: 
         xff = {"X-Forwarded-For": "203.0.113.5"}
         st, body = _request(gw.url, "/chat/completions", key, "127.0.0.1", _chat(), headers=xff)
         assert st == 429 and orjson.loads(body)["error"]["code"] == "too_many_connections", (st, body)
-        assert _request(gw.url, "/chat/completions", key, "127.0.0.1", _chat(),
-                        headers={"X-Forwarded-For": "203.0.113.6"})[0] == 200
+        assert (
+            _request(
+                gw.url, "/chat/completions", key, "127.0.0.1", _chat(), headers={"X-Forwarded-For": "203.0.113.6"}
+            )[0]
+            == 200
+        )
         assert _request(gw.url, "/chat/completions", key, "127.0.0.2", _chat(), headers=xff)[0] == 200
         # the proxy's own connections are not capped at 2: many requests through it at once are served
         assert _request(gw.url, "/chat/completions", key, "127.0.0.1", _chat())[0] == 200

@@ -61,19 +61,35 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if shutil.which("prometheus") is None:
         pytest.skip("no prometheus (apt-get install -y prometheus)")
     folder = tmp_path_factory.mktemp("dashboard")
-    good = start_mock_process("--dialect", "vllm", "--ttft-ms", "5", "--itl-ms", "2", "--output-tokens", "8",
-                              "--prefix-cache-blocks", "64")  # it reports KV use only with a cache
+    good = start_mock_process(
+        "--dialect", "vllm", "--ttft-ms", "5", "--itl-ms", "2", "--output-tokens", "8", "--prefix-cache-blocks", "64"
+    )  # it reports KV use only with a cache
     bad = start_mock_process("--dialect", "vllm", "--stream-error-rate", "1.0", "--output-tokens", "8")
     key, entry = gateway_key("k1", "t")
     key_lim, entry_lim = gateway_key("k2", "lim")
-    cfg = {"backends": [{"name": "good", "kind": "vllm", "base_url": good.root, "models": ["up-m"]},
-                        {"name": "bad", "kind": "vllm", "base_url": bad.root, "models": ["up-f"]},
-                        {"name": "dead", "kind": "vllm", "base_url": "http://127.0.0.1:9", "models": ["up-d"],
-                         "connect_timeout_s": 0.5}],
-           "models": {"m": {"targets": [{"backend": "good"}]}, "flaky": {"targets": [{"backend": "bad"}]},
-                      "m2": {"targets": [{"backend": "dead"}], "fallback": [{"model": "m"}]}},
-           "tenants": {"t": {}, "lim": {"rpm": 1}}, "keys": [entry, entry_lim],
-           "server": {"public_metrics": True}, "health": {"interval_s": 0.5}, "retry": {"backoff_s": 0.01}}
+    cfg = {
+        "backends": [
+            {"name": "good", "kind": "vllm", "base_url": good.root, "models": ["up-m"]},
+            {"name": "bad", "kind": "vllm", "base_url": bad.root, "models": ["up-f"]},
+            {
+                "name": "dead",
+                "kind": "vllm",
+                "base_url": "http://127.0.0.1:9",
+                "models": ["up-d"],
+                "connect_timeout_s": 0.5,
+            },
+        ],
+        "models": {
+            "m": {"targets": [{"backend": "good"}]},
+            "flaky": {"targets": [{"backend": "bad"}]},
+            "m2": {"targets": [{"backend": "dead"}], "fallback": [{"model": "m"}]},
+        },
+        "tenants": {"t": {}, "lim": {"rpm": 1}},
+        "keys": [entry, entry_lim],
+        "server": {"public_metrics": True},
+        "health": {"interval_s": 0.5},
+        "retry": {"backoff_s": 0.01},
+    }
     gw = start_gateway(cfg, folder / "gw")
     prom = start_prometheus(folder, [gw.root.split("//", 1)[1]])
     url = prom.url
@@ -84,8 +100,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                if len(_query(url, 'count_over_time(up{job="servelab-gateway"}[1m])')) and \
-                        float(_query(url, 'count_over_time(up{job="servelab-gateway"}[1m])')[0]["value"][1]) >= 4:
+                if (
+                    len(_query(url, 'count_over_time(up{job="servelab-gateway"}[1m])'))
+                    and float(_query(url, 'count_over_time(up{job="servelab-gateway"}[1m])')[0]["value"][1]) >= 4
+                ):
                     break
             except OSError:
                 pass
@@ -118,7 +136,12 @@ def test_dashboard_imports_as_is_with_the_datasource_as_a_variable() -> None:
 
 
 def test_cli_prints_the_dashboard() -> None:
-    out = subprocess.run([sys.executable, "-m", "servelab.cli", "gateway", "dashboard"], capture_output=True,
-                         text=True, timeout=60, cwd=Path(__file__).parent)
+    out = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "gateway", "dashboard"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parent,
+    )
     assert out.returncode == 0, out.stderr
     assert orjson.loads(out.stdout) == dashboard()

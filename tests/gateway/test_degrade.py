@@ -48,16 +48,25 @@ def test_engine_500_or_timeout_before_the_first_byte_reaches_the_fallback(gatewa
     hung = mock_engine("--dialect", "sglang", "--ttft-ms", "3000")
     small = mock_engine("--dialect", "llamacpp", "--output-tokens", "3")
     key, entry = gateway_key("k1", "t")
-    gw = gateway({
-        "backends": [{"name": "broken", "kind": "vllm", "base_url": broken.root, "models": ["big"]},
-                     {"name": "hung", "kind": "sglang", "base_url": hung.root, "models": ["big"],
-                      "read_timeout_s": 0.5},
-                     {"name": "small", "kind": "llamacpp", "base_url": small.root, "models": ["small"]}],
-        "models": {"big": {"targets": [{"backend": "broken"}], "fallback": [{"model": "small"}]},
-                   "slow": {"targets": [{"backend": "hung"}], "fallback": [{"model": "small"}]},
-                   "small": {"targets": [{"backend": "small"}]}},
-        "tenants": {"t": {}}, "keys": [entry], "retry": {"attempts": 2, "backoff_s": 0.01},
-        "health": {"enabled": False}, "breaker": {"consecutive_failures": 1000, "min_requests": 100_000}})
+    gw = gateway(
+        {
+            "backends": [
+                {"name": "broken", "kind": "vllm", "base_url": broken.root, "models": ["big"]},
+                {"name": "hung", "kind": "sglang", "base_url": hung.root, "models": ["big"], "read_timeout_s": 0.5},
+                {"name": "small", "kind": "llamacpp", "base_url": small.root, "models": ["small"]},
+            ],
+            "models": {
+                "big": {"targets": [{"backend": "broken"}], "fallback": [{"model": "small"}]},
+                "slow": {"targets": [{"backend": "hung"}], "fallback": [{"model": "small"}]},
+                "small": {"targets": [{"backend": "small"}]},
+            },
+            "tenants": {"t": {}},
+            "keys": [entry],
+            "retry": {"attempts": 2, "backoff_s": 0.01},
+            "health": {"enabled": False},
+            "breaker": {"consecutive_failures": 1000, "min_requests": 100_000},
+        }
+    )
     for model in ("big", "slow"):
         for stream in (False, True):
             st, h, raw = post(gw.url + "/chat/completions", _chat(model, stream), key)
@@ -94,28 +103,64 @@ def _metric(gw: Any, needle: str) -> float:
 
 
 def test_degrade_rules_by_priority_class_under_pressure(gateway: Any, mock_engine: Any) -> None:
-    big = mock_engine("--dialect", "vllm", "--model", "big", "--ttft-ms", "300", "--itl-ms", "600",
-                      "--output-tokens", "8")
+    big = mock_engine(
+        "--dialect", "vllm", "--model", "big", "--ttft-ms", "300", "--itl-ms", "600", "--output-tokens", "8"
+    )
     slow = mock_engine("--dialect", "vllm", "--model", "slow", "--ttft-ms", "250", "--output-tokens", "8")
     small = mock_engine("--dialect", "vllm", "--model", "small", "--output-tokens", "8")
     keys = {p: gateway_key(f"k_{p}", "t") for p in ("standard", "batch", "low", "bulk", "offline")}
     for p in ("batch", "low", "bulk", "offline"):
         keys[p][1]["priority"] = p
-    gw = gateway({
-        "backends": [{"name": "big", "kind": "vllm", "base_url": big.root, "models": ["big"], "max_in_flight": 4},
-                     {"name": "slow", "kind": "vllm", "base_url": slow.root, "models": ["slow"]},
-                     {"name": "small", "kind": "vllm", "base_url": small.root, "models": ["small"]}],
-        "models": {"big": {"targets": [{"backend": "big"}]}, "slow": {"targets": [{"backend": "slow"}]},
-                   "small": {"targets": [{"backend": "small"}]}},
-        "tenants": {"t": {}}, "keys": [k[1] for k in keys.values()], "health": {"enabled": False},
-        "degrade": {"min_samples": 3, "window_s": 60, "rules": [
-            {"name": "batch-to-small", "priorities": ["batch"], "when": {"in_flight_ratio": 0.25, "ttft_p95_ms": 200},
-             "route_to": "small"},
-            {"name": "low-short", "priorities": ["low"], "models": ["big"], "when": {"in_flight": 1}, "max_tokens": 3},
-            {"name": "bulk-no-long", "priorities": ["bulk"], "when": {"in_flight": 1}, "max_prompt_tokens": 20,
-             "retry_after_s": 7},
-            {"name": "pause-offline", "priorities": ["offline"], "when": {"in_flight": 1}, "pause": True,
-             "retry_after_s": 3}]}})
+    gw = gateway(
+        {
+            "backends": [
+                {"name": "big", "kind": "vllm", "base_url": big.root, "models": ["big"], "max_in_flight": 4},
+                {"name": "slow", "kind": "vllm", "base_url": slow.root, "models": ["slow"]},
+                {"name": "small", "kind": "vllm", "base_url": small.root, "models": ["small"]},
+            ],
+            "models": {
+                "big": {"targets": [{"backend": "big"}]},
+                "slow": {"targets": [{"backend": "slow"}]},
+                "small": {"targets": [{"backend": "small"}]},
+            },
+            "tenants": {"t": {}},
+            "keys": [k[1] for k in keys.values()],
+            "health": {"enabled": False},
+            "degrade": {
+                "min_samples": 3,
+                "window_s": 60,
+                "rules": [
+                    {
+                        "name": "batch-to-small",
+                        "priorities": ["batch"],
+                        "when": {"in_flight_ratio": 0.25, "ttft_p95_ms": 200},
+                        "route_to": "small",
+                    },
+                    {
+                        "name": "low-short",
+                        "priorities": ["low"],
+                        "models": ["big"],
+                        "when": {"in_flight": 1},
+                        "max_tokens": 3,
+                    },
+                    {
+                        "name": "bulk-no-long",
+                        "priorities": ["bulk"],
+                        "when": {"in_flight": 1},
+                        "max_prompt_tokens": 20,
+                        "retry_after_s": 7,
+                    },
+                    {
+                        "name": "pause-offline",
+                        "priorities": ["offline"],
+                        "when": {"in_flight": 1},
+                        "pause": True,
+                        "retry_after_s": 3,
+                    },
+                ],
+            },
+        }
+    )
     url = gw.url + "/chat/completions"
 
     def ask(prio: str, model: str = "big", **kw: Any) -> tuple[int, dict[str, str], bytes]:
@@ -135,8 +180,7 @@ def test_degrade_rules_by_priority_class_under_pressure(gateway: Any, mock_engin
     st, h, raw = ask("batch")  # in_flight_ratio 1/4 >= 0.25: routed to the cheaper model
     rec = _rec(gw, h["X-Request-ID"])
     assert st == 200 and rec["model"] == "small" and rec["backend"] == "small", rec
-    assert rec["degraded"] == {"rule": "batch-to-small", "priority": "batch", "from_model": "big",
-                               "actions": ["route"]}
+    assert rec["degraded"] == {"rule": "batch-to-small", "priority": "batch", "from_model": "big", "actions": ["route"]}
     assert orjson.loads(raw)["model"] == "small"
     st, h, raw = ask("low", max_tokens=8)  # in_flight 1 >= 1: output capped at 3
     rec = _rec(gw, h["X-Request-ID"])

@@ -29,26 +29,35 @@ _LEFT = re.compile(r"\((\d+) tokens\) (?:has (\d+) tokens left|is used up)")
 
 
 def _config(eng_root: str, entry: dict[str, str], tenant: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"backends": [{"name": "b", "kind": "mock", "base_url": eng_root, "models": ["m"]}],
-            "models": {"m": {"targets": [{"backend": "b"}]}},
-            "tenants": {"t": tenant}, "keys": [entry], **extra}
+    return {
+        "backends": [{"name": "b", "kind": "mock", "base_url": eng_root, "models": ["m"]}],
+        "models": {"m": {"targets": [{"backend": "b"}]}},
+        "tenants": {"t": tenant},
+        "keys": [entry],
+        **extra,
+    }
 
 
 def _usage(gw: GatewayProcess, group_by: str = "outcome") -> dict[Any, dict[str, Any]]:
-    req = urllib.request.Request(f"{gw.admin_url}/admin/usage?group_by={group_by}",
-                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    req = urllib.request.Request(
+        f"{gw.admin_url}/admin/usage?group_by={group_by}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         return {t[group_by]: t for t in orjson.loads(r.read())["totals"]}
 
 
 async def _chat(s: aiohttp.ClientSession, gw: GatewayProcess, key: str, max_tokens: int) -> tuple[int, dict[str, Any]]:
-    async with s.post(f"{gw.url}/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                      json={"model": "m", "messages": PROMPT, "max_tokens": max_tokens}) as r:
+    async with s.post(
+        f"{gw.url}/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "m", "messages": PROMPT, "max_tokens": max_tokens},
+    ) as r:
         return r.status, await r.json()
 
 
 def _finished(gw: GatewayProcess, key: str, n: int, max_tokens: int) -> tuple[int, int]:
     """``n`` non-streamed requests; returns (total tokens the engine reported, prompt tokens of one)."""
+
     async def go() -> list[dict[str, Any]]:
         async with aiohttp.ClientSession() as s:
             out = []
@@ -57,15 +66,18 @@ def _finished(gw: GatewayProcess, key: str, n: int, max_tokens: int) -> tuple[in
                 assert st == 200, body
                 out.append(body["usage"])
             return out
+
     usages = asyncio.run(go())
     return sum(u["total_tokens"] for u in usages), usages[0]["prompt_tokens"]
 
 
 def _probe_spend(gw: GatewayProcess, key: str, budget: int, max_tokens: int) -> int:
     """Send one request that the budget must refuse; return the spend the 429 reveals (budget - left)."""
+
     async def go() -> tuple[int, dict[str, Any]]:
         async with aiohttp.ClientSession() as s:
             return await _chat(s, gw, key, max_tokens)
+
     st, body = asyncio.run(go())
     assert st == 429, f"the budget forgot the spend before the restart: got {st} {body}"
     assert body["error"]["code"] == "insufficient_quota", body
@@ -81,8 +93,9 @@ def pg_dsn() -> Any:
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
-def test_kill9_mid_stream_leaves_incomplete_rows_and_budget_counts_them(tmp_path: Path, mock_engine, store: str,
-                                                                        request: pytest.FixtureRequest) -> None:
+def test_kill9_mid_stream_leaves_incomplete_rows_and_budget_counts_them(
+    tmp_path: Path, mock_engine, store: str, request: pytest.FixtureRequest
+) -> None:
     eng = mock_engine("--dialect", "vllm", "--itl-ms", "50", "--output-tokens", "400")
     key, entry = gateway_key("k1", "t")
     folder = tmp_path / "gw"
@@ -96,8 +109,11 @@ def test_kill9_mid_stream_leaves_incomplete_rows_and_budget_counts_them(tmp_path
         received = [0] * n_streams
 
         async def stream(i: int, s: aiohttp.ClientSession) -> None:
-            async with s.post(f"{gw.url}/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                              json={"model": "m", "messages": PROMPT, "max_tokens": 400, "stream": True}) as r:
+            async with s.post(
+                f"{gw.url}/chat/completions",
+                headers={"Authorization": f"Bearer {key}"},
+                json={"model": "m", "messages": PROMPT, "max_tokens": 400, "stream": True},
+            ) as r:
                 assert r.status == 200
                 with contextlib.suppress(aiohttp.ClientError):  # the gateway dies under the stream
                     async for line in r.content:
@@ -140,8 +156,9 @@ def test_kill9_mid_stream_leaves_incomplete_rows_and_budget_counts_them(tmp_path
 
 def _pg(cluster: Any, action: str) -> None:
     fast = ["-m", "fast"] if action == "stop" else []
-    r = subprocess.run(["pg_ctlcluster", PG_VERSION, cluster.name, action, *fast], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        ["pg_ctlcluster", PG_VERSION, cluster.name, action, *fast], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     if action == "start":
         assert _wait_port(cluster.port, 30)
@@ -187,8 +204,9 @@ def test_spool_path_is_configurable_and_a_bad_one_is_one_line(tmp_path: Path, mo
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     with pytest.raises(RuntimeError) as e:
-        start_gateway(_config(eng.root, entry, {}, ledger={"sqlite_path": "u.db", "spool_path": str(blocker)}),
-                      tmp_path / "bad")
+        start_gateway(
+            _config(eng.root, entry, {}, ledger={"sqlite_path": "u.db", "spool_path": str(blocker)}), tmp_path / "bad"
+        )
     err = (tmp_path / "bad" / "gateway.stderr").read_text().strip()
     assert err.startswith("servelab: error: ") and err.count("\n") == 0 and "Traceback" not in err, err
     assert f"ledger.spool_path: cannot use {blocker}" in err, (err, e.value)
@@ -201,6 +219,7 @@ def test_token_budget_survives_restart(tmp_path: Path, mock_engine, state: str) 
     folder = tmp_path / "gw"
     with redis_server() as rs:
         extra = {"state": {"redis_url": rs.url}} if state == "redis_flushed" else {}
+
         # SQLite: the key's own budget (memory limiter); Redis: the tenant's shared budget (tenant scope)
         def tenant(b: int) -> dict[str, Any]:
             return {"token_budget": b} if state == "sqlite" else {"shared_limits": {"token_budget": b}}
@@ -291,16 +310,19 @@ def test_gateway_starts_while_postgres_is_down_and_serves_once_it_is_back(tmp_pa
     key, entry = gateway_key("k1", "t")
     with postgres_cluster() as pg:
         _pg(pg, "stop")
-        gw = start_gateway(_config(eng.root, entry, {"token_budget": 10_000}, ledger={"postgres_dsn": pg.dsn}),
-                           tmp_path / "gw")
+        gw = start_gateway(
+            _config(eng.root, entry, {"token_budget": 10_000}, ledger={"postgres_dsn": pg.dsn}), tmp_path / "gw"
+        )
         try:
             st, _, health = _get(gw.url.removesuffix("/v1") + "/health")
             assert st == 503 and health["status"] == "unavailable", health
             assert any("ledger.postgres_dsn" in r and "unreachable" in r for r in health["reasons"]), health
             assert _get(gw.url.removesuffix("/v1") + "/health/live")[0] == 200
-            req = urllib.request.Request(f"{gw.url}/chat/completions", data=orjson.dumps(
-                {"model": "m", "messages": PROMPT, "max_tokens": 3}), headers={
-                "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+            req = urllib.request.Request(
+                f"{gw.url}/chat/completions",
+                data=orjson.dumps({"model": "m", "messages": PROMPT, "max_tokens": 3}),
+                headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+            )
             try:
                 urllib.request.urlopen(req, timeout=10)
                 raise AssertionError("served while the ledger was down at start")

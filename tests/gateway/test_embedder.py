@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from servelab.engines.llamacpp import find_llama_server
 from servelab.engines import embedder
 from servelab.engines.embedder import EMBEDDING_DIM, MAX_INPUT_TOKENS, MODEL_ID, EmbeddingLauncher
+from servelab.engines.llamacpp import find_llama_server
 from servelab.wire import ConfigError
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "embedding_reference.json").read_text(encoding="utf-8"))
@@ -65,7 +65,7 @@ def test_launcher_command_line() -> None:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def engine(tmp_path_factory: pytest.TempPathFactory):
     if find_llama_server() is None:
         msg = "no cached llama-server (run `servelab engine build llamacpp`)"
         if os.environ.get("SERVELAB_REQUIRE_ENGINE"):
@@ -77,8 +77,9 @@ def engine(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 
 
 def _post(eng: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(eng.base_url + "/embeddings", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        eng.base_url + "/embeddings", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -96,7 +97,7 @@ def test_vectors_match_reference_in_one_batch(engine: Any) -> None:
     status, body = _post(engine, {"model": MODEL_ID, "input": [it["text"] for it in items]})
     assert status == 200, body
     assert [d["index"] for d in body["data"]] == list(range(len(items)))
-    for it, d in zip(items, body["data"]):
+    for it, d in zip(items, body["data"], strict=True):
         v = np.asarray(d["embedding"])
         assert v.shape == (EMBEDDING_DIM,)
         assert abs(np.linalg.norm(v) - 1.0) < 1e-4, it["text"]  # L2-normalised like the Normalize module
@@ -118,8 +119,11 @@ def test_single_inputs_token_ids_and_base64(engine: Any) -> None:
 
 
 def test_meaning_orders_similarity(engine: Any) -> None:
-    texts = ["A man is eating food.", "A man is eating a piece of bread.",
-             "The quick brown fox jumps over the lazy dog."]
+    texts = [
+        "A man is eating food.",
+        "A man is eating a piece of bread.",
+        "The quick brown fox jumps over the lazy dog.",
+    ]
     _, body = _post(engine, {"model": MODEL_ID, "input": texts})
     a, b, c = (d["embedding"] for d in body["data"])
     assert _cos(a, b) > 0.6 > _cos(a, c)

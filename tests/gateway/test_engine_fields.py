@@ -23,12 +23,24 @@ from servelab.gateway.enginefields import ENGINE_FIELDS
 from servelab.wire.errors import ConfigError
 
 #: what the attacking client sends beside its messages (issue 21 item 3, plus SGLang's and TGI's)
-HOSTILE = {"priority": -1000, "kv_transfer_params": {"do_remote_prefill": True, "remote_host": "10.0.0.9"},
-           "chat_template": "{{ 'owned' }}", "chat_template_kwargs": {"enable_thinking": False},
-           "vllm_xargs": {"x": 1}, "rid": "victim-request", "bootstrap_host": "10.0.0.9", "bootstrap_room": 7,
-           "custom_logit_processor": "gASV...", "return_hidden_states": True, "logits_processors": ["os.system"],
-           "cache_salt": "other-team", "request_id": "victim", "lora_path": "/tmp/x", "tool_prompt": "x",
-           "id_slot": 0}
+HOSTILE = {
+    "priority": -1000,
+    "kv_transfer_params": {"do_remote_prefill": True, "remote_host": "10.0.0.9"},
+    "chat_template": "{{ 'owned' }}",
+    "chat_template_kwargs": {"enable_thinking": False},
+    "vllm_xargs": {"x": 1},
+    "rid": "victim-request",
+    "bootstrap_host": "10.0.0.9",
+    "bootstrap_room": 7,
+    "custom_logit_processor": "gASV...",
+    "return_hidden_states": True,
+    "logits_processors": ["os.system"],
+    "cache_salt": "other-team",
+    "request_id": "victim",
+    "lora_path": "/tmp/x",
+    "tool_prompt": "x",
+    "id_slot": 0,
+}
 
 
 class SpyEngine:
@@ -54,16 +66,27 @@ class SpyEngine:
             if body.get("stream"):
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
                 await resp.prepare(request)
-                chunk = {"id": "c", "object": "chat.completion.chunk", "model": body.get("model"),
-                         "choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"},
-                                      "finish_reason": "stop"}]}
+                chunk = {
+                    "id": "c",
+                    "object": "chat.completion.chunk",
+                    "model": body.get("model"),
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                }
                 await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
                 await resp.write(b"data: " + orjson.dumps({**chunk, "choices": [], "usage": usage}) + b"\n\n")
                 await resp.write(b"data: [DONE]\n\n")
                 return resp
-            return web.json_response({"id": "c", "object": "chat.completion", "model": body.get("model"),
-                                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                                                   "finish_reason": "stop"}], "usage": usage})
+            return web.json_response(
+                {
+                    "id": "c",
+                    "object": "chat.completion",
+                    "model": body.get("model"),
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+                    ],
+                    "usage": usage,
+                }
+            )
 
         async def health(request: web.Request) -> web.Response:
             return web.json_response({})
@@ -110,18 +133,29 @@ def spies() -> Iterator[Any]:
         s.stop()
 
 
-def _config(primary: SpyEngine, shadow: SpyEngine, entries: list[dict[str, str]], fields: dict[str, Any] | None,
-            shadow_kind: str = "sglang") -> dict[str, Any]:
+def _config(
+    primary: SpyEngine,
+    shadow: SpyEngine,
+    entries: list[dict[str, str]],
+    fields: dict[str, Any] | None,
+    shadow_kind: str = "sglang",
+) -> dict[str, Any]:
     """Model m on a vLLM-kind primary, mirrored (every request) to a ``shadow_kind`` backend."""
-    model: dict[str, Any] = {"targets": [{"backend": "v"}],
-                             "shadow": {"target": {"backend": "s", "model": "m-new"}, "sample_rate": 1.0}}
+    model: dict[str, Any] = {
+        "targets": [{"backend": "v"}],
+        "shadow": {"target": {"backend": "s", "model": "m-new"}, "sample_rate": 1.0},
+    }
     if fields is not None:
         model["engine_fields"] = fields
-    return {"backends": [{"name": "v", "kind": "vllm", "base_url": primary.url, "models": ["m-old"]},
-                         {"name": "s", "kind": shadow_kind, "base_url": shadow.url, "models": ["m-new"]}],
-            "models": {"m": model},
-            "tenants": {"batchers": {"priority": "batch"}, "people": {"priority": "interactive"}},
-            "keys": entries}
+    return {
+        "backends": [
+            {"name": "v", "kind": "vllm", "base_url": primary.url, "models": ["m-old"]},
+            {"name": "s", "kind": shadow_kind, "base_url": shadow.url, "models": ["m-new"]},
+        ],
+        "models": {"m": model},
+        "tenants": {"batchers": {"priority": "batch"}, "people": {"priority": "interactive"}},
+        "keys": entries,
+    }
 
 
 def _chat(**extra: Any) -> dict[str, Any]:
@@ -180,8 +214,9 @@ def test_allow_list_forwards_only_what_it_names(gateway: Any, spies: Any) -> Non
     v, s = spies(), spies()
     kb, eb = gateway_key("kb", "batchers")
     gw = gateway(_config(v, s, [eb], {"allow": ["chat_template_kwargs", "priority"]}))
-    st, _, raw = post(gw.url + "/chat/completions",
-                      _chat(chat_template_kwargs={"enable_thinking": False}, priority=3), kb)
+    st, _, raw = post(
+        gw.url + "/chat/completions", _chat(chat_template_kwargs={"enable_thinking": False}, priority=3), kb
+    )
     assert st == 200, raw
     primary, shadow = v.wait_for(1), s.wait_for(1)
     assert primary[0]["chat_template_kwargs"] == {"enable_thinking": False} and primary[0]["priority"] == 3
@@ -203,8 +238,10 @@ def test_priority_is_not_sent_to_kinds_without_priority_scheduling(gateway: Any,
 
 
 def test_config_names_an_unknown_engine_field() -> None:
-    cfg = {"backends": [{"name": "v", "kind": "vllm", "base_url": "http://127.0.0.1:1", "models": ["m"]}],
-           "models": {"m": {"targets": [{"backend": "v"}], "engine_fields": {"allow": ["priorty"]}}}}
+    cfg = {
+        "backends": [{"name": "v", "kind": "vllm", "base_url": "http://127.0.0.1:1", "models": ["m"]}],
+        "models": {"m": {"targets": [{"backend": "v"}], "engine_fields": {"allow": ["priorty"]}}},
+    }
     with pytest.raises(ConfigError) as ei:
         parse_config(cfg)
     line = str(ei.value)

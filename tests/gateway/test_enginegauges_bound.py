@@ -80,8 +80,9 @@ def test_oversize_and_endless_pages_are_cut_counted_and_the_picker_falls_back_at
                 assert g.state("b") is not None and g.state("b")["running"] == 3  # type: ignore[index]
                 picker = Picker(PickerSettings("engine"), PickerState(g.state, CollectorRegistry()))
                 names = list("abc")
-                _, pick = picker.order(names, dict.fromkeys(names, 1.0), {}, dict.fromkeys(names, 0),
-                                       PickContext(tie="t"))
+                _, pick = picker.order(
+                    names, dict.fromkeys(names, 1.0), {}, dict.fromkeys(names, 0), PickContext(tie="t")
+                )
                 assert pick.how == "scored"
 
                 mode["b"], mode["c"] = "huge", "endless"
@@ -98,12 +99,22 @@ def test_oversize_and_endless_pages_are_cut_counted_and_the_picker_falls_back_at
                 assert peak < 8 * limit, f"peak {peak} B while the bound is {limit} B"
                 assert g.state("b") is None and g.state("c") is None and g.state("a") is not None
                 for n, v in (("a", 0.0), ("b", 1.0), ("c", 1.0)):
-                    assert reg.get_sample_value("servelab_gateway_engine_scrape_oversize_total",
-                                                {"backend": n, "kind": "vllm"}) == v
-                    assert reg.get_sample_value("servelab_gateway_engine_scrape_up",
-                                                {"backend": n, "kind": "vllm"}) == (1.0 if n == "a" else 0.0)
-                order, pick = picker.order(names, dict.fromkeys(names, 1.0), {"a": 2, "b": 1, "c": 0},
-                                           dict.fromkeys(names, 0), PickContext(tie="t"))
+                    assert (
+                        reg.get_sample_value(
+                            "servelab_gateway_engine_scrape_oversize_total", {"backend": n, "kind": "vllm"}
+                        )
+                        == v
+                    )
+                    assert reg.get_sample_value(
+                        "servelab_gateway_engine_scrape_up", {"backend": n, "kind": "vllm"}
+                    ) == (1.0 if n == "a" else 0.0)
+                order, pick = picker.order(
+                    names,
+                    dict.fromkeys(names, 1.0),
+                    {"a": 2, "b": 1, "c": 0},
+                    dict.fromkeys(names, 0),
+                    PickContext(tie="t"),
+                )
                 assert pick.how == "fallback_stale" and order == ["c", "b", "a"]
                 assert pick.detail.startswith("b: no gauges")
 

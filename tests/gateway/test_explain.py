@@ -39,17 +39,25 @@ def find_record(path: Any, rid: str, wait_s: float = 10.0) -> dict[str, Any]:
                 raise
             time.sleep(0.05)
 
+
 def _post(url: str, key: str, body: dict[str, Any]) -> tuple[int, str, bytes]:
     async def go() -> tuple[int, str, bytes]:
-        async with aiohttp.ClientSession() as s, s.post(url + "/chat/completions", json=body,
-                                                        headers={"Authorization": f"Bearer {key}"}) as r:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(url + "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r,
+        ):
             return r.status, r.headers["X-Request-ID"], await r.read()
+
     return asyncio.run(go())
 
 
 def _cli_explain(log: Path, rid: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "servelab.cli", "gateway", "explain", rid, "--log", str(log), *extra],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "gateway", "explain", rid, "--log", str(log), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 CHAT = {"model": "chat", "stream": True, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
@@ -60,19 +68,28 @@ def test_rate_limited_and_retried_requests_are_explained(gateway, mock_engine) -
     bad = mock_engine("--dialect", "vllm", "--model", "m", "--fail-http-rate", "1", "--fail-http-status", "503")
     key, entry = gateway_key("k1", "t")
     lkey, lentry = gateway_key("k2", "lim")
-    gw = gateway({
-        "backends": [{"name": "bad", "kind": "mock", "base_url": bad.root, "models": ["m"]},
-                     {"name": "good", "kind": "mock", "base_url": ok.root, "models": ["m"]}],
-        # the bad backend first on every request: a weight of 0 for good would drop it from the split, so the
-        # order comes from a fallback model served only by the good backend
-        "models": {"chat": {"targets": [{"backend": "bad", "model": "m"}], "fallback": [{"model": "spare"}]},
-                   "spare": {"targets": [{"backend": "good", "model": "m"}]}},
-        "tenants": {"t": {"allowed_models": ["chat", "spare"]}, "lim": {"allowed_models": ["chat", "spare"], "rpm": 1}},
-        "keys": [entry, lentry],
-        "retry": {"attempts": 2, "backoff_s": 0.01},
-        "breaker": {"consecutive_failures": 1000, "min_requests": 100_000},
-        "health": {"enabled": False},
-    })
+    gw = gateway(
+        {
+            "backends": [
+                {"name": "bad", "kind": "mock", "base_url": bad.root, "models": ["m"]},
+                {"name": "good", "kind": "mock", "base_url": ok.root, "models": ["m"]},
+            ],
+            # the bad backend first on every request: a weight of 0 for good would drop it from the split, so the
+            # order comes from a fallback model served only by the good backend
+            "models": {
+                "chat": {"targets": [{"backend": "bad", "model": "m"}], "fallback": [{"model": "spare"}]},
+                "spare": {"targets": [{"backend": "good", "model": "m"}]},
+            },
+            "tenants": {
+                "t": {"allowed_models": ["chat", "spare"]},
+                "lim": {"allowed_models": ["chat", "spare"], "rpm": 1},
+            },
+            "keys": [entry, lentry],
+            "retry": {"attempts": 2, "backoff_s": 0.01},
+            "breaker": {"consecutive_failures": 1000, "min_requests": 100_000},
+            "health": {"enabled": False},
+        }
+    )
     status, rid, body = _post(gw.url, key, CHAT)
     assert status == 200, body
     status2, rid2, _ = _post(gw.url, lkey, CHAT)
@@ -81,8 +98,19 @@ def test_rate_limited_and_retried_requests_are_explained(gateway, mock_engine) -
 
     retried = find_record(gw.access_log, rid)
     names = [e[0] for e in retried["timeline"]]
-    for ev in ("received", "checked", "admitted", "routed", "attempt", "headers", "failed", "connected",
-               "first_token", "last_token", "done"):
+    for ev in (
+        "received",
+        "checked",
+        "admitted",
+        "routed",
+        "attempt",
+        "headers",
+        "failed",
+        "connected",
+        "first_token",
+        "last_token",
+        "done",
+    ):
         assert ev in names, (ev, retried["timeline"])
     # the connector's account: the first request opened its connections, the next one reused them
     assert [e[2] for e in retried["timeline"] if e[0] == "connected"][0] == {"reused": False}, retried["timeline"]
@@ -119,23 +147,26 @@ def one_slot_llama(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_saturated_llama_server_is_explained_as_its_queue(gateway, one_slot_llama) -> None:
     key, entry = gateway_key("k1", "t")
-    gw = gateway({
-        "backends": [{"name": "llama-a", "kind": "llamacpp", "base_url": one_slot_llama.base_url,
-                      "models": ["gemma"]}],
-        "models": {"chat": {"targets": [{"backend": "llama-a", "model": "gemma"}]}},
-        "tenants": {"t": {"allowed_models": ["chat"]}},
-        "keys": [entry],
-        "health": {"interval_s": 0.2},
-    })
+    gw = gateway(
+        {
+            "backends": [
+                {"name": "llama-a", "kind": "llamacpp", "base_url": one_slot_llama.base_url, "models": ["gemma"]}
+            ],
+            "models": {"chat": {"targets": [{"backend": "llama-a", "model": "gemma"}]}},
+            "tenants": {"t": {"allowed_models": ["chat"]}},
+            "keys": [entry],
+            "health": {"interval_s": 0.2},
+        }
+    )
     body = {**CHAT, "max_tokens": 48, "temperature": 0, "messages": [{"role": "user", "content": "Count to fifty."}]}
 
     async def burst() -> list[tuple[int, str]]:
         async def one(s: aiohttp.ClientSession, delay_s: float) -> tuple[int, str]:
             await asyncio.sleep(delay_s)  # in order: the last one queues behind the others in the one slot
-            async with s.post(gw.url + "/chat/completions", json=body,
-                              headers={"Authorization": f"Bearer {key}"}) as r:
+            async with s.post(gw.url + "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
                 await r.read()
                 return r.status, r.headers["X-Request-ID"]
+
         async with aiohttp.ClientSession() as s:
             return await asyncio.gather(*(one(s, 0.05 * i) for i in range(3)))
 
@@ -157,10 +188,13 @@ def test_saturated_llama_server_is_explained_as_its_queue(gateway, one_slot_llam
     from servelab.wire.prometheus import parse_prometheus_text
 
     async def metrics() -> str:
-        async with aiohttp.ClientSession() as s, s.get(gw.admin_url + "/metrics", headers={
-                "Authorization": f"Bearer {gw.admin_token}"}) as r:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(gw.admin_url + "/metrics", headers={"Authorization": f"Bearer {gw.admin_token}"}) as r,
+        ):
             assert r.status == 200
             return await r.text()
+
     m = parse_prometheus_text(asyncio.run(metrics()))
     lab = '{backend="llama-a",kind="llamacpp"}'
     assert m["servelab_gateway_engine_slots" + lab] == 1
@@ -180,9 +214,23 @@ def test_explain_refuses_a_line_without_timeline_in_one_line(tmp_path: Path) -> 
 
 
 def test_engine_account_reads_llamacpp_timings_and_cached_tokens() -> None:
-    ev = {"usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4}},
-          "timings": {"prompt_n": 5, "prompt_ms": 12.3456, "cache_n": 4, "predicted_n": 7, "predicted_ms": 70.0,
-                      "predicted_per_second": 100.0}}
-    assert engine_account(ev) == {"prompt_n": 5, "prompt_ms": 12.346, "cache_n": 4, "predicted_n": 7,
-                                  "predicted_ms": 70.0, "cached_tokens": 4}
+    ev = {
+        "usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4}},
+        "timings": {
+            "prompt_n": 5,
+            "prompt_ms": 12.3456,
+            "cache_n": 4,
+            "predicted_n": 7,
+            "predicted_ms": 70.0,
+            "predicted_per_second": 100.0,
+        },
+    }
+    assert engine_account(ev) == {
+        "prompt_n": 5,
+        "prompt_ms": 12.346,
+        "cache_n": 4,
+        "predicted_n": 7,
+        "predicted_ms": 70.0,
+        "cached_tokens": 4,
+    }
     assert engine_account({"usage": {"prompt_tokens": 3}}) is None

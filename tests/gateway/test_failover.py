@@ -28,15 +28,17 @@ async def _json(s: aiohttp.ClientSession, url: str, **kw) -> dict:
 def test_killing_a_replica_mid_stream(gateway, mock_engine) -> None:
     procs = {"rep-a": mock_engine(*ENGINE_ARGS), "rep-b": mock_engine(*ENGINE_ARGS)}
     key, entry = gateway_key("k1", "t")
-    gw = gateway({
-        "backends": [{"name": n, "kind": "mock", "base_url": p.root, "models": ["m"]} for n, p in procs.items()],
-        "models": {"chat": {"targets": [{"backend": "rep-a", "model": "m"}, {"backend": "rep-b", "model": "m"}]}},
-        "tenants": {"t": {"allowed_models": ["chat"]}},
-        "keys": [entry],
-        "retry": {"attempts": 2, "backoff_s": 0.01},
-        "breaker": {"consecutive_failures": 5, "open_s": 30},
-        "health": {"interval_s": 0.2, "timeout_s": 0.5},
-    })
+    gw = gateway(
+        {
+            "backends": [{"name": n, "kind": "mock", "base_url": p.root, "models": ["m"]} for n, p in procs.items()],
+            "models": {"chat": {"targets": [{"backend": "rep-a", "model": "m"}, {"backend": "rep-b", "model": "m"}]}},
+            "tenants": {"t": {"allowed_models": ["chat"]}},
+            "keys": [entry],
+            "retry": {"attempts": 2, "backoff_s": 0.01},
+            "breaker": {"consecutive_failures": 5, "open_s": 30},
+            "health": {"interval_s": 0.2, "timeout_s": 0.5},
+        }
+    )
     admin = {"headers": {"Authorization": f"Bearer {gw.admin_token}"}}
 
     async def main() -> dict:
@@ -46,10 +48,19 @@ def test_killing_a_replica_mid_stream(gateway, mock_engine) -> None:
             while not all(b["health"] and b["health"]["up"] for b in (await states())["backends"].values()):
                 assert time.monotonic() < deadline, "replicas never reported healthy"
                 await asyncio.sleep(0.05)
-            body = {"model": "chat", "stream": True, "max_tokens": 60, "messages": [{"role": "user", "content": "count"}]}
+            body = {
+                "model": "chat",
+                "stream": True,
+                "max_tokens": 60,
+                "messages": [{"role": "user", "content": "count"}],
+            }
             events: list[bytes] = []
-            async with s.post(gw.url + "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"},
-                              timeout=aiohttp.ClientTimeout(total=20)) as resp:
+            async with s.post(
+                gw.url + "/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=aiohttp.ClientTimeout(total=20),
+            ) as resp:
                 assert resp.status == 200
                 buf = b""
                 it = resp.content.iter_any()
@@ -93,7 +104,8 @@ def test_killing_a_replica_mid_stream(gateway, mock_engine) -> None:
             t_next = time.monotonic()
             for i in range(6):
                 stream = await client.chat.completions.create(
-                    model="chat", messages=[{"role": "user", "content": f"again {i}"}], max_tokens=5, stream=True)
+                    model="chat", messages=[{"role": "user", "content": f"again {i}"}], max_tokens=5, stream=True
+                )
                 text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
                 assert text.strip().startswith("tok0")
             next_s = time.monotonic() - t_next
@@ -102,14 +114,22 @@ def test_killing_a_replica_mid_stream(gateway, mock_engine) -> None:
             assert after - before == 6
             st = (await states())["backends"]
             assert st[victim]["breaker"]["state"] == "open" and st[victim]["health"]["up"] is False
-            return {"open_s": open_s, "rest_s": rest_s, "next_s": next_s, "victim": victim,
-                    "tokens_before_error": tokens_before_error, "error": err["error"]}
+            return {
+                "open_s": open_s,
+                "rest_s": rest_s,
+                "next_s": next_s,
+                "victim": victim,
+                "tokens_before_error": tokens_before_error,
+                "error": err["error"],
+            }
 
     res = asyncio.run(main())
     assert "Traceback" not in gw.stderr()
-    print(f"\nkilled {res['victim']} after {res['tokens_before_error']} tokens; client got {res['error']}; "
-          f"stream ended {res['rest_s'] * 1000:.0f} ms after the kill; breaker open {res['open_s'] * 1000:.0f} ms "
-          f"after the kill; 6 follow-up streams took {res['next_s']:.2f} s")
+    print(
+        f"\nkilled {res['victim']} after {res['tokens_before_error']} tokens; client got {res['error']}; "
+        f"stream ended {res['rest_s'] * 1000:.0f} ms after the kill; breaker open {res['open_s'] * 1000:.0f} ms "
+        f"after the kill; 6 follow-up streams took {res['next_s']:.2f} s"
+    )
     assert res["open_s"] < 1.0
     assert res["rest_s"] < 5.0  # no hang
 
@@ -117,8 +137,9 @@ def test_killing_a_replica_mid_stream(gateway, mock_engine) -> None:
 def _admin(gw, method: str, path: str) -> dict:
     import urllib.request
 
-    req = urllib.request.Request(gw.admin_url + path, method=method,
-                                 headers={"Authorization": f"Bearer {gw.admin_token}"})
+    req = urllib.request.Request(
+        gw.admin_url + path, method=method, headers={"Authorization": f"Bearer {gw.admin_token}"}
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         return orjson.loads(r.read())
 
@@ -134,25 +155,33 @@ def test_breaker_opened_on_one_replica_is_seen_by_the_other(gateway, mock_engine
     from services import redis_server
 
     with redis_server() as rs:
-        procs = {"rep-a": mock_engine("--dialect", "vllm", "--output-tokens", "3"),
-                 "rep-b": mock_engine("--dialect", "vllm", "--output-tokens", "3")}
+        procs = {
+            "rep-a": mock_engine("--dialect", "vllm", "--output-tokens", "3"),
+            "rep-b": mock_engine("--dialect", "vllm", "--output-tokens", "3"),
+        }
         key, entry = gateway_key("k1", "t")
-        base = {"backends": [{"name": n, "kind": "mock", "base_url": p.root, "models": ["m"]} for n, p in procs.items()],
-                "models": {"chat": {"targets": [{"backend": "rep-a", "model": "m"}, {"backend": "rep-b", "model": "m"}]}},
-                "tenants": {"t": {"allowed_models": ["chat"]}}, "keys": [entry], "state": {"redis_url": rs.url},
-                "retry": {"attempts": 0}, "breaker": {"consecutive_failures": 1000, "min_requests": 100_000,
-                                                      "open_s": 30}}
+        base = {
+            "backends": [{"name": n, "kind": "mock", "base_url": p.root, "models": ["m"]} for n, p in procs.items()],
+            "models": {"chat": {"targets": [{"backend": "rep-a", "model": "m"}, {"backend": "rep-b", "model": "m"}]}},
+            "tenants": {"t": {"allowed_models": ["chat"]}},
+            "keys": [entry],
+            "state": {"redis_url": rs.url},
+            "retry": {"attempts": 0},
+            "breaker": {"consecutive_failures": 1000, "min_requests": 100_000, "open_s": 30},
+        }
         g1 = gateway({**base, "health": {"interval_s": 0.1, "timeout_s": 0.5}})
         g2 = gateway({**base, "health": {"enabled": False}})
         client = openai.OpenAI(base_url=g2.url, api_key=key, max_retries=0, timeout=20)
         n_asked = iter(range(1_000_000))
         ask = lambda: client.chat.completions.create(  # noqa: E731 - prompts differ: prefix affinity spreads them
-            model="chat", messages=[{"role": "user", "content": f"question {next(n_asked)}"}])
+            model="chat", messages=[{"role": "user", "content": f"question {next(n_asked)}"}]
+        )
         served = {n: orjson.loads(urllib_get(p.root + "/mock/stats"))["requests"] for n, p in procs.items()}
         for _ in range(16):
             ask()
-        assert orjson.loads(urllib_get(procs["rep-a"].root + "/mock/stats"))["requests"] > served["rep-a"], \
+        assert orjson.loads(urllib_get(procs["rep-a"].root + "/mock/stats"))["requests"] > served["rep-a"], (
             "g2 should use both replicas while both are up"
+        )
         t_kill = time.monotonic()
         procs["rep-a"].proc.kill()
         seen: dict[str, float] = {}
@@ -161,8 +190,10 @@ def test_breaker_opened_on_one_replica_is_seen_by_the_other(gateway, mock_engine
                 if name not in seen and _breaker(gw, "rep-a")["state"] == "open":
                     seen[name] = time.monotonic() - t_kill
             time.sleep(0.02)
-        print(f"\nrep-a killed; breaker open on g1 after {seen.get('g1', -1) * 1000:.0f} ms (its health check), "
-              f"on g2 after {seen.get('g2', -1) * 1000:.0f} ms (through Redis)")
+        print(
+            f"\nrep-a killed; breaker open on g1 after {seen.get('g1', -1) * 1000:.0f} ms (its health check), "
+            f"on g2 after {seen.get('g2', -1) * 1000:.0f} ms (through Redis)"
+        )
         assert set(seen) == {"g1", "g2"}, seen
         assert seen["g2"] - seen["g1"] < 1.0
         assert _breaker(g2, "rep-a")["open_reason"] == "shared"
@@ -177,13 +208,21 @@ def test_429_is_neutral_and_breaker_settings_apply_on_reload(gateway, mock_engin
     busy = mock_engine("--dialect", "tgi", "--fail-http-rate", "1", "--fail-http-status", "429")
     broken = mock_engine("--dialect", "vllm", "--fail-http-rate", "1", "--fail-http-status", "500")
     key, entry = gateway_key("k1", "t")
-    cfg = {"backends": [{"name": "busy", "kind": "mock", "base_url": busy.root, "models": ["m"]},
-                        {"name": "broken", "kind": "mock", "base_url": broken.root, "models": ["m"]}],
-           "models": {"busy": {"targets": [{"backend": "busy", "model": "m"}]},
-                      "broken": {"targets": [{"backend": "broken", "model": "m"}]}},
-           "tenants": {"t": {"allowed_models": ["busy", "broken"]}}, "keys": [entry],
-           "retry": {"attempts": 0}, "health": {"enabled": False},
-           "breaker": {"consecutive_failures": 1000, "min_requests": 100_000, "open_s": 30}}
+    cfg = {
+        "backends": [
+            {"name": "busy", "kind": "mock", "base_url": busy.root, "models": ["m"]},
+            {"name": "broken", "kind": "mock", "base_url": broken.root, "models": ["m"]},
+        ],
+        "models": {
+            "busy": {"targets": [{"backend": "busy", "model": "m"}]},
+            "broken": {"targets": [{"backend": "broken", "model": "m"}]},
+        },
+        "tenants": {"t": {"allowed_models": ["busy", "broken"]}},
+        "keys": [entry],
+        "retry": {"attempts": 0},
+        "health": {"enabled": False},
+        "breaker": {"consecutive_failures": 1000, "min_requests": 100_000, "open_s": 30},
+    }
     gw = gateway(cfg)
     gw.write_config({**cfg, "breaker": {"consecutive_failures": 2, "min_requests": 100_000, "open_s": 30}})
     res = _admin(gw, "POST", "/admin/reload")["result"]

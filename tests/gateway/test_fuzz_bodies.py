@@ -31,27 +31,66 @@ LIMIT = 48  # server.max_tokens_limit
 #: the mock's answer length; a 200 must carry no more than LIMIT tokens (per sequence) whatever was asked
 MOCK_TOKENS = 200
 UPSTREAM_CODES = {"upstream_error", "upstream_timeout", "model_unavailable", "model_busy", "upstream_cut_off"}
-KNOWN_FIELDS = ["model", "messages", "prompt", "input", "stream", "stream_options", "max_tokens",
-                "max_completion_tokens", "n_predict", "max_new_tokens", "min_tokens", "ignore_eos", "n", "n_cmpl",
-                "best_of", "tools", "tool_choice", "functions", "response_format", "guided_json", "temperature",
-                "stop", "options", "parameters", "sampling_params", "reasoning_effort", "logprobs", "user",
-                "metadata"]
+KNOWN_FIELDS = [
+    "model",
+    "messages",
+    "prompt",
+    "input",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "n_predict",
+    "max_new_tokens",
+    "min_tokens",
+    "ignore_eos",
+    "n",
+    "n_cmpl",
+    "best_of",
+    "tools",
+    "tool_choice",
+    "functions",
+    "response_format",
+    "guided_json",
+    "temperature",
+    "stop",
+    "options",
+    "parameters",
+    "sampling_params",
+    "reasoning_effort",
+    "logprobs",
+    "user",
+    "metadata",
+]
 
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)  # any unicode but lone surrogates
-_scalar = (st.none() | st.booleans() | st.integers(-(2**80), 2**80) | st.sampled_from([-2, -1, 0, 1, 7, LIMIT, LIMIT + 1])
-           | st.floats(allow_nan=False, allow_infinity=False) | _text)
-_json = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4),
-                     max_leaves=12)
+_scalar = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**80), 2**80)
+    | st.sampled_from([-2, -1, 0, 1, 7, LIMIT, LIMIT + 1])
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _text
+)
+_json = st.recursive(
+    _scalar, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4), max_leaves=12
+)
 #: a value nested ``depth`` arrays/objects deep (the deep-JSON attack: 300 deep gave 500)
 _deep = st.tuples(st.integers(1, 600), st.booleans(), _scalar).map(
-    lambda t: orjson.loads(("[" * t[0] + "]" * t[0]) if t[1] else ('{"a":' * t[0] + "1" + "}" * t[0])))
-_length_obj = st.dictionaries(st.sampled_from(["max_new_tokens", "num_predict", "min_new_tokens", "temperature"]),
-                              _scalar, max_size=3)
+    lambda t: orjson.loads(("[" * t[0] + "]" * t[0]) if t[1] else ('{"a":' * t[0] + "1" + "}" * t[0]))
+)
+_length_obj = st.dictionaries(
+    st.sampled_from(["max_new_tokens", "num_predict", "min_new_tokens", "temperature"]), _scalar, max_size=3
+)
 _field_value = st.one_of(_json, _deep, _length_obj, st.lists(_length_obj, max_size=2))
-_message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]) | _scalar,
-                                  "content": _text | _json})
-_base = {"chat": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-         "completions": {"model": "m", "prompt": "hi"}, "embeddings": {"model": "m", "input": "hi"}}
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant"]) | _scalar, "content": _text | _json}
+)
+_base = {
+    "chat": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    "completions": {"model": "m", "prompt": "hi"},
+    "embeddings": {"model": "m", "input": "hi"},
+}
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 
 
@@ -95,12 +134,18 @@ def inproc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     mock = start_mock_process("--dialect", "vllm", "--output-tokens", str(MOCK_TOKENS))
     tmp = tmp_path_factory.mktemp("fuzz")
     key, entry = gateway_key("kf", "t")
-    cfg = parse_config({"server": {"port": 0, "admin_port": None, "max_tokens_limit": LIMIT, "access_log": None},
-                        "ledger": {"sqlite_path": str(tmp / "usage.db")},
-                        "backends": [{"name": "b", "kind": "vllm", "base_url": mock.root, "models": ["m"]}],
-                        "models": {"m": {"targets": [{"backend": "b"}]}},
-                        "tenants": {"t": {}}, "keys": [entry], "retry": {"attempts": 0},
-                        "breaker": {"consecutive_failures": 10_000, "min_requests": 100_000}})
+    cfg = parse_config(
+        {
+            "server": {"port": 0, "admin_port": None, "max_tokens_limit": LIMIT, "access_log": None},
+            "ledger": {"sqlite_path": str(tmp / "usage.db")},
+            "backends": [{"name": "b", "kind": "vllm", "base_url": mock.root, "models": ["m"]}],
+            "models": {"m": {"targets": [{"backend": "b"}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+            "retry": {"attempts": 0},
+            "breaker": {"consecutive_failures": 10_000, "min_requests": 100_000},
+        }
+    )
     loop = asyncio.new_event_loop()
     gw = Gateway(cfg, port=0, admin_port=None, watch=False)
     ready = threading.Event()
@@ -144,8 +189,12 @@ def test_random_bodies_never_get_a_gateway_5xx(inproc: Any) -> None:
     @given(case=_bodies())
     def check(case: tuple[str, bytes]) -> None:
         endpoint, body = case
-        conn.request("POST", _PATHS[endpoint], body=body,
-                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            _PATHS[endpoint],
+            body=body,
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
         resp = conn.getresponse()
         data = resp.read()
         seen[resp.status] = seen.get(resp.status, 0) + 1

@@ -24,7 +24,9 @@ def test_health_urls_by_kind() -> None:
     assert health_url(Backend("a", "llamacpp", "http://h:1/v1/")) == "http://h:1/health"
     assert health_url(Backend("a", "ollama", "http://h:1")) == "http://h:1/"
     assert health_url(Backend("a", "openai", "http://h:1/v1")) == "http://h:1/v1/models"
-    assert health_url(Backend("a", "sglang", "http://h:1", health_path="health_generate")) == "http://h:1/health_generate"
+    assert (
+        health_url(Backend("a", "sglang", "http://h:1", health_path="health_generate")) == "http://h:1/health_generate"
+    )
     with pytest.raises(ValueError, match="set health_path"):
         health_url(Backend("a", "triton", "http://h:1"))
     with pytest.raises(ValueError, match="interval_s"):
@@ -36,8 +38,9 @@ def test_ready_engine_passes_and_a_bad_path_fails_without_opening_others(mock_en
 
     async def main() -> None:
         board = BreakerBoard()
-        hc = HealthChecker([backend(mp, "good", "llamacpp"), backend(mp, "bad", health_path="/no-such-path")],
-                           board, timeout_s=5)
+        hc = HealthChecker(
+            [backend(mp, "good", "llamacpp"), backend(mp, "bad", health_path="/no-such-path")], board, timeout_s=5
+        )
         try:
             assert await hc.check_all() == {"good": True, "bad": False}
         finally:
@@ -58,8 +61,9 @@ def test_killed_engine_opens_its_breaker_within_one_second_and_recovers(mock_eng
 
     async def main() -> dict[str, float]:
         board = BreakerBoard(BreakerSettings(open_s=30))
-        hc = HealthChecker([backend(mp)], board, interval_s=0.2, timeout_s=1.0,
-                           on_change=lambda n, s: changes.append((n, s.up)))
+        hc = HealthChecker(
+            [backend(mp)], board, interval_s=0.2, timeout_s=1.0, on_change=lambda n, s: changes.append((n, s.up))
+        )
         await hc.start()
         try:
             while hc.status["m1"].up is not True:
@@ -88,7 +92,10 @@ def test_killed_engine_opens_its_breaker_within_one_second_and_recovers(mock_eng
             await hc.close()
 
     res = asyncio.run(main())
-    print(f"breaker open {res['open_after_s'] * 1000:.0f} ms after SIGKILL; half-open {res['recover_s'] * 1000:.0f} ms after restart")
+    print(
+        f"breaker open {res['open_after_s'] * 1000:.0f} ms after SIGKILL; "
+        f"half-open {res['recover_s'] * 1000:.0f} ms after restart"
+    )
     assert res["open_after_s"] < 1.0
     assert ("m1", False) in changes and changes[-1] == ("m1", True)
 

@@ -31,11 +31,20 @@ SLACK_S = 1.5  # timer granularity + a loaded 2-core CI machine
 
 
 def _cfg(mock_root: str, entry: dict[str, str], **server: Any) -> dict[str, Any]:
-    return {"server": {"header_timeout_s": HEADER_S, "body_timeout_s": BODY_S, "body_total_timeout_s": BODY_TOTAL_S,
-                       "keepalive_timeout_s": KEEPALIVE_S, **server},
-            "backends": [{"name": "b", "kind": "mock", "base_url": mock_root, "models": ["m"]}],
-            "models": {"m": {"targets": [{"backend": "b"}]}},
-            "tenants": {"t": {}}, "keys": [entry], "health": {"interval_s": 0.3}}
+    return {
+        "server": {
+            "header_timeout_s": HEADER_S,
+            "body_timeout_s": BODY_S,
+            "body_total_timeout_s": BODY_TOTAL_S,
+            "keepalive_timeout_s": KEEPALIVE_S,
+            **server,
+        },
+        "backends": [{"name": "b", "kind": "mock", "base_url": mock_root, "models": ["m"]}],
+        "models": {"m": {"targets": [{"backend": "b"}]}},
+        "tenants": {"t": {}},
+        "keys": [entry],
+        "health": {"interval_s": 0.3},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +74,9 @@ def _conn(url: str) -> socket.socket:
     return s
 
 
-def _until_closed(s: socket.socket, limit_s: float, drip: bytes = b"",
-                  every_s: float = 0.5) -> tuple[bytes, float | None]:
+def _until_closed(
+    s: socket.socket, limit_s: float, drip: bytes = b"", every_s: float = 0.5
+) -> tuple[bytes, float | None]:
     """Read (sending ``drip`` one byte every ``every_s``) until the server closes; returns (bytes read,
     seconds until closed) or (bytes, None) when still open after ``limit_s``."""
     t0 = time.monotonic()
@@ -75,7 +85,7 @@ def _until_closed(s: socket.socket, limit_s: float, drip: bytes = b"",
     while time.monotonic() - t0 < limit_s:
         if i < len(drip):
             try:
-                s.sendall(drip[i:i + 1])
+                s.sendall(drip[i : i + 1])
             except (BrokenPipeError, ConnectionResetError):
                 return got, time.monotonic() - t0
             i += 1
@@ -96,8 +106,9 @@ def _chat_body(text: str = "hi") -> bytes:
     return orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 4})
 
 
-def _request(url: str, key: str | None, body: bytes | None = None, timeout_s: float = 10,
-             headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+def _request(
+    url: str, key: str | None, body: bytes | None = None, timeout_s: float = 10, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     h = {"Content-Type": "application/json", **(headers or {})}
     if key:
         h["Authorization"] = f"Bearer {key}"
@@ -120,6 +131,7 @@ def _head(raw: bytes) -> tuple[int, bytes]:
 
 # ------------------------------------------------------------------------------------------ defect 2
 
+
 def test_oversized_authorization_header_one_line_no_secret(env: Any) -> None:
     """An Authorization header over 8,190 bytes: 400 with a fixed message, one log line, no key byte."""
     gw, key, _ = env
@@ -127,8 +139,10 @@ def test_oversized_authorization_header_one_line_no_secret(env: Any) -> None:
     before = gw.stderr()
     s = _conn(gw.url)
     big = f"Bearer {key}" + "A" * 9000
-    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {big}\r\n"
-              f"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}".encode())
+    s.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {big}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}".encode()
+    )
     raw, closed = _until_closed(s, 5)
     s.close()
     assert closed is not None, "the connection stayed open after a parser error"
@@ -138,7 +152,7 @@ def test_oversized_authorization_header_one_line_no_secret(env: Any) -> None:
     assert err["code"] == "header_too_large" and "8190" in err["message"]
     assert secret[:12].encode() not in raw and b"AAAA" not in raw
     time.sleep(0.2)
-    new = gw.stderr()[len(before):]
+    new = gw.stderr()[len(before) :]
     lines = [ln for ln in new.splitlines() if ln.strip()]
     assert len(lines) == 1 and "malformed request" in lines[0], new[-3000:]
     assert "Traceback" not in new and secret[:12] not in _log(gw) and "Bearer" not in new
@@ -151,9 +165,12 @@ def test_short_content_length_tail_is_not_logged_or_echoed(env: Any, close: bool
     prompt = "PROMPT-SECRET-" + "q" * 40
     body = _chat_body(prompt)
     s = _conn(gw.url)
-    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-              f"{'Connection: close' + chr(13) + chr(10) if close else ''}Content-Type: application/json\r\n"
-              f"Content-Length: 20\r\n\r\n".encode() + body)
+    s.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"{'Connection: close' + chr(13) + chr(10) if close else ''}Content-Type: application/json\r\n"
+        f"Content-Length: 20\r\n\r\n".encode()
+        + body
+    )
     raw, closed = _until_closed(s, 5)
     s.close()
     assert closed is not None
@@ -172,8 +189,9 @@ def test_malformed_request_flood_log_is_rate_limited(env: Any) -> None:
     t0 = time.monotonic()
     for _ in range(300):
         s = _conn(gw.url)
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() + b"B" * 9000
-                  + b"\r\n\r\n")
+        s.sendall(
+            b"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() + b"B" * 9000 + b"\r\n\r\n"
+        )
         raw, _ = _until_closed(s, 3)
         s.close()
         assert raw.startswith((b"HTTP/1.1 400", b"HTTP/1.0 400")) and b"BBBB" not in raw, raw[:200]
@@ -184,6 +202,7 @@ def test_malformed_request_flood_log_is_rate_limited(env: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------ defect 3
+
 
 @pytest.mark.parametrize("port", ["api", "admin"])
 def test_idle_connection_closed_by_header_timeout(env: Any, port: str) -> None:
@@ -213,8 +232,10 @@ def test_slow_body_closed_by_gap_timeout(env: Any) -> None:
     gw, key, _ = env
     body = _chat_body()
     s = _conn(gw.url)
-    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+    s.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    )
     raw, closed = _until_closed(s, BODY_S + SLACK_S + 4, drip=body, every_s=2.0)
     s.close()
     assert closed is not None and closed < BODY_S + SLACK_S + 0.5, "a slow body was never cut off"
@@ -225,8 +246,10 @@ def test_body_dripped_inside_the_gap_closed_by_total_timeout(env: Any) -> None:
     gw, key, _ = env
     body = _chat_body("x" * 200)
     s = _conn(gw.url)
-    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+    s.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    )
     raw, closed = _until_closed(s, BODY_TOTAL_S + SLACK_S + 3, drip=body, every_s=0.3)
     s.close()
     assert closed is not None and BODY_TOTAL_S - 0.5 < closed < BODY_TOTAL_S + SLACK_S, closed
@@ -239,8 +262,10 @@ def test_content_length_larger_than_body_ends_with_timeout(env: Any, port: str) 
     token = key if port == "api" else ADMIN_TOKEN
     path = "/v1/chat/completions" if port == "api" else "/admin/keys"
     s = _conn(gw.url if port == "api" else gw.admin_url)
-    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
-              f"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"model\": \"m\"".encode())
+    s.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        f'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{"model": "m"'.encode()
+    )
     raw, closed = _until_closed(s, BODY_S + SLACK_S + 3)
     s.close()
     assert closed is not None and closed < BODY_S + SLACK_S, f"a short body hung the {port} connection"
@@ -253,10 +278,14 @@ def test_idle_keepalive_closed_and_normal_requests_unaffected(env: Any) -> None:
     gw, key, _ = env
     s = _conn(gw.url)
     for _ in range(2):
-        body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
-                             "stream": True})
-        s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-                  f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        body = orjson.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+        )
+        s.sendall(
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         got = b""
         s.settimeout(5)
         while b"0\r\n\r\n" not in got:
@@ -275,8 +304,13 @@ def test_slow_stream_outlives_every_timeout(tmp_path: Any) -> None:
     key, entry = gateway_key("k1", "t")
     gw = start_gateway(_cfg(mock.root, entry), tmp_path / "gw")
     try:
-        st, body = _request(gw.url + "/chat/completions", key, orjson.dumps(
-            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}))
+        st, body = _request(
+            gw.url + "/chat/completions",
+            key,
+            orjson.dumps(
+                {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
+            ),
+        )
         assert st == 200 and body.count(b"data:") >= 9 and b"[DONE]" in body and b"error" not in body, body
     finally:
         stop_gateway(gw.proc)
@@ -285,9 +319,11 @@ def test_slow_stream_outlives_every_timeout(tmp_path: Any) -> None:
 
 # ------------------------------------------------------------------------------------------ fd floods
 
+
 def _low_nofile(n: int) -> Any:
     def pre() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
     return pre
 
 
@@ -336,8 +372,11 @@ def test_idle_flood_under_low_fd_limit(tmp_path: Any, cap: int | None) -> None:
     mock = start_mock_process("--output-tokens", "4")
     key, entry = gateway_key("k1", "t")
     extra = {} if cap is None else {"max_connections": cap}
-    gw = start_gateway(_cfg(mock.root, entry, header_timeout_s=3.0, keepalive_timeout_s=3.0, **extra),
-                       tmp_path / "gw", preexec_fn=_low_nofile(256))
+    gw = start_gateway(
+        _cfg(mock.root, entry, header_timeout_s=3.0, keepalive_timeout_s=3.0, **extra),
+        tmp_path / "gw",
+        preexec_fn=_low_nofile(256),
+    )
     stop = threading.Event()
     held: list[socket.socket] = []
     flooder = threading.Thread(target=_flood, args=(gw.url, 300, stop, held), daemon=True)
@@ -349,8 +388,9 @@ def test_idle_flood_under_low_fd_limit(tmp_path: Any, cap: int | None) -> None:
         results: list[Any] = []
         for _ in range(20 if cap is None else 6):
             try:
-                results.append(_request(gw.url + "/chat/completions", key, _chat_body(),
-                                        timeout_s=8 if cap is None else 3)[0])
+                results.append(
+                    _request(gw.url + "/chat/completions", key, _chat_body(), timeout_s=8 if cap is None else 3)[0]
+                )
             except (urllib.error.URLError, ConnectionError, TimeoutError) as e:  # a reset is a clean refusal too
                 results.append(type(e).__name__)
             time.sleep(0.1)
@@ -392,6 +432,7 @@ def test_idle_flood_under_low_fd_limit(tmp_path: Any, cap: int | None) -> None:
 
 
 # ------------------------------------------------------------------------------------------ defect 8 (part)
+
 
 def _lan_address() -> str | None:
     """A non-loopback address of this host, or None."""

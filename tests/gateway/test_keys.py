@@ -15,10 +15,14 @@ from servelab.gateway.ledger import SqliteLedger
 from servelab.gateway.limits import Limits
 
 SECRET = "0123456789abcdef" * 4
-TENANTS = {"ta": {"allowed_models": ["gemma", "small"], "rpm": 60, "tpm": 1000, "token_budget": 10**6},
-           "tb": {"allowed_models": ["*"], "log_prompts": True}}
-CONFIG_KEYS = [{"id": "k1", "tenant": "ta", "sha256": hash_secret(SECRET)},
-               {"id": "k2", "tenant": "tb", "sha256": hash_secret("f" * 64), "rpm": 5}]
+TENANTS = {
+    "ta": {"allowed_models": ["gemma", "small"], "rpm": 60, "tpm": 1000, "token_budget": 10**6},
+    "tb": {"allowed_models": ["*"], "log_prompts": True},
+}
+CONFIG_KEYS = [
+    {"id": "k1", "tenant": "ta", "sha256": hash_secret(SECRET)},
+    {"id": "k2", "tenant": "tb", "sha256": hash_secret("f" * 64), "rpm": 5},
+]
 
 
 def store(ledger=None) -> KeyStore:
@@ -29,8 +33,14 @@ def test_format_parse_and_hash() -> None:
     key = format_key("k1", SECRET)
     assert key == f"sk-sl-k1-{SECRET}"
     assert parse_key(key) == ("k1", SECRET)
-    for bad in ("sk-sl-k1", f"sk-xx-k1-{SECRET}", f"sk-sl-k-1-{SECRET}", "sk-sl-k1-" + "g" * 64,
-                "sk-sl-k1-" + "a" * 63, f"sk-sl--{SECRET}"):
+    for bad in (
+        "sk-sl-k1",
+        f"sk-xx-k1-{SECRET}",
+        f"sk-sl-k-1-{SECRET}",
+        "sk-sl-k1-" + "g" * 64,
+        "sk-sl-k1-" + "a" * 63,
+        f"sk-sl--{SECRET}",
+    ):
         assert parse_key(bad) is None, bad
     assert hash_secret(SECRET) == hashlib.sha256(SECRET.encode()).hexdigest()
 
@@ -47,13 +57,19 @@ def test_authenticate_config_key_and_tenant_policy() -> None:
     assert SECRET not in repr(info) and SECRET not in str(info)
 
 
-@pytest.mark.parametrize("header,needle", [
-    (None, "Missing API key"), ("", "Missing API key"), ("Bearer ", "Malformed"), ("Bearer abc", "Malformed"),
-    ("Basic dXNlcjpwYXNz", "Malformed"),
-    (f"Bearer sk-sl-k1-{'0' * 64}", "Incorrect or revoked"),          # wrong secret
-    (f"Bearer sk-sl-nokey-{SECRET}", "Incorrect or revoked"),         # unknown id
-    ("Bearer sk-sl-k2-" + SECRET, "Incorrect or revoked"),            # k1's secret under k2's id
-])
+@pytest.mark.parametrize(
+    "header,needle",
+    [
+        (None, "Missing API key"),
+        ("", "Missing API key"),
+        ("Bearer ", "Malformed"),
+        ("Bearer abc", "Malformed"),
+        ("Basic dXNlcjpwYXNz", "Malformed"),
+        (f"Bearer sk-sl-k1-{'0' * 64}", "Incorrect or revoked"),  # wrong secret
+        (f"Bearer sk-sl-nokey-{SECRET}", "Incorrect or revoked"),  # unknown id
+        ("Bearer sk-sl-k2-" + SECRET, "Incorrect or revoked"),  # k1's secret under k2's id
+    ],
+)
 def test_authenticate_rejects_with_401(header, needle) -> None:
     with pytest.raises(GatewayError) as ei:
         store().authenticate(header)
@@ -131,8 +147,11 @@ def test_create_revoke_persist_and_refresh(tmp_path, caplog) -> None:
     key = asyncio.run(go())
     secret = key.rsplit("-", 1)[1]
     assert secret not in caplog.text and SECRET not in caplog.text
-    db = (tmp_path / "keys.db").read_bytes() + (tmp_path / "keys.db-wal").read_bytes() \
-        if (tmp_path / "keys.db-wal").exists() else (tmp_path / "keys.db").read_bytes()
+    db = (
+        (tmp_path / "keys.db").read_bytes() + (tmp_path / "keys.db-wal").read_bytes()
+        if (tmp_path / "keys.db-wal").exists()
+        else (tmp_path / "keys.db").read_bytes()
+    )
     assert secret.encode() not in db and hash_secret(secret).encode() in db
 
 
@@ -148,4 +167,5 @@ def test_refresh_loop_picks_up_keys_from_another_replica(tmp_path) -> None:
         assert b.authenticate(f"Bearer {new.key}").tenant == "tb"
         await b.close()
         await led.close()
+
     asyncio.run(go())

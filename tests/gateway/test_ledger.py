@@ -13,9 +13,9 @@ from collections import defaultdict
 
 import asyncpg
 import pytest
+from services import postgres_cluster
 
 from servelab.gateway.ledger import KeyRecord, PostgresLedger, SqliteLedger, UsageRow, token_cost
-from services import postgres_cluster
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +54,7 @@ def ledger_factory(request, tmp_path):
             led = SqliteLedger(path, batch_max_rows=300)
             await led.start()
             return led
+
     make.kind = request.param  # type: ignore[attr-defined]
     return make
 
@@ -63,13 +64,23 @@ def _rows(n: int, seed: int = 1, t0: float = 1_700_000_000.0) -> list[UsageRow]:
     out = []
     for i in range(n):
         p, c = rnd.randint(0, 5000), rnd.randint(0, 2000)
-        out.append(UsageRow(request_id=f"r{seed}-{i}", ts=t0 + i * 0.01, key_id=rnd.choice(["k1", "k2", "k3"]),
-                            tenant=rnd.choice(["ta", "tb"]), model=rnd.choice(["gemma", "small"]),
-                            backend=rnd.choice(["llama-a", None]), upstream_model="gemma-3-270m",
-                            prompt_tokens=p, completion_tokens=c, reserved_tokens=p + 256,
-                            status=rnd.choice([200, 200, 429, 502]),
-                            outcome=rnd.choice(["ok", "ok", "error", "client_disconnect"]),
-                            cost=token_cost(p, c, 0.15, 0.6)))
+        out.append(
+            UsageRow(
+                request_id=f"r{seed}-{i}",
+                ts=t0 + i * 0.01,
+                key_id=rnd.choice(["k1", "k2", "k3"]),
+                tenant=rnd.choice(["ta", "tb"]),
+                model=rnd.choice(["gemma", "small"]),
+                backend=rnd.choice(["llama-a", None]),
+                upstream_model="gemma-3-270m",
+                prompt_tokens=p,
+                completion_tokens=c,
+                reserved_tokens=p + 256,
+                status=rnd.choice([200, 200, 429, 502]),
+                outcome=rnd.choice(["ok", "ok", "error", "client_disconnect"]),
+                cost=token_cost(p, c, 0.15, 0.6),
+            )
+        )
     return out
 
 
@@ -85,8 +96,10 @@ def _expect(rows: list[UsageRow], group_by: tuple[str, ...]) -> dict[tuple, tupl
 
 
 def _got(totals: list[dict], group_by: tuple[str, ...]) -> dict[tuple, tuple[int, int, int, int]]:
-    return {tuple(t[g] for g in group_by): (t["requests"], t["prompt_tokens"], t["completion_tokens"],
-                                            t["cost_nanos"]) for t in totals}
+    return {
+        tuple(t[g] for g in group_by): (t["requests"], t["prompt_tokens"], t["completion_tokens"], t["cost_nanos"])
+        for t in totals
+    }
 
 
 def test_token_cost_per_million() -> None:
@@ -125,9 +138,12 @@ def test_totals_exact_after_thousands_of_concurrent_records(ledger_factory) -> N
         # a new ledger on the same database sees everything (persisted)
         led2 = await ledger_factory()
         try:
-            assert _got(await led2.totals(("key_id", "model")), ("key_id", "model")) == _expect(rows, ("key_id", "model"))
+            assert _got(await led2.totals(("key_id", "model")), ("key_id", "model")) == _expect(
+                rows, ("key_id", "model")
+            )
         finally:
             await led2.close()
+
     asyncio.run(go())
 
 
@@ -139,6 +155,7 @@ def test_empty_ledger_totals(ledger_factory) -> None:
             assert (await led.totals(()))[0]["requests"] == 0
         finally:
             await led.close()
+
     asyncio.run(go())
 
 
@@ -154,6 +171,7 @@ def test_key_records_roundtrip(ledger_factory) -> None:
             assert await led.load_keys() == [a, KeyRecord("kb", "tb", "cd" * 32, None, {}, 11.0, 12.0)]
         finally:
             await led.close()
+
     asyncio.run(go())
 
 
@@ -231,6 +249,7 @@ def test_sqlite_not_started_is_clear(tmp_path) -> None:
         led = SqliteLedger(tmp_path / "x.db")
         with pytest.raises(RuntimeError, match="not started"):
             await led.record(_rows(1)[0])
+
     asyncio.run(go())
 
 
@@ -250,6 +269,7 @@ def test_postgres_two_replicas_share_one_database(pg_dsn) -> None:
             assert got == _expect(rows_a + rows_b, ("tenant", "model"))
         finally:
             await asyncio.gather(a.close(), b.close())
+
     asyncio.run(go())
 
 
@@ -269,4 +289,5 @@ def test_postgres_flusher_writes_without_totals(pg_dsn) -> None:
                 await conn.close()
         finally:
             await led.close()
+
     asyncio.run(go())

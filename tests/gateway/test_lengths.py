@@ -8,9 +8,15 @@ import pytest
 from servelab.gateway import lengths as L
 from servelab.gateway.errors import GatewayError
 
-ALL_BOUNDS = {"max_tokens": 8, "max_completion_tokens": 9, "n_predict": 30, "max_new_tokens": 7,
-              "parameters": {"max_new_tokens": 11, "temperature": 0}, "sampling_params": {"max_new_tokens": 12},
-              "options": {"num_predict": 13, "top_k": 5}}
+ALL_BOUNDS = {
+    "max_tokens": 8,
+    "max_completion_tokens": 9,
+    "n_predict": 30,
+    "max_new_tokens": 7,
+    "parameters": {"max_new_tokens": 11, "temperature": 0},
+    "sampling_params": {"max_new_tokens": 12},
+    "options": {"num_predict": 13, "top_k": 5},
+}
 
 
 def _bounds(body: dict) -> dict[str, int]:
@@ -26,8 +32,13 @@ def _bounds(body: dict) -> dict[str, int]:
 def test_the_largest_field_of_any_dialect_is_the_bound() -> None:
     r = L.read_lengths(ALL_BOUNDS, 64)
     assert (r.max_tokens, r.field, r.unbounded) == (30, "n_predict", False)
-    assert set(r.engine_fields) == {"n_predict", "max_new_tokens", "parameters.max_new_tokens",
-                                    "sampling_params.max_new_tokens", "options.num_predict"}
+    assert set(r.engine_fields) == {
+        "n_predict",
+        "max_new_tokens",
+        "parameters.max_new_tokens",
+        "sampling_params.max_new_tokens",
+        "options.num_predict",
+    }
     # the two attacks
     assert L.read_lengths({"max_tokens": 1, "max_completion_tokens": 3000}, 4096).max_tokens == 3000
     with pytest.raises(GatewayError) as ei:
@@ -36,12 +47,20 @@ def test_the_largest_field_of_any_dialect_is_the_bound() -> None:
     assert L.read_lengths({"sampling_params": [{"max_new_tokens": 5}, {"max_new_tokens": 40}]}, 64).max_tokens == 40
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"n_predict": "300"}, "n_predict"), ({"max_tokens": True}, "max_tokens"), ({"max_tokens": 0}, "max_tokens"),
-    ({"max_completion_tokens": 1.5}, "max_completion_tokens"), ({"options": {"num_predict": -3}}, "options.num_predict"),
-    ({"max_tokens": -1}, "max_tokens"), ({"min_tokens": -1}, "min_tokens"),
-    ({"max_tokens": 5, "min_tokens": 6}, "min_tokens"), ({"parameters": {"max_new_tokens": 65}}, "parameters.max_new_tokens"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"n_predict": "300"}, "n_predict"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": 1.5}, "max_completion_tokens"),
+        ({"options": {"num_predict": -3}}, "options.num_predict"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"max_tokens": 5, "min_tokens": 6}, "min_tokens"),
+        ({"parameters": {"max_new_tokens": 65}}, "parameters.max_new_tokens"),
+    ],
+)
 def test_bad_values_are_400_naming_the_field(body: dict, param: str) -> None:
     with pytest.raises(GatewayError) as ei:
         L.read_lengths(body, 64)
@@ -59,12 +78,21 @@ def test_no_limit_values_and_refuse_policy() -> None:
     assert L.read_lengths({"max_tokens": 5, "max_completion_tokens": 6, "min_tokens": 2}, 64, "refuse").max_tokens == 6
 
 
-@pytest.mark.parametrize("kind, endpoint, field", [
-    ("openai", "chat", "max_completion_tokens"), ("openai", "completions", "max_tokens"),
-    ("vllm", "chat", "max_completion_tokens"), ("vllm", "completions", "max_tokens"),
-    ("sglang", "chat", "max_completion_tokens"), ("tgi", "chat", "max_tokens"), ("llamacpp", "chat", "max_tokens"),
-    ("llamacpp", "completions", "max_tokens"), ("ollama", "chat", "max_tokens"), ("mock", "chat", "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "kind, endpoint, field",
+    [
+        ("openai", "chat", "max_completion_tokens"),
+        ("openai", "completions", "max_tokens"),
+        ("vllm", "chat", "max_completion_tokens"),
+        ("vllm", "completions", "max_tokens"),
+        ("sglang", "chat", "max_completion_tokens"),
+        ("tgi", "chat", "max_tokens"),
+        ("llamacpp", "chat", "max_tokens"),
+        ("llamacpp", "completions", "max_tokens"),
+        ("ollama", "chat", "max_tokens"),
+        ("mock", "chat", "max_tokens"),
+    ],
+)
 def test_exactly_one_bound_is_forwarded_in_the_dialects_field(kind: str, endpoint: str, field: str) -> None:
     body = L.canonicalise(dict(ALL_BOUNDS, min_tokens=3), 30, 3)
     assert _bounds(body) == {"max_tokens": 30, "min_tokens": 3}
@@ -76,8 +104,7 @@ def test_exactly_one_bound_is_forwarded_in_the_dialects_field(kind: str, endpoin
     assert ("min_tokens" in got) == (kind in ("vllm", "sglang", "mock"))
     # a fallback override can only lower it; an operator param above the reserved cap is clamped
     assert _bounds(L.for_backend(kind, endpoint, {**body, "max_tokens": 9}, 30))[field] == 9
-    assert _bounds(L.for_backend(kind, endpoint, {**body, "max_tokens": 900, "n_predict": 900}, 30)) \
-        .get(field) == 30
+    assert _bounds(L.for_backend(kind, endpoint, {**body, "max_tokens": 900, "n_predict": 900}, 30)).get(field) == 30
     assert L.for_backend(kind, "embeddings", {"input": "x"}, 30) == {"input": "x"}
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import orjson
 import pytest
 import redis
+from services import redis_server
 
 from servelab.gateway.errors import GatewayError
 from servelab.gateway.limits import LimitExceeded, Limits, MemoryLimiter, RedisLimiter
-from services import redis_server
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +70,20 @@ def test_rpm_exact_then_rejects_with_retry_after(make_limiter) -> None:
             with pytest.raises(LimitExceeded) as ei:
                 await lim.admit("k", "t", "m", 10, L)
             e = ei.value
-            assert (e.status, e.limit, e.scope, e.type, e.code) == (429, "rpm", "key", "requests", "rate_limit_exceeded")
+            assert (e.status, e.limit, e.scope, e.type, e.code) == (
+                429,
+                "rpm",
+                "key",
+                "requests",
+                "rate_limit_exceeded",
+            )
             assert "requests per minute (RPM)" in e.message and "limit 5" in e.message
             assert 55.0 < e.retry_after_s <= 60.0  # the oldest of the 5 leaves the window in ~60 s
             assert e.headers()["Retry-After"] == "60"
             assert isinstance(e, GatewayError)
             # another key is independent
             await lim.admit("k2", "t", "m", 10, L)
+
     run(go())
 
 
@@ -94,6 +101,7 @@ def test_sliding_window_readmits_after_the_oldest_leaves(make_limiter) -> None:
             with pytest.raises(LimitExceeded) as ei:
                 await lim.admit("k", "t", "m", 0, L)
             assert 0.0 < ei.value.retry_after_s <= 0.41  # until the second one leaves (it is >= 0.6 s old)
+
     run(go())
 
 
@@ -117,6 +125,7 @@ def test_tpm_reserve_then_settle_corrects_to_actual(make_limiter) -> None:
             with pytest.raises(LimitExceeded) as ei:
                 await lim.admit("k2", "t", "m", 1001, L)  # can never fit: no retry hint
             assert ei.value.retry_after_s is None and "Request too large" in ei.value.message
+
     run(go())
 
 
@@ -137,6 +146,7 @@ def test_concurrency_released_by_settle_and_settle_exactly_once(make_limiter) ->
                 await lim.settle(x, 0)
             for _ in range(2):
                 await lim.admit("k", "t", "m", 1, L)
+
     run(go())
 
 
@@ -148,14 +158,20 @@ def test_budget_exhausted_is_insufficient_quota(make_limiter) -> None:
             with pytest.raises(LimitExceeded) as ei:
                 await lim.admit("k", "t", "m", 30, L)  # 80 reserved + 30 > 100
             e = ei.value
-            assert (e.status, e.limit, e.type, e.code, e.retry_after_s) == (429, "budget", "insufficient_quota",
-                                                                            "insufficient_quota", None)
+            assert (e.status, e.limit, e.type, e.code, e.retry_after_s) == (
+                429,
+                "budget",
+                "insufficient_quota",
+                "insufficient_quota",
+                None,
+            )
             assert "20 tokens left" in e.message
             await lim.settle(a, 50)  # refund 30
             await lim.settle(await lim.admit("k", "t", "m", 50, L), 50)
             with pytest.raises(LimitExceeded) as ei:
                 await lim.admit("k", "t", "m", 1, L)
             assert "is used up" in ei.value.message
+
     run(go())
 
 
@@ -172,6 +188,7 @@ def test_tenant_limits_shared_by_its_keys_atomically(make_limiter) -> None:
             # the rejected admission reserved nothing in the key scope: key "d" still has all 10 requests
             await lim.admit("d", "other", "m", 10, Limits(rpm=1))
             await lim.admit("d", "t2", "m", 10, key_l, Limits(rpm=100))
+
     run(go())
 
 
@@ -184,6 +201,7 @@ def test_unlimited_needs_no_state(redis_url) -> None:
             await lim.admit("k", "t", "m", 10, Limits(rpm=1))
         assert ei.value.status == 503 and ei.value.code == "limits_unavailable"
         await lim.close()
+
     run(go())
 
 
@@ -193,6 +211,7 @@ def test_redis_keys_have_ttls_and_time_comes_from_redis(redis_url) -> None:
         a = await lim.admit("k", "t{x}", "m", 10, Limits(rpm=5, tpm=100, max_concurrency=3, token_budget=1000))
         await lim.close()
         return a
+
     a = run(go())
     r = redis.Redis.from_url(redis_url)
     keys = sorted(k.decode() for k in r.keys("ttl:*"))
@@ -246,9 +265,15 @@ def _run_workers(url: str, mode: str, window_s: float, n: int, dur_s: float, pro
     prefix = f"mp{time.monotonic_ns()}"
     start_at = time.time() + 2.0  # all 4 start together, after their imports
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
-    ps = [subprocess.Popen([sys.executable, "-c", _WORKER, url, mode, prefix, str(start_at), str(dur_s),
-                            str(window_s), str(n)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-          for _ in range(procs)]
+    ps = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, url, mode, prefix, str(start_at), str(dur_s), str(window_s), str(n)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        for _ in range(procs)
+    ]
     got, rejected = [], 0
     for p in ps:
         out, err = p.communicate(timeout=120)
@@ -306,25 +331,32 @@ def test_four_gateway_processes_share_one_rpm_limit(redis_url, gateway, mock_eng
     n = 12
     eng = mock_engine("--dialect", "vllm", "--output-tokens", "2")
     key, entry = gateway_key("k1", "t")
-    cfg = {"state": {"redis_url": redis_url.replace("/0", "/1")},  # db 1: no keys from the tests above
-           "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
-           "models": {"m": {"targets": [{"backend": "b"}]}},
-           "tenants": {"t": {"rpm": n}}, "keys": [entry]}
+    cfg = {
+        "state": {"redis_url": redis_url.replace("/0", "/1")},  # db 1: no keys from the tests above
+        "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
+        "models": {"m": {"targets": [{"backend": "b"}]}},
+        "tenants": {"t": {"rpm": n}},
+        "keys": [entry],
+    }
     gws = [gateway(cfg) for _ in range(4)]
 
     async def go():
         statuses, bodies, retry_after = [], [], []
         async with aiohttp.ClientSession() as s:
+
             async def one(i):
                 gw = gws[i % 4]
-                async with s.post(f"{gw.url}/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                                  json={"model": "m", "max_tokens": 2,
-                                        "messages": [{"role": "user", "content": f"hi {i}"}]}) as r:
+                async with s.post(
+                    f"{gw.url}/chat/completions",
+                    headers={"Authorization": f"Bearer {key}"},
+                    json={"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": f"hi {i}"}]},
+                ) as r:
                     statuses.append(r.status)
                     body = orjson.loads(await r.read())
                     if r.status == 429:
                         bodies.append(body["error"])
                         retry_after.append(r.headers.get("Retry-After"))
+
             await asyncio.gather(*(one(i) for i in range(6 * n)))
         return statuses, bodies, retry_after
 

@@ -23,18 +23,34 @@ import orjson
 import pytest
 import redis
 from conftest import gateway_key
+from services import RedisServer, _wait_port, free_port
 
 from servelab.gateway.limits import Limits, RedisLimiter, redis_pool_size
-from services import RedisServer, _wait_port, free_port
 
 
 def _redis_on(port: int) -> RedisServer:
     """A redis-server on ``port`` without persistence (a restart on the same port starts empty)."""
     exe = shutil.which("redis-server")
     assert exe is not None, "redis-server not found; install it with scripts/setup.sh"
-    proc = subprocess.Popen([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-                             "--protected-mode", "no", "--loglevel", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            "--loglevel",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     assert _wait_port(port, 10.0, proc), f"redis-server did not start on port {port}"
     return RedisServer(port, proc)
 
@@ -53,14 +69,19 @@ def _burst(url: str, reqs: list[tuple[str, int]], timeout_s: float = 60.0) -> li
     async def go() -> list[tuple[int, str]]:
         conn = aiohttp.TCPConnector(limit=0, force_close=True)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+
             async def one(key: str, i: int) -> tuple[int, str]:
-                async with s.post(f"{url}/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                                  json={"model": "m", "max_tokens": 2,
-                                        "messages": [{"role": "user", "content": f"hi {i}"}]}) as r:
+                async with s.post(
+                    f"{url}/chat/completions",
+                    headers={"Authorization": f"Bearer {key}"},
+                    json={"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": f"hi {i}"}]},
+                ) as r:
                     raw = await r.read()
                     code = orjson.loads(raw)["error"]["code"] if r.status != 200 else ""
                     return r.status, code
+
             return list(await asyncio.gather(*(one(k, i) for k, i in reqs)))
+
     return asyncio.run(go())
 
 
@@ -69,21 +90,23 @@ def test_pool_size_follows_the_connection_cap() -> None:
     assert redis_pool_size(464, configured=7) == 7
 
 
-def test_800_request_burst_on_one_worker_gets_no_503(redis_srv: RedisServer, gateway: Any,
-                                                     mock_engine: Any) -> None:
+def test_800_request_burst_on_one_worker_gets_no_503(redis_srv: RedisServer, gateway: Any, mock_engine: Any) -> None:
     """One worker, key A with max_concurrency 20 sends 760 requests at once while key B of another team
     sends 40: every answer is 200 or 429 (concurrency), none 503 ``limits_unavailable``; after the burst
     no slot is held (the next 20 concurrent requests of A are all served)."""
     eng = mock_engine("--dialect", "vllm", "--output-tokens", "2", "--ttft-ms", "20")
     key_a, entry_a = gateway_key("ka", "ta")
     key_b, entry_b = gateway_key("kb", "tb")
-    gw = gateway({"state": {"redis_url": redis_srv.url},
-                  "server": {"max_connections": 2000},
-                  "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
-                  "models": {"m": {"targets": [{"backend": "b"}]}},
-                  "tenants": {"ta": {"max_concurrency": 20, "token_budget": 10_000_000},
-                              "tb": {"max_concurrency": 100}},
-                  "keys": [entry_a, entry_b]})
+    gw = gateway(
+        {
+            "state": {"redis_url": redis_srv.url},
+            "server": {"max_connections": 2000},
+            "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
+            "models": {"m": {"targets": [{"backend": "b"}]}},
+            "tenants": {"ta": {"max_concurrency": 20, "token_budget": 10_000_000}, "tb": {"max_concurrency": 100}},
+            "keys": [entry_a, entry_b],
+        }
+    )
     reqs = [(key_b if i % 20 == 7 else key_a, i) for i in range(800)]
     got = _burst(gw.url, reqs)
     by_key = {k: Counter(s for (kk, _), (s, _) in zip(reqs, got, strict=True) if kk == k) for k in (key_a, key_b)}
@@ -106,10 +129,15 @@ def test_first_request_after_a_redis_restart_is_served(tmp_path: Path, gateway: 
     try:
         eng = mock_engine("--dialect", "vllm", "--output-tokens", "2")
         key, entry = gateway_key("k1", "t")
-        gw = gateway({"state": {"redis_url": srv.url},
-                      "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
-                      "models": {"m": {"targets": [{"backend": "b"}]}},
-                      "tenants": {"t": {"token_budget": 1_000_000, "max_concurrency": 5}}, "keys": [entry]})
+        gw = gateway(
+            {
+                "state": {"redis_url": srv.url},
+                "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
+                "models": {"m": {"targets": [{"backend": "b"}]}},
+                "tenants": {"t": {"token_budget": 1_000_000, "max_concurrency": 5}},
+                "keys": [entry],
+            }
+        )
         assert _burst(gw.url, [(key, 0), (key, 1)]) == [(200, ""), (200, "")]
         srv.stop()
         srv = _redis_on(port)

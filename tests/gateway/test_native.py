@@ -18,18 +18,22 @@ def _backend(kind: str, native: list[str] | None = None) -> Backend:
     return Backend(name="b", kind=kind, base_url="http://127.0.0.1:9", models=["m"], native_apis=native)
 
 
-@pytest.mark.parametrize(("kind", "native", "api", "expected"), [
-    ("llamacpp", None, "messages", True),
-    ("vllm", None, "messages", True),
-    ("sglang", None, "messages", False),
-    ("mock", None, "messages", False),
-    ("ollama", None, "messages", False),
-    ("llamacpp", [], "messages", False),       # the operator's "always translate"
-    ("openai", ["messages"], "messages", True),  # the operator's "this one serves it"
-    ("vllm", None, None, False),               # an API that is always translated
-])
-def test_serves_natively_by_kind_and_override(kind: str, native: list[str] | None, api: str | None,
-                                              expected: bool) -> None:
+@pytest.mark.parametrize(
+    ("kind", "native", "api", "expected"),
+    [
+        ("llamacpp", None, "messages", True),
+        ("vllm", None, "messages", True),
+        ("sglang", None, "messages", False),
+        ("mock", None, "messages", False),
+        ("ollama", None, "messages", False),
+        ("llamacpp", [], "messages", False),  # the operator's "always translate"
+        ("openai", ["messages"], "messages", True),  # the operator's "this one serves it"
+        ("vllm", None, None, False),  # an API that is always translated
+    ],
+)
+def test_serves_natively_by_kind_and_override(
+    kind: str, native: list[str] | None, api: str | None, expected: bool
+) -> None:
     assert serves_natively(_backend(kind, native), api) is expected
 
 
@@ -39,9 +43,16 @@ def test_only_messages_requests_are_passed_through() -> None:
 
 
 def test_native_body_carries_admissions_decisions() -> None:
-    source = {"model": "public", "max_tokens": 500, "messages": [{"role": "user", "content": "hi"}],
-              "temperature": 1.7, "top_k": 5, "metadata": {"user_id": "u1"}, "stream": True,
-              "stop_sequences": ["x"]}
+    source = {
+        "model": "public",
+        "max_tokens": 500,
+        "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 1.7,
+        "top_k": 5,
+        "metadata": {"user_id": "u1"},
+        "stream": True,
+        "stop_sequences": ["x"],
+    }
     # the chat translation after policy: temperature clamped, top_k left, a stop list, top_p defaulted
     chat = {"temperature": 1.0, "top_k": 5, "top_p": 0.9, "stop": ["x", "END"]}
     up = native_body(source, chat, "engine-model", 128)
@@ -71,13 +82,35 @@ def _engine_that_dies_mid_stream() -> tuple[str, Any]:
         await request.read()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        await resp.write(ev("message_start", {"type": "message_start", "message": {
-            "id": "msg_e", "type": "message", "role": "assistant", "model": "/srv/models/secret.gguf",
-            "content": [], "stop_reason": None, "usage": {"input_tokens": 3, "output_tokens": 0}}}))
-        await resp.write(ev("content_block_start", {"type": "content_block_start", "index": 0,
-                                                    "content_block": {"type": "text", "text": ""}}))
-        await resp.write(ev("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                    "delta": {"type": "text_delta", "text": "hello"}}))
+        await resp.write(
+            ev(
+                "message_start",
+                {
+                    "type": "message_start",
+                    "message": {
+                        "id": "msg_e",
+                        "type": "message",
+                        "role": "assistant",
+                        "model": "/srv/models/secret.gguf",
+                        "content": [],
+                        "stop_reason": None,
+                        "usage": {"input_tokens": 3, "output_tokens": 0},
+                    },
+                },
+            )
+        )
+        await resp.write(
+            ev(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            )
+        )
+        await resp.write(
+            ev(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hello"}},
+            )
+        )
         await asyncio.sleep(0.05)
         assert request.transport is not None
         request.transport.close()
@@ -112,13 +145,21 @@ def test_pass_through_stream_cut_mid_way_ends_in_one_error_event(gateway: Any) -
     base, stop = _engine_that_dies_mid_stream()
     try:
         key, entry = gateway_key("k1", "t")
-        gw = gateway({"backends": [{"name": "v", "kind": "vllm", "base_url": base, "models": ["m"]}],
-                      "models": {"pub": {"targets": [{"backend": "v"}]}}, "retry": {"attempts": 0},
-                      "tenants": {"t": {}}, "keys": [entry]})
-        _, evs = sse_events(gw.root, "/v1/messages",
-                            {"model": "pub", "max_tokens": 8, "stream": True,
-                             "messages": [{"role": "user", "content": "hi"}]},
-                            {"x-api-key": key, "anthropic-version": "2023-06-01"})
+        gw = gateway(
+            {
+                "backends": [{"name": "v", "kind": "vllm", "base_url": base, "models": ["m"]}],
+                "models": {"pub": {"targets": [{"backend": "v"}]}},
+                "retry": {"attempts": 0},
+                "tenants": {"t": {}},
+                "keys": [entry],
+            }
+        )
+        _, evs = sse_events(
+            gw.root,
+            "/v1/messages",
+            {"model": "pub", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            {"x-api-key": key, "anthropic-version": "2023-06-01"},
+        )
     finally:
         stop()
     names = [n for n, _ in evs]

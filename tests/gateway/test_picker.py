@@ -37,8 +37,11 @@ def _order(p: Picker, ctx: PickContext, out: dict[str, int] | None = None) -> tu
 
 
 def test_queue_and_kv_scores_pick_the_idle_replica_with_exact_scores() -> None:
-    p = _picker("engine", _fresh(a={"waiting": 3, "kv_usage": 0.9}, b={"waiting": 0, "kv_usage": 0.5},
-                                 c={"waiting": 1, "kv_usage": 0.1}), weights=ScoreWeights(prefix=0, session=0))
+    p = _picker(
+        "engine",
+        _fresh(a={"waiting": 3, "kv_usage": 0.9}, b={"waiting": 0, "kv_usage": 0.5}, c={"waiting": 1, "kv_usage": 0.1}),
+        weights=ScoreWeights(prefix=0, session=0),
+    )
     order, pick = _order(p, PickContext(tie="t"))
     # b: queue 1, running 1 (no load), kv 0.5 -> (2*1 + 1*1 + 1*0.5)/4 = 0.875
     # c: queue 0.5, running 1/(1+1) = 0.5 (load = waiting 1), kv 0.9 -> (1 + 0.5 + 0.9)/4 = 0.6
@@ -62,8 +65,10 @@ def test_stale_or_missing_gauges_fall_back_to_least_outstanding_and_are_counted(
     order, pick = _order(p, PickContext(tie="t"), {"a": 2, "b": 0, "c": 1})
     assert order == ["b", "c", "a"] and pick.how == "fallback_stale" and "b: gauges 9.0 s old" in pick.detail
     p.commit(pick, "b", PickContext())
-    assert reg.get_sample_value("servelab_gateway_picker_decisions_total",
-                                {"policy": "engine", "how": "fallback_stale"}) == 1
+    assert (
+        reg.get_sample_value("servelab_gateway_picker_decisions_total", {"policy": "engine", "how": "fallback_stale"})
+        == 1
+    )
     gauges["b"], gauges["c"] = {"running": 0, "age_s": 0.1}, None  # c never scraped
     _, pick = _order(p, PickContext(tie="t"))
     assert pick.how == "fallback_stale" and pick.detail.startswith("c: no gauges (never scraped")
@@ -71,8 +76,13 @@ def test_stale_or_missing_gauges_fall_back_to_least_outstanding_and_are_counted(
 
 
 def test_prefix_follows_the_replica_that_got_the_prompt_and_a_hot_prefix_spills_past_the_load_bound() -> None:
-    p = _picker("engine", _fresh(), weights=ScoreWeights(queue=0, running=0, kv=0, prefix=1, session=0),
-                balance_factor=1.25, block_chars=8)
+    p = _picker(
+        "engine",
+        _fresh(),
+        weights=ScoreWeights(queue=0, running=0, kv=0, prefix=1, session=0),
+        balance_factor=1.25,
+        block_chars=8,
+    )
     ctx = p.context("system: you are terse\nuser: hello there", None, "t")
     first, pick = _order(p, ctx)
     p.commit(pick, first[0], ctx)
@@ -121,8 +131,11 @@ def _cached_share(policy: str, trace: list[tuple[str, str]]) -> float:
     gauges = _fresh()
     state = PickerState(lambda n: gauges[n], CollectorRegistry())
     picker = Picker(PickerSettings(policy, block_chars=32), state)
-    router = Router([Backend(n, "vllm", f"http://{n}") for n in NAMES],
-                    [ModelRoute("m", tuple(TargetSpec(n, "m") for n in NAMES), affinity_chars=0)], picker=picker)
+    router = Router(
+        [Backend(n, "vllm", f"http://{n}") for n in NAMES],
+        [ModelRoute("m", tuple(TargetSpec(n, "m") for n in NAMES), affinity_chars=0)],
+        picker=picker,
+    )
     caches = {n: PrefixCache(10_000) for n in NAMES}
     for _, prompt in trace:
         body = {"messages": [{"role": "user", "content": prompt}]}
@@ -158,8 +171,10 @@ def test_mock_prefix_cache_counts_leading_blocks_and_evicts_lru() -> None:
 
 def test_bad_policy_is_one_clear_config_error(tmp_path: Path) -> None:
     cfg = tmp_path / "gw.yaml"
-    cfg.write_text("backends: [{name: a, kind: vllm, base_url: 'http://x', models: [m]}]\n"
-                   "models: {m: {targets: [{backend: a, model: m}]}}\nrouting: {picker: {policy: fastest}}\n")
+    cfg.write_text(
+        "backends: [{name: a, kind: vllm, base_url: 'http://x', models: [m]}]\n"
+        "models: {m: {targets: [{backend: a, model: m}]}}\nrouting: {picker: {policy: fastest}}\n"
+    )
     with pytest.raises(ConfigError) as e:
         load_config(cfg)
     msg = str(e.value)

@@ -22,17 +22,31 @@ from conftest import gateway_key, start_gateway, start_mock_process, stop_gatewa
 
 from servelab.engines.mock.cache import BLOCK_WORDS
 
-MOCK = ("--dialect", "vllm", "--model", "m", "--output-tokens", "100", "--itl-ms", "20",
-        "--prefix-cache-blocks", "4000")
+MOCK = (
+    "--dialect",
+    "vllm",
+    "--model",
+    "m",
+    "--output-tokens",
+    "100",
+    "--itl-ms",
+    "20",
+    "--prefix-cache-blocks",
+    "4000",
+)
 
 
 def _config(mocks: list[Any], key_entry: dict[str, str], health: bool) -> dict[str, Any]:
-    return {"backends": [{"name": n, "kind": "vllm", "base_url": m.root, "models": ["m"]}
-                         for n, m in zip("abc", mocks, strict=True)],
-            "models": {"chat": {"targets": [{"backend": n, "model": "m"} for n in "abc"]}},
-            "tenants": {"t": {"allowed_models": ["chat"]}}, "keys": [key_entry],
-            "health": {"enabled": health, "interval_s": 0.2},
-            "routing": {"picker": {"policy": "engine", "stale_after_s": 2.0}}}
+    return {
+        "backends": [
+            {"name": n, "kind": "vllm", "base_url": m.root, "models": ["m"]} for n, m in zip("abc", mocks, strict=True)
+        ],
+        "models": {"chat": {"targets": [{"backend": n, "model": "m"} for n in "abc"]}},
+        "tenants": {"t": {"allowed_models": ["chat"]}},
+        "keys": [key_entry],
+        "health": {"enabled": health, "interval_s": 0.2},
+        "routing": {"picker": {"policy": "engine", "stale_after_s": 2.0}},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +84,14 @@ def _wait_scraped(gw: Any, n: int = 3, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         text = _metrics(gw)
-        if sum(1 for ln in text.splitlines() if ln.startswith("servelab_gateway_engine_scrape_up{") and
-               ln.endswith(" 1.0")) >= n:
+        if (
+            sum(
+                1
+                for ln in text.splitlines()
+                if ln.startswith("servelab_gateway_engine_scrape_up{") and ln.endswith(" 1.0")
+            )
+            >= n
+        ):
             return
         time.sleep(0.1)
     raise AssertionError("the gateway never scraped every engine's /metrics")
@@ -140,10 +160,12 @@ def test_a_replica_the_engine_reports_busy_gets_no_new_request(fleet: dict[str, 
 
 
 def test_without_gauges_the_picker_falls_back_to_least_outstanding_and_counts_it(
-        fleet: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> None:
+    fleet: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
     mocks = list(fleet["mocks"].values())
     gw = start_gateway(_config(mocks, fleet["entry"], False), tmp_path_factory.mktemp("picker-nohealth"))
     try:
+
         async def go() -> list[dict[str, Any]]:
             async with aiohttp.ClientSession() as s:
                 return [await _chat(s, gw.url, fleet["key"], f"q {i}") for i in range(4)]

@@ -18,19 +18,36 @@ pytestmark = pytest.mark.timeout(120)
 def test_sampling_defaults_and_bounds_per_model_and_task(gateway: Any, mock_engine: Any) -> None:
     eng = mock_engine("--dialect", "vllm", "--output-tokens", "50")
     key, entry = gateway_key("k1", "t")
-    gw = gateway({
-        "backends": [{"name": "b", "kind": "vllm", "base_url": eng.root, "models": ["up"]}],
-        "models": {
-            # structured extraction: conservative, out-of-range values refused
-            "extract": {"targets": [{"backend": "b"}], "sampling": {
-                "on_violation": "refuse", "temperature": {"default": 0, "max": 0.3},
-                "top_p": {"default": 1, "max": 1}, "max_tokens": {"default": 20, "max": 40},
-                "stop": {"max_items": 2}}},
-            # creative writing: open, clamped
-            "write": {"targets": [{"backend": "b"}], "sampling": {
-                "temperature": {"default": 0.9, "min": 0.2, "max": 1.5}, "stop": {"default": ["THE END"]}}}},
-        "routing": {"task_sampling": {"poem": {"temperature": {"default": 1.2, "max": 2.0}, "top_k": {"max": 50}}}},
-        "tenants": {"t": {}}, "keys": [entry], "health": {"enabled": False}})
+    gw = gateway(
+        {
+            "backends": [{"name": "b", "kind": "vllm", "base_url": eng.root, "models": ["up"]}],
+            "models": {
+                # structured extraction: conservative, out-of-range values refused
+                "extract": {
+                    "targets": [{"backend": "b"}],
+                    "sampling": {
+                        "on_violation": "refuse",
+                        "temperature": {"default": 0, "max": 0.3},
+                        "top_p": {"default": 1, "max": 1},
+                        "max_tokens": {"default": 20, "max": 40},
+                        "stop": {"max_items": 2},
+                    },
+                },
+                # creative writing: open, clamped
+                "write": {
+                    "targets": [{"backend": "b"}],
+                    "sampling": {
+                        "temperature": {"default": 0.9, "min": 0.2, "max": 1.5},
+                        "stop": {"default": ["THE END"]},
+                    },
+                },
+            },
+            "routing": {"task_sampling": {"poem": {"temperature": {"default": 1.2, "max": 2.0}, "top_k": {"max": 50}}}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+            "health": {"enabled": False},
+        }
+    )
     url = gw.url + "/chat/completions"
     msgs = [{"role": "user", "content": "hi"}]
 
@@ -47,8 +64,12 @@ def test_sampling_defaults_and_bounds_per_model_and_task(gateway: Any, mock_engi
     assert rec["policy"] == {"defaults": {"temperature": 0, "top_p": 1, "max_tokens": 20}, "clamped": {}}
     assert rec["completion_tokens"] == 20
     # outside with on_violation refuse -> 400 naming the parameter and the range
-    for body, param in (({"temperature": 0.7}, "temperature"), ({"max_tokens": 100}, "max_tokens"),
-                        ({"stop": ["a", "b", "c"]}, "stop"), ({"n_predict": 100}, "max_tokens")):
+    for body, param in (
+        ({"temperature": 0.7}, "temperature"),
+        ({"max_tokens": 100}, "max_tokens"),
+        ({"stop": ["a", "b", "c"]}, "stop"),
+        ({"n_predict": 100}, "max_tokens"),
+    ):
         n = len(_records(eng))
         st, err, rec = ask({"model": "extract", **body})
         assert st == 400 and err["error"]["code"] == "parameter_out_of_range" and err["error"]["param"] == param, err

@@ -32,11 +32,16 @@ def _health(gw: Any) -> tuple[int, bytes]:
 def test_health_names_the_database_field_not_its_address(gateway: Any, tmp_path: Path) -> None:
     port = free_port()  # nothing listens there: PostgreSQL is down
     _, entry = gateway_key("k1", "t")
-    gw = gateway({"ledger": {"postgres_dsn": f"postgresql://postgres:hunter2@127.0.0.1:{port}/servelab"},
-                  "backends": [{"name": "b", "kind": "mock", "base_url": f"http://127.0.0.1:{free_port()}",
-                                "models": ["m"]}],
-                  "models": {"m": {"targets": [{"backend": "b"}]}}, "tenants": {"t": {}}, "keys": [entry],
-                  "health": {"enabled": False}})
+    gw = gateway(
+        {
+            "ledger": {"postgres_dsn": f"postgresql://postgres:hunter2@127.0.0.1:{port}/servelab"},
+            "backends": [{"name": "b", "kind": "mock", "base_url": f"http://127.0.0.1:{free_port()}", "models": ["m"]}],
+            "models": {"m": {"targets": [{"backend": "b"}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+            "health": {"enabled": False},
+        }
+    )
     # at start, and after the background retries have set the reason again
     for wait_s in (0.0, 3 * LEDGER_RETRY_S + 0.5):
         time.sleep(wait_s)

@@ -16,7 +16,6 @@ import pytest
 from conftest import ADMIN_TOKEN, gateway_key
 from gateway.test_admin import TOKEN, admin_server, call
 from gateway.test_server import post
-
 from services import PG_VERSION, postgres_cluster, redis_server
 
 
@@ -26,9 +25,14 @@ def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _cfg(entry: dict[str, str], **over: Any) -> dict[str, Any]:
-    return {"backends": [{"name": "b", "kind": "mock", "base_url": "http://127.0.0.1:9", "models": ["m"]}],
-            "models": {"m": {"targets": [{"backend": "b"}]}}, "tenants": {"t": {}}, "keys": [entry],
-            "health": {"enabled": False}, **over}
+    return {
+        "backends": [{"name": "b", "kind": "mock", "base_url": "http://127.0.0.1:9", "models": ["m"]}],
+        "models": {"m": {"targets": [{"backend": "b"}]}},
+        "tenants": {"t": {}},
+        "keys": [entry],
+        "health": {"enabled": False},
+        **over,
+    }
 
 
 def _health(gw: Any) -> tuple[int, dict[str, Any]]:
@@ -67,8 +71,12 @@ def test_health_is_503_while_redis_is_down(gateway: Any) -> None:
 
 
 def _pg(cluster: Any, action: str) -> None:
-    subprocess.run(["pg_ctlcluster", PG_VERSION, cluster.name, action, *(["-m", "fast"] if action == "stop" else [])],
-                   capture_output=True, timeout=60, check=True)
+    subprocess.run(
+        ["pg_ctlcluster", PG_VERSION, cluster.name, action, *(["-m", "fast"] if action == "stop" else [])],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
 
 
 def test_admin_answers_json_and_health_reports_the_ledger_when_postgres_is_down(gateway: Any) -> None:
@@ -79,8 +87,11 @@ def test_admin_answers_json_and_health_reports_the_ledger_when_postgres_is_down(
         assert st == 201, made
         _pg(pg, "stop")
         try:
-            for method, path, body in (("POST", "/admin/keys", {"tenant": "t"}), ("GET", "/admin/usage", None),
-                                       ("DELETE", f"/admin/keys/{made['key_id']}", {})):
+            for method, path, body in (
+                ("POST", "/admin/keys", {"tenant": "t"}),
+                ("GET", "/admin/usage", None),
+                ("DELETE", f"/admin/keys/{made['key_id']}", {}),
+            ):
                 st, h, out = _admin(gw, method, path, body)
                 assert st == 503 and out["error"]["code"] == "database_unavailable", (path, st, out)
                 assert h.get("Content-Type", "").startswith("application/json") and "Retry-After" in h
@@ -99,11 +110,17 @@ def test_admin_answers_json_and_health_reports_the_ledger_when_postgres_is_down(
             _pg(pg, "start")
 
 
-@pytest.mark.parametrize("limits, word", [
-    ({"rpm": 0}, "limits.rpm"), ({"tpm": -5}, "limits.tpm"), ({"rpm": "60"}, "limits.rpm"),
-    ({"max_concurrency": True}, "limits.max_concurrency"), ({"token_budget": 1.5}, "limits.token_budget"),
-    ({"rps": 3}, "limits.rps"),
-])
+@pytest.mark.parametrize(
+    "limits, word",
+    [
+        ({"rpm": 0}, "limits.rpm"),
+        ({"tpm": -5}, "limits.tpm"),
+        ({"rpm": "60"}, "limits.rpm"),
+        ({"max_concurrency": True}, "limits.max_concurrency"),
+        ({"token_budget": 1.5}, "limits.token_budget"),
+        ({"rps": 3}, "limits.rps"),
+    ],
+)
 def test_admin_limits_are_validated_like_the_config(tmp_path: Any, limits: dict[str, Any], word: str) -> None:
     async def go() -> None:
         async with admin_server(tmp_path) as (base, ks, _), aiohttp.ClientSession() as s:
@@ -119,8 +136,14 @@ def test_admin_limits_are_validated_like_the_config(tmp_path: Any, limits: dict[
 def test_admin_usage_times_and_unknown_paths(tmp_path: Any) -> None:
     async def go() -> None:
         async with admin_server(tmp_path) as (base, _, _), aiohttp.ClientSession() as s:
-            for q in ("since_ts=nan", "since_ts=inf", "until_ts=-inf", "since_ts=-1", "since_ts=abc",
-                      "since_ts=20&until_ts=10"):
+            for q in (
+                "since_ts=nan",
+                "since_ts=inf",
+                "until_ts=-inf",
+                "since_ts=-1",
+                "since_ts=abc",
+                "since_ts=20&until_ts=10",
+            ):
                 st, body, _ = await call(s, "GET", base + "/admin/usage?" + q)
                 assert st == 400 and body["error"]["code"] == "bad_query", (q, body)
             st, body, _ = await call(s, "GET", base + "/admin/usage?since_ts=0&until_ts=10")

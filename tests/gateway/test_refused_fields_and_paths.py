@@ -15,19 +15,32 @@ from gateway.test_server import post
 def _gw(gateway: Any, mock_engine: Any) -> tuple[Any, str]:
     eng = mock_engine("--dialect", "vllm")
     key, entry = gateway_key("k1", "t")
-    gw = gateway({"backends": [{"name": "b", "kind": "vllm", "base_url": eng.root, "models": ["m", "x"]}],
-                  "models": {"m": {"targets": [{"backend": "b"}], "capabilities": {"json_schema": False}},
-                             "x": {"targets": [{"backend": "b"}]}},
-                  "tenants": {"t": {"allowed_models": ["m"]}}, "keys": [entry]})
+    gw = gateway(
+        {
+            "backends": [{"name": "b", "kind": "vllm", "base_url": eng.root, "models": ["m", "x"]}],
+            "models": {
+                "m": {"targets": [{"backend": "b"}], "capabilities": {"json_schema": False}},
+                "x": {"targets": [{"backend": "b"}]},
+            },
+            "tenants": {"t": {"allowed_models": ["m"]}},
+            "keys": [entry],
+        }
+    )
     return gw, key
 
 
 def test_constrained_decoding_fields_refused_without_json_schema(gateway: Any, mock_engine: Any) -> None:
     gw, key = _gw(gateway, mock_engine)
     base = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    for field, value in (("grammar", 'root ::= "yes"'), ("guided_regex", "a+"), ("guided_choice", ["a", "b"]),
-                         ("json_schema", {"type": "object"}), ("structured_outputs", {"regex": "a"}),
-                         ("regex", "a+"), ("ebnf", 'root ::= "a"')):
+    for field, value in (
+        ("grammar", 'root ::= "yes"'),
+        ("guided_regex", "a+"),
+        ("guided_choice", ["a", "b"]),
+        ("json_schema", {"type": "object"}),
+        ("structured_outputs", {"regex": "a"}),
+        ("regex", "a+"),
+        ("ebnf", 'root ::= "a"'),
+    ):
         st, _, raw = post(gw.url + "/chat/completions", {**base, field: value}, key)
         err = orjson.loads(raw)["error"]
         assert st == 400 and err["code"] == "json_schema_not_supported" and err["param"] == field, (field, raw)

@@ -19,9 +19,13 @@ from gateway.test_server import post
 
 
 def _cfg(eng_root: str, entry: dict[str, str], *models: str) -> dict[str, Any]:
-    return {"server": {"shutdown_grace_s": 10},
-            "backends": [{"name": "b", "kind": "vllm", "base_url": eng_root, "models": list(models)}],
-            "models": {m: {"targets": [{"backend": "b"}]} for m in models}, "tenants": {"t": {}}, "keys": [entry]}
+    return {
+        "server": {"shutdown_grace_s": 10},
+        "backends": [{"name": "b", "kind": "vllm", "base_url": eng_root, "models": list(models)}],
+        "models": {m: {"targets": [{"backend": "b"}]} for m in models},
+        "tenants": {"t": {}},
+        "keys": [entry],
+    }
 
 
 def test_deep_yaml_keeps_watcher_and_sigterm_drains(gateway: Any, mock_engine: Any) -> None:
@@ -32,8 +36,11 @@ def test_deep_yaml_keeps_watcher_and_sigterm_drains(gateway: Any, mock_engine: A
     tmp.write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")  # 5,000 deep: refused by the loader's depth limit
     os.replace(tmp, gw.config_path)
     time.sleep(2.5)
-    st, _, raw = post(gw.url + "/chat/completions", {"model": "a", "messages": [{"role": "user", "content": "hi"}],
-                                                     "max_tokens": 2}, key)
+    st, _, raw = post(
+        gw.url + "/chat/completions",
+        {"model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        key,
+    )
     assert st == 200, raw  # the running config stays in force
     gw.write_config(_cfg(eng.root, entry, "a", "b2"))  # a valid edit: the watcher must still be alive
     deadline = time.monotonic() + 10
@@ -47,9 +54,13 @@ def test_deep_yaml_keeps_watcher_and_sigterm_drains(gateway: Any, mock_engine: A
     got: list[bytes] = []
 
     def stream() -> None:
-        req = urllib.request.Request(gw.url + "/chat/completions", data=orjson.dumps(
-            {"model": "a", "stream": True, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60}),
-            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            gw.url + "/chat/completions",
+            data=orjson.dumps(
+                {"model": "a", "stream": True, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60}
+            ),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=30) as r:
             got.append(r.read())
 

@@ -25,45 +25,61 @@ DOCS = ["the cat sat on the mat", "dogs chase cats", "a cat and a dog", "stock p
 
 
 def _cfg(caps: dict[str, Any]) -> dict[str, Any]:
-    return {"backends": [{"name": "b", "kind": "mock", "base_url": "http://127.0.0.1:9", "models": ["m"]}],
-            "models": {"r": {"targets": [{"backend": "b"}], "capabilities": caps}}}
+    return {
+        "backends": [{"name": "b", "kind": "mock", "base_url": "http://127.0.0.1:9", "models": ["m"]}],
+        "models": {"r": {"targets": [{"backend": "b"}], "capabilities": caps}},
+    }
 
 
-@pytest.mark.parametrize(("caps", "words"), [
-    ({"rerank": True, "embeddings": True}, "not both"),
-    ({"rerank": True, "tools": True}, "a rerank model cannot declare tools"),
-    ({"rerank": True, "embedding_dimensions": 8}, "only an embedding model"),
-    ({"max_input_tokens": 8}, "only an embedding or rerank model has one"),  # a chat model never checked it
-    ({"rerank": True, "max_input_tokens": 1000, "context_tokens": 512}, "1000 is above context_tokens 512"),
-])
+@pytest.mark.parametrize(
+    ("caps", "words"),
+    [
+        ({"rerank": True, "embeddings": True}, "not both"),
+        ({"rerank": True, "tools": True}, "a rerank model cannot declare tools"),
+        ({"rerank": True, "embedding_dimensions": 8}, "only an embedding model"),
+        ({"max_input_tokens": 8}, "only an embedding or rerank model has one"),  # a chat model never checked it
+        ({"rerank": True, "max_input_tokens": 1000, "context_tokens": 512}, "1000 is above context_tokens 512"),
+    ],
+)
 def test_config_refuses_contradictory_declarations(caps: dict[str, Any], words: str) -> None:
     with pytest.raises(Exception, match=words):
         parse_config(_cfg(caps))
 
 
-@pytest.mark.parametrize(("primary", "fallback", "words"), [
-    ({"rerank": True}, {}, "'c' is a chat model and 'p' a rerank model"),
-    ({}, {"rerank": True}, "'c' is a rerank model and 'p' a chat model"),
-    ({"embeddings": True}, {"rerank": True}, "'c' is a rerank model and 'p' an embedding model"),
-])
-def test_config_refuses_a_fallback_to_another_kind_of_model(primary: dict[str, Any], fallback: dict[str, Any],
-                                                            words: str) -> None:
+@pytest.mark.parametrize(
+    ("primary", "fallback", "words"),
+    [
+        ({"rerank": True}, {}, "'c' is a chat model and 'p' a rerank model"),
+        ({}, {"rerank": True}, "'c' is a rerank model and 'p' a chat model"),
+        ({"embeddings": True}, {"rerank": True}, "'c' is a rerank model and 'p' an embedding model"),
+    ],
+)
+def test_config_refuses_a_fallback_to_another_kind_of_model(
+    primary: dict[str, Any], fallback: dict[str, Any], words: str
+) -> None:
     """Admission checks the first model's kind only: a fallback of another kind would get a rerank body as a
     chat model (or a chat body as a reranker), so the config refuses it, naming the step."""
     b = [{"name": "b", "kind": "mock", "base_url": "http://127.0.0.1:9", "models": ["m"]}]
-    cfg = {"backends": b, "models": {"p": {"targets": [{"backend": "b"}], "capabilities": primary,
-                                           "fallback": [{"model": "c"}]},
-                                     "c": {"targets": [{"backend": "b"}], "capabilities": fallback}}}
+    cfg = {
+        "backends": b,
+        "models": {
+            "p": {"targets": [{"backend": "b"}], "capabilities": primary, "fallback": [{"model": "c"}]},
+            "c": {"targets": [{"backend": "b"}], "capabilities": fallback},
+        },
+    }
     with pytest.raises(Exception, match=f"models.p.fallback\\[0\\].model: {words}"):
         parse_config(cfg)
     cfg["models"]["c"]["capabilities"] = primary  # the same kind is fine
     parse_config(cfg)
 
 
-@pytest.mark.parametrize(("models", "words"), [
-    (None, "applies to every model (models: null), including 'r', a rerank model"),
-    (["r"], "lists 'r', a rerank model"),
-])
+@pytest.mark.parametrize(
+    ("models", "words"),
+    [
+        (None, "applies to every model (models: null), including 'r', a rerank model"),
+        (["r"], "lists 'r', a rerank model"),
+    ],
+)
 def test_config_refuses_a_degrade_route_to_another_kind(models: list[str] | None, words: str) -> None:
     """A degrade rule routing rerank requests to a chat model made them 400s naming a model the client never
     asked for; the config refuses it. A rule over chat models only is fine."""
@@ -105,17 +121,32 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     key, entry = gateway_key("k1", "t")
     tight, tight_entry = gateway_key("k2", "t")
     bench, bench_entry = gateway_key("k3", "t")
-    cfg = {"backends": [{"name": "b", "kind": "mock", "base_url": mock.root, "models": ["m"]}],
-           "models": {"rr": {"targets": [{"backend": "b"}], "capabilities": {"rerank": True, "max_input_tokens": 20}},
-                      "emb": {"targets": [{"backend": "b"}],
-                              "capabilities": {"embeddings": True, "embedding_dimensions": 64}},
-                      "chat": {"targets": [{"backend": "b"}]}},
-           "retry": {"attempts": 0},
-           "tenants": {"t": {}}, "keys": [entry, {**tight_entry, "tpm": 30}, bench_entry]}
+    cfg = {
+        "backends": [{"name": "b", "kind": "mock", "base_url": mock.root, "models": ["m"]}],
+        "models": {
+            "rr": {"targets": [{"backend": "b"}], "capabilities": {"rerank": True, "max_input_tokens": 20}},
+            "emb": {"targets": [{"backend": "b"}], "capabilities": {"embeddings": True, "embedding_dimensions": 64}},
+            "chat": {"targets": [{"backend": "b"}]},
+        },
+        "retry": {"attempts": 0},
+        "tenants": {"t": {}},
+        "keys": [entry, {**tight_entry, "tpm": 30}, bench_entry],
+    }
     proc = start_gateway(cfg, tmp / "gw")
     try:
-        yield type("GW", (), {"url": proc.url, "root": proc.root, "key": key, "tight": tight, "bench": bench,
-                              "db": Path(proc.config["ledger"]["sqlite_path"]), "log": proc.access_log})
+        yield type(
+            "GW",
+            (),
+            {
+                "url": proc.url,
+                "root": proc.root,
+                "key": key,
+                "tight": tight,
+                "bench": bench,
+                "db": Path(proc.config["ledger"]["sqlite_path"]),
+                "log": proc.access_log,
+            },
+        )
     finally:
         stop_gateway(proc.proc)
         stop_mock_process(mock.proc)
@@ -137,17 +168,19 @@ def test_rerank_results_usage_and_ledger(gw: Any, path: str) -> None:
     assert ledger_usage(gw.db, resp.headers["X-Request-ID"]) == (words, 0)
 
 
-@pytest.mark.parametrize(("model", "body", "param", "code"), [
-    ("rr", {"documents": DOCS}, "query", "invalid_type"),
-    ("rr", {"query": "q", "documents": []}, "documents", "invalid_type"),
-    ("rr", {"query": "q", "documents": ["ok", 3]}, "documents[1]", "invalid_type"),
-    ("rr", {"query": "q", "documents": DOCS, "top_n": -1}, "top_n", "invalid_value"),
-    ("rr", {"query": "q", "documents": DOCS, "stream": True}, "stream", "invalid_value"),
-    ("rr", {"query": "q", "documents": ["ok", "word " * 40]}, "documents[1]", "input_too_long"),
-    ("chat", {"query": "q", "documents": DOCS}, "model", "model_not_supported"),
-])
-def test_rerank_bad_input_is_one_clear_400(gw: Any, model: str, body: dict[str, Any], param: str,
-                                           code: str) -> None:
+@pytest.mark.parametrize(
+    ("model", "body", "param", "code"),
+    [
+        ("rr", {"documents": DOCS}, "query", "invalid_type"),
+        ("rr", {"query": "q", "documents": []}, "documents", "invalid_type"),
+        ("rr", {"query": "q", "documents": ["ok", 3]}, "documents[1]", "invalid_type"),
+        ("rr", {"query": "q", "documents": DOCS, "top_n": -1}, "top_n", "invalid_value"),
+        ("rr", {"query": "q", "documents": DOCS, "stream": True}, "stream", "invalid_value"),
+        ("rr", {"query": "q", "documents": ["ok", "word " * 40]}, "documents[1]", "input_too_long"),
+        ("chat", {"query": "q", "documents": DOCS}, "model", "model_not_supported"),
+    ],
+)
+def test_rerank_bad_input_is_one_clear_400(gw: Any, model: str, body: dict[str, Any], param: str, code: str) -> None:
     resp = _post(gw, "/v1/rerank", {"model": model, **body})
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
@@ -194,10 +227,37 @@ def test_bench_endpoint_rerank_through_the_gateway(gw: Any, tmp_path: Path) -> N
 
     n, docs = 6, 3
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "bench", "--url", gw.url, "--model", "rr",
-                        "--api-key", gw.bench, "--endpoint", "rerank", "--batch-size", str(docs),
-                        "--set", "input_tokens=4", "--concurrency", "2", "--requests", str(n), "--warmup", "0",
-                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "servelab.cli",
+            "bench",
+            "--url",
+            gw.url,
+            "--model",
+            "rr",
+            "--api-key",
+            gw.bench,
+            "--endpoint",
+            "rerank",
+            "--batch-size",
+            str(docs),
+            "--set",
+            "input_tokens=4",
+            "--concurrency",
+            "2",
+            "--requests",
+            str(n),
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     (step,) = json.loads((out / "summary.json").read_text())["steps"]
     assert step["workload"] == "rerank" and step["counts"]["succeeded"] == n
@@ -223,10 +283,34 @@ def test_bench_step_where_every_request_failed_exits_1_with_one_line(gw: Any, tm
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "bench", "--url", gw.url, "--model", "chat",
-                        "--api-key", gw.key, "--endpoint", "rerank", "--concurrency", "1", "--requests", "4",
-                        "--warmup", "0", "--quiet", "--out", str(tmp_path / "run")],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "servelab.cli",
+            "bench",
+            "--url",
+            gw.url,
+            "--model",
+            "chat",
+            "--api-key",
+            gw.key,
+            "--endpoint",
+            "rerank",
+            "--concurrency",
+            "1",
+            "--requests",
+            "4",
+            "--warmup",
+            "0",
+            "--quiet",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
     errs = [x for x in r.stderr.splitlines() if x.startswith("servelab: error:")]
     assert len(errs) == 1 and "every request of step rerank/c1 failed (http_status: 4)" in errs[0], r.stderr

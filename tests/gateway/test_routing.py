@@ -12,7 +12,6 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from hypothesis_profiles import examples
 
 from servelab.gateway.breaker import BreakerBoard, BreakerSettings
@@ -29,8 +28,9 @@ def replicas(n: int, model: str = "m", **kw) -> list[Backend]:
 
 def pool_router(n: int, affinity_chars: int = 64, **kw) -> Router:
     bs = replicas(n)
-    return Router(bs, [ModelRoute("pub", tuple(TargetSpec(b.name, "m") for b in bs))],
-                  affinity_chars=affinity_chars, **kw)
+    return Router(
+        bs, [ModelRoute("pub", tuple(TargetSpec(b.name, "m") for b in bs))], affinity_chars=affinity_chars, **kw
+    )
 
 
 # ------------------------------------------------------------------ weighted split
@@ -38,20 +38,30 @@ def pool_router(n: int, affinity_chars: int = 64, **kw) -> Router:
 @given(st.lists(st.integers(min_value=1, max_value=20), min_size=2, max_size=4))
 def test_weighted_split_converges_to_weights(weights: list[int]) -> None:
     bs = [Backend(f"b{i}", "mock", f"http://h:{i}", (f"m{i}",)) for i in range(len(weights))]
-    r = Router(bs, [ModelRoute("pub", tuple(TargetSpec(b.name, f"m{i}", w) for i, (b, w) in enumerate(zip(bs, weights))))])
+    r = Router(
+        bs,
+        [
+            ModelRoute(
+                "pub", tuple(TargetSpec(b.name, f"m{i}", w) for i, (b, w) in enumerate(zip(bs, weights, strict=True)))
+            )
+        ],
+    )
     n = 4000
     counts = {b.name: 0 for b in bs}
     for i in range(n):
         counts[r.plan("pub", request_id=f"req-{i}").primary.backend] += 1
     total = sum(weights)
-    for b, w in zip(bs, weights):
+    for b, w in zip(bs, weights, strict=True):
         p = w / total
         sigma = math.sqrt(p * (1 - p) / n)
         assert abs(counts[b.name] / n - p) <= 5 * sigma + 0.005, (weights, counts)
 
 
 def test_weighted_split_is_deterministic_per_request_id_and_across_instances() -> None:
-    bs = [Backend("stable", "mock", "http://h:1", ("m",)), Backend("canary", "mock", "http://h:2", ("m",), pool="canary")]
+    bs = [
+        Backend("stable", "mock", "http://h:1", ("m",)),
+        Backend("canary", "mock", "http://h:2", ("m",), pool="canary"),
+    ]
     mk = lambda order: Router(order, [ModelRoute("pub", (TargetSpec("stable", "m", 95), TargetSpec("canary", "m", 5)))])  # noqa: E731
     a, b = mk(bs), mk(list(reversed(bs)))
     got = [a.plan("pub", request_id=f"id{i}").primary.backend for i in range(500)]
@@ -75,19 +85,26 @@ def test_affinity_same_prefix_same_replica_across_instances_and_listing_order() 
     assert pa == [b.plan("pub", prompt_prefix=p).primary.backend for p in _PREFIXES]
     assert len(set(pa)) == 5  # the keys spread over all replicas
     # request ids do not matter for affinity
-    assert pa[:20] == [a.plan("pub", prompt_prefix=p, request_id=f"x{i}").primary.backend for i, p in enumerate(_PREFIXES[:20])]
+    assert pa[:20] == [
+        a.plan("pub", prompt_prefix=p, request_id=f"x{i}").primary.backend for i, p in enumerate(_PREFIXES[:20])
+    ]
 
 
 def test_affinity_is_stable_across_processes_with_different_hash_seeds() -> None:
-    code = ("from servelab.gateway.hashing import hrw_order\n"
-            "import sys\n"
-            "names=[f'r{i}' for i in range(5)]\n"
-            "print(','.join(hrw_order(f'key-{k}', names)[0] for k in range(200)))\n")
+    code = (
+        "from servelab.gateway.hashing import hrw_order\n"
+        "import sys\n"
+        "names=[f'r{i}' for i in range(5)]\n"
+        "print(','.join(hrw_order(f'key-{k}', names)[0] for k in range(200)))\n"
+    )
     outs = []
     for seed in ("1", "12345"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        outs.append(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                   check=True, timeout=60).stdout.strip())
+        outs.append(
+            subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=60
+            ).stdout.strip()
+        )
     assert outs[0] == outs[1]
     here = ",".join(hrw_order(f"key-{k}", [f"r{i}" for i in range(5)])[0] for k in range(200))
     assert here == outs[0]
@@ -145,8 +162,10 @@ def test_bounded_load_spills_a_hot_prefix_and_keeps_cold_ones_home() -> None:
 
 # ------------------------------------------------------------------ least outstanding + saturation
 def test_least_outstanding_picks_the_idle_replica_relative_to_capacity() -> None:
-    bs = [Backend("small", "llamacpp", "http://h:1", ("m",), max_in_flight=4),
-          Backend("big", "vllm", "http://h:2", ("m",), max_in_flight=16)]
+    bs = [
+        Backend("small", "llamacpp", "http://h:1", ("m",), max_in_flight=4),
+        Backend("big", "vllm", "http://h:2", ("m",), max_in_flight=16),
+    ]
     r = Router(bs, [ModelRoute("pub", (TargetSpec("small", "m"), TargetSpec("big", "m")))])
     leases = [r.acquire(r.plan("pub", request_id=f"i{i}").primary) for i in range(10)]
     loads = r.load.snapshot()
@@ -158,9 +177,17 @@ def test_least_outstanding_picks_the_idle_replica_relative_to_capacity() -> None
 
 def test_saturated_replicas_are_skipped_then_fallback_with_degrade_params() -> None:
     bs = replicas(2, max_in_flight=1) + [Backend("tiny", "llamacpp", "http://h:7", ("small",))]
-    r = Router(bs, [ModelRoute("big", (TargetSpec("r0", "m"), TargetSpec("r1", "m")),
-                               fallback=(FallbackSpec("small", max_tokens=64, params={"temperature": 0}),)),
-                    ModelRoute("small", (TargetSpec("tiny", "small"),))])
+    r = Router(
+        bs,
+        [
+            ModelRoute(
+                "big",
+                (TargetSpec("r0", "m"), TargetSpec("r1", "m")),
+                fallback=(FallbackSpec("small", max_tokens=64, params={"temperature": 0}),),
+            ),
+            ModelRoute("small", (TargetSpec("tiny", "small"),)),
+        ],
+    )
     body = {"model": "big", "max_tokens": 500, "messages": []}
     p = r.plan("big", body)
     assert [t.role for t in p.targets] == ["primary", "retry", "fallback"]
@@ -174,7 +201,10 @@ def test_saturated_replicas_are_skipped_then_fallback_with_degrade_params() -> N
     p2 = r.plan("big", {"max_tokens": 10})
     assert p2.degraded and [t.backend for t in p2.targets] == ["tiny"]
     assert p2.primary.overrides["max_tokens"] == 10  # a smaller request stays smaller
-    assert r.plan("big", {"max_completion_tokens": 900}).primary.overrides == {"max_completion_tokens": 64, "temperature": 0}
+    assert r.plan("big", {"max_completion_tokens": 900}).primary.overrides == {
+        "max_completion_tokens": 64,
+        "temperature": 0,
+    }
     a.release()
     assert not r.plan("big", body).degraded
 
@@ -194,23 +224,37 @@ def test_all_saturated_without_fallback_is_a_503_busy() -> None:
 
 # ------------------------------------------------------------------ breakers
 @settings(max_examples=examples(60), deadline=None)
-@given(st.lists(st.booleans(), min_size=4, max_size=4), st.lists(st.booleans(), min_size=4, max_size=4),
-       st.text(max_size=30), st.sampled_from(["pub", "alias"]))
-def test_never_routes_to_open_breaker_saturated_or_unknown_backend(opened: list[bool], full: list[bool],
-                                                                   prefix: str, model: str) -> None:
+@given(
+    st.lists(st.booleans(), min_size=4, max_size=4),
+    st.lists(st.booleans(), min_size=4, max_size=4),
+    st.text(max_size=30),
+    st.sampled_from(["pub", "alias"]),
+)
+def test_never_routes_to_open_breaker_saturated_or_unknown_backend(
+    opened: list[bool], full: list[bool], prefix: str, model: str
+) -> None:
     board = BreakerBoard(BreakerSettings(open_s=60))
     bs = replicas(4, max_in_flight=1)
-    r = Router(bs, [ModelRoute("pub", tuple(TargetSpec(b.name, "m", w) for b, w in zip(bs, (3, 1, 1, 0))),
-                               fallback=(FallbackSpec("alias", max_tokens=8),)),
-                    ModelRoute("alias", (TargetSpec("r3", "m"), TargetSpec("r2", "m")))],
-               breakers=board, affinity_chars=16)
-    for b, o, f in zip(bs, opened, full):
+    r = Router(
+        bs,
+        [
+            ModelRoute(
+                "pub",
+                tuple(TargetSpec(b.name, "m", w) for b, w in zip(bs, (3, 1, 1, 0), strict=True)),
+                fallback=(FallbackSpec("alias", max_tokens=8),),
+            ),
+            ModelRoute("alias", (TargetSpec("r3", "m"), TargetSpec("r2", "m"))),
+        ],
+        breakers=board,
+        affinity_chars=16,
+    )
+    for b, o, f in zip(bs, opened, full, strict=True):
         if f:
             assert r.acquire(r._target(b.name, "m", "pub", "primary", {})) is not None
         if o:
             board.get(b.name).force_open("health")
     candidates = {"r2", "r3"} if model == "alias" else {"r0", "r1", "r2", "r3"}
-    ok = {b.name for b, o, f in zip(bs, opened, full) if not o and not f} & candidates
+    ok = {b.name for b, o, f in zip(bs, opened, full, strict=True) if not o and not f} & candidates
     try:
         p = r.plan(model, {}, prompt_prefix=prefix)
     except GatewayError as e:
@@ -240,15 +284,13 @@ def test_lease_context_manager_outcomes_feed_the_breaker() -> None:
     board = BreakerBoard(BreakerSettings(consecutive_failures=2))
     r = Router(replicas(1), [ModelRoute("pub", (TargetSpec("r0", "m"),))], breakers=board)
     tgt = r.plan("pub").primary
-    with pytest.raises(asyncio.CancelledError):
-        with r.acquire(tgt):
-            raise asyncio.CancelledError  # client went away: neutral
+    with pytest.raises(asyncio.CancelledError), r.acquire(tgt):
+        raise asyncio.CancelledError  # client went away: neutral
     assert board.get("r0").state == "closed" and r.load.outstanding("r0") == 0
     for _ in range(2):
-        with pytest.raises(ConnectionResetError):
-            with r.acquire(tgt) as lease:
-                assert r.load.outstanding("r0") == 1
-                raise ConnectionResetError
+        with pytest.raises(ConnectionResetError), r.acquire(tgt) as lease:
+            assert r.load.outstanding("r0") == 1
+            raise ConnectionResetError
         assert lease.released
     assert board.get("r0").state == "open"
     assert r.acquire(tgt) is None
@@ -260,8 +302,11 @@ def test_lease_context_manager_outcomes_feed_the_breaker() -> None:
 # ------------------------------------------------------------------ task routing, shadow, errors, helpers
 def test_task_tag_picks_the_model_when_none_is_named_and_unknown_tags_are_ignored() -> None:
     bs = [Backend("a", "mock", "http://h:1", ("big",)), Backend("b", "mock", "http://h:2", ("small",))]
-    r = Router(bs, [ModelRoute("chat", (TargetSpec("a", "big"),)), ModelRoute("cheap", (TargetSpec("b", "small"),))],
-               tasks={"summarize": "cheap"})
+    r = Router(
+        bs,
+        [ModelRoute("chat", (TargetSpec("a", "big"),)), ModelRoute("cheap", (TargetSpec("b", "small"),))],
+        tasks={"summarize": "cheap"},
+    )
     for named in ("auto", None, ""):
         p = r.plan(named, {}, task_tag="summarize")
         assert p.public_model == "cheap" and p.task == "summarize" and p.primary.upstream_model == "small"
@@ -284,21 +329,29 @@ def test_shadow_sampled_at_its_rate_and_stable_per_request_id() -> None:
     hits = [s for s in shadows if s is not None]
     assert 0.08 < len(hits) / 3000 < 0.12
     assert all(s.role == "shadow" and s.backend == "new" and s.upstream_model == "m2" for s in hits)
-    assert [r.plan("pub", request_id=f"q{i}").shadow is not None for i in range(200)] == [s is not None for s in shadows[:200]]
+    assert [r.plan("pub", request_id=f"q{i}").shadow is not None for i in range(200)] == [
+        s is not None for s in shadows[:200]
+    ]
     r.breakers.get("new").force_open("health")
     assert all(r.plan("pub", request_id=f"q{i}").shadow is None for i in range(200))
 
 
-@pytest.mark.parametrize("kwargs, msg", [
-    (dict(backends=replicas(1) * 2), "appears twice"),
-    (dict(models=[ModelRoute("pub", (TargetSpec("ghost", "m"),))]), "unknown backend 'ghost'"),
-    (dict(models=[ModelRoute("pub", (TargetSpec("r0", "other"),))]), "does not list model 'other'"),
-    (dict(models=[ModelRoute("pub", (TargetSpec("r0", "m", 0),))]), "all weights are 0"),
-    (dict(models=[ModelRoute("pub", (TargetSpec("r0", "m", -1),))]), "must be >= 0"),
-    (dict(models=[ModelRoute("pub", (TargetSpec("r0", "m"),), fallback=(FallbackSpec("nope"),))]), "unknown model 'nope'"),
-    (dict(tasks={"t": "nope"}), "routing.tasks.t"),
-    (dict(balance_factor=0.5), "balance_factor"),
-])
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        (dict(backends=replicas(1) * 2), "appears twice"),
+        (dict(models=[ModelRoute("pub", (TargetSpec("ghost", "m"),))]), "unknown backend 'ghost'"),
+        (dict(models=[ModelRoute("pub", (TargetSpec("r0", "other"),))]), "does not list model 'other'"),
+        (dict(models=[ModelRoute("pub", (TargetSpec("r0", "m", 0),))]), "all weights are 0"),
+        (dict(models=[ModelRoute("pub", (TargetSpec("r0", "m", -1),))]), "must be >= 0"),
+        (
+            dict(models=[ModelRoute("pub", (TargetSpec("r0", "m"),), fallback=(FallbackSpec("nope"),))]),
+            "unknown model 'nope'",
+        ),
+        (dict(tasks={"t": "nope"}), "routing.tasks.t"),
+        (dict(balance_factor=0.5), "balance_factor"),
+    ],
+)
 def test_bad_tables_raise_config_error_naming_the_entry(kwargs: dict, msg: str) -> None:
     args = dict(backends=replicas(1), models=[ModelRoute("pub", (TargetSpec("r0", "m"),))])
     args.update(kwargs)
@@ -308,15 +361,24 @@ def test_bad_tables_raise_config_error_naming_the_entry(kwargs: dict, msg: str) 
 
 def test_fallback_cycles_terminate() -> None:
     bs = [Backend("a", "mock", "http://h:1"), Backend("b", "mock", "http://h:2")]
-    r = Router(bs, [ModelRoute("x", (TargetSpec("a", "m"),), fallback=(FallbackSpec("y", max_tokens=100),)),
-                    ModelRoute("y", (TargetSpec("b", "m"),), fallback=(FallbackSpec("x", max_tokens=50),))])
+    r = Router(
+        bs,
+        [
+            ModelRoute("x", (TargetSpec("a", "m"),), fallback=(FallbackSpec("y", max_tokens=100),)),
+            ModelRoute("y", (TargetSpec("b", "m"),), fallback=(FallbackSpec("x", max_tokens=50),)),
+        ],
+    )
     p = r.plan("x", {"max_tokens": 1000})
     assert [(t.backend, t.role) for t in p.targets] == [("a", "primary"), ("b", "fallback")]
 
 
 def test_affinity_text_and_stable_unit() -> None:
-    body = {"messages": [{"role": "system", "content": "be brief"},
-                         {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]}]}
+    body = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]},
+        ]
+    }
     assert affinity_text(body, 100) == "system: be brief\nuser: hi\n"
     assert affinity_text(body, 5) == "syste"
     assert affinity_text({"prompt": ["abc", "d"]}, 10) == "abc"

@@ -31,8 +31,12 @@ def _bench() -> ModuleType:
 
 LLAMA_FINAL = {
     "choices": [],
-    "usage": {"completion_tokens": 8, "prompt_tokens": 692, "total_tokens": 700,
-              "prompt_tokens_details": {"cached_tokens": 648}},
+    "usage": {
+        "completion_tokens": 8,
+        "prompt_tokens": 692,
+        "total_tokens": 700,
+        "prompt_tokens_details": {"cached_tokens": 648},
+    },
     "timings": {"cache_n": 648, "prompt_n": 44, "prompt_ms": 336.6, "predicted_n": 8, "predicted_ms": 494.2},
 }
 
@@ -48,14 +52,18 @@ def test_cached_tokens_from_usage_else_llamacpp_timings_else_none() -> None:
 
 def test_engine_counters_per_engine_llamacpp_queries_are_cached_plus_processed() -> None:
     m = _bench()
-    llama = ("# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens\n"
-             "# TYPE llamacpp:prompt_tokens_total counter\n"
-             "llamacpp:prompt_tokens_total 730\n"
-             "llamacpp:prompt_tokens_cached_total 1347\n"
-             "llamacpp:prompt_tokens_seconds 185.5\n")
+    llama = (
+        "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens\n"
+        "# TYPE llamacpp:prompt_tokens_total counter\n"
+        "llamacpp:prompt_tokens_total 730\n"
+        "llamacpp:prompt_tokens_cached_total 1347\n"
+        "llamacpp:prompt_tokens_seconds 185.5\n"
+    )
     assert m.engine_counters(llama, "llamacpp") == (1347.0, 2077.0)
-    vllm = ("vllm:prefix_cache_hits_total 48\nvllm:prefix_cache_queries_total 64\n"
-            'vllm:prefix_cache_hits_total{model_name="other"} 2\n')  # series summed over their labels
+    vllm = (
+        "vllm:prefix_cache_hits_total 48\nvllm:prefix_cache_queries_total 64\n"
+        'vllm:prefix_cache_hits_total{model_name="other"} 2\n'
+    )  # series summed over their labels
     assert m.engine_counters(vllm, "mock") == (50.0, 64.0)
 
 
@@ -71,14 +79,38 @@ def test_llamacpp_path_runs_end_to_end_and_prints_every_figure(tmp_path: Path) -
             pytest.fail("no cached llama-server; SERVELAB_REQUIRE_ENGINE is set")
         pytest.skip("no cached llama-server (run `servelab engine build llamacpp`)")
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benches" / "routing_compare.py"), "--engine", "llamacpp", "--replicas", "2",
-         "--rounds", "1", "--sessions", "1", "--turns", "2", "--system-words", "30", "--user-words", "4",
-         "--max-tokens", "2", "--policies", "round_robin,engine", "--workdir", str(tmp_path)],
-        capture_output=True, text=True, timeout=240, env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "benches" / "routing_compare.py"),
+            "--engine",
+            "llamacpp",
+            "--replicas",
+            "2",
+            "--rounds",
+            "1",
+            "--sessions",
+            "1",
+            "--turns",
+            "2",
+            "--system-words",
+            "30",
+            "--user-words",
+            "4",
+            "--max-tokens",
+            "2",
+            "--policies",
+            "round_robin,engine",
+            "--workdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    rows = {ln.split()[0]: ln.split() for ln in out.stdout.splitlines()
-            if ln.startswith(("round_robin ", "engine "))}
+    rows = {ln.split()[0]: ln.split() for ln in out.stdout.splitlines() if ln.startswith(("round_robin ", "engine "))}
     assert set(rows) == {"round_robin", "engine"}, out.stdout
     for name, cells in rows.items():
         assert cells[-1] == "0", f"{name}: failed requests in {cells}"  # the 'failed' column
@@ -90,14 +122,18 @@ def test_llamacpp_path_runs_end_to_end_and_prints_every_figure(tmp_path: Path) -
     assert re.search(r"cached share\s+n/a \(needs >= 3 rounds\)", out.stdout), out.stdout
 
 
-@pytest.mark.parametrize(("argv", "words"), [
-    (["--replicas", "1"], "--replicas 1: routing compares where requests go, which needs 2 replicas or more"),
-    (["--policies", ",,"], "--policies ',,' names no policy"),
-    (["--policies", "nope"], "--policies: nope not among"),
-    (["--replicas", "x"], "invalid int value"),
-])
-def test_bad_arguments_are_refused_with_one_line(argv: list[str], words: str, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--replicas", "1"], "--replicas 1: routing compares where requests go, which needs 2 replicas or more"),
+        (["--policies", ",,"], "--policies ',,' names no policy"),
+        (["--policies", "nope"], "--policies: nope not among"),
+        (["--replicas", "x"], "invalid int value"),
+    ],
+)
+def test_bad_arguments_are_refused_with_one_line(
+    argv: list[str], words: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """--replicas 1 ran a comparison on one replica, --policies ,, ran round_robin alone; argparse's
     refusals came with a usage block. Now each is one line and exit 2."""
     mod = _bench()

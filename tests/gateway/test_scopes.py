@@ -28,14 +28,20 @@ def redis_url() -> Iterator[str]:
 
 def _send(gws: list[Any], plan: list[tuple[str, str, dict[str, str]]]) -> list[tuple[int, dict[str, Any], Any]]:
     """All requests of ``plan`` ((key, model, headers)) at once, spread over ``gws``; (status, body, Retry-After)."""
+
     async def go() -> list[tuple[int, dict[str, Any], Any]]:
         async with aiohttp.ClientSession() as s:
+
             async def one(i: int, key: str, model: str, headers: dict[str, str]) -> tuple[int, dict[str, Any], Any]:
-                async with s.post(gws[i % len(gws)].url + "/chat/completions", json={
-                        "model": model, "max_tokens": 2, "messages": [{"role": "user", "content": f"hi {i}"}]},
-                        headers={"Authorization": f"Bearer {key}", **headers}) as r:
+                async with s.post(
+                    gws[i % len(gws)].url + "/chat/completions",
+                    json={"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": f"hi {i}"}]},
+                    headers={"Authorization": f"Bearer {key}", **headers},
+                ) as r:
                     return r.status, orjson.loads(await r.read()), r.headers.get("Retry-After")
+
             return list(await asyncio.gather(*(one(i, *p) for i, p in enumerate(plan))))
+
     return asyncio.run(go())
 
 
@@ -44,22 +50,33 @@ def _ok(results: list[tuple[int, dict[str, Any], Any]]) -> int:
 
 
 def _config(redis: str, eng: Any, entries: list[dict[str, Any]], trusted: list[str]) -> dict[str, Any]:
-    return {"state": {"redis_url": redis},
-            "server": {"trusted_proxies": trusted},
-            "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
-            "models": {"m": {"targets": [{"backend": "b"}]}, "m2": {"targets": [{"backend": "b"}]}},
-            "tenants": {"apps": {"application_limits": {"web": {"rpm": 4}}},
-                        "models": {"model_limits": {"m2": {"rpm": 3}}},
-                        "ips": {"ip_limits": {"rpm": 3}}},
-            "keys": entries, "health": {"enabled": False}}
+    return {
+        "state": {"redis_url": redis},
+        "server": {"trusted_proxies": trusted},
+        "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
+        "models": {"m": {"targets": [{"backend": "b"}]}, "m2": {"targets": [{"backend": "b"}]}},
+        "tenants": {
+            "apps": {"application_limits": {"web": {"rpm": 4}}},
+            "models": {"model_limits": {"m2": {"rpm": 3}}},
+            "ips": {"ip_limits": {"rpm": 3}},
+        },
+        "keys": entries,
+        "health": {"enabled": False},
+    }
 
 
 def test_application_model_and_ip_scopes_across_two_replicas(redis_url: str, gateway: Any, mock_engine: Any) -> None:
     eng = mock_engine("--dialect", "vllm", "--output-tokens", "2")
     keys: dict[str, str] = {}
     entries = []
-    for kid, tenant, app in (("a1", "apps", "web"), ("a2", "apps", "web"), ("a3", "apps", "batch"),
-                             ("m1", "models", None), ("i1", "ips", None), ("i2", "ips", None)):
+    for kid, tenant, app in (
+        ("a1", "apps", "web"),
+        ("a2", "apps", "web"),
+        ("a3", "apps", "batch"),
+        ("m1", "models", None),
+        ("i1", "ips", None),
+        ("i2", "ips", None),
+    ):
         keys[kid], entry = gateway_key(kid, tenant)
         if app:
             entry["application"] = app
@@ -69,16 +86,22 @@ def test_application_model_and_ip_scopes_across_two_replicas(redis_url: str, gat
     res = _send(untrusted, [(keys["a1" if i % 2 else "a2"], "m", {}) for i in range(12)])
     assert _ok(res) == 4, res
     busy = [(b, ra) for st, b, ra in res if st == 429]
-    assert all(b["error"]["code"] == "rate_limit_exceeded" and "your application (web)" in b["error"]["message"]
-               and ra is not None and 1 <= int(ra) <= 60 for b, ra in busy), busy
+    assert all(
+        b["error"]["code"] == "rate_limit_exceeded"
+        and "your application (web)" in b["error"]["message"]
+        and ra is not None
+        and 1 <= int(ra) <= 60
+        for b, ra in busy
+    ), busy
     assert _ok(_send(untrusted, [(keys["a3"], "m", {})] * 5)) == 5
     # model m2 for tenant "models": 3 of 10; model m is not limited
     res = _send(untrusted, [(keys["m1"], "m2", {})] * 10)
     assert _ok(res) == 3 and all("the model m2" in b["error"]["message"] for st, b, _ in res if st == 429), res
     assert _ok(_send(untrusted, [(keys["m1"], "m", {})] * 5)) == 5
     # client IP, peer 127.0.0.1 not a trusted proxy: every spoofed X-Forwarded-For counts as 127.0.0.1
-    res = _send(untrusted, [(keys["i1" if i % 2 else "i2"], "m", {"X-Forwarded-For": f"198.51.100.{i}"})
-                            for i in range(10)])
+    res = _send(
+        untrusted, [(keys["i1" if i % 2 else "i2"], "m", {"X-Forwarded-For": f"198.51.100.{i}"}) for i in range(10)]
+    )
     assert _ok(res) == 3, res
     assert all("your network address" in b["error"]["message"] for st, b, _ in res if st == 429)
     recs = [r for gw in untrusted for r in gw.access_records() if r["key_id"] in ("i1", "i2")]

@@ -24,11 +24,24 @@ from servelab.engines.mock import DIALECTS
 
 pytestmark = pytest.mark.timeout(180)
 
-OOM = ("CUDA error: out of memory; tried to allocate 2.00 GiB on GPU 0 (/opt/vllm/worker/model_runner.py:812, "
-       "batch 7f3a9c12, req-4411) at http://10.0.0.7:8000/v1")
+OOM = (
+    "CUDA error: out of memory; tried to allocate 2.00 GiB on GPU 0 (/opt/vllm/worker/model_runner.py:812, "
+    "batch 7f3a9c12, req-4411) at http://10.0.0.7:8000/v1"
+)
 #: what must never appear in anything a client receives
-SECRETS = ("cuda", "memory", "gib", "gpu", "/opt", "model_runner", "7f3a9c12", "req-4411", "10.0.0.7", "8000",
-           "mock-engine")
+SECRETS = (
+    "cuda",
+    "memory",
+    "gib",
+    "gpu",
+    "/opt",
+    "model_runner",
+    "7f3a9c12",
+    "req-4411",
+    "10.0.0.7",
+    "8000",
+    "mock-engine",
+)
 SAFE_400 = "temperature must be non-negative, got -1.0."
 INTERNAL_400 = "invalid tensor shape in batch 7f3a9c12 on device cuda:0"
 #: llama-server started without --reranking/--embeddings
@@ -49,19 +62,32 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str, 
             mocks[f"{d}-stream"] = _mock("--dialect", d, "--stream-error-rate", "1", "--error-message", OOM)
             mocks[f"{d}-ctx"] = _mock("--dialect", d, "--context-tokens", "10")
         mocks["safe400"] = _mock("--fail-http-rate", "1", "--fail-http-status", "400", "--error-message", SAFE_400)
-        mocks["internal400"] = _mock("--fail-http-rate", "1", "--fail-http-status", "400",
-                                     "--error-message", INTERNAL_400)
-        mocks["auth401"] = _mock("--fail-http-rate", "1", "--fail-http-status", "401",
-                                 "--error-message", "invalid api key sk-upstream-secret for 10.0.0.7")
-        mocks["np501"] = _mock("--fail-http-rate", "1", "--fail-http-status", "501",
-                               "--error-message", NOT_SERVED_501)
+        mocks["internal400"] = _mock(
+            "--fail-http-rate", "1", "--fail-http-status", "400", "--error-message", INTERNAL_400
+        )
+        mocks["auth401"] = _mock(
+            "--fail-http-rate",
+            "1",
+            "--fail-http-status",
+            "401",
+            "--error-message",
+            "invalid api key sk-upstream-secret for 10.0.0.7",
+        )
+        mocks["np501"] = _mock("--fail-http-rate", "1", "--fail-http-status", "501", "--error-message", NOT_SERVED_501)
         mocks["leaky400"] = _mock("--fail-http-rate", "1", "--fail-http-status", "400", "--error-message", LEAKY_400)
         key, entry = gateway_key("k1", "t")
-        cfg = {"backends": [{"name": f"secret-backend-{n}", "kind": "mock", "base_url": p.root, "models": ["up"]}
-                            for n, p in mocks.items()],
-               "models": {n: {"targets": [{"backend": f"secret-backend-{n}", "model": "up"}]} for n in mocks},
-               "tenants": {"t": {}}, "keys": [entry], "retry": {"attempts": 0}, "health": {"enabled": False},
-               "breaker": {"consecutive_failures": 10_000, "min_requests": 100_000}}
+        cfg = {
+            "backends": [
+                {"name": f"secret-backend-{n}", "kind": "mock", "base_url": p.root, "models": ["up"]}
+                for n, p in mocks.items()
+            ],
+            "models": {n: {"targets": [{"backend": f"secret-backend-{n}", "model": "up"}]} for n in mocks},
+            "tenants": {"t": {}},
+            "keys": [entry],
+            "retry": {"attempts": 0},
+            "health": {"enabled": False},
+            "breaker": {"consecutive_failures": 10_000, "min_requests": 100_000},
+        }
         gw = start_gateway(cfg, Path(tmp_path_factory.mktemp("gw")))
         try:
             yield gw, key, mocks
@@ -74,7 +100,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str, 
 
 def _clean(raw: bytes, mocks: dict[str, Any]) -> None:
     low = raw.decode(errors="replace").lower()
-    for word in (*SECRETS, "secret-backend", "up\"", *(str(p.root.rsplit(":", 1)[1]) for p in mocks.values())):
+    for word in (*SECRETS, "secret-backend", 'up"', *(str(p.root.rsplit(":", 1)[1]) for p in mocks.values())):
         assert word not in low, f"{word!r} reached the client: {raw[:600]!r}"
 
 
@@ -146,8 +172,9 @@ def test_a_4xx_about_the_clients_input_keeps_its_words_internals_do_not(setup: A
     assert st == 400 and orjson.loads(raw)["error"]["message"] == f"the model rejected the request: {SAFE_400}"
     st, _, raw = post(gw.url + "/chat/completions", _chat("internal400"), key)
     assert st == 400, raw
-    assert orjson.loads(raw)["error"]["message"] == ("the model rejected the request; check its parameters "
-                                                     "(values and types)")
+    assert orjson.loads(raw)["error"]["message"] == (
+        "the model rejected the request; check its parameters (values and types)"
+    )
     _clean(raw, mocks)
     st, h, raw = post(gw.url + "/chat/completions", _chat("auth401"), key)
     assert st == 503 and orjson.loads(raw)["error"]["code"] == "model_unavailable", raw
@@ -166,6 +193,7 @@ def test_a_4xx_naming_a_path_and_a_url_reads_as_a_sentence(setup: Any) -> None:
     for leak in ("/opt", "x.gguf", "10.0.0.5", "9000", "http"):
         assert leak not in msg, msg
     _clean(raw, mocks)
+
 
 def test_an_engine_501_is_not_served_and_not_worth_a_retry(setup: Any) -> None:
     """llama-server without --reranking answers 501; the gateway said 502 "failed while answering; retry
@@ -188,16 +216,30 @@ def test_real_llama_server_context_overflow_says_how_many_tokens_to_remove(llama
     import re
 
     key, entry = gateway_key("k1", "t")
-    gw = start_gateway({"backends": [{"name": "llama-secret", "kind": "llamacpp", "base_url": llama.base_url,
-                                      "models": ["gemma"], "read_timeout_s": 120}],
-                        "models": {"g": {"targets": [{"backend": "llama-secret"}]}},
-                        "tenants": {"t": {}}, "keys": [entry]}, tmp_path / "gw")
+    gw = start_gateway(
+        {
+            "backends": [
+                {
+                    "name": "llama-secret",
+                    "kind": "llamacpp",
+                    "base_url": llama.base_url,
+                    "models": ["gemma"],
+                    "read_timeout_s": 120,
+                }
+            ],
+            "models": {"g": {"targets": [{"backend": "llama-secret"}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+        },
+        tmp_path / "gw",
+    )
     try:
         st, h, raw = post(gw.url + "/chat/completions", _chat("g", words=1500, max_tokens=4), key)
         assert st == 400, raw
         err = orjson.loads(raw)["error"]
-        m = re.search(r"(\d+) prompt tokens do not fit its context of (\d+) tokens; remove at least (\d+) tokens",
-                      err["message"])
+        m = re.search(
+            r"(\d+) prompt tokens do not fit its context of (\d+) tokens; remove at least (\d+) tokens", err["message"]
+        )
         assert m and err["code"] == "context_length_exceeded", err
         prompt, ctx, drop = map(int, m.groups())
         assert ctx == 1024 and prompt > 1024 and drop == prompt - ctx + 1
@@ -213,11 +255,18 @@ def test_user_safe_text_keeps_numbers_and_withholds_ids() -> None:
     """Plain numbers in a validation message stay; hex ids, devices, paths and traces withhold the text."""
     from servelab.gateway.scrub import user_safe_text
 
-    assert user_safe_text("max_tokens must be at most 131072, got 200000") == \
-        "max_tokens must be at most 131072, got 200000"
-    for internal in ("request abc123def failed", "bad value in batch 7", "cuda:0 rejected it",
-                     'Traceback (most recent call last):\n  File "x.py", line 1', "shape error at model_runner.py:12",
-                     "uuid 123e4567-e89b-12d3-a456-426614174000"):
+    assert (
+        user_safe_text("max_tokens must be at most 131072, got 200000")
+        == "max_tokens must be at most 131072, got 200000"
+    )
+    for internal in (
+        "request abc123def failed",
+        "bad value in batch 7",
+        "cuda:0 rejected it",
+        'Traceback (most recent call last):\n  File "x.py", line 1',
+        "shape error at model_runner.py:12",
+        "uuid 123e4567-e89b-12d3-a456-426614174000",
+    ):
         assert user_safe_text(internal) is None, internal
 
 
@@ -226,16 +275,27 @@ def test_an_engine_echoing_the_prompt_does_not_put_it_in_the_log(gateway: Any, m
     is logged with the echoed prompt replaced by [PROMPT]; the rest of the engine's text stays."""
     from servelab.gateway.scrub import redact_prompt
 
-    assert redact_prompt("bad input_value='hello secret wor...' here", "hello secret world") == \
-        "bad input_value='[PROMPT]' here"
+    assert (
+        redact_prompt("bad input_value='hello secret wor...' here", "hello secret world")
+        == "bad input_value='[PROMPT]' here"
+    )
     marker = "PROMPTMARK" + "9f" * 6
     echo = f"1 validation error: Input should be a valid list [type=list_type, input_value='{marker} tell me...']"
     eng = mock_engine("--fail-http-rate", "1", "--fail-http-status", "400", "--error-message", echo)
     key, entry = gateway_key("k1", "t")
-    gw = gateway({"backends": [{"name": "b", "kind": "vllm", "base_url": eng.root, "models": ["m"]}],
-                  "models": {"m": {"targets": [{"backend": "b"}]}}, "tenants": {"t": {}}, "keys": [entry]})
-    st, h, _ = post(gw.url + "/chat/completions", {"model": "m", "messages": [
-        {"role": "user", "content": f"{marker} tell me a story"}]}, key)
+    gw = gateway(
+        {
+            "backends": [{"name": "b", "kind": "vllm", "base_url": eng.root, "models": ["m"]}],
+            "models": {"m": {"targets": [{"backend": "b"}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+        }
+    )
+    st, h, _ = post(
+        gw.url + "/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": f"{marker} tell me a story"}]},
+        key,
+    )
     assert st == 400
     line = next(x for x in gw.stderr().splitlines() if f"request {h['X-Request-ID']}:" in x)
     assert marker not in gw.stderr() and "[PROMPT]" in line and "valid list" in line, line

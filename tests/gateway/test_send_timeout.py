@@ -16,10 +16,13 @@ TOKENS = 30000  # ~6 MB of SSE: more than the socket buffers on loopback hold
 
 
 def _request(gw: Any, key: str) -> bytes:
-    body = orjson.dumps({"model": "m", "stream": True, "max_tokens": TOKENS,
-                         "messages": [{"role": "user", "content": "hi"}]})
-    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    body = orjson.dumps(
+        {"model": "m", "stream": True, "max_tokens": TOKENS, "messages": [{"role": "user", "content": "hi"}]}
+    )
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 def _connect(gw: Any, rcvbuf: int = 4096) -> socket.socket:
@@ -32,10 +35,15 @@ def _connect(gw: Any, rcvbuf: int = 4096) -> socket.socket:
 def test_client_that_reads_nothing_is_cut_and_slow_reader_is_not(gateway: Any, mock_engine: Any) -> None:
     eng = mock_engine("--dialect", "vllm", "--output-tokens", str(TOKENS))
     key, entry = gateway_key("k1", "t")
-    gw = gateway({"server": {"send_timeout_s": 1.5, "max_tokens_limit": TOKENS},
-                  "backends": [{"name": "b", "kind": "vllm", "base_url": eng.root, "models": ["m"],
-                                "read_timeout_s": 120}],
-                  "models": {"m": {"targets": [{"backend": "b"}]}}, "tenants": {"t": {}}, "keys": [entry]})
+    gw = gateway(
+        {
+            "server": {"send_timeout_s": 1.5, "max_tokens_limit": TOKENS},
+            "backends": [{"name": "b", "kind": "vllm", "base_url": eng.root, "models": ["m"], "read_timeout_s": 120}],
+            "models": {"m": {"targets": [{"backend": "b"}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+        }
+    )
     # a slow reader: <= 32 KB every 0.3 s for 4 s (longer than the send timeout), then all of it
     slow = _connect(gw, 65536)
     slow.sendall(_request(gw, key))
@@ -48,8 +56,11 @@ def test_client_that_reads_nothing_is_cut_and_slow_reader_is_not(gateway: Any, m
     while not (got.endswith(b"\r\n0\r\n\r\n") and b"data: [DONE]" in got[-100:]) and (chunk := slow.recv(1 << 20)):
         got += chunk
     slow.close()
-    assert got.endswith(b"0\r\n\r\n") and b"data: [DONE]" in got[-200:], (bytes(got[-300:]), gw.stderr()[-1500:],
-                                                                          gw.access_records()[-1:])
+    assert got.endswith(b"0\r\n\r\n") and b"data: [DONE]" in got[-200:], (
+        bytes(got[-300:]),
+        gw.stderr()[-1500:],
+        gw.access_records()[-1:],
+    )
     # a client that reads nothing: cut after ~1.5 s once the buffers are full; its request ends
     dead = _connect(gw)
     dead.sendall(_request(gw, key))

@@ -22,11 +22,23 @@ def llama4(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def _gw(gateway: Any, llama: Any, **tenant: Any) -> tuple[Any, str]:
     key, entry = gateway_key("k1", "t")
-    gw = gateway({"server": {"max_tokens_limit": 64},
-                  "backends": [{"name": "llama", "kind": "llamacpp", "base_url": llama.base_url,
-                                "models": ["gemma"], "read_timeout_s": 120}],
-                  "models": {"gemma": {"targets": [{"backend": "llama"}]}}, "tenants": {"t": tenant},
-                  "keys": [entry]})
+    gw = gateway(
+        {
+            "server": {"max_tokens_limit": 64},
+            "backends": [
+                {
+                    "name": "llama",
+                    "kind": "llamacpp",
+                    "base_url": llama.base_url,
+                    "models": ["gemma"],
+                    "read_timeout_s": 120,
+                }
+            ],
+            "models": {"gemma": {"targets": [{"backend": "llama"}]}},
+            "tenants": {"t": tenant},
+            "keys": [entry],
+        }
+    )
     return gw, key
 
 
@@ -44,8 +56,17 @@ def test_n4_and_prompt_lists_are_charged_per_choice(gateway: Any, llama4: Any) -
     st, _, raw = post(url, {"model": "gemma", "prompt": [f"Story {i}:" for i in range(8)], "ignore_eos": True}, key)
     assert st == 200 and len(orjson.loads(raw)["choices"]) == 8, raw
     # chat n=3 (one prompt)
-    st, _, raw = post(gw.url + "/chat/completions", {"model": "gemma", "n": 3, "max_tokens": 8, "ignore_eos": True,
-                                                     "messages": [{"role": "user", "content": "hi"}]}, key)
+    st, _, raw = post(
+        gw.url + "/chat/completions",
+        {
+            "model": "gemma",
+            "n": 3,
+            "max_tokens": 8,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        key,
+    )
     assert st == 200, raw
     rows = _ledger(gw)
     assert [r["completion_tokens"] >= want for r, want in zip(rows, (64, 64, 64, 24), strict=True)] == [True] * 4, rows
@@ -81,14 +102,14 @@ def test_logprobs_counts_are_capped(gateway: Any, llama4: Any) -> None:
     gw, key = _gw(gateway, llama4)
     comp = {"model": "gemma", "prompt": "Once upon a time", "max_tokens": 4}
     chat = {"model": "gemma", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    for url, body, param in ((gw.url + "/completions", {**comp, "logprobs": 50000}, "logprobs"),
-                             (gw.url + "/completions", {**comp, "n_probs": 50000}, "n_probs"),
-                             (gw.url + "/completions", {**comp, "prompt_logprobs": 6}, "prompt_logprobs"),
-                             (gw.url + "/chat/completions", {**chat, "logprobs": True, "top_logprobs": 5000},
-                              "top_logprobs"),
-                             (gw.url + "/chat/completions", {**chat, "logprobs": True, "top_logprobs": 21},
-                              "top_logprobs"),
-                             (gw.url + "/chat/completions", {**chat, "top_logprobs": -1}, "top_logprobs")):
+    for url, body, param in (
+        (gw.url + "/completions", {**comp, "logprobs": 50000}, "logprobs"),
+        (gw.url + "/completions", {**comp, "n_probs": 50000}, "n_probs"),
+        (gw.url + "/completions", {**comp, "prompt_logprobs": 6}, "prompt_logprobs"),
+        (gw.url + "/chat/completions", {**chat, "logprobs": True, "top_logprobs": 5000}, "top_logprobs"),
+        (gw.url + "/chat/completions", {**chat, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        (gw.url + "/chat/completions", {**chat, "top_logprobs": -1}, "top_logprobs"),
+    ):
         t0 = time.monotonic()
         st, _, raw = post(url, body, key)
         assert st == 400 and orjson.loads(raw)["error"]["param"] == param, (body, raw[:300])
@@ -107,8 +128,21 @@ def test_logprobs_counts_are_capped(gateway: Any, llama4: Any) -> None:
 
 def _gw_server(gateway: Any, llama: Any, **server: Any) -> tuple[Any, str]:
     key, entry = gateway_key("k1", "t")
-    gw = gateway({"server": {"max_tokens_limit": 64, **server},
-                  "backends": [{"name": "llama", "kind": "llamacpp", "base_url": llama.base_url,
-                                "models": ["gemma"], "read_timeout_s": 120}],
-                  "models": {"gemma": {"targets": [{"backend": "llama"}]}}, "tenants": {"t": {}}, "keys": [entry]})
+    gw = gateway(
+        {
+            "server": {"max_tokens_limit": 64, **server},
+            "backends": [
+                {
+                    "name": "llama",
+                    "kind": "llamacpp",
+                    "base_url": llama.base_url,
+                    "models": ["gemma"],
+                    "read_timeout_s": 120,
+                }
+            ],
+            "models": {"gemma": {"targets": [{"backend": "llama"}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+        }
+    )
     return gw, key

@@ -12,6 +12,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def post(url: str, body: Any, key: str | None = None, headers: dict[str, str] | None = None,
-         raw: bytes | None = None, method: str = "POST") -> tuple[int, dict[str, str], bytes]:
+def post(
+    url: str,
+    body: Any,
+    key: str | None = None,
+    headers: dict[str, str] | None = None,
+    raw: bytes | None = None,
+    method: str = "POST",
+) -> tuple[int, dict[str, str], bytes]:
     """One request with urllib; returns (status, headers, body) also for 4xx/5xx."""
     h = {"Content-Type": "application/json", **(headers or {})}
     if key:
@@ -70,31 +77,57 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Any:
         mocks["bad400"] = start_mock_process("--dialect", "vllm", "--fail-http-rate", "1", "--fail-http-status", "400")
         started = list(mocks.values())
         dead = f"http://127.0.0.1:{_free_port()}"
-        backends = [{"name": f"be-{n}", "kind": "mock", "base_url": m.root, "models": ["m"],
-                     "pool": "p2" if n == "vllm" else "p1"} for n, m in mocks.items()]
+        backends = [
+            {
+                "name": f"be-{n}",
+                "kind": "mock",
+                "base_url": m.root,
+                "models": ["m"],
+                "pool": "p2" if n == "vllm" else "p1",
+            }
+            for n, m in mocks.items()
+        ]
         backends.append({"name": "be-dead", "kind": "mock", "base_url": dead, "models": ["m"], "pool": "p1"})
-        models: dict[str, Any] = {f"m-{d}": {"targets": [{"backend": f"be-{d}"}],
-                                             "capabilities": {"context_tokens": 512}} for d in DIALECTS}
+        models: dict[str, Any] = {
+            f"m-{d}": {"targets": [{"backend": f"be-{d}"}], "capabilities": {"context_tokens": 512}} for d in DIALECTS
+        }
         models["m-vllm"]["capabilities"] = {"context_tokens": 512, "json_schema": False, "tools": False}
-        models["rich"] = {"targets": [{"backend": "be-vllm"}],
-                          "capabilities": {"context_tokens": 4096, "tools": True, "json_schema": True,
-                                           "input_modalities": ["text", "image"]}}
+        models["rich"] = {
+            "targets": [{"backend": "be-vllm"}],
+            "capabilities": {
+                "context_tokens": 4096,
+                "tools": True,
+                "json_schema": True,
+                "input_modalities": ["text", "image"],
+            },
+        }
         for n in ("slow", "cut", "serr-vllm", "serr-llamacpp", "serr-sglang", "bad400"):
             models[n] = {"targets": [{"backend": f"be-{n}"}]}
         # the first target is tried first (its group has all the weight), the second only as a retry
-        models["retry-connect"] = {"targets": [{"backend": "be-dead", "weight": 1}, {"backend": "be-vllm", "weight": 0}]}
+        models["retry-connect"] = {
+            "targets": [{"backend": "be-dead", "weight": 1}, {"backend": "be-vllm", "weight": 0}]
+        }
         models["retry-503"] = {"targets": [{"backend": "be-busy", "weight": 1}, {"backend": "be-vllm", "weight": 0}]}
-        models["falls-back"] = {"targets": [{"backend": "be-dead"}], "fallback": [{"model": "m-sglang", "max_tokens": 3}]}
+        models["falls-back"] = {
+            "targets": [{"backend": "be-dead"}],
+            "fallback": [{"model": "m-sglang", "max_tokens": 3}],
+        }
         models["secret"] = {"targets": [{"backend": "be-vllm"}]}
         key, entry = gateway_key("k1", "t")
         key2, entry2 = gateway_key("k2", "u")
-        cfg = {"server": {"max_body_bytes": 4096, "max_tokens_limit": 1000},
-               "backends": backends, "models": models,
-               "tenants": {"t": {"allowed_models": [m for m in models if m != "secret"]},
-                           "u": {"allowed_models": ["m-vllm"], "rpm": 1}},
-               "keys": [entry, entry2], "health": {"enabled": False},
-               "retry": {"attempts": 2, "backoff_s": 0.01, "budget_ratio": 1.0},
-               "breaker": {"consecutive_failures": 50, "min_requests": 1000}}
+        cfg = {
+            "server": {"max_body_bytes": 4096, "max_tokens_limit": 1000},
+            "backends": backends,
+            "models": models,
+            "tenants": {
+                "t": {"allowed_models": [m for m in models if m != "secret"]},
+                "u": {"allowed_models": ["m-vllm"], "rpm": 1},
+            },
+            "keys": [entry, entry2],
+            "health": {"enabled": False},
+            "retry": {"attempts": 2, "backoff_s": 0.01, "budget_ratio": 1.0},
+            "breaker": {"consecutive_failures": 50, "min_requests": 1000},
+        }
         gw = start_gateway(cfg, tmp_path_factory.mktemp("gw"))
     except BaseException:
         for m in started or mocks.values():
@@ -120,6 +153,7 @@ def _err(body: bytes) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------ bad input
 
+
 def test_auth_errors_are_openai_shaped_401(env: Any) -> None:
     url = env.gw.url + "/chat/completions"
     for key in (None, "sk-nope", "sk-sl-k1-" + "0" * 64):
@@ -142,9 +176,13 @@ def test_model_errors_404_403_and_bad_json_400(env: Any) -> None:
     assert st == 400 and _err(b)["code"] == "invalid_json"
     st, _, b = post(url, None, env.key, raw=b"[1, 2]")
     assert st == 400
-    for bad, param in ((chat("m-vllm", messages="hi"), "messages"), (chat("m-vllm", stream="yes"), "stream"),
-                       (chat("m-vllm", max_tokens="10"), "max_tokens"), ({"messages": []}, "model"),
-                       (chat("m-vllm", max_tokens=0), "max_tokens")):
+    for bad, param in (
+        (chat("m-vllm", messages="hi"), "messages"),
+        (chat("m-vllm", stream="yes"), "stream"),
+        (chat("m-vllm", max_tokens="10"), "max_tokens"),
+        ({"messages": []}, "model"),
+        (chat("m-vllm", max_tokens=0), "max_tokens"),
+    ):
         st, _, b = post(url, bad, env.key)
         assert st == 400, (bad, b)
         assert _err(b)["param"] == param, b
@@ -184,14 +222,26 @@ def test_body_size_413_and_max_tokens_limit_400(env: Any) -> None:
 def test_registry_refuses_what_the_model_does_not_support(env: Any) -> None:
     url = env.gw.url + "/chat/completions"
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    image = [{"role": "user", "content": [{"type": "text", "text": "what is this"},
-                                          {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
+    image = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is this"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            ],
+        }
+    ]
     rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
-    cases = [(chat("m-vllm", tools=tools), "tools_not_supported", "tools"),
-             (chat("m-vllm", messages=image), "modality_not_supported", "messages"),
-             (chat("m-vllm", response_format=rf), "json_schema_not_supported", "response_format"),
-             (chat("m-vllm", messages=[{"role": "user", "content": "word " * 600}], max_tokens=200),
-              "context_length_exceeded", "messages")]
+    cases = [
+        (chat("m-vllm", tools=tools), "tools_not_supported", "tools"),
+        (chat("m-vllm", messages=image), "modality_not_supported", "messages"),
+        (chat("m-vllm", response_format=rf), "json_schema_not_supported", "response_format"),
+        (
+            chat("m-vllm", messages=[{"role": "user", "content": "word " * 600}], max_tokens=200),
+            "context_length_exceeded",
+            "messages",
+        ),
+    ]
     before = orjson.loads(post(env.mocks["vllm"].root + "/mock/stats", None)[2])["requests"]
     for body, code, param in cases:
         st, _, b = post(url, body, env.key)
@@ -216,6 +266,7 @@ def test_limits_429_with_retry_after(env: Any) -> None:
 
 # ------------------------------------------------------------------------------------ pass-through
 
+
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_stream_passthrough_same_events_as_direct(env: Any, dialect: str) -> None:
     """Every event the engine sends reaches the client unchanged, except the usage-only chunk the gateway
@@ -231,17 +282,24 @@ def test_stream_passthrough_same_events_as_direct(env: Any, dialect: str) -> Non
         assert st == 200 and h["X-Accel-Buffering"] == "no" and h["Content-Type"] == "text/event-stream"
         _, _, direct = post(mock.base_url + "/chat/completions", {**direct_body, "max_tokens": 100})
         ev_via, ev_direct = events(via), events(direct)
-        usage_only = [e for e in ev_direct if e.startswith(b"{") and orjson.loads(e).get("choices") == []
-                      and orjson.loads(e).get("usage")]
+        usage_only = [
+            e
+            for e in ev_direct
+            if e.startswith(b"{") and orjson.loads(e).get("choices") == [] and orjson.loads(e).get("usage")
+        ]
         if include_usage:
             assert len(ev_via) == len(ev_direct), (ev_via, ev_direct)
         else:
             assert len(ev_via) == len(ev_direct) - len(usage_only), (ev_via, ev_direct)
             assert not any(b'"choices":[]' in e for e in ev_via)
         assert ev_via[-1] == b"[DONE]"
-        text = b"".join(orjson.loads(e)["choices"][0].get("delta", {}).get("content", "").encode()
-                        for e in ev_via if e != b"[DONE]" and orjson.loads(e).get("choices")
-                        and orjson.loads(e)["choices"][0].get("delta", {}).get("content"))
+        text = b"".join(
+            orjson.loads(e)["choices"][0].get("delta", {}).get("content", "").encode()
+            for e in ev_via
+            if e != b"[DONE]"
+            and orjson.loads(e).get("choices")
+            and orjson.loads(e)["choices"][0].get("delta", {}).get("content")
+        )
         assert text == b" tok0 tok1 tok2 tok3 tok4 tok5"
     # the engine's usage was recorded even when the client did not ask for it
     time.sleep(0.2)
@@ -252,15 +310,20 @@ def test_stream_passthrough_same_events_as_direct(env: Any, dialect: str) -> Non
 def test_finish_reasons_mapped_to_openai_and_other_bytes_untouched() -> None:
     from servelab.gateway.relay import map_finish_bytes
 
-    common = (b'data: {"choices":[{"index":0,"delta":{"content":" a"},"finish_reason":null}]}\n\n'
-              b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+    common = (
+        b'data: {"choices":[{"index":0,"delta":{"content":" a"},"finish_reason":null}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    )
     assert map_finish_bytes(common) is common  # OpenAI's values: the very same bytes object
-    tgi = (b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-           b'"finish_reason":"stop_sequence"}]}\n\n')
+    tgi = (
+        b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":"stop_sequence"}]}\n\n'
+    )
     assert map_finish_bytes(tgi) == tgi.replace(b'"stop_sequence"', b'"stop"')
     assert map_finish_bytes(b'{"finish_reason": "eos_token", "x": 1}') == b'{"finish_reason": "stop", "x": 1}'
-    assert map_finish_bytes(b'[{"finish_reason":"max_tokens"},{"finish_reason":"length"}]') == \
-        b'[{"finish_reason":"length"},{"finish_reason":"length"}]'
+    assert (
+        map_finish_bytes(b'[{"finish_reason":"max_tokens"},{"finish_reason":"length"}]')
+        == b'[{"finish_reason":"length"},{"finish_reason":"length"}]'
+    )
     # text that merely mentions one (quotes escaped inside a JSON string) and values with no OpenAI meaning
     quoted = b'{"content":"say \\"finish_reason\\":\\"stop_sequence\\"","finish_reason":"abort"}'
     assert map_finish_bytes(quoted) is quoted
@@ -272,22 +335,25 @@ def test_chunks_are_forwarded_as_they_arrive(env: Any) -> None:
 
     async def run() -> list[float]:
         times: list[float] = []
-        async with aiohttp.ClientSession() as s:
-            async with s.post(env.gw.url + "/chat/completions", json=chat("slow"),
-                              headers={"Authorization": f"Bearer {env.key}"}) as r:
-                assert r.status == 200
-                buf = b""
-                async for data in r.content.iter_any():
-                    buf += data
-                    while b"\n\n" in buf:
-                        ev, buf = buf.split(b"\n\n", 1)
-                        if b'"content":" tok' in ev:
-                            times.append(time.monotonic())
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(
+                env.gw.url + "/chat/completions", json=chat("slow"), headers={"Authorization": f"Bearer {env.key}"}
+            ) as r,
+        ):
+            assert r.status == 200
+            buf = b""
+            async for data in r.content.iter_any():
+                buf += data
+                while b"\n\n" in buf:
+                    ev, buf = buf.split(b"\n\n", 1)
+                    if b'"content":" tok' in ev:
+                        times.append(time.monotonic())
         return times
 
     times = asyncio.run(run())
     assert len(times) == 12
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in pairwise(times)]
     # coalescing would show gaps near 0 followed by large ones; pass-through keeps them near 40 ms
     assert sum(1 for g in gaps if g > 0.02) >= 9, gaps
 
@@ -295,8 +361,9 @@ def test_chunks_are_forwarded_as_they_arrive(env: Any) -> None:
 def test_request_id_round_trip_and_access_log(env: Any) -> None:
     """The gateway makes its own id (issue 9 defect 5); the client's is logged and passed on apart."""
     rid = "trace-abc.123"
-    st, h, _ = post(env.gw.url + "/chat/completions", chat("m-tgi", stream=False), env.key,
-                    headers={"X-Request-ID": rid})
+    st, h, _ = post(
+        env.gw.url + "/chat/completions", chat("m-tgi", stream=False), env.key, headers={"X-Request-ID": rid}
+    )
     gid = h["X-Request-ID"]
     assert st == 200 and gid != rid and len(gid) == 24
     recs = orjson.loads(post(env.mocks["tgi"].root + "/mock/records", None)[2])
@@ -309,14 +376,19 @@ def test_request_id_round_trip_and_access_log(env: Any) -> None:
     raw = env.gw.access_log.read_text()
     assert env.key not in raw and "say something" not in raw and "Bearer" not in raw
     # an invalid client id is not kept at all
-    _, h, _ = post(env.gw.url + "/chat/completions", chat("m-tgi", stream=False), env.key,
-                   headers={"X-Request-ID": "bad id with spaces"})
+    _, h, _ = post(
+        env.gw.url + "/chat/completions",
+        chat("m-tgi", stream=False),
+        env.key,
+        headers={"X-Request-ID": "bad id with spaces"},
+    )
     assert h["X-Request-ID"] != "bad id with spaces" and len(h["X-Request-ID"]) >= 16
     time.sleep(0.2)
     assert next(r for r in env.gw.access_records() if r["request_id"] == h["X-Request-ID"])["client_request_id"] is None
 
 
 # ------------------------------------------------------------------------------- failures upstream
+
 
 def test_retry_before_first_byte_on_connection_failure_and_503(env: Any) -> None:
     for model in ("retry-connect", "retry-503"):
@@ -362,11 +434,15 @@ def test_upstream_4xx_is_normalised_and_hides_the_backend(env: Any) -> None:
 
 def test_fallback_when_the_pool_is_down_applies_degrade_params(env: Any) -> None:
     rid = "fallback-1"
-    st, _, b = post(env.gw.url + "/chat/completions", chat("falls-back", max_tokens=50), env.key,
-                    headers={"X-Request-ID": rid})
+    st, _, b = post(
+        env.gw.url + "/chat/completions", chat("falls-back", max_tokens=50), env.key, headers={"X-Request-ID": rid}
+    )
     assert st == 200
-    text = "".join(orjson.loads(e)["choices"][0]["delta"].get("content") or ""
-                   for e in events(b) if e != b"[DONE]" and orjson.loads(e).get("choices"))
+    text = "".join(
+        orjson.loads(e)["choices"][0]["delta"].get("content") or ""
+        for e in events(b)
+        if e != b"[DONE]" and orjson.loads(e).get("choices")
+    )
     assert text == " tok0 tok1 tok2", "fallback's max_tokens: 3 was not applied"
     time.sleep(0.2)
     line = next(r for r in env.gw.access_records() if r["client_request_id"] == rid)
@@ -378,14 +454,19 @@ def test_client_disconnect_cancels_upstream_and_charges_what_was_served(env: Any
     post(mock.root + "/mock/reset", {})
 
     async def run() -> None:
-        async with aiohttp.ClientSession() as s:
-            async with s.post(env.gw.url + "/chat/completions", json=chat("slow"),
-                              headers={"Authorization": f"Bearer {env.key}", "X-Request-ID": "gone-1"}) as r:
-                n = 0
-                async for data in r.content.iter_any():
-                    n += data.count(b'"content":" tok')
-                    if n >= 3:
-                        break  # leave: the connection is closed
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(
+                env.gw.url + "/chat/completions",
+                json=chat("slow"),
+                headers={"Authorization": f"Bearer {env.key}", "X-Request-ID": "gone-1"},
+            ) as r,
+        ):
+            n = 0
+            async for data in r.content.iter_any():
+                n += data.count(b'"content":" tok')
+                if n >= 3:
+                    break  # leave: the connection is closed
 
     asyncio.run(run())
     deadline = time.monotonic() + 3
@@ -414,13 +495,22 @@ def test_metrics_exposed(env: Any) -> None:
     st, h, b = post(env.gw.admin_url + "/metrics", None, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     text = b.decode()
     assert st == 200 and h["Content-Type"].startswith("text/plain")
-    for name in ("servelab_gateway_requests_total{", "servelab_gateway_ttft_seconds_bucket{",
-                 "servelab_gateway_inter_token_seconds_bucket{", "servelab_gateway_tokens_total{",
-                 "servelab_gateway_in_flight{", "servelab_gateway_retries_total{",
-                 "servelab_gateway_limit_rejections_total{"):
+    for name in (
+        "servelab_gateway_requests_total{",
+        "servelab_gateway_ttft_seconds_bucket{",
+        "servelab_gateway_inter_token_seconds_bucket{",
+        "servelab_gateway_tokens_total{",
+        "servelab_gateway_in_flight{",
+        "servelab_gateway_retries_total{",
+        "servelab_gateway_limit_rejections_total{",
+    ):
         assert name in text, name
     assert 'servelab_gateway_requests_total{backend="be-vllm",model="m-vllm",status="200"}' in text
-    ttft_count = [ln for ln in text.splitlines() if ln.startswith('servelab_gateway_ttft_seconds_count{backend="be-vllm",model="m-vllm"}')]
+    ttft_count = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith('servelab_gateway_ttft_seconds_count{backend="be-vllm",model="m-vllm"}')
+    ]
     assert ttft_count and float(ttft_count[0].split()[-1]) >= 1
     st, _, b = post(env.gw.root + "/health", None)
     assert st == 200 and orjson.loads(b)["status"] == "ok"
@@ -438,8 +528,12 @@ def test_models_lists_only_allowed_with_capabilities(env: Any) -> None:
 def test_official_openai_sdk(env: Any) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=env.gw.url, api_key=env.key, max_retries=0)
-    stream = client.chat.completions.create(model="m-sglang", messages=[{"role": "user", "content": "hi"}],
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="m-sglang",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == " tok0 tok1 tok2 tok3 tok4 tok5" and chunks[-1].usage.completion_tokens == 6
@@ -449,36 +543,47 @@ def test_official_openai_sdk(env: Any) -> None:
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(openai.BadRequestError) as ei:
-        client.chat.completions.create(model="m-vllm", messages=[{"role": "user", "content": "hi"}],
-                                       tools=[{"type": "function", "function": {"name": "f"}}])
+        client.chat.completions.create(
+            model="m-vllm",
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[{"type": "function", "function": {"name": "f"}}],
+        )
     assert ei.value.code == "tools_not_supported"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=env.gw.url, api_key="sk-wrong", max_retries=0).models.list()
     with pytest.raises(openai.APIError):  # the error event inside a 200 stream surfaces as an exception
-        list(client.chat.completions.create(model="serr-vllm", messages=[{"role": "user", "content": "hi"}],
-                                            stream=True))
+        list(
+            client.chat.completions.create(model="serr-vllm", messages=[{"role": "user", "content": "hi"}], stream=True)
+        )
 
 
 # ------------------------------------------------------------------------------------------ reload
+
 
 def test_hot_reload_good_bad_and_in_flight_stream_survives(gateway: Any, mock_engine: Any) -> None:
     slow = mock_engine("--dialect", "vllm", "--output-tokens", "30", "--itl-ms", "50")
     fast = mock_engine("--dialect", "sglang", "--output-tokens", "4")
     key, entry = gateway_key("k1", "t")
     cfg: dict[str, Any] = {
-        "backends": [{"name": "slow", "kind": "mock", "base_url": slow.root, "models": ["m"]},
-                     {"name": "fast", "kind": "mock", "base_url": fast.root, "models": ["m"]}],
-        "models": {"a": {"targets": [{"backend": "slow"}]}}, "tenants": {"t": {}}, "keys": [entry]}
+        "backends": [
+            {"name": "slow", "kind": "mock", "base_url": slow.root, "models": ["m"]},
+            {"name": "fast", "kind": "mock", "base_url": fast.root, "models": ["m"]},
+        ],
+        "models": {"a": {"targets": [{"backend": "slow"}]}},
+        "tenants": {"t": {}},
+        "keys": [entry],
+    }
     gw = gateway(cfg)
 
     async def stream_while(action: Any) -> bytes:
-        async with aiohttp.ClientSession() as s:
-            async with s.post(gw.url + "/chat/completions", json=chat("a"),
-                              headers={"Authorization": f"Bearer {key}"}) as r:
-                assert r.status == 200
-                first = await r.content.readany()
-                await asyncio.get_running_loop().run_in_executor(None, action)
-                return first + await r.content.read()
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(gw.url + "/chat/completions", json=chat("a"), headers={"Authorization": f"Bearer {key}"}) as r,
+        ):
+            assert r.status == 200
+            first = await r.content.readany()
+            await asyncio.get_running_loop().run_in_executor(None, action)
+            return first + await r.content.read()
 
     def models() -> list[str]:
         return [m["id"] for m in orjson.loads(post(gw.url + "/models", None, key)[2])["data"]]
@@ -525,7 +630,11 @@ def test_cli_bad_config_is_one_line_exit_2(tmp_path: Path) -> None:
 
     p = tmp_path / "g.yaml"
     p.write_text("backends: []\nmodels: {}\n")
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "gateway", "--config", str(p)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "gateway", "--config", str(p)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "backends" in r.stderr and "Traceback" not in r.stderr

@@ -37,32 +37,47 @@ def engines() -> Iterator[tuple[Any, Any]]:
 def _post(url: str, key: str, session: str) -> str:
     """One chat request carrying ``X-Session-ID: session`` on a new connection; the gateway's request id."""
     body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
-    req = urllib.request.Request(url + "/chat/completions", data=body, headers={
-        "Authorization": f"Bearer {key}", "Content-Type": "application/json", "X-Session-ID": session})
+    req = urllib.request.Request(
+        url + "/chat/completions",
+        data=body,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json", "X-Session-ID": session},
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         r.read()
         assert r.status == 200
         return str(r.headers["X-Request-ID"])
 
 
-def test_a_session_stays_in_one_group_across_workers(tmp_path: Path, engines: tuple[Any, Any],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_session_stays_in_one_group_across_workers(
+    tmp_path: Path, engines: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("SERVELAB_SESSION_SECRET", raising=False)  # the case of the issue: no secret given
     stable, canary = engines
     key, entry = gateway_key("k1", "t")
     with redis_server() as redis:
-        gw = start_gateway({"backends": [{"name": "stable", "kind": "mock", "base_url": stable.root, "models": ["m"],
-                                          "pool": "a"},
-                                         {"name": "canary", "kind": "mock", "base_url": canary.root, "models": ["m"],
-                                          "pool": "b"}],
-                            "models": {"m": {"targets": [{"backend": "stable", "weight": 50},
-                                                         {"backend": "canary", "weight": 50}]}},
-                            "routing": {"session_header": "X-Session-ID"}, "state": {"redis_url": redis.url},
-                            "tenants": {"t": {}}, "keys": [entry], "health": {"enabled": False}},
-                           tmp_path / "gw", "--workers", "2")
+        gw = start_gateway(
+            {
+                "backends": [
+                    {"name": "stable", "kind": "mock", "base_url": stable.root, "models": ["m"], "pool": "a"},
+                    {"name": "canary", "kind": "mock", "base_url": canary.root, "models": ["m"], "pool": "b"},
+                ],
+                "models": {
+                    "m": {"targets": [{"backend": "stable", "weight": 50}, {"backend": "canary", "weight": 50}]}
+                },
+                "routing": {"session_header": "X-Session-ID"},
+                "state": {"redis_url": redis.url},
+                "tenants": {"t": {}},
+                "keys": [entry],
+                "health": {"enabled": False},
+            },
+            tmp_path / "gw",
+            "--workers",
+            "2",
+        )
         try:
-            sent = {_post(gw.url, key, f"session-{s}"): f"session-{s}"
-                    for _ in range(PER_SESSION) for s in range(SESSIONS)}
+            sent = {
+                _post(gw.url, key, f"session-{s}"): f"session-{s}" for _ in range(PER_SESSION) for s in range(SESSIONS)
+            }
             records = {r["request_id"]: r for r in gw.access_records()}
             assert set(sent) <= set(records), "requests missing from the access log"
             backends: dict[str, set[str]] = defaultdict(set)

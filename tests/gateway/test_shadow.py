@@ -19,14 +19,23 @@ from gateway.test_server import chat, events, post
 from servelab.gateway.shadow import ShadowBook, ShadowSample, ShadowSide, sample_of, text_similarity
 
 
-def _config(primary: Any, shadow: Any, entry: dict[str, Any], primary_kind: str = "mock",
-            rate: float = 1.0) -> dict[str, Any]:
-    return {"backends": [{"name": "old", "kind": primary_kind, "base_url": primary, "models": ["m-old"],
-                          "read_timeout_s": 120},
-                         {"name": "new", "kind": "mock", "base_url": shadow, "models": ["m-new"]}],
-            "models": {"m": {"targets": [{"backend": "old", "model": "m-old"}],
-                             "shadow": {"target": {"backend": "new", "model": "m-new"}, "sample_rate": rate}}},
-            "tenants": {"t": {}}, "keys": [entry]}
+def _config(
+    primary: Any, shadow: Any, entry: dict[str, Any], primary_kind: str = "mock", rate: float = 1.0
+) -> dict[str, Any]:
+    return {
+        "backends": [
+            {"name": "old", "kind": primary_kind, "base_url": primary, "models": ["m-old"], "read_timeout_s": 120},
+            {"name": "new", "kind": "mock", "base_url": shadow, "models": ["m-new"]},
+        ],
+        "models": {
+            "m": {
+                "targets": [{"backend": "old", "model": "m-old"}],
+                "shadow": {"target": {"backend": "new", "model": "m-new"}, "sample_rate": rate},
+            }
+        },
+        "tenants": {"t": {}},
+        "keys": [entry],
+    }
 
 
 def _report(gw: Any, want: int, **query: Any) -> dict[str, Any]:
@@ -44,9 +53,13 @@ def _report(gw: Any, want: int, **query: Any) -> dict[str, Any]:
 
 
 def _cli(gw: Any, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "servelab.cli", "gateway", "shadow-report", "--admin-url",
-                           gw.admin_url, *args], env=dict(os.environ, SERVELAB_ADMIN_TOKEN=ADMIN_TOKEN),
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "gateway", "shadow-report", "--admin-url", gw.admin_url, *args],
+        env=dict(os.environ, SERVELAB_ADMIN_TOKEN=ADMIN_TOKEN),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_text_similarity_is_the_word_ratio() -> None:
@@ -59,15 +72,44 @@ def test_text_similarity_is_the_word_ratio() -> None:
 
 def test_report_deltas_are_shadow_minus_primary_over_complete_pairs() -> None:
     def side(ttft: float, e2e: float, tokens: int, complete: bool = True) -> ShadowSide:
-        return ShadowSide(backend="b", upstream_model="u", status=200 if complete else 503, complete=complete,
-                          ttft_ms=ttft, e2e_ms=e2e, completion_tokens=tokens)
+        return ShadowSide(
+            backend="b",
+            upstream_model="u",
+            status=200 if complete else 503,
+            complete=complete,
+            ttft_ms=ttft,
+            e2e_ms=e2e,
+            completion_tokens=tokens,
+        )
 
     book = ShadowBook(window=3)
     for i in range(4):  # the window keeps the last 3: i = 1, 2, 3
-        book.add(sample_of(side(10.0 * i, 100.0, 5), "a b c d", side(10.0 * i + 7, 130.0, 9), "a b c x",
-                           ts=0.0, request_id=str(i), model="m", endpoint="chat", stream=True))
-    book.add(sample_of(side(1.0, 1.0, 1), "", side(0.0, 1.0, 0, complete=False), "", ts=0.0, request_id="e",
-                       model="n", endpoint="chat", stream=True))
+        book.add(
+            sample_of(
+                side(10.0 * i, 100.0, 5),
+                "a b c d",
+                side(10.0 * i + 7, 130.0, 9),
+                "a b c x",
+                ts=0.0,
+                request_id=str(i),
+                model="m",
+                endpoint="chat",
+                stream=True,
+            )
+        )
+    book.add(
+        sample_of(
+            side(1.0, 1.0, 1),
+            "",
+            side(0.0, 1.0, 0, complete=False),
+            "",
+            ts=0.0,
+            request_id="e",
+            model="n",
+            endpoint="chat",
+            stream=True,
+        )
+    )
     rep = book.report(agree=0.75)
     m, n = rep.models
     assert m.samples == 3 and m.compared == 3 and m.primary.ttft_ms is not None
@@ -86,10 +128,12 @@ def test_mock_shadow_report_orders_known_timings(gateway: Any, mock_engine: Any)
     the new one is slower by the configured TTFT/E2E gap, writes 4 more tokens and agrees 8/20 words."""
     p_ttft, p_itl, p_tok = 20.0, 4.0, 8
     s_ttft, s_itl, s_tok = 140.0, 8.0, 12
-    old = mock_engine("--dialect", "vllm", "--ttft-ms", str(p_ttft), "--itl-ms", str(p_itl),
-                      "--output-tokens", str(p_tok))
-    new = mock_engine("--dialect", "sglang", "--ttft-ms", str(s_ttft), "--itl-ms", str(s_itl),
-                      "--output-tokens", str(s_tok))
+    old = mock_engine(
+        "--dialect", "vllm", "--ttft-ms", str(p_ttft), "--itl-ms", str(p_itl), "--output-tokens", str(p_tok)
+    )
+    new = mock_engine(
+        "--dialect", "sglang", "--ttft-ms", str(s_ttft), "--itl-ms", str(s_itl), "--output-tokens", str(s_tok)
+    )
     key, entry = gateway_key("k1", "t")
     gw = gateway(_config(old.root, new.root, entry))
     streamed, whole = 10, 4
@@ -97,8 +141,11 @@ def test_mock_shadow_report_orders_known_timings(gateway: Any, mock_engine: Any)
         st, _, raw = post(gw.url + "/chat/completions", chat("m", stream=i < streamed), key)
         assert st == 200, raw
         if i == 0:  # the client gets the primary's answer only
-            text = "".join((orjson.loads(e)["choices"] or [{}])[0].get("delta", {}).get("content") or ""
-                           for e in events(raw) if e != b"[DONE]")
+            text = "".join(
+                (orjson.loads(e)["choices"] or [{}])[0].get("delta", {}).get("content") or ""
+                for e in events(raw)
+                if e != b"[DONE]"
+            )
             assert text == "".join(f" tok{k}" for k in range(p_tok))
     m = _report(gw, streamed + whole, agree=0.9)
     assert m["compared"] == streamed + whole
@@ -131,8 +178,16 @@ def test_mock_shadow_report_orders_known_timings(gateway: Any, mock_engine: Any)
 
 def test_failing_shadow_is_counted_and_never_reaches_the_client(gateway: Any, mock_engine: Any) -> None:
     old = mock_engine("--dialect", "vllm", "--output-tokens", "4")
-    new = mock_engine("--dialect", "tgi", "--fail-http-rate", "1", "--fail-http-status", "500",
-                      "--error-message", "CUDA error: out of memory (/opt/tgi/worker.py:12)")
+    new = mock_engine(
+        "--dialect",
+        "tgi",
+        "--fail-http-rate",
+        "1",
+        "--fail-http-status",
+        "500",
+        "--error-message",
+        "CUDA error: out of memory (/opt/tgi/worker.py:12)",
+    )
     key, entry = gateway_key("k1", "t")
     gw = gateway(_config(old.root, new.root, entry))
     for stream in (True, False):

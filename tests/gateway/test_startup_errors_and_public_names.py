@@ -18,7 +18,6 @@ import pytest
 import yaml
 from conftest import ADMIN_TOKEN, gateway_key, start_gateway, stop_gateway
 from gateway.test_server import post
-
 from services import postgres_cluster
 
 
@@ -35,18 +34,27 @@ def _config(tmp: Path, **over: Any) -> dict[str, Any]:
         "ledger": {"sqlite_path": str(tmp / "usage.db")},
         "backends": [{"name": "b", "kind": "mock", "base_url": f"http://127.0.0.1:{_free_port()}", "models": ["m"]}],
         "models": {"m": {"targets": [{"backend": "b"}]}},
-        "tenants": {"t": {}}, "keys": [entry], "health": {"enabled": False}}
+        "tenants": {"t": {}},
+        "keys": [entry],
+        "health": {"enabled": False},
+    }
     cfg.update(over)
     return cfg
 
 
-def _run_cli(tmp: Path, cfg: dict[str, Any], timeout_s: float = 60,
-             admin_token: str = ADMIN_TOKEN) -> subprocess.CompletedProcess[str]:
+def _run_cli(
+    tmp: Path, cfg: dict[str, Any], timeout_s: float = 60, admin_token: str = ADMIN_TOKEN
+) -> subprocess.CompletedProcess[str]:
     p = tmp / "g.yaml"
     p.write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, SERVELAB_ADMIN_TOKEN=admin_token)
-    return subprocess.run([sys.executable, "-m", "servelab.cli", "gateway", "--config", str(p)],
-                          capture_output=True, text=True, timeout=timeout_s, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "gateway", "--config", str(p)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+    )
 
 
 def _assert_one_line(r: subprocess.CompletedProcess[str], field: str, *words: str) -> None:
@@ -150,14 +158,23 @@ def test_responses_name_the_public_model_not_the_engines(gateway: Any, mock_engi
     eng = mock_engine("--dialect", "vllm", "--output-tokens", "4")
     key, entry = gateway_key("k1", "t")
     hidden = "/srv/weights/internal-upstream.gguf"
-    gw = gateway({"backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": [hidden]}],
-                  "models": {"pub": {"targets": [{"backend": "b", "model": hidden}]}},
-                  "tenants": {"t": {}}, "keys": [entry], "health": {"enabled": False}})
+    gw = gateway(
+        {
+            "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": [hidden]}],
+            "models": {"pub": {"targets": [{"backend": "b", "model": hidden}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+            "health": {"enabled": False},
+        }
+    )
     c = openai.OpenAI(base_url=gw.url, api_key=key, max_retries=0)
     msgs = [{"role": "user", "content": 'quote {"model":"x"} back'}]
     assert c.chat.completions.create(model="pub", messages=msgs, max_tokens=4).model == "pub"
-    chunks = list(c.chat.completions.create(model="pub", messages=msgs, max_tokens=4, stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        c.chat.completions.create(
+            model="pub", messages=msgs, max_tokens=4, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert chunks and {ch.model for ch in chunks} == {"pub"}
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)  # text untouched
@@ -176,14 +193,24 @@ def test_n_choices_are_bounded_and_reserved(gateway: Any, mock_engine: Any) -> N
 
     eng = mock_engine("--dialect", "vllm", "--output-tokens", "4")
     key, entry = gateway_key("k1", "t")
-    gw = gateway({"server": {"max_tokens_limit": 1000},
-                  "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
-                  "models": {"m": {"targets": [{"backend": "b"}]}},
-                  "tenants": {"t": {}}, "keys": [entry], "health": {"enabled": False}})
+    gw = gateway(
+        {
+            "server": {"max_tokens_limit": 1000},
+            "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
+            "models": {"m": {"targets": [{"backend": "b"}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+            "health": {"enabled": False},
+        }
+    )
 
     def post(body: dict[str, Any], path: str = "/chat/completions") -> tuple[int, dict[str, Any]]:
-        req = urllib.request.Request(gw.url + path, data=orjson.dumps(body), method="POST",
-                                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            gw.url + path,
+            data=orjson.dumps(body),
+            method="POST",
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, orjson.loads(r.read())
@@ -224,9 +251,15 @@ def test_unknown_path_and_wrong_method_are_openai_errors(gateway: Any, mock_engi
 
     eng = mock_engine("--dialect", "vllm")
     key, entry = gateway_key("k1", "t")
-    gw = gateway({"backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
-                  "models": {"m": {"targets": [{"backend": "b"}]}},
-                  "tenants": {"t": {}}, "keys": [entry], "health": {"enabled": False}})
+    gw = gateway(
+        {
+            "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
+            "models": {"m": {"targets": [{"backend": "b"}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+            "health": {"enabled": False},
+        }
+    )
     no_v1 = openai.OpenAI(base_url=gw.root, api_key=key, max_retries=0)
     with pytest.raises(openai.NotFoundError) as ei:
         no_v1.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
@@ -249,8 +282,10 @@ def test_removing_the_last_config_key_leaves_an_empty_section_that_loads(tmp_pat
     from servelab.gateway.config import load_config
 
     cfg = _config(tmp_path)
-    text = (yaml.safe_dump({k: v for k, v in cfg.items() if k != "keys"})
-            + "keys:\n  # all keys made with servelab keys create\n")
+    text = (
+        yaml.safe_dump({k: v for k, v in cfg.items() if k != "keys"})
+        + "keys:\n  # all keys made with servelab keys create\n"
+    )
     p = tmp_path / "g.yaml"
     p.write_text(text)
     assert load_config(p).keys == []
@@ -266,8 +301,10 @@ def test_hidden_names_are_replaced_as_whole_names_not_inside_words() -> None:
     from servelab.gateway.errors import sanitize_upstream_message
 
     hide = ("m", "llama-a", "gemma-3-270m", "http://127.0.0.1:8001")
-    msg = ("Field 'temperature': [json.exception.type_error.302] type must be number, but is string; "
-           "model m on llama-a (gemma-3-270m, M) at http://127.0.0.1:8001 failed")
+    msg = (
+        "Field 'temperature': [json.exception.type_error.302] type must be number, but is string; "
+        "model m on llama-a (gemma-3-270m, M) at http://127.0.0.1:8001 failed"
+    )
     out = sanitize_upstream_message(msg, hide)
     assert out is not None
     assert "Field 'temperature'" in out and "type must be number, but is string" in out, out

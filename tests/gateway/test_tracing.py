@@ -24,8 +24,8 @@ import pytest
 from conftest import gateway_key, start_gateway, start_mock_process, stop_gateway, stop_mock_process
 
 pytest.importorskip("opentelemetry.sdk")
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 SECRET = "zebra-quasar-7731"  # in every prompt: must appear in no span unless the tenant logs prompts
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -42,7 +42,7 @@ class Receiver:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
@@ -95,14 +95,27 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     eng = start_mock_process("--ttft-ms", "5", "--itl-ms", "1", "--output-tokens", "4")
     key, entry = gateway_key("k1", "t")
     key_p, entry_p = gateway_key("k2", "tp")
-    cfg = {"backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["up-m"]},
-                        {"name": "dead", "kind": "vllm", "base_url": "http://127.0.0.1:9", "models": ["up-d"],
-                         "connect_timeout_s": 0.5}],
-           "models": {"m": {"targets": [{"backend": "b"}]},
-                      "m2": {"targets": [{"backend": "dead"}], "fallback": [{"model": "m"}]}},
-           "tenants": {"t": {}, "tp": {"log_prompts": True, "redact": []}}, "keys": [entry, entry_p],
-           "health": {"enabled": False}, "retry": {"backoff_s": 0.01},
-           "tracing": {"endpoint": rx.url, "sample_ratio": 1.0, "service_name": "gw-under-test"}}
+    cfg = {
+        "backends": [
+            {"name": "b", "kind": "mock", "base_url": eng.root, "models": ["up-m"]},
+            {
+                "name": "dead",
+                "kind": "vllm",
+                "base_url": "http://127.0.0.1:9",
+                "models": ["up-d"],
+                "connect_timeout_s": 0.5,
+            },
+        ],
+        "models": {
+            "m": {"targets": [{"backend": "b"}]},
+            "m2": {"targets": [{"backend": "dead"}], "fallback": [{"model": "m"}]},
+        },
+        "tenants": {"t": {}, "tp": {"log_prompts": True, "redact": []}},
+        "keys": [entry, entry_p],
+        "health": {"enabled": False},
+        "retry": {"backoff_s": 0.01},
+        "tracing": {"endpoint": rx.url, "sample_ratio": 1.0, "service_name": "gw-under-test"},
+    }
     gw = start_gateway(cfg, tmp_path_factory.mktemp("traced"))
     try:
         yield {"rx": rx, "eng": eng, "gw": gw, "key": key, "key_p": key_p}
@@ -112,16 +125,25 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         rx.server.shutdown()
 
 
-def _chat(url: str, key: str, model: str, headers: dict[str, str] | None = None,
-          stream: bool = True) -> tuple[int, str]:
+def _chat(
+    url: str, key: str, model: str, headers: dict[str, str] | None = None, stream: bool = True
+) -> tuple[int, str]:
     async def go() -> tuple[int, str]:
-        body = {"model": model, "stream": stream, "max_tokens": 4,
-                "messages": [{"role": "user", "content": f"say hello {SECRET}"}]}
-        async with aiohttp.ClientSession() as s, s.post(
-                url + "/chat/completions", json=body,
-                headers={"Authorization": f"Bearer {key}", **(headers or {})}) as r:
+        body = {
+            "model": model,
+            "stream": stream,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": f"say hello {SECRET}"}],
+        }
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(
+                url + "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}", **(headers or {})}
+            ) as r,
+        ):
             await r.read()
             return r.status, r.headers["X-Request-ID"]
+
     import asyncio
 
     return asyncio.run(go())
@@ -153,8 +175,14 @@ def test_request_span_continues_the_client_trace_with_genai_attributes_and_child
     assert a["server.address"] == "127.0.0.1" and a["server.port"] == int(traced["eng"].root.rsplit(":", 1)[1])
     assert a["servelab.request_id"] == rid and a["http.response.status_code"] == 200
     assert 0 < a["gen_ai.response.time_to_first_chunk"] < 5 and "error.type" not in a
-    assert root.start_time_unix_nano <= adm.start_time_unix_nano <= adm.end_time_unix_nano \
-        <= att.start_time_unix_nano <= att.end_time_unix_nano <= root.end_time_unix_nano
+    assert (
+        root.start_time_unix_nano
+        <= adm.start_time_unix_nano
+        <= adm.end_time_unix_nano
+        <= att.start_time_unix_nano
+        <= att.end_time_unix_nano
+        <= root.end_time_unix_nano
+    )
     assert {e.name for e in root.events} >= {"routed", "first_token", "last_token"}
     b = attrs(att)
     assert b["servelab.attempt"] == 1 and b["servelab.backend"] == "b" and b["http.response.status_code"] == 200
@@ -240,9 +268,12 @@ def test_missing_opentelemetry_is_one_config_line(monkeypatch: pytest.MonkeyPatc
 
 
 def test_gateway_imports_no_opentelemetry_while_tracing_is_off() -> None:
-    code = ("import sys, servelab.gateway.server, servelab.gateway.cli; "
-            "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         cwd=Path(__file__).parent)
+    code = (
+        "import sys, servelab.gateway.server, servelab.gateway.cli; "
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -49,7 +49,9 @@ def _config(mock: Any, redis_url: str | None, entry: dict[str, str], rpm: int | 
         "backends": [{"name": "be", "kind": "mock", "base_url": mock.root, "models": ["m"]}],
         "models": {"m": {"targets": [{"backend": "be"}]}},
         "tenants": {"t": {"allowed_models": ["m"], "rpm": rpm}},
-        "keys": [entry], "health": {"enabled": False}}
+        "keys": [entry],
+        "health": {"enabled": False},
+    }
     if redis_url:
         cfg["state"] = {"redis_url": redis_url}
     return cfg
@@ -57,8 +59,9 @@ def _config(mock: Any, redis_url: str | None, entry: dict[str, str], rpm: int | 
 
 def _post(url: str, key: str) -> int:
     body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
-    req = urllib.request.Request(url, data=body, headers={"Authorization": f"Bearer {key}",
-                                                          "Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=body, headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             r.read()
@@ -112,8 +115,9 @@ def test_two_workers_answer_exactly_the_rpm_limit_and_share_metrics(tmp_path: Pa
     prom = tmp_path / "prom"  # a given PROMETHEUS_MULTIPROC_DIR is used (emptied first) and kept
     prom.mkdir()
     (prom / "counter_1.db").write_bytes(b"stale")
-    gw = start_gateway(_config(mock, redis_url, entry), tmp_path / "gw", "--workers", "2",
-                       env={"PROMETHEUS_MULTIPROC_DIR": str(prom)})
+    gw = start_gateway(
+        _config(mock, redis_url, entry), tmp_path / "gw", "--workers", "2", env={"PROMETHEUS_MULTIPROC_DIR": str(prom)}
+    )
     try:
         w0, w1, sup = _worker_pids(gw)
         assert not (prom / "counter_1.db").exists()
@@ -132,7 +136,7 @@ def test_two_workers_answer_exactly_the_rpm_limit_and_share_metrics(tmp_path: Pa
         # arrive within metrics.FLUSH_S
         time.sleep(1.5)
         m = _metrics(gw)
-        assert _total(m, 'servelab_gateway_requests_total{') == SENT
+        assert _total(m, "servelab_gateway_requests_total{") == SENT
         assert m['servelab_gateway_requests_total{backend="be",model="m",status="200"}'] == RPM
         assert m['servelab_gateway_limit_rejections_total{limit="rpm"}'] == SENT - RPM
         assert m['servelab_gateway_ttft_seconds_count{backend="be",model="m"}'] == RPM
@@ -141,8 +145,9 @@ def test_two_workers_answer_exactly_the_rpm_limit_and_share_metrics(tmp_path: Pa
         files = {int(f.stem.split("_")[1]): orjson.loads(f.read_bytes()) for f in prom.glob("itl_*.json")}
         assert set(files) <= {w0, w1}
         per_worker = {pid: sum(sum(counts) for _, counts, _ in rows) for pid, rows in files.items()}
-        assert {pid for pid, n in per_worker.items() if n > 0} == {pid for pid, w in ((w0, 0), (w1, 1))
-                                                                  if ok_by_worker[w] > 0}, (per_worker, ok_by_worker)
+        assert {pid for pid, n in per_worker.items() if n > 0} == {
+            pid for pid, w in ((w0, 0), (w1, 1)) if ok_by_worker[w] > 0
+        }, (per_worker, ok_by_worker)
         itl = m['servelab_gateway_inter_token_seconds_count{model="m"}']
         assert itl == sum(per_worker.values()) and 0 < itl <= RPM * (TOKENS - 1), m
         # SIGTERM to the supervisor stops every worker and leaves no process
@@ -165,8 +170,7 @@ def test_engine_gauges_appear_once_per_backend_under_two_workers(tmp_path: Path,
         deadline = time.monotonic() + 15
         lines: list[str] = []
         while time.monotonic() < deadline:
-            req = urllib.request.Request(gw.admin_url + "/metrics",
-                                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+            req = urllib.request.Request(gw.admin_url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
             with urllib.request.urlopen(req, timeout=10) as r:
                 text = r.read().decode()
             lines = [ln for ln in text.splitlines() if ln.startswith("servelab_gateway_engine_")]
@@ -221,8 +225,12 @@ def test_sighup_and_admin_reload_reach_every_worker(tmp_path: Path, mock: Any, r
             if trigger == "sighup":
                 gw.sighup()  # to the supervisor, which passes it on
             else:
-                req = urllib.request.Request(gw.admin_url + "/admin/reload", data=b"", method="POST",
-                                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+                req = urllib.request.Request(
+                    gw.admin_url + "/admin/reload",
+                    data=b"",
+                    method="POST",
+                    headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                )
                 with urllib.request.urlopen(req, timeout=10) as r:
                     assert r.status == 200
             time.sleep(1.5)
@@ -235,9 +243,12 @@ def test_sighup_and_admin_reload_reach_every_worker(tmp_path: Path, mock: Any, r
 
 
 def _admin(gw: Any, method: str, path: str, body: Any = None) -> Any:
-    req = urllib.request.Request(gw.admin_url + path, method=method,
-                                 data=None if body is None else orjson.dumps(body),
-                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"})
+    req = urllib.request.Request(
+        gw.admin_url + path,
+        method=method,
+        data=None if body is None else orjson.dumps(body),
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         return orjson.loads(r.read())
 
@@ -270,11 +281,22 @@ def test_workers_without_redis_refused_with_one_line(tmp_path: Path, mock: Any) 
     import yaml
 
     path = gw_dir / "gateway.yaml"
-    path.write_text(yaml.safe_dump({**_config(mock, None, entry), "server": {"port": 0, "admin_port": 0},
-                                    "ledger": {"sqlite_path": str(gw_dir / "usage.db")}}))
-    p = subprocess.run([sys.executable, "-m", "servelab.cli", "gateway", "--config", str(path), "--workers", "2"],
-                       capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, SERVELAB_ADMIN_TOKEN=ADMIN_TOKEN))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                **_config(mock, None, entry),
+                "server": {"port": 0, "admin_port": 0},
+                "ledger": {"sqlite_path": str(gw_dir / "usage.db")},
+            }
+        )
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "servelab.cli", "gateway", "--config", str(path), "--workers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, SERVELAB_ADMIN_TOKEN=ADMIN_TOKEN),
+    )
     assert p.returncode == 2, p.stderr
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert len(lines) == 1, p.stderr
@@ -294,11 +316,33 @@ def test_the_warning_is_logged_by_the_command(tmp_path: Path, mock: Any) -> None
     import yaml
 
     path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump({**_config(mock, "redis://127.0.0.1:1/0", entry),
-                                    "server": {"port": 0, "admin_port": 0},
-                                    "ledger": {"sqlite_path": str(tmp_path / "usage.db")}}))
-    p = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "servelab.cli", "gateway", "--config", str(path),
-                        "--workers", "2"], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, SERVELAB_ADMIN_TOKEN=ADMIN_TOKEN))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                **_config(mock, "redis://127.0.0.1:1/0", entry),
+                "server": {"port": 0, "admin_port": 0},
+                "ledger": {"sqlite_path": str(tmp_path / "usage.db")},
+            }
+        )
+    )
+    p = subprocess.run(
+        [
+            "taskset",
+            "-c",
+            "0",
+            sys.executable,
+            "-m",
+            "servelab.cli",
+            "gateway",
+            "--config",
+            str(path),
+            "--workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, SERVELAB_ADMIN_TOKEN=ADMIN_TOKEN),
+    )
     assert "--workers 2 on 1 CPU(s): workers will time-share cores" in p.stderr, p.stderr
     assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr

@@ -12,8 +12,17 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from servelab.bench.analysis.intervals import (Bounds, beta_inc, mean_interval, proportion_interval, quantile_interval,
-                                      quantile_min_n, ratio_interval, slo_verdict, t_quantile)
+from servelab.bench.analysis.intervals import (
+    Bounds,
+    beta_inc,
+    mean_interval,
+    proportion_interval,
+    quantile_interval,
+    quantile_min_n,
+    ratio_interval,
+    slo_verdict,
+    t_quantile,
+)
 from servelab.trial.spec import default_experiment
 
 
@@ -56,8 +65,12 @@ def test_coverage_holds_for_other_shapes_and_bounded_sizes() -> None:
     rng = np.random.default_rng(7)
     for n, q in ((100, 0.95), (30, 0.5), (8, 0.95)):
         true = -math.log(1 - q)
-        cov = np.mean([(b.lo is None or b.lo <= true) and (b.hi is None or b.hi >= true)
-                       for b in (quantile_interval(rng.exponential(1.0, n), q) for _ in range(2000))])
+        cov = np.mean(
+            [
+                (b.lo is None or b.lo <= true) and (b.hi is None or b.hi >= true)
+                for b in (quantile_interval(rng.exponential(1.0, n), q) for _ in range(2000))
+            ]
+        )
         assert 0.93 <= cov <= 0.97, (n, q, cov)
 
 
@@ -80,7 +93,7 @@ def test_special_functions_match_reference_values() -> None:
     assert t_quantile(0.975, 1e6) == pytest.approx(1.95996, abs=1e-4)
     n, q = 8, 0.5
     for r in range(1, n + 1):
-        tail = sum(math.comb(n, k) * q ** k * (1 - q) ** (n - k) for k in range(r, n + 1))
+        tail = sum(math.comb(n, k) * q**k * (1 - q) ** (n - k) for k in range(r, n + 1))
         assert beta_inc(r, n + 1 - r, q) == pytest.approx(tail, abs=1e-12)
 
 
@@ -113,7 +126,7 @@ def test_mean_interval_and_slo_verdicts() -> None:
 def test_clopper_pearson_error_rate() -> None:
     b = proportion_interval(0, 8)
     assert b.lo == 0.0 and b.hi == pytest.approx(1 - 0.025 ** (1 / 8), abs=1e-9)  # 0 of 8: up to 37 %
-    assert slo_verdict(b, 0.01) == "undetermined"          # 8 requests cannot show error_rate <= 1 %
+    assert slo_verdict(b, 0.01) == "undetermined"  # 8 requests cannot show error_rate <= 1 %
     assert slo_verdict(proportion_interval(0, 400), 0.01) == "met"
     assert slo_verdict(proportion_interval(5, 10), 0.01) == "broken"
     rng = np.random.default_rng(11)  # coverage of the exact interval is >= 95 %

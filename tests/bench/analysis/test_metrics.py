@@ -16,10 +16,18 @@ MS = 1_000_000
 
 def rec(sent=0, first=100 * MS, chunks=None, end=None, out=None, source="usage", **kw) -> RequestRecord:
     chunks = chunks if chunks is not None else [100 * MS, 110 * MS, 120 * MS, 130 * MS]
-    r = RequestRecord(request_id=kw.pop("rid", 0), scheduled_ns=kw.pop("scheduled", sent) or 1, sent_ns=sent,
-                      first_token_ns=first, chunk_ns=list(chunks), chunk_tokens=kw.pop("ktok", [0] * len(chunks)),
-                      end_ns=end if end is not None else chunks[-1] + 2 * MS,
-                      output_tokens=out if out is not None else len(chunks), output_tokens_source=source, **kw)
+    r = RequestRecord(
+        request_id=kw.pop("rid", 0),
+        scheduled_ns=kw.pop("scheduled", sent) or 1,
+        sent_ns=sent,
+        first_token_ns=first,
+        chunk_ns=list(chunks),
+        chunk_tokens=kw.pop("ktok", [0] * len(chunks)),
+        end_ns=end if end is not None else chunks[-1] + 2 * MS,
+        output_tokens=out if out is not None else len(chunks),
+        output_tokens_source=source,
+        **kw,
+    )
     return r
 
 
@@ -79,13 +87,33 @@ def test_stats_percentiles_linear():
 
 
 def test_summary_counts_add_up_and_window_excludes_warmup():
-    ok = [rec(rid=i, sent=1000 * MS + i * MS, first=1100 * MS, chunks=[1100 * MS, 1110 * MS], end=1200 * MS, out=2,
-              prompt_tokens=10) for i in range(4)]
+    ok = [
+        rec(
+            rid=i,
+            sent=1000 * MS + i * MS,
+            first=1100 * MS,
+            chunks=[1100 * MS, 1110 * MS],
+            end=1200 * MS,
+            out=2,
+            prompt_tokens=10,
+        )
+        for i in range(4)
+    ]
     warm = rec(rid=9, sent=0, first=5 * MS, chunks=[5 * MS], end=10 * MS, warmup=True)
-    bad = [RequestRecord(request_id=10 + i, sent_ns=1000 * MS, end_ns=1050 * MS, failure=fc)
-           for i, fc in enumerate([FailureClass.CONNECT, FailureClass.CUT_OFF, FailureClass.CUT_OFF])]
-    trunc = rec(rid=20, sent=1000 * MS, first=1100 * MS, chunks=[1100 * MS, 1110 * MS], end=1200 * MS, out=2,
-                finish_reason="length", prompt_tokens=10)
+    bad = [
+        RequestRecord(request_id=10 + i, sent_ns=1000 * MS, end_ns=1050 * MS, failure=fc)
+        for i, fc in enumerate([FailureClass.CONNECT, FailureClass.CUT_OFF, FailureClass.CUT_OFF])
+    ]
+    trunc = rec(
+        rid=20,
+        sent=1000 * MS,
+        first=1100 * MS,
+        chunks=[1100 * MS, 1110 * MS],
+        end=1200 * MS,
+        out=2,
+        finish_reason="length",
+        prompt_tokens=10,
+    )
     trunc.gate_failures.append("truncated")
     s = M.summarize(ok + [warm, trunc] + bad)
     c = s["counts"]

@@ -11,8 +11,12 @@ from servelab.wire.types import FailureClass, RequestRecord, RequestSpec
 
 def test_parse_units_and_defaults():
     objs = parse_slo("ttft_p95<=500ms, itl_p99<=0.05s,e2e<=10,error_rate<=1%")
-    assert objs == [Objective("ttft", "p95", 0.5), Objective("itl", "p99", 0.05), Objective("e2e", "p95", 10.0),
-                    Objective("error_rate", "rate", 0.01)]
+    assert objs == [
+        Objective("ttft", "p95", 0.5),
+        Objective("itl", "p99", 0.05),
+        Objective("e2e", "p95", 10.0),
+        Objective("error_rate", "rate", 0.01),
+    ]
 
 
 @pytest.mark.parametrize("bad", ["ttft_p95=500ms", "latency_p95<=1s", "ttft_p95<=5%", "error_rate<=3s", "ttft<=abc"])
@@ -40,8 +44,15 @@ def test_evaluate():
 def test_gates_structured_truncation_latency():
     schema = {"type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}}}
     spec = RequestSpec(endpoint="chat", json_schema=schema)
-    good = RequestRecord(request_id=0, sent_ns=0, first_token_ns=100_000_000, end_ns=200_000_000,
-                         content=['{"a": ', "1}"], finish_reason="stop", output_tokens=2)
+    good = RequestRecord(
+        request_id=0,
+        sent_ns=0,
+        first_token_ns=100_000_000,
+        end_ns=200_000_000,
+        content=['{"a": ', "1}"],
+        finish_reason="stop",
+        output_tokens=2,
+    )
     apply_gates(good, spec, parse_slo("ttft_p95<=500ms"))
     assert good.gate_failures == []
     wrong = RequestRecord(request_id=1, content=['{"a": "x"}'], finish_reason="length")

@@ -18,8 +18,9 @@ def closed_loop(c: int, n: int, dur_s: float, tokens: int, lead_s: float = 0.0) 
     for i in range(n):
         w = min(range(c), key=lambda j: free[j])
         t0 = free[w]
-        r = RequestRecord(request_id=i, sent_ns=t0, end_ns=t0 + int(dur_s * S), output_tokens=tokens,
-                          output_tokens_source="usage")
+        r = RequestRecord(
+            request_id=i, sent_ns=t0, end_ns=t0 + int(dur_s * S), output_tokens=tokens, output_tokens_source="usage"
+        )
         r.chunk_ns = [t0 + int(dur_s * S * (k + 1) / tokens) for k in range(tokens)]
         r.chunk_tokens = [1] * tokens
         recs.append(r)

@@ -76,9 +76,17 @@ def test_split_count_and_shares_partition_every_request():
     for n in range(0, 40):
         for conc in range(1, 8):
             for w in range(1, 5):
-                tasks = plan_step(LoadModel(kind="closed", concurrency=conc), [RequestSpec("chat")], n,
-                                  list(range(w)),
-                                  first_id=100, step="c", step_index=0, step_workload="x", warmup=False)
+                tasks = plan_step(
+                    LoadModel(kind="closed", concurrency=conc),
+                    [RequestSpec("chat")],
+                    n,
+                    list(range(w)),
+                    first_id=100,
+                    step="c",
+                    step_index=0,
+                    step_workload="x",
+                    warmup=False,
+                )
                 got = sorted(j for t in tasks.values() for j in t.share)
                 assert got == list(range(n)), (n, conc, w)
                 assert sum(t.load.concurrency for t in tasks.values()) == conc
@@ -92,16 +100,36 @@ def test_split_count_and_shares_partition_every_request():
 def test_open_loop_plan_shares_one_global_schedule():
     offs = list(range(0, 10_000_000_000, 1_000_000_000))  # 10 arrivals, 1 s apart
     load = LoadModel(kind="open", rate_rps=1.0, duration_s=7.5, max_concurrency=5)
-    tasks = plan_step(load, [RequestSpec("chat")], 10, [0, 2, 5], first_id=0, step="r1", step_index=0,
-                      step_workload="x", warmup=False, offsets_ns=offs)
+    tasks = plan_step(
+        load,
+        [RequestSpec("chat")],
+        10,
+        [0, 2, 5],
+        first_id=0,
+        step="r1",
+        step_index=0,
+        step_workload="x",
+        warmup=False,
+        offsets_ns=offs,
+    )
     assert sorted(tasks) == [0, 2, 5]
     merged = sorted((j, o) for t in tasks.values() for j, o in zip(t.share, t.offsets_ns or [], strict=True))
     assert merged == list(enumerate(offs))
     assert [t.load.max_concurrency for t in tasks.values()] == [2, 2, 1]
     assert sum(t.assigned or 0 for t in tasks.values()) == 8  # offsets 0..7 s fall inside 7.5 s
     with pytest.raises(ValueError):
-        plan_step(LoadModel(kind="open", rate_rps=1.0, max_concurrency=2), [RequestSpec("chat")], 10, [0, 1, 2],
-                  first_id=0, step="r1", step_index=0, step_workload="x", warmup=False, offsets_ns=offs)
+        plan_step(
+            LoadModel(kind="open", rate_rps=1.0, max_concurrency=2),
+            [RequestSpec("chat")],
+            10,
+            [0, 1, 2],
+            first_id=0,
+            step="r1",
+            step_index=0,
+            step_workload="x",
+            warmup=False,
+            offsets_ns=offs,
+        )
 
 
 def test_saturation_verdicts():
@@ -127,8 +155,20 @@ def test_saturation_verdicts():
 def test_workers_closed_loop_merged_exactly(mock_engine, tmp_path):
     m = mock_engine("--ttft-ms", "5", "--itl-ms", "2", "--output-tokens", "12")
     out, ref = tmp_path / "w2", tmp_path / "w1"
-    r = bench("--url", m.base_url, "--workers", "2", "--concurrency", "1,3", "--requests", "12", "--warmup", "2",
-              "--out", str(out))
+    r = bench(
+        "--url",
+        m.base_url,
+        "--workers",
+        "2",
+        "--concurrency",
+        "1,3",
+        "--requests",
+        "12",
+        "--warmup",
+        "2",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     summary, lines = load(out)
     assert mock_requests(m.root) == len(lines) == 2 * (12 + 2)  # every request sent is in the file, once
@@ -151,7 +191,8 @@ def test_workers_closed_loop_merged_exactly(mock_engine, tmp_path):
     assert r.returncode == 0, r.stderr
     _, ref_lines = load(ref)
     assert sorted((x["id"], x["step"], x["warmup"]) for x in lines) == sorted(
-        (x["id"], x["step"], x["warmup"]) for x in ref_lines)
+        (x["id"], x["step"], x["warmup"]) for x in ref_lines
+    )
     # servelab summarize rebuilds the merged summary from requests.jsonl, the same way
     live = json.loads((out / "summary.json").read_text())
     rb = subprocess.run([*SERVELAB, "summarize", "--quiet", str(out)], capture_output=True, text=True, timeout=120)
@@ -172,8 +213,25 @@ def test_workers_open_loop_keeps_the_single_process_schedule(mock_engine, tmp_pa
     tok = ["--tokenizer", str(assemble())]
     for name, extra in (("one", tok), ("three", [*tok, "--workers", "3"])):
         out = tmp_path / name
-        r = bench("--url", m.base_url, *extra, "--rate", "40", "--arrival", "gamma", "--burstiness", "0.5",
-                  "--requests", "45", "--warmup", "0", "--seed", "11", "--out", str(out))
+        r = bench(
+            "--url",
+            m.base_url,
+            *extra,
+            "--rate",
+            "40",
+            "--arrival",
+            "gamma",
+            "--burstiness",
+            "0.5",
+            "--requests",
+            "45",
+            "--warmup",
+            "0",
+            "--seed",
+            "11",
+            "--out",
+            str(out),
+        )
         assert r.returncode == 0, r.stderr
         runs[name] = load(out)
     (_, one), (summary, three) = runs["one"], runs["three"]
@@ -193,15 +251,41 @@ def test_saturation_flag_in_the_summary(mock_engine, tmp_path):
     m = mock_engine("--ttft-ms", "1", "--itl-ms", "1", "--output-tokens", "4")
     out = tmp_path / "tight"
     # a bound of 1 ns: no generator meets it, so the step must be flagged, with the figure named
-    r = bench("--url", m.base_url, "--workers", "2", "--rate", "20", "--requests", "10", "--warmup", "0",
-              "--lag-bound-ms", "0.000001", "--out", str(out))
+    r = bench(
+        "--url",
+        m.base_url,
+        "--workers",
+        "2",
+        "--rate",
+        "20",
+        "--requests",
+        "10",
+        "--warmup",
+        "0",
+        "--lag-bound-ms",
+        "0.000001",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     s = load(out)[0]["steps"][0]["saturation"]
     assert s["generator_bound"] and any("schedule_lag_s.p99" in x for x in s["reasons"])
     assert "generator-bound" in r.stderr
     out = tmp_path / "loose"
-    r = bench("--url", m.base_url, "--rate", "5", "--requests", "5", "--warmup", "0", "--lag-bound-ms", "60000",
-              "--out", str(out))
+    r = bench(
+        "--url",
+        m.base_url,
+        "--rate",
+        "5",
+        "--requests",
+        "5",
+        "--warmup",
+        "0",
+        "--lag-bound-ms",
+        "60000",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     step = load(out)[0]["steps"][0]
     assert not any("lag" in x for x in step["saturation"]["reasons"])
@@ -211,9 +295,28 @@ def test_saturation_flag_in_the_summary(mock_engine, tmp_path):
 def test_killed_worker_is_counted_and_named(mock_engine, tmp_path):
     m = mock_engine("--ttft-ms", "20", "--itl-ms", "15", "--output-tokens", "20")  # ~0.3 s per request
     out = tmp_path / "run"
-    p = subprocess.Popen([*SERVELAB, "bench", "--quiet", "--url", m.base_url, "--workers", "2", "--concurrency",
-                          "4,2", "--requests", "40", "--warmup", "0", "--out", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            *SERVELAB,
+            "bench",
+            "--quiet",
+            "--url",
+            m.base_url,
+            "--workers",
+            "2",
+            "--concurrency",
+            "4,2",
+            "--requests",
+            "40",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         victim = None
         deadline = time.monotonic() + 120
@@ -262,12 +365,15 @@ def running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("args, expect", [
-    (["--workers", "0"], "--workers 0"),
-    (["--workers-per-node", "2"], "--workers-per-node places Ray actors"),
-    (["--workers", "3", "--rate", "5", "--max-concurrency", "2"], "--max-concurrency 2 is split among the workers"),
-    (["--lag-bound-ms", "0"], "--lag-bound-ms 0"),
-])
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["--workers", "0"], "--workers 0"),
+        (["--workers-per-node", "2"], "--workers-per-node places Ray actors"),
+        (["--workers", "3", "--rate", "5", "--max-concurrency", "2"], "--max-concurrency 2 is split among the workers"),
+        (["--lag-bound-ms", "0"], "--lag-bound-ms 0"),
+    ],
+)
 def test_bad_worker_options_one_line(tmp_path, args, expect):
     r = bench("--url", "http://127.0.0.1:9/v1", *args, "--out", str(tmp_path / "x"), timeout=60)
     assert r.returncode == 2, r.stderr
@@ -278,9 +384,28 @@ def test_bad_worker_options_one_line(tmp_path, args, expect):
 def test_ctrl_c_stops_every_worker(mock_engine, tmp_path):
     m = mock_engine("--ttft-ms", "5", "--itl-ms", "5", "--output-tokens", "10")
     out = tmp_path / "run"
-    p = subprocess.Popen([*SERVELAB, "bench", "--quiet", "--url", m.base_url, "--workers", "2", "--concurrency", "4",
-                          "--requests", "20000", "--warmup", "0", "--out", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            *SERVELAB,
+            "bench",
+            "--quiet",
+            "--url",
+            m.base_url,
+            "--workers",
+            "2",
+            "--concurrency",
+            "4",
+            "--requests",
+            "20000",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

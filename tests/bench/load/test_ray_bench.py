@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
 import raycluster
 from test_bench_workers import assert_pooled_percentiles, bench, intended_offsets, load, mock_requests
 
@@ -24,8 +23,20 @@ def ray_cluster() -> Iterator[str]:
 def test_ray_open_loop_merged_like_one_process(ray_cluster, mock_engine, tmp_path):
     m = mock_engine("--ttft-ms", "3", "--itl-ms", "2", "--output-tokens", "8")
     one, two = tmp_path / "one", tmp_path / "ray"
-    common = ["--url", m.base_url, "--rate", "30", "--arrival", "poisson", "--requests", "36", "--warmup", "2",
-              "--seed", "7"]
+    common = [
+        "--url",
+        m.base_url,
+        "--rate",
+        "30",
+        "--arrival",
+        "poisson",
+        "--requests",
+        "36",
+        "--warmup",
+        "2",
+        "--seed",
+        "7",
+    ]
     r = bench(*common, "--out", str(one))
     assert r.returncode == 0, r.stderr
     before = mock_requests(m.root)
@@ -50,8 +61,23 @@ def test_ray_open_loop_merged_like_one_process(ray_cluster, mock_engine, tmp_pat
 def test_ray_closed_loop_per_node(ray_cluster, mock_engine, tmp_path):
     m = mock_engine("--ttft-ms", "3", "--itl-ms", "2", "--output-tokens", "8")
     out = tmp_path / "run"
-    r = bench("--url", m.base_url, "--ray", ray_cluster, "--workers-per-node", "1", "--concurrency", "4",
-              "--requests", "24", "--warmup", "0", "--out", str(out), timeout=300)
+    r = bench(
+        "--url",
+        m.base_url,
+        "--ray",
+        ray_cluster,
+        "--workers-per-node",
+        "1",
+        "--concurrency",
+        "4",
+        "--requests",
+        "24",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     summary, lines = load(out)
     assert mock_requests(m.root) == len(lines) == 24

@@ -23,8 +23,12 @@ def test_trial_load_steps_on_two_workers(tmp_path):
         "name": "two-workers",
         "goal": {"expected_rate_rps": 40, "quality": {"smoke": ["streaming", "usage"], "structured_requests": 2}},
         "candidates": [{"name": "m", "engine": "mock", "settings": {"ttft_ms": 2, "itl_ms": 1, "output_tokens": 6}}],
-        "workloads": ["short-qa", "structured"], "steps": {"concurrency": [1, 3]}, "requests_per_step": 6,
-        "warmup": 0, "repeats": 1, "mix_sweep": False,
+        "workloads": ["short-qa", "structured"],
+        "steps": {"concurrency": [1, 3]},
+        "requests_per_step": 6,
+        "warmup": 0,
+        "repeats": 1,
+        "mix_sweep": False,
         "arrival_test": {"enabled": True, "requests": 8},
         "load_generator": {"workers": 2},
     }
@@ -49,5 +53,6 @@ def test_trial_load_steps_on_two_workers(tmp_path):
 
 def test_load_generator_needs_ray_for_per_node():
     with pytest.raises(ValidationError, match="workers_per_node"):
-        Experiment.model_validate({"candidates": [{"name": "m", "engine": "mock"}],
-                                   "load_generator": {"workers_per_node": 2}})
+        Experiment.model_validate(
+            {"candidates": [{"name": "m", "engine": "mock"}], "load_generator": {"workers_per_node": 2}}
+        )

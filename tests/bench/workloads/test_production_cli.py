@@ -32,8 +32,22 @@ def test_sessions_history_grows_as_specified(mock_engine, tmp_path: Path) -> Non
     system prompt, the user messages so far and k earlier answers of 7 words each."""
     mp = mock_engine("--output-tokens", "7")
     out = tmp_path / "s"
-    r = bench("--url", mp.base_url, "--sessions", "3", "--turns", "4", "--concurrency", "1,3",
-              "--set", "first_tokens=60", "--set", "turn_tokens=12", "--out", str(out))
+    r = bench(
+        "--url",
+        mp.base_url,
+        "--sessions",
+        "3",
+        "--turns",
+        "4",
+        "--concurrency",
+        "1,3",
+        "--set",
+        "first_tokens=60",
+        "--set",
+        "turn_tokens=12",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     summary, lines = load(out)
     assert [s["step"] for s in summary["steps"]] == ["c1", "c3"] and summary["complete"]
@@ -54,11 +68,23 @@ def test_sessions_history_grows_as_specified(mock_engine, tmp_path: Path) -> Non
 def test_sessions_from_a_file(mock_engine, tmp_path: Path) -> None:
     mp = mock_engine("--output-tokens", "3")
     f = tmp_path / "sg.json"
-    f.write_text(json.dumps([{"conversations": [{"from": "human", "value": "one two"}, {"from": "gpt", "value": "x"},
-                                                {"from": "human", "value": "three four five"}]}]))
+    f.write_text(
+        json.dumps(
+            [
+                {
+                    "conversations": [
+                        {"from": "human", "value": "one two"},
+                        {"from": "gpt", "value": "x"},
+                        {"from": "human", "value": "three four five"},
+                    ]
+                }
+            ]
+        )
+    )
     out = tmp_path / "f"
-    r = bench("--url", mp.base_url, "--sessions-file", str(f), "--sessions", "2", "--concurrency", "2",
-              "--out", str(out))
+    r = bench(
+        "--url", mp.base_url, "--sessions-file", str(f), "--sessions", "2", "--concurrency", "2", "--out", str(out)
+    )
     assert r.returncode == 0, r.stderr
     summary, lines = load(out)
     x = summary["steps"][0]["sessions"]
@@ -70,16 +96,24 @@ def test_sessions_from_a_file(mock_engine, tmp_path: Path) -> None:
 def _trace(tmp_path: Path, fmt: str, t_ms: list[int]) -> Path:
     if fmt == "mooncake":
         p = tmp_path / "t.jsonl"
-        p.write_text("".join(json.dumps({"timestamp": t, "input_length": 1100, "output_length": 3,
-                                         "hash_ids": [0, 1, 2 + k]}) + "\n" for k, t in enumerate(t_ms)))
+        p.write_text(
+            "".join(
+                json.dumps({"timestamp": t, "input_length": 1100, "output_length": 3, "hash_ids": [0, 1, 2 + k]}) + "\n"
+                for k, t in enumerate(t_ms)
+            )
+        )
     elif fmt == "azure":
         p = tmp_path / "t.csv"
-        p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
-            f"2023-11-16 18:15:{t / 1000:09.6f},40,3\n" for t in t_ms))
+        p.write_text(
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+            + "".join(f"2023-11-16 18:15:{t / 1000:09.6f},40,3\n" for t in t_ms)
+        )
     else:
         p = tmp_path / "t.csv"
-        p.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "".join(
-            f"{t / 1000},ChatGPT,40,{0 if k == 1 else 3},43,API log\n" for k, t in enumerate(t_ms)))
+        p.write_text(
+            "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+            + "".join(f"{t / 1000},ChatGPT,40,{0 if k == 1 else 3},43,API log\n" for k, t in enumerate(t_ms))
+        )
     return p
 
 
@@ -114,16 +148,23 @@ def test_trace_replay(mock_engine, tmp_path: Path, fmt: str) -> None:
     assert "replayed" in r.stdout
 
 
-@pytest.mark.parametrize(("bad", "reason"), [("none", None), ("json", "tool_args_invalid_json"),
-                                             ("schema", "tool_args_schema_mismatch"),
-                                             ("name", "tool_call_unknown_name")])
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ("none", None),
+        ("json", "tool_args_invalid_json"),
+        ("schema", "tool_args_schema_mismatch"),
+        ("name", "tool_call_unknown_name"),
+    ],
+)
 def test_agent_loop(mock_engine, tmp_path: Path, bad: str, reason: str | None) -> None:
     """4 loops of 3 tool steps + the final answer: with good calls every loop completes (16 requests, the
     last of each loop ends with a tool message); each bad-call kind is caught at step 0 and ends its loop."""
     mp = mock_engine("--output-tokens", "5", "--bad-tool-call", bad)
     out = tmp_path / "a"
-    r = bench("--url", mp.base_url, "-w", "agent", "-n", "4", "--concurrency", "2", "--set", "tool_steps=3",
-              "--out", str(out))
+    r = bench(
+        "--url", mp.base_url, "-w", "agent", "-n", "4", "--concurrency", "2", "--set", "tool_steps=3", "--out", str(out)
+    )
     assert r.returncode == 0, r.stderr
     summary, lines = load(out)
     a = summary["steps"][0]["agent"]
@@ -131,13 +172,25 @@ def test_agent_loop(mock_engine, tmp_path: Path, bad: str, reason: str | None) -
     if reason is None:
         assert a["loops_completed"] == 4 and len(lines) == 16
         assert [(t["step"], t["n"], t["valid"], t["tool_calls"]) for t in a["steps"]] == [
-            (0, 4, 4, 4), (1, 4, 4, 4), (2, 4, 4, 4), (3, 4, 4, 0)]  # the final step answers in text
+            (0, 4, 4, 4),
+            (1, 4, 4, 4),
+            (2, 4, 4, 4),
+            (3, 4, 4, 0),
+        ]  # the final step answers in text
         final = [x for x in lines if not x.get("tool_calls")]
         assert len(final) == 4 and all(x["text"] for x in final)
     else:
         assert a["loops_completed"] == 0 and len(lines) == 4
-        assert a["steps"] == [{"step": 0, "n": 4, "valid": 0, "tool_calls": 4, "invalid": {reason: 4},
-                               "e2e_p50_s": a["steps"][0]["e2e_p50_s"]}]
+        assert a["steps"] == [
+            {
+                "step": 0,
+                "n": 4,
+                "valid": 0,
+                "tool_calls": 4,
+                "invalid": {reason: 4},
+                "e2e_p50_s": a["steps"][0]["e2e_p50_s"],
+            }
+        ]
         assert all(reason in x["gate_failures"] for x in lines)
 
 
@@ -146,8 +199,26 @@ def test_mixed_lang_exact_lengths_and_tokens_per_char(mock_engine, tmp_path: Pat
     counter = load_tokenizer(gguf)
     mp = mock_engine("--output-tokens", "4")
     out = tmp_path / "m"
-    r = bench("--url", mp.base_url, "-w", "mixed-lang", "-n", "6", "--concurrency", "2", "--warmup", "0",
-              "--tokenizer", gguf, "--set", "input_tokens=100-400", "--endpoint", "completions", "--out", str(out))
+    r = bench(
+        "--url",
+        mp.base_url,
+        "-w",
+        "mixed-lang",
+        "-n",
+        "6",
+        "--concurrency",
+        "2",
+        "--warmup",
+        "0",
+        "--tokenizer",
+        gguf,
+        "--set",
+        "input_tokens=100-400",
+        "--endpoint",
+        "completions",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     summary, lines = load(out)
     lang = summary["steps"][0]["language"]
@@ -165,29 +236,38 @@ def test_mixed_lang_exact_lengths_and_tokens_per_char(mock_engine, tmp_path: Pat
     assert "language" in rebuilt["rebuilt"]["kept_from_summary"]
 
 
-@pytest.mark.parametrize(("args", "msg"), [
-    (["--trace", "/nonexistent/t.jsonl"], "no such file"),
-    (["--trace", "{csv}", "--trace-format", "mooncake"], "not JSON"),
-    (["--trace", "{csv}", "--trace-window", "5:2"], "--trace-window '5:2'"),
-    (["--trace", "{csv}", "--trace-window", "x"], "START:END"),
-    (["--trace", "{csv}", "--trace-speed", "0"], "--trace-speed 0"),
-    (["--trace", "{csv}", "--rate", "3"], "leave out --rate"),
-    (["--trace-speed", "2"], "add --trace FILE"),
-    (["--sessions", "0"], "--sessions 0"),
-    (["--sessions", "2", "--think-time-s", "-1"], "--think-time-s -1"),
-    (["--sessions-file", "/nonexistent/s.json"], "no such file"),
-    (["--sessions", "2", "--workers", "2"], "one process"),
-    (["--batch-size", "8"], "add --endpoint embeddings"),
-    (["--endpoint", "embeddings", "--batch-size", "0"], "--batch-size 0"),
-    (["-w", "agent", "--set", "tool_steps=99"], "tool_steps=99"),
-    (["-w", "agent", "--endpoint", "completions"], "use --endpoint chat"),
-    (["--rag-top-k", "3"], "add -w rag-docs"),
-])
+@pytest.mark.parametrize(
+    ("args", "msg"),
+    [
+        (["--trace", "/nonexistent/t.jsonl"], "no such file"),
+        (["--trace", "{csv}", "--trace-format", "mooncake"], "not JSON"),
+        (["--trace", "{csv}", "--trace-window", "5:2"], "--trace-window '5:2'"),
+        (["--trace", "{csv}", "--trace-window", "x"], "START:END"),
+        (["--trace", "{csv}", "--trace-speed", "0"], "--trace-speed 0"),
+        (["--trace", "{csv}", "--rate", "3"], "leave out --rate"),
+        (["--trace-speed", "2"], "add --trace FILE"),
+        (["--sessions", "0"], "--sessions 0"),
+        (["--sessions", "2", "--think-time-s", "-1"], "--think-time-s -1"),
+        (["--sessions-file", "/nonexistent/s.json"], "no such file"),
+        (["--sessions", "2", "--workers", "2"], "one process"),
+        (["--batch-size", "8"], "add --endpoint embeddings"),
+        (["--endpoint", "embeddings", "--batch-size", "0"], "--batch-size 0"),
+        (["-w", "agent", "--set", "tool_steps=99"], "tool_steps=99"),
+        (["-w", "agent", "--endpoint", "completions"], "use --endpoint chat"),
+        (["--rag-top-k", "3"], "add -w rag-docs"),
+    ],
+)
 def test_bad_input_is_one_line(tmp_path: Path, args: list[str], msg: str) -> None:
     csv = tmp_path / "t.csv"
     csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,10,2\n")
-    r = bench("--url", "http://127.0.0.1:9/v1", *[a.replace("{csv}", str(csv)) for a in args],
-              "--out", str(tmp_path / "o"), timeout=60)
+    r = bench(
+        "--url",
+        "http://127.0.0.1:9/v1",
+        *[a.replace("{csv}", str(csv)) for a in args],
+        "--out",
+        str(tmp_path / "o"),
+        timeout=60,
+    )
     assert r.returncode == 2, (r.returncode, r.stderr)
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and msg in err[0] and "Traceback" not in r.stderr, r.stderr

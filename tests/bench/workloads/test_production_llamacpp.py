@@ -35,8 +35,22 @@ def test_embeddings(tmp_path: Path) -> None:
 
     out = tmp_path / "e"
     with EmbeddingLauncher(parallel=2).start() as emb:
-        r = bench("--url", emb.base_url, "--endpoint", "embeddings", "--batch-size", "4", "-n", "12",
-                  "--concurrency", "1,2", "--set", "input_tokens=16-200", "--out", str(out))
+        r = bench(
+            "--url",
+            emb.base_url,
+            "--endpoint",
+            "embeddings",
+            "--batch-size",
+            "4",
+            "-n",
+            "12",
+            "--concurrency",
+            "1,2",
+            "--set",
+            "input_tokens=16-200",
+            "--out",
+            str(out),
+        )
     assert r.returncode == 0, r.stderr[-2000:]
     summary, lines = load(out)
     print("\n", "\n".join(r.stdout.splitlines()[-3:]))
@@ -65,8 +79,24 @@ def test_sessions(gemma: str, tmp_path: Path) -> None:
     """Exact first messages: turn 0 has the same prompt length in every session; later turns are served
     mostly from the prompt cache (cached_tokens from usage.prompt_tokens_details)."""
     out = tmp_path / "s"
-    r = bench("--url", gemma, "--sessions", "3", "--turns", "3", "--concurrency", "1", "--set", "first_tokens=120",
-              "--set", "turn_tokens=16", "--set", "output_tokens=8", "--out", str(out))
+    r = bench(
+        "--url",
+        gemma,
+        "--sessions",
+        "3",
+        "--turns",
+        "3",
+        "--concurrency",
+        "1",
+        "--set",
+        "first_tokens=120",
+        "--set",
+        "turn_tokens=16",
+        "--set",
+        "output_tokens=8",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     summary, lines = load(out)
     x = summary["steps"][0]["sessions"]
@@ -85,10 +115,16 @@ def test_mooncake_trace(gemma: str, tmp_path: Path) -> None:
     loaded 2-core box the first may still run when the second is due; it then waits, shown as schedule lag,
     and the idle slot holding the prefix takes it)."""
     p = tmp_path / "m.jsonl"
-    p.write_text("".join(json.dumps(r) + "\n" for r in [
-        {"timestamp": 0, "input_length": 1100, "output_length": 3, "hash_ids": [0, 1, 2]},
-        {"timestamp": 1000, "input_length": 1300, "output_length": 3, "hash_ids": [0, 1, 3]},
-        {"timestamp": 2000, "input_length": 700, "output_length": 3, "hash_ids": [4, 5]}]))
+    p.write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [
+                {"timestamp": 0, "input_length": 1100, "output_length": 3, "hash_ids": [0, 1, 2]},
+                {"timestamp": 1000, "input_length": 1300, "output_length": 3, "hash_ids": [0, 1, 3]},
+                {"timestamp": 2000, "input_length": 700, "output_length": 3, "hash_ids": [4, 5]},
+            ]
+        )
+    )
     out = tmp_path / "t"
     r = bench("--url", gemma, "--trace", str(p), "--max-concurrency", "1", "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
@@ -105,8 +141,26 @@ def test_mooncake_trace(gemma: str, tmp_path: Path) -> None:
 
 def test_mixed_lang(gemma: str, tmp_path: Path) -> None:
     out = tmp_path / "m"
-    r = bench("--url", gemma, "-w", "mixed-lang", "--endpoint", "completions", "-n", "4", "--concurrency", "2",
-              "--warmup", "0", "--set", "input_tokens=200-800", "--set", "output_tokens=4", "--out", str(out))
+    r = bench(
+        "--url",
+        gemma,
+        "-w",
+        "mixed-lang",
+        "--endpoint",
+        "completions",
+        "-n",
+        "4",
+        "--concurrency",
+        "2",
+        "--warmup",
+        "0",
+        "--set",
+        "input_tokens=200-800",
+        "--set",
+        "output_tokens=4",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     summary, lines = load(out)
     lang = summary["steps"][0]["language"]
@@ -121,8 +175,9 @@ def test_agent_on_a_model_without_tool_template(gemma: str, tmp_path: Path) -> N
     no tool call and the gate catches it. First messages are exact (96 tokens): loops i and i + 4 share the
     closing request and differ in their background text, and their prompts are equally long."""
     out = tmp_path / "a"
-    r = bench("--url", gemma, "-w", "agent", "-n", "8", "--concurrency", "2", "--set", "output_tokens=16",
-              "--out", str(out))
+    r = bench(
+        "--url", gemma, "-w", "agent", "-n", "8", "--concurrency", "2", "--set", "output_tokens=16", "--out", str(out)
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     summary, lines = load(out)
     a = summary["steps"][0]["agent"]
@@ -135,8 +190,25 @@ def test_agent_on_a_model_without_tool_template(gemma: str, tmp_path: Path) -> N
 
 def test_rag_docs(gemma: str, tmp_path: Path) -> None:
     out = tmp_path / "r"
-    r = bench("--url", gemma, "-w", "rag-docs", "-n", "3", "--concurrency", "1", "--warmup", "0", "--rag-top-k", "3",
-              "--set", "output_tokens=4", "--out", str(out), timeout=1200)
+    r = bench(
+        "--url",
+        gemma,
+        "-w",
+        "rag-docs",
+        "-n",
+        "3",
+        "--concurrency",
+        "1",
+        "--warmup",
+        "0",
+        "--rag-top-k",
+        "3",
+        "--set",
+        "output_tokens=4",
+        "--out",
+        str(out),
+        timeout=1200,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     summary, lines = load(out)
     rag = summary["steps"][0]["rag"]

@@ -13,7 +13,6 @@ from servelab.modelfile.tokenizer import TokenCounter, load_tokenizer
 from servelab.wire import ConfigError, RequestRecord
 from servelab.wire.client import make_session, send
 
-
 #: a part of the corpus, so the test embeds ~100 passages, not ~400 (CI time)
 MODULES = ("argparse", "csv", "datetime", "json", "logging", "pathlib", "statistics", "textwrap", "uuid", "zipfile")
 
@@ -46,10 +45,13 @@ def test_retrieval_through_the_real_embedder(counter: TokenCounter) -> None:
     from servelab.engines.llamacpp import LlamaCppLauncher
 
     with EmbeddingLauncher(parallel=2).start() as emb:
-        async def build():  # noqa: ANN202
+
+        async def build():
             async with make_session() as s:
-                return await build_rag_set(s, emb.base_url, MODEL_ID, 12, counter, k=3, chunk_tokens=160, seed=4,
-                                           modules=MODULES)
+                return await build_rag_set(
+                    s, emb.base_url, MODEL_ID, 12, counter, k=3, chunk_tokens=160, seed=4, modules=MODULES
+                )
+
         rs = asyncio.run(build())
     print("\n", rs.model_dump_json())
     assert rs.passages > 60 and rs.k == 3 and len(rs.requests) == 12
@@ -63,6 +65,7 @@ def test_retrieval_through_the_real_embedder(counter: TokenCounter) -> None:
     assert hits >= 8, hits  # the top passage comes from the asked-about module for most questions
     assert 300 <= rs.input_tokens["p50"] <= 700
     with LlamaCppLauncher(parallel=1, ctx_size=4096).start() as eng:
+
         async def go() -> RequestRecord:
             async with make_session() as s:
                 rec = RequestRecord(request_id=0)
@@ -70,5 +73,6 @@ def test_retrieval_through_the_real_embedder(counter: TokenCounter) -> None:
                 spec.max_tokens = 4
                 await send(s, eng.base_url, "m", spec, rec, timeout_s=300)
                 return rec
+
         rec = asyncio.run(go())
     assert rec.ok and rec.prompt_tokens >= rs.requests[0].prompt_tokens_target

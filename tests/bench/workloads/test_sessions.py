@@ -24,6 +24,7 @@ def _run(base_url: str, sessions: list[Session], **kw: object) -> list:
     async def go() -> list:
         async with make_session() as s:
             return await run_sessions(s, base_url, "m", sessions, **kw)
+
     return asyncio.run(go())
 
 
@@ -75,16 +76,36 @@ def test_open_loop_sessions_with_think_time(mock_engine) -> None:
 
 def test_datasets(tmp_path: Path) -> None:
     share = tmp_path / "sg.json"
-    share.write_text(json.dumps([
-        {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"},
-                           {"from": "human", "value": "how are you"}]},
-        {"conversations": [{"from": "human", "value": "only one turn"}]}]))
+    share.write_text(
+        json.dumps(
+            [
+                {
+                    "conversations": [
+                        {"from": "human", "value": "hi"},
+                        {"from": "gpt", "value": "hello"},
+                        {"from": "human", "value": "how are you"},
+                    ]
+                },
+                {"conversations": [{"from": "human", "value": "only one turn"}]},
+            ]
+        )
+    )
     ss = load_sessions(share)
     assert len(ss) == 1 and ss[0].user_messages == ["hi", "how are you"]
     oa = tmp_path / "oa.jsonl"
-    oa.write_text(json.dumps({"messages": [{"role": "system", "content": "be brief"},
-                                           {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                                           {"role": "user", "content": "c"}]}) + "\n")
+    oa.write_text(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "content": "b"},
+                    {"role": "user", "content": "c"},
+                ]
+            }
+        )
+        + "\n"
+    )
     s = load_sessions(oa)[0]
     assert s.system == "be brief" and s.user_messages == ["a", "c"]
     with pytest.raises(ConfigError, match="no conversation with at least 3"):

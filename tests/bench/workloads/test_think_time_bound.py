@@ -16,9 +16,28 @@ from servelab.bench.options import MAX_THINK_TIME_S
 
 @pytest.mark.parametrize("value", ["1e22", "3601", "inf", "-1"])
 def test_think_time_out_of_bounds_refused_in_one_line(value: str, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "bench", "--url", "http://127.0.0.1:9/v1",
-                        "--sessions", "2", "--turns", "2", f"--think-time-s={value}", "-c", "1",
-                        "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "servelab.cli",
+            "bench",
+            "--url",
+            "http://127.0.0.1:9/v1",
+            "--sessions",
+            "2",
+            "--turns",
+            "2",
+            f"--think-time-s={value}",
+            "-c",
+            "1",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("servelab: error: --think-time-s"), lines

@@ -22,12 +22,15 @@ NAMES = tool_names(TOOLS)
 @pytest.fixture(scope="module")
 def gemma_counter() -> TokenCounter:
     return load_tokenizer(None)
+
+
 WEATHER = {"location": {"city": "Lyon", "country": "FR"}, "unit": "celsius"}
 
 
 def _spec(choice: object) -> RequestSpec:
-    return RequestSpec(endpoint="chat", messages=[{"role": "user", "content": "x"}],
-                       extra={"tools": TOOLS, "tool_choice": choice})
+    return RequestSpec(
+        endpoint="chat", messages=[{"role": "user", "content": "x"}], extra={"tools": TOOLS, "tool_choice": choice}
+    )
 
 
 def _rec(*calls: tuple[str | None, str]) -> RequestRecord:
@@ -37,20 +40,29 @@ def _rec(*calls: tuple[str | None, str]) -> RequestRecord:
     return rec
 
 
-@pytest.mark.parametrize(("choice", "calls", "reasons"), [
-    ("auto", [], []),                                                   # auto may answer in text
-    ("required", [], ["tool_call_missing"]),
-    (tool_choice_for(2, 0), [], ["tool_call_missing"]),
-    ("auto", [("get_weather", json.dumps(WEATHER))], []),
-    ("auto", [("get_weather", '{"location": {"city": "Lyon"')], ["tool_args_invalid_json"]),
-    ("auto", [("get_weather", json.dumps({**WEATHER, "unit": "kelvin"}))], ["tool_args_schema_mismatch"]),
-    ("auto", [("get_weather", json.dumps({"location": {"city": "Lyon"}, "unit": "celsius"}))],
-     ["tool_args_schema_mismatch"]),                                    # nested required field missing
-    ("auto", [("delete_everything", "{}")], ["tool_call_unknown_name"]),
-    (tool_choice_for(2, 1), [("get_weather", json.dumps(WEATHER))], ["tool_call_wrong_name"]),
-    ("auto", [("convert_currency", '{"amount": -1, "source": "EUR", "target": "CNY"}'),
-              ("nope", "{}")], ["tool_args_schema_mismatch", "tool_call_unknown_name"]),
-])
+@pytest.mark.parametrize(
+    ("choice", "calls", "reasons"),
+    [
+        ("auto", [], []),  # auto may answer in text
+        ("required", [], ["tool_call_missing"]),
+        (tool_choice_for(2, 0), [], ["tool_call_missing"]),
+        ("auto", [("get_weather", json.dumps(WEATHER))], []),
+        ("auto", [("get_weather", '{"location": {"city": "Lyon"')], ["tool_args_invalid_json"]),
+        ("auto", [("get_weather", json.dumps({**WEATHER, "unit": "kelvin"}))], ["tool_args_schema_mismatch"]),
+        (
+            "auto",
+            [("get_weather", json.dumps({"location": {"city": "Lyon"}, "unit": "celsius"}))],
+            ["tool_args_schema_mismatch"],
+        ),  # nested required field missing
+        ("auto", [("delete_everything", "{}")], ["tool_call_unknown_name"]),
+        (tool_choice_for(2, 1), [("get_weather", json.dumps(WEATHER))], ["tool_call_wrong_name"]),
+        (
+            "auto",
+            [("convert_currency", '{"amount": -1, "source": "EUR", "target": "CNY"}'), ("nope", "{}")],
+            ["tool_args_schema_mismatch", "tool_call_unknown_name"],
+        ),
+    ],
+)
 def test_gate_reasons(choice: object, calls: list[tuple[str, str]], reasons: list[str]) -> None:
     assert tool_call_failures(_rec(*calls), _spec(choice)) == reasons
 
@@ -67,8 +79,11 @@ def test_no_tools_offered_keeps_the_plain_json_check() -> None:
 def test_workload_offers_every_tool_and_turns_the_choice(gemma_counter: TokenCounter) -> None:
     wl = make_workload("tools", gemma_counter, seed=3)
     specs = wl.requests(9)
-    assert [s.extra["tool_choice"] if isinstance(s.extra["tool_choice"], str) else "named" for s in specs] == \
-        ["auto", "required", "named"] * 3
+    assert [s.extra["tool_choice"] if isinstance(s.extra["tool_choice"], str) else "named" for s in specs] == [
+        "auto",
+        "required",
+        "named",
+    ] * 3
     for s in specs:
         assert tool_names(s.extra["tools"]) == NAMES and s.endpoint == "chat"
         assert gemma_counter.count(s.messages[0]["content"]) == s.prompt_tokens_target
@@ -90,13 +105,20 @@ def _run(base_url: str, specs: list[RequestSpec]) -> list[RequestRecord]:
                 apply_gates(rec, sp, [])
                 out.append(rec)
         return out
+
     return asyncio.run(go())
 
 
 @pytest.mark.parametrize("dialect", ["vllm", "ollama"])  # argument fragments vs one whole call
-@pytest.mark.parametrize(("bad", "reason"), [("none", None), ("json", "tool_args_invalid_json"),
-                                             ("schema", "tool_args_schema_mismatch"),
-                                             ("name", "tool_call_unknown_name")])
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ("none", None),
+        ("json", "tool_args_invalid_json"),
+        ("schema", "tool_args_schema_mismatch"),
+        ("name", "tool_call_unknown_name"),
+    ],
+)
 def test_mock_calls_through_the_gate(mock_engine, dialect: str, bad: str, reason: str | None) -> None:
     mp = mock_engine("--dialect", dialect, "--bad-tool-call", bad)
     specs = make_workload("tools", None, seed=0).requests(6)

@@ -32,8 +32,13 @@ def build_toy(ctx: WorkloadContext) -> Callable[[int], RequestSpec]:
     return make
 
 
-TOY = WorkloadKind("toy", "count to a small number (a toy set of the tests)", build_toy, mixable=True,
-                   keys=frozenset({"answer_tokens"}))
+TOY = WorkloadKind(
+    "toy",
+    "count to a small number (a toy set of the tests)",
+    build_toy,
+    mixable=True,
+    keys=frozenset({"answer_tokens"}),
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +60,11 @@ def _max_tokens_received(root: str) -> list[int]:
 
     with urllib.request.urlopen(root + "/mock/records", timeout=10) as r:
         records = json.loads(r.read())
-    return [x["sampling"].get("max_tokens") or x["sampling"].get("max_completion_tokens")
-            for x in records if x["endpoint"] == "chat"]
+    return [
+        x["sampling"].get("max_tokens") or x["sampling"].get("max_completion_tokens")
+        for x in records
+        if x["endpoint"] == "chat"
+    ]
 
 
 def test_servelab_bench_runs_the_new_set(toy: WorkloadKind, mock_engine, tmp_path: Path) -> None:
@@ -66,12 +74,33 @@ def test_servelab_bench_runs_the_new_set(toy: WorkloadKind, mock_engine, tmp_pat
 
     m = mock_engine("--ttft-ms", "1", "--itl-ms", "1", "--output-tokens", "4")
     out = tmp_path / "run"
-    r = CliRunner().invoke(app, ["bench", "--url", m.base_url, "-w", "toy", "--set", "toy.answer_tokens=5",
-                                 "--concurrency", "1,2", "-n", "3", "--warmup", "0", "--out", str(out), "--quiet"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--url",
+            m.base_url,
+            "-w",
+            "toy",
+            "--set",
+            "toy.answer_tokens=5",
+            "--concurrency",
+            "1,2",
+            "-n",
+            "3",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+    )
     assert r.exit_code == 0, r.output
     summary = json.loads((out / "summary.json").read_text())
     assert [(s["workload"], s["step"], s["counts"]["succeeded"]) for s in summary["steps"]] == [
-        ("toy", "c1", 3), ("toy", "c2", 3)]
+        ("toy", "c1", 3),
+        ("toy", "c2", 3),
+    ]
     lines = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
     assert {x["workload"] for x in lines} == {"toy"}
     assert _max_tokens_received(m.root) == [5] * 6  # the set's own key (--set toy.answer_tokens=5) was sent
@@ -81,14 +110,22 @@ def test_a_trial_runs_the_new_set_and_mixes_it(toy: WorkloadKind, tmp_path: Path
     from servelab.trial.flow import TrialRunner
     from servelab.trial.spec import Experiment
 
-    exp = Experiment.model_validate({
-        "name": "toy-workload",
-        "goal": {"slo": "ttft_p95<=5s", "quality": {"smoke": ["streaming", "usage"]}},
-        "candidates": [{"name": "m", "engine": "mock", "settings": {"ttft_ms": 1, "itl_ms": 1, "output_tokens": 4}}],
-        "workloads": [{"name": "toy", "set": {"answer_tokens": 5}}],
-        "steps": {"concurrency": [1, 2]}, "requests_per_step": 3, "warmup": 0, "timeout_s": 20,
-        "repeats": 1, "arrival_test": {"enabled": False},
-    })
+    exp = Experiment.model_validate(
+        {
+            "name": "toy-workload",
+            "goal": {"slo": "ttft_p95<=5s", "quality": {"smoke": ["streaming", "usage"]}},
+            "candidates": [
+                {"name": "m", "engine": "mock", "settings": {"ttft_ms": 1, "itl_ms": 1, "output_tokens": 4}}
+            ],
+            "workloads": [{"name": "toy", "set": {"answer_tokens": 5}}],
+            "steps": {"concurrency": [1, 2]},
+            "requests_per_step": 3,
+            "warmup": 0,
+            "timeout_s": 20,
+            "repeats": 1,
+            "arrival_test": {"enabled": False},
+        }
+    )
     assert exp.arrival_mix == "toy:1"  # the only mixable workload of the experiment
     rec = TrialRunner(exp, tmp_path / "run", progress=lambda s: None).run()
     res = rec.results.candidates["m"]
@@ -96,4 +133,3 @@ def test_a_trial_runs_the_new_set_and_mixes_it(toy: WorkloadKind, tmp_path: Path
     assert [(s.workload, s.step) for s in res.steps] == [("toy", "c1"), ("toy", "c2"), ("mix", "c1"), ("mix", "c2")]
     mix = json.loads((tmp_path / "run/candidates/m/mix/requests.jsonl").read_text().splitlines()[0])
     assert mix["workload"] == "toy" and res.effective_throughput is not None
-

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import high_priority
 from timing_floor import timer_lateness_ns
+
 from servelab.bench.load.step import LoadModel, run_step
 from servelab.bench.workloads.traces import read_trace, replay_offsets_ns, trace_requests
 from servelab.modelfile.tokenizer import TokenCounter, load_tokenizer
@@ -31,10 +31,14 @@ def _mooncake(path: Path, rows: list[dict]) -> Path:
 
 
 def test_mooncake(tmp_path: Path, counter: TokenCounter) -> None:
-    p = _mooncake(tmp_path / "m.jsonl", [
-        {"timestamp": 0, "input_length": 1100, "output_length": 20, "hash_ids": [0, 1, 2]},
-        {"timestamp": 0, "input_length": 1300, "output_length": 10, "hash_ids": [0, 1, 3]},
-        {"timestamp": 3052, "input_length": 600, "output_length": 5, "hash_ids": [4, 5]}])
+    p = _mooncake(
+        tmp_path / "m.jsonl",
+        [
+            {"timestamp": 0, "input_length": 1100, "output_length": 20, "hash_ids": [0, 1, 2]},
+            {"timestamp": 0, "input_length": 1300, "output_length": 10, "hash_ids": [0, 1, 3]},
+            {"timestamp": 3052, "input_length": 600, "output_length": 5, "hash_ids": [4, 5]},
+        ],
+    )
     tr = read_trace(p)
     assert tr.format == "mooncake" and [e.t_s for e in tr.entries] == [0, 0, 3.052]
     assert replay_offsets_ns(read_trace(p, speed=2)) == [0, 0, 1_526_000_000]
@@ -50,10 +54,12 @@ def test_mooncake(tmp_path: Path, counter: TokenCounter) -> None:
 
 def test_azure(tmp_path: Path, counter: TokenCounter) -> None:
     p = tmp_path / "AzureLLMInferenceTrace_conv.csv"
-    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                 "2023-11-16 18:15:46.6805900,374,44\n"
-                 "2023-11-16 18:15:50.9951690,396,109\n"
-                 "2023-11-16 18:15:51.2225130,879,46\n")
+    p.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:50.9951690,396,109\n"
+        "2023-11-16 18:15:51.2225130,879,46\n"
+    )
     tr = read_trace(p)
     assert tr.format == "azure" and [round(e.t_s, 6) for e in tr.entries] == [0, 4.314579, 4.541923]
     assert [e.input_tokens for e in tr.entries] == [374, 396, 879]
@@ -64,21 +70,26 @@ def test_azure(tmp_path: Path, counter: TokenCounter) -> None:
 
 def test_burstgpt_skips_failed_rows(tmp_path: Path) -> None:
     p = tmp_path / "BurstGPT_1.csv"
-    p.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-                 "5,ChatGPT,472,18,490,Conversation log\n"
-                 "45,ChatGPT,1087,0,1087,Conversation log\n"
-                 "118,GPT-4,417,276,693,API log\n")
+    p.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5,ChatGPT,472,18,490,Conversation log\n"
+        "45,ChatGPT,1087,0,1087,Conversation log\n"
+        "118,GPT-4,417,276,693,API log\n"
+    )
     tr = read_trace(p, max_requests=5)
     assert tr.format == "burstgpt" and [e.t_s for e in tr.entries] == [0, 113]
     assert tr.entries[1].model == "GPT-4" and sum(tr.skipped.values()) == 1
 
 
-@pytest.mark.parametrize(("text", "msg"), [
-    ("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,3\n", "missing GeneratedTokens"),
-    ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,3,4\n", "line 2: TIMESTAMP 'yesterday'"),
-    ('{"timestamp": 0}\n', "line 1: needs timestamp"),
-    ("hello\n", "give --trace-format"),
-])
+@pytest.mark.parametrize(
+    ("text", "msg"),
+    [
+        ("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,3\n", "missing GeneratedTokens"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,3,4\n", "line 2: TIMESTAMP 'yesterday'"),
+        ('{"timestamp": 0}\n', "line 1: needs timestamp"),
+        ("hello\n", "give --trace-format"),
+    ],
+)
 def test_bad_files_name_the_line(tmp_path: Path, text: str, msg: str) -> None:
     p = tmp_path / "t.csv"
     p.write_text(text)
@@ -90,10 +101,18 @@ def _schedule_lags_ms(base_url: str, specs: list, offsets_ns: list[int], rate: f
     async def go() -> list[int]:
         lags: list[int] = []
         async with make_session() as s:
-            recs = await run_step(s, base_url, "m", specs, LoadModel(kind="open", rate_rps=rate),
-                                  offsets_ns=offsets_ns, dispatch_lags_ns=lags)
+            recs = await run_step(
+                s,
+                base_url,
+                "m",
+                specs,
+                LoadModel(kind="open", rate_rps=rate),
+                offsets_ns=offsets_ns,
+                dispatch_lags_ns=lags,
+            )
         assert all(r.ok for r in recs) and len(recs) == len(specs)
         return lags
+
     return np.asarray(asyncio.run(go())) / 1e6
 
 
@@ -106,15 +125,21 @@ def _replay_trace(tmp_path: Path, fmt: str) -> Path:
     t_ms = np.sort(np.round(rng.exponential(10.0, 200).cumsum())).astype(int)
     t_ms[50:60] = t_ms[50]  # ten requests at the same instant
     if fmt == "mooncake":
-        return _mooncake(tmp_path / "t.jsonl", [{"timestamp": int(t), "input_length": 40, "output_length": 4,
-                                                 "hash_ids": [0]} for t in t_ms])
+        return _mooncake(
+            tmp_path / "t.jsonl",
+            [{"timestamp": int(t), "input_length": 40, "output_length": 4, "hash_ids": [0]} for t in t_ms],
+        )
     p = tmp_path / f"{fmt}.csv"
     if fmt == "azure":
-        p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
-            f"2023-11-16 18:{15 + int(t) // 60000:02d}:{int(t) % 60000 / 1000:09.6f},40,4\n" for t in t_ms))
+        p.write_text(
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+            + "".join(f"2023-11-16 18:{15 + int(t) // 60000:02d}:{int(t) % 60000 / 1000:09.6f},40,4\n" for t in t_ms)
+        )
     else:
-        p.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "".join(
-            f"{t / 1000},ChatGPT,40,4,44,API log\n" for t in t_ms))
+        p.write_text(
+            "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+            + "".join(f"{t / 1000},ChatGPT,40,4,44,API log\n" for t in t_ms)
+        )
     return p
 
 
@@ -163,9 +188,11 @@ def test_replay_keeps_the_trace_times(mock_engine, tmp_path: Path) -> None:
             gc.enable()
     lags, base = np.concatenate(ours), np.concatenate(floor)
     p99, p99_floor = float(np.percentile(lags, 99)), float(np.percentile(base, 99))
-    print(f"\n{'/'.join(tr.format for tr in traces)}: {traces[0].rate_rps:.0f} req/s, schedule lag P50 "
-          f"{np.median(lags):.3f} ms, P99 {p99:.3f} ms, max {lags.max():.3f} ms; floor (blocking sleep) P50 "
-          f"{np.median(base):.3f}, P99 {p99_floor:.3f}, max {base.max():.3f} ms (n={len(lags)} each)")
+    print(
+        f"\n{'/'.join(tr.format for tr in traces)}: {traces[0].rate_rps:.0f} req/s, schedule lag P50 "
+        f"{np.median(lags):.3f} ms, P99 {p99:.3f} ms, max {lags.max():.3f} ms; floor (blocking sleep) P50 "
+        f"{np.median(base):.3f}, P99 {p99_floor:.3f}, max {base.max():.3f} ms (n={len(lags)} each)"
+    )
     assert float(np.median(lags)) <= 1.0, lags
     assert p99 <= p99_floor + 1.0, (p99, p99_floor)
 
@@ -177,16 +204,22 @@ def test_mooncake_sharing_reaches_the_prefix_cache(tmp_path: Path, counter: Toke
     changed (cached_tokens 0 for every request, measured), so the server runs with it."""
     from servelab.engines.llamacpp import LlamaCppLauncher
 
-    p = _mooncake(tmp_path / "m.jsonl", [
-        {"timestamp": 0, "input_length": 200, "output_length": 2, "hash_ids": [0, 1, 2, 3]},
-        {"timestamp": 500, "input_length": 200, "output_length": 2, "hash_ids": [0, 1, 2, 9]},
-        {"timestamp": 1000, "input_length": 200, "output_length": 2, "hash_ids": [7, 8, 5, 6]}])
+    p = _mooncake(
+        tmp_path / "m.jsonl",
+        [
+            {"timestamp": 0, "input_length": 200, "output_length": 2, "hash_ids": [0, 1, 2, 3]},
+            {"timestamp": 500, "input_length": 200, "output_length": 2, "hash_ids": [0, 1, 2, 9]},
+            {"timestamp": 1000, "input_length": 200, "output_length": 2, "hash_ids": [7, 8, 5, 6]},
+        ],
+    )
     tr = read_trace(p)
     specs = trace_requests(tr, counter, block_tokens=50)
     with LlamaCppLauncher(parallel=1, ctx_size=2048, extra_args=["--swa-full"]).start() as eng:
+
         async def go() -> list:
             async with make_session() as s:
                 return await run_step(s, eng.base_url, "m", specs, LoadModel(kind="closed", concurrency=1))
+
         recs = asyncio.run(go())
     cached = [r.cached_tokens for r in recs]
     print("\ncached tokens per request:", cached)
@@ -203,11 +236,15 @@ def test_window_and_shared_prefix_tokens(tmp_path: Path) -> None:
     for bad in ("5:2", "x", "10", "-1:4", "1:inf"):
         with pytest.raises(ConfigError, match="--trace-window"):
             parse_window(bad)
-    p = _mooncake(tmp_path / "s.jsonl", [
-        {"timestamp": 0, "input_length": 1100, "output_length": 1, "hash_ids": [0, 1, 2]},
-        {"timestamp": 1, "input_length": 1300, "output_length": 1, "hash_ids": [0, 1, 3]},  # 2 blocks shared
-        {"timestamp": 2, "input_length": 700, "output_length": 1, "hash_ids": [1, 0]},      # same ids, other prefix
-        {"timestamp": 3, "input_length": 600, "output_length": 1, "hash_ids": [0, 1, 3]}])  # capped at its length
+    p = _mooncake(
+        tmp_path / "s.jsonl",
+        [
+            {"timestamp": 0, "input_length": 1100, "output_length": 1, "hash_ids": [0, 1, 2]},
+            {"timestamp": 1, "input_length": 1300, "output_length": 1, "hash_ids": [0, 1, 3]},  # 2 blocks shared
+            {"timestamp": 2, "input_length": 700, "output_length": 1, "hash_ids": [1, 0]},  # same ids, other prefix
+            {"timestamp": 3, "input_length": 600, "output_length": 1, "hash_ids": [0, 1, 3]},
+        ],
+    )  # capped at its length
     assert shared_prefix_tokens(read_trace(p)) == 1024 + 0 + 600
     az = tmp_path / "a.csv"
     az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,10,2\n")

@@ -42,8 +42,10 @@ def test_default_distributions(counter: TokenCounter) -> None:
     rs = make_workload("short-qa", counter).requests(200)
     assert all(16 <= r.prompt_tokens_target <= 160 and 32 <= r.max_tokens <= 128 for r in rs)
     assert 55 <= sum(r.prompt_tokens_target for r in rs) / len(rs) <= 73
-    assert all(1000 <= r.prompt_tokens_target <= 3000 and 64 <= r.max_tokens <= 128
-               for r in make_workload("rag", counter).requests(10))
+    assert all(
+        1000 <= r.prompt_tokens_target <= 3000 and 64 <= r.max_tokens <= 128
+        for r in make_workload("rag", counter).requests(10)
+    )
     assert all(512 <= r.max_tokens <= 1024 for r in make_workload("long-gen", counter).requests(50))
     rag = _text(make_workload("rag", counter).request(0))
     assert "Context:\n[1] " in rag and "\n[2] " in rag and "\n\nQuestion: " in rag
@@ -77,8 +79,9 @@ def test_reproducible(counter: TokenCounter) -> None:
 
 def test_mix_ratio(counter: TokenCounter) -> None:
     t = time.monotonic()
-    rs = make_workload("mix", counter, ratio="short-qa:5,rag:1,long-gen:1,structured:3",
-                       input_tokens="normal:64,16").requests(1000)
+    rs = make_workload(
+        "mix", counter, ratio="short-qa:5,rag:1,long-gen:1,structured:3", input_tokens="normal:64,16"
+    ).requests(1000)
     assert time.monotonic() - t < 30
     got = Counter(r.workload for r in rs)
     assert got == {"short-qa": 500, "rag": 100, "long-gen": 100, "structured": 300}
@@ -108,16 +111,17 @@ def test_structured_specs(counter: TokenCounter) -> None:
         assert "ignore_eos" not in r.extra  # a JSON answer must be able to stop
         names.add(rf["json_schema"]["name"])
     assert len(names) >= 4
-    sample = {"person": {"name": "Ada", "age": 36, "city": "London"},
-              "sentiment": {"sentiment": "neutral", "confidence": 0.5}}
+    sample = {
+        "person": {"name": "Ada", "age": 36, "city": "London"},
+        "sentiment": {"sentiment": "neutral", "confidence": 0.5},
+    }
     for s in SCHEMAS:
         if s["name"] in sample:
             jsonschema.validate(sample[s["name"]], s["schema"])
 
 
 def test_ignore_eos_endpoint_and_extra(counter: TokenCounter) -> None:
-    r = make_workload("long-gen", counter, ignore_eos=True, endpoint="completions",
-                      extra={"temperature": 0}).request(0)
+    r = make_workload("long-gen", counter, ignore_eos=True, endpoint="completions", extra={"temperature": 0}).request(0)
     assert r.endpoint == "completions" and r.messages is None and isinstance(r.prompt, str)
     assert r.extra == {"ignore_eos": True, "temperature": 0}
     assert counter.count(r.prompt) == r.prompt_tokens_target
@@ -142,8 +146,11 @@ def test_shared_prefix(counter: TokenCounter) -> None:
 
 def test_without_tokenizer() -> None:
     for name in WORKLOADS:
-        rs = make_workload(name, None, input_tokens=100).requests(5) if name != "shared-prefix" else \
-            make_workload(name, None).requests(5)
+        rs = (
+            make_workload(name, None, input_tokens=100).requests(5)
+            if name != "shared-prefix"
+            else make_workload(name, None).requests(5)
+        )
         assert all(r.prompt_tokens_target is None and _text(r) for r in rs)
     words = len(_text(make_workload("long-gen", None, input_tokens=400).request(0)).split())
     assert 250 <= words <= 350
@@ -157,9 +164,11 @@ def test_chinese_prompts_exact(counter: TokenCounter) -> None:
 
 def test_dataset_jsonl(counter: TokenCounter, tmp_path) -> None:
     f = tmp_path / "d.jsonl"
-    f.write_text('{"prompt": "hello there", "max_tokens": 10}\n\n'
-                 '{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}\n'
-                 '{"prompt": "third", "output_tokens": 7}\n')
+    f.write_text(
+        '{"prompt": "hello there", "max_tokens": 10}\n\n'
+        '{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}\n'
+        '{"prompt": "third", "output_tokens": 7}\n'
+    )
     w = load_dataset(str(f), counter)
     rs = w.requests(7)
     assert w.name == "dataset:d.jsonl"
@@ -175,11 +184,21 @@ def test_dataset_jsonl(counter: TokenCounter, tmp_path) -> None:
 def test_dataset_sharegpt(counter: TokenCounter, tmp_path) -> None:
     f = tmp_path / "sg.json"
     reply = "The capital of France is Paris."
-    f.write_text(json.dumps([
-        {"id": "a", "conversations": [{"from": "human", "value": "Capital of France?"}, {"from": "gpt", "value": reply}]},
-        {"id": "b", "conversations": [{"from": "gpt", "value": "orphan reply"}]},
-        {"id": "c", "conversations": [{"from": "human", "value": "No answer yet"}]},
-    ]))
+    f.write_text(
+        json.dumps(
+            [
+                {
+                    "id": "a",
+                    "conversations": [
+                        {"from": "human", "value": "Capital of France?"},
+                        {"from": "gpt", "value": reply},
+                    ],
+                },
+                {"id": "b", "conversations": [{"from": "gpt", "value": "orphan reply"}]},
+                {"id": "c", "conversations": [{"from": "human", "value": "No answer yet"}]},
+            ]
+        )
+    )
     w = load_dataset(str(f), counter, max_tokens_default=99)
     assert w.skipped == 1 and "1 skipped" in w.description
     a, c = w.requests(2)
@@ -187,15 +206,18 @@ def test_dataset_sharegpt(counter: TokenCounter, tmp_path) -> None:
     assert c.max_tokens == 99
 
 
-@pytest.mark.parametrize("content, match", [
-    ('{"prompt": "ok"}\n{"prompt": "broken"\n', r"invalid JSON at line 2"),
-    ('{"prompt": "ok"}\n{"text": "no prompt"}\n', r"line 2 has no prompt"),
-    ('{"prompt": "ok", "max_tokens": 0}\n', r"line 1: max_tokens"),
-    ('[{"conversations": "x"}]', r"entry 0: 'conversations' must be a list"),
-    ('[{"conversations": [{"from": "human"}]', r"invalid JSON at line 1"),
-    ('["just a string"]', r"entry 0 is not a JSON object"),
-    ("   \n", r"is empty"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ('{"prompt": "ok"}\n{"prompt": "broken"\n', r"invalid JSON at line 2"),
+        ('{"prompt": "ok"}\n{"text": "no prompt"}\n', r"line 2 has no prompt"),
+        ('{"prompt": "ok", "max_tokens": 0}\n', r"line 1: max_tokens"),
+        ('[{"conversations": "x"}]', r"entry 0: 'conversations' must be a list"),
+        ('[{"conversations": [{"from": "human"}]', r"invalid JSON at line 1"),
+        ('["just a string"]', r"entry 0 is not a JSON object"),
+        ("   \n", r"is empty"),
+    ],
+)
 def test_dataset_errors(tmp_path, content: str, match: str) -> None:
     f = tmp_path / "bad.jsonl"
     f.write_text(content)
