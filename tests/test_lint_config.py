@@ -49,3 +49,6 @@ def test_the_test_command_runs_the_static_checks() -> None:
     assert runs and lint < min(runs) and "set -euo pipefail" in lines  # before any test run, under `set -e`
     for step in ("ruff check", "mypy", "servelab schema check"):
         assert step in lint_sh
+    for ruff in (".venv/bin/ruff check", ".venv/bin/ruff format --check"):  # the lint and the format check
+        line = next(x for x in lint_sh.splitlines() if x.startswith(ruff))
+        assert {"src", "tests", "benches"} <= set(line.split()), line
