@@ -138,7 +138,11 @@ def test_identical_no_significant_difference_thirty_percent_significant(known):
     d = rec["decision"]
     assert d["ranking"][2] == "slow" and set(d["ranking"][:2]) == {"fast", "twin"}
     first, second = d["differences"]
-    assert first["significant"] is False and first["text"].startswith("no significant difference")
+    # identical engines: no difference the decision acts on (the interval may exclude 1 by a fraction of a
+    # per cent on mocks this precise; that is reported as "no material difference")
+    assert first["significant"] is False, first["text"]
+    assert first["text"].startswith(("no significant difference", "no material difference")), first["text"]
+    assert 1 / 1.02 < first["ratio"] < 1.02
     assert second["significant"] is True
     res = rec["results"]["candidates"]
 

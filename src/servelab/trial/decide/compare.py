@@ -1,8 +1,11 @@
 """How far apart two candidates' ranked figures are: the ratio and its 95 % interval.
 
-A candidate is ranked after another only when their ratio's interval excludes 1
-(:func:`difference`): with interleaved repeat rounds the rounds are the replicates (a paired test),
-else Welch on the log time-block rates. Also the figure a candidate is ranked on and its tail latency
+A candidate is ranked after another only when their ratio's interval excludes 1 and the ratio is at
+least :data:`MATERIAL_RATIO` away from 1 (:func:`difference`): with interleaved repeat rounds the rounds
+are the replicates (a paired test), else Welch on the log time-block rates. The margin exists because a
+precise measurement (mock engines, long runs) makes a sub-percent difference statistically significant,
+while run-to-run drift of a real host (thermal state, neighbours, page cache) is of that order: nobody
+should adopt one engine over another for it. Also the figure a candidate is ranked on and its tail latency
 (:func:`figure`, :func:`tail`), which the ranking and its wording share.
 """
 
@@ -14,6 +17,9 @@ from servelab.bench.analysis.intervals import paired_ratio_interval, paired_roun
 from servelab.bench.results import Interval
 from servelab.trial.decide.fmt import num
 from servelab.trial.results import CandidateResult, Difference, EffectiveThroughput
+
+#: The smallest ratio (either way) the decision treats as a material difference in a ranked figure: 2 %.
+MATERIAL_RATIO = 1.02
 
 
 def figure(c: CandidateResult, metric: str) -> float | None:
@@ -61,8 +67,10 @@ def difference(a: str, ca: CandidateResult, b: str, cb: CandidateResult, metric:
     repeats (output tok/s), the paired t over the rounds' whole-run figures
     (:func:`~servelab.bench.analysis.intervals.paired_rounds_ratio`); with fewer, paired by round on the time-block
     rates (:func:`~servelab.bench.analysis.intervals.paired_ratio_interval`); else Welch on all samples:
-    ``"a sustains 1.9× b's output tok/s (95 % CI 1.6–2.3×)"`` when significant, else ``"no significant
-    difference between a and b …"``; no interval when either has < 2 samples."""
+    ``"a sustains 1.9× b's output tok/s (95 % CI 1.6–2.3×)"`` when significant and material
+    (:data:`MATERIAL_RATIO`), ``"no material difference …"`` when the interval excludes 1 but the ratio is
+    within the margin (``significant`` False), else ``"no significant difference between a and b …"``; no
+    interval when either has < 2 samples."""
     ra, rb = _by_round(ca), _by_round(cb)
     pa, pb = _round_figures(ca), _round_figures(cb)
     method = "welch-log"
@@ -91,11 +99,18 @@ def difference(a: str, ca: CandidateResult, b: str, cb: CandidateResult, metric:
             f"interval ({what} ratio {num(ratio)}×)",
         )
     ci = Interval(lo=r.lo, hi=r.hi, level=r.level, n=len(samples(ca, metric)) + len(samples(cb, metric)), method=method)
-    if r.significant:
+    material = max(r.ratio, 1 / r.ratio) >= MATERIAL_RATIO
+    if r.significant and material:
         text = f"{a} sustains {r.ratio:.2f}× {b}'s {what} (95 % CI {r.lo:.2f}–{r.hi:.2f}×)"
+    elif r.significant:
+        text = (
+            f"no material difference between {a} and {b} in {what}: ratio {r.ratio:.3f}× (95 % CI "
+            f"{r.lo:.3f}–{r.hi:.3f}×, excludes 1 but under the {MATERIAL_RATIO - 1:.0%} the decision treats "
+            "as material)"
+        )
     else:
         text = (
             f"no significant difference between {a} and {b} in {what}: ratio {r.ratio:.2f}× "
             f"(95 % CI {r.lo:.2f}–{r.hi:.2f}×, includes 1)"
         )
-    return Difference(a=a, b=b, metric=metric, ratio=r.ratio, ci=ci, significant=r.significant, text=text)
+    return Difference(a=a, b=b, metric=metric, ratio=r.ratio, ci=ci, significant=r.significant and material, text=text)
