@@ -289,7 +289,7 @@ def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     the gate requests' headers."""
     import urllib.request
 
-    from tests.conftest import start_mock_process, stop_mock_process
+    from conftest import start_mock_process, stop_mock_process
 
     import servelab.trial.flows.chat.benching as benching
     import servelab.trial.flows.chat.smoke as smoke
