@@ -37,9 +37,53 @@ def test_serves_natively_by_kind_and_override(
     assert serves_natively(_backend(kind, native), api) is expected
 
 
-def test_only_messages_requests_are_passed_through() -> None:
-    assert MessagesApi.native == "messages"
-    assert CountTokensApi.native is None and ResponsesApi.native is None
+def test_messages_and_responses_requests_are_passed_through() -> None:
+    assert MessagesApi.native == "messages" and ResponsesApi.native == "responses"
+    assert CountTokensApi.native is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "native", "expected"),
+    [("vllm", None, True), ("llamacpp", None, False), ("mock", None, False), ("mock", ["responses"], True)],
+)
+def test_responses_served_natively_by_vllm_only(kind: str, native: list[str] | None, expected: bool) -> None:
+    assert serves_natively(_backend(kind, native), "responses") is expected
+
+
+def test_native_responses_body_carries_admissions_decisions() -> None:
+    source = {
+        "model": "public",
+        "input": "hi",
+        "instructions": "be brief",
+        "max_output_tokens": 500,
+        "temperature": 1.7,
+        "metadata": {"k": "v"},
+        "user": "u1",
+        "safety_identifier": "s",
+        "service_tier": "auto",
+        "prompt_cache_key": "p",
+        "store": True,
+        "stream": True,
+        "stream_options": {"include_obfuscation": False},
+        "reasoning": {"effort": "low"},
+    }
+    chat = {"temperature": 1.0, "top_p": 0.9, "top_k": 5, "stop": ["END"]}
+    up = native_body(source, chat, "engine-model", 128, "responses")
+    assert up["model"] == "engine-model" and up["max_output_tokens"] == 128 and "max_tokens" not in up
+    assert (up["temperature"], up["top_p"]) == (1.0, 0.9)
+    assert "top_k" not in up and "stop" not in up and "stop_sequences" not in up  # Responses has neither
+    assert up["store"] is False  # the gateway keeps no responses: the engine must not either
+    for k in ("metadata", "user", "safety_identifier", "service_tier", "prompt_cache_key", "stream_options"):
+        assert k not in up, k
+    assert (up["input"], up["instructions"], up["reasoning"], up["stream"]) == (
+        "hi",
+        "be brief",
+        {"effort": "low"},
+        True,
+    )
+    assert source["max_output_tokens"] == 500 and source["store"] is True  # the client's body is not changed
+    assert native_body(source, {}, "e", 1000, "responses")["max_output_tokens"] == 500
+    assert native_body({"input": "x"}, {}, "e", 64, "responses")["max_output_tokens"] == 64  # absent: the cap
 
 
 def test_native_body_carries_admissions_decisions() -> None:

@@ -409,3 +409,24 @@ def test_usage_counts_of_the_three_apis() -> None:
         1,
     )
     assert usage_counts({"output_tokens": 2}) == (None, 2, None)
+
+
+def test_usage_counts_cached_prompt_tokens_counted_once_in_each_api() -> None:
+    """The same prompt (12 tokens, 8 of them from the cache) as each API reports it: Responses'
+    ``input_tokens`` includes the cached ones (vLLM's usage shape, vllm/entrypoints/openai/responses/
+    serving.py), Anthropic's excludes them; the prompt is 12 either way."""
+    vllm_responses = {
+        "input_tokens": 12,
+        "input_tokens_details": {
+            "cached_tokens": 8,
+            "cache_write_tokens": 0,
+            "input_tokens_per_turn": [12],
+            "cached_tokens_per_turn": [8],
+        },
+        "output_tokens": 3,
+        "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0},
+        "total_tokens": 15,
+    }
+    anthropic = {"input_tokens": 4, "cache_read_input_tokens": 8, "cache_creation_input_tokens": 0, "output_tokens": 3}
+    chat = {"prompt_tokens": 12, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 8}}
+    assert usage_counts(vllm_responses) == usage_counts(anthropic) == usage_counts(chat) == (12, 3, 8)

@@ -37,8 +37,8 @@ class Backend(FrozenModel):
     until the first token, docs/engine-wire.md case 20, need room here). ``max_in_flight``: requests beyond it
     count as saturated (fallback). ``api_key_env``: env var with the engine's API key, sent as Bearer.
     ``native_apis``: the other APIs forwarded to it unchanged instead of translated to chat completions
-    (null = what its kind serves, ``servelab.wire.dialects``: ``messages`` on vllm and llamacpp; ``[]`` =
-    always translate).
+    (null = what its kind serves, ``servelab.wire.dialects``: ``messages`` on vllm and llamacpp,
+    ``responses`` on vllm; ``[]`` = always translate).
     """
 
     name: str = Field(pattern=NAME, description="unique backend name (never shown to clients)")
@@ -52,9 +52,10 @@ class Backend(FrozenModel):
     read_timeout_s: float = Field(300.0, gt=0, description="longest wait between two reads (incl. TTFT), s")
     max_in_flight: int | None = Field(None, ge=1, description="requests in flight before it counts as saturated")
     api_key_env: str | None = Field(None, pattern=ENV, description="env var holding the engine's API key")
-    native_apis: list[Literal["messages"]] | None = Field(
+    native_apis: list[Literal["messages", "responses"]] | None = Field(
         None,
-        description="APIs forwarded unchanged (Anthropic messages); null = what its kind serves natively, "
+        description="APIs forwarded unchanged (Anthropic messages, OpenAI responses); null = what its kind "
+        "serves natively (vllm: both, llamacpp: messages), "
         "[] = always translate to chat completions",
     )
 

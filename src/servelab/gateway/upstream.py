@@ -250,10 +250,11 @@ class Upstream:
         if r.native and api is not None and api.native is not None and api.source is not None:
             # the engine serves the client's API itself: its body, with admission's decisions (apis/native.py)
             url = backend.base_url + native.NATIVE_PATH[api.native]
-            up = native.native_body(api.source, target.request_body(body), target.upstream_model, r.out_cap)
-            r.sent_cap = up["max_tokens"] if isinstance(up.get("max_tokens"), int) else r.out_cap
+            up = native.native_body(api.source, target.request_body(body), target.upstream_model, r.out_cap, api.native)
+            sent = up.get(native.CAP_FIELD[api.native])
+            r.sent_cap = sent if isinstance(sent, int) else r.out_cap
             data = orjson.dumps(up)
-            headers = native.native_headers(headers)
+            headers = native.native_headers(headers, api.native)
         else:
             url = backend.base_url + ENDPOINT_PATH[r.endpoint]
             data = self.upstream_body(target, body, r.stream, r, snap)

@@ -20,12 +20,27 @@ delta (``content_block_delta``), never ``message_start``. An error event from th
 forwarded: before the first byte it is a retryable failure like any other, after it one Anthropic
 ``error`` event with the gateway's scrubbed message (and no second ``message_start``: the engine's opened
 the stream).
+
+vLLM also serves OpenAI Responses ``POST /v1/responses`` (``vllm/entrypoints/openai/responses``): the same
+rules apply with Responses' fields. The body keeps the client's ``input``, ``instructions``, tools,
+``text``, ``reasoning`` and ``include`` (the engine's own support answers); ``max_output_tokens`` is bounded
+by ``r.out_cap`` as ``max_tokens`` is; ``temperature``/``top_p`` are the policy's outcome (Responses has no
+``top_k`` or stop strings: a policy's ``top_k``/``stop`` are not carried to a Responses engine);
+``store: false`` is always sent (this gateway keeps no responses and refuses ``previous_response_id``
+before routing, so an engine-side store would only hold prompts nobody can read back); ``metadata``,
+``user``, ``safety_identifier``, ``service_tier``, ``prompt_cache_key`` and ``stream_options`` are dropped
+as in the translation. Usage: Responses' ``input_tokens`` already counts its cached tokens
+(``input_tokens_details.cached_tokens`` is a part of it), unlike Anthropic's. The stream's TTFT is its
+first content delta (``response.output_text.delta``...), never ``response.created``; an engine ``error``
+or ``response.failed`` event is never forwarded: before the first byte a retryable failure, after it one
+``response.failed`` from the adapter, numbered after the engine's last ``sequence_number``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Any
 
@@ -41,20 +56,28 @@ from servelab.gateway.metrics import GatewayMetrics
 from servelab.gateway.relay import Relay, public_model, whole_answer
 from servelab.gateway.reqstate import RequestState, UpstreamFailed
 from servelab.gateway.sse import events, split_complete
-from servelab.wire.apis import ANTHROPIC_VERSION, MessagesStreamParser, usage_counts
+from servelab.wire.apis import ANTHROPIC_VERSION, MessagesStreamParser, ResponsesStreamParser, usage_counts
 from servelab.wire.dialects import dialect_of
 from servelab.wire.types import RequestRecord
 
-__all__ = ["NATIVE_PATH", "native_body", "native_headers", "pipe", "serves_natively"]
+__all__ = ["CAP_FIELD", "NATIVE_PATH", "native_body", "native_headers", "pipe", "serves_natively"]
 
 log = logging.getLogger("servelab.gateway")
 _now = time.monotonic_ns
 
 #: the engine path of each API forwarded natively
-NATIVE_PATH = {"messages": "/v1/messages"}
+NATIVE_PATH = {"messages": "/v1/messages", "responses": "/v1/responses"}
+#: each API's output-length field (bounded by the request's output cap)
+CAP_FIELD = {"messages": "max_tokens", "responses": "max_output_tokens"}
 #: client fields the translation does not forward either (a user id is not the engine's business)
-_DROPPED = ("metadata", "service_tier")
-_SAMPLING = ("temperature", "top_p", "top_k")
+_DROPPED = {
+    "messages": ("metadata", "service_tier"),
+    "responses": ("metadata", "user", "safety_identifier", "service_tier", "prompt_cache_key", "stream_options"),
+}
+#: the sampling fields each API has (taken from the policy's outcome on the chat translation)
+_SAMPLING = {"messages": ("temperature", "top_p", "top_k"), "responses": ("temperature", "top_p")}
+_PARSER = {"messages": MessagesStreamParser, "responses": ResponsesStreamParser}
+_SEQ = re.compile(rb'"sequence_number":\s*(\d+)')
 
 
 def serves_natively(backend: Backend, api: str | None) -> bool:
@@ -68,20 +91,26 @@ def serves_natively(backend: Backend, api: str | None) -> bool:
     return d is not None and api in d.native_apis
 
 
-def native_body(source: dict[str, Any], chat: dict[str, Any], upstream_model: str, out_cap: int) -> dict[str, Any]:
-    """The Messages body for the engine (module doc): the client's ``source`` with the decisions admission
+def native_body(
+    source: dict[str, Any], chat: dict[str, Any], upstream_model: str, out_cap: int, api: str = "messages"
+) -> dict[str, Any]:
+    """The ``api`` body for the engine (module doc): the client's ``source`` with the decisions admission
     took on its chat translation ``chat`` (sampling, stop strings) and the output bound ``out_cap``
     (tokens; 0 = the client's own)."""
-    up = {k: v for k, v in source.items() if k not in _DROPPED}
+    up = {k: v for k, v in source.items() if k not in _DROPPED[api]}
     up["model"] = upstream_model
-    asked = source.get("max_tokens")
+    field = CAP_FIELD[api]
+    asked = source.get(field)
     if out_cap:
-        up["max_tokens"] = min(asked, out_cap) if isinstance(asked, int) else out_cap
-    for k in _SAMPLING:
+        up[field] = min(asked, out_cap) if isinstance(asked, int) else out_cap
+    for k in _SAMPLING[api]:
         if k in chat:
             up[k] = chat[k]
         else:
             up.pop(k, None)
+    if api == "responses":
+        up["store"] = False
+        return up
     stop = chat.get("stop")
     if stop:
         up["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
@@ -90,9 +119,10 @@ def native_body(source: dict[str, Any], chat: dict[str, Any], upstream_model: st
     return up
 
 
-def native_headers(base: dict[str, str]) -> dict[str, str]:
-    """``base`` plus the ``anthropic-version`` the Anthropic SDKs send (engines accept it or ignore it)."""
-    return {**base, "anthropic-version": ANTHROPIC_VERSION}
+def native_headers(base: dict[str, str], api: str = "messages") -> dict[str, str]:
+    """``base`` plus, for Messages, the ``anthropic-version`` the Anthropic SDKs send (engines accept it or
+    ignore it)."""
+    return {**base, "anthropic-version": ANTHROPIC_VERSION} if api == "messages" else base
 
 
 def _take_usage(r: RequestState, usage: Any) -> None:
@@ -116,19 +146,54 @@ async def pipe(
     return await _whole(hide, r, resp)
 
 
+def _api(r: RequestState) -> str:
+    return r.api.native if r.api is not None and r.api.native else "messages"
+
+
+def _texts(api: str, ev: Any) -> list[str] | None:
+    """The answer texts of a whole ``api`` answer ``ev`` (Messages ``text`` blocks; Responses ``output_text``
+    parts of its ``message`` items), None when ``ev`` is not of the API's shape."""
+    if not isinstance(ev, dict):
+        return None
+    if api == "responses":
+        if ev.get("object") != "response" or not isinstance(ev.get("output"), list):
+            return None
+        parts = [
+            p
+            for it in ev["output"]
+            if isinstance(it, dict) and it.get("type") == "message" and isinstance(it.get("content"), list)
+            for p in it["content"]
+        ]
+        return [p["text"] for p in parts if isinstance(p, dict) and p.get("type") == "output_text" and _is_str(p)]
+    if not isinstance(ev.get("content"), list):
+        return None
+    return [b["text"] for b in ev["content"] if isinstance(b, dict) and _is_str(b)]
+
+
+def _is_str(d: dict[str, Any]) -> bool:
+    return isinstance(d.get("text"), str)
+
+
 async def _whole(hide: tuple[str, ...], r: RequestState, resp: Any) -> tuple[web.StreamResponse, bool]:
     raw = await resp.read()
     ev = whole_answer(raw, r, hide)
-    if not (isinstance(ev, dict) and isinstance(ev.get("content"), list)):
+    texts = _texts(_api(r), ev)
+    if texts is None:
         gerr = GatewayError(502, "the model answered in an unknown shape; retry", type="server_error")
         raise UpstreamFailed(gerr, True, "protocol")
+    assert isinstance(ev, dict)
+    if ev.get("status") == "failed":  # a Responses object that failed: an engine error, never relayed
+        gerr = scrub.from_event({"error": ev.get("error") or {}}, r.rid, r.backend, hide) or GatewayError(
+            502, "the model failed to answer; retry", type="server_error"
+        )
+        raise UpstreamFailed(gerr, degrade.another_target(gerr), "protocol")
     _take_usage(r, ev.get("usage"))
     r.served = True
     r.status = 200
     r.ttft_ns = _now() - r.t0_ns
     if r.shadow is not None:  # what the client got, as the shadow report compares it
         rec = RequestRecord(request_id=0)
-        rec.content.extend(b["text"] for b in ev["content"] if isinstance(b, dict) and isinstance(b.get("text"), str))
+        rec.content.extend(texts)
         r.shadow.capture.rec = rec
     sent = public_model(raw, r)
     return web.Response(
@@ -138,7 +203,7 @@ async def _whole(hide: tuple[str, ...], r: RequestState, resp: Any) -> tuple[web
 
 def _screen(block: bytes, hide: tuple[str, ...], r: RequestState) -> tuple[bytes, GatewayError | None]:
     """``block`` up to its first error event (never forwarded: engine text), and that error scrubbed."""
-    if b'"error"' not in block:
+    if b'"error"' not in block and b"response.failed" not in block:
         return block, None
     kept: list[bytes] = []
     for ev_bytes, payload in events(block):
@@ -146,18 +211,38 @@ def _screen(block: bytes, hide: tuple[str, ...], r: RequestState) -> tuple[bytes
             ev = orjson.loads(payload) if payload else None
         except orjson.JSONDecodeError:
             ev = None
-        gerr = scrub.from_event(ev, r.rid, r.backend, hide) if isinstance(ev, dict) else None
+        gerr = scrub.from_event(_error_of(ev), r.rid, r.backend, hide) if isinstance(ev, dict) else None
         if gerr is not None:
             return (b"\n\n".join(kept) + b"\n\n") if kept else b"", gerr
         kept.append(ev_bytes)
     return block, None
 
 
+def _error_of(ev: dict[str, Any]) -> dict[str, Any]:
+    """``ev`` in the ``{"error": {...}}`` shape the scrubber reads: a Responses ``error`` event carries its
+    message at the top, ``response.failed`` in ``response.error`` (with ``{}`` for a failure without one)."""
+    kind = ev.get("type")
+    if kind == "error" and "error" not in ev:
+        return {"error": {k: ev.get(k) for k in ("message", "code", "type") if ev.get(k) is not None}}
+    if kind == "response.failed":
+        resp = ev.get("response")
+        err = resp.get("error") if isinstance(resp, dict) else None
+        return {"error": err if isinstance(err, dict) else {"message": "response.failed"}}
+    return ev
+
+
+def _last_seq(block: bytes, seq: int) -> int:
+    """The last Responses ``sequence_number`` in ``block``, else ``seq``."""
+    found = _SEQ.findall(block)
+    return int(found[-1]) if found else seq
+
+
 async def _stream(
     metrics: GatewayMetrics, relay: Relay, request: web.Request, hide: tuple[str, ...], r: RequestState, resp: Any
 ) -> tuple[web.StreamResponse, bool | None]:
     rec = RequestRecord(request_id=0)
-    parser = MessagesStreamParser(rec)
+    parser = _PARSER[_api(r)](rec)
+    seq = -1  # the engine's last sequence_number (Responses)
     ttft_h, itl, _, _ = metrics.model(r.model, r.backend)
     out: web.StreamResponse | None = None
     buf = b""
@@ -174,6 +259,7 @@ async def _stream(
             if error is not None and out is None and not block:
                 raise UpstreamFailed(error, degrade.another_target(error), "stream_error")
             t = _now()
+            seq = _last_seq(block, seq)
             before = len(rec.chunk_ns)
             parser.feed(block, t)
             ntok = len(rec.chunk_ns) - before
@@ -226,18 +312,23 @@ async def _stream(
     if r.shadow is not None:
         r.shadow.capture.rec = rec
     if error is not None:
-        await _fail(metrics, r, out, error)
+        await _fail(metrics, r, out, error, seq)
     await out.write_eof()
     return out, error is None
 
 
-async def _fail(metrics: GatewayMetrics, r: RequestState, out: web.StreamResponse, error: GatewayError) -> None:
+async def _fail(
+    metrics: GatewayMetrics, r: RequestState, out: web.StreamResponse, error: GatewayError, seq: int
+) -> None:
     """End a stream the engine opened with the API's error event alone: the engine's own ``message_start``
-    is already with the client, so the adapter's opening events are not sent again."""
+    / ``response.created`` is already with the client, so the adapter's opening events are not sent again;
+    a Responses ``response.failed`` is numbered after the engine's last ``sequence_number`` ``seq``."""
     metrics.stream_errors.labels(r.model, r.backend or "none").inc()
     r.outcome = "error"
     r.error_code = error.code
     assert r.api is not None
     if isinstance(r.api, StreamingApi):
         r.api.started = True
+    if seq >= 0 and hasattr(r.api, "seq"):
+        r.api.seq = seq + 1
     await out.write(r.api.stream_error(error, r))

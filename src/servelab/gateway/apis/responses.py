@@ -289,6 +289,7 @@ class ResponsesApi(StreamingApi):
     """One ``/v1/responses`` request (module doc): the translation and the stream's state."""
 
     name = "responses"
+    native: str | None = "responses"
 
     def __init__(self) -> None:
         super().__init__()
@@ -301,6 +302,7 @@ class ResponsesApi(StreamingApi):
 
     def translate(self, body: dict[str, Any], max_tokens_limit: int) -> dict[str, Any]:
         chat = to_chat(body, max_tokens_limit)
+        self.source = dict(body)
         self.echo = {
             "instructions": body.get("instructions"),
             "max_output_tokens": body.get("max_output_tokens"),
