@@ -3,7 +3,8 @@ and with the failures its :class:`~servelab.engines.mock.config.MockConfig` asks
 request, the ``time.monotonic_ns()`` at which it wrote every token-carrying chunk (:class:`MockRecord`),
 so a client's measurements can be checked against what the server really did.
 
-Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` true or false),
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` true or false), Anthropic
+``POST /v1/messages`` and OpenAI ``POST /v1/responses`` served natively (:mod:`servelab.engines.mock.apis`),
 ``POST /v1/rerank`` and ``/rerank`` (a deterministic score, :mod:`servelab.engines.mock.rerank`),
 ``GET /v1/models``, ``GET /health`` (and ``GET /``), ``GET /metrics`` (Prometheus text), the dialect's
 identity endpoints (:mod:`servelab.engines.mock.info`), and the mock-only ``GET /mock/records``,
@@ -24,6 +25,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from servelab.engines.mock.apis import NATIVE_ROUTES, api_handler
 from servelab.engines.mock.batch import DecodeBatch
 from servelab.engines.mock.cache import BLOCK_WORDS, PrefixCache, prompt_words
 from servelab.engines.mock.config import MockConfig, validate_config
@@ -181,6 +183,8 @@ class MockServer:
         r.add_get("/mock/records", self._records)
         r.add_get("/mock/stats", self._stats)
         r.add_post("/mock/reset", self._reset)
+        for path, api in NATIVE_ROUTES.items():
+            r.add_post(path, api_handler(self, api))
         for method, path, handler in info_routes(self.config.dialect, self.config.model, self.config.context_tokens):
             r.add_route(method, path, handler)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
@@ -307,17 +311,48 @@ class MockServer:
             status=status, body=error_body(self.config.dialect, status, message), content_type="application/json"
         )
 
-    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        recv = _now()
-        cfg = self.config
+    def new_record(self, request: web.Request, endpoint: str) -> tuple[MockRecord, int]:
+        """A :class:`MockRecord` for a generation request to ``endpoint`` received now, kept in
+        :attr:`records` and counted; with the request's sequence number."""
         seq = next(self._ids)
-        rec = MockRecord(request.headers.get("X-Request-Id") or str(seq), recv)
+        rec = MockRecord(request.headers.get("X-Request-Id") or str(seq), _now())
         rec.client_request_id = request.headers.get("X-Client-Request-ID")
         rec.traceparent = request.headers.get("traceparent")
-        rec.endpoint = "chat" if chat else "completions"
+        rec.endpoint = endpoint
         self.records.append(rec)
         self.requests += 1
         self._received += 1
+        return rec, seq
+
+    def draw(self, rec: MockRecord) -> str | None:
+        """The injected failure for ``rec`` (one draw per request, in arrival order: bands http |
+        stream_error | cut | hang | none), counted; None = none."""
+        cfg = self.config
+        u = self._rng.random()
+        kind = None
+        edge = cfg.fail_http_rate
+        if u < edge:
+            kind = "http_status"
+        elif u < (edge := edge + cfg.stream_error_rate):
+            kind = "stream_error"
+        elif u < (edge := edge + cfg.cut_rate):
+            kind = "cut_off"
+        elif u < edge + cfg.hang_rate:
+            kind = "hang"
+        if kind is not None:
+            rec.injected = kind
+            self.injected[kind] += 1
+        return kind
+
+    @property
+    def delays_ns(self) -> tuple[int, int]:
+        """(time to first token, inter-token latency) of the fixed schedule, ns."""
+        return self._delays_ns
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        cfg = self.config
+        rec, seq = self.new_record(request, "chat" if chat else "completions")
+        recv = rec.recv_ns
         crash = cfg.crash_after_requests is not None and self._received > cfg.crash_after_requests
         try:
             body = orjson.loads(await request.read())
@@ -367,21 +402,7 @@ class MockServer:
                 if status == 429
                 else "Service Unavailable: the request queue is full",
             )
-        # one draw per request, in arrival order: bands http | stream_error | cut | hang | none
-        u = self._rng.random()
-        kind = None
-        edge = cfg.fail_http_rate
-        if u < edge:
-            kind = "http_status"
-        elif u < (edge := edge + cfg.stream_error_rate):
-            kind = "stream_error"
-        elif u < (edge := edge + cfg.cut_rate):
-            kind = "cut_off"
-        elif u < edge + cfg.hang_rate:
-            kind = "hang"
-        if kind is not None:
-            rec.injected = kind
-            self.injected[kind] += 1
+        kind = self.draw(rec)
         if kind == "http_status":
             rec.status = cfg.fail_http_status
             rec.done_ns = _now()
