@@ -44,9 +44,17 @@ def test_messages_and_responses_requests_are_passed_through() -> None:
 
 @pytest.mark.parametrize(
     ("kind", "native", "expected"),
-    [("vllm", None, True), ("llamacpp", None, False), ("mock", None, False), ("mock", ["responses"], True)],
+    [
+        ("vllm", None, False),  # vLLM doubles a template's BOS on /v1/responses (wire/dialects.py): opt-in only
+        ("vllm", ["messages", "responses"], True),
+        ("llamacpp", None, False),
+        ("mock", None, False),
+        ("mock", ["responses"], True),
+    ],
 )
-def test_responses_served_natively_by_vllm_only(kind: str, native: list[str] | None, expected: bool) -> None:
+def test_responses_served_natively_only_where_a_backend_opts_in(
+    kind: str, native: list[str] | None, expected: bool
+) -> None:
     assert serves_natively(_backend(kind, native), "responses") is expected
 
 

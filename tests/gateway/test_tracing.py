@@ -1,20 +1,16 @@
 """OpenTelemetry traces of gateway requests (servelab.gateway.tracing; issue 24 item 2).
 
-A real gateway process exports over OTLP/HTTP to a tiny receiver started here (http.server in a thread),
-which decodes the protobuf with the message classes opentelemetry-proto ships; the spans' GenAI attributes,
+A real gateway process exports over OTLP/HTTP to a tiny receiver (tests/otlp_receiver.py: http.server in a
+thread), which decodes the protobuf with the message classes opentelemetry-proto ships; the spans' GenAI attributes,
 their parent/child links, the trace id the mock engine received in ``traceparent`` and the absence of the
 prompt's text are checked on what arrived.
 """
 
 from __future__ import annotations
 
-import gzip
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,66 +20,11 @@ import pytest
 from conftest import gateway_key, start_gateway, start_mock_process, stop_gateway, stop_mock_process
 
 pytest.importorskip("opentelemetry.sdk")
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from otlp_receiver import Receiver, attrs
 
 SECRET = "zebra-quasar-7731"  # in every prompt: must appear in no span unless the tenant logs prompts
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
-
-
-class Receiver:
-    """An OTLP/HTTP traces endpoint: keeps every request's raw body and its decoded spans."""
-
-    def __init__(self) -> None:
-        self.raw: list[bytes] = []
-        self.spans: list[Any] = []
-        self.lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                req = ExportTraceServiceRequest()
-                req.ParseFromString(body)
-                with outer.lock:
-                    outer.raw.append(body)
-                    outer.spans.extend(s for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def trace(self, trace_id: str, n: int, timeout_s: float = 10.0) -> list[Any]:
-        """The spans of trace ``trace_id`` (hex) once at least ``n`` arrived; fails after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with self.lock:
-                got = [s for s in self.spans if s.trace_id.hex() == trace_id]
-            if len(got) >= n or time.monotonic() > deadline:
-                assert len(got) >= n, f"{len(got)} of {n} spans of trace {trace_id} arrived: {[s.name for s in got]}"
-                return got
-            time.sleep(0.1)
-
-
-def _value(v: AnyValue) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return [_value(x) for x in v.array_value.values]
-    return getattr(v, kind) if kind else None
-
-
-def attrs(span: Any) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in span.attributes}
 
 
 @pytest.fixture(scope="module")

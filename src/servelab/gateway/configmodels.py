@@ -37,8 +37,9 @@ class Backend(FrozenModel):
     until the first token, docs/engine-wire.md case 20, need room here). ``max_in_flight``: requests beyond it
     count as saturated (fallback). ``api_key_env``: env var with the engine's API key, sent as Bearer.
     ``native_apis``: the other APIs forwarded to it unchanged instead of translated to chat completions
-    (null = what its kind serves, ``servelab.wire.dialects``: ``messages`` on vllm and llamacpp,
-    ``responses`` on vllm; ``[]`` = always translate).
+    (null = what its kind passes through, ``servelab.wire.dialects``: ``messages`` on vllm and llamacpp;
+    ``responses`` only where a backend lists it, since vLLM doubles a template's BOS on that route;
+    ``[]`` = always translate).
     """
 
     name: str = Field(pattern=NAME, description="unique backend name (never shown to clients)")
@@ -55,7 +56,7 @@ class Backend(FrozenModel):
     native_apis: list[Literal["messages", "responses"]] | None = Field(
         None,
         description="APIs forwarded unchanged (Anthropic messages, OpenAI responses); null = what its kind "
-        "serves natively (vllm: both, llamacpp: messages), "
+        "passes through (vllm and llamacpp: messages; responses only when listed), "
         "[] = always translate to chat completions",
     )
 

