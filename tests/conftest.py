@@ -347,6 +347,7 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/gateway/test_rerank.py::test_bench_step_where_every_request_failed_exits_1_with_one_line": ("proc",),
     "tests/gateway/test_apis_llama.py": ("proc",),
     "tests/gateway/test_native.py": ("unit",),
+    "tests/gateway/test_native_mock.py": ("proc",),
     "tests/gateway/test_bench_apis.py": ("unit",),
     "tests/gateway/test_bench_apis.py::test_bench_refuses_what_the_api_cannot_carry": ("proc",),
     "tests/gateway/test_bench_apis.py::test_bench_through_gateway_tokens_equal_ledger": ("proc",),

@@ -23,8 +23,9 @@ the stream).
 
 A backend that lists ``responses`` in ``native_apis`` gets OpenAI Responses ``POST /v1/responses`` unchanged
 (vLLM serves it in ``vllm/entrypoints/openai/responses``, but no kind does by default: see the vllm entry of
-:mod:`servelab.wire.dialects` for the doubled BOS token on that route); the same rules apply with Responses' fields. The body keeps the client's ``input``, ``instructions``, tools,
-``text``, ``reasoning`` and ``include`` (the engine's own support answers); ``max_output_tokens`` is bounded
+:mod:`servelab.wire.dialects` for the doubled BOS token on that route); the same rules apply with
+Responses' fields. The body keeps the client's ``input``, ``instructions``, tools, ``text``, ``reasoning``
+and ``include`` (the engine's own support answers); ``max_output_tokens`` is bounded
 by ``r.out_cap`` as ``max_tokens`` is; ``temperature``/``top_p`` are the policy's outcome (Responses has no
 ``top_k`` or stop strings: a policy's ``top_k``/``stop`` are not carried to a Responses engine);
 ``store: false`` is always sent (this gateway keeps no responses and refuses ``previous_response_id``
