@@ -115,7 +115,8 @@ def test_capacity_interval_holds_the_plan_and_says_how_many_refits(
     """``--bootstrap 3`` on this fixture planned np4's tier at capacity 0.02562 req/s with '95 % CI
     0.02968–0.03501' (every refit above the point fit) and '48 replicas (up to 41 at the capacity's low
     end)'. Every plan's interval must hold its capacity, the replica range run upward, and an interval of 3
-    refits say so (a warning, and 'range of 3 bootstrap refits' rather than a 95 % CI)."""
+    refits say so (a warning, and 'range of 3 bootstrap refits' rather than a 95 % CI), as must the fit's
+    parameter lines and held-out predictions, which rest on the same refits."""
     from servelab.capacity.cli import capacity_command
     from servelab.capacity.results import CapacityReport
 
@@ -143,3 +144,6 @@ def test_capacity_interval_holds_the_plan_and_says_how_many_refits(
         assert pl.replicas_hi is None or pl.replicas is None or pl.replicas_hi >= pl.replicas, pl
     lines = [x for x in cap.out.splitlines() if "per replica at the SLO" in x]
     assert lines and all("range of 3 bootstrap refits" in x and "95 % CI" not in x.split("refits")[0] for x in lines)
+    # the fit's parameter lines and the held-out predictions rest on the same 3 refits: no "95 % CI" anywhere
+    assert "95 % CI" not in cap.out.replace("too few for a 95 % CI", ""), cap.out
+    assert "intervals from 3 bootstrap refits" in cap.out and "(range of 3 refits " in cap.out

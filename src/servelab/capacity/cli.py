@@ -82,9 +82,14 @@ def evidence_of(records: list[str], benches: list[str]) -> dict[str, Evidence]:
     return out
 
 
-def _iv(ci: object, scale: float = 1.0, fmt: str = ".3g") -> str:
+def _iv(ci: object, refits: int, scale: float = 1.0, fmt: str = ".3g") -> str:
+    """``ci`` (over ``refits`` bootstrap refits; its ``n`` counts requests, not refits) as report text:
+    a 95 % CI from :data:`MIN_REFITS` refits up, else the range of those refits."""
     lo, hi = getattr(ci, "lo", None), getattr(ci, "hi", None)
-    return "" if lo is None or hi is None else f" (95 % CI {lo * scale:{fmt}}–{hi * scale:{fmt}})"
+    if lo is None or hi is None:
+        return ""
+    label = "95 % CI" if refits >= MIN_REFITS else f"range of {refits} refits"
+    return f" ({label} {lo * scale:{fmt}}–{hi * scale:{fmt}})"
 
 
 def _refits_iv(ci: Interval | None, fmt: str = ".4g") -> str:
@@ -94,18 +99,21 @@ def _refits_iv(ci: Interval | None, fmt: str = ".4g") -> str:
     return f" ({refits_text(ci, f'{ci.lo:{fmt}}', f'{ci.hi:{fmt}}')})"
 
 
-def _print_fit(name: str, f: FitReport) -> None:
+def _print_fit(name: str, f: FitReport, refits: int) -> None:
     p: PerfParams = f.params
     rate = (
         "not identifiable"
         if p.prefill_tokens_per_s is None
-        else f"{p.prefill_tokens_per_s:.4g} tok/s{_iv(f.prefill_rate_ci)}"
+        else f"{p.prefill_tokens_per_s:.4g} tok/s{_iv(f.prefill_rate_ci, refits)}"
     )
-    print(f"{name}: model fitted on {f.requests} requests ({', '.join(f.steps)}), {f.token_gaps} token gaps")
-    print(f"  prefill: {p.prefill_base_s * 1e3:.3g} ms{_iv(f.prefill_base_ci, 1e3)} + prompt / {rate}")
     print(
-        f"  decode: {p.decode_base_s * 1e3:.3g} ms/token{_iv(f.decode_base_ci, 1e3)} + "
-        f"{p.decode_per_running_s * 1e3:.3g} ms{_iv(f.decode_per_running_ci, 1e3)} per other running request"
+        f"{name}: model fitted on {f.requests} requests ({', '.join(f.steps)}), {f.token_gaps} token gaps; "
+        f"intervals from {refits} bootstrap refits"
+    )
+    print(f"  prefill: {p.prefill_base_s * 1e3:.3g} ms{_iv(f.prefill_base_ci, refits, 1e3)} + prompt / {rate}")
+    print(
+        f"  decode: {p.decode_base_s * 1e3:.3g} ms/token{_iv(f.decode_base_ci, refits, 1e3)} + "
+        f"{p.decode_per_running_s * 1e3:.3g} ms{_iv(f.decode_per_running_ci, refits, 1e3)} per other running request"
     )
     print(
         f"  slots: {p.slots} ({'identified' if p.slots_identified else 'lower bound'}; seen {f.seen_slots}"
@@ -115,7 +123,7 @@ def _print_fit(name: str, f: FitReport) -> None:
         print(f"  note: {n}")
 
 
-def _print_validation(v: Validation) -> None:
+def _print_validation(v: Validation, refits: int) -> None:
     for c in v.steps:
         parts = []
         for label, pr, scale, unit in (
@@ -124,7 +132,7 @@ def _print_validation(v: Validation) -> None:
             ("out tok/s", c.output_tps, 1.0, ""),
         ):
             parts.append(
-                f"{label} {pr.predicted * scale:.4g}{unit}{_iv(pr.interval, scale, '.4g')} vs "
+                f"{label} {pr.predicted * scale:.4g}{unit}{_iv(pr.interval, refits, scale, '.4g')} vs "
                 f"{(pr.measured or 0) * scale:.4g}{unit} ({(pr.error or 0) * 100:+.1f} %)"
             )
         print(f"  held out {c.step} (fitted on {len(c.fitted_on)} other steps): " + "; ".join(parts))
@@ -262,9 +270,9 @@ def capacity_command(
         print(f"  {f.name}: {f.value:.4g} {f.unit} = {f.formula}")
     for name, cc in cands.items():
         cc.plan = plans[name]
-        _print_fit(name, cc.fit)
+        _print_fit(name, cc.fit, bootstrap)
         if cc.validation is not None:
-            _print_validation(cc.validation)
+            _print_validation(cc.validation, bootstrap)
         if cc.search is not None:
             _print_search(cc.search)
         _print_plan(plans[name])
