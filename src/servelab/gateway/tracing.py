@@ -57,7 +57,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from servelab.wire.errors import ConfigError
+from servelab.wire.otel import EXPORT_DELAY_MS, OPERATION, traceparent, tracer_provider
 
 if TYPE_CHECKING:
     from servelab.gateway.config import TracingSection
@@ -68,10 +68,6 @@ __all__ = ["EXPORT_DELAY_MS", "OPERATION", "RequestTrace", "Tracing", "tracepare
 
 log = logging.getLogger("servelab.gateway.tracing")
 
-#: gateway endpoint -> ``gen_ai.operation.name``
-OPERATION = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
-#: the batch processor's wait before exporting what it holds (ms); a full batch (512 spans) leaves at once
-EXPORT_DELAY_MS = 1000
 #: engine gauges of the ``attempt`` event -> span attribute
 _GAUGES = {
     "running": "servelab.engine.running",
@@ -80,12 +76,6 @@ _GAUGES = {
     "kv_usage": "servelab.engine.kv_usage",
     "age_s": "servelab.engine.gauges_age_s",
 }
-
-
-def traceparent(trace_id: int, span_id: int, sampled: bool) -> str:
-    """The W3C ``traceparent`` header (version 00) of span ``span_id`` in trace ``trace_id``
-    (https://www.w3.org/TR/trace-context/#traceparent-header)."""
-    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
 
 
 class RequestTrace:
@@ -123,53 +113,27 @@ class Tracing:
     source. Built by :meth:`from_section` (None when tracing is off); :meth:`shutdown` flushes."""
 
     def __init__(self, section: TracingSection, worker: int | None = None) -> None:
-        try:
-            from opentelemetry import trace as api
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
-            from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-            from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
-            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-        except ImportError as e:
-            raise ConfigError(
-                f"tracing.endpoint: tracing needs OpenTelemetry ({e.name} is not installed); "
-                "pip install 'servelab[otel]', or set tracing.endpoint: null"
-            ) from None
-
-        class _Planned(IdGenerator):
-            """Hands the SDK the ids already sent to engines (one pending trace id and span id), else random."""
-
-            def __init__(self) -> None:
-                self.rand = RandomIdGenerator()
-                self.trace_id = 0
-                self.span_id = 0
-
-            def generate_span_id(self) -> int:
-                v, self.span_id = self.span_id, 0
-                return v or self.rand.generate_span_id()
-
-            def generate_trace_id(self) -> int:
-                v, self.trace_id = self.trace_id, 0
-                return v or self.rand.generate_trace_id()
-
-        self._api = api
-        self._ids = RandomIdGenerator()
-        self._planned = _Planned()
-        self._propagator = TraceContextTextMapPropagator()
-        self._sampler = ParentBased(TraceIdRatioBased(section.sample_ratio))
         attrs: dict[str, Any] = {"service.name": section.service_name}
         if worker is not None:
             attrs["servelab.worker"] = worker
         # the decision is taken at arrival (begin); what reaches finish is to be recorded
-        self._provider = TracerProvider(sampler=ALWAYS_ON, resource=Resource.create(attrs), id_generator=self._planned)
-        self._provider.add_span_processor(
-            BatchSpanProcessor(
-                OTLPSpanExporter(endpoint=section.endpoint, timeout=section.export_timeout_s),
-                schedule_delay_millis=EXPORT_DELAY_MS,
-            )
+        self._provider, self._planned, _ = tracer_provider(
+            section.endpoint or "",
+            resource=attrs,
+            export_timeout_s=section.export_timeout_s,
+            option="tracing.endpoint",
+            off="set tracing.endpoint: null",
         )
+        # tracer_provider imported the SDK (or raised): these come with it
+        from opentelemetry import trace as api
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self._api = api
+        self._ids = RandomIdGenerator()
+        self._propagator = TraceContextTextMapPropagator()
+        self._sampler = ParentBased(TraceIdRatioBased(section.sample_ratio))
         from servelab import __version__
 
         self._tracer = self._provider.get_tracer("servelab.gateway", __version__)
@@ -179,7 +143,7 @@ class Tracing:
     @classmethod
     def from_section(cls, section: TracingSection, worker: int | None = None) -> Tracing | None:
         """The tracer for ``section``, or None when tracing is off (no ``endpoint``). Raises
-        :class:`ConfigError` (one line) when OpenTelemetry is not installed."""
+        :class:`~servelab.wire.errors.ConfigError` (one line) when OpenTelemetry is not installed."""
         return cls(section, worker) if section.endpoint else None
 
     def begin(self, headers: Any) -> RequestTrace:
