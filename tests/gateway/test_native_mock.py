@@ -298,3 +298,39 @@ def test_native_messages_stream_broken_mid_way_ends_in_one_error(gw: Any) -> Non
     names = [n for n, _ in events]
     assert names.count("error") == 1 and names[-1] == "error" and names[0] == "message_start", names
     assert names.count("message_start") == 1 and "message_stop" not in names
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_bench_against_the_mocks_native_route(tmp_path: Path, api: str) -> None:
+    """``servelab bench --endpoint messages|responses`` straight at the mock measures its native stream: every
+    request reached the API's own route, tokens are the API's usage (= what the mock generated), and TTFT is
+    the first content delta: the opening events (``message_start``/``response.created``, written with the
+    headers) reach the client before the mock writes its first token, the first token after it."""
+    import json
+    import subprocess
+    import sys
+
+    n = 4
+    mock = start_mock_process("--dialect", "vllm", "--output-tokens", "5", "--ttft-ms", "40", "--itl-ms", "2")
+    try:
+        out = tmp_path / "run"
+        cmd = [sys.executable, "-m", "servelab.cli", "bench", "--url", mock.root + "/v1", "--model", "m"]
+        cmd += ["--endpoint", api, "-w", "short-qa", "--set", "output_tokens=32", "--concurrency", "1"]
+        cmd += ["--requests", str(n), "--warmup", "0", "--out", str(out)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        written = _records(mock)
+    finally:
+        stop_mock_process(mock.proc)
+    (step,) = json.loads((out / "summary.json").read_text())["steps"]
+    assert step["counts"]["succeeded"] == n and step["tokens"]["output_source"] == {"usage": n}
+    lines = sorted(
+        (json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()), key=lambda x: x["t_ns"]["sent"]
+    )
+    assert [w["endpoint"] for w in written] == [api] * n
+    for x, w in zip(lines, written, strict=True):
+        t = x["t_ns"]
+        assert (x["prompt_tokens"], x["output_tokens"]) == (w["prompt_tokens"], w["output_tokens"])
+        assert x["output_tokens"] == 5 and x["prompt_tokens"] > 0
+        assert t["first_event"] < w["token_write_ns"][0] <= t["first_token"], (t, w)
+        assert t["first_token"] - t["sent"] >= 40e6 - 1.5e6  # the mock's schedule (uvloop ticks in whole ms)
