@@ -306,6 +306,22 @@ def test_responses_reasoning_function_call_and_incomplete() -> None:
     ]
     rec = parse(ResponsesStreamParser, cut)
     assert rec.ok and (rec.finish_reason_raw, rec.finish_reason) == ("max_output_tokens", "length")
+    # vLLM ends a response cut by its bound with response.completed carrying status "incomplete"
+    vllm_cut = [
+        *cut[:2],
+        ev(
+            "response.completed",
+            2,
+            response={
+                **RESP,
+                "status": "incomplete",
+                "usage": USAGE,
+                "incomplete_details": {"reason": "max_output_tokens"},
+            },
+        ),
+    ]
+    rec = parse(ResponsesStreamParser, vllm_cut)
+    assert rec.ok and (rec.finish_reason_raw, rec.finish_reason) == ("max_output_tokens", "length")
 
 
 def test_responses_failed_error_and_cut_off() -> None:

@@ -21,7 +21,9 @@ What the bench measures, per API (docs/engine-wire.md, "Other APIs: Anthropic Me
 - **finish**: Messages ``stop_reason`` (``end_turn``/``stop_sequence`` -> ``stop``, ``max_tokens`` ->
   ``length``, ``tool_use`` -> ``tool_calls``, ``refusal`` -> ``content_filter``); Responses ``completed``
   -> ``stop`` (``tool_calls`` when it called a function), ``incomplete`` with ``max_output_tokens`` ->
-  ``length``. ``finish_reason_raw`` is the API's own value.
+  ``length`` (also when a ``response.completed`` event carries ``status: "incomplete"``, as vLLM sends a
+  response cut by its bound: vllm/entrypoints/openai/responses/serving.py). ``finish_reason_raw`` is the
+  API's own value.
 - **end and failures**: a stream ends well at ``message_stop`` / ``response.completed`` or
   ``response.incomplete`` (``saw_done``); without it the request is ``cut_off``. An ``error`` event
   (either API) or ``response.failed`` is a ``stream_error``.
@@ -318,7 +320,7 @@ class ResponsesStreamParser(_ApiStreamParser):
             resp = resp if isinstance(resp, dict) else {}
             if isinstance(resp.get("usage"), dict):
                 rec.usage = resp["usage"]
-            if kind == "response.completed":
+            if kind == "response.completed" and resp.get("status") != "incomplete":
                 self._finish("completed", "tool_calls" if rec.tool_calls else "stop")
             else:
                 det = resp.get("incomplete_details")
