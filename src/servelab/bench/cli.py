@@ -249,6 +249,19 @@ def bench_command(
         "passes this many ms is flagged generator-bound (as is any worker near "
         "100 % CPU).",
     ),
+    otlp_endpoint: str = typer.Option(
+        None,
+        "--otlp-endpoint",
+        help="Export one OpenTelemetry CLIENT span per request (GenAI conventions) to this OTLP/HTTP "
+        "traces URL, e.g. http://127.0.0.1:4318/v1/traces, and send each request's traceparent so a "
+        "servelab gateway continues the trace (docs/bench.md). Needs servelab[otel]. Off by default.",
+    ),
+    otlp_sample_ratio: float = typer.Option(
+        None,
+        "--otlp-sample-ratio",
+        help="With --otlp-endpoint: the share of requests traced, 0 to 1 (default 1); the traceparent's "
+        "sampled flag tells the gateway.",
+    ),
     trace: str = typer.Option(
         None,
         "--trace",
@@ -394,6 +407,8 @@ def bench_command(
         workers_per_node=workers_per_node,
         ray=ray,
         lag_bound_ms=lag_bound_ms,
+        otlp_endpoint=otlp_endpoint,
+        otlp_sample_ratio=otlp_sample_ratio,
     )
     if ray is not None:
         from servelab.bench.load.rayrun import _import_ray

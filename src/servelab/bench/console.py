@@ -141,4 +141,6 @@ def run_with_progress(
                 f"{cfg.out}/requests.jsonl; partial summary written",
                 soft_wrap=True,
             )
+    if bench.otlp_note is not None:  # spans not exported: said once, the run's results stand
+        _err.print(f"warning: {bench.otlp_note}", soft_wrap=True, markup=False, highlight=False)
     return bench.summary

@@ -3,11 +3,12 @@ value), the load steps they ask for (:func:`plan_loads`) and the run directory (
 
 from __future__ import annotations
 
+import re
 from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, ValidationError, model_validator
+from pydantic import ConfigDict, ValidationError, field_validator, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from servelab.bench.load.saturation import DEFAULT_LAG_BOUND_S
@@ -153,6 +154,42 @@ class BenchConfig:
         **_FLOAT,
         hint="give the schedule-lag P99 (ms) above which a step is generator-bound, e.g. --lag-bound-ms 1",
     )
+
+    otlp_endpoint: str | None = opt(
+        None,
+        cli="--otlp-endpoint",
+        max_length=2048,
+        hint="give the collector's OTLP/HTTP traces URL, e.g. --otlp-endpoint http://127.0.0.1:4318/v1/traces",
+    )
+    otlp_sample_ratio: float | None = opt(
+        None,
+        cli="--otlp-sample-ratio",
+        ge=0,
+        le=1,
+        **_FLOAT,
+        hint="give the share of requests traced, 0 to 1, e.g. --otlp-sample-ratio 0.1 (default 1)",
+    )
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v.strip()):
+            raise ValueError("not an http(s) URL")
+        return v.strip() if v is not None else None
+
+    @model_validator(mode="after")
+    def _otlp(self) -> BenchConfig:
+        if self.otlp_sample_ratio is not None and self.otlp_endpoint is None:
+            raise ValueError(
+                f"--otlp-sample-ratio {self.otlp_sample_ratio:g} samples the spans --otlp-endpoint exports: "
+                "add --otlp-endpoint URL, or leave the ratio out"
+            )
+        if self.otlp_endpoint is not None and (self.workers > 1 or self.ray is not None or self.workers_per_node):
+            raise ValueError(
+                "--otlp-endpoint traces the requests this process sends; it does not yet trace those of "
+                "--workers N / --ray workers: drop one of them"
+            )
+        return self
 
     @model_validator(mode="after")
     def _workers(self) -> BenchConfig:

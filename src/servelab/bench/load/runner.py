@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import orjson
@@ -66,6 +66,9 @@ from servelab.wire.client import ConfigError, make_session
 from servelab.wire.host import host_identity
 from servelab.wire.preflight import preflight
 from servelab.wire.types import RequestRecord, RequestSpec
+
+if TYPE_CHECKING:
+    from servelab.bench.tracing import BenchTracer
 
 __all__ = ["Bench", "CyclicSpecs", "make_pool"]
 
@@ -197,9 +200,15 @@ class Bench:
         self._next_id = 0
         self._step_index, self._step_workload = 0, ""
         self._pool: Pool | None = None
+        #: client-side spans (``--otlp-endpoint``; :mod:`servelab.bench.tracing`), None when off
+        self.tracer: BenchTracer | None = None
+        #: the tracer's one line when spans could not be exported (said by the CLI), else None
+        self.otlp_note: str | None = None
 
     def _on_done(self, rec: RequestRecord, spec: RequestSpec) -> None:
         finish_record(rec, spec, self.counter, self.objectives)
+        if self.tracer is not None:
+            self.tracer.add(rec, self._step_index)
         line = record_to_json(
             rec, step_index=self._step_index, step_workload=self._step_workload, worker=0, host=HOSTNAME
         )
@@ -230,15 +239,33 @@ class Bench:
 
     async def run(self) -> Summary:
         """Run every workload's sweep; returns the summary (also written to ``summary.json``).
-        Raises :class:`ConfigError` (one line) when the server or the workers cannot be used."""
+        Raises :class:`ConfigError` (one line) when the server or the workers cannot be used, or
+        ``--otlp-endpoint`` is set without OpenTelemetry installed. With ``--otlp-endpoint`` the spans are
+        exported before it returns (:meth:`servelab.bench.tracing.BenchTracer.shutdown`, bounded)."""
         c = self.cfg
         headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else None
         cfg_json = asdict(c)
         cfg_json.pop("api_key", None)
         loads = plan_loads(c)
         max_conc = max([ld.concurrency for ld in loads] + [c.max_concurrency or 0])
+        if c.otlp_endpoint is not None:
+            from servelab.bench.tracing import BenchTracer
+
+            self.tracer = BenchTracer(c.otlp_endpoint, c.otlp_sample_ratio or 1.0, c.base_url, c.endpoint)
+        try:
+            return await self._run(headers, cfg_json, loads, max_conc)
+        finally:
+            if self.tracer is not None:
+                self.otlp_note = self.tracer.shutdown()
+
+    async def _run(
+        self, headers: dict[str, str] | None, cfg_json: dict[str, Any], loads: list[LoadModel], max_conc: int
+    ) -> Summary:
+        c = self.cfg
         async with make_session(max_connections=0) as session:
             model, server = await preflight(session, c.base_url, c.model, headers)
+            if self.tracer is not None:
+                self.tracer.model = model
             if self.refuse_oversized:
                 self._check_fits(server)
             make_run_dir(self.out)
@@ -351,6 +378,8 @@ class Bench:
         assert self.summary is not None
         self.summary.steps.append(step)
         self._write_summary()
+        if self.tracer is not None:  # the step is over: its spans are built now, off its clock
+            self.tracer.flush()
         self.observer.on_event(StepDone(step))
 
     async def _load(
@@ -389,6 +418,7 @@ class Bench:
                 on_done=self._on_done,
                 records=run.records,
                 dispatch_lags_ns=run.dispatch_ns,
+                traceparent=self.tracer.ids.header if self.tracer is not None else None,
             )
             self._next_id += len(recs)
             run.workers = [_this_process(meter, load, recs, n if c.requests is not None else None, run.dispatch_ns)]

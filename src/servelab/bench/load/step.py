@@ -119,6 +119,7 @@ async def run_step(
     offsets_ns: Sequence[int] | None = None,
     ids: Sequence[int] | None = None,
     dispatch_lags_ns: list[int] | None = None,
+    traceparent: Callable[[int], str] | None = None,
 ) -> list[RequestRecord]:
     """Run one load step and return every started request's record (in id order).
 
@@ -134,7 +135,8 @@ async def run_step(
     of the one global :func:`arrival_offsets_s` draw; default: drawn here from ``seed``). The duration
     limit counts from ``start_ns``. ``dispatch_lags_ns`` (open loop), when given, receives for each
     arrival how many ns after its intended time the loop woke to send it: the generator's own lateness,
-    before any wait for a ``max_concurrency`` slot.
+    before any wait for a ``max_concurrency`` slot. ``traceparent`` (``--otlp-endpoint``), when given, maps a
+    request id to the W3C ``traceparent`` header that request is sent with.
     """
     if records is None:  # a caller may pass its own list to see the records of an interrupted step
         records = []
@@ -152,12 +154,13 @@ async def run_step(
             scheduled_ns=scheduled_ns,
         )
         records.append(rec)
+        hdrs = headers if traceparent is None else {**(headers or {}), "traceparent": traceparent(rec.request_id)}
         try:
             if sem is not None:
                 async with sem:
-                    await send(session, base_url, model, spec, rec, timeout_s=timeout_s, headers=headers)
+                    await send(session, base_url, model, spec, rec, timeout_s=timeout_s, headers=hdrs)
             else:
-                await send(session, base_url, model, spec, rec, timeout_s=timeout_s, headers=headers)
+                await send(session, base_url, model, spec, rec, timeout_s=timeout_s, headers=hdrs)
         finally:
             if on_done is not None:
                 on_done(rec, spec)
