@@ -71,6 +71,7 @@ def serve(
 
     cfg = load_config(config_path)
     uv = install_uvloop()
+    parent = os.getppid()  # a worker's supervisor: when it changes, the supervisor has died
 
     async def main() -> None:
         gw = Gateway(
@@ -100,7 +101,7 @@ def serve(
         gc.collect()
         gc.freeze()
         stop = asyncio.Event()
-        gw.install_signal_handlers(stop.set)
+        gw.install_signal_handlers(lambda: _on_stop(gw, stop, worker, parent))
         admin = f" (admin http://{gw.admin_host}:{gw.admin_port})" if gw.admin_port is not None else ""
         print(
             f"servelab gateway listening on http://{gw.host}:{gw.port}/v1{admin}{' [uvloop]' if uv else ''}", flush=True
@@ -111,6 +112,26 @@ def serve(
             await gw.close()
 
     asyncio.run(main())
+
+
+def _on_stop(gw: Any, stop: asyncio.Event, worker: int | None, parent: int) -> None:
+    """SIGTERM/SIGINT: the first starts the shutdown and its watchdog (``shutdown_grace_s`` + ``OVERRUN_S``,
+    :mod:`servelab.gateway.shutdown`). One during the shutdown hurries it (cuts the requests in flight, exits
+    within ``HURRY_S``) when no one is left to wait for: a worker whose supervisor died (the kernel's
+    ``PR_SET_PDEATHSIG`` SIGTERM), or a gateway run alone (a second Ctrl-C; a third exits at once). A worker
+    whose supervisor lives ignores a repeat (a Ctrl-C it got from the terminal, then the supervisor's SIGTERM)."""
+    from servelab.gateway.shutdown import OVERRUN_S
+
+    sd = gw.shutdown
+    if not stop.is_set():
+        stop.set()
+        sd.arm(gw.config.server.shutdown_grace_s + OVERRUN_S)
+    elif worker is not None and os.getppid() != parent:
+        sd.hurry("the supervisor is gone")
+    elif worker is None and not sd.hurried:
+        sd.hurry("a second stop signal")
+    elif worker is None:
+        sd.exit_now(f"a third stop signal during the shutdown (step '{sd.step_name}')")
 
 
 @gateway_app.callback(invoke_without_command=True)

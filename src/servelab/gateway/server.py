@@ -76,6 +76,7 @@ from servelab.gateway.relay import Relay, map_finish_bytes, openai_finish
 from servelab.gateway.reloading import RELOAD_POLL_S, HotReload
 from servelab.gateway.reqstate import RequestState
 from servelab.gateway.shadow import ShadowBook, ShadowSide
+from servelab.gateway.shutdown import STEP_S, Shutdown
 from servelab.gateway.snapshot import Snapshot, breaker_settings
 from servelab.gateway.timeline import TimedConnector
 from servelab.gateway.tracing import Tracing
@@ -97,6 +98,16 @@ log = logging.getLogger("servelab.gateway")
 _now = time.monotonic_ns
 
 _RID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+async def _reap(task: asyncio.Task[Any], what: str) -> None:
+    """Wait for the cancelled background ``task``; one that had died of an error is logged (``what`` it was)."""
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    except Exception as e:  # noqa: BLE001 - a dead background task must not skip the shutdown steps after it
+        log.error("%s had stopped: %s", what, reason(e))
 
 
 def _client_request_id(request: web.Request) -> str | None:
@@ -190,6 +201,10 @@ class Gateway(HotReload, Endpoints, LedgerStart):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watch_task: asyncio.Task[None] | None = None
         self._access = AccessLog(config.server.access_log, worker)
+        #: the bounded shutdown (servelab.gateway.shutdown); what it flushes when it must end the process at once
+        self.shutdown = Shutdown()
+        self.shutdown.last_flush += [self.metrics.flush, self._access.close]
+        self.shutdown.on_hurry.append(self._cut_connections)
         #: OpenTelemetry spans of each request over OTLP/HTTP (servelab.gateway.tracing); None = off
         self.tracing = Tracing.from_section(config.tracing, worker)
         self._flush_task: asyncio.Task[None] | None = None
@@ -425,55 +440,63 @@ class Gateway(HotReload, Endpoints, LedgerStart):
         await self.engine_gauges.start()
 
     async def close(self) -> None:
-        """Stop accepting, let in-flight requests finish (``shutdown_grace_s``), flush the ledger."""
-        if self._flush_task is not None:
-            self._flush_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._flush_task
-            self._flush_task = None
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            try:
-                await self._watch_task
-            except asyncio.CancelledError:
-                pass
-            except Exception as e:  # noqa: BLE001 - a dead watcher must not skip the shutdown grace below
-                log.error("config watcher had stopped: %s", reason(e))
-            self._watch_task = None
-        if self._ledger_task is not None:
-            self._ledger_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._ledger_task
-            self._ledger_task = None
+        """Stop accepting, let in-flight requests finish (``shutdown_grace_s``), flush the ledger. Every step
+        is bounded (:mod:`servelab.gateway.shutdown`): one that overruns is logged by name and left behind."""
+        step = self.shutdown.step
+        for name, what in (
+            ("_flush_task", "metrics flush"),
+            ("_watch_task", "config watcher"),
+            ("_ledger_task", "ledger wait"),
+        ):
+            task = getattr(self, name)
+            if task is not None:
+                task.cancel()
+                await step(f"stopping the {what}", _reap(task, what))
+                setattr(self, name, None)
         if self._admin_runner is not None:
-            await self._admin_runner.cleanup()
+            await step("closing the admin port", self._admin_runner.cleanup())
             self._admin_runner = None
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._runner is not None:  # aiohttp waits for handlers up to the grace, then cancels them
+            grace = self.snap.cfg.server.shutdown_grace_s
+            await step("draining the API port", self._runner.cleanup(), grace + STEP_S)
             self._runner = None
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await step("settling requests", self._settle_all())
         if self._health is not None:
-            await self._health.close()
+            await step("stopping health checks", self._health.close())
             self._health = None
-        await self.engine_gauges.close()
+        await step("stopping engine scrapes", self.engine_gauges.close())
         if self.upstream.session is not None:
-            await self.upstream.session.close()
+            await step("closing upstream connections", self.upstream.session.close())
             self.upstream.session = None
-        await self.breakers.close()
+        await step("stopping breaker sync", self.breakers.close())
         if self._redis is not None:
-            with contextlib.suppress(Exception):
-                await self._redis.aclose()
-        for part in (self._keystore, self._limiter, self._ledger):
+            await step("closing Redis", self._redis.aclose())
+        # keys first (their refresh reads the ledger), then the ledger (usage rows), then the limiter's settles
+        for what, part in (("key refresh", self._keystore), ("ledger", self._ledger), ("limiter", self._limiter)):
             closer = getattr(part, "close", None)
             if closer is not None:
-                with contextlib.suppress(Exception):
-                    await closer()
+                await step(f"closing the {what}", closer())
         self._access.close()
-        if self.tracing is not None:
-            await asyncio.to_thread(self.tracing.shutdown)  # exports the spans still held
+        if self.tracing is not None:  # exports the spans still held
+            await step("exporting traces", asyncio.to_thread(self.tracing.shutdown))
         with contextlib.suppress(OSError):
             self.metrics.flush()  # a worker's last inter-token counts stay in the merged view
+        self.shutdown.step_name = "closed"
+
+    async def _settle_all(self) -> None:
+        """Wait for the settle tasks, those the cancelled handlers start on their way out included."""
+        await asyncio.sleep(0)
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def _cut_connections(self) -> None:
+        """Close every client connection now (a hurried shutdown): their handlers are cancelled
+        (``handler_cancellation``) and settle what they served."""
+        for runner in (self._runner, self._admin_runner):
+            srv = runner.server if runner is not None else None
+            for conn in srv.connections if srv is not None else ():
+                if conn.transport is not None:
+                    conn.transport.close()
 
     async def _flush_loop(self) -> None:
         """Multiprocess mode: this worker's connection gauges and inter-token counts to the shared folder."""
