@@ -216,6 +216,11 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/bench/test_cli_startup.py::test_every_lazy_command_loads_with_its_summary": ("unit",),
     "tests/bench/test_events.py": ("unit",),
     "tests/bench/test_bench_cli_robustness.py": ("unit",),
+    "tests/bench/test_bench_tracing.py": ("proc",),
+    "tests/bench/test_bench_tracing.py::test_bad_otlp_options_are_one_line": ("unit",),
+    "tests/bench/test_bench_tracing.py::test_otlp_options_default_off_and_accept_a_ratio": ("unit",),
+    "tests/bench/test_bench_tracing.py::test_trace_ids_are_stable_per_request_and_sampled_as_the_sdk_samples": ("unit",),
+    "tests/gateway/test_bench_trace.py": ("proc",),
     "tests/bench/test_bench_cli_robustness.py::test_engine_values_checked_before_start": ("proc",),
     "tests/bench/test_bench_cli_robustness.py::test_help_documents_exit_codes": ("proc",),
     "tests/bench/test_bench_cli_robustness.py::test_prompts_longer_than_the_servers_context_are_refused": (

@@ -251,7 +251,8 @@ class Bench:
         if c.otlp_endpoint is not None:
             from servelab.bench.tracing import BenchTracer
 
-            self.tracer = BenchTracer(c.otlp_endpoint, c.otlp_sample_ratio or 1.0, c.base_url, c.endpoint)
+            ratio = 1.0 if c.otlp_sample_ratio is None else c.otlp_sample_ratio
+            self.tracer = BenchTracer(c.otlp_endpoint, ratio, c.base_url, c.endpoint)
         try:
             return await self._run(headers, cfg_json, loads, max_conc)
         finally:
