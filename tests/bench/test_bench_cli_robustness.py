@@ -137,27 +137,66 @@ def bad_value_cases(tmp: Path) -> list[tuple[list[str], str]]:
     ]
 
 
-def test_bad_values_one_line(mock_engine, tmp_path):
-    """Each value was accepted with exit 0, or gave a traceback, or hung (input_tokens=1e8)."""
-    from concurrent.futures import ThreadPoolExecutor
+# Runs each command line through servelab.cli.main in ONE child process (a console-script start per case
+# costs ~0.5 s of CPU); each case's fd 1 and fd 2 go to files of their own, so anything written to them,
+# by any object, is in that case's output; an exception that escapes main is printed as its traceback.
+_MANY = r"""
+import json, os, sys, tempfile, traceback
+from servelab.cli import main
+keep_out, keep_err = os.dup(1), os.dup(2)
+for args in json.load(sys.stdin):
+    with tempfile.TemporaryFile() as o, tempfile.TemporaryFile() as e:
+        sys.stdout.flush(); sys.stderr.flush()
+        os.dup2(o.fileno(), 1); os.dup2(e.fileno(), 2)
+        rc = 0
+        try:
+            main(args)
+        except SystemExit as x:
+            if isinstance(x.code, int):
+                rc = x.code
+            elif x.code is not None:
+                print(x.code, file=sys.stderr); rc = 1
+        except BaseException:
+            traceback.print_exc(); rc = 1
+        sys.stdout.flush(); sys.stderr.flush()
+        os.dup2(keep_out, 1); os.dup2(keep_err, 2)
+        o.seek(0); e.seek(0)
+        got = {"rc": rc, "out": o.read().decode(errors="replace"), "err": e.read().decode(errors="replace")}
+    print(json.dumps(got), flush=True)
+"""
 
+
+def run_many(arg_lists: list[list[str]], timeout: float) -> list[subprocess.CompletedProcess[str]]:
+    """Each command line through :func:`servelab.cli.main` in one child (as :data:`_MANY`), in order."""
+    r = subprocess.run(
+        [sys.executable, "-c", _MANY], input=json.dumps(arg_lists), capture_output=True, text=True, timeout=timeout
+    )
+    got = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert r.returncode == 0 and len(got) == len(arg_lists), (r.returncode, len(got), r.stderr[-3000:])
+    return [subprocess.CompletedProcess(a, g["rc"], g["out"], g["err"]) for a, g in zip(arg_lists, got, strict=True)]
+
+
+def test_bad_values_one_line(mock_engine, tmp_path):
+    """Each value was accepted with exit 0, or gave a traceback, or hung (input_tokens=1e8). The first
+    case runs through the real console script; the others through ``servelab.cli.main`` in one child."""
     m = mock_engine("--output-tokens", "4")
     cases = bad_value_cases(tmp_path)
 
-    def check(i: int) -> str | None:
-        args, needle = cases[i]
+    def argv(i: int) -> list[str]:
+        args = cases[i][0]
         out = ["--out", str(tmp_path / f"run{i}")] if "--out" not in args else []
         n = [] if "--duration" in args else ["-n", "2"]
-        r = run("bench", "--quiet", "--url", m.base_url, *n, "--warmup", "0", *out, *args, timeout=60)
+        return ["bench", "--quiet", "--url", m.base_url, *n, "--warmup", "0", *out, *args]
+
+    results = [run(*argv(0), timeout=60), *run_many([argv(i) for i in range(1, len(cases))], timeout=180)]
+    failures = []
+    for i, r in enumerate(results):
+        args, needle = cases[i]
         try:
             assert_one_line_error(r, needle)
             assert not (tmp_path / f"run{i}" / "requests.jsonl").exists()  # nothing was sent
         except AssertionError as e:
-            return f"{' '.join(args)[:60]}: {str(e)[:300]}"
-        return None
-
-    with ThreadPoolExecutor(3) as pool:  # each case is a CLI start (~0.5 s of CPU, lazy commands)
-        failures = [f for f in pool.map(check, range(len(cases))) if f]
+            failures.append(f"{' '.join(args)[:60]}: {str(e)[:300]}")
     assert not failures, "\n".join(failures)
 
 
