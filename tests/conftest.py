@@ -449,6 +449,10 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
         "proc",
     ),
     "tests/gateway/test_workers.py": ("unit",),
+    "tests/gateway/test_workers.py::test_no_worker_outlives_a_supervisor_stopped_like_the_tests_stop_it": ("proc",),
+    "tests/gateway/test_workers.py::test_workers_of_a_killed_supervisor_stop_within_their_bound_and_keep_usage": (
+        "proc",
+    ),
     "tests/modelfile/test_gguf_meta.py": ("unit",),
     "tests/modelfile/test_tokenizer.py": ("unit",),
     "tests/modelfile/test_tokenizer.py::test_matches_llama_server_tokenize": ("engine",),

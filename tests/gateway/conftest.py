@@ -23,6 +23,7 @@ setups use :func:`start_gateway`/:func:`stop_gateway` directly, and ``start_mock
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import os
@@ -224,8 +225,27 @@ def sse_events(
 
 
 def stop_gateway(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, SIGKILL after 10 s; always reaps."""
+    """SIGTERM, SIGKILL after 10 s; always reaps. The processes the gateway started (``--workers N``: its
+    workers) must be gone within ``HURRY_S`` + 1 s after it: survivors are killed, then named in an
+    AssertionError (a worker that outlives its supervisor is a bug, not something to leave running)."""
+    import psutil
+
+    from servelab.gateway.shutdown import HURRY_S
+
+    kids: list[psutil.Process] = []
+    if proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            kids = psutil.Process(proc.pid).children(recursive=True)
     _load_root_conftest().stop_process(proc, 10.0)
+    _, alive = psutil.wait_procs(kids, timeout=HURRY_S + 1.0)
+    if alive:
+        names = []
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                names.append(f"{p.pid} ({' '.join(p.cmdline()[-3:])})")
+                p.kill()
+        psutil.wait_procs(alive, timeout=5)
+        raise AssertionError(f"gateway processes outlived the gateway by {HURRY_S + 1.0:.0f} s (killed now): {names}")
 
 
 @pytest.fixture
@@ -240,8 +260,14 @@ def gateway(tmp_path: Path) -> Iterator[Any]:
         return gp
 
     yield factory
+    errors = []
     for gp in started:
-        stop_gateway(gp.proc)
+        try:
+            stop_gateway(gp.proc)
+        except AssertionError as e:  # stop the others first
+            errors.append(e)
+    if errors:
+        raise errors[0]
 
 
 def launch_llama(tmp_path_factory: pytest.TempPathFactory, ctx_size: int, parallel: int) -> Iterator[Any]:

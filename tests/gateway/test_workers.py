@@ -7,12 +7,16 @@ leaves no process; a killed worker is restarted; N > 1 without Redis is refused 
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,11 +24,20 @@ from typing import Any
 import orjson
 import psutil
 import pytest
-from conftest import ADMIN_TOKEN, gateway_key, start_gateway, start_mock_process, stop_gateway, stop_mock_process
+from conftest import (
+    ADMIN_TOKEN,
+    gateway_key,
+    start_gateway,
+    start_mock_process,
+    stop_gateway,
+    stop_mock_process,
+    stop_process,
+)
 from services import redis_server
 
 from servelab.gateway.server import WORKER_KEYS_REFRESH_S
-from servelab.gateway.workers import CRASH_WINDOW_S, shared_core_warning
+from servelab.gateway.shutdown import HURRY_S, OVERRUN_S
+from servelab.gateway.workers import CRASH_WINDOW_S, KILL_AFTER_S, shared_core_warning
 
 RPM = 12
 SENT = 60
@@ -272,6 +285,92 @@ def test_keys_created_and_revoked_on_worker_0_reach_every_worker(tmp_path: Path,
         assert set(_versions_by_worker(gw, since)) == {0, 1}
     finally:
         stop_gateway(gw.proc)
+
+
+def _open_stream(gw: Any, key: str) -> http.client.HTTPConnection:
+    """A streamed chat request on a fresh connection, its first bytes read (so it is in flight)."""
+    u = urllib.parse.urlparse(gw.url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+    c.request("POST", u.path + "/chat/completions", body, {"Authorization": f"Bearer {key}"})
+    r = c.getresponse()
+    assert r.status == 200 and r.read1(1), r.status
+    return c
+
+
+def _idle_keepalive(gw: Any) -> http.client.HTTPConnection:
+    """A keep-alive connection that got one answer and stays open, idle."""
+    u = urllib.parse.urlparse(gw.url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    c.request("GET", "/health/live")
+    assert c.getresponse().read() is not None
+    return c
+
+
+@contextlib.contextmanager
+def _busy_gateway(tmp_path: Path, redis_url: str, grace_s: float | None = None) -> Iterator[Any]:
+    """A ``--workers 2`` gateway over a slow engine (60 s streams) after a key was created and revoked on
+    worker 0, with 4 streams in flight and 4 idle keep-alive connections; all stopped after."""
+    slow = start_mock_process("--dialect", "vllm", "--output-tokens", "600", "--itl-ms", "100")
+    conns: list[http.client.HTTPConnection] = []
+    gw = None
+    try:
+        key, entry = gateway_key("k6", "t")
+        cfg = _config(slow, redis_url, entry, rpm=None)
+        if grace_s is not None:
+            cfg["server"] = {"shutdown_grace_s": grace_s}
+        gw = start_gateway(cfg, tmp_path / "gw", "--workers", "2")
+        created = _admin(gw, "POST", "/admin/keys", {"tenant": "t"})
+        _admin(gw, "DELETE", f"/admin/keys/{created['key_id']}")
+        conns += [_open_stream(gw, key) for _ in range(4)]
+        conns += [_idle_keepalive(gw) for _ in range(4)]
+        yield gw
+    finally:
+        for c in conns:
+            c.close()
+        if gw is not None:
+            stop_gateway(gw.proc)
+        stop_mock_process(slow.proc)
+
+
+def _ledger_outcomes(gw: Any) -> list[str]:
+    import sqlite3
+
+    with sqlite3.connect(Path(gw.config["ledger"]["sqlite_path"])) as con:
+        return [r[0] for r in con.execute("SELECT outcome FROM servelab_usage")]
+
+
+def test_no_worker_outlives_a_supervisor_stopped_like_the_tests_stop_it(tmp_path: Path, redis_url: str) -> None:
+    """SIGTERM to the supervisor, SIGKILL 10 s later (``stop_process(proc, 10)``, what ``stop_gateway`` does):
+    with streams in flight the workers drain for ``shutdown_grace_s`` (10 s), the supervisor is killed
+    mid-drain, and the kernel's SIGTERM (PR_SET_PDEATHSIG) must end the workers within HURRY_S. They lived on
+    ~11 s after it (aiohttp waits up to the grace twice) and that SIGTERM was swallowed. The cut streams keep
+    their ledger rows."""
+    with _busy_gateway(tmp_path, redis_url) as gw:
+        w0, w1, _ = _worker_pids(gw)
+        t0 = time.monotonic()
+        stop_process(gw.proc, 10.0)
+        took = time.monotonic() - t0
+        assert took >= 9.0, f"the supervisor stopped in {took:.1f} s: the streams were not in flight"
+        assert _wait_gone([w0, w1], HURRY_S + 1.0) == [], "a worker outlived its supervisor"
+        assert "the supervisor is gone (in step 'draining the API port')" in gw.stderr()
+        assert len(_ledger_outcomes(gw)) == 4, _ledger_outcomes(gw)
+
+
+def test_workers_of_a_killed_supervisor_stop_within_their_bound_and_keep_usage(tmp_path: Path, redis_url: str) -> None:
+    """SIGKILL of the supervisor alone: the workers get SIGTERM from the kernel, drain for the grace (1 s),
+    cut the streams still running and exit within grace + OVERRUN_S; each cut stream has its ledger row."""
+    with _busy_gateway(tmp_path, redis_url, grace_s=1.0) as gw:
+        w0, w1, sup = _worker_pids(gw)
+        os.kill(sup, signal.SIGKILL)
+        gw.proc.wait(5)
+        assert _wait_gone([w0, w1], 1.0 + OVERRUN_S) == []
+        outcomes = _ledger_outcomes(gw)
+        assert len(outcomes) == 4, outcomes  # the 4 streams (health and admin calls are not billed)
+
+
+def test_a_worker_ends_its_own_shutdown_before_the_supervisor_would_kill_it() -> None:
+    assert OVERRUN_S < KILL_AFTER_S
 
 
 def test_workers_without_redis_refused_with_one_line(tmp_path: Path, mock: Any) -> None:
