@@ -65,6 +65,50 @@ def test_trace_ids_are_stable_per_request_and_sampled_as_the_sdk_samples() -> No
     assert ratio_sampled(t, 1.0) and not ratio_sampled(t, 0.0)
 
 
+def _records(n: int) -> list[Any]:
+    from servelab.wire.types import RequestRecord
+
+    t = time.monotonic_ns()
+    return [
+        RequestRecord(request_id=i, step="c8", sent_ns=t, first_token_ns=t + 1000, end_ns=t + 5000, status=200)
+        for i in range(n)
+    ]
+
+
+def test_a_step_larger_than_the_export_queue_loses_no_span() -> None:
+    """The SDK's batch queue holds 2048 spans and drops the rest: a 5000-request step must arrive whole."""
+    pytest.importorskip("opentelemetry.sdk")
+    from otlp_receiver import Receiver
+
+    from servelab.bench.tracing import BenchTracer
+
+    rx = Receiver()
+    try:
+        tracer = BenchTracer(rx.url, 1.0, "http://127.0.0.1:8080/v1", "completions")
+        tracer.model = "m"
+        for rec in _records(5000):
+            tracer.add(rec, 0)
+        assert tracer.shutdown() is None
+        assert len(rx.spans) == 5000 and len({s.span_id for s in rx.spans}) == 5000
+        assert {s.name for s in rx.spans} == {"text_completion m"}
+    finally:
+        rx.server.shutdown()
+
+
+def test_an_unreachable_collector_is_said_once_with_what_was_lost() -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from servelab.bench.tracing import BenchTracer
+
+    t0 = time.monotonic()
+    tracer = BenchTracer("http://127.0.0.1:9/v1/traces", 1.0, "http://127.0.0.1:8080/v1", "chat")
+    for rec in _records(3000):
+        tracer.add(rec, 0)
+    tracer.flush()
+    note = tracer.shutdown()
+    assert note is not None and "3000 of 3000 spans could not be exported" in note and "\n" not in note
+    assert time.monotonic() - t0 < 15  # a refused connection fails fast; the waits are bounded regardless
+
+
 # ---------------------------------------------------------------------------------------------- processes
 def _bench(url: str, out: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     data = out.parent / f"{out.name}.jsonl"

@@ -46,6 +46,9 @@ __all__ = ["SHUTDOWN_TIMEOUT_S", "BenchTracer", "TraceIds"]
 EXPORT_TIMEOUT_S = 2.0
 #: longest wait at the end of the run for the spans still held to leave (s)
 SHUTDOWN_TIMEOUT_S = 4.0
+#: spans handed to the batch processor between two waits for it to export them: below its queue (2048
+#: spans, ``OTEL_BSP_MAX_QUEUE_SIZE``), which drops what does not fit
+CHUNK = 1024
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class BenchTracer:
             self._server["server.port"] = u.port or (443 if u.scheme == "https" else 80)
         self._epoch_ns = time.time_ns() - time.monotonic_ns()
         self._held: list[tuple[RequestRecord, int]] = []
+        self._pending = 0  # spans handed over since the last wait for the exporter
+        self._unsent = 0  # spans not built because the collector had already failed
         self.spans = 0
 
     def add(self, rec: RequestRecord, step_index: int) -> None:
@@ -110,10 +115,23 @@ class BenchTracer:
             self._held.append((rec, step_index))
 
     def flush(self) -> None:
-        """Build the spans of the requests kept so far and hand them to the batch processor."""
+        """Build the spans of the requests kept so far and hand them to the batch processor, waiting for it
+        to export after every :data:`CHUNK` spans (at most :data:`EXPORT_TIMEOUT_S` s each, so none is dropped
+        from its queue); once an export failed, the rest are counted, not built."""
         held, self._held = self._held, []
-        for rec, step_index in held:
+        for i, (rec, step_index) in enumerate(held):
+            if self._pending >= CHUNK:
+                self._pending = 0
+                done = self._provider.force_flush(timeout_millis=int(EXPORT_TIMEOUT_S * 1000) + 500)
+                if not done or self._failures.spans:
+                    self._unsent += len(held) - i
+                    self._held = []
+                    return
+            if self._unsent or self._failures.spans:
+                self._unsent += len(held) - i
+                return
             self._span(rec, step_index)
+            self._pending += 1
 
     def _span(self, rec: RequestRecord, step_index: int) -> None:
         api, base = self._api, self._epoch_ns
@@ -163,10 +181,11 @@ class BenchTracer:
         self.flush()
         done = self._provider.force_flush(timeout_millis=int(SHUTDOWN_TIMEOUT_S * 1000))
         self._provider.shutdown()
-        lost = self._failures.spans
+        lost = self._failures.spans + self._unsent
         if lost == 0 and done:
             return None
-        what = f"{lost} of {self.spans} spans" if lost else f"some of {self.spans} spans"
+        total = self.spans + self._unsent
+        what = f"{lost} of {total} spans" if lost else f"some of {total} spans"
         return (
             f"--otlp-endpoint {self.endpoint}: {what} could not be exported "
             f"(collector unreachable or refusing); the bench's results are unaffected"
