@@ -221,7 +221,9 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/bench/test_bench_tracing.py::test_a_step_larger_than_the_export_queue_loses_no_span": ("unit",),
     "tests/bench/test_bench_tracing.py::test_an_unreachable_collector_is_said_once_with_what_was_lost": ("unit",),
     "tests/bench/test_bench_tracing.py::test_otlp_options_default_off_and_accept_a_ratio": ("unit",),
-    "tests/bench/test_bench_tracing.py::test_trace_ids_are_stable_per_request_and_sampled_as_the_sdk_samples": ("unit",),
+    "tests/bench/test_bench_tracing.py::test_trace_ids_are_stable_per_request_and_sampled_as_the_sdk_samples": (
+        "unit",
+    ),
     "tests/gateway/test_bench_trace.py": ("proc",),
     "tests/bench/test_bench_cli_robustness.py::test_engine_values_checked_before_start": ("proc",),
     "tests/bench/test_bench_cli_robustness.py::test_help_documents_exit_codes": ("proc",),
