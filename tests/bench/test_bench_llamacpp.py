@@ -56,6 +56,13 @@ def run(tmp_path_factory):
             "short-qa.input_tokens=40",
             "--set",
             "short-qa.output_tokens=12",
+            # structured: short prompts and a 64-token cap (the default 64-256 in, 128-256 out spent ~30 s
+            # on 2 cores); the base model's JSON ends near 40-120 tokens, so some answers stop on their own
+            # and some are cut, and the gate's verdict is checked on both
+            "--set",
+            "structured.input_tokens=64",
+            "--set",
+            "structured.output_tokens=64",
             "--out",
             str(out),
         ],
