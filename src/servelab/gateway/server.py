@@ -76,7 +76,7 @@ from servelab.gateway.relay import Relay, map_finish_bytes, openai_finish
 from servelab.gateway.reloading import RELOAD_POLL_S, HotReload
 from servelab.gateway.reqstate import RequestState
 from servelab.gateway.shadow import ShadowBook, ShadowSide
-from servelab.gateway.shutdown import STEP_S, Shutdown
+from servelab.gateway.shutdown import OVERRUN_S, STEP_S, Shutdown
 from servelab.gateway.snapshot import Snapshot, breaker_settings
 from servelab.gateway.timeline import TimedConnector
 from servelab.gateway.tracing import Tracing
@@ -471,11 +471,17 @@ class Gateway(HotReload, Endpoints, LedgerStart):
         await step("stopping breaker sync", self.breakers.close())
         if self._redis is not None:
             await step("closing Redis", self._redis.aclose())
-        # keys first (their refresh reads the ledger), then the ledger (usage rows), then the limiter's settles
-        for what, part in (("key refresh", self._keystore), ("ledger", self._ledger), ("limiter", self._limiter)):
+        # keys first (their refresh reads the ledger), then the ledger, which writes the usage rows still buffered
+        # (it may use what is left before the watchdog fires), then the limiter's settles
+        parts = (
+            ("key refresh", self._keystore, STEP_S),
+            ("ledger", self._ledger, OVERRUN_S),
+            ("limiter", self._limiter, STEP_S),
+        )
+        for what, part, timeout_s in parts:
             closer = getattr(part, "close", None)
             if closer is not None:
-                await step(f"closing the {what}", closer())
+                await step(f"closing the {what}", closer(), timeout_s)
         self._access.close()
         if self.tracing is not None:  # exports the spans still held
             await step("exporting traces", asyncio.to_thread(self.tracing.shutdown))
