@@ -25,7 +25,8 @@ Signals to the supervisor: SIGHUP reloads every worker (each also watches the fi
 stop every worker gracefully (``server.shutdown_grace_s``), then the supervisor exits 0; a worker still
 alive :data:`KILL_AFTER_S` after the grace is killed. An admin reload (worker 0) sends SIGUSR1 to the
 supervisor, which sends SIGHUP to the other workers. Workers get SIGTERM when the supervisor dies
-(``PR_SET_PDEATHSIG``). A worker that dies is restarted (after :data:`RESTART_DELAY_S`); one that dies
+(``PR_SET_PDEATHSIG``); a worker bounds its own shutdown and, when that SIGTERM comes during it, cuts what is
+in flight and exits (:mod:`servelab.gateway.shutdown`). A worker that dies is restarted (after :data:`RESTART_DELAY_S`); one that dies
 :data:`CRASH_LOOP` times in a row within :data:`CRASH_WINDOW_S` of its start stops the gateway (exit 1,
 one line naming the worker and its exit status) rather than restarting for ever.
 
