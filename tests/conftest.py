@@ -452,6 +452,8 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/gateway/test_tracing.py::test_request_span_continues_the_client_trace_with_genai_attributes_and_children": (
         "proc",
     ),
+    "tests/gateway/test_shutdown.py": ("unit",),
+    "tests/gateway/test_shutdown.py::test_the_watchdog_ends_a_shutdown_stuck_in_a_step": ("proc",),
     "tests/gateway/test_workers.py": ("unit",),
     "tests/gateway/test_workers.py::test_no_worker_outlives_a_supervisor_stopped_like_the_tests_stop_it": ("proc",),
     "tests/gateway/test_workers.py::test_workers_of_a_killed_supervisor_stop_within_their_bound_and_keep_usage": (
