@@ -10,11 +10,15 @@ really did (``GET /mock/records``).
 
 Modules: :mod:`~servelab.engines.mock.config` (:class:`MockConfig`, its checks),
 :mod:`~servelab.engines.mock.plan` (what a request gets), :mod:`~servelab.engines.mock.encoders` (the
-dialects' wire shapes), :mod:`~servelab.engines.mock.server` (the HTTP server, records, ``/metrics``),
-:mod:`~servelab.engines.mock.batch` (continuous-batching timing), :mod:`~servelab.engines.mock.cache`
-(prefix cache), :mod:`~servelab.engines.mock.info` (identity endpoints), :mod:`~servelab.engines.mock.cli`
+dialects' wire shapes), :mod:`~servelab.engines.mock.server` (the HTTP server: routes, lifecycle, counters,
+``/metrics``, ``/mock/*``), :mod:`~servelab.engines.mock.record` (what the mock did per request),
+:mod:`~servelab.engines.mock.admission` (which chat/completions requests are served, and from when),
+:mod:`~servelab.engines.mock.respond` (their answers written on schedule), :mod:`~servelab.engines.mock.apis`
+(native ``/v1/messages`` and ``/v1/responses``), :mod:`~servelab.engines.mock.batch` (continuous-batching
+timing), :mod:`~servelab.engines.mock.cache` (prefix cache), :mod:`~servelab.engines.mock.rerank`
+(``/v1/rerank``), :mod:`~servelab.engines.mock.info` (identity endpoints), :mod:`~servelab.engines.mock.cli`
 (``servelab mock-engine``) and :mod:`~servelab.engines.mock.launch` (the ``mock`` engine kind: the mock
-as a child process). The package re-exports what callers use of config, encoders, server and cli.
+as a child process). The package re-exports what callers use of config, encoders, record, server and cli.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from servelab.engines.mock.config import (
     validate_config,
 )
 from servelab.engines.mock.encoders import HOLD_HEADERS, REASONING_FIELD, context_overflow, error_body
-from servelab.engines.mock.server import INJECTED_KINDS, SAMPLING_FIELDS, MockRecord, MockServer, start_mock
+from servelab.engines.mock.record import INJECTED_KINDS, SAMPLING_FIELDS, MockRecord
+from servelab.engines.mock.server import MockServer, start_mock
 
 __all__ = [
     "DIALECTS",

@@ -8,7 +8,8 @@ https://docs.vllm.ai/en/latest/design/prefix_caching.html, read 2026-12-01). A r
 the leading full blocks already in the cache; its blocks are then inserted (most recent last) and the cache
 keeps at most ``capacity`` blocks, evicting the least recently used. A partial last block is never cached.
 
-The mock then (:mod:`servelab.engines.mock.server`): prefills only the uncached words (the first token comes
+The mock then (:mod:`servelab.engines.mock.admission`, :mod:`~servelab.engines.mock.respond`,
+:mod:`~servelab.engines.mock.server`): prefills only the uncached words (the first token comes
 ``ttft_ms + (prompt - cached) / prefill_tokens_per_s`` after service starts), reports ``cached_tokens`` in
 ``usage.prompt_tokens_details`` (vLLM's and OpenAI's field) and ``timings.cache_n`` (llama-server), and
 serves the counters ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (prompt words
