@@ -26,9 +26,10 @@ stop every worker gracefully (``server.shutdown_grace_s``), then the supervisor 
 alive :data:`KILL_AFTER_S` after the grace is killed. An admin reload (worker 0) sends SIGUSR1 to the
 supervisor, which sends SIGHUP to the other workers. Workers get SIGTERM when the supervisor dies
 (``PR_SET_PDEATHSIG``); a worker bounds its own shutdown and, when that SIGTERM comes during it, cuts what is
-in flight and exits (:mod:`servelab.gateway.shutdown`). A worker that dies is restarted (after :data:`RESTART_DELAY_S`); one that dies
-:data:`CRASH_LOOP` times in a row within :data:`CRASH_WINDOW_S` of its start stops the gateway (exit 1,
-one line naming the worker and its exit status) rather than restarting for ever.
+in flight and exits (:mod:`servelab.gateway.shutdown`). A worker that dies is restarted (after
+:data:`RESTART_DELAY_S`); one that dies :data:`CRASH_LOOP` times in a row within :data:`CRASH_WINDOW_S` of
+its start stops the gateway (exit 1, one line naming the worker and its exit status) rather than restarting
+for ever.
 
 Metrics: the supervisor gives the workers one fresh ``PROMETHEUS_MULTIPROC_DIR`` (removed at exit);
 ``/metrics`` of any worker shows all workers summed (:mod:`servelab.gateway.metrics`). The access log
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import re
@@ -127,10 +129,13 @@ def shared_core_warning(n: int, cpus: int) -> str | None:
     )
 
 
-def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """The child gets SIGTERM when the supervisor dies (Linux prctl PR_SET_PDEATHSIG = 1)."""
+def _pdeathsig(supervisor: int) -> None:  # pragma: no cover - runs in the child between fork and exec
+    """The child gets SIGTERM when the supervisor dies (Linux prctl PR_SET_PDEATHSIG = 1). A supervisor that
+    died between the fork and the prctl sends nothing: the child, reparented already, ends before its exec."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    if os.getppid() != supervisor:
+        os._exit(1)
 
 
 @dataclass
@@ -199,7 +204,13 @@ class Supervisor:
     def _spawn(self, i: int) -> _Worker:
         env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=self.metrics_dir, PYTHONUNBUFFERED="1")
         env[WORKER_SESSION_KEY_ENV] = self._session_key
-        proc = subprocess.Popen(self._argv(i), stdout=subprocess.PIPE, text=True, env=env, preexec_fn=_pdeathsig)
+        proc = subprocess.Popen(
+            self._argv(i),
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=functools.partial(_pdeathsig, os.getpid()),
+        )
         w = _Worker(i, proc, time.monotonic())
         threading.Thread(target=self._drain, args=(w, proc.stdout), daemon=True, name=f"gw-worker-{i}").start()
         self.workers[i] = w
