@@ -30,7 +30,7 @@ candidates:
   - {name: np2, engine: llamacpp, settings: {parallel: 2, ctx_size: 2048}}
 workloads:
   - {name: short-qa, set: {input_tokens: 32, output_tokens: 10}}
-  - {name: structured, set: {output_tokens: 64}}
+  - {name: structured, set: {input_tokens: 64, output_tokens: 32}}
 steps: {concurrency: [1, 2]}
 requests_per_step: 3
 warmup: 0
