@@ -456,9 +456,14 @@ class Gateway(HotReload, Endpoints, LedgerStart):
         if self._admin_runner is not None:
             await step("closing the admin port", self._admin_runner.cleanup())
             self._admin_runner = None
-        if self._runner is not None:  # aiohttp waits for handlers up to the grace, then cancels them
+        if self._runner is not None:
+            # aiohttp waits up to the grace for the handlers, then only fails their body reads and waits up to
+            # the grace again: the connections still open at the grace are closed, which cancels their handlers
             grace = self.snap.cfg.server.shutdown_grace_s
+            cut = asyncio.get_running_loop().call_later(grace, self._cut_connections)
             await step("draining the API port", self._runner.cleanup(), grace + STEP_S)
+            cut.cancel()
+            self._cut_connections()  # those a drain that overran left open
             self._runner = None
         await step("settling requests", self._settle_all())
         if self._health is not None:
@@ -491,7 +496,7 @@ class Gateway(HotReload, Endpoints, LedgerStart):
 
     async def _settle_all(self) -> None:
         """Wait for the settle tasks, those the cancelled handlers start on their way out included."""
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.05)  # handlers cancelled by a cut start their settle on their way out
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
