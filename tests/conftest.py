@@ -454,6 +454,7 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     ),
     "tests/gateway/test_shutdown.py": ("unit",),
     "tests/gateway/test_shutdown.py::test_the_watchdog_ends_a_shutdown_stuck_in_a_step": ("proc",),
+    "tests/gateway/test_shutdown.py::test_a_second_ctrl_c_cuts_the_drain_of_a_gateway_run_alone": ("proc",),
     "tests/gateway/test_workers.py": ("unit",),
     "tests/gateway/test_workers.py::test_no_worker_outlives_a_supervisor_stopped_like_the_tests_stop_it": ("proc",),
     "tests/gateway/test_workers.py::test_workers_of_a_killed_supervisor_stop_within_their_bound_and_keep_usage": (

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +62,41 @@ def test_the_watchdog_ends_a_shutdown_stuck_in_a_step() -> None:
         "0.3 s after the stop signal; exiting now"
     ], p.stderr
     assert took < 10, took
+
+
+def test_a_second_ctrl_c_cuts_the_drain_of_a_gateway_run_alone(gateway, mock_engine) -> None:
+    """One process, a 60 s stream in flight, the default 10 s grace: a second SIGINT cuts the stream, its usage
+    row is written, and the process is gone within HURRY_S."""
+    import signal
+
+    import httpx
+    from conftest import gateway_key, ledger_usage
+
+    from servelab.gateway.shutdown import HURRY_S
+
+    eng = mock_engine("--dialect", "vllm", "--output-tokens", "600", "--itl-ms", "100")
+    key, entry = gateway_key("k1", "t")
+    gw = gateway(
+        {
+            "backends": [{"name": "b", "kind": "mock", "base_url": eng.root, "models": ["m"]}],
+            "models": {"m": {"targets": [{"backend": "b"}]}},
+            "tenants": {"t": {}},
+            "keys": [entry],
+        }
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with httpx.stream("POST", gw.url + "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+        assert r.status_code == 200
+        chunks = r.iter_bytes()  # kept: a dropped iterator closes the response
+        assert next(chunks)  # in flight
+        rid = r.headers["x-request-id"]
+        gw.proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert gw.proc.poll() is None  # draining: the grace is 10 s
+        t0 = time.monotonic()
+        gw.proc.send_signal(signal.SIGINT)
+        gw.proc.wait(HURRY_S + 1.0)
+        took = time.monotonic() - t0
+    assert took < HURRY_S + 1.0
+    assert "a second stop signal (in step 'draining the API port')" in gw.stderr(), gw.stderr()[-2000:]
+    ledger_usage(Path(gw.config["ledger"]["sqlite_path"]), rid, timeout_s=0.0)  # the cut stream's row
