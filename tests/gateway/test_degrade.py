@@ -166,9 +166,10 @@ def test_degrade_rules_by_priority_class_under_pressure(gateway: Any, mock_engin
     def ask(prio: str, model: str = "big", **kw: Any) -> tuple[int, dict[str, str], bytes]:
         return post(url, _chat(model, **kw), keys[prio][0], headers={"X-Servelab-Priority": "standard"})
 
-    # no pressure: nobody is degraded
+    # no pressure: nobody is degraded (short answers: "big" spends 0.6 s a token; "low" asks for more
+    # than its rule's cap of 3, so a cap would show)
     for p in ("batch", "low", "bulk", "offline"):
-        st, h, raw = ask(p, words=40)
+        st, h, raw = ask(p, words=40, max_tokens=4 if p == "low" else 1)
         assert st == 200 and "degraded" not in _rec(gw, h["X-Request-ID"]), raw
     # pressure on "big": one long request in flight (1 of max_in_flight 4; ~4.5 s)
     hold = threading.Thread(target=ask, args=("standard",), kwargs={"max_tokens": 8})
@@ -194,7 +195,7 @@ def test_degrade_rules_by_priority_class_under_pressure(gateway: Any, mock_engin
     st, h, raw = ask("offline")  # paused while pressed
     assert st == 503 and orjson.loads(raw)["error"]["code"] == "model_busy" and h["Retry-After"] == "3", raw
     assert ask("bulk", words=3, max_tokens=2)[0] == 200  # a short prompt still goes through
-    st, h, _ = ask("standard")  # the client header claims nothing; a standard key is never degraded here
+    st, h, _ = ask("standard", max_tokens=1)  # the client header claims nothing; a standard key is never degraded
     assert "degraded" not in _rec(gw, h["X-Request-ID"])
     hold.join()
     # latency pressure: recent TTFT P95 of "slow" (~250 ms) >= 200 ms once 3 samples exist
