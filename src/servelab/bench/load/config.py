@@ -184,10 +184,10 @@ class BenchConfig:
                 f"--otlp-sample-ratio {self.otlp_sample_ratio:g} samples the spans --otlp-endpoint exports: "
                 "add --otlp-endpoint URL, or leave the ratio out"
             )
-        if self.otlp_endpoint is not None and (self.workers > 1 or self.ray is not None or self.workers_per_node):
+        if self.otlp_endpoint is not None and self.ray is not None:
             raise ValueError(
-                "--otlp-endpoint traces the requests this process sends; it does not yet trace those of "
-                "--workers N / --ray workers: drop one of them"
+                "--otlp-endpoint traces requests sent from this host (here or by --workers N); it does not "
+                "yet trace those of --ray workers: drop one of them"
             )
         return self
 

@@ -45,7 +45,7 @@ from servelab.bench.events import (
     Watcher,
 )
 from servelab.bench.load.config import BenchConfig, make_run_dir, plan_loads
-from servelab.bench.load.lines import HOSTNAME, finish_record, record_to_json
+from servelab.bench.load.lines import HOSTNAME, finish_record, record_from_json, record_to_json
 from servelab.bench.load.merge import clock_note, summary_record
 from servelab.bench.load.saturation import CpuMeter, saturation, worker_step
 from servelab.bench.load.shares import RunContext, plan_step
@@ -322,6 +322,7 @@ class Bench:
             timeout_s=c.timeout_s,
             objectives=self.objectives,
             counter=self.counter,
+            trace_ids=self.tracer.ids if self.tracer is not None else None,
         )
         try:
             workers = await self._pool.start(ctx)
@@ -457,6 +458,10 @@ class Bench:
                 if c.requests is not None or load.kind == "open"
                 else max([_line_id(b) - first + 1 for b in run.lines()] + [0])
             )
+        if self.tracer is not None:  # the workers' lines, on this host's monotonic clock (--ray is refused)
+            for b in run.lines():
+                line = RequestLine.model_validate_json(b)
+                self.tracer.add(record_from_json(line), line.step_index or 0)
         for k, task in tasks.items():
             o = outcomes[k]
             if o.report is not None:

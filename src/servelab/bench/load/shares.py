@@ -10,6 +10,7 @@ from typing import Any, overload
 
 from servelab.bench.analysis.slo import Objective
 from servelab.bench.load.step import LoadModel
+from servelab.bench.tracing import TraceIds
 from servelab.wire.types import RequestSpec
 
 
@@ -82,7 +83,8 @@ class Picked(Sequence[Any]):
 @dataclass
 class RunContext:
     """What every worker needs for the whole run (sent once): the server, the per-request work
-    (``counter``: the client tokenizer or ``None``; ``objectives`` for the per-request gates)."""
+    (``counter``: the client tokenizer or ``None``; ``objectives`` for the per-request gates;
+    ``trace_ids``: with ``--otlp-endpoint``, the run's trace ids, whose ``traceparent`` each request carries)."""
 
     base_url: str
     model: str
@@ -91,6 +93,7 @@ class RunContext:
     objectives: list[Objective]
     counter: Any = None
     drain_s: float = 30.0
+    trace_ids: TraceIds | None = None
 
 
 @dataclass

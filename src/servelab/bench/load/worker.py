@@ -218,6 +218,7 @@ class WorkerCore:
                 offsets_ns=task.offsets_ns,
                 ids=Picked(task.share, None, task.first_id),
                 dispatch_lags_ns=dispatch,
+                traceparent=ctx.trace_ids.header if ctx.trace_ids is not None else None,
             )
         except asyncio.CancelledError:
             late = None  # stopped: the report still goes back with what finished
