@@ -218,6 +218,7 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/bench/test_bench_cli_robustness.py": ("unit",),
     "tests/bench/test_bench_tracing.py": ("proc",),
     "tests/bench/test_bench_tracing.py::test_bad_otlp_options_are_one_line": ("unit",),
+    "tests/bench/test_bench_tracing.py::test_missing_opentelemetry_is_one_line_naming_the_option": ("unit",),
     "tests/bench/test_bench_tracing.py::test_a_step_larger_than_the_export_queue_loses_no_span": ("unit",),
     "tests/bench/test_bench_tracing.py::test_an_unreachable_collector_is_said_once_with_what_was_lost": ("unit",),
     "tests/bench/test_bench_tracing.py::test_otlp_options_default_off_and_accept_a_ratio": ("unit",),

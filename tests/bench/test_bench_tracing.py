@@ -65,6 +65,17 @@ def test_trace_ids_are_stable_per_request_and_sampled_as_the_sdk_samples() -> No
     assert ratio_sampled(t, 1.0) and not ratio_sampled(t, 0.0)
 
 
+def test_missing_opentelemetry_is_one_line_naming_the_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    from servelab.bench.tracing import BenchTracer
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
+    with pytest.raises(ConfigError) as e:
+        BenchTracer("http://127.0.0.1:4318/v1/traces", 1.0, "http://127.0.0.1:8080/v1", "chat")
+    msg = str(e.value)
+    assert msg.startswith("--otlp-endpoint: ") and "servelab[otel]" in msg and "leave --otlp-endpoint out" in msg
+    assert "\n" not in msg
+
+
 def _records(n: int) -> list[Any]:
     from servelab.wire.types import RequestRecord
 
