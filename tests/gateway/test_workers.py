@@ -342,11 +342,11 @@ def _ledger_outcomes(gw: Any) -> list[str]:
 
 def test_no_worker_outlives_a_supervisor_stopped_like_the_tests_stop_it(tmp_path: Path, redis_url: str) -> None:
     """SIGTERM to the supervisor, SIGKILL 10 s later (``stop_process(proc, 10)``, what ``stop_gateway`` does):
-    with streams in flight the workers drain for ``shutdown_grace_s`` (10 s), the supervisor is killed
-    mid-drain, and the kernel's SIGTERM (PR_SET_PDEATHSIG) must end the workers within HURRY_S. They lived on
-    ~11 s after it (aiohttp waits up to the grace twice) and that SIGTERM was swallowed. The cut streams keep
-    their ledger rows."""
-    with _busy_gateway(tmp_path, redis_url) as gw:
+    with streams in flight the workers drain for ``shutdown_grace_s`` (15 s), the supervisor is killed
+    mid-drain, and the kernel's SIGTERM (PR_SET_PDEATHSIG) must end the workers within HURRY_S. That SIGTERM
+    was swallowed and they lived on ~20 s (aiohttp waits up to the grace twice). The cut streams keep their
+    ledger rows."""
+    with _busy_gateway(tmp_path, redis_url, grace_s=15.0) as gw:
         w0, w1, _ = _worker_pids(gw)
         t0 = time.monotonic()
         stop_process(gw.proc, 10.0)
