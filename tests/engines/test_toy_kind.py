@@ -118,6 +118,10 @@ EXPERIMENT = {
     "warmup": 0,
     "timeout_s": 20,
     "arrival_test": {"enabled": True, "requests": 4},
+    # the interleaved rounds and the capacity search are engine-independent (tests/trial/test_decisions.py,
+    # test_capacity.py): the least of each that still runs them on the new kind
+    "repeats": 2,
+    "capacity": {"max_probes": 2},
 }
 
 
