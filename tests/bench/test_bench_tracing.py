@@ -225,6 +225,39 @@ def test_requests_of_worker_processes_carry_their_span_ids(tmp_path: Path) -> No
         rx.server.shutdown()
 
 
+def test_a_driven_workload_sends_each_turn_with_its_span_traceparent(tmp_path: Path) -> None:
+    """Sessions send their own requests (DrivenWorkload.drive): every turn still carries the traceparent of
+    its own span, as the plain path's requests do."""
+    from otlp_receiver import Receiver, attrs
+
+    rx = Receiver()
+    eng = start_mock_process("--ttft-ms", "2", "--itl-ms", "1", "--output-tokens", "3")
+    try:
+        out = tmp_path / "run"
+        args = ["--sessions", "2", "--turns", "3", "-c", "2", "--set", "first_tokens=20", "--set", "turn_tokens=8"]
+        cmd = [sys.executable, "-m", "servelab.cli", "bench", "--quiet", "--url", eng.base_url, *args]
+        r = subprocess.run(
+            [*cmd, "--out", str(out), "--otlp-endpoint", rx.url], capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, r.stderr
+        lines = _lines(out)
+        assert len(lines) == 6 and {d["workload"] for d in lines.values()} == {"sessions"}
+        with rx.lock:
+            spans = list(rx.spans)
+        assert len(spans) == len(lines)  # flushed before the bench exited
+        sent = _mock_records(eng.root)
+        assert len(sent) == 6 and None not in sent, "a turn reached the engine without a traceparent"
+        for s in spans:
+            line = lines[attrs(s)["servelab.bench.request_id"]]
+            tp = f"00-{s.trace_id.hex()}-{s.span_id.hex()}-01"
+            assert tp in sent, f"no turn reached the engine with {tp}"
+            assert sent[tp]["prompt_tokens"] == line["prompt_tokens"]  # the turn of this span, not another
+            assert s.end_time_unix_nano - s.start_time_unix_nano == line["t_ns"]["end"] - line["t_ns"]["sent"]
+    finally:
+        stop_mock_process(eng.proc)
+        rx.server.shutdown()
+
+
 def test_sample_ratio_zero_exports_nothing_and_passes_an_unsampled_traceparent(tmp_path: Path) -> None:
     from otlp_receiver import Receiver
 

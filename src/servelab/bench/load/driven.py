@@ -10,7 +10,8 @@ history, the tool call), follow a schedule of their own (a trace) or go to anoth
 requests, every one ending through ``on_done`` (its ``requests.jsonl`` line, the gates), the step is
 summarised like any other (:func:`servelab.bench.analysis.summarize.step_summary`) and ``step_extra(records)`` adds the
 workload's own typed figures (:mod:`servelab.bench.workloads.extras`). They run in one process (not through
-``--workers``/``--ray``) and without warmup requests.
+``--workers``/``--ray``) and without warmup requests. With ``--otlp-endpoint`` each request carries the
+``traceparent`` of its client span, as the plain path's do.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 
-from servelab.bench.load.step import LoadModel
+from servelab.bench.load.step import LoadModel, Traceparent
 from servelab.wire.types import RequestRecord, RequestSpec
 
 __all__ = ["DrivenWorkload", "OnDone"]
@@ -56,9 +57,13 @@ class DrivenWorkload(Protocol):
         on_done: OnDone,
         records: list[RequestRecord],
         dispatch_lags_ns: list[int] | None = None,
+        traceparent: Traceparent | None = None,
     ) -> None:
         """Send one step's requests under ``load`` to the OpenAI API root ``base_url``: record ids from
-        ``first_id`` up, each record appended to ``records`` as it starts, ``on_done`` called as it ends."""
+        ``first_id`` up, each record appended to ``records`` as it starts, ``on_done`` called as it ends.
+        ``traceparent`` (``--otlp-endpoint``), when given: each request is sent with
+        :func:`~servelab.bench.load.step.request_headers` of its id, as :func:`~servelab.bench.load.step.run_step`
+        sends its own."""
 
     def step_extra(self, records: list[RequestRecord]) -> dict[str, Any]:
         """The workload's own figures for the step just driven, ``{field: JSON-ready dict}``."""

@@ -600,6 +600,7 @@ class Bench:
                 on_done=self._on_done,
                 records=run.records,
                 dispatch_lags_ns=run.dispatch_ns,
+                traceparent=self.tracer.ids.header if self.tracer is not None else None,
             )
         except asyncio.CancelledError:
             if any(r.end_ns is not None for r in run.records):

@@ -28,6 +28,18 @@ from servelab.wire.types import RequestRecord, RequestSpec
 
 _now = time.monotonic_ns
 
+#: request id -> the W3C ``traceparent`` header that request is sent with (``--otlp-endpoint``:
+#: :meth:`servelab.bench.tracing.TraceIds.header`)
+Traceparent = Callable[[int], str]
+
+
+def request_headers(
+    headers: dict[str, str] | None, traceparent: Traceparent | None, request_id: int
+) -> dict[str, str] | None:
+    """The headers request ``request_id`` is sent with: ``headers``, plus its ``traceparent`` when tracing
+    (``traceparent`` given), so its client span's ids reach the server (a gateway continues the trace)."""
+    return headers if traceparent is None else {**(headers or {}), "traceparent": traceparent(request_id)}
+
 
 @dataclass
 class LoadModel:
@@ -119,7 +131,7 @@ async def run_step(
     offsets_ns: Sequence[int] | None = None,
     ids: Sequence[int] | None = None,
     dispatch_lags_ns: list[int] | None = None,
-    traceparent: Callable[[int], str] | None = None,
+    traceparent: Traceparent | None = None,
 ) -> list[RequestRecord]:
     """Run one load step and return every started request's record (in id order).
 
@@ -154,7 +166,7 @@ async def run_step(
             scheduled_ns=scheduled_ns,
         )
         records.append(rec)
-        hdrs = headers if traceparent is None else {**(headers or {}), "traceparent": traceparent(rec.request_id)}
+        hdrs = request_headers(headers, traceparent, rec.request_id)
         try:
             if sem is not None:
                 async with sem:

@@ -23,13 +23,14 @@ import itertools
 import json
 import random
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import numpy as np
 
 from servelab.bench.load.driven import OnDone
-from servelab.bench.load.step import LoadModel, arrival_offsets_s, sleep_until_ns
+from servelab.bench.load.step import LoadModel, Traceparent, arrival_offsets_s, request_headers, sleep_until_ns
 from servelab.bench.workloads.extras import AgentStepStats, AgentSummary
 from servelab.bench.workloads.tools import ASKS, TOOLS
 from servelab.wire import ConfigError, RequestRecord, RequestSpec
@@ -125,7 +126,7 @@ class AgentWorkload:
         i: int,
         ids: itertools.count,
         step_label: str,
-        headers: dict[str, str] | None,
+        headers: Callable[[int], dict[str, str] | None],
         timeout_s: float,
         on_done: OnDone,
         records: list[RequestRecord],
@@ -145,7 +146,7 @@ class AgentWorkload:
             self.where[rid] = (i, k)
             records.append(rec)
             try:
-                await send(http, base_url, model, spec, rec, timeout_s=timeout_s, headers=headers)
+                await send(http, base_url, model, spec, rec, timeout_s=timeout_s, headers=headers(rid))
             finally:
                 on_done(rec, spec)  # the bench's gates run here: rec.gate_failures holds the tool-call check
             self.records[rid] = rec
@@ -189,9 +190,14 @@ class AgentWorkload:
         on_done: OnDone,
         records: list[RequestRecord],
         dispatch_lags_ns: list[int] | None = None,
+        traceparent: Traceparent | None = None,
     ) -> None:
         """Run the step's loops (see the class doc)."""
         ids = itertools.count(first_id)
+
+        def hdrs(rid: int) -> dict[str, str] | None:
+            return request_headers(headers, traceparent, rid)
+
         self.where, self.records = {}, {}
         if load.kind == "open":
             assert load.rate_rps is not None
@@ -205,7 +211,7 @@ class AgentWorkload:
                     dispatch_lags_ns.append(time.monotonic_ns() - sched)
                 tasks.append(
                     asyncio.ensure_future(
-                        self._loop(http, base_url, model, i, ids, step, headers, timeout_s, on_done, records, sched)
+                        self._loop(http, base_url, model, i, ids, step, hdrs, timeout_s, on_done, records, sched)
                     )
                 )
             await asyncio.gather(*tasks)
@@ -214,7 +220,7 @@ class AgentWorkload:
 
         async def worker() -> None:
             while (i := next(nxt)) < self.loops:
-                await self._loop(http, base_url, model, i, ids, step, headers, timeout_s, on_done, records, None)
+                await self._loop(http, base_url, model, i, ids, step, hdrs, timeout_s, on_done, records, None)
 
         await asyncio.gather(*(worker() for _ in range(max(1, min(load.concurrency, self.loops)))))
 

@@ -30,7 +30,7 @@ import numpy as np
 import orjson
 
 from servelab.bench.load.driven import OnDone
-from servelab.bench.load.step import LoadModel, arrival_offsets_s, sleep_until_ns
+from servelab.bench.load.step import LoadModel, Traceparent, arrival_offsets_s, request_headers, sleep_until_ns
 from servelab.bench.options import MAX_PROMPT_TOKENS
 from servelab.bench.workloads.extras import EmbeddingsSummary, LatencyPercentiles
 from servelab.wire import ConfigError, RequestRecord, RequestSpec
@@ -205,6 +205,7 @@ class EmbeddingsWorkload:
         on_done: OnDone,
         records: list[RequestRecord],
         dispatch_lags_ns: list[int] | None = None,
+        traceparent: Traceparent | None = None,
     ) -> None:
         """Send the step's requests (see the class doc)."""
         url = base_url.rstrip("/") + self.path
@@ -215,7 +216,8 @@ class EmbeddingsWorkload:
             records.append(rec)
             spec = RequestSpec(endpoint=self.endpoint, workload=self.name)
             try:
-                spec = await self._one(http, url, model, i, rec, headers, timeout_s)
+                hdrs = request_headers(headers, traceparent, rec.request_id)
+                spec = await self._one(http, url, model, i, rec, hdrs, timeout_s)
             finally:
                 on_done(rec, spec)
 

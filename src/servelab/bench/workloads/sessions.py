@@ -31,7 +31,7 @@ import aiohttp
 import numpy as np
 from pydantic import BaseModel
 
-from servelab.bench.load.step import LoadModel
+from servelab.bench.load.step import LoadModel, Traceparent, request_headers
 from servelab.bench.options import MAX_THINK_TIME_S
 from servelab.bench.workloads.extras import SessionsSummary, TurnStats
 from servelab.wire import ConfigError, RequestRecord, RequestSpec
@@ -164,7 +164,8 @@ def load_sessions(path: str | Path, *, max_tokens: int = 64, min_turns: int = 2)
 
 class _Sink:
     """Where the turns of a run go: ``results`` (one :class:`TurnResult` each), request ids from ``ids``,
-    ``records``/``on_done`` (the bench's requests.jsonl line) when given, records labelled ``step``."""
+    ``records``/``on_done`` (the bench's requests.jsonl line) when given, records labelled ``step``; each turn
+    is sent with ``headers`` and, when tracing, its ``traceparent``."""
 
     def __init__(
         self,
@@ -173,9 +174,11 @@ class _Sink:
         records: list[RequestRecord] | None = None,
         step: str = "",
         headers: dict[str, str] | None = None,
+        traceparent: Traceparent | None = None,
     ) -> None:
         self.results: list[TurnResult] = []
         self.ids, self.on_done, self.records, self.step, self.headers = ids, on_done, records, step, headers
+        self.traceparent = traceparent
 
 
 async def _one_session(
@@ -212,7 +215,8 @@ async def _one_session(
         if sink.records is not None:
             sink.records.append(rec)
         try:
-            await send(http, base_url, model, spec, rec, timeout_s=timeout_s, headers=sink.headers)
+            hdrs = request_headers(sink.headers, sink.traceparent, rid)
+            await send(http, base_url, model, spec, rec, timeout_s=timeout_s, headers=hdrs)
         finally:
             if sink.on_done is not None:
                 sink.on_done(rec, spec)
@@ -253,18 +257,21 @@ async def run_sessions(
     records: list[RequestRecord] | None = None,
     step: str = "",
     headers: dict[str, str] | None = None,
+    traceparent: Traceparent | None = None,
 ) -> list[TurnResult]:
     """Run ``sessions`` against the OpenAI API root ``base_url`` and return every turn's result in the
     order turns ended. Exactly one of ``concurrency`` (sessions at once) and ``rate_sps`` (new sessions
     per second, Poisson, seeded) applies: ``rate_sps`` wins when given. With ``first_id`` the turns'
     records get ids ``first_id, first_id + 1, …`` in send order (else ``session_id * 10000 + turn``);
     ``records`` receives each record as it starts and ``on_done(record, spec)`` is called as each ends
-    (the bench writes its ``requests.jsonl`` line there). Raises :class:`ConfigError` for a concurrency
+    (the bench writes its ``requests.jsonl`` line there); ``traceparent`` (``--otlp-endpoint``) gives each
+    turn's ``traceparent`` header from its request id. Raises :class:`ConfigError` for a concurrency
     below 1, a rate not > 0, or a think time outside 0 to
     :data:`~servelab.bench.options.MAX_THINK_TIME_S` seconds."""
     if not 0 <= think_time_s <= MAX_THINK_TIME_S:
         raise ConfigError(f"think time {think_time_s:g} s: give a mean from 0 to {MAX_THINK_TIME_S:g} seconds")
-    sink = _Sink(itertools.count(first_id) if first_id is not None else None, on_done, records, step, headers)
+    ids = itertools.count(first_id) if first_id is not None else None
+    sink = _Sink(ids, on_done, records, step, headers, traceparent)
     if rate_sps is not None:
         if not rate_sps > 0:
             raise ConfigError(f"session rate {rate_sps:g}/s: give a rate > 0")
@@ -385,6 +392,7 @@ class SessionsWorkload:
         on_done: OnDone,
         records: list[RequestRecord],
         dispatch_lags_ns: list[int] | None = None,
+        traceparent: Traceparent | None = None,
     ) -> None:
         """Run the step (see the class doc); every turn's record goes to ``records`` and ``on_done``."""
         self._t0 = time.monotonic()
@@ -403,6 +411,7 @@ class SessionsWorkload:
             records=records,
             step=step,
             headers=headers,
+            traceparent=traceparent,
         )
 
     def step_extra(self, records: list[RequestRecord]) -> dict[str, Any]:

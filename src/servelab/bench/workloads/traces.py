@@ -36,7 +36,7 @@ import aiohttp
 import numpy as np
 from pydantic import BaseModel, Field
 
-from servelab.bench.load.step import LoadModel, run_step
+from servelab.bench.load.step import LoadModel, Traceparent, run_step
 from servelab.bench.workloads.extras import ReplayInfo
 from servelab.wire import ConfigError, RequestRecord, RequestSpec
 
@@ -402,6 +402,7 @@ class TraceWorkload:
         on_done: Callable[[RequestRecord, RequestSpec], None],
         records: list[RequestRecord],
         dispatch_lags_ns: list[int] | None = None,
+        traceparent: Traceparent | None = None,
     ) -> None:
         """Replay the trace (see the class doc)."""
         await run_step(
@@ -418,6 +419,7 @@ class TraceWorkload:
             records=records,
             offsets_ns=self.offsets_ns,
             dispatch_lags_ns=dispatch_lags_ns,
+            traceparent=traceparent,
         )
 
     def step_extra(self, records: list[RequestRecord]) -> dict[str, Any]:
