@@ -100,3 +100,10 @@ def test_a_second_ctrl_c_cuts_the_drain_of_a_gateway_run_alone(gateway, mock_eng
     assert took < HURRY_S + 1.0
     assert "a second stop signal (in step 'draining the API port')" in gw.stderr(), gw.stderr()[-2000:]
     ledger_usage(Path(gw.config["ledger"]["sqlite_path"]), rid, timeout_s=0.0)  # the cut stream's row
+    import sqlite3
+
+    with sqlite3.connect(gw.config["ledger"]["sqlite_path"]) as con:
+        (outcome,) = con.execute("SELECT outcome FROM servelab_usage WHERE request_id = ?", (rid,)).fetchone()
+    assert outcome == "error"  # cut by the gateway's shutdown, not a client that left
+    line = next(x for x in gw.access_log.read_text().splitlines() if rid in x)
+    assert '"error_code":"gateway_shutdown"' in line.replace(" ", ""), line

@@ -203,6 +203,8 @@ class Gateway(HotReload, Endpoints, LedgerStart):
         self._access = AccessLog(config.server.access_log, worker)
         #: the bounded shutdown (servelab.gateway.shutdown); what it flushes when it must end the process at once
         self.shutdown = Shutdown()
+        #: set once shutdown closes client connections: a request cut from then on was cut by the gateway
+        self._cutting = False
         self.shutdown.last_flush += [self.metrics.flush, self._access.close]
         self.shutdown.on_hurry.append(self._cut_connections)
         #: OpenTelemetry spans of each request over OTLP/HTTP (servelab.gateway.tracing); None = off
@@ -502,7 +504,8 @@ class Gateway(HotReload, Endpoints, LedgerStart):
 
     def _cut_connections(self) -> None:
         """Close every client connection now (a hurried shutdown): their handlers are cancelled
-        (``handler_cancellation``) and settle what they served."""
+        (``handler_cancellation``) and settle what they served, as cut by the gateway (:meth:`_finish`)."""
+        self._cutting = True
         for runner in (self._runner, self._admin_runner):
             srv = runner.server if runner is not None else None
             for conn in srv.connections if srv is not None else ():
@@ -639,6 +642,8 @@ class Gateway(HotReload, Endpoints, LedgerStart):
     def _finish(self, snap: Snapshot, r: RequestState, admission: Admission | None) -> None:
         """Metrics + access log now; settle + ledger in a task that survives the handler's cancellation."""
         e2e_ns = _now() - r.t0_ns
+        if self._cutting and r.outcome == "client_disconnect":  # the gateway closed it, not the client
+            r.outcome, r.error_code = "error", "gateway_shutdown"
         if r.status == 0:
             r.status = 499 if r.outcome == "client_disconnect" else 200
         if r.outcome == "client_disconnect":
