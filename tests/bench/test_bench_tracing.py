@@ -65,15 +65,27 @@ def test_trace_ids_are_stable_per_request_and_sampled_as_the_sdk_samples() -> No
     assert ratio_sampled(t, 1.0) and not ratio_sampled(t, 0.0)
 
 
-def test_missing_opentelemetry_is_one_line_naming_the_option(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_opentelemetry_is_one_line_naming_the_option(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``servelab bench --otlp-endpoint`` without OpenTelemetry: exit 2 and one line naming the option and the
+    fix, said by the CLI before the run directory is made (and so before any ``--engine`` would start)."""
     from servelab.bench.tracing import BenchTracer
+    from servelab.cli import main
 
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
-    with pytest.raises(ConfigError) as e:
-        BenchTracer("http://127.0.0.1:4318/v1/traces", 1.0, "http://127.0.0.1:8080/v1", "chat")
-    msg = str(e.value)
+    out = tmp_path / "run"
+    args = ["bench", "--quiet", "--url", "http://127.0.0.1:1/v1", "-n", "2", "--out", str(out)]
+    with pytest.raises(SystemExit) as ex:
+        main([*args, "--otlp-endpoint", "http://127.0.0.1:4318/v1/traces"])
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and err.count("\n") == 1, err
+    msg = err.strip().removeprefix("servelab: error: ")
     assert msg.startswith("--otlp-endpoint: ") and "servelab[otel]" in msg and "leave --otlp-endpoint out" in msg
-    assert "\n" not in msg
+    assert not out.exists(), "the run directory was made before the missing install was said"
+    with pytest.raises(ConfigError) as e:  # the tracer, built without the CLI, says the same line
+        BenchTracer("http://127.0.0.1:4318/v1/traces", 1.0, "http://127.0.0.1:8080/v1", "chat")
+    assert str(e.value) == msg
 
 
 def _records(n: int) -> list[Any]:

@@ -414,6 +414,10 @@ def bench_command(
         from servelab.bench.load.rayrun import _import_ray
 
         _import_ray()  # one line now, not after the engine started, when ray is not installed
+    if cfg.otlp_endpoint is not None:
+        from servelab.bench.tracing import check_installed
+
+        check_installed()  # one line now, not after the run directory and the engine were set up
     wl_names = cfg.workloads  # the comma lists are split and checked by the model (bench.options.split_list)
 
     if dataset is not None:

@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from servelab.wire.otel import OPERATION, ratio_sampled, traceparent, tracer_provider
+from servelab.wire.otel import OPERATION, ratio_sampled, require_otel, traceparent, tracer_provider
 from servelab.wire.types import RequestRecord
 
-__all__ = ["SHUTDOWN_TIMEOUT_S", "BenchTracer", "TraceIds"]
+__all__ = ["SHUTDOWN_TIMEOUT_S", "BenchTracer", "TraceIds", "check_installed"]
 
 #: longest wait for one export (s); an unreachable collector costs at most this per try
 EXPORT_TIMEOUT_S = 2.0
@@ -49,6 +49,14 @@ SHUTDOWN_TIMEOUT_S = 4.0
 #: spans handed to the batch processor between two waits for it to export them: below its queue (2048
 #: spans, ``OTEL_BSP_MAX_QUEUE_SIZE``), which drops what does not fit
 CHUNK = 1024
+#: the option a missing OpenTelemetry install is reported against, and how to run without it
+_OPTION, _OFF = "--otlp-endpoint", "leave --otlp-endpoint out"
+
+
+def check_installed() -> None:
+    """Raise :class:`~servelab.wire.errors.ConfigError` (one line naming ``--otlp-endpoint`` and the fix) when
+    OpenTelemetry is not installed: the CLI calls it before it makes the run directory or starts an engine."""
+    require_otel(_OPTION, _OFF)
 
 
 @dataclass(frozen=True)
@@ -87,8 +95,8 @@ class BenchTracer:
             endpoint,
             resource={"service.name": "servelab-bench"},
             export_timeout_s=EXPORT_TIMEOUT_S,
-            option="--otlp-endpoint",
-            off="leave --otlp-endpoint out",
+            option=_OPTION,
+            off=_OFF,
         )
         from opentelemetry import trace as api_
 

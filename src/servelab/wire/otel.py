@@ -9,11 +9,12 @@ tracing off never loads them.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from servelab.wire.errors import ConfigError
 
-__all__ = ["OPERATION", "ExportFailures", "ratio_sampled", "traceparent", "tracer_provider"]
+__all__ = ["OPERATION", "ExportFailures", "ratio_sampled", "require_otel", "traceparent", "tracer_provider"]
 
 #: endpoint -> ``gen_ai.operation.name`` (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/);
 #: an endpoint not listed is named as it is
@@ -35,6 +36,19 @@ def ratio_sampled(trace_id: int, ratio: float) -> bool:
     decision taken without the SDK agrees with one taken with it."""
     bound = round(ratio * (_MAX_ID + 1))
     return trace_id & _MAX_ID < bound
+
+
+def require_otel(option: str, off: str) -> None:
+    """Import what :func:`tracer_provider` needs (``opentelemetry-sdk``, ``opentelemetry-exporter-otlp-proto-http``),
+    so a caller can refuse a tracing option before it sets anything up. Raises :class:`ConfigError` (one line
+    naming ``option``, the install command and ``off``, how to turn tracing off) when one is not installed."""
+    try:
+        for name in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
+            importlib.import_module(name)
+    except ImportError as e:
+        raise ConfigError(
+            f"{option}: tracing needs OpenTelemetry ({e.name} is not installed); pip install 'servelab[otel]', or {off}"
+        ) from None
 
 
 class ExportFailures:
@@ -60,18 +74,14 @@ def tracer_provider(
     started without a parent gets (each used once; random otherwise), so a span gets the ids a
     ``traceparent`` already carried; and the count of spans the exporter failed to send.
     ``export_timeout_s``: one export's limit (s). Raises :class:`ConfigError` (one line naming ``option`` and
-    ``off``, how to turn tracing off) when OpenTelemetry is not installed."""
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
-        from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-        from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-    except ImportError as e:
-        raise ConfigError(
-            f"{option}: tracing needs OpenTelemetry ({e.name} is not installed); pip install 'servelab[otel]', or {off}"
-        ) from None
+    ``off``, how to turn tracing off) when OpenTelemetry is not installed (:func:`require_otel`)."""
+    require_otel(option, off)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
+    from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
     class _Planned(IdGenerator):
         """Hands the SDK the ids already sent on (one pending trace id and span id), else random ones."""
