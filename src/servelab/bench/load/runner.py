@@ -20,16 +20,14 @@ import gc
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from dataclasses import field as dc_field
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
 
 from servelab import __version__
-from servelab.bench.analysis import metrics as M
 from servelab.bench.analysis.slo import Objective
 from servelab.bench.analysis.summarize import new_summary, skipped_step, step_summary, with_fields, write_summary
 from servelab.bench.events import (
@@ -46,10 +44,11 @@ from servelab.bench.events import (
 )
 from servelab.bench.load.config import BenchConfig, make_run_dir, plan_loads
 from servelab.bench.load.lines import HOSTNAME, finish_record, record_from_json, record_to_json
-from servelab.bench.load.merge import clock_note, summary_record
-from servelab.bench.load.saturation import CpuMeter, saturation, worker_step
+from servelab.bench.load.merge import clock_note
+from servelab.bench.load.saturation import CpuMeter, saturation
 from servelab.bench.load.shares import RunContext, plan_step
-from servelab.bench.load.step import LoadModel, arrival_offsets_s, run_step
+from servelab.bench.load.step import CyclicSpecs, LoadModel, arrival_offsets_s, run_step
+from servelab.bench.load.steprun import StepRun, line_id, pruned, this_process
 from servelab.bench.load.worker import LineBatch
 from servelab.bench.load.workers import LocalPool, Pool
 from servelab.bench.results import (
@@ -57,7 +56,6 @@ from servelab.bench.results import (
     GeneratorWorker,
     LostPart,
     RequestLine,
-    ResultModel,
     StepSummary,
     Summary,
     WorkerStep,
@@ -70,89 +68,9 @@ from servelab.wire.types import RequestRecord, RequestSpec
 if TYPE_CHECKING:
     from servelab.bench.tracing import BenchTracer
 
-__all__ = ["Bench", "CyclicSpecs", "make_pool"]
+__all__ = ["Bench", "make_pool"]
 
 _PREPARE_NOTICE_S = 1.0  # building a step's prompts for longer than this shows a progress bar
-
-
-class CyclicSpecs(Sequence[RequestSpec]):
-    """``n`` requests drawn cyclically from a finite pool (duration-bounded steps need more requests
-    than are worth generating with exact token lengths). Immutable, indexable."""
-
-    def __init__(self, pool: list[RequestSpec], n: int) -> None:
-        if not pool:
-            raise ValueError("empty request pool")
-        self._pool, self._n = pool, n
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._n))]
-        if not -self._n <= i < self._n:
-            raise IndexError(i)
-        return self._pool[i % len(self._pool)]
-
-
-_M = TypeVar("_M", bound=ResultModel)
-
-
-def _pruned(model: _M) -> _M:
-    """``model`` without the fields it holds as ``None``, as the summary records them (unset, not null)."""
-    return type(model).model_validate(model.model_dump(exclude_none=True))
-
-
-def _this_process(
-    meter: CpuMeter, load: LoadModel, recs: list[RequestRecord], assigned: int | None, dispatch_ns: list[int] | None
-) -> WorkerStep:
-    """The report of this process as the step's only load generator (worker 0): its CPU over the step,
-    its concurrency, ``assigned`` requests (``None``: a step ended by its duration or a driven workload)
-    and the schedule and dispatch lags of its finished requests ``recs``."""
-    lags = [x for x in (M.schedule_lag_s(r) for r in recs) if x is not None]
-    return worker_step(
-        0,
-        HOSTNAME,
-        meter,
-        concurrency=load.concurrency if load.kind == "closed" else load.max_concurrency,
-        assigned=assigned,
-        finished=len(recs),
-        schedule_lags_s=lags,
-        dispatch_lags_ns=dispatch_ns,
-    )
-
-
-@dataclass
-class _StepRun:
-    """What one load step left: its records (single process) or lines (workers), the worker reports,
-    the lost parts, and the single process's dispatch-lag samples."""
-
-    records: list[RequestRecord] = dc_field(default_factory=list)
-    batches: list[LineBatch] = dc_field(default_factory=list)
-    workers: list[WorkerStep] = dc_field(default_factory=list)
-    lost: list[LostPart] = dc_field(default_factory=list)
-    dispatch_ns: list[int] | None = None
-
-    def lines(self) -> list[bytes]:
-        """Every line the workers sent, in arrival order."""
-        return [line for b in self.batches for line in b.split()]
-
-    def finished(self) -> list[RequestRecord]:
-        """The finished records, aligned for summaries (:func:`servelab.bench.load.merge.summary_record`)."""
-        if self.batches:
-            return sorted(
-                (summary_record(RequestLine.model_validate_json(b)) for b in self.lines()), key=lambda r: r.request_id
-            )
-        return [r for r in self.records if r.end_ns is not None]
-
-
-def _line_id(line: bytes) -> int:
-    """The request id of a ``requests.jsonl`` line (written first: ``{"id":123,...``)."""
-    if line.startswith(b'{"id":'):
-        end = line.find(b",", 6)
-        if end > 6:
-            return int(line[6:end])
-    return int(orjson.loads(line)["id"])
 
 
 def make_pool(cfg: BenchConfig) -> Pool | None:
@@ -216,7 +134,7 @@ class Bench:
         self._jsonl.flush()
         self.observer.on_event(RequestDone(rec))
 
-    def _on_lines(self, batch: LineBatch, run: _StepRun) -> None:
+    def _on_lines(self, batch: LineBatch, run: StepRun) -> None:
         # one write + flush per batch, as it arrives: a worker or coordinator killed later loses nothing written
         self._jsonl.write(batch.lines + b"\n")
         self._jsonl.flush()
@@ -314,7 +232,7 @@ class Bench:
                 hosts=1,
                 workers=[GeneratorWorker(worker=0, host=HOSTNAME, pid=os.getpid(), same_clock=True)],
             )
-            return _pruned(gen)
+            return pruned(gen)
         ctx = RunContext(
             base_url=c.base_url,
             model=model,
@@ -341,7 +259,7 @@ class Bench:
             hosts=len(hosts),
             clock=clock_note(hosts),
         )
-        return _pruned(gen)
+        return pruned(gen)
 
     async def _sweep(
         self,
@@ -396,7 +314,7 @@ class Bench:
         *,
         warmup: bool,
         seed: int,
-        run: _StepRun,
+        run: StepRun,
     ) -> None:
         """Send one step (or its warmup) of ``n`` requests from ``specs`` (cycled when shorter), here or
         through the workers; fills ``run``."""
@@ -423,7 +341,7 @@ class Bench:
                 traceparent=self.tracer.ids.header if self.tracer is not None else None,
             )
             self._next_id += len(recs)
-            run.workers = [_this_process(meter, load, recs, n if c.requests is not None else None, run.dispatch_ns)]
+            run.workers = [this_process(meter, load, recs, n if c.requests is not None else None, run.dispatch_ns)]
             return
         offsets = None
         if load.kind == "open":
@@ -456,7 +374,7 @@ class Bench:
             self._next_id = first + (
                 n
                 if c.requests is not None or load.kind == "open"
-                else max([_line_id(b) - first + 1 for b in run.lines()] + [0])
+                else max([line_id(b) - first + 1 for b in run.lines()] + [0])
             )
         if self.tracer is not None:  # the workers' lines, on this host's monotonic clock (--ray is refused)
             for b in run.lines():
@@ -484,14 +402,14 @@ class Bench:
                 )
             )
 
-    def _step(self, wname: str, load: LoadModel, run: _StepRun, t_start: float, partial: bool = False) -> StepSummary:
+    def _step(self, wname: str, load: LoadModel, run: StepRun, t_start: float, partial: bool = False) -> StepSummary:
         recs = run.finished()
         step = step_summary(
             wname, load, recs, self.objectives, self._tokenizer, t_start, partial=partial or bool(run.lost)
         )
-        step.workers = [_pruned(w) for w in run.workers]
+        step.workers = [pruned(w) for w in run.workers]
         if run.lost:
-            step.lost = [_pruned(x) for x in run.lost]
+            step.lost = [pruned(x) for x in run.lost]
         if run.workers:
             sat = saturation(
                 [w for w in run.workers if not w.lost],
@@ -501,10 +419,10 @@ class Bench:
                 lag_bound_s=self.cfg.lag_bound_ms / 1e3,
                 dispatch_lags_ns=run.dispatch_ns,
             )
-            step.saturation = _pruned(sat)
+            step.saturation = pruned(sat)
         return step
 
-    def _partial_step(self, wname: str, load: LoadModel, run: _StepRun, t_start: float) -> None:
+    def _partial_step(self, wname: str, load: LoadModel, run: StepRun, t_start: float) -> None:
         """Keep what an interrupted step finished, marked partial (written when the run ends)."""
         if self.summary is not None:
             self.summary.steps.append(self._step(wname, load, run, t_start, partial=True))
@@ -529,7 +447,7 @@ class Bench:
         pool_n = min(n, 512) if c.duration_s else n
         label = load.label
         pool = await self._build_specs(wl, pool_n, f"{wname} {label}")
-        run = _StepRun()
+        run = StepRun()
         if c.warmup:
             wu = await self._build_specs(
                 self.workload_factory(wname, seed=step_seed + 7), c.warmup, f"{wname} {label} warmup"
@@ -540,7 +458,7 @@ class Bench:
         if c.warmup:
             wload = LoadModel(kind="closed", concurrency=min(len(wu), max(1, load.concurrency)))
             self.observer.on_event(StepStarted(wname, label, warmup=True, total=len(wu)))
-            warm = _StepRun()
+            warm = StepRun()
             await self._load(session, model, headers, wu, len(wu), wload, label, warmup=True, seed=0, run=warm)
             run.lost += warm.lost  # a worker lost in the warmup is named in the step it did not take part in
         self.observer.on_event(
@@ -582,7 +500,7 @@ class Bench:
         verdict = self.observer.before_step(wname, load.label)
         if isinstance(verdict, Skip):
             return verdict
-        run = _StepRun(dispatch_ns=[] if load.kind == "open" else None)
+        run = StepRun(dispatch_ns=[] if load.kind == "open" else None)
         self.observer.on_event(StepStarted(wname, load.label, warmup=False, total=getattr(wl, "total", None)))
         meter = CpuMeter().start()
         t_start = time.time()
@@ -609,7 +527,7 @@ class Bench:
         finally:
             self._next_id = first + len(run.records)
         recs = run.finished()
-        run.workers = [_this_process(meter, load, recs, None, run.dispatch_ns)]
+        run.workers = [this_process(meter, load, recs, None, run.dispatch_ns)]
         return with_fields(self._step(wname, load, run, t_start), wl.step_extra(recs))
 
     def _check_fits(self, server: dict[str, Any]) -> None:

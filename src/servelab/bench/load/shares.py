@@ -61,7 +61,7 @@ class Picked(Sequence[Any]):
     """For the ``k``-th request of ``share`` (global index ``j = share[k]``): ``base + j`` when ``items`` is
     None (its id); ``items[k]`` when ``own`` (the worker's own specs, in share order); else
     ``items[j % len(items)]`` (the pool of a duration-bounded step, cycled as
-    :class:`servelab.bench.load.runner.CyclicSpecs` does)."""
+    :class:`servelab.bench.load.step.CyclicSpecs` does)."""
 
     def __init__(self, share: Share, items: Sequence[Any] | None = None, base: int = 0, own: bool = False) -> None:
         self._share, self._items, self._base, self._own = share, items, base, own

@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -109,6 +110,26 @@ def arrival_offsets_s(n: int, rate_rps: float, arrival: str, seed: int, gamma_sh
 
 
 _MAX_OFFSET_NS = float(2**62)  # int64 nanoseconds with room for the step's start time added
+
+
+class CyclicSpecs(Sequence[RequestSpec]):
+    """``n`` requests drawn cyclically from a finite pool (duration-bounded steps need more requests
+    than are worth generating with exact token lengths). Immutable, indexable."""
+
+    def __init__(self, pool: list[RequestSpec], n: int) -> None:
+        if not pool:
+            raise ValueError("empty request pool")
+        self._pool, self._n = pool, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        return self._pool[i % len(self._pool)]
 
 
 async def run_step(
