@@ -207,7 +207,7 @@ goal:
   slo: "ttft_p95<=2s,itl_p95<=50ms,error_rate<=5%"
   quality: {smoke: [streaming, usage], structured_valid_min: 0.5}
   mix: "short-qa:3,structured:1"
-  expected_rate_rps: 4
+  expected_rate_rps: 16  # the arrival test and the capacity probes start here: 8 requests at 4 req/s took 2 s each
   budget: {price_per_hour: 3.0, currency: EUR}
 candidates:
   - {name: quick, engine: mock, settings: {ttft_ms: 10, itl_ms: 5, output_tokens: 16}}
