@@ -144,7 +144,7 @@ def test_port_in_use_is_one_line_and_starts_nothing(tmp_path):
 
 SLOW_EXP = """
 name: interrupted
-goal: {task: "chat", slo: "ttft_p95<=5s", expected_rate_rps: 5}
+goal: {task: "chat", slo: "ttft_p95<=5s", expected_rate_rps: 20}  # capacity probes start at 20 req/s
 candidates:
   - {name: first, engine: mock, settings: {ttft_ms: 5, itl_ms: 1, output_tokens: 8}}
   - {name: second, engine: mock, settings: {ttft_ms: 5, itl_ms: 40, output_tokens: 200}}
