@@ -42,6 +42,39 @@ __all__ = ["Relay", "map_finish_bytes", "openai_finish", "public_model", "whole_
 log = logging.getLogger("servelab.gateway")
 _now = time.monotonic_ns
 
+#: the longest wait (s) after a stream's last event for the end of the engine's body (:func:`close_upstream`)
+TAIL_WAIT_S = 0.05
+#: the background reads of :func:`close_upstream` (kept referenced until done)
+_TAILS: set[asyncio.Task[None]] = set()
+
+
+def close_upstream(resp: aiohttp.ClientResponse, done: bool) -> None:
+    """Let go of the engine's response ``resp``. A stream that ended well (``done``: its last event read) is
+    usually followed by the chunked body's closing chunk, often in a later TCP segment; a response closed
+    before its end of body closes its connection, and every next request then opens a new one (a TCP connect
+    each, TIME_WAIT sockets piling up at high request rates). So that end is read in a background task, for
+    at most :data:`TAIL_WAIT_S` s, and the connection goes back to the pool; an engine that keeps sending or
+    fails just loses its connection. In the background because the handler may be cancelled the moment the
+    client has its answer (a client that closes at once), and the request is complete by then."""
+    if not done or resp.content.at_eof():
+        resp.close()
+        return
+    task = asyncio.get_running_loop().create_task(_drain_then_close(resp))
+    _TAILS.add(task)
+    task.add_done_callback(_TAILS.discard)
+
+
+async def _drain_then_close(resp: aiohttp.ClientResponse) -> None:
+    content = resp.content
+    try:
+        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+            async with asyncio.timeout(TAIL_WAIT_S):
+                while not content.at_eof() and await content.readany():
+                    pass
+    finally:
+        resp.close()  # after the end of body: a no-op for a connection already back in the pool
+
+
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 #: OpenAI's finish reasons (https://platform.openai.com/docs/api-reference/chat/object, checked 2026-11-30)
 _OPENAI_FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
@@ -282,6 +315,7 @@ class Relay:
             await out.write(buf if r.api is None else r.api.stream(buf + b"\n\n", r))
         if r.api is not None and error is None:
             await out.write(r.api.stream_end(r))
+        r.upstream_done = saw_done and error is None
         await out.write_eof()
         return out, error is None
 

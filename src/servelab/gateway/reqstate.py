@@ -39,6 +39,9 @@ class RequestState:
     outcome: str = "ok"
     error_code: str | None = None
     ttft_ns: int | None = None
+    #: the engine's stream ended well (its last event read): what follows in its body may be read in the
+    #: background so its connection is kept (servelab.gateway.relay.close_upstream)
+    upstream_done: bool = False
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     prompt_est: int = 0

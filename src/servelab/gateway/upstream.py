@@ -37,7 +37,7 @@ from servelab.gateway.fdbudget import is_local_resource_error
 from servelab.gateway.hashing import affinity_text
 from servelab.gateway.keys import KeyInfo
 from servelab.gateway.metrics import GatewayMetrics
-from servelab.gateway.relay import Relay
+from servelab.gateway.relay import Relay, close_upstream
 from servelab.gateway.reqstate import RequestState, UpstreamFailed
 from servelab.gateway.routespec import Target
 from servelab.gateway.shadow import ShadowBook, ShadowRun, fetch_shadow, sample_of
@@ -365,7 +365,7 @@ class Upstream:
             ) from None
         finally:
             if resp is not None:
-                resp.close()
+                close_upstream(resp, r.upstream_done)
             lease.release(outcome)
 
     async def shadow(

@@ -315,6 +315,7 @@ async def _stream(
         r.shadow.capture.rec = rec
     if error is not None:
         await _fail(metrics, r, out, error, seq)
+    r.upstream_done = rec.saw_done and error is None
     await out.write_eof()
     return out, error is None
 
