@@ -389,18 +389,7 @@ def vgw(engine, otlp: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     }
     proc = h.start_gateway(cfg, tmp_path_factory.mktemp("vllm-gw") / "gw")
     try:
-        yield type(
-            "GW",
-            (),
-            {
-                "url": proc.url,
-                "root": proc.root,
-                "key": key,
-                "log": proc.access_log,
-                "db": Path(proc.config["ledger"]["sqlite_path"]),
-                "h": h,
-            },
-        )
+        yield h.gateway_view(proc, key, h=h)
     finally:
         h.stop_gateway(proc.proc)
 

@@ -185,6 +185,23 @@ def start_gateway(
     raise RuntimeError(f"gateway did not start: {log_path.read_text(errors='replace')[-3000:]}")
 
 
+def gateway_view(proc: GatewayProcess, key: str, **extra: Any) -> Any:
+    """What API tests read of a started gateway, as attributes: ``url`` (``/v1`` root), ``root``, ``key`` (a
+    client key), ``log`` (access-log path), ``db`` (SQLite ledger path), ``proc`` (the
+    :class:`GatewayProcess`), and ``extra`` as given."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        url=proc.url,
+        root=proc.root,
+        key=key,
+        log=proc.access_log,
+        db=Path(proc.config["ledger"]["sqlite_path"]),
+        proc=proc,
+        **extra,
+    )
+
+
 def ledger_usage(db: Path, rid: str, timeout_s: float = 5.0) -> tuple[int, int]:
     """(prompt_tokens, completion_tokens) of the SQLite ledger's row for request ``rid``, waiting up to
     ``timeout_s`` for it (rows are settled in the background after the answer)."""

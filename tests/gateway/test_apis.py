@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -19,6 +18,7 @@ import openai
 import pytest
 from conftest import (
     gateway_key,
+    gateway_view,
     ledger_usage,
     sse_events,
     start_gateway,
@@ -70,17 +70,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     }
     proc = start_gateway(cfg, tmp / "gw")
     try:
-        yield type(
-            "GW",
-            (),
-            {
-                "url": proc.url,
-                "root": proc.root,
-                "key": key,
-                "slow": slow,
-                "db": Path(proc.config["ledger"]["sqlite_path"]),
-            },
-        )
+        yield gateway_view(proc, key, slow=slow)
     finally:
         stop_gateway(proc.proc)
         for m in mocks:

@@ -10,7 +10,6 @@ One llama-server and one gateway per module; each request generates at most 8 to
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -18,7 +17,7 @@ import httpx
 import openai
 import orjson
 import pytest
-from conftest import gateway_key, launch_llama, ledger_usage, sse_events, start_gateway, stop_gateway
+from conftest import gateway_key, gateway_view, launch_llama, ledger_usage, sse_events, start_gateway, stop_gateway
 
 MSGS: Any = [{"role": "user", "content": "Name three colours."}]
 N = 8  # max_tokens of every request
@@ -48,17 +47,7 @@ def gw(llama: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     }
     proc = start_gateway(cfg, tmp_path_factory.mktemp("apis-llama") / "gw")
     try:
-        yield type(
-            "GW",
-            (),
-            {
-                "url": proc.url,
-                "root": proc.root,
-                "key": key,
-                "log": proc.access_log,
-                "db": Path(proc.config["ledger"]["sqlite_path"]),
-            },
-        )
+        yield gateway_view(proc, key)
     finally:
         stop_gateway(proc.proc)
 

@@ -25,6 +25,7 @@ import openai
 import pytest
 from conftest import (
     gateway_key,
+    gateway_view,
     ledger_usage,
     sse_events,
     start_gateway,
@@ -78,18 +79,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     }
     proc = start_gateway(cfg, tmp / "gw")
     try:
-        yield type(
-            "GW",
-            (),
-            {
-                "url": proc.url,
-                "root": proc.root,
-                "key": key,
-                "proc": proc,
-                "mocks": mocks,
-                "db": Path(proc.config["ledger"]["sqlite_path"]),
-            },
-        )
+        yield gateway_view(proc, key, mocks=mocks)
     finally:
         stop_gateway(proc.proc)
         for m in mocks.values():

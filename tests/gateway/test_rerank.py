@@ -15,7 +15,15 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import gateway_key, ledger_usage, start_gateway, start_mock_process, stop_gateway, stop_mock_process
+from conftest import (
+    gateway_key,
+    gateway_view,
+    ledger_usage,
+    start_gateway,
+    start_mock_process,
+    stop_gateway,
+    stop_mock_process,
+)
 
 from servelab.engines.mock.rerank import rerank_answer, score
 from servelab.gateway.capabilities import estimate_prompt_tokens
@@ -134,19 +142,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     }
     proc = start_gateway(cfg, tmp / "gw")
     try:
-        yield type(
-            "GW",
-            (),
-            {
-                "url": proc.url,
-                "root": proc.root,
-                "key": key,
-                "tight": tight,
-                "bench": bench,
-                "db": Path(proc.config["ledger"]["sqlite_path"]),
-                "log": proc.access_log,
-            },
-        )
+        yield gateway_view(proc, key, tight=tight, bench=bench)
     finally:
         stop_gateway(proc.proc)
         stop_mock_process(mock.proc)
