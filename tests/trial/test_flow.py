@@ -159,9 +159,11 @@ arrival_test: {enabled: false}
 """
 
 
-def test_ctrl_c_writes_a_partial_record_that_report_renders(tmp_path):
-    """SIGINT while the second candidate runs: exit 130, record.json written with the first candidate's
-    results, the second marked interrupted, the third not run, and `servelab report` renders it."""
+@pytest.mark.parametrize(("signame", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_ctrl_c_writes_a_partial_record_that_report_renders(tmp_path, signame, code):
+    """SIGINT (Ctrl-C) or SIGTERM (a service manager's stop) while the second candidate runs: exit 130 / 143,
+    record.json written with the first candidate's results, the second marked interrupted, the third not run,
+    and `servelab report` renders it."""
     import os
     import signal
     import time
@@ -185,11 +187,11 @@ def test_ctrl_c_writes_a_partial_record_that_report_renders(tmp_path):
         seen += line
         if "[second] smoke tests passed" in line:
             time.sleep(1.0)  # inside the 8 s load steps of the slow candidate
-            p.send_signal(signal.SIGINT)
+            p.send_signal(getattr(signal, signame))
             break
     rest_out, err = p.communicate(timeout=120)
-    assert p.returncode == 130, seen + rest_out + err
-    assert "partial record" in err
+    assert p.returncode == code, seen + rest_out + err
+    assert "partial record" in err and ("SIGTERM" in err) == (signame == "SIGTERM"), err
     rec = json.loads((out / "record.json").read_text())
     cands = rec["results"]["candidates"]
     assert cands["first"]["status"] == "ranked"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import secrets
+import signal
 import sys
 import time
 from pathlib import Path
@@ -51,18 +52,33 @@ def trial_command(
     runner = TrialRunner(exp, run_dir, progress=lambda s: print(s, flush=True))
     from servelab.trial.flow import TrialInterrupted
 
+    terminated: list[int] = []
+
+    def _on_sigterm(signum: int, _frame: object) -> None:
+        # a service manager's stop (systemd, Kubernetes, a CI timeout) ends the trial as Ctrl-C does: engines
+        # stopped, the partial record written; a second SIGTERM ends the process at once
+        terminated.append(signum)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    how = "interrupted"
     try:
         record = runner.run()
     except TrialInterrupted:
+        how = "stopped by SIGTERM" if terminated else how
         print(
-            f"interrupted: partial record {run_dir / 'record.json'} (decision covers finished candidates only); "
+            f"{how}: partial record {run_dir / 'record.json'} (decision covers finished candidates only); "
             f"`servelab report {run_dir}` renders it",
             file=sys.stderr,
         )
-        sys.exit(130)
+        sys.exit(143 if terminated else 130)
     except KeyboardInterrupt:
-        print(f"interrupted: finished steps are kept under {run_dir}/candidates/", file=sys.stderr)
-        sys.exit(130)
+        how = "stopped by SIGTERM" if terminated else how
+        print(f"{how}: finished steps are kept under {run_dir}/candidates/", file=sys.stderr)
+        sys.exit(143 if terminated else 130)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     print("\n".join(decision_lines(record.decision, record.results.candidates)), flush=True)
     if not no_index:
         from servelab.trial.records import index_record
