@@ -398,6 +398,7 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/gateway/test_limits_pool.py::test_first_request_after_a_redis_restart_is_served": ("services",),
     "tests/gateway/test_enginegauges_bound.py": ("unit",),
     "tests/gateway/test_keepalive.py": ("proc",),
+    "tests/gateway/test_pooled.py": ("unit",),
     "tests/gateway/test_picker.py": ("unit",),
     "tests/gateway/test_routing_compare.py": ("unit",),
     "tests/gateway/test_routing_compare.py::test_llamacpp_path_runs_end_to_end_and_prints_every_figure": (

@@ -39,6 +39,8 @@ import aiohttp
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from servelab.gateway import pooled
+from servelab.gateway.timeline import Timeline
 from servelab.wire.stream import StreamParser, apply_event, finalize_tool_calls
 from servelab.wire.types import RequestRecord
 
@@ -239,7 +241,9 @@ async def fetch_shadow(
     status = 0
     error: str | None = None
     try:
-        async with session.post(url, data=data, headers=headers, timeout=timeout) as resp:
+        # a timeline of its own: the stale-connection test reads it (the shadow's events are not logged)
+        resp = await pooled.post(session, url, Timeline(), data=data, headers=headers, timeout=timeout)
+        async with resp:
             status = resp.status
             if status >= 300:
                 await resp.read()

@@ -103,6 +103,14 @@ class Timeline:
         """Whether event ``name`` was recorded."""
         return any(e[0] == name for e in self.events)
 
+    def last_connection_reused(self) -> bool:
+        """Whether the latest upstream connection handed out (``connected`` event) was a pooled keep-alive
+        one (:class:`TimedConnector`); False when none was handed out yet."""
+        for name, _, attrs in reversed(self.events):
+            if name == "connected":
+                return bool(attrs and attrs.get("reused"))
+        return False
+
     def take_engine(self, ev: dict[str, Any]) -> None:
         """Keep the engine's account carried by ``ev`` (:func:`engine_account`), if any."""
         acc = engine_account(ev)

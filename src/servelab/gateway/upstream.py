@@ -28,7 +28,7 @@ import orjson
 from aiohttp import web
 
 from servelab.gateway import capabilities as caps_mod
-from servelab.gateway import degrade, enginefields, lengths, scrub, timeline
+from servelab.gateway import degrade, enginefields, lengths, pooled, scrub
 from servelab.gateway.admission import may_use_model
 from servelab.gateway.apis import native
 from servelab.gateway.breaker import RetryBudget, backoff_s
@@ -55,8 +55,6 @@ ENDPOINT_PATH = {
     "embeddings": "/v1/embeddings",
     "rerank": "/v1/rerank",
 }
-_STALE = (aiohttp.ServerDisconnectedError,)
-_CONNECT_ERRORS = (aiohttp.ClientConnectionError, ConnectionError, OSError)
 
 
 def _engine_fields(up: dict[str, Any], snap: Snapshot, target: Target, r: RequestState) -> None:
@@ -267,22 +265,9 @@ class Upstream:
         outcome = "failure"
         resp = None
         try:
-            timed = timeline.CURRENT.set(r.timeline)  # for its "connected" event (timeline.TimedConnector)
-            try:
-                for stale in range(3):
-                    try:
-                        resp = await self.session.post(
-                            url, data=data, headers=headers, timeout=snap.timeouts[target.backend]
-                        )
-                        break
-                    except _STALE:
-                        if stale == 2:
-                            raise
-                        # a pooled keep-alive connection the engine had closed (llama-server closes after
-                        # each stream): nothing was sent or answered, so a fresh connection is no retry
-            finally:
-                timeline.CURRENT.reset(timed)
-            assert resp is not None
+            resp = await pooled.post(
+                self.session, url, r.timeline, data=data, headers=headers, timeout=snap.timeouts[target.backend]
+            )
             status = resp.status
             r.timeline.mark("headers", {"status": status})
             if status >= 300:
@@ -330,7 +315,7 @@ class Upstream:
         except asyncio.CancelledError:
             outcome = "neutral"
             raise
-        except _CONNECT_ERRORS as e:
+        except pooled.CONNECT_ERRORS as e:
             if is_local_resource_error(e):  # EMFILE/ENFILE here: our problem, never the engine's breaker
                 outcome = "neutral"
                 if r.served:
