@@ -97,6 +97,10 @@ __all__ = [
 log = logging.getLogger("servelab.gateway")
 _now = time.monotonic_ns
 
+#: seconds an idle upstream keep-alive connection stays in the gateway's pool: under the engines' own idle
+#: timeouts (vLLM's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, uvicorn's ``timeout_keep_alive`` default, under
+#: SGLang's server, and cpp-httplib's ``CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND``, serving llama-server: all 5 s)
+UPSTREAM_IDLE_S = 4.0
 _RID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -264,7 +268,9 @@ class Gateway(HotReload, Endpoints, LedgerStart):
         admin) ports. Raises :class:`OSError` when a port cannot be bound, ConfigError for bad parts."""
         cfg = self.snap.cfg
         self.upstream.session = aiohttp.ClientSession(
-            connector=TimedConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=30),
+            # idle connections leave the pool before the engine closes them, so a request rarely takes one
+            # the engine is closing at that moment; servelab.gateway.pooled sends those again
+            connector=TimedConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_IDLE_S),
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
