@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 import orjson
 from aiohttp import web
 
 from servelab.engines.mock.cache import prompt_words
 from servelab.engines.mock.encoders import context_overflow
-from servelab.engines.mock.plan import Plan, count_words, plan_answer
+from servelab.engines.mock.plan import count_words, plan_answer
 from servelab.engines.mock.record import SAMPLING_FIELDS, MockRecord
-from servelab.engines.mock.respond import Responder, crash_now, error_response, respond
+from servelab.engines.mock.respond import Answer, Responder, crash_now, error_response, respond
 from servelab.wire.dialects import stream_rules
 
 __all__ = ["Admitting", "generate"]
@@ -72,7 +72,7 @@ async def generate(server: Admitting, request: web.Request, chat: bool) -> web.S
         rec.finish_reason = plan.finish
         server.running += 1
         try:
-            return await respond(server, request, rec, body, chat, plan, "crash", seq, stream, recv)
+            return await respond(server, Answer(request, rec, body, chat, plan, "crash", seq, stream), recv)
         finally:
             server.running -= 1
     overflow = context_overflow(cfg, body, rec.prompt_tokens)
@@ -107,6 +107,7 @@ async def generate(server: Admitting, request: web.Request, chat: bool) -> web.S
     plan = plan_answer(cfg, body, chat)
     rec.output_tokens = plan.generated
     rec.finish_reason = plan.finish
+    answer = Answer(request, rec, body, chat, plan, kind, seq, stream)
     server.running += 1
     try:
         if server.queue is not None:  # llama-server defers: the schedule starts when a slot frees
@@ -116,34 +117,24 @@ async def generate(server: Admitting, request: web.Request, chat: bool) -> web.S
             finally:
                 server.waiting -= 1
             try:
-                return await _cached(server, request, rec, body, chat, plan, kind, seq, stream, _now())
+                return await _cached(server, answer, _now())
             finally:
                 server.queue.release()
-        return await _cached(server, request, rec, body, chat, plan, kind, seq, stream, recv)
+        return await _cached(server, answer, recv)
     finally:
         server.running -= 1
 
 
-async def _cached(
-    server: Admitting,
-    request: web.Request,
-    rec: MockRecord,
-    body: dict[str, Any],
-    chat: bool,
-    plan: Plan,
-    kind: str | None,
-    seq: int,
-    stream: bool,
-    origin: int,
-) -> web.StreamResponse:
+async def _cached(server: Admitting, a: Answer, origin: int) -> web.StreamResponse:
     """:func:`~servelab.engines.mock.respond.respond` after the prefix-cache lookup (when the mock has one)
     and with the request's words counted as KV in use while it runs."""
     if server.cache is None:
-        return await respond(server, request, rec, body, chat, plan, kind, seq, stream, origin)
-    rec.cached_tokens = min(rec.prompt_tokens, server.cache.lookup(prompt_words(body)))
-    words = rec.prompt_tokens + plan.generated
+        return await respond(server, a, origin)
+    rec = a.rec
+    rec.cached_tokens = min(rec.prompt_tokens, server.cache.lookup(prompt_words(a.body)))
+    words = rec.prompt_tokens + a.plan.generated
     server.kv_words += words
     try:
-        return await respond(server, request, rec, body, chat, plan, kind, seq, stream, origin)
+        return await respond(server, a, origin)
     finally:
         server.kv_words -= words

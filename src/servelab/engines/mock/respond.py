@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -27,7 +28,7 @@ from servelab.engines.mock.plan import Plan
 from servelab.engines.mock.record import MockRecord
 from servelab.wire.dialects import stream_rules
 
-__all__ = ["Responder", "abort", "crash_now", "error_response", "respond"]
+__all__ = ["Answer", "Responder", "abort", "crash_now", "error_response", "respond"]
 
 _now = time.monotonic_ns
 
@@ -45,6 +46,27 @@ class Responder(Protocol):
 
     @property
     def delays_ns(self) -> tuple[int, int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One admitted ``/v1/chat/completions`` or ``/v1/completions`` request and the answer planned for it:
+    what :func:`respond` writes."""
+
+    request: web.Request
+    rec: MockRecord
+    """The request's record; the writer stamps its write times (monotonic ns) and status in it."""
+    body: dict[str, Any]
+    """The request's JSON body."""
+    chat: bool
+    """The chat route (else ``/v1/completions``)."""
+    plan: Plan
+    kind: str | None
+    """The injected failure the writer plays (``stream_error``, ``cut_off``, ``hang`` or ``crash``), or None."""
+    seq: int
+    """The request's number on this server."""
+    stream: bool
+    """Streamed (SSE) rather than one JSON body."""
 
 
 def error_response(dialect: str, status: int, message: str) -> web.Response:
@@ -100,41 +122,21 @@ async def _fail_stream(
     return resp
 
 
-async def respond(
-    server: Responder,
-    request: web.Request,
-    rec: MockRecord,
-    body: dict[str, Any],
-    chat: bool,
-    plan: Plan,
-    kind: str | None,
-    seq: int,
-    stream: bool,
-    origin: int,
-) -> web.StreamResponse:
-    """Write the answer ``plan`` to ``request`` (record ``rec``, body ``body``; ``chat``: the chat route;
-    ``kind``: the injected failure or None; ``seq``: the request's number; ``origin``: when service started,
-    monotonic ns, the schedule's zero), streamed when ``stream``."""
+async def respond(server: Responder, a: Answer, origin: int) -> web.StreamResponse:
+    """Write the answer ``a`` (``origin``: when service started, monotonic ns, the schedule's zero)."""
+    rec = a.rec
     model = rec.model or server.config.model
-    enc = Encoder(server.config, server.config.dialect, chat, model, seq, rec.prompt_tokens, plan)
+    enc = Encoder(server.config, server.config.dialect, a.chat, model, a.seq, rec.prompt_tokens, a.plan)
     enc.cached = rec.cached_tokens
-    if stream:
-        so = body.get("stream_options")
+    if a.stream:
+        so = a.body.get("stream_options")
         include_usage = isinstance(so, dict) and bool(so.get("include_usage"))
-        return await _stream(server, request, rec, enc, plan, kind, include_usage, origin)
-    return await _whole(server, request, rec, enc, plan, kind, chat, model, origin)
+        return await _stream(server, a, enc, include_usage, origin)
+    return await _whole(server, a, enc, model, origin)
 
 
-async def _stream(
-    server: Responder,
-    request: web.Request,
-    rec: MockRecord,
-    enc: Encoder,
-    plan: Plan,
-    kind: str | None,
-    include_usage: bool,
-    origin: int,
-) -> web.StreamResponse:
+async def _stream(server: Responder, a: Answer, enc: Encoder, include_usage: bool, origin: int) -> web.StreamResponse:
+    request, rec, plan, kind = a.request, a.rec, a.plan, a.kind
     d = server.config.dialect
     ttft_ns, itl_ns = server.delays_ns
     law = server.batch
@@ -234,17 +236,8 @@ async def _stream(
     return resp
 
 
-async def _whole(
-    server: Responder,
-    request: web.Request,
-    rec: MockRecord,
-    enc: Encoder,
-    plan: Plan,
-    kind: str | None,
-    chat: bool,
-    model: str,
-    origin: int,
-) -> web.StreamResponse:
+async def _whole(server: Responder, a: Answer, enc: Encoder, model: str, origin: int) -> web.StreamResponse:
+    request, rec, plan, kind, chat = a.request, a.rec, a.plan, a.kind, a.chat
     ttft_ns, itl_ns = server.delays_ns
     n = len(plan.chunks)
     if ttft_ns or itl_ns:
