@@ -246,12 +246,9 @@ async def _whole(server: Responder, a: Answer, enc: Encoder, model: str, origin:
             await asyncio.sleep(rem / 1e9)
     if kind == "crash":
         crash_now(server.received)
-    if kind == "hang":
-        await asyncio.sleep(server.config.hang_s)
-        abort(request)
-        rec.done_ns = _now()
-        return web.Response(status=200)
-    if kind == "cut_off":
+    if kind in ("hang", "cut_off"):
+        if kind == "hang":
+            await asyncio.sleep(server.config.hang_s)
         abort(request)
         rec.done_ns = _now()
         return web.Response(status=200)
@@ -282,23 +279,17 @@ async def _whole(server: Responder, a: Answer, enc: Encoder, model: str, origin:
             msg["tool_calls"] = [
                 {"id": plan.tool_id, "type": "function", "function": {"name": plan.tool_name, "arguments": args}}
             ]
-        out: dict[str, Any] = {
-            "id": f"chatcmpl-mock{rec.request_id}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": fr}],
-            "usage": usage,
-        }
+        choice: dict[str, Any] = {"index": 0, "message": msg}
     else:
-        out = {
-            "id": f"cmpl-mock{rec.request_id}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [{"index": 0, "text": content, "logprobs": None, "finish_reason": fr}],
-            "usage": usage,
-        }
+        choice = {"index": 0, "text": content}
+    out = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-mock{rec.request_id}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{**choice, "logprobs": None, "finish_reason": fr}],
+        "usage": usage,
+    }
     payload = orjson.dumps(out)
     rec.status = 200
     rec.headers_ns = t = _now()
