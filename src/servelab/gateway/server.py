@@ -61,6 +61,7 @@ from servelab.gateway.apis import ApiAdapter
 from servelab.gateway.apis.messages import CountTokensApi, MessagesApi
 from servelab.gateway.apis.responses import ResponsesApi
 from servelab.gateway.breaker import BreakerBoard, RetryBudget
+from servelab.gateway.closing import Closing
 from servelab.gateway.config import GatewayConfig
 from servelab.gateway.endpoints import Endpoints, error_response, request_id, starting
 from servelab.gateway.enginegauges import EngineGauges
@@ -76,7 +77,7 @@ from servelab.gateway.relay import Relay, map_finish_bytes, openai_finish
 from servelab.gateway.reloading import RELOAD_POLL_S, HotReload
 from servelab.gateway.reqstate import RequestState
 from servelab.gateway.shadow import ShadowBook, ShadowSide
-from servelab.gateway.shutdown import OVERRUN_S, STEP_S, Shutdown
+from servelab.gateway.shutdown import Shutdown
 from servelab.gateway.snapshot import Snapshot, breaker_settings
 from servelab.gateway.timeline import TimedConnector
 from servelab.gateway.tracing import Tracing
@@ -104,16 +105,6 @@ UPSTREAM_IDLE_S = 4.0
 _RID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-async def _reap(task: asyncio.Task[Any], what: str) -> None:
-    """Wait for the cancelled background ``task``; one that had died of an error is logged (``what`` it was)."""
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
-    except Exception as e:  # noqa: BLE001 - a dead background task must not skip the shutdown steps after it
-        log.error("%s had stopped: %s", what, reason(e))
-
-
 def _client_request_id(request: web.Request) -> str | None:
     """The client's ``X-Request-ID`` when it is 1-128 characters of ``[A-Za-z0-9._:-]`` (else None): kept
     as ``client_request_id`` in the access log and sent to engines as ``X-Client-Request-ID``, never used
@@ -122,7 +113,7 @@ def _client_request_id(request: web.Request) -> str | None:
     return rid if rid and _RID.match(rid) else None
 
 
-class Gateway(HotReload, Endpoints, LedgerStart):
+class Gateway(HotReload, Endpoints, LedgerStart, Closing):
     """One gateway: the OpenAI app (:attr:`app`), optionally the admin app, shared upstream session,
     limiter, ledger, key store, breakers, health checks and the hot-reloadable config.
 
@@ -446,77 +437,6 @@ class Gateway(HotReload, Endpoints, LedgerStart):
         g, h = self.engine_gauges, cfg.health
         g.interval_s, g.timeout_s, g.max_bytes = h.interval_s, h.timeout_s, h.metrics_max_bytes
         await self.engine_gauges.start()
-
-    async def close(self) -> None:
-        """Stop accepting, let in-flight requests finish (``shutdown_grace_s``), flush the ledger. Every step
-        is bounded (:mod:`servelab.gateway.shutdown`): one that overruns is logged by name and left behind."""
-        step = self.shutdown.step
-        for name, what in (
-            ("_flush_task", "metrics flush"),
-            ("_watch_task", "config watcher"),
-            ("_ledger_task", "ledger wait"),
-        ):
-            task = getattr(self, name)
-            if task is not None:
-                task.cancel()
-                await step(f"stopping the {what}", _reap(task, what))
-                setattr(self, name, None)
-        if self._admin_runner is not None:
-            await step("closing the admin port", self._admin_runner.cleanup())
-            self._admin_runner = None
-        if self._runner is not None:
-            # aiohttp waits up to the grace for the handlers, then only fails their body reads and waits up to
-            # the grace again: the connections still open at the grace are closed, which cancels their handlers
-            grace = self.snap.cfg.server.shutdown_grace_s
-            cut = asyncio.get_running_loop().call_later(grace, self._cut_connections)
-            await step("draining the API port", self._runner.cleanup(), grace + STEP_S)
-            cut.cancel()
-            self._cut_connections()  # those a drain that overran left open
-            self._runner = None
-        await step("settling requests", self._settle_all())
-        if self._health is not None:
-            await step("stopping health checks", self._health.close())
-            self._health = None
-        await step("stopping engine scrapes", self.engine_gauges.close())
-        if self.upstream.session is not None:
-            await step("closing upstream connections", self.upstream.session.close())
-            self.upstream.session = None
-        await step("stopping breaker sync", self.breakers.close())
-        if self._redis is not None:
-            await step("closing Redis", self._redis.aclose())
-        # keys first (their refresh reads the ledger), then the ledger, which writes the usage rows still buffered
-        # (it may use what is left before the watchdog fires), then the limiter's settles
-        parts = (
-            ("key refresh", self._keystore, STEP_S),
-            ("ledger", self._ledger, OVERRUN_S),
-            ("limiter", self._limiter, STEP_S),
-        )
-        for what, part, timeout_s in parts:
-            closer = getattr(part, "close", None)
-            if closer is not None:
-                await step(f"closing the {what}", closer(), timeout_s)
-        self._access.close()
-        if self.tracing is not None:  # exports the spans still held
-            await step("exporting traces", asyncio.to_thread(self.tracing.shutdown))
-        with contextlib.suppress(OSError):
-            self.metrics.flush()  # a worker's last inter-token counts stay in the merged view
-        self.shutdown.step_name = "closed"
-
-    async def _settle_all(self) -> None:
-        """Wait for the settle tasks, those the cancelled handlers start on their way out included."""
-        await asyncio.sleep(0.05)  # handlers cancelled by a cut start their settle on their way out
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
-    def _cut_connections(self) -> None:
-        """Close every client connection now (a hurried shutdown): their handlers are cancelled
-        (``handler_cancellation``) and settle what they served, as cut by the gateway (:meth:`_finish`)."""
-        self._cutting = True
-        for runner in (self._runner, self._admin_runner):
-            srv = runner.server if runner is not None else None
-            for conn in srv.connections if srv is not None else ():
-                if conn.transport is not None:
-                    conn.transport.close()
 
     async def _flush_loop(self) -> None:
         """Multiprocess mode: this worker's connection gauges and inter-token counts to the shared folder."""
