@@ -5,16 +5,18 @@ tests/otlp_receiver.py, which decodes the protobuf; the spans are checked agains
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from conftest import start_mock_process, stop_mock_process
+from conftest import MockProcess, start_mock_process, stop_mock_process
 
 from servelab.bench.load.config import BenchConfig
 from servelab.bench.tracing import TraceIds
@@ -151,14 +153,27 @@ def _lines(out: Path) -> dict[int, dict[str, Any]]:
     return {d["id"]: d for d in map(orjson.loads, (out / "requests.jsonl").read_bytes().splitlines())}
 
 
-def test_one_client_span_per_request_agrees_with_the_run_and_the_traceparent_sent(tmp_path: Path) -> None:
-    from otlp_receiver import Receiver, attrs
+@contextlib.contextmanager
+def _mock_and_receiver(*mock_args: str) -> Iterator[tuple[MockProcess, Any]]:
+    """A mock engine process started with ``mock_args`` and an OTLP receiver (tests/otlp_receiver.py), both
+    stopped on leaving."""
+    from otlp_receiver import Receiver
 
     rx = Receiver()
-    eng = start_mock_process(
-        "--ttft-ms", "5", "--itl-ms", "1", "--output-tokens", "6", "--fail-http-rate", "0.3", "--seed", "3"
-    )
+    eng = start_mock_process(*mock_args)
     try:
+        yield eng, rx
+    finally:
+        stop_mock_process(eng.proc)
+        rx.server.shutdown()
+
+
+def test_one_client_span_per_request_agrees_with_the_run_and_the_traceparent_sent(tmp_path: Path) -> None:
+    from otlp_receiver import attrs
+
+    with _mock_and_receiver(
+        "--ttft-ms", "5", "--itl-ms", "1", "--output-tokens", "6", "--fail-http-rate", "0.3", "--seed", "3"
+    ) as (eng, rx):
         out = tmp_path / "run"
         r = _bench(eng.base_url, out, "-n", "8", "--warmup", "1", "-c", "1,2", "--otlp-endpoint", rx.url)
         assert r.returncode in (0, 1), r.stderr  # 1: a step may fail whole by the injected failures
@@ -204,17 +219,12 @@ def test_one_client_span_per_request_agrees_with_the_run_and_the_traceparent_sen
         assert failed, "the injected failures (30 %) should have failed some of 18 requests"
         assert SECRET.encode() not in raw, "prompt text was exported in a span"
         assert not any(d["text"] and d["text"].encode() in raw for d in lines.values()), "output text exported"
-    finally:
-        stop_mock_process(eng.proc)
-        rx.server.shutdown()
 
 
 def test_requests_of_worker_processes_carry_their_span_ids(tmp_path: Path) -> None:
-    from otlp_receiver import Receiver, attrs
+    from otlp_receiver import attrs
 
-    rx = Receiver()
-    eng = start_mock_process("--ttft-ms", "2", "--itl-ms", "1", "--output-tokens", "3")
-    try:
+    with _mock_and_receiver("--ttft-ms", "2", "--itl-ms", "1", "--output-tokens", "3") as (eng, rx):
         out = tmp_path / "run"
         r = _bench(
             eng.base_url, out, "-n", "12", "--warmup", "2", "-c", "4", "--workers", "2", "--otlp-endpoint", rx.url
@@ -232,19 +242,14 @@ def test_requests_of_worker_processes_carry_their_span_ids(tmp_path: Path) -> No
             assert s.end_time_unix_nano - s.start_time_unix_nano == line["t_ns"]["end"] - line["t_ns"]["sent"]
             assert attrs(s)["gen_ai.usage.output_tokens"] == line["output_tokens"] == 3
             assert abs(s.start_time_unix_nano - time.time_ns()) < 120e9  # the workers' clock is this host's
-    finally:
-        stop_mock_process(eng.proc)
-        rx.server.shutdown()
 
 
 def test_a_driven_workload_sends_each_turn_with_its_span_traceparent(tmp_path: Path) -> None:
     """Sessions send their own requests (DrivenWorkload.drive): every turn still carries the traceparent of
     its own span, as the plain path's requests do."""
-    from otlp_receiver import Receiver, attrs
+    from otlp_receiver import attrs
 
-    rx = Receiver()
-    eng = start_mock_process("--ttft-ms", "2", "--itl-ms", "1", "--output-tokens", "3")
-    try:
+    with _mock_and_receiver("--ttft-ms", "2", "--itl-ms", "1", "--output-tokens", "3") as (eng, rx):
         out = tmp_path / "run"
         args = ["--sessions", "2", "--turns", "3", "-c", "2", "--set", "first_tokens=20", "--set", "turn_tokens=8"]
         cmd = [sys.executable, "-m", "servelab.cli", "bench", "--quiet", "--url", eng.base_url, *args]
@@ -265,17 +270,10 @@ def test_a_driven_workload_sends_each_turn_with_its_span_traceparent(tmp_path: P
             assert tp in sent, f"no turn reached the engine with {tp}"
             assert sent[tp]["prompt_tokens"] == line["prompt_tokens"]  # the turn of this span, not another
             assert s.end_time_unix_nano - s.start_time_unix_nano == line["t_ns"]["end"] - line["t_ns"]["sent"]
-    finally:
-        stop_mock_process(eng.proc)
-        rx.server.shutdown()
 
 
 def test_sample_ratio_zero_exports_nothing_and_passes_an_unsampled_traceparent(tmp_path: Path) -> None:
-    from otlp_receiver import Receiver
-
-    rx = Receiver()
-    eng = start_mock_process("--ttft-ms", "1", "--itl-ms", "1", "--output-tokens", "2")
-    try:
+    with _mock_and_receiver("--ttft-ms", "1", "--itl-ms", "1", "--output-tokens", "2") as (eng, rx):
         out = tmp_path / "run"
         r = _bench(eng.base_url, out, "-n", "4", "--warmup", "0", "-c", "1", "--otlp-endpoint", rx.url,
                    "--otlp-sample-ratio", "0")  # fmt: skip
@@ -285,9 +283,6 @@ def test_sample_ratio_zero_exports_nothing_and_passes_an_unsampled_traceparent(t
         assert len({tp[3:35] for tp in sent}) == 4  # one trace per request
         time.sleep(1.5)  # past the batch processor's 1 s delay: nothing was held back either
         assert rx.spans == []
-    finally:
-        stop_mock_process(eng.proc)
-        rx.server.shutdown()
 
 
 def test_unreachable_collector_costs_one_warning_line_and_never_fails_the_run(tmp_path: Path) -> None:
