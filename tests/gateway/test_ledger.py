@@ -15,7 +15,8 @@ import asyncpg
 import pytest
 from services import postgres_cluster
 
-from servelab.gateway.ledger import KeyRecord, PostgresLedger, SqliteLedger, UsageRow, token_cost
+from servelab.gateway.ledger import KeyRecord, SqliteLedger, UsageRow, token_cost
+from servelab.gateway.ledger_postgres import PostgresLedger
 
 
 @pytest.fixture(scope="module")

@@ -49,7 +49,8 @@ from typing import Any
 
 import orjson
 
-from servelab.gateway.ledger import PostgresLedger, UsageRow
+from servelab.gateway.ledger import UsageRow
+from servelab.gateway.ledger_postgres import PostgresLedger
 from servelab.wire import ConfigError
 
 __all__ = ["CHECKPOINT_S", "PROGRESS_INTERVAL_S", "DurableLedger", "UsageJournal"]

@@ -277,7 +277,8 @@ class Gateway(HotReload, Endpoints, LedgerStart, Closing):
                 ) from None
         if self._ledger is None:
             from servelab.gateway.journal import DurableLedger
-            from servelab.gateway.ledger import PostgresLedger, SqliteLedger
+            from servelab.gateway.ledger import SqliteLedger
+            from servelab.gateway.ledger_postgres import PostgresLedger
 
             store: PostgresLedger | SqliteLedger
             if cfg.ledger.postgres_dsn:
