@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
+from by_path import load_module
 from typer.testing import CliRunner
 
 from servelab.engines import vllm
@@ -343,17 +344,7 @@ _N = 8  # max tokens of every request through the gateway
 def _gateway_helpers() -> Any:
     """tests/gateway/conftest.py (start_gateway, gateway_key, ledger_usage, sse_events), loaded by path: it is
     not this folder's conftest."""
-    import importlib.util
-    import sys
-
-    name = "servelab_tests_gateway_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "gateway/conftest.py")
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    return load_module("servelab_tests_gateway_helpers", Path(__file__).resolve().parents[1] / "gateway/conftest.py")
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 import os
 import re
 import secrets
@@ -40,24 +39,13 @@ from typing import Any
 
 import pytest
 import yaml
+from by_path import load_module
 
-
-def _load_root_conftest() -> Any:
-    # tests/conftest.py is shadowed by this file as module "conftest"; load it under its own name so
-    # module-scoped fixtures here can start mock engines (start_mock_process / stop_mock_process)
-    name = "servelab_tests_root_conftest"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "conftest.py")
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-# Once this file is collected it is the module "conftest" for every later ``from conftest import ...``
-# (tests/trial/ included), so it re-exports the root helpers by name.
-_ROOT = _load_root_conftest()
+# tests/conftest.py is shadowed by this file as module "conftest"; load it under its own name so
+# module-scoped fixtures here can start mock engines (start_mock_process / stop_mock_process). Once this file
+# is collected it is the module "conftest" for every later ``from conftest import ...`` (tests/trial/
+# included), so it re-exports the root helpers by name.
+_ROOT = load_module("servelab_tests_root_conftest", Path(__file__).resolve().parents[1] / "conftest.py")
 MockProcess = _ROOT.MockProcess
 high_priority = _ROOT.high_priority
 start_mock_process = _ROOT.start_mock_process
@@ -253,7 +241,7 @@ def stop_gateway(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         with contextlib.suppress(psutil.Error):
             kids = psutil.Process(proc.pid).children(recursive=True)
-    _load_root_conftest().stop_process(proc, 10.0)
+    stop_process(proc, 10.0)
     _, alive = psutil.wait_procs(kids, timeout=HURRY_S + 1.0)
     if alive:
         names = []
