@@ -272,6 +272,7 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/capacity/test_real_record.py": ("unit",),
     "tests/capacity/test_simulate.py": ("unit",),
     "tests/capacity/test_zero_gap.py": ("unit",),
+    "tests/capacity/test_stall.py": ("unit",),
     "tests/catalog/test_catalog_cli.py": ("proc",),
     "tests/catalog/test_engines.py": ("unit",),
     "tests/catalog/test_hardware.py": ("unit",),

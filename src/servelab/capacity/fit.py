@@ -255,6 +255,22 @@ def _prefill(p: Prepared, sel: np.ndarray) -> tuple[float, float | None, dict[st
 
 #: a stall coefficient above this: the decode waits for other prefills (prefill_serial)
 SERIAL_STALL = 0.5
+#: how far outside its physical range 0-1 a stall coefficient without refits may lie and still be read as
+#: noise around it (a token gap cannot absorb less than none or more than all of the prefill inside it)
+STALL_SLACK = 0.5
+
+
+def stall_identified(beta: float, ci: Interval | None) -> bool:
+    """Whether the stall coefficient ``beta`` (s of token gap per s of prefill beside it) is a physical
+    value: inside 0-1, or outside it by no more than its bootstrap interval ``ci`` (95 %) reaches back in,
+    or, with no interval bound, by at most :data:`STALL_SLACK`. A coefficient far outside (e.g. thousands
+    of s/s from token gaps of microseconds) is what the least squares made of gaps that do not carry it."""
+    if 0.0 <= beta <= 1.0:
+        return True
+    lo, hi = (ci.lo, ci.hi) if ci is not None else (None, None)
+    if lo is not None and hi is not None:
+        return lo <= 1.0 and hi >= 0.0
+    return -STALL_SLACK <= beta <= 1.0 + STALL_SLACK
 
 
 def refit(
@@ -316,7 +332,16 @@ def fit(
         notes.append(f"slot limit not identified: no request waited; {seen} (the most seen at once) is a lower bound")
     if point.prefill_tokens_per_s is None:
         notes.append("prefill rate not identifiable: the prompts are of one length (the base covers them)")
-    if point.prefill_serial:
+    beta_ci = _iv(betas, n, beta) if betas else None
+    physical = beta is None or stall_identified(beta, beta_ci)
+    if not physical:
+        notes.append(
+            f"prefill stall not identified: the token gaps fit to {beta:.3g} s per second of other prefills"
+            " beside them, outside the physical 0-1 (a gap cannot absorb more than the prefill inside it):"
+            " the gaps do not carry it (too small, too few beside prefills, or grown by something else)"
+            + ("; prefills taken as serial, the slower reading" if point.prefill_serial else "")
+        )
+    elif point.prefill_serial:
         notes.append(
             f"prefill serial: token gaps grow by {beta:.2f} s per second of other prefills beside them;"
             " the decode waits for each prefill and prefills run one at a time"
@@ -357,8 +382,8 @@ def fit(
         decode_base_ci=_iv([b.decode_base_s for b in boots], n, point.decode_base_s),
         decode_per_running_ci=_iv([b.decode_per_running_s for b in boots], n, point.decode_per_running_s),
         prefill_residual_s=float(np.sqrt(np.mean(resid**2))),
-        prefill_stall=beta,
-        prefill_stall_ci=_iv(betas, n, beta) if betas else None,
+        prefill_stall=beta if physical else None,
+        prefill_stall_ci=beta_ci if physical else None,
         prefill_samples=len(sel),
         held_back_requests=prep.held,
         notes=notes,

@@ -50,7 +50,8 @@ class FitReport(ResultModel):
     bootstrap intervals of each parameter, the RMS prefill residual (s) and notes on what the evidence
     could not identify. ``seen_slots``: most requests decoding at once; ``declared_slots``: the engine's.
     ``prefill_stall``: seconds a token gap grows per second of other requests' prefill inside it (1: the
-    decode waits for every prefill, 0: it runs beside them), with its interval; ``prefill_samples``:
+    decode waits for every prefill, 0: it runs beside them), with its interval, ``None`` when the gaps do not
+    identify it (capacity.fit.stall_identified; the notes say so); ``prefill_samples``:
     requests the prefill law was fitted on (streamed from their first token, no other prefill beside
     them); ``held_back_requests``: requests whose stream carried fewer tokens than their usage (tokens
     the engine held back, e.g. a JSON grammar's opening ones), kept out of the prefill and decode laws."""
