@@ -385,14 +385,6 @@ def vgw(engine, otlp: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         h.stop_gateway(proc.proc)
 
 
-def _access(gw: Any, rid: str) -> dict[str, Any]:
-    for line in gw.log.read_text().splitlines():
-        rec = json.loads(line)
-        if rec["request_id"] == rid:
-            return dict(rec)
-    raise AssertionError(f"no access-log line for {rid}")
-
-
 def test_vllm_request_span_joins_the_gateway_trace(vgw: Any, otlp: Any) -> None:
     """vLLM's own span of a request (``llm_request``: queue, prefill and decode times) arrives in the
     gateway's trace, as the child of the gateway's upstream-attempt span whose id the gateway sent in
@@ -447,7 +439,7 @@ def test_vllm_messages_passed_through_and_translated_agree(vgw: Any) -> None:
             u.output_tokens,
         )
         assert usage == vgw.h.ledger_usage(vgw.db, rid)
-        assert _access(vgw, rid)["endpoint"] == ("messages" if model == "native" else "chat")
+        assert vgw.proc.access_record(rid)["endpoint"] == ("messages" if model == "native" else "chat")
         got[model] = (text, msg.stop_reason, usage)
     assert got["native"] == got["chat"]
 
@@ -475,7 +467,7 @@ def _responses_stream(gw: Any, model: str) -> tuple[str, tuple[int, int], str]:
     assert text == done.output_text
     usage = (done.usage.input_tokens, done.usage.output_tokens)
     assert usage == gw.h.ledger_usage(gw.db, rid)
-    return text, usage, _access(gw, rid)["endpoint"]
+    return text, usage, gw.proc.access_record(rid)["endpoint"]
 
 
 def test_vllm_responses_translated_by_default_native_on_opt_in(vgw: Any, engine) -> None:

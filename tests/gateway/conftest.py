@@ -103,6 +103,12 @@ class GatewayProcess:
             return []
         return [orjson.loads(x) for x in self.access_log.read_bytes().splitlines() if x.strip()]
 
+    def access_record(self, rid: str) -> dict[str, Any]:
+        """The access-log line of request ``rid`` as written so far (no wait); AssertionError when none."""
+        rec = next((r for r in self.access_records() if r["request_id"] == rid), None)
+        assert rec is not None, f"no access-log line for {rid}"
+        return rec
+
     def stderr(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

@@ -61,14 +61,6 @@ def _prompt_tokens(u: Any) -> int:
     return int(u.input_tokens + (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0))
 
 
-def _access(gw: Any, rid: str) -> dict[str, Any]:
-    for line in gw.log.read_text().splitlines():
-        rec = orjson.loads(line)
-        if rec["request_id"] == rid:
-            return dict(rec)
-    raise AssertionError(f"no access-log line for {rid}")
-
-
 def test_messages_create_native_and_translated_agree(gw: Any) -> None:
     """messages.create through both paths at temperature 0: text, stop_reason and usage (prompt incl. cached
     tokens, output) the same; each equals its ledger row; the access log says what was forwarded."""
@@ -82,7 +74,7 @@ def test_messages_create_native_and_translated_agree(gw: Any) -> None:
         assert msg.model == model
         usage = (_prompt_tokens(msg.usage), msg.usage.output_tokens)
         assert usage == ledger_usage(gw.db, rid)
-        assert _access(gw, rid)["endpoint"] == ("messages" if model == "native" else "chat")
+        assert gw.proc.access_record(rid)["endpoint"] == ("messages" if model == "native" else "chat")
         got[model] = (text, msg.stop_reason, usage)
     assert got["native"] == got["chat"]
 
