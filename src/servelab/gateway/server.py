@@ -77,7 +77,7 @@ from servelab.gateway.relay import Relay, map_finish_bytes, openai_finish
 from servelab.gateway.reloading import RELOAD_POLL_S, HotReload
 from servelab.gateway.reqstate import RequestState
 from servelab.gateway.shadow import ShadowBook, ShadowSide
-from servelab.gateway.shutdown import Shutdown
+from servelab.gateway.shutdown import ADMIN_DRAIN_S, Shutdown
 from servelab.gateway.snapshot import Snapshot, breaker_settings
 from servelab.gateway.timeline import TimedConnector
 from servelab.gateway.tracing import Tracing
@@ -397,7 +397,11 @@ class Gateway(HotReload, Endpoints, LedgerStart, Closing):
         admin_app.router.add_get("/metrics", self._metrics_ep)  # behind the admin token (its middleware)
         admin_app.middlewares.append(self._admin_not_ready)  # inside the token check
         self._admin_runner = GuardedRunner(
-            admin_app, settings_for(self.snap.cfg.server, "admin"), on_event=self._conn_event, access_log=None
+            admin_app,
+            settings_for(self.snap.cfg.server, "admin"),
+            on_event=self._conn_event,
+            access_log=None,
+            shutdown_timeout=ADMIN_DRAIN_S,
         )
         await self._admin_runner.setup()
         site = web.TCPSite(self._admin_runner, self.admin_host, self.admin_port, reuse_address=True)

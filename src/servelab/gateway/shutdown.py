@@ -41,6 +41,9 @@ log = logging.getLogger("servelab.gateway.shutdown")
 
 #: seconds each shutdown step but the API drain may take before it is left behind
 STEP_S = 3.0
+#: seconds the admin port's in-flight requests (key changes, usage queries: short) may take to finish at
+#: shutdown; aiohttp then cancels them and waits as long again, so its drain stays within :data:`STEP_S`
+ADMIN_DRAIN_S = 1.0
 #: seconds after ``server.shutdown_grace_s`` the watchdog ends a shutdown still running (< workers.KILL_AFTER_S)
 OVERRUN_S = 8.0
 #: seconds a hurried shutdown (:meth:`Shutdown.hurry`) may still take before the watchdog ends the process
