@@ -538,7 +538,7 @@ PATH_TIERS: dict[str, tuple[str, ...]] = {
     "tests/trial/test_template_check.py::test_right_template_is_equal": ("engine",),
     "tests/trial/test_template_check.py::test_wrong_template_is_different": ("engine",),
     "tests/trial/test_trial_command.py": ("unit",),
-    "tests/trial/test_trial_command.py::test_no_process_left_after_ctrl_c": ("engine", "proc"),
+    "tests/trial/test_trial_command.py::test_no_process_left_after_ctrl_c": ("proc",),
     "tests/trial/test_trial_embeddings.py": ("unit",),
     "tests/trial/test_trial_embeddings.py::test_trial_command_refuses_a_chat_candidate_in_one_line": ("proc",),
     "tests/trial/test_trial_embeddings.py::test_two_embedders_run_to_a_decision_on_inputs_per_s": ("engine",),

@@ -222,31 +222,22 @@ def test_no_process_left_after_the_trial(trial: tuple[dict[str, Any], Path, Path
         assert not serving, f"{name}: processes still serving port {port}: {serving}"
 
 
-def test_no_process_left_after_ctrl_c(tmp_path: Path) -> None:
-    """SIGINT while the second candidate runs its load step: the trial writes a partial record and
-    every process it started (engines, their children) is gone."""
-    second = {
-        "name": "mock",
+def _mock_candidate(name: str, ms: str) -> dict[str, Any]:
+    """servelab's mock engine started by a plain command line (first token and each next one ``ms`` apart)."""
+    argv = [sys.executable, "-m", "servelab.engines.mock", "--host", "{host}", "--port", "{port}"]
+    return {
+        "name": name,
         "engine": "command",
-        "settings": {
-            "argv": [
-                sys.executable,
-                "-m",
-                "servelab.engines.mock",
-                "--host",
-                "{host}",
-                "--port",
-                "{port}",
-                "--ttft-ms",
-                "200",
-                "--itl-ms",
-                "200",
-                "--output-tokens",
-                "8",
-            ]
-        },
+        "settings": {"argv": [*argv, "--ttft-ms", ms, "--itl-ms", ms, "--output-tokens", "8"]},
     }
-    exp_d = _experiment([_llama_candidate("llama-np1"), second], "ctrl-c")
+
+
+def test_no_process_left_after_ctrl_c(tmp_path: Path) -> None:
+    """SIGINT while the second candidate runs its load step: the trial writes a partial record (the
+    first candidate, finished, ranked) and every process it started (engines, their children) is gone.
+    Both are the mock engine as a command: what is checked is the trial's Ctrl-C path for command
+    engines; a real engine run to the end and stopped is the module's trial above."""
+    exp_d = _experiment([_mock_candidate("first", "2"), _mock_candidate("mock", "200")], "ctrl-c")
     exp_d["requests_per_step"] = 20
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump(exp_d))
@@ -283,7 +274,7 @@ def test_no_process_left_after_ctrl_c(tmp_path: Path) -> None:
     assert not left, f"processes left after Ctrl-C: {left}\n" + "".join(lines[-20:])
     rec = json.loads((out / "record.json").read_text())
     assert rec["interrupted"]["candidate"] == "mock"
-    assert rec["results"]["candidates"]["llama-np1"]["status"] == "ranked"
+    assert rec["results"]["candidates"]["first"]["status"] == "ranked"
 
 
 def test_command_telemetry_and_token_agreement(trial: tuple[dict[str, Any], Path, Path, Path]) -> None:
