@@ -17,7 +17,8 @@ import psutil
 import pytest
 
 from servelab.engines import registry
-from servelab.engines.command import CommandSettings, comparable_facts
+from servelab.engines.command_identity import comparable_facts
+from servelab.engines.command_settings import CommandSettings
 from servelab.wire import ConfigError
 
 KIND = registry.get("command")
