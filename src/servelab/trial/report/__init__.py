@@ -12,8 +12,9 @@ without steps, a lost JSONL file or a damaged line in it, an engine without ``/m
 such, never raised; a ``record.json`` that is not a trial record is one :class:`ConfigError` line naming
 the first bad field.
 
-Layout: :mod:`.data` reads, :mod:`.figures` draws, :mod:`.sections` builds each section's tables,
-:mod:`.pages` assembles a page and renders it with the Jinja templates in ``templates/``.
+Layout: :mod:`.data` reads, :mod:`.figures` draws, :mod:`.sections` builds each section's tables
+(:mod:`.record_rows` the record's rows), :mod:`.pages` assembles a page and renders it with the Jinja
+templates in ``templates/``.
 """
 
 from __future__ import annotations

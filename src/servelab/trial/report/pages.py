@@ -1,9 +1,9 @@
 """The report's two pages, assembled: the trial report and the side-by-side compare page.
 
-Each page gathers its sections (:mod:`.sections`) and charts (:mod:`.figures`) into one view and
-renders it with the Jinja templates in ``templates/`` (package data): ``report.html.j2`` or
-``compare.html.j2`` for the body, inside ``page.html.j2``, which inlines the stylesheet and plotly's
-JavaScript once so the file opens offline.
+Each page gathers its sections (:mod:`.sections`, :mod:`.record_rows`) and charts (:mod:`.figures`)
+into one view and renders it with the Jinja templates in ``templates/`` (package data):
+``report.html.j2`` or ``compare.html.j2`` for the body, inside ``page.html.j2``, which inlines the
+stylesheet and plotly's JavaScript once so the file opens offline.
 """
 
 from __future__ import annotations
@@ -33,6 +33,16 @@ from servelab.trial.report.figures import (
     ttft_cdf_fig,
 )
 from servelab.trial.report.fmt import pct, when
+from servelab.trial.report.record_rows import (
+    diff_table,
+    environment_table,
+    evidence_table,
+    identity_table,
+    method_table,
+    quality_table,
+    results_table,
+    verdicts_table,
+)
 from servelab.trial.report.sections import (
     ClientServer,
     DecisionView,
@@ -42,16 +52,8 @@ from servelab.trial.report.sections import (
     client_server,
     cost_table,
     decision_view,
-    diff_table,
-    environment_table,
-    evidence_table,
-    identity_table,
     kv,
-    method_table,
-    quality_table,
-    results_table,
     steps_table,
-    verdicts_table,
 )
 from servelab.trial.report_server import server_panel_html
 from servelab.trial.results import TrialRecord
