@@ -30,23 +30,11 @@ over 8,190 bytes, i.e. the API key) and answers a 400 that echoes them. :class:`
   cut, and a stream whose client keeps up costs no timer at all.
 - **Keep-alive idle timeout** ``keepalive_timeout_s``: aiohttp's own ``keepalive_timeout`` (nginx
   ``keepalive_timeout`` 75 s; Envoy ``idle_timeout`` 1 h).
-- **Connection cap** ``max_connections`` per port, and ``max_connections_per_client`` per client
-  address (the TCP peer; behind a proxy listed in ``trusted_proxies``, the client that proxy names in
-  ``X-Forwarded-For``, :mod:`servelab.gateway.clientip`). A connection is *header-incomplete* while
-  nothing of it is being handled: idle (waiting for a request's first byte) or part of a request line
-  or header block sent. A new connection from an address at its own cap closes that address's oldest
-  header-incomplete connection, else gets a one-line 429 and is closed. A new connection at the port's
-  cap closes the oldest header-incomplete connection of the address holding the most connections (the
-  next biggest holder when that one has none), else gets a one-line 503 and is closed at once, so the
-  process never runs out of descriptors (:mod:`servelab.gateway.fdbudget`) and a flood of half-open
-  connections (one byte each, re-opened as they close) cannot lock real clients out: each real
-  request sends its headers at once and is no longer sheddable, while the flood sheds itself. nginx
-  keeps the same two bounds as ``limit_conn`` per ``$binary_remote_addr`` (no default) and
-  ``worker_connections`` (reusing idle connections when they run out); Envoy bounds the process with
-  its overload manager (``envoy.resource_monitors.downstream_connections``) and a listener with its
-  ``connection_limit`` filter, neither per address (docs/gateway-design.md compares the defaults).
-  A proxy's connection is counted under the proxy until its request's headers name the client (it
-  cannot be checked at accept); then, over the client's cap, that request gets the 429.
+- **Connection cap** ``max_connections`` per port and ``max_connections_per_client`` per client address
+  (behind a trusted proxy, the client its ``X-Forwarded-For`` names), header-incomplete connections
+  shed first, else a one-line 503 or 429: :class:`~servelab.gateway.conncap.CappedHandler`, the layer
+  below :class:`GuardedHandler` (:mod:`servelab.gateway.conncap` has the rule and how nginx and Envoy
+  bound the same).
 - **Parser errors** (:class:`aiohttp.http_exceptions.BadHttpMessage`, ``LineTooLong``, ...): one log line
   naming the kind of error and the peer address, never a header or body byte, at most
   :data:`LOG_BURST` lines per :data:`LOG_WINDOW_S` (the next line logged says how many were suppressed; the
@@ -69,7 +57,9 @@ tests/gateway/test_connection_flood.py) fail if an aiohttp upgrade changes them.
 
 A port's limits and how they follow from the config are in :mod:`servelab.gateway.portsettings`, the log
 budget in :mod:`servelab.gateway.ratelog`, what is said about a malformed request in
-:mod:`servelab.gateway.malformed`; this module keeps the connection handling itself.
+:mod:`servelab.gateway.malformed`, who holds a port's connections (the shared :class:`PortGuard`, the
+cap) in :mod:`servelab.gateway.conncap`; this module keeps the timeouts, the error handling and the
+runner.
 """
 
 from __future__ import annotations
@@ -89,6 +79,14 @@ from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from aiohttp.web_server import Server
 
 from servelab.gateway import clientip
+from servelab.gateway.conncap import (
+    EVENTS,
+    CappedHandler,
+    ClientCapExceeded,
+    PortGuard,
+    client_cap_message,
+    peer_address,
+)
 from servelab.gateway.errors import openai_error_body
 from servelab.gateway.malformed import describe_parse_error
 from servelab.gateway.malformed import raw_response as _raw_response
@@ -120,206 +118,51 @@ if sys.platform == "linux":
 else:  # elsewhere only the transport's own buffer counts
     _SIOCOUTQ = None
 
-#: reasons passed to ``on_event``
-EVENTS = (
-    "idle_timeout",
-    "header_timeout",
-    "body_timeout",
-    "refused",
-    "evicted",
-    "bad_request",
-    "send_timeout",
-    "client_refused",
-)
 
-
-class _Guard:
-    """State shared by every connection of one port: settings, the rate-limited log, the event hook."""
-
-    __slots__ = ("settings", "ratelog", "on_event", "refusal", "client_refusal", "counts", "clients", "open", "trusted")
-
-    def __init__(
-        self,
-        settings: ListenerSettings,
-        on_event: Callable[[str, str], None] | None,
-        trusted_proxies: tuple[str, ...] = (),
-    ) -> None:
-        self.settings = settings
-        self.ratelog = RateLimitedLog(log)
-        self.on_event = on_event
-        self.counts = dict.fromkeys(EVENTS, 0)
-        self.refusal = _raw_response(
-            503,
-            "Service Unavailable",
-            "this gateway has too many open connections; retry in 1 s",
-            "too_many_connections",
-            "server_error",
-            "Retry-After: 1\r\n",
-        )
-        self.client_refusal = _raw_response(
-            429,
-            "Too Many Requests",
-            _client_cap_message(settings),
-            "too_many_connections",
-            "rate_limit_error",
-            "Retry-After: 1\r\n",
-        )
-        #: client address -> its open connections, oldest first (a dict used as an ordered set)
-        self.clients: dict[str, dict[GuardedHandler, None]] = {}
-        self.open = 0  # connections registered in ``clients``
-        self.trusted = clientip.trusted_networks(tuple(trusted_proxies))
-
-    def shed_victim(self) -> GuardedHandler | None:
-        """The oldest header-incomplete connection of the biggest holder that has one, or None."""
-        if not self.clients:
-            return None
-        biggest = max(self.clients.values(), key=len)
-        victim = _oldest_sheddable(biggest)
-        if victim is not None:
-            return victim
-        for conns in sorted(self.clients.values(), key=len, reverse=True):
-            victim = _oldest_sheddable(conns) if conns is not biggest else None
-            if victim is not None:
-                return victim
-        return None
-
-    def event(self, reason: str) -> None:
-        self.counts[reason] += 1
-        if self.on_event is not None:
-            try:
-                self.on_event(self.settings.name, reason)
-            except Exception as e:  # noqa: BLE001 — a metrics bug must not break connection handling
-                log.debug("listener on_event failed: %r", e)
-
-
-def _client_cap_message(s: ListenerSettings) -> str:
-    return (
-        f"this client address has {s.max_connections_per_client} connections open to the gateway "
-        f"(server.max_connections_per_client); reuse or close them, retry in 1 s"
-    )
-
-
-class _ClientCapExceeded(Exception):
-    """Marks a request refused by the per-client connection cap (behind a trusted proxy)."""
-
-
-def _sheddable(h: GuardedHandler) -> bool:
-    """True when ``h`` is header-incomplete (idle or part of a request's head sent; nothing of it handled)."""
-    return (
-        not h._force_close
-        and (h._g_idle or h._g_hdr_at > 0)
-        and not h._messages
-        and h._waiter is not None
-        and not h._waiter.done()
-    )
-
-
-def _oldest_sheddable(conns: dict[GuardedHandler, None]) -> GuardedHandler | None:
-    for h in conns:  # insertion order: oldest first
-        if _sheddable(h):
-            return h
-    return None
-
-
-def _peer(transport: Any) -> str:
-    try:
-        p = transport.get_extra_info("peername") if transport is not None else None
-    except Exception:  # noqa: BLE001 — no peer name is not an error
-        p = None
-    return str(p[0]) if isinstance(p, (tuple, list)) and p else "?"
-
-
-class GuardedHandler(RequestHandler):
-    """aiohttp's per-connection protocol with the header/body timeouts, the connection cap and the
-    quiet parser-error handling of this module (see the module doc). Built by :class:`_GuardedServer`."""
+class GuardedHandler(CappedHandler):
+    """aiohttp's per-connection protocol with the header/body timeouts, the connection cap
+    (:class:`~servelab.gateway.conncap.CappedHandler`) and the quiet parser-error handling of this module
+    (see the module doc). Built by :class:`_GuardedServer`."""
 
     __slots__ = (
-        "_g",
         "_g_timer",
         "_g_due",
-        "_g_hdr_at",
         "_g_body",
         "_g_body_last",
         "_g_body_end",
-        "_g_idle",
         "_g_send_timer",
         "_g_send_left",
-        "_g_key",
-        "_g_peer",
-        "_g_proxy",
     )
 
-    def __init__(self, manager: Server, guard: _Guard, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self._g = guard
+    def __init__(self, manager: Server, guard: PortGuard, **kwargs: Any) -> None:
+        super().__init__(manager, guard, **kwargs)
         self._g_timer: asyncio.TimerHandle | None = None
         self._g_due = 0.0
-        self._g_hdr_at = 0.0  # deadline of the current request's headers; 0 = not waiting for headers
         self._g_body: Any = None  # the StreamReader of a body still arriving
         self._g_body_last = 0.0
         self._g_body_end = 0.0
-        self._g_idle = True  # no byte of a next request since accept / the last response (evictable)
         self._g_send_timer: asyncio.TimerHandle | None = None  # armed only while writing is paused
         self._g_send_left = (0, 0)  # _g_unsent() when that timer was armed
-        self._g_key: str | None = None  # the client address this connection counts for (None: not counted)
-        self._g_peer = "?"
-        self._g_proxy = False  # the peer is a trusted proxy: the client is named by X-Forwarded-For
 
-    # ------------------------------------------------------------------ accept: the cap
+    # ------------------------------------------------------------------ accept and loss: the timers
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        g = self._g
-        peer = self._g_peer = _peer(transport)
-        self._g_proxy = clientip.is_trusted(peer, g.trusted)
-        if self._manager is not None:
-            per_client = g.settings.max_connections_per_client
-            mine = g.clients.get(peer)
-            if per_client and not self._g_proxy and mine is not None and len(mine) >= per_client:
-                victim = _oldest_sheddable(mine)
-                if victim is None:
-                    self._refuse(transport, per_client=True)
-                    return
-                victim._g_shed()
-            if g.open >= g.settings.max_connections:
-                victim = g.shed_victim()
-                if victim is None:
-                    self._refuse(transport)
-                    return
-                victim._g_shed()
-        super().connection_made(transport)
-        self._g_rekey(peer)
-        self._g_hdr_at = self._loop.time() + g.settings.header_timeout_s
+        super().connection_made(transport)  # the cap: counted, or refused (then no transport)
+        if self.transport is None:
+            return
+        self._g_hdr_at = self._loop.time() + self._g.settings.header_timeout_s
         self._g_arm(self._g_hdr_at)
 
-    # ------------------------------------------------------------------ who holds the connections
-    def _g_rekey(self, key: str) -> None:
-        """Count this connection for client address ``key`` (newest of that address's connections)."""
-        if key == self._g_key:
-            return
-        self._g_forget()
-        g = self._g
-        self._g_key = key
-        g.clients.setdefault(key, {})[self] = None
-        g.open += 1
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._g_timer is not None:
+            self._g_timer.cancel()
+            self._g_timer = None
+        if self._g_send_timer is not None:
+            self._g_send_timer.cancel()
+            self._g_send_timer = None
+        self._g_body = None
+        super().connection_lost(exc)  # no longer counted (CappedHandler)
 
-    def _g_forget(self) -> None:
-        """Stop counting this connection (idempotent: shed, then lost)."""
-        key, self._g_key = self._g_key, None
-        if key is None:
-            return
-        g = self._g
-        g.open -= 1
-        conns = g.clients.get(key)
-        if conns is not None:
-            conns.pop(self, None)
-            if not conns:
-                del g.clients[key]
-
-    def _g_shed(self) -> None:
-        """Close this header-incomplete connection to make room for a new one."""
-        self._g_forget()
-        self.force_close()
-        self._g.event("evicted")
-
+    # ------------------------------------------------------------------ a client behind a trusted proxy
     def _g_proxied_client(self) -> None:
         """Behind a trusted proxy, once a request's headers are complete: count the connection for the
         client its ``X-Forwarded-For`` names, and answer that request 429 when the client is over its cap."""
@@ -332,47 +175,8 @@ class GuardedHandler(RequestHandler):
         self._g_rekey(client)
         cap = g.settings.max_connections_per_client
         if cap and client != self._g_peer and len(g.clients[client]) > cap:
-            self._messages[-1] = (_ErrInfo(status=429, exc=_ClientCapExceeded(), message=""), EMPTY_PAYLOAD)
+            self._messages[-1] = (_ErrInfo(status=429, exc=ClientCapExceeded(), message=""), EMPTY_PAYLOAD)
             self._g_body = None
-
-    def _refuse(self, transport: asyncio.BaseTransport, per_client: bool = False) -> None:
-        """Answer a one-line 503 (the port's cap) or 429 (the address's cap) and close, without
-        registering the connection or starting a task."""
-        g = self._g
-        self._manager = None  # connection_lost then does nothing
-        with contextlib.suppress(Exception):  # a TCP transport: it writes, unless the peer is already gone
-            cast(asyncio.WriteTransport, transport).write(g.client_refusal if per_client else g.refusal)
-        transport.close()
-        if per_client:
-            g.event("client_refused")
-            g.ratelog(
-                "%s port: refused a connection from %s: it has %d connections open "
-                "(server.max_connections_per_client), none header-incomplete",
-                g.settings.name,
-                self._g_peer,
-                g.settings.max_connections_per_client,
-            )
-            return
-        g.event("refused")
-        g.ratelog(
-            "%s port: refused a connection from %s: %d connections open (server.%s); header-incomplete "
-            "ones are closed first, none was",
-            g.settings.name,
-            self._g_peer,
-            g.settings.max_connections,
-            "max_connections" if g.settings.name == "api" else "admin_max_connections",
-        )
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if self._g_timer is not None:
-            self._g_timer.cancel()
-            self._g_timer = None
-        if self._g_send_timer is not None:
-            self._g_send_timer.cancel()
-            self._g_send_timer = None
-        self._g_body = None
-        self._g_forget()
-        super().connection_lost(exc)
 
     # ------------------------------------------------------------------ reads: header and body progress
     def data_received(self, data: bytes) -> None:
@@ -463,7 +267,7 @@ class GuardedHandler(RequestHandler):
         g.ratelog(
             "%s port: cut a connection from %s: it read nothing of its response for %g s (server.send_timeout_s)",
             g.settings.name,
-            _peer(self.transport),
+            peer_address(self.transport),
             g.settings.send_timeout_s,
         )
         if self.transport is not None:
@@ -536,7 +340,10 @@ class GuardedHandler(RequestHandler):
         g = self._g
         g.event(reason)
         g.ratelog(
-            "%s port: closed a connection from %s: %s", g.settings.name, _peer(self.transport), reason.replace("_", " ")
+            "%s port: closed a connection from %s: %s",
+            g.settings.name,
+            peer_address(self.transport),
+            reason.replace("_", " "),
         )
         if answer and self.transport is not None:
             with contextlib.suppress(Exception):
@@ -552,9 +359,9 @@ class GuardedHandler(RequestHandler):
         any request byte. Raises :class:`ConnectionError` when a response was already being sent
         (as aiohttp's own)."""
         g = self._g
-        peer = _peer(self.transport)
-        if isinstance(exc, _ClientCapExceeded):
-            text, code, typ = _client_cap_message(g.settings), "too_many_connections", "rate_limit_error"
+        peer = peer_address(self.transport)
+        if isinstance(exc, ClientCapExceeded):
+            text, code, typ = client_cap_message(g.settings), "too_many_connections", "rate_limit_error"
             g.event("client_refused")
             g.ratelog(
                 "%s port: refused a request from %s (via proxy %s): over server.max_connections_per_client",
@@ -613,7 +420,7 @@ class GuardedHandler(RequestHandler):
 class _GuardedServer(Server):
     """aiohttp's low-level :class:`~aiohttp.web_server.Server` building :class:`GuardedHandler` s."""
 
-    _guard: _Guard
+    _guard: PortGuard
 
     def __call__(self) -> RequestHandler:
         return GuardedHandler(self, self._guard, loop=self._loop, **self._kwargs)
@@ -642,7 +449,7 @@ class GuardedRunner(web.AppRunner):
         # bodies are inflated (or refused) by servelab.gateway.bodies instead
         kwargs.setdefault("auto_decompress", False)
         super().__init__(app, **kwargs)
-        self.guard = _Guard(settings, on_event, trusted_proxies)
+        self.guard = PortGuard(settings, on_event, trusted_proxies)
 
     def set_trusted_proxies(self, cidrs: tuple[str, ...]) -> None:
         """Use ``server.trusted_proxies`` ``cidrs`` (validated) for connections accepted from now on."""
