@@ -45,7 +45,6 @@ from servelab.wire.errors import ConfigError
 #: comparable_facts is still imported from here by tests/trial/test_trial_command.py
 __all__ = ["CommandKind", "CommandLauncher", "comparable_facts", "port_owner"]
 
-_SIGNALS = ("SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGKILL")
 _PLACEHOLDERS = re.compile(r"\{(port|host)\}")
 
 
