@@ -1,6 +1,9 @@
 """A trial with two real llama-server configurations (Gemma 3 270M, 1 slot vs 2 slots): a complete
 record whose every 000 §12 row is filled, a decision, the records index, and a report that renders
-in headless Chromium."""
+in headless Chromium. Two interleaved rounds: the real-engine proof of restarting each candidate for
+a later round. No capacity search: it is engine-independent open-loop load, proven on a mock of
+llama-server's dialect (tests/trial/test_capacity.py) and rendered in Chromium by
+tests/trial/test_report.py; nothing here reads it."""
 
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ timeout_s: 120
 ignore_eos: true
 arrival_test: {enabled: true, requests: 4}
 repeats: 2
-capacity: {requests: 4, max_probes: 2}
+capacity: {enabled: false}
 """
 
 
