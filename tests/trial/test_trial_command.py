@@ -185,7 +185,7 @@ def test_two_command_candidates_decided(trial: tuple[dict[str, Any], Path, Path,
 
 
 def test_command_identity_matches_the_built_in_launchers(trial: tuple[dict[str, Any], Path, Path, Path]) -> None:
-    from servelab.engines.command import comparable_facts
+    from servelab.engines.command_identity import comparable_facts
     from servelab.engines.llamacpp import LlamaCppLauncher
     from servelab.engines.vllm import VllmLauncher, venv_python
 

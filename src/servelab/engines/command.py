@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import psutil
 
 from servelab.engines.base import EngineLauncher
-from servelab.engines.command_identity import command_identity, comparable_facts, resolve_binary
+from servelab.engines.command_identity import command_identity, resolve_binary
 from servelab.engines.command_settings import CommandSettings, ReadyProbe
 from servelab.engines.exits import EngineStartError, tail_lines
 from servelab.engines.kind import EngineKind, Readiness, ServerMetrics
@@ -42,8 +42,7 @@ from servelab.engines.secrets import redact_env
 from servelab.engines.spawn import GUARD_SCRIPT, free_port, log_dir_or_temp, spawn_on_port
 from servelab.wire.errors import ConfigError
 
-#: comparable_facts is still imported from here by tests/trial/test_trial_command.py
-__all__ = ["CommandKind", "CommandLauncher", "comparable_facts", "port_owner"]
+__all__ = ["CommandKind", "CommandLauncher", "port_owner"]
 
 _PLACEHOLDERS = re.compile(r"\{(port|host)\}")
 
