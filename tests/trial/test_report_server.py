@@ -29,10 +29,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 {
                     "name": "m",
                     "engine": "mock",
-                    "settings": {"ttft_ms": 20.0, "itl_ms": 30.0, "output_tokens": 12, "dialect": "llamacpp"},
+                    "settings": {"ttft_ms": 20.0, "itl_ms": 20.0, "output_tokens": 24, "dialect": "llamacpp"},
                 }
             ],
-            "workloads": [{"name": "short-qa", "set": {"output_tokens": 12}}],
+            "workloads": [{"name": "short-qa", "set": {"output_tokens": 24}}],
             "steps": {"concurrency": [1, 2]},
             "requests_per_step": 6,
             "warmup": 0,
@@ -69,9 +69,14 @@ def test_panel_holds_the_server_side_figures(run: Path) -> None:
     assert table is not None
     rows = re.findall(r"<tr><td><code>short-qa/c(\d)</code></td>(.*?)</tr>", table.group(1), re.S)
     assert [r[0] for r in rows] == ["1", "2"]
+    cpu_percent = []
     for _, cells in rows:
         vals = re.findall(r"<td>(.*?)</td>", cells)
-        assert vals[1] != "—" and float(vals[3]) > 0 and vals[4].endswith("MiB")  # running, CPU %, RSS
+        assert vals[1] != "—" and vals[4].endswith("MiB")  # running, RSS
+        cpu_percent.append(float(vals[3]))  # a measured figure, never the "—" of none
+    # CPU seconds come from /proc in clock ticks (10 ms): a step of the lightly loaded mock can use less than
+    # one tick between its samples, so 0 is a true reading of one step; the trial as a whole used CPU
+    assert min(cpu_percent) >= 0 and sum(cpu_percent) > 0, cpu_percent
     if not tel.gpu.present:
         assert "GPU: not measured — NVML:" in panel
     assert "Cold vs warm start" in panel and "warm (second launch)" in panel and "none: the mock" in panel
